@@ -1,0 +1,67 @@
+"""The `tuner` command line: argument parsing and printing only.
+
+Each command group lives in its own module here and exposes `register(subparsers)`; every command
+sets `func(args) -> int`. The library does the work; errors become one line and an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tuner import __version__
+from tuner.errors import TunerError
+
+# Command-group modules, in the order `tuner --help` lists them. A module that is not there yet is
+# skipped, so the groups can land one by one.
+COMMAND_MODULES = (
+    "tuner.cli.tune_cmd",
+    "tuner.cli.replay_cmd",
+    "tuner.cli.export_cmd",
+    "tuner.cli.report_cmd",
+    "tuner.cli.traffic_cmd",
+    "tuner.cli.config_cmd",
+    "tuner.cli.server_cmd",
+    "tuner.cli.nightly_cmd",
+    "tuner.cli.audit_cmd",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner",
+        description="Find the Triton dynamic-batching configuration that serves recorded traffic "
+        "at the highest throughput per dollar under a latency SLA.",
+    )
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except TunerError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tuner: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

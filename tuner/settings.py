@@ -1,0 +1,331 @@
+"""A study YAML file as validated, frozen dataclasses.
+
+Every section is a dataclass; the loader walks the YAML against the dataclass fields, so an unknown
+or misspelt key is rejected by name (`study.yaml: sla.latncy_ms: unknown key (expected one of ...)`)
+and a value of the wrong type names its key. Relative paths are resolved against the YAML's folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tuner.errors import SettingsError
+
+LAUNCHERS = ("local", "docker", "remote")
+PROTOCOLS = ("http", "grpc")
+SAMPLERS = ("tpe", "gp", "random", "grid")
+SCORINGS = ("capacity", "utilization")
+PREFERRED_STRATEGIES = ("none", "max", "powers_of_two")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    launcher: str = "local"
+    # remote: the running server's HTTP address (host:port) and optional gRPC address
+    url: str | None = None
+    grpc_url: str | None = None
+    # docker: image, GPUs ("all", a count, or a list of device ids), shared memory, networking
+    image: str = "nvcr.io/nvidia/tritonserver:25.10-py3"
+    gpus: str | int | list[int] | None = None
+    shm_size: str = "256m"
+    network: str = "host"  # host (server bound to 127.0.0.1) | published (ports on 127.0.0.1)
+    environment: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    startup_timeout_s: float = 120.0
+    # local: where the tritonserver from the nvidia-pytriton wheel lives (default: a user cache)
+    install_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class TrafficSettings:
+    path: str = ""
+    # optional window of the profile: start/duration in seconds from its first request, or the
+    # busiest window of this many seconds
+    start_s: float | None = None
+    duration_s: float | None = None
+    busiest_s: float | None = None
+    # the speed that stands for "the load the traffic really has" (utilization scoring)
+    speed: float = 1.0
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    protocol: str = "http"
+    warmup_s: float = 2.0
+    # send lag p99 above this makes a replay invalid (the load generator was the bottleneck)
+    lag_budget_ms: float = 5.0
+    # Locust worker processes: 0 = decide from the offered rate
+    workers: int = 0
+    max_in_flight: int = 1000
+    request_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class SlaSettings:
+    latency_ms: float = 100.0
+    percentile: float = 99.0
+    max_error_rate: float = 0.001
+
+
+@dataclass(frozen=True)
+class CostSettings:
+    gpu: str = "cpu"
+    cloud: str | None = None
+    price_per_hour: float | None = None  # overrides the price table
+    gpus_per_server: int = 1
+
+
+@dataclass(frozen=True)
+class IntRange:
+    low: int
+    high: int
+    log: bool = False
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class CapacitySettings:
+    tolerance: float = 0.1  # relative width of the final bracket
+    start_speed: float = 1.0
+    max_speed: float = 1000.0
+    step_duration_s: float = 10.0  # length of each bisection replay (a window of the profile)
+    max_steps: int = 8
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    sampler: str = "tpe"
+    trials: int = 20
+    timeout_s: float | None = None
+    seed: int = 0
+    max_batch_size: IntRange = field(default_factory=lambda: IntRange(1, 64, log=True))
+    max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
+    preferred_batch_size: str = "none"
+    instance_count: IntRange | None = None
+    capacity: CapacitySettings = field(default_factory=CapacitySettings)
+    top_k: int = 3
+    remeasure_repeats: int = 3
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    name: str
+    model_repository: str
+    model: str
+    traffic: TrafficSettings
+    server: ServerSettings = field(default_factory=ServerSettings)
+    replay: ReplaySettings = field(default_factory=ReplaySettings)
+    sla: SlaSettings = field(default_factory=SlaSettings)
+    cost: CostSettings = field(default_factory=CostSettings)
+    scoring: str = "capacity"
+    search: SearchSettings = field(default_factory=SearchSettings)
+    output: str = "runs/study"
+    storage: str | None = None
+    source: str = ""  # the YAML file this came from (set by the loader)
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+_CHOICES = {
+    "server.launcher": LAUNCHERS,
+    "server.network": ("host", "published"),
+    "replay.protocol": PROTOCOLS,
+    "search.sampler": SAMPLERS,
+    "scoring": SCORINGS,
+    "search.preferred_batch_size": PREFERRED_STRATEGIES,
+}
+_PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir")
+
+
+def load_study(path: str | Path) -> StudySettings:
+    path = Path(path)
+    data = _read_yaml(path)
+    settings = _build(StudySettings, data, str(path), "")
+    settings = _resolve_paths(settings, path.parent)
+    _check(settings, str(path))
+    return dataclasses.replace(settings, source=str(path))
+
+
+def study_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<study>") -> StudySettings:
+    settings = _resolve_paths(_build(StudySettings, data, source, ""), Path(base_dir))
+    _check(settings, source)
+    return settings
+
+
+def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> StudySettings:
+    """Replace dotted keys (e.g. {"sla.latency_ms": 50}) and validate again."""
+    data = dataclasses.asdict(settings)
+    for key, value in overrides.items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
+            node = node[part]
+        if last not in node:
+            raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
+        node[last] = value
+    built = _build(StudySettings, data, settings.source or "<study>", "")
+    _check(built, settings.source or "<study>")
+    return built
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise SettingsError(f"{where}: invalid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping of settings at the top level")
+    return data
+
+
+def _build(cls, data, source: str, prefix: str):
+    if not isinstance(data, dict):
+        raise SettingsError(f"{source}: {prefix.rstrip('.') or 'top level'}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise SettingsError(
+            f"{source}: {prefix}{unknown[0]}: unknown key (expected one of: {', '.join(fields)})"
+        )
+    values = {}
+    for name, f in fields.items():
+        key = prefix + name
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SettingsError(f"{source}: {key}: required key missing")
+            continue
+        values[name] = _convert(hints[name], data[name], source, key)
+    return cls(**values)
+
+
+def _convert(hint, value, source: str, key: str):
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, source, key)
+            except SettingsError as exc:
+                errors.append(exc)
+        raise errors[-1]
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, source, key + ".")
+    if origin is list:
+        if not isinstance(value, list):
+            raise SettingsError(f"{source}: {key}: expected a list, got {value!r}")
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SettingsError(f"{source}: {key}: expected a mapping, got {value!r}")
+        return {str(k): str(v) for k, v in value.items()}
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise SettingsError(f"{source}: {key}: expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SettingsError(f"{source}: {key}: expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{source}: {key}: expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise SettingsError(f"{source}: {key}: expected a string, got {value!r}")
+        return value
+    raise SettingsError(f"{source}: {key}: unsupported value {value!r}")
+
+
+def _get(settings, dotted: str):
+    node = settings
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _resolve_paths(settings: StudySettings, base: Path) -> StudySettings:
+    def resolve(value):
+        if value in (None, ""):
+            return value
+        p = Path(value).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+
+    traffic = dataclasses.replace(settings.traffic, path=resolve(settings.traffic.path))
+    server = dataclasses.replace(settings.server, install_dir=resolve(settings.server.install_dir))
+    return dataclasses.replace(
+        settings,
+        model_repository=resolve(settings.model_repository),
+        output=resolve(settings.output),
+        traffic=traffic,
+        server=server,
+    )
+
+
+def _check(s: StudySettings, source: str) -> None:
+    for key, choices in _CHOICES.items():
+        value = _get(s, key)
+        if value not in choices:
+            raise SettingsError(f"{source}: {key}: must be one of {', '.join(choices)}, got {value!r}")
+
+    def positive(key: str, allow_zero: bool = False):
+        value = _get(s, key)
+        if value is None:
+            return
+        if value < 0 or (value == 0 and not allow_zero):
+            rule = ">= 0" if allow_zero else "> 0"
+            raise SettingsError(f"{source}: {key}: must be {rule}, got {value!r}")
+
+    for key in ("sla.latency_ms", "traffic.speed", "search.capacity.tolerance",
+                "search.capacity.start_speed", "search.capacity.max_speed",
+                "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
+                "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
+                "search.trials", "search.top_k", "search.remeasure_repeats", "cost.price_per_hour",
+                "traffic.duration_s", "traffic.busiest_s", "search.timeout_s"):
+        positive(key)
+    for key in ("replay.warmup_s", "replay.workers", "traffic.start_s", "sla.max_error_rate"):
+        positive(key, allow_zero=True)
+    if not 0 < s.sla.percentile <= 100:
+        raise SettingsError(f"{source}: sla.percentile: must be in (0, 100], got {s.sla.percentile}")
+    if s.sla.max_error_rate > 1:
+        raise SettingsError(f"{source}: sla.max_error_rate: must be <= 1, got {s.sla.max_error_rate}")
+    if s.traffic.busiest_s is not None and s.traffic.start_s is not None:
+        raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
+    for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
+                         ("search.instance_count", 1)):
+        r = _get(s, key)
+        if r is None:
+            continue
+        if not minimum <= r.low <= r.high:
+            raise SettingsError(f"{source}: {key}: {minimum} <= low <= high must hold, "
+                                f"but got (low={r.low}, high={r.high})")
+        if r.step < 1:
+            raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
+    if s.server.launcher == "remote" and not s.server.url:
+        raise SettingsError(f"{source}: server.url: required when server.launcher is remote")
+    if not s.name or not s.model:
+        raise SettingsError(f"{source}: name and model must not be empty")
