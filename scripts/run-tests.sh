@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs, then run it: `bash scripts/run-tests.sh [pytest args]`.
+#
+# - a virtual environment in .venv with tuner and its dev/report extras
+# - the tritonserver binary from the nvidia-pytriton wheel (a user cache; `tuner server install`)
+# - as root on Debian: chromium (report test), docker.io + debootstrap (docker launcher tests), a
+#   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end
+# Elsewhere the docker and browser tests skip with a reason, unless TUNER_REQUIRE_ALL=1 (CI sets it),
+# which makes them fail instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "virtual environment (.venv)"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev,report]'
+
+step "tritonserver binary (nvidia-pytriton wheel, cached)"
+.venv/bin/tuner server install
+
+engine_started=""
+cleanup() {
+    if [ -n "$engine_started" ]; then
+        step "stopping the private Docker engine"
+        bash docker/stop-engine.sh || true
+    fi
+}
+trap cleanup EXIT
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    missing=()
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    if [ ${#missing[@]} -gt 0 ]; then
+        step "Debian packages: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+fi
+
+if [ -f docker/start-engine.sh ] && command -v dockerd >/dev/null && [ "$(id -u)" = 0 ]; then
+    step "private Docker engine and the CPU test image"
+    eval "$(bash docker/start-engine.sh)"
+    engine_started=1
+    bash docker/build-test-image.sh
+fi
+
+step "test suite"
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+exit $status
