@@ -1,0 +1,50 @@
+"""The shipped price table and the study's overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.cost import gpu_names, price_for, price_table
+from tuner.errors import SettingsError
+from tuner.settings import CostSettings
+
+GPUS = ("t4", "l4", "a10g", "a100-40gb", "a100-80gb", "h100")
+CLOUDS = ("aws", "gcp", "azure")
+
+
+def test_table_covers_every_gpu_on_every_cloud_with_source_and_date():
+    table = price_table()
+    for gpu in GPUS:
+        for cloud in CLOUDS:
+            entry = table["gpus"][gpu][cloud]
+            assert entry["price_per_hour"] > 0
+            assert entry["source"].startswith("https://")
+            assert entry["instance"] and entry["read"] and isinstance(entry["estimate"], bool)
+    assert table["cpu"]["default"]["price_per_hour"] > 0
+    assert set(GPUS) <= set(gpu_names())
+
+
+def test_the_table_orders_gpus_as_the_market_does():
+    aws = {g: price_table()["gpus"][g]["aws"]["price_per_hour"] for g in GPUS}
+    assert aws["t4"] < aws["l4"] < aws["a10g"] < aws["a100-40gb"] < aws["a100-80gb"] < aws["h100"]
+
+
+def test_price_for_a_gpu_picks_the_cloud_asked_or_the_cheapest():
+    cheapest = price_for(CostSettings(gpu="h100"))
+    assert cheapest.price_per_hour == min(e["price_per_hour"] for e in price_table()["gpus"]["h100"].values())
+    gcp = price_for(CostSettings(gpu="H100", cloud="gcp", gpus_per_server=2))
+    assert gcp.price_per_hour == pytest.approx(2 * price_table()["gpus"]["h100"]["gcp"]["price_per_hour"])
+    assert gcp.cloud == "gcp" and gcp.gpus_per_server == 2
+
+
+def test_explicit_price_wins_and_cpu_is_the_default():
+    assert price_for(CostSettings(gpu="t4", price_per_hour=0.1)).price_per_hour == 0.1
+    cpu = price_for(CostSettings())
+    assert cpu.gpu == "cpu" and cpu.price_per_hour == price_table()["cpu"]["default"]["price_per_hour"]
+
+
+def test_unknown_gpu_or_cloud_is_named():
+    with pytest.raises(SettingsError, match="cost.gpu: unknown GPU 'v100'"):
+        price_for(CostSettings(gpu="v100"))
+    with pytest.raises(SettingsError, match="cost.cloud: unknown cloud 'oracle'"):
+        price_for(CostSettings(gpu="t4", cloud="oracle"))

@@ -1,0 +1,71 @@
+"""What one server costs per hour: a shipped price table (tuner/data/prices.yaml), overridable.
+
+`price_for(cost_settings)` resolves the study's `cost` section to a `Price`: an explicit
+`price_per_hour` wins; otherwise the table's figure for `gpu` on `cloud` (default: the cheapest
+cloud listed) times `gpus_per_server`. `gpu: cpu` is the embedded default's CPU instance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+from tuner.errors import SettingsError
+from tuner.settings import CostSettings
+
+HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the figure cloud bills use
+
+
+@dataclass(frozen=True)
+class Price:
+    price_per_hour: float  # one server: per-GPU price x gpus_per_server
+    gpu: str
+    cloud: str | None
+    gpus_per_server: int
+    instance: str
+    source: str
+    read: str
+    estimate: bool
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@lru_cache(maxsize=1)
+def price_table() -> dict:
+    text = resources.files("tuner").joinpath("data/prices.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def gpu_names() -> list[str]:
+    return ["cpu", *price_table()["gpus"]]
+
+
+def price_for(cost: CostSettings) -> Price:
+    n = cost.gpus_per_server
+    if cost.price_per_hour is not None:
+        return Price(cost.price_per_hour, cost.gpu, cost.cloud, n, "as given", "study: cost.price_per_hour",
+                     "", False)
+    table = price_table()
+    gpu = cost.gpu.lower()
+    if gpu == "cpu":
+        entry = table["cpu"]["default"]
+        return Price(entry["price_per_hour"] * n, "cpu", None, n, entry["instance"], entry["source"],
+                     str(entry["read"]), bool(entry["estimate"]))
+    if gpu not in table["gpus"]:
+        raise SettingsError(f"cost.gpu: unknown GPU {cost.gpu!r} (expected one of: {', '.join(gpu_names())}; "
+                            f"or give cost.price_per_hour)")
+    clouds = table["gpus"][gpu]
+    if cost.cloud is None:
+        cloud = min(clouds, key=lambda c: clouds[c]["price_per_hour"])
+    elif cost.cloud.lower() in clouds:
+        cloud = cost.cloud.lower()
+    else:
+        raise SettingsError(f"cost.cloud: unknown cloud {cost.cloud!r} for {gpu} "
+                            f"(expected one of: {', '.join(clouds)})")
+    entry = clouds[cloud]
+    return Price(entry["price_per_hour"] * n, gpu, cloud, n, entry["instance"], entry["source"],
+                 str(entry["read"]), bool(entry["estimate"]))

@@ -1,0 +1,179 @@
+"""Pure: the SLA check, requests per dollar both ways, and the capacity search.
+
+Capacity is the highest replay speed `s` of the recorded traffic at which the SLA holds, found by
+bracketing (doubling or halving from a guess) and then bisection in log space until the bracket's
+relative width is within the tolerance. The replay is injected: `replay(speed, attempt) ->
+Measurement`. A replay whose send lag broke its budget says nothing about the server; it is re-run
+(the caller gives later attempts more load-generator processes) and, if it stays invalid, the search
+stops there and says so (`limited_by="load_generator"`) instead of counting it as a server failure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.cost import HOURS_PER_MONTH
+from tuner.measure import Measurement
+from tuner.settings import CapacitySettings, SlaSettings
+
+Replay = Callable[[float, int], Measurement]
+
+
+@dataclass(frozen=True)
+class SlaCheck:
+    ok: bool
+    latency_ms: float  # at the SLA's percentile
+    error_rate: float
+    # how far the worse of the two limits is broken, relative to the limit: <= 0 when the SLA holds
+    # (this is the Optuna constraint value)
+    violation: float
+    reason: str = ""
+
+
+def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:
+    latency = m.latency(sla.percentile)
+    over_latency = latency / sla.latency_ms - 1.0
+    # an error budget of 0 allows no errors at all: any error breaks it by 1 (100%)
+    if sla.max_error_rate > 0:
+        over_errors = m.error_rate / sla.max_error_rate - 1.0
+    else:
+        over_errors = 1.0 if m.error_rate > 0 else -1.0
+    violation = max(over_latency, over_errors)
+    if math.isnan(violation):
+        violation = float("inf")
+    reasons = []
+    if over_latency > 0:
+        reasons.append(f"p{sla.percentile:g} {latency:.1f} ms > {sla.latency_ms:g} ms")
+    if over_errors > 0:
+        reasons.append(f"error rate {m.error_rate:.2%} > {sla.max_error_rate:.2%}")
+    return SlaCheck(violation <= 0, latency, m.error_rate, violation, "; ".join(reasons))
+
+
+# --- requests per dollar ---------------------------------------------------------------------------
+
+
+def capacity_score(capacity_rps: float, price_per_hour: float) -> float:
+    """Requests per dollar of a server dedicated to the model and kept busy at its capacity."""
+    return capacity_rps * 3600.0 / price_per_hour
+
+
+def utilization_score(m: Measurement, price_per_hour: float) -> float | None:
+    """Requests per dollar of the model's busy time at the recorded load (GPU shared or billed by
+    use). None when Triton reported no execution time."""
+    served = m.requests - m.errors
+    if m.busy_s <= 0 or served <= 0:
+        return None
+    return served / (m.busy_s * price_per_hour / 3600.0)
+
+
+def servers_needed(peak_rps: float, capacity_rps: float) -> int | None:
+    if capacity_rps <= 0:
+        return None
+    return max(1, math.ceil(peak_rps / capacity_rps - 1e-9))
+
+
+def monthly_cost(servers: int | None, price_per_hour: float) -> float | None:
+    return None if servers is None else servers * price_per_hour * HOURS_PER_MONTH
+
+
+# --- capacity search -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    speed: float
+    measurement: Measurement
+    sla: SlaCheck
+    attempts: int  # replays run for this speed (more than 1 when a replay was invalid)
+
+    @property
+    def valid(self) -> bool:
+        return self.measurement.valid
+
+
+@dataclass(frozen=True)
+class Capacity:
+    speed: float                 # highest speed that met the SLA (0 when none did)
+    capacity_rps: float          # offered rate at that speed
+    upper_speed: float | None    # lowest speed that broke the SLA (None: none did)
+    upper_rps: float | None
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+    converged: bool = False      # the bracket reached the tolerance
+    pruned: bool = False         # stopped early: the bracket cannot beat `beat_rps`
+    limited_by: str = ""         # "", "max_speed", "min_speed", "max_steps", "load_generator"
+
+    @property
+    def at_capacity(self) -> Measurement | None:
+        passing = [s for s in self.steps if s.valid and s.sla.ok and s.speed == self.speed]
+        return passing[-1].measurement if passing else None
+
+
+def find_capacity(
+    replay: Replay,
+    sla: SlaSettings,
+    settings: CapacitySettings,
+    start_speed: float | None = None,
+    beat_rps: float | None = None,
+    invalid_retries: int = 2,
+    min_speed: float | None = None,
+    on_step: Callable[[Step], None] | None = None,
+) -> Capacity:
+    """Bracket, then bisect, the replay speed at which the SLA stops holding.
+
+    `start_speed`: the first guess (e.g. from earlier trials; default `settings.start_speed`).
+    `beat_rps`: the best capacity found so far; once the SLA breaks at an offered rate at or below
+    it, this configuration cannot beat it and the search stops with `pruned=True`.
+    """
+    speed = min(start_speed or settings.start_speed, settings.max_speed)
+    floor = min_speed if min_speed is not None else speed / 2 ** settings.max_steps
+    lo: Step | None = None
+    hi: Step | None = None
+    steps: list[Step] = []
+
+    def done(**kw) -> Capacity:
+        return Capacity(
+            speed=lo.speed if lo else 0.0,
+            capacity_rps=lo.measurement.offered_rps if lo else 0.0,
+            upper_speed=hi.speed if hi else None,
+            upper_rps=hi.measurement.offered_rps if hi else None,
+            steps=tuple(steps),
+            **kw,
+        )
+
+    while len(steps) < settings.max_steps:
+        step = _measure(replay, speed, sla, invalid_retries)
+        steps.append(step)
+        if on_step:
+            on_step(step)
+        if not step.valid:
+            return done(limited_by="load_generator")
+        if step.sla.ok:
+            lo = step
+        else:
+            hi = step
+            if beat_rps is not None and step.measurement.offered_rps <= beat_rps:
+                return done(pruned=True)
+        if lo and hi:
+            if hi.speed / lo.speed <= 1.0 + settings.tolerance:
+                return done(converged=True)
+            speed = math.sqrt(lo.speed * hi.speed)
+        elif lo:  # bracketing upwards
+            if lo.speed >= settings.max_speed:
+                return done(limited_by="max_speed")
+            speed = min(lo.speed * 2.0, settings.max_speed)
+        else:  # bracketing downwards
+            if hi.speed <= floor:
+                return done(limited_by="min_speed")
+            speed = max(hi.speed / 2.0, floor)
+    return done(limited_by="max_steps")
+
+
+def _measure(replay: Replay, speed: float, sla: SlaSettings, invalid_retries: int) -> Step:
+    attempt = 0
+    while True:
+        m = replay(speed, attempt)
+        if m.valid or attempt >= invalid_retries:
+            return Step(speed, m, check_sla(m, sla), attempt + 1)
+        attempt += 1
