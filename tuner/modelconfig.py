@@ -54,7 +54,11 @@ def load(path: str | Path) -> ModelConfig:
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config.pbtxt") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse(text, str(path))
 
@@ -68,10 +72,368 @@ def to_json(config: ModelConfig) -> str:
     return json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True))
 
 
-def from_json(data: str | dict) -> ModelConfig:
-    """A config as Triton reports it (`v2/models/<m>/config`) back into the schema."""
-    if isinstance(data, str):
-        data = json.loads(data)
-    config = ModelConfig()
-    json_format.ParseDict(data, config, ignore_unknown_fields=True)
+def from_json(data: str | bytes | dict) -> ModelConfig:
+    """A config as Triton reports it (`v2/models/<m>/config`) back into the schema.
+
+    Triton prints 64-bit fields as JSON numbers, protobuf's own JSON as strings; both parse.
+    Fields this schema does not know (a newer server) are ignored.
+    """
+    try:
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        config = ModelConfig()
+        json_format.ParseDict(data, config, ignore_unknown_fields=True)
+    except (ValueError, json_format.ParseError) as exc:
+        raise ConfigError(f"model config JSON does not fit Triton's schema: {exc}") from None
     return config
+
+
+# --- changing the tuned fields -------------------------------------------------------------------
+
+_INT32_MAX = 2**31 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+def apply_params(config: ModelConfig, params: SchedulingParams) -> ModelConfig:
+    """A copy of `config` with only the fields named in `params` changed.
+
+    - `max_batch_size` is set as given. Preferred batch sizes (dynamic batching, or the sequence
+      batcher's `oldest` strategy) that exceed it are dropped, unless `preferred_batch_size` is given
+      too: Triton's auto-complete writes `preferred_batch_size: [max_batch_size]` into configs, and a
+      server refuses a preferred size above the maximum, so a smaller maximum would otherwise make
+      every read-back config unloadable.
+    - `max_queue_delay_microseconds` / `preferred_batch_size` create the `dynamic_batching` block if
+      the config has none (a config with sequence batching or an ensemble cannot take them: those
+      are the other choices of the same oneof, and switching would change the model's semantics).
+    - `instance_count` sets `count` in every instance group, or adds one group with that count
+      (kind left unset, so Triton picks it) when the config has none.
+    """
+    new = ModelConfig()
+    new.CopyFrom(config)
+    name = config.name or "the model"
+    if params.max_batch_size is not None:
+        new.max_batch_size = params.max_batch_size
+    wants_dynamic = params.max_queue_delay_microseconds is not None or params.preferred_batch_size is not None
+    if wants_dynamic:
+        other = new.WhichOneof("scheduling_choice")
+        if other not in (None, "dynamic_batching"):
+            field = (
+                "max_queue_delay_microseconds"
+                if params.max_queue_delay_microseconds is not None
+                else "preferred_batch_size"
+            )
+            raise ConfigError(f"cannot set {field}: {name} uses {other}, not dynamic_batching")
+        batching = new.dynamic_batching
+        batching.SetInParent()
+        if params.max_queue_delay_microseconds is not None:
+            batching.max_queue_delay_microseconds = params.max_queue_delay_microseconds
+        if params.preferred_batch_size is not None:
+            del batching.preferred_batch_size[:]
+            batching.preferred_batch_size.extend(params.preferred_batch_size)
+    if params.max_batch_size is not None and params.preferred_batch_size is None:
+        _drop_preferred_above(new, params.max_batch_size)
+    if params.instance_count is not None:
+        if new.HasField("ensemble_scheduling"):
+            raise ConfigError(f"cannot set instance_count: {name} is an ensemble (no instance groups)")
+        if not new.instance_group:
+            new.instance_group.add()
+        for group in new.instance_group:
+            group.count = params.instance_count
+    return new
+
+
+def _drop_preferred_above(config: ModelConfig, max_batch_size: int) -> None:
+    lists = []
+    if config.HasField("dynamic_batching"):
+        lists.append(config.dynamic_batching.preferred_batch_size)
+    if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
+        lists.append(config.sequence_batching.oldest.preferred_batch_size)
+    for sizes in lists:
+        keep = [size for size in sizes if size <= max_batch_size]
+        if len(keep) != len(sizes):
+            del sizes[:]
+            sizes.extend(keep)
+
+
+# `--set KEY=VALUE` keys, with the config.pbtxt paths people also write.
+_SET_KEYS = {
+    "max_batch_size": "max_batch_size",
+    "max_queue_delay_microseconds": "max_queue_delay_microseconds",
+    "dynamic_batching.max_queue_delay_microseconds": "max_queue_delay_microseconds",
+    "preferred_batch_size": "preferred_batch_size",
+    "dynamic_batching.preferred_batch_size": "preferred_batch_size",
+    "instance_count": "instance_count",
+    "instance_group.count": "instance_count",
+}
+# (smallest, largest) each field accepts; the largest is the protobuf field's range.
+_SET_RANGES = {
+    "max_batch_size": (0, _INT32_MAX),
+    "max_queue_delay_microseconds": (0, _UINT64_MAX),
+    "preferred_batch_size": (1, _INT32_MAX),
+    "instance_count": (1, _INT32_MAX),
+}
+
+
+def parse_assignments(assignments: list[str] | tuple[str, ...]) -> SchedulingParams:
+    """`["max_batch_size=8", "preferred_batch_size=4,8", ...]` (from `--set`) as SchedulingParams."""
+    values: dict[str, int | tuple[int, ...]] = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. max_batch_size=8")
+        field = _SET_KEYS.get(key)
+        if field is None:
+            raise ConfigError(f"--set {item!r}: unknown key {key!r}; known keys: {', '.join(_SET_KEYS)}")
+        if field in values:
+            raise ConfigError(f"--set {item!r}: {field} is set more than once")
+        low, high = _SET_RANGES[field]
+        if field == "preferred_batch_size":
+            parts = [p.strip() for p in raw.split(",") if p.strip()]
+            if not parts:
+                raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")
+            values[field] = tuple(_int_in_range(item, p, low, high) for p in parts)
+        else:
+            values[field] = _int_in_range(item, raw, low, high)
+    return SchedulingParams(**values)
+
+
+def _int_in_range(item: str, raw: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"--set {item!r}: {raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ConfigError(f"--set {item!r}: {low} <= value <= {high} must hold, but got {value}")
+    return value
+
+
+# --- Triton's rules on the scheduling fields ------------------------------------------------------
+
+
+def validate(config: ModelConfig, source: str = "<config>") -> None:
+    """Raise ConfigError(`SOURCE: message`) for the first scheduling rule the config breaks.
+
+    The rules and their wording are Triton's own (core `src/model_config_utils.cc`,
+    `ValidateModelConfig`, `ValidateEnsembleSchedulingConfig` and `ValidateInstanceGroup`), in the
+    order Triton checks them, limited to the scheduling fields: max_batch_size; dynamic_batching
+    (preferred sizes, priority levels, queue policies, preserve_ordering); sequence_batching's
+    preferred sizes and slot utilization; which platform may use the ensemble scheduler; instance
+    groups (none in an ensemble; no GPUs for KIND_CPU / KIND_MODEL). Rules that depend on the
+    server (GPU ids, backends) or on tensors (dims, reshape, batch inputs) are left to the server.
+    Triton accepts `dynamic_batching` with `max_batch_size: 0` (it then never batches), so this does
+    too.
+    """
+    message = _first_broken_rule(config, _model_name(config, source))
+    if message is not None:
+        raise ConfigError(f"{source}: {message}")
+
+
+def _model_name(config: ModelConfig, source: str) -> str:
+    # Triton names a model after its directory when the config does not.
+    if config.name:
+        return config.name
+    path = Path(source)
+    return path.parent.name if path.name == "config.pbtxt" and path.parent.name else "<unnamed>"
+
+
+def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
+    if config.max_batch_size < 0:
+        return f"'max_batch_size' must be non-negative value for {name}"
+
+    if config.HasField("dynamic_batching"):
+        batching = config.dynamic_batching
+        for size in batching.preferred_batch_size:
+            if size <= 0:
+                return f"dynamic batching preferred size must be positive for {name}"
+            if size > config.max_batch_size:
+                return f"dynamic batching preferred size must be <= max batch size for {name}"
+
+        levels = batching.priority_levels
+        if levels != 0:
+            if batching.default_priority_level == 0 or batching.default_priority_level > levels:
+                return f"default priority level must be in range [1, {levels}] for {name}"
+            for level in batching.priority_queue_policy:
+                if level == 0 or level > levels:
+                    return f"priority queue policy must have priority level in range [1, {levels}] for {name}"
+
+        # preserve_ordering conflicts with priorities and with delaying timed-out requests.
+        if batching.preserve_ordering:
+            if levels > 1:
+                return f"Only one priority level is allowed when 'preserve_ordering' is true for {name}"
+            policies = [batching.default_queue_policy, *batching.priority_queue_policy.values()]
+            for policy in policies:
+                if policy.default_timeout_microseconds != 0 and policy.timeout_action == _DELAY:
+                    return (
+                        "Queue policy can not have DELAY as timeout action when "
+                        f"'preserve_ordering' is true for {name}"
+                    )
+
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if sequence.HasField("oldest"):
+            for size in sequence.oldest.preferred_batch_size:
+                if size <= 0:
+                    return f"sequence batching preferred batch size must be positive for {name}"
+                if size > config.max_batch_size:
+                    return f"sequence batching preferred batch size must be <= max batch size for {name}"
+        if sequence.HasField("direct"):
+            utilization = sequence.direct.minimum_slot_utilization
+            if utilization < 0.0 or utilization > 1.0:
+                return f"sequence batching minimum slot utilization must be in range (0.0, 1.0] for {name}"
+
+    # The ensemble choice of the scheduler oneof goes with the "ensemble" platform only.
+    if config.HasField("ensemble_scheduling"):
+        if config.platform != "ensemble":
+            return f"ensemble scheduling cannot be set for model '{name}' whose platform is not ensemble"
+        if config.instance_group:
+            return f"instance group should not be specified for ensemble '{name}'"
+    elif config.platform == "ensemble":
+        return f"ensemble scheduling must be set for ensemble {name} whose platform is ensemble"
+
+    # Instance groups (Triton names an unnamed group `<model>_<index>` before checking).
+    else:
+        for index, group in enumerate(config.instance_group):
+            group_name = group.name or f"{name}_{index}"
+            kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+            if group.kind in (_KIND_CPU, _KIND_MODEL) and group.gpus:
+                return f"instance group {group_name} of model {name} has kind {kind} but specifies one or more GPUs"
+    return None
+
+
+_DELAY = model_config_pb2.ModelQueuePolicy.DELAY
+_KIND_CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU
+_KIND_MODEL = model_config_pb2.ModelInstanceGroup.KIND_MODEL
+
+
+# --- reading configs: the scheduling table and field-by-field differences ----------------------
+
+
+def scheduling_table(config: ModelConfig) -> list[tuple[str, str]]:
+    """The scheduling fields as (field, value) rows, in the order config.pbtxt usually has them."""
+    rows: list[tuple[str, str]] = [
+        ("name", config.name or "-"),
+        ("max_batch_size", str(config.max_batch_size)),
+    ]
+    choice = config.WhichOneof("scheduling_choice")
+    rows.append(("scheduler", choice or "default (no batching)"))
+    if choice == "dynamic_batching":
+        batching = config.dynamic_batching
+        rows += [
+            ("dynamic_batching.max_queue_delay_microseconds", str(batching.max_queue_delay_microseconds)),
+            ("dynamic_batching.preferred_batch_size", _sizes(batching.preferred_batch_size)),
+            ("dynamic_batching.preserve_ordering", str(batching.preserve_ordering).lower()),
+            ("dynamic_batching.priority_levels", str(batching.priority_levels)),
+        ]
+        if batching.priority_levels:
+            rows.append(("dynamic_batching.default_priority_level", str(batching.default_priority_level)))
+        if batching.HasField("default_queue_policy"):
+            rows.append(("dynamic_batching.default_queue_policy", _policy(batching.default_queue_policy)))
+        for level in sorted(batching.priority_queue_policy):
+            rows.append(
+                (
+                    f"dynamic_batching.priority_queue_policy[{level}]",
+                    _policy(batching.priority_queue_policy[level]),
+                )
+            )
+    elif choice == "sequence_batching":
+        sequence = config.sequence_batching
+        strategy = sequence.WhichOneof("strategy_choice") or "direct"
+        rows.append(("sequence_batching.strategy", strategy))
+        if sequence.HasField("oldest"):
+            oldest = sequence.oldest
+            rows += [
+                ("sequence_batching.oldest.max_candidate_sequences", str(oldest.max_candidate_sequences)),
+                (
+                    "sequence_batching.oldest.max_queue_delay_microseconds",
+                    str(oldest.max_queue_delay_microseconds),
+                ),
+                ("sequence_batching.oldest.preferred_batch_size", _sizes(oldest.preferred_batch_size)),
+            ]
+        elif sequence.HasField("direct"):
+            direct = sequence.direct
+            rows.append(
+                (
+                    "sequence_batching.direct.max_queue_delay_microseconds",
+                    str(direct.max_queue_delay_microseconds),
+                )
+            )
+        rows.append(
+            ("sequence_batching.max_sequence_idle_microseconds", str(sequence.max_sequence_idle_microseconds))
+        )
+    if not config.instance_group:
+        rows.append(("instance_group", "none (Triton's default: one per GPU, or one on CPU)"))
+    for index, group in enumerate(config.instance_group):
+        kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+        value = f"count={group.count or 1} kind={kind}"
+        if group.gpus:
+            value += f" gpus={_sizes(group.gpus)}"
+        rows.append((f"instance_group[{index}]" + (f" ({group.name})" if group.name else ""), value))
+    return rows
+
+
+def _sizes(values) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]" if len(values) else "[]"
+
+
+def _policy(policy) -> str:
+    action = model_config_pb2.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action)
+    return (
+        f"timeout_action={action} default_timeout_microseconds={policy.default_timeout_microseconds} "
+        f"allow_timeout_override={str(policy.allow_timeout_override).lower()} max_queue_size={policy.max_queue_size}"
+    )
+
+
+def flatten(config: ModelConfig) -> dict[str, object]:
+    """Every set field as `path -> value` (`instance_group[0].count`, `parameters[KEY].string_value`).
+
+    Scalar lists stay one value (`dynamic_batching.preferred_batch_size: [4, 8]`); enums are names;
+    a message that is present but empty (`dynamic_batching {}`) is `{}`, because its presence alone
+    switches a feature on. Fields at their default value are absent, as protobuf has them.
+    """
+    out: dict[str, object] = {}
+    _flatten(config, "", out)
+    return out
+
+
+def _flatten(message, prefix: str, out: dict[str, object]) -> None:
+    fields = message.ListFields()
+    if not fields and prefix:
+        out[prefix.rstrip(".")] = {}
+        return
+    for field, value in fields:
+        path = prefix + field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            for key in sorted(value):
+                if value_field.message_type is not None:
+                    _flatten(value[key], f"{path}[{key}].", out)
+                else:
+                    out[f"{path}[{key}]"] = _scalar(value_field, value[key])
+        elif field.is_repeated:
+            if field.message_type is not None:
+                for index, item in enumerate(value):
+                    _flatten(item, f"{path}[{index}].", out)
+            else:
+                out[path] = [_scalar(field, v) for v in value]
+        elif field.message_type is not None:
+            _flatten(value, path + ".", out)
+        else:
+            out[path] = _scalar(field, value)
+
+
+def _scalar(field, value):
+    if field.enum_type is not None:
+        enum_value = field.enum_type.values_by_number.get(value)
+        return enum_value.name if enum_value is not None else value
+    return value
+
+
+def diff_fields(a: ModelConfig, b: ModelConfig) -> list[tuple[str, object, object]]:
+    """`(field_path, a_value, b_value)` for every field that differs; None where a side lacks it."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    return [
+        (path, flat_a.get(path), flat_b.get(path))
+        for path in sorted(flat_a.keys() | flat_b.keys())
+        if flat_a.get(path) != flat_b.get(path)
+    ]

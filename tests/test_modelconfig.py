@@ -1,0 +1,368 @@
+"""config.pbtxt via Triton's schema: parse/print, Triton's scheduling rules, --set, apply, diff.
+
+The corpus is 262 real config.pbtxt files from Triton's repositories; directories with an `expected`
+file hold Triton's own expected error message for that config (a regular expression, as Triton's
+QA greps for it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from tuner import modelconfig
+from tuner.errors import ConfigError
+from tuner.modelconfig import SchedulingParams
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
+FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
+# Without the corpus every corpus test gets this one value and fails saying why (never skips).
+MISSING = Path("<corpus missing>")
+
+# Triton's expected messages about the fields `validate` covers: max_batch_size, priority levels
+# and queue policies, preserve_ordering, the ensemble scheduler, instance-group kinds.
+SCHEDULING_MESSAGE = re.compile(
+    r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
+    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies"
+)
+
+
+def corpus_file(path: Path) -> Path:
+    if path == MISSING:
+        pytest.fail(
+            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
+            "directory (CI has shared/ beside the clone)"
+        )
+    return path
+
+
+def expected_message(path: Path) -> str | None:
+    expected = path.parent / "expected"
+    return expected.read_text().strip() if expected.exists() else None
+
+
+def ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(CORPUS)) if p != MISSING else "missing" for p in paths]
+
+
+SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
+VALID_CASES = [p for p in FILES if expected_message(p) is None] or [MISSING]
+
+
+def test_corpus_is_there_and_big_enough():
+    corpus_file(FILES[0] if FILES else MISSING)
+    assert len(FILES) >= 250, f"{CORPUS} holds only {len(FILES)} config.pbtxt"
+    assert len(SCHEDULING_CASES) >= 10, SCHEDULING_CASES
+
+
+# --- parse / print ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", FILES or [MISSING], ids=ids(FILES or [MISSING]))
+def test_parse_print_parse_is_identical(path):
+    config = modelconfig.load(corpus_file(path))
+    text = modelconfig.to_text(config)
+    again = modelconfig.parse(text, "printed")
+    assert again == config
+    assert modelconfig.diff_fields(config, again) == []
+    assert modelconfig.to_text(again) == text
+    assert modelconfig.from_json(modelconfig.to_json(config)) == config
+
+
+def test_syntax_error_names_line_and_column():
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.parse(
+            'name: "m"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay: 3 }\n', "m/config.pbtxt"
+        )
+    assert str(exc.value).startswith("m/config.pbtxt:3:20: ")
+    assert "max_queue_delay" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "no such file"),
+        (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", "not a text file"),
+        (b"\x00\x01\x02 binary", ":1:1: "),
+        (b"max_batch_size: 99999999999999", "out of range"),
+    ],
+    ids=["missing", "not-utf8", "nul-bytes", "int32-overflow"],
+)
+def test_load_bad_files_is_one_config_error(tmp_path, content, message):
+    path = tmp_path / "config.pbtxt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.load(path)
+    text = str(exc.value)
+    assert text.startswith(str(path)) and message in text and "\n" not in text
+
+
+def test_load_a_directory_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        modelconfig.load(tmp_path)
+
+
+# --- Triton's rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", SCHEDULING_CASES, ids=ids(SCHEDULING_CASES))
+def test_scheduling_cases_are_rejected_with_tritons_message(path):
+    config = modelconfig.load(corpus_file(path))
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.validate(config, str(path))
+    message = str(exc.value)
+    assert message.startswith(f"{path}: ")
+    assert re.search(expected_message(path), message), (expected_message(path), message)
+
+
+@pytest.mark.parametrize("path", VALID_CASES, ids=ids(VALID_CASES))
+def test_configs_without_an_expected_error_are_accepted(path):
+    modelconfig.validate(modelconfig.load(corpus_file(path)), str(path))
+
+
+BASE = """
+name: "m"
+backend: "python"
+max_batch_size: 8
+dynamic_batching { }
+"""
+
+
+def with_base(extra: str) -> modelconfig.ModelConfig:
+    """BASE with `extra` merged over it (later fields win, as Merge has them)."""
+    config = modelconfig.parse(BASE, "base")
+    text_format.Merge(extra, config)
+    return config
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ("max_batch_size: -1", "'max_batch_size' must be non-negative value for m"),
+        (
+            "dynamic_batching { preferred_batch_size: [0] }",
+            "dynamic batching preferred size must be positive for m",
+        ),
+        (
+            "dynamic_batching { preferred_batch_size: [4, 16] }",
+            "dynamic batching preferred size must be <= max batch size for m",
+        ),
+        (
+            "max_batch_size: 0 dynamic_batching { preferred_batch_size: [1] }",
+            "preferred size must be <= max batch size",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+            "default priority level must be in range [1, 2] for m",
+        ),
+        (
+            "dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value { } } }",
+            "priority queue policy must have priority level in range [1, 2] for m",
+        ),
+        (
+            "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 } }",
+            "Queue policy can not have DELAY as timeout action when 'preserve_ordering' is true for m",
+        ),
+        (
+            "sequence_batching { oldest { preferred_batch_size: [9] } }",
+            "sequence batching preferred batch size must be <= max batch size for m",
+        ),
+        (
+            "sequence_batching { direct { minimum_slot_utilization: 1.5 } }",
+            "minimum slot utilization must be in range (0.0, 1.0] for m",
+        ),
+        (
+            "instance_group [ { kind: KIND_MODEL gpus: [ 1 ] } ]",
+            "instance group m_0 of model m has kind KIND_MODEL but specifies one or more GPUs",
+        ),
+        ('platform: "ensemble"', "ensemble scheduling must be set for ensemble m whose platform is ensemble"),
+    ],
+)
+def test_each_rule_with_tritons_wording(extra, message):
+    config = with_base(extra)
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.validate(config, "x/config.pbtxt")
+    assert str(exc.value) == f"x/config.pbtxt: {message}" or message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "",
+        "max_batch_size: 0",  # Triton accepts a batcher that never batches
+        "dynamic_batching { preferred_batch_size: [2, 8] max_queue_delay_microseconds: 100 }",
+        "dynamic_batching { priority_levels: 3 default_priority_level: 3 priority_queue_policy { key: 1 value { } } }",
+        "dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 }",
+        "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY } }",
+        "instance_group [ { kind: KIND_GPU gpus: [ 0 ] count: 3 } ]",
+    ],
+)
+def test_valid_scheduling_settings_pass(extra):
+    modelconfig.validate(with_base(extra), "x")
+
+
+def test_unnamed_config_is_named_after_its_directory():
+    config = modelconfig.parse("max_batch_size: -1", "x")
+    with pytest.raises(ConfigError, match="for resnet$"):
+        modelconfig.validate(config, "repo/resnet/config.pbtxt")
+
+
+# --- --set ---------------------------------------------------------------------------------------
+
+
+def test_parse_assignments_all_keys():
+    params = modelconfig.parse_assignments(
+        [
+            "max_batch_size=16",
+            "max_queue_delay_microseconds=2000",
+            "preferred_batch_size=4, 8",
+            "instance_group.count=2",
+        ]
+    )
+    assert params == SchedulingParams(16, 2000, (4, 8), 2)
+    assert modelconfig.parse_assignments(
+        ["dynamic_batching.max_queue_delay_microseconds=0", "instance_count=1"]
+    ) == (SchedulingParams(max_queue_delay_microseconds=0, instance_count=1))
+
+
+@pytest.mark.parametrize(
+    "items,named",
+    [
+        (["max_batch=8"], "'max_batch'"),
+        (["max_batch_size"], "KEY=VALUE"),
+        (["max_batch_size=eight"], "'eight' is not an integer"),
+        (["max_batch_size=-1"], "max_batch_size=-1"),
+        (["max_batch_size=4294967296"], "max_batch_size=4294967296"),
+        (["max_queue_delay_microseconds=1.5"], "'1.5'"),
+        (["preferred_batch_size=4,x"], "'x'"),
+        (["preferred_batch_size=0"], "preferred_batch_size=0"),
+        (["preferred_batch_size="], "comma list"),
+        (["instance_count=0"], "instance_count=0"),
+        (["max_batch_size=8", "max_batch_size=4"], "more than once"),
+    ],
+)
+def test_parse_assignments_rejects_by_name(items, named):
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.parse_assignments(items)
+    assert named in str(exc.value)
+
+
+# --- apply_params and diff_fields ----------------------------------------------------------------
+
+
+def _changed(a, b) -> dict[str, tuple]:
+    return {path: (x, y) for path, x, y in modelconfig.diff_fields(a, b)}
+
+
+def test_apply_changes_only_named_fields_and_leaves_input_alone():
+    base = with_base(
+        """
+        dynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 priority_levels: 2 default_priority_level: 1 }
+        instance_group [ { kind: KIND_CPU count: 1 }, { kind: KIND_GPU gpus: [0] count: 2 } ]
+        parameters { key: "k" value { string_value: "v" } }
+        """
+    )
+    before = modelconfig.to_text(base)
+    new = modelconfig.apply_params(base, SchedulingParams(16, 500, (8, 16), 3))
+    assert modelconfig.to_text(base) == before
+    assert _changed(base, new) == {
+        "max_batch_size": (8, 16),
+        "dynamic_batching.max_queue_delay_microseconds": (100, 500),
+        "dynamic_batching.preferred_batch_size": ([2, 4], [8, 16]),
+        "instance_group[0].count": (1, 3),
+        "instance_group[1].count": (2, 3),
+    }
+    assert modelconfig.apply_params(base, SchedulingParams()) == base
+
+
+def test_apply_creates_blocks_that_are_missing():
+    base = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    new = modelconfig.apply_params(base, SchedulingParams(max_queue_delay_microseconds=0, instance_count=2))
+    assert new.HasField("dynamic_batching")  # present even with a zero delay
+    assert _changed(base, new) == {"dynamic_batching": (None, {}), "instance_group[0].count": (None, 2)}
+    assert new.instance_group[0].kind == 0  # KIND_AUTO: left to Triton
+
+
+def test_smaller_max_batch_size_drops_preferred_sizes_that_no_longer_fit():
+    # What Triton's auto-complete reports back: preferred_batch_size = [max_batch_size].
+    base = modelconfig.parse("max_batch_size: 32 dynamic_batching { preferred_batch_size: [4, 32] }", "x")
+    new = modelconfig.apply_params(base, SchedulingParams(max_batch_size=8))
+    assert list(new.dynamic_batching.preferred_batch_size) == [4]
+    modelconfig.validate(new, "x")
+    explicit = modelconfig.apply_params(base, SchedulingParams(max_batch_size=8, preferred_batch_size=(8,)))
+    assert list(explicit.dynamic_batching.preferred_batch_size) == [8]
+
+
+def test_apply_refuses_to_replace_the_sequence_batcher():
+    base = modelconfig.parse('name: "seq" max_batch_size: 8 sequence_batching { }', "x")
+    with pytest.raises(ConfigError, match="seq uses sequence_batching"):
+        modelconfig.apply_params(base, SchedulingParams(max_queue_delay_microseconds=10))
+    assert modelconfig.apply_params(base, SchedulingParams(max_batch_size=4)).max_batch_size == 4
+
+
+def test_diff_fields_covers_maps_enums_and_lists():
+    a = modelconfig.parse(
+        'parameters { key: "a" value { string_value: "1" } } instance_group [ { kind: KIND_CPU } ]', "a"
+    )
+    b = modelconfig.parse(
+        'parameters { key: "a" value { string_value: "2" } } instance_group [ { kind: KIND_GPU } ]', "b"
+    )
+    assert modelconfig.diff_fields(a, b) == [
+        ("instance_group[0].kind", "KIND_CPU", "KIND_GPU"),
+        ("parameters[a].string_value", "1", "2"),
+    ]
+
+
+# --- JSON from Triton ----------------------------------------------------------------------------
+
+
+def test_from_json_takes_int64_as_numbers_or_strings():
+    as_numbers = {
+        "name": "m",
+        "max_batch_size": 8,
+        "dynamic_batching": {
+            "preferred_batch_size": [4, 8],
+            "max_queue_delay_microseconds": 2000,
+            "priority_levels": 2,
+            "default_priority_level": 1,
+            "priority_queue_policy": {"2": {"default_timeout_microseconds": 10, "timeout_action": "REJECT"}},
+        },
+        "instance_group": [{"name": "m_0", "kind": "KIND_CPU", "count": 2, "gpus": []}],
+        "a_field_from_a_newer_server": {"x": 1},
+    }
+    as_strings = json.loads(
+        json.dumps(as_numbers)
+        .replace('"max_queue_delay_microseconds": 2000', '"max_queue_delay_microseconds": "2000"')
+        .replace('"priority_levels": 2', '"priority_levels": "2"')
+        .replace('"default_timeout_microseconds": 10', '"default_timeout_microseconds": "10"')
+    )
+    a, b = modelconfig.from_json(as_numbers), modelconfig.from_json(json.dumps(as_strings))
+    assert a == b
+    assert a.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert a.dynamic_batching.priority_queue_policy[2].default_timeout_microseconds == 10
+
+
+@pytest.mark.parametrize("bad", ["{not json", '{"max_batch_size": "eight"}', "[1, 2]"])
+def test_from_json_bad_input_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="model config JSON"):
+        modelconfig.from_json(bad)
+
+
+def test_scheduling_table_lists_the_tuned_fields():
+    config = with_base(
+        "dynamic_batching { preferred_batch_size: [4] max_queue_delay_microseconds: 300 } "
+        "instance_group [ { count: 2 kind: KIND_CPU } ]"
+    )
+    table = dict(modelconfig.scheduling_table(config))
+    assert table["max_batch_size"] == "8"
+    assert table["scheduler"] == "dynamic_batching"
+    assert table["dynamic_batching.max_queue_delay_microseconds"] == "300"
+    assert table["dynamic_batching.preferred_batch_size"] == "[4]"
+    assert table["instance_group[0]"] == "count=2 kind=KIND_CPU"
