@@ -1,0 +1,145 @@
+"""tuner.traffic.io: the table on disk, round trips, and the malformed files it refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.cli import main
+from tuner.errors import TrafficError
+from tuner.traffic import read_traffic, shape_columns, validate_traffic, write_traffic
+
+
+def _table() -> pd.DataFrame:
+    rng = np.random.default_rng(3)
+    n = 500
+    return pd.DataFrame(
+        {
+            "timestamp": np.sort(rng.uniform(1.7e9, 1.7e9 + 100, n)),
+            "batch_size": rng.integers(1, 9, n),
+            "seq_len": rng.integers(1, 513, n),
+            "image_h": rng.integers(32, 64, n),
+            "model": rng.choice(["bert", "resnet"], n),
+        }
+    )
+
+
+def test_csv_parquet_round_trip_keeps_every_column_and_dtype(tmp_path):
+    original = read_traffic(write_traffic(_table(), tmp_path / "a.csv"))
+    assert list(original.columns) == ["timestamp", "batch_size", "seq_len", "image_h", "model"]
+    assert original["timestamp"].dtype == np.float64
+    assert original["batch_size"].dtype == np.int64 and original["seq_len"].dtype == np.int64
+    assert pd.api.types.is_string_dtype(original["model"])
+    via_parquet = read_traffic(write_traffic(original, tmp_path / "b.parquet"))
+    back_to_csv = read_traffic(write_traffic(via_parquet, tmp_path / "c.csv"))
+    for other in (via_parquet, back_to_csv):
+        assert list(other.columns) == list(original.columns)
+        assert dict(other.dtypes) == dict(original.dtypes)
+        pd.testing.assert_frame_equal(other, original, check_exact=True)
+    # bit-for-bit times, not just close
+    assert (back_to_csv["timestamp"].to_numpy() == _table()["timestamp"].to_numpy()).all()
+
+
+def test_defaults_sorting_and_iso_times(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "timestamp,seq_len\n"
+        "2023-11-16T18:17:05Z,10\n"
+        "2023-11-16 18:17:03.5,20\n"
+        "2023-11-16T19:17:03.5+01:00,30\n"
+    )
+    df = read_traffic(path)
+    assert df["batch_size"].tolist() == [1, 1, 1] and df["batch_size"].dtype == np.int64
+    # stable sort: the two equal instants keep file order
+    assert df["seq_len"].tolist() == [20, 30, 10]
+    t0 = pd.Timestamp("2023-11-16 18:17:03.5", tz="UTC").timestamp()
+    assert df["timestamp"].tolist() == [t0, t0, t0 + 1.5]
+    assert shape_columns(df) == ["seq_len"]
+
+
+def test_datetime_column_in_parquet_becomes_epoch_seconds(tmp_path):
+    path = tmp_path / "d.parquet"
+    pd.DataFrame(
+        {"timestamp": pd.to_datetime(["2024-01-01 00:00:00.25", "2024-01-01 00:00:01"], format="ISO8601")}
+    ).to_parquet(path)
+    df = read_traffic(path)
+    assert df["timestamp"].tolist() == [1704067200.25, 1704067201.0]
+
+
+def test_validate_accepts_a_frame_and_does_not_change_it():
+    raw = pd.DataFrame({"timestamp": [2.0, 1.0], "batch_size": [1.0, 2.0]})
+    before = raw.copy()
+    out = validate_traffic(raw, "<frame>")
+    pd.testing.assert_frame_equal(raw, before)
+    assert out["timestamp"].tolist() == [1.0, 2.0] and out["batch_size"].tolist() == [2, 1]
+    assert out["batch_size"].dtype == np.int64
+
+
+MALFORMED = {
+    "no_timestamp.csv": ("ts,batch_size\n1,1\n", "no 'timestamp' column"),
+    "empty.csv": ("", "empty file"),
+    "header_only.csv": ("timestamp,batch_size\n", "no requests"),
+    "bad_time.csv": (
+        "timestamp\n1.0\n2.0\nyesterday\n",
+        "line 4, column 'timestamp': unparsable time 'yesterday'",
+    ),
+    "negative.csv": ("timestamp\n1.0\n-2.0\n", "line 3, column 'timestamp': negative time"),
+    "nan_time.csv": ("timestamp,batch_size\n1.0,1\n,1\n", "line 3, column 'timestamp': empty (NaN)"),
+    "zero_batch.csv": (
+        "timestamp,batch_size\n1.0,1\n2.0,0\n",
+        "line 3, column 'batch_size': must be a positive integer",
+    ),
+    "neg_batch.csv": (
+        "timestamp,batch_size\n1.0,-4\n",
+        "line 2, column 'batch_size': must be a positive integer",
+    ),
+    "frac_batch.csv": ("timestamp,batch_size\n1.0,1.5\n", "line 2, column 'batch_size': not a whole number"),
+    "nan_seq.csv": ("timestamp,seq_len\n1.0,5\n2.0,\n3.0,7\n", "line 3, column 'seq_len': empty (NaN)"),
+    "text_shape.csv": ("timestamp,request_id\n1.0,abc\n", "line 2, column 'request_id': not a number"),
+    "empty_model.csv": ("timestamp,model\n1.0,a\n2.0,\n", "line 3, column 'model': empty model name"),
+    "inf_time.csv": ("timestamp\n1.0\ninf\n", "line 3, column 'timestamp': not a finite time"),
+    "ragged.csv": ("timestamp,batch_size\n1.0,1\n2.0,1,5,6\n", "not a readable CSV table"),
+    "notes.txt": ("timestamp\n1\n", "unknown traffic file type '.txt'"),
+    "broken.parquet": ("this is not parquet", "not a readable Parquet file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_input_is_exit_2_and_one_line(name, tmp_path, capsys):
+    content, expected = MALFORMED[name]
+    path = tmp_path / name
+    path.write_text(content)
+    assert main(["traffic", "stats", str(path)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"tuner: error: {path}"), lines[0]
+    assert expected in lines[0], lines[0]
+    assert path.read_text() == content  # never modifies the user's file
+
+
+def test_missing_file_is_exit_2(tmp_path, capsys):
+    assert main(["traffic", "stats", str(tmp_path / "nope.csv")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_parquet_rows_are_counted_from_one(tmp_path):
+    path = tmp_path / "p.parquet"
+    pd.DataFrame({"timestamp": [1.0, 2.0, 3.0], "batch_size": [1, 1, 0]}).to_parquet(path)
+    with pytest.raises(TrafficError, match=r"p.parquet: row 3, column 'batch_size'"):
+        read_traffic(path)
+
+
+def test_malformed_file_in_a_real_process_prints_no_traceback(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("timestamp,batch_size\n1.0,1\n2.0,zero\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner", "traffic", "stats", str(path)], capture_output=True, text=True
+    )
+    assert run.returncode == 2
+    assert run.stderr.strip() == f"tuner: error: {path}: line 3, column 'batch_size': not a number: 'zero'"
+    assert "Traceback" not in run.stderr + run.stdout

@@ -1,0 +1,86 @@
+"""tuner.traffic.windows: due times at a speed, windows, and the busiest window against brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.errors import TrafficError
+from tuner.traffic import busiest_window, due_offsets, parse_duration, scale_time, synth_bursty, window
+
+
+def _frame(times) -> pd.DataFrame:
+    times = np.asarray(times, dtype=np.float64)
+    return pd.DataFrame({"timestamp": times, "batch_size": np.ones(len(times), dtype=np.int64)})
+
+
+def _brute_force_busiest(off: np.ndarray, d: float) -> int:
+    # every half-open window [s, s + d) for s on a fine grid and at every request time
+    starts = np.concatenate([off, np.arange(-d, off[-1] + d, d / 97)])
+    return max(int(((off >= s) & (off < s + d)).sum()) for s in starts)
+
+
+def test_due_offsets_follow_the_definition():
+    df = _frame([100.0, 100.5, 103.0])
+    assert due_offsets(df).tolist() == [0.0, 0.5, 3.0]
+    assert due_offsets(df, speed=2.0).tolist() == [0.0, 0.25, 1.5]
+    assert due_offsets(df, speed=0.5).tolist() == [0.0, 1.0, 6.0]
+    with pytest.raises(TrafficError, match="speed must be a positive number"):
+        due_offsets(df, speed=0)
+
+
+def test_scale_time_keeps_the_first_request_and_rows():
+    df = _frame([100.0, 101.0, 104.0]).assign(seq_len=[1, 2, 3])
+    out = scale_time(df, 4.0)
+    assert out["timestamp"].tolist() == [100.0, 100.25, 101.0]
+    assert out["seq_len"].tolist() == [1, 2, 3]
+    assert df["timestamp"].tolist() == [100.0, 101.0, 104.0]  # input untouched
+
+
+def test_window_is_half_open_and_relative_to_the_first_request():
+    df = _frame([10.0, 11.0, 12.0, 13.0, 14.0])
+    assert window(df, 1.0, 2.0)["timestamp"].tolist() == [11.0, 12.0]
+    assert window(df, 3.0)["timestamp"].tolist() == [13.0, 14.0]
+    assert window(df, duration_s=1.5)["timestamp"].tolist() == [10.0, 11.0]
+    with pytest.raises(TrafficError, match="holds no requests"):
+        window(df, 100.0, 5.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("d", [0.05, 0.5, 3.0])
+def test_busiest_window_agrees_with_brute_force(seed, d):
+    df = synth_bursty(40, 20, seed=seed)
+    off = df["timestamp"].to_numpy() - df["timestamp"].iloc[0]
+    start, count = busiest_window(df, d)
+    assert count == _brute_force_busiest(off, d)
+    # and the window it names really holds that many
+    assert ((off >= start) & (off < start + d)).sum() == count
+    assert len(window(df, start, d)) == count
+
+
+def test_busiest_window_longer_than_the_traffic_holds_everything():
+    df = _frame([0.0, 1.0, 1.0, 2.0])
+    assert busiest_window(df, 10.0) == (0.0, 4)
+    assert busiest_window(df, 0.5) == (1.0, 2)
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("90", 90.0),
+        ("90s", 90.0),
+        ("1.5m", 90.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        ("250ms", 0.25),
+        (12, 12.0),
+    ],
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+def test_parse_duration_rejects_nonsense():
+    with pytest.raises(TrafficError, match="--start: cannot read 'soon'"):
+        parse_duration("soon", "--start")

@@ -1,0 +1,48 @@
+"""Recorded traffic: the table every later stage replays, and the tools that make and inspect it.
+
+io         read_traffic / write_traffic / validate_traffic, shape_columns
+windows    due_offsets, scale_time, window, busiest_window (time from the first request)
+synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
+importers  import_triton_trace, import_azure, import_csv
+stats      describe, format_stats, plot_stats
+"""
+
+from tuner.traffic.importers import import_azure, import_csv, import_triton_trace
+from tuner.traffic.io import (
+    BATCH_SIZE,
+    MODEL,
+    TIMESTAMP,
+    read_traffic,
+    shape_columns,
+    validate_traffic,
+    write_traffic,
+)
+from tuner.traffic.stats import describe, format_stats, plot_stats
+from tuner.traffic.synth import SizeSpec, synth_bursty, synth_diurnal, synth_flash_crowd, synth_poisson
+from tuner.traffic.windows import busiest_window, due_offsets, parse_duration, scale_time, window
+
+__all__ = [
+    "BATCH_SIZE",
+    "MODEL",
+    "TIMESTAMP",
+    "SizeSpec",
+    "busiest_window",
+    "describe",
+    "due_offsets",
+    "format_stats",
+    "import_azure",
+    "import_csv",
+    "import_triton_trace",
+    "parse_duration",
+    "plot_stats",
+    "read_traffic",
+    "scale_time",
+    "shape_columns",
+    "synth_bursty",
+    "synth_diurnal",
+    "synth_flash_crowd",
+    "synth_poisson",
+    "validate_traffic",
+    "window",
+    "write_traffic",
+]

@@ -1,0 +1,233 @@
+"""The traffic table on disk: read, validate and write CSV and Parquet.
+
+One row per request: `timestamp` (float64 seconds; ISO-8601 or datetime input becomes seconds since
+the Unix epoch, naive times taken as UTC), `batch_size` (int64, 1 when absent), shape columns such as
+`seq_len` (int64), and an optional `model` (str). Every check is vectorised and the first bad row is
+named with its file, row and column, so a 10-million-row file fails in one clear line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import TrafficError
+
+TIMESTAMP = "timestamp"
+BATCH_SIZE = "batch_size"
+MODEL = "model"
+RESERVED = (TIMESTAMP, BATCH_SIZE, MODEL)
+CSV_SUFFIXES = (".csv",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+_PANDAS_MAJOR = int(pd.__version__.split(".")[0])
+
+
+def shape_columns(df: pd.DataFrame) -> list[str]:
+    """The per-request shape columns (e.g. `seq_len`): every column but timestamp, batch_size, model."""
+    return [c for c in df.columns if c not in RESERVED]
+
+
+def _kind(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in CSV_SUFFIXES:
+        return "csv"
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
+    raise TrafficError(
+        f"{path}: unknown traffic file type {suffix or '(no suffix)'!r} (expected .csv or .parquet)"
+    )
+
+
+def read_raw(path: str | os.PathLike) -> tuple[pd.DataFrame, int | None]:
+    """The file as pandas reads it, unvalidated, and the file line of data row 0 (None for Parquet)."""
+    path = Path(path)
+    kind = _kind(path)
+    if not path.is_file():
+        raise TrafficError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise TrafficError(f"{path}: empty file")
+    if kind == "parquet":
+        try:
+            return pd.read_parquet(path), None
+        except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
+            raise TrafficError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    try:
+        # a float written by write_traffic must read back bit for bit: pandas 3 does so by default,
+        # pandas 2 only with round_trip
+        extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
+        return pd.read_csv(path, skipinitialspace=True, **extra), 2
+    except pd.errors.EmptyDataError:
+        raise TrafficError(f"{path}: empty file (no header, no rows)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+
+
+def read_traffic(path: str | os.PathLike) -> pd.DataFrame:
+    """Load and validate a traffic file (.csv or .parquet); sorted by timestamp (stable)."""
+    raw, first_line = read_raw(path)
+    return validate_traffic(raw, str(path), first_line=first_line)
+
+
+def write_traffic(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write a traffic table as CSV or Parquet, chosen by the suffix; returns the path."""
+    path = Path(path)
+    kind = _kind(path)
+    table = validate_traffic(df, str(path))
+    try:
+        if kind == "csv":
+            table.to_csv(path, index=False)
+        else:
+            table.to_parquet(path, index=False)
+    except OSError as exc:
+        raise TrafficError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    return path
+
+
+def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = None) -> pd.DataFrame:
+    """Check a raw table and return it normalised (dtypes, column order, stable sort by time).
+
+    `first_line` is the file line of row 0 for a CSV (so messages say "line N"); else rows are
+    counted from 1. Raises TrafficError naming the source, row and column of the first problem.
+    """
+    where = _Where(source, first_line)
+    if df.columns.duplicated().any():
+        dup = df.columns[df.columns.duplicated()][0]
+        raise TrafficError(f"{source}: column {dup!r} appears twice")
+    if TIMESTAMP not in df.columns:
+        cols = ", ".join(map(str, df.columns)) or "none"
+        raise TrafficError(f"{source}: no {TIMESTAMP!r} column (columns found: {cols})")
+    if len(df) == 0:
+        raise TrafficError(f"{source}: no requests (a header but no rows)")
+
+    out = {TIMESTAMP: _seconds(df[TIMESTAMP], where)}
+    out[BATCH_SIZE] = (
+        _positive_int(df[BATCH_SIZE], BATCH_SIZE, where)
+        if BATCH_SIZE in df.columns
+        else np.ones(len(df), dtype=np.int64)
+    )
+    for col in shape_columns(df):
+        out[str(col)] = _positive_int(df[col], str(col), where, shape=True)
+    if MODEL in df.columns:
+        out[MODEL] = _model(df[MODEL], where)
+    table = pd.DataFrame(out)
+    ts = table[TIMESTAMP].to_numpy()
+    if len(ts) > 1 and not (np.diff(ts) >= 0).all():
+        table = table.sort_values(TIMESTAMP, kind="stable", ignore_index=True)
+    return table
+
+
+class _Where:
+    """Names a row the way the user finds it: a CSV's file line, or a 1-based row."""
+
+    def __init__(self, source: str, first_line: int | None):
+        self.source = source
+        self.first_line = first_line
+
+    def fail(self, row: int, column: str, problem: str) -> TrafficError:
+        if self.first_line is None:
+            at = f"row {row + 1}"
+        else:
+            at = f"line {row + self.first_line}"
+        return TrafficError(f"{self.source}: {at}, column {column!r}: {problem}")
+
+
+def _first_bad(mask: np.ndarray) -> int | None:
+    bad = np.flatnonzero(mask)
+    return int(bad[0]) if len(bad) else None
+
+
+def _show(value: object) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        return "empty (NaN)"
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _seconds(col: pd.Series, where: _Where) -> np.ndarray:
+    """Times as float64 seconds: numbers as they are, ISO-8601 / datetimes as Unix-epoch seconds."""
+    name = TIMESTAMP
+    if pd.api.types.is_bool_dtype(col):
+        raise where.fail(0, name, "not a time (booleans)")
+    if isinstance(col.dtype, pd.DatetimeTZDtype) or pd.api.types.is_datetime64_dtype(col):
+        return _datetime_seconds(col, col, where)
+    if pd.api.types.is_numeric_dtype(col):
+        values = col.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        numbers = pd.to_numeric(col, errors="coerce")
+        if numbers.notna().any():
+            # a numeric column with a stray word: name the first cell that is not a number
+            bad = _first_bad((numbers.isna() & col.notna()).to_numpy())
+            if bad is not None:
+                raise where.fail(bad, name, f"unparsable time {_show(col.iloc[bad])}")
+            values = numbers.to_numpy(dtype=np.float64, na_value=np.nan)
+        else:
+            parsed = pd.to_datetime(col, utc=True, format="ISO8601", errors="coerce")
+            return _datetime_seconds(parsed, col, where)
+    bad = _first_bad(~np.isfinite(values))
+    if bad is not None:
+        raw = col.iloc[bad]
+        problem = "empty (NaN)" if pd.isna(raw) else f"not a finite time: {_show(raw)}"
+        raise where.fail(bad, name, problem)
+    bad = _first_bad(values < 0)
+    if bad is not None:
+        raise where.fail(bad, name, f"negative time {_show(col.iloc[bad])}")
+    return values
+
+
+def _datetime_seconds(parsed: pd.Series, raw: pd.Series, where: _Where) -> np.ndarray:
+    if isinstance(parsed.dtype, pd.DatetimeTZDtype):
+        parsed = parsed.dt.tz_convert("UTC").dt.tz_localize(None)
+    missing = parsed.isna().to_numpy()
+    bad = _first_bad(missing)
+    if bad is not None:
+        value = raw.iloc[bad]
+        problem = "empty (NaN)" if pd.isna(value) else f"unparsable time {_show(value)}"
+        raise where.fail(bad, TIMESTAMP, problem)
+    ns = parsed.to_numpy().astype("datetime64[ns]").astype(np.int64)
+    bad = _first_bad(ns < 0)
+    if bad is not None:
+        raise where.fail(bad, TIMESTAMP, f"negative time {_show(raw.iloc[bad])} (before 1970)")
+    # split whole and fractional seconds so the float is rounded once, not twice
+    return (ns // 1_000_000_000).astype(np.float64) + (ns % 1_000_000_000) / 1e9
+
+
+def _positive_int(col: pd.Series, name: str, where: _Where, shape: bool = False) -> np.ndarray:
+    hint = " (columns other than timestamp, batch_size and model are shape sizes)" if shape else ""
+    if pd.api.types.is_bool_dtype(col):
+        raise where.fail(0, name, f"not an integer (booleans){hint}")
+    if pd.api.types.is_integer_dtype(col) and not col.isna().any():
+        values = col.to_numpy(dtype=np.int64)
+    else:
+        numbers = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = _first_bad(~np.isfinite(numbers))
+        if bad is not None:
+            raw = col.iloc[bad]
+            problem = "empty (NaN)" if pd.isna(raw) else f"not a number: {_show(raw)}{hint}"
+            raise where.fail(bad, name, problem)
+        bad = _first_bad(numbers != np.floor(numbers))
+        if bad is not None:
+            raise where.fail(bad, name, f"not a whole number: {_show(col.iloc[bad])}")
+        if (np.abs(numbers) > 2**53).any():
+            bad = _first_bad(np.abs(numbers) > 2**53)
+            raise where.fail(bad, name, f"too large: {_show(col.iloc[bad])}")
+        values = numbers.astype(np.int64)
+    bad = _first_bad(values <= 0)
+    if bad is not None:
+        raise where.fail(bad, name, f"must be a positive integer, got {_show(col.iloc[bad])}")
+    return values
+
+
+def _model(col: pd.Series, where: _Where) -> pd.Series:
+    text = col.astype("str")
+    empty = (col.isna() | (text.str.strip() == "")).to_numpy()
+    bad = _first_bad(empty)
+    if bad is not None:
+        raise where.fail(bad, MODEL, "empty model name")
+    return text.reset_index(drop=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,258 @@
+"""Synthetic traffic: arrival processes and request sizes, seeded and reproducible.
+
+Arrivals: Poisson at a rate; diurnal (a day's sinusoidal rate, the day compressible to any period);
+bursty (an on/off Markov-modulated Poisson process); flash crowd (a base rate, a ramp to a peak, a
+hold, an exponential decay). Non-constant rates are drawn by thinning a Poisson process at the peak
+rate, all in numpy. Sizes per column: `constant:N`, `zipf:a=A,max=M` (truncated Zipf on 1..M) or
+`lognormal:median=M,sigma=S,max=X[,min=Y]` (rounded, clipped to [min, max]).
+
+Timestamps start at 0 and are rounded to the microsecond; the same arguments and seed give the same
+table, bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import TrafficError
+from tuner.traffic.io import BATCH_SIZE, TIMESTAMP
+
+SIZE_KINDS = ("constant", "zipf", "lognormal")
+
+
+@dataclass(frozen=True)
+class SizeSpec:
+    """How one size column (batch_size or a shape column) is drawn."""
+
+    kind: str = "constant"
+    value: int = 1  # constant
+    a: float = 1.5  # zipf exponent
+    median: float = 200.0  # lognormal
+    sigma: float = 0.6
+    min: int = 1
+    max: int = 512
+
+    @classmethod
+    def parse(cls, text: str) -> SizeSpec:
+        """`constant:4`, `zipf:a=1.2,max=32`, `lognormal:median=200,sigma=0.6,max=512`."""
+        kind, _, rest = text.partition(":")
+        kind = kind.strip().lower()
+        if kind not in SIZE_KINDS:
+            raise TrafficError(
+                f"size {text!r}: unknown kind {kind!r} (expected one of {', '.join(SIZE_KINDS)})"
+            )
+        fields: dict[str, float] = {}
+        if kind == "constant":
+            if rest.strip():
+                fields["value"] = _number(text, "value", rest)
+        else:
+            for item in filter(None, (p.strip() for p in rest.split(","))):
+                key, eq, val = item.partition("=")
+                allowed = {"zipf": ("a", "max"), "lognormal": ("median", "sigma", "min", "max")}[kind]
+                if not eq or key.strip() not in allowed:
+                    raise TrafficError(
+                        f"size {text!r}: expected key=value with keys {', '.join(allowed)}, got {item!r}"
+                    )
+                fields[key.strip()] = _number(text, key.strip(), val)
+        for key in ("value", "min", "max"):
+            if key in fields:
+                fields[key] = int(fields[key])
+        spec = cls(kind=kind, **fields)  # type: ignore[arg-type]
+        spec.check(text)
+        return spec
+
+    def check(self, label: str) -> None:
+        if self.kind == "constant" and self.value < 1:
+            raise TrafficError(f"size {label!r}: a constant size must be >= 1, got {self.value}")
+        if self.kind == "zipf" and (self.a <= 0 or self.max < 1):
+            raise TrafficError(
+                f"size {label!r}: zipf needs a > 0 and max >= 1, got a={self.a}, max={self.max}"
+            )
+        if self.kind == "lognormal" and not (
+            self.median > 0 and self.sigma >= 0 and 1 <= self.min <= self.max
+        ):
+            raise TrafficError(
+                f"size {label!r}: lognormal needs median > 0, sigma >= 0 and 1 <= min <= max, got "
+                f"median={self.median}, sigma={self.sigma}, min={self.min}, max={self.max}"
+            )
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "constant":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.kind == "zipf":
+            support = np.arange(1, self.max + 1)
+            weights = support.astype(np.float64) ** -self.a
+            return rng.choice(support, size=n, p=weights / weights.sum()).astype(np.int64)
+        values = np.rint(rng.lognormal(np.log(self.median), self.sigma, size=n))
+        return np.clip(values, self.min, self.max).astype(np.int64)
+
+
+def _number(text: str, key: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise TrafficError(f"size {text!r}: {key} must be a number, got {value.strip()!r}") from None
+
+
+Sizes = Mapping[str, "SizeSpec | str"] | None
+
+
+def _table(times: np.ndarray, rng: np.random.Generator, sizes: Sizes) -> pd.DataFrame:
+    times = np.round(np.sort(times), 6)
+    out: dict[str, np.ndarray] = {TIMESTAMP: times}
+    specs = dict(sizes or {})
+    specs.setdefault(BATCH_SIZE, SizeSpec())
+    # batch_size first, then the shape columns in the order given: the draw order fixes the result
+    for col in [BATCH_SIZE] + [c for c in specs if c != BATCH_SIZE]:
+        spec = specs[col]
+        spec = SizeSpec.parse(spec) if isinstance(spec, str) else spec
+        spec.check(col)
+        out[col] = spec.draw(rng, len(times))
+    return pd.DataFrame(out)
+
+
+def _check(rate: float, duration_s: float) -> None:
+    if not (np.isfinite(rate) and rate > 0):
+        raise TrafficError(f"rate must be a positive number of requests/s, got {rate}")
+    if not (np.isfinite(duration_s) and duration_s > 0):
+        raise TrafficError(f"duration must be a positive number of seconds, got {duration_s}")
+
+
+def _poisson_times(rng: np.random.Generator, rate: float, start: float, length: float) -> np.ndarray:
+    n = rng.poisson(rate * length)
+    return start + rng.uniform(0.0, length, size=n)
+
+
+def _thinned(rng: np.random.Generator, rate_at, peak: float, duration_s: float) -> np.ndarray:
+    candidates = np.sort(_poisson_times(rng, peak, 0.0, duration_s))
+    keep = rng.uniform(0.0, peak, size=len(candidates)) < rate_at(candidates)
+    return candidates[keep]
+
+
+def _nonempty(times: np.ndarray, what: str) -> np.ndarray:
+    if len(times) == 0:
+        raise TrafficError(f"{what}: drew no requests; raise the rate or the duration")
+    return times
+
+
+def synth_poisson(rate: float, duration_s: float, seed: int = 0, sizes: Sizes = None) -> pd.DataFrame:
+    """Poisson arrivals at `rate` requests/s for `duration_s` seconds (inter-arrival CV 1)."""
+    _check(rate, duration_s)
+    rng = np.random.default_rng(seed)
+    times = _nonempty(_poisson_times(rng, rate, 0.0, duration_s), "poisson")
+    return _table(times, rng, sizes)
+
+
+def synth_diurnal(
+    mean_rate: float,
+    duration_s: float,
+    seed: int = 0,
+    sizes: Sizes = None,
+    period_s: float = 86400.0,
+    amplitude: float = 0.6,
+    peak_at_s: float | None = None,
+) -> pd.DataFrame:
+    """A day's sinusoidal rate: `mean_rate * (1 + amplitude * cos(2 pi (t - peak_at_s) / period_s))`.
+
+    `period_s` compresses the day (600 plays a day in ten minutes); the peak defaults to 14:00.
+    """
+    _check(mean_rate, duration_s)
+    if not 0 <= amplitude <= 1:
+        raise TrafficError(f"diurnal amplitude must be in [0, 1], got {amplitude}")
+    if not period_s > 0:
+        raise TrafficError(f"diurnal period must be > 0 s, got {period_s}")
+    peak_at = period_s * 14 / 24 if peak_at_s is None else float(peak_at_s)
+
+    def rate_at(t: np.ndarray) -> np.ndarray:
+        return mean_rate * (1 + amplitude * np.cos(2 * np.pi * (t - peak_at) / period_s))
+
+    rng = np.random.default_rng(seed)
+    times = _nonempty(_thinned(rng, rate_at, mean_rate * (1 + amplitude), duration_s), "diurnal")
+    return _table(times, rng, sizes)
+
+
+def bursty_rates(mean_rate: float, on_fraction: float, off_ratio: float) -> tuple[float, float]:
+    """The on and off rates of the on/off process that averages `mean_rate`."""
+    rate_off = off_ratio * mean_rate
+    rate_on = (mean_rate - (1 - on_fraction) * rate_off) / on_fraction
+    return rate_on, rate_off
+
+
+def synth_bursty(
+    mean_rate: float,
+    duration_s: float,
+    seed: int = 0,
+    sizes: Sizes = None,
+    on_fraction: float = 0.2,
+    mean_on_s: float = 0.5,
+    off_ratio: float = 0.05,
+) -> pd.DataFrame:
+    """On/off Markov-modulated Poisson arrivals averaging `mean_rate`.
+
+    The process spends `on_fraction` of the time in bursts lasting `mean_on_s` on average
+    (exponential sojourns in both states); the quiet rate is `off_ratio * mean_rate` and the burst
+    rate makes up the mean. The defaults give an inter-arrival CV well above 2.
+    """
+    _check(mean_rate, duration_s)
+    if not (0 < on_fraction < 1 and mean_on_s > 0 and 0 <= off_ratio < 1):
+        raise TrafficError(
+            "bursty needs 0 < on_fraction < 1, mean_on_s > 0 and 0 <= off_ratio < 1, got "
+            f"on_fraction={on_fraction}, mean_on_s={mean_on_s}, off_ratio={off_ratio}"
+        )
+    rate_on, rate_off = bursty_rates(mean_rate, on_fraction, off_ratio)
+    mean_off_s = mean_on_s * (1 - on_fraction) / on_fraction
+    rng = np.random.default_rng(seed)
+    # alternate off/on sojourns; start in a random state weighted by the time spent in each
+    start_on = rng.uniform() < on_fraction
+    cycles = int(duration_s / (mean_on_s + mean_off_s) * 1.5) + 16
+    while True:
+        on = rng.exponential(mean_on_s, size=cycles)
+        off = rng.exponential(mean_off_s, size=cycles)
+        pairs = np.column_stack([on, off] if start_on else [off, on]).ravel()
+        if pairs.sum() >= duration_s:
+            break
+        cycles *= 2
+    ends = np.cumsum(pairs)
+    n_seg = int(np.searchsorted(ends, duration_s, side="left")) + 1
+    starts = np.concatenate([[0.0], ends[: n_seg - 1]])
+    lengths = np.minimum(ends[:n_seg], duration_s) - starts
+    is_on = (np.arange(n_seg) % 2 == 0) == start_on
+    counts = rng.poisson(np.where(is_on, rate_on, rate_off) * lengths)
+    times = np.repeat(starts, counts) + rng.uniform(0.0, 1.0, size=counts.sum()) * np.repeat(lengths, counts)
+    return _table(_nonempty(times, "bursty"), rng, sizes)
+
+
+def synth_flash_crowd(
+    base_rate: float,
+    duration_s: float,
+    seed: int = 0,
+    sizes: Sizes = None,
+    peak_factor: float = 10.0,
+    spike_at_s: float | None = None,
+    ramp_s: float = 5.0,
+    hold_s: float = 10.0,
+    decay_s: float = 10.0,
+) -> pd.DataFrame:
+    """A steady `base_rate` that ramps linearly to `peak_factor` times itself at `spike_at_s`,
+    holds for `hold_s`, then decays back exponentially with time constant `decay_s`."""
+    _check(base_rate, duration_s)
+    if not (peak_factor >= 1 and ramp_s >= 0 and hold_s >= 0 and decay_s > 0):
+        raise TrafficError(
+            "flash crowd needs peak_factor >= 1, ramp_s >= 0, hold_s >= 0 and decay_s > 0, got "
+            f"peak_factor={peak_factor}, ramp_s={ramp_s}, hold_s={hold_s}, decay_s={decay_s}"
+        )
+    spike = duration_s / 3 if spike_at_s is None else float(spike_at_s)
+
+    def rate_at(t: np.ndarray) -> np.ndarray:
+        rising = np.clip((t - spike) / ramp_s, 0.0, 1.0) if ramp_s > 0 else (t >= spike).astype(float)
+        after = np.maximum(t - spike - ramp_s - hold_s, 0.0)
+        level = np.where(t < spike + ramp_s + hold_s, rising, np.exp(-after / decay_s))
+        return base_rate * (1 + (peak_factor - 1) * level)
+
+    rng = np.random.default_rng(seed)
+    times = _thinned(rng, rate_at, base_rate * peak_factor, duration_s)
+    return _table(_nonempty(times, "flash crowd"), rng, sizes)

@@ -1,0 +1,101 @@
+"""Time arithmetic on a traffic table: due times at a replay speed, windows, the busiest window.
+
+All offsets are seconds from the table's first request. Replay at speed `s` sends request `i` at
+`t0 + (timestamp_i - timestamp_0) / s`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import TrafficError
+from tuner.traffic.io import TIMESTAMP
+
+_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*$")
+
+
+def parse_duration(text: str | float, what: str = "duration") -> float:
+    """Seconds from `90`, `90s`, `1.5m`, `2h`, `1d`, `250ms`."""
+    if isinstance(text, int | float):
+        return float(text)
+    match = _DURATION.match(str(text).lower())
+    if not match or match.group(2) not in _UNITS:
+        raise TrafficError(f"{what}: cannot read {text!r} as a duration (e.g. 90, 90s, 1.5m, 2h, 1d)")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _check_speed(speed: float) -> float:
+    speed = float(speed)
+    if not np.isfinite(speed) or speed <= 0:
+        raise TrafficError(f"speed must be a positive number, got {speed}")
+    return speed
+
+
+def offsets(df: pd.DataFrame) -> np.ndarray:
+    """Seconds from the first request, as recorded (speed 1)."""
+    ts = df[TIMESTAMP].to_numpy(dtype=np.float64)
+    return ts - ts[0] if len(ts) else ts
+
+
+def due_offsets(df: pd.DataFrame, speed: float = 1.0) -> np.ndarray:
+    """When each request is due, in seconds from the first, replayed at `speed`."""
+    return offsets(df) / _check_speed(speed)
+
+
+def scale_time(df: pd.DataFrame, speed: float) -> pd.DataFrame:
+    """The same requests compressed (speed > 1) or stretched (< 1) in time around the first one."""
+    speed = _check_speed(speed)
+    out = df.copy()
+    if len(out):
+        t0 = float(out[TIMESTAMP].iloc[0])
+        out[TIMESTAMP] = t0 + offsets(df) / speed
+    return out
+
+
+def window(df: pd.DataFrame, start_s: float | None = None, duration_s: float | None = None) -> pd.DataFrame:
+    """The requests with `start_s <= offset < start_s + duration_s` (offsets from the first request).
+
+    Either bound may be omitted. Timestamps are kept as recorded. An empty result is an error.
+    """
+    start = 0.0 if start_s is None else float(start_s)
+    if start < 0 or not np.isfinite(start):
+        raise TrafficError(f"window start must be >= 0 s from the first request, got {start_s}")
+    if duration_s is not None and not (float(duration_s) > 0 and np.isfinite(float(duration_s))):
+        raise TrafficError(f"window duration must be a positive number of seconds, got {duration_s}")
+    off = offsets(df)
+    lo = int(np.searchsorted(off, start, side="left"))
+    hi = len(off) if duration_s is None else int(np.searchsorted(off, start + float(duration_s), side="left"))
+    if hi <= lo:
+        span = float(off[-1]) if len(off) else 0.0
+        end = "the end" if duration_s is None else f"{start + float(duration_s):g} s"
+        raise TrafficError(
+            f"window {start:g} s to {end} holds no requests (the traffic spans 0 to {span:g} s)"
+        )
+    return df.iloc[lo:hi].reset_index(drop=True)
+
+
+def window_counts(off: np.ndarray, duration_s: float) -> np.ndarray:
+    """For each request i, how many requests fall in [offset_i, offset_i + duration_s)."""
+    ends = np.searchsorted(off, off + duration_s, side="left")
+    return ends - np.arange(len(off))
+
+
+def busiest_window(df: pd.DataFrame, duration_s: float) -> tuple[float, int]:
+    """Start (seconds from the first request) and request count of the busiest `duration_s` window.
+
+    A busiest window can always be slid right until it starts on a request, so only starts at
+    request times are tried; ties go to the earliest.
+    """
+    duration_s = float(duration_s)
+    if not (duration_s > 0 and np.isfinite(duration_s)):
+        raise TrafficError(f"window duration must be a positive number of seconds, got {duration_s}")
+    off = offsets(df)
+    if len(off) == 0:
+        return 0.0, 0
+    counts = window_counts(off, duration_s)
+    best = int(np.argmax(counts))
+    return float(off[best]), int(counts[best])
