@@ -430,10 +430,20 @@ def _scalar(field, value):
 
 
 def diff_fields(a: ModelConfig, b: ModelConfig) -> list[tuple[str, object, object]]:
-    """`(field_path, a_value, b_value)` for every field that differs; None where a side lacks it."""
+    """`(field_path, a_value, b_value)` for every field that differs; None where a side lacks it.
+
+    An empty block on one side (`dynamic_batching {}`) against the same block with fields on the
+    other is not reported itself: the fields inside it are.
+    """
     flat_a, flat_b = flatten(a), flatten(b)
-    return [
-        (path, flat_a.get(path), flat_b.get(path))
-        for path in sorted(flat_a.keys() | flat_b.keys())
-        if flat_a.get(path) != flat_b.get(path)
-    ]
+    diffs = []
+    for path in sorted(flat_a.keys() | flat_b.keys()):
+        value_a, value_b = flat_a.get(path), flat_b.get(path)
+        if value_a == value_b:
+            continue
+        if {} in (value_a, value_b) and None in (value_a, value_b):
+            other = flat_b if value_a == {} else flat_a
+            if any(key.startswith((path + ".", path + "[")) for key in other):
+                continue
+        diffs.append((path, value_a, value_b))
+    return diffs

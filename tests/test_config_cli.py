@@ -1,0 +1,252 @@
+"""`tuner config check|set|show` over the real corpus of Triton config.pbtxt files.
+
+Every file either passes (exit 0) or fails with exactly one line (exit 2), never a traceback; the
+corpus cases with a scheduling error are refused with Triton's own expected message; `set` changes
+only the fields it names and never touches its input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner import modelconfig
+from tuner.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
+FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
+MISSING = Path("<corpus missing>")
+SCHEDULING_MESSAGE = re.compile(
+    r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
+    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies"
+)
+
+
+def corpus_file(path: Path) -> Path:
+    if path == MISSING:
+        pytest.fail(
+            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
+            "directory (CI has shared/ beside the clone)"
+        )
+    return path
+
+
+def expected_message(path: Path) -> str | None:
+    expected = path.parent / "expected"
+    return expected.read_text().strip() if expected.exists() else None
+
+
+def ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(CORPUS)) if p != MISSING else "missing" for p in paths]
+
+
+ALL = FILES or [MISSING]
+SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --- check ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_check_each_file_is_ok_or_one_line(capsys, path):
+    path = str(corpus_file(path))
+    code, out, err = run(capsys, "config", "check", path)
+    assert code in (0, 2)
+    if code == 0:
+        assert (out, err) == (f"{path}: ok\n", "")
+    else:
+        assert out == ""
+        assert err.count("\n") == 1 and err.startswith(f"{path}:"), err
+        assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("path", SCHEDULING_CASES, ids=ids(SCHEDULING_CASES))
+def test_check_refuses_scheduling_cases_with_tritons_message(capsys, path):
+    code, _, err = run(capsys, "config", "check", str(corpus_file(path)))
+    assert code == 2
+    assert re.search(expected_message(path), err), (expected_message(path), err)
+
+
+def test_check_all_files_in_one_process_without_a_traceback():
+    corpus_file(FILES[0] if FILES else MISSING)
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "config", "check", *map(str, FILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr
+    bad = done.stderr.splitlines()
+    assert done.returncode == 2
+    assert sorted(line.split(":", 1)[0] for line in bad) == sorted(map(str, SCHEDULING_CASES))
+    assert done.stdout == f"{len(FILES)} configs checked, {len(SCHEDULING_CASES)} invalid\n"
+
+
+def test_check_unreadable_inputs_are_one_line_each(tmp_path):
+    (tmp_path / "binary").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "nul").write_bytes(b"\x00" * 64)
+    (tmp_path / "syntax").write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching {\n')
+    (tmp_path / "empty").write_text("")
+    paths = [
+        tmp_path / "missing",
+        tmp_path,
+        tmp_path / "binary",
+        tmp_path / "nul",
+        tmp_path / "syntax",
+        tmp_path / "empty",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuner", "config", "check", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert [line.split(":", 1)[0] for line in lines] == list(map(str, paths[:5]))
+    assert lines[0].endswith("no such file") and "directory" in lines[1] and "not a text file" in lines[2]
+    assert re.match(re.escape(f"{tmp_path / 'syntax'}") + r":3:\d+: Expected \"}\"", lines[4]), lines[4]
+    assert done.stdout == "6 configs checked, 5 invalid\n"
+
+
+def test_config_without_subcommand_prints_help_and_exit_2(capsys):
+    code, out, _ = run(capsys, "config")
+    assert code == 2 and "usage: tuner config" in out and "check" in out
+
+
+# --- set -----------------------------------------------------------------------------------------
+
+
+def expected_changes(config, max_batch_size: int, delay: int | None, count: int | None) -> dict[str, object]:
+    """What `set` must change and to what, field by field, by the rules apply_params documents."""
+    changes: dict[str, object] = {"max_batch_size": max_batch_size}
+    if delay is not None:
+        changes["dynamic_batching.max_queue_delay_microseconds"] = delay
+    if config.HasField("dynamic_batching"):
+        sizes = list(config.dynamic_batching.preferred_batch_size)
+        changes["dynamic_batching.preferred_batch_size"] = [s for s in sizes if s <= max_batch_size] or None
+    if config.sequence_batching.HasField("oldest"):
+        sizes = list(config.sequence_batching.oldest.preferred_batch_size)
+        changes["sequence_batching.oldest.preferred_batch_size"] = [
+            s for s in sizes if s <= max_batch_size
+        ] or None
+    if count is not None:
+        for index in range(max(1, len(config.instance_group))):
+            changes[f"instance_group[{index}].count"] = count
+    return changes
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
+    path = corpus_file(path)
+    original = modelconfig.load(path)
+    before = sha256(path)
+    scheduler = original.WhichOneof("scheduling_choice")
+    delay = 700 if scheduler in (None, "dynamic_batching") else None
+    count = None if scheduler == "ensemble_scheduling" else 3
+    sets = ["--set", "max_batch_size=2"]
+    sets += ["--set", f"max_queue_delay_microseconds={delay}"] if delay is not None else []
+    sets += ["--set", f"instance_group.count={count}"] if count is not None else []
+    out = tmp_path / "out.pbtxt"
+
+    code, stdout, err = run(capsys, "config", "set", str(path), *sets, "-o", str(out))
+
+    assert sha256(path) == before
+    if path in SCHEDULING_CASES:  # already broken: refused, in one line
+        assert code == 2 and not out.exists()
+        assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: ")
+        return
+    assert (code, stdout) == (0, ""), err
+    new = modelconfig.load(out)
+    modelconfig.validate(new, str(out))
+    expected = expected_changes(original, 2, delay, count)
+    for field, old, value in modelconfig.diff_fields(original, new):
+        assert field in expected, f"{field} changed: {old!r} -> {value!r}"
+        assert value == expected[field], field
+
+
+def test_set_prints_to_stdout_and_needs_in_place_to_overwrite(capsys, tmp_path):
+    source = next(
+        (p for p in FILES if p not in SCHEDULING_CASES and "dynamic_batching" in p.read_text()), None
+    )
+    source = corpus_file(source or MISSING)
+    path = tmp_path / "config.pbtxt"
+    shutil.copy(source, path)
+    before = sha256(path)
+
+    code, out, _ = run(capsys, "config", "set", str(path), "--set", "max_queue_delay_microseconds=1234")
+    assert code == 0
+    assert modelconfig.parse(out, "stdout").dynamic_batching.max_queue_delay_microseconds == 1234
+
+    code, _, err = run(capsys, "config", "set", str(path), "--set", "max_batch_size=4", "-o", str(path))
+    assert code == 2 and "--in-place" in err and err.count("\n") == 1
+    assert sha256(path) == before
+
+    code, _, err = run(capsys, "config", "set", str(path), "--set", "max_batch_size=4", "--in-place")
+    assert code == 0 and f"wrote {path}" in err
+    assert modelconfig.load(path).max_batch_size == 4
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--set", "no_such_key=1"], "unknown key 'no_such_key'"),
+        (["--set", "max_batch_size=-3"], "max_batch_size=-3"),
+        (
+            ["--set", "max_batch_size=4", "--set", "preferred_batch_size=8"],
+            "preferred size must be <= max batch size",
+        ),
+        (["--set", "max_batch_size=4", "-o", "/no/such/dir/config.pbtxt"], "does not exist"),
+    ],
+)
+def test_set_bad_input_is_one_line(capsys, tmp_path, argv, says):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { }\n')
+    code, out, err = run(capsys, "config", "set", str(path), *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("tuner: error: ") and err.count("\n") == 1 and says in err, err
+
+
+# --- show ----------------------------------------------------------------------------------------
+
+
+def test_show_prints_an_aligned_table(capsys, tmp_path):
+    path = tmp_path / "config.pbtxt"
+    path.write_text(
+        'name: "m"\nmax_batch_size: 16\ndynamic_batching { max_queue_delay_microseconds: 300 '
+        "preferred_batch_size: [8, 16] }\ninstance_group [ { count: 2 kind: KIND_CPU } ]\n"
+    )
+    code, out, _ = run(capsys, "config", "show", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in lines}
+    assert rows["max_batch_size"] == "16"
+    assert rows["dynamic_batching.max_queue_delay_microseconds"] == "300"
+    assert rows["dynamic_batching.preferred_batch_size"] == "[8, 16]"
+    assert rows["instance_group[0]"] == "count=2 kind=KIND_CPU"
+    value_columns = {len(line) - len(rows[line.split()[0]]) for line in lines}
+    assert len(value_columns) == 1, out  # aligned
+
+
+def test_show_missing_file_is_one_line(capsys, tmp_path):
+    code, out, err = run(capsys, "config", "show", str(tmp_path / "nope.pbtxt"))
+    assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"

@@ -1,0 +1,166 @@
+"""`tuner config check|set|show`: config.pbtxt through Triton's schema and scheduling rules."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tuner import modelconfig
+from tuner.errors import ConfigError, InputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "config",
+        help="check, change or show a model's config.pbtxt",
+        description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling rules "
+        "Triton enforces, change the tuned fields, or show them.",
+    )
+    parser.set_defaults(func=lambda args: _print_help(parser))
+    sub = parser.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+
+    check = sub.add_parser(
+        "check",
+        help="check config.pbtxt files (exit 2 if any is invalid)",
+        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields. "
+        "Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
+        "PATH: message for a broken rule) and exits 2 if any is invalid.",
+    )
+    check.add_argument("paths", nargs="+", metavar="PATH", help="config.pbtxt files")
+    check.set_defaults(func=_check)
+
+    set_ = sub.add_parser(
+        "set",
+        help="change the tuned fields of a config.pbtxt",
+        description="Change only the named scheduling fields and print the new config (or write it "
+        "to -o OUT). Keys: max_batch_size, max_queue_delay_microseconds, preferred_batch_size "
+        "(a comma list, e.g. 4,8), instance_count (alias instance_group.count). Preferred batch sizes "
+        "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
+    )
+    set_.add_argument("path", metavar="PATH", help="the config.pbtxt to start from")
+    set_.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        required=True,
+        metavar="KEY=VALUE",
+        help="a field to change; repeat for several",
+    )
+    set_.add_argument("-o", "--output", metavar="OUT", help="write the new config here instead of stdout")
+    set_.add_argument("--in-place", action="store_true", help="overwrite PATH with the new config")
+    set_.set_defaults(func=_set)
+
+    show = sub.add_parser(
+        "show",
+        help="show the scheduling fields of a config.pbtxt",
+        description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
+        "its settings, instance groups) as an aligned table.",
+    )
+    show.add_argument("path", metavar="PATH", help="a config.pbtxt")
+    show.set_defaults(func=_show)
+
+
+def _print_help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _check(args: argparse.Namespace) -> int:
+    # Invalid files: one line each on stderr. Valid ones are quiet but for a count (or "PATH: ok"
+    # for a single file), so a single bad file is exactly one line of output.
+    invalid = 0
+    for path in args.paths:
+        try:
+            modelconfig.validate(modelconfig.load(path), path)
+        except ConfigError as exc:
+            invalid += 1
+            print(exc, file=sys.stderr)
+    total = len(args.paths)
+    if total > 1:
+        print(f"{total} configs checked, {invalid} invalid")
+    elif not invalid:
+        print(f"{args.paths[0]}: ok")
+    return 2 if invalid else 0
+
+
+def _set(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    params = modelconfig.parse_assignments(args.assignments)
+    config = modelconfig.load(path)
+    modelconfig.validate(config, str(path))
+    try:
+        new = modelconfig.apply_params(config, params)
+        modelconfig.validate(new, str(path))
+    except ConfigError as exc:
+        message = str(exc)
+        if not message.startswith(f"{path}: "):
+            message = f"{path}: {message}"
+        raise ConfigError(f"{message} (after --set {' '.join(args.assignments)})") from None
+    text = modelconfig.to_text(new)
+
+    target = _target(path, args.output, args.in_place)
+    if target is None:
+        sys.stdout.write(text)
+        return 0
+    _write(target, text)
+    changed = ", ".join(f"{field}: {a} -> {b}" for field, a, b in modelconfig.diff_fields(config, new))
+    print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
+    return 0
+
+
+def _target(path: Path, output: str | None, in_place: bool) -> Path | None:
+    if in_place:
+        if output is not None and not _same_file(Path(output), path):
+            raise InputError(f"--in-place writes {path}; it cannot be combined with -o {output}")
+        return path
+    if output is None:
+        return None
+    if _same_file(Path(output), path):
+        raise InputError(f"refusing to write over {path}: pass --in-place to change it")
+    return Path(output)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _write(target: Path, text: str) -> None:
+    # Write beside the target and rename, so a failure never leaves half a config behind.
+    directory = target.parent
+    if not directory.is_dir():
+        raise InputError(f"{target}: directory {directory} does not exist")
+    if target.is_dir():
+        raise InputError(f"{target}: is a directory")
+    try:
+        mode = target.stat().st_mode & 0o777 if target.exists() else _default_mode()
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(text)
+            os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise InputError(f"{target}: cannot write: {exc.strerror or exc}") from None
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _show(args: argparse.Namespace) -> int:
+    rows = modelconfig.scheduling_table(modelconfig.load(args.path))
+    width = max(len(field) for field, _ in rows)
+    for field, value in rows:
+        print(f"{field:<{width}}  {value}")
+    return 0
