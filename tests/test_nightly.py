@@ -1,0 +1,361 @@
+"""The nightly job's own logic: settings, lock, history, drift, decision rule, run directory, and
+one night in order over an injected engine (the real server and replay: test_nightly_server.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.errors import SettingsError, TrafficError
+from tuner.nightly import drift, history, intake, lock, rundir
+from tuner.nightly import rule as d
+from tuner.nightly.job import SearchResult, run_night
+from tuner.nightly.settings import load_nightly
+from tuner.traffic import synth_bursty, synth_poisson, write_traffic
+
+CONFIG = """name: "sim"
+backend: "python"
+max_batch_size: 4
+dynamic_batching { max_queue_delay_microseconds: 0 }
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+# --- decision rule ---------------------------------------------------------------------------------
+
+
+def R(arm, rpd, ok=True, valid=True, note=""):
+    return d.Replay(arm, ok, rpd, latency_ms=10.0, valid=valid, note=note)
+
+
+def test_change_needs_the_margin_in_every_pair():
+    pairs = [(R("production", 100), R("candidate", 110)) for _ in range(3)]
+    got = d.decide(pairs, margin=0.05)
+    assert (got.decision, got.exit_code) == ("change", d.EXIT_CHANGE)
+    assert got.gains == pytest.approx((0.10, 0.10, 0.10))
+    # a big average gain with one pair below the margin is not enough
+    pairs[1] = (R("production", 100), R("candidate", 104))
+    got = d.decide(pairs + [(R("production", 100), R("candidate", 300))], margin=0.05)
+    assert got.decision == "keep" and "pair 2" in got.reason and got.exit_code == d.EXIT_KEEP
+
+
+def test_candidate_breaking_the_sla_once_is_kept_out():
+    pairs = [(R("production", 100), R("candidate", 200)) for _ in range(3)]
+    pairs[2] = (R("production", 100), R("candidate", 200, ok=False, note="p99 80 ms > 50 ms"))
+    got = d.decide(pairs)
+    assert got.decision == "keep" and "pair 3" in got.reason and "p99 80 ms" in got.reason
+    assert got.exit_code == d.EXIT_KEEP
+
+
+def test_neither_meeting_the_sla_is_unmeetable():
+    pairs = [(R("production", 100, ok=False), R("candidate", 200, ok=False)) for _ in range(3)]
+    got = d.decide(pairs)
+    assert got.exit_code == d.EXIT_UNMEETABLE and got.reason.startswith("SLA unmeetable")
+
+
+def test_production_failing_but_candidate_meeting_is_a_change():
+    pairs = [(R("production", None, ok=False), R("candidate", 50)) for _ in range(3)]
+    got = d.decide(pairs)
+    assert got.decision == "change" and all(math.isinf(g) for g in got.gains)
+
+
+def test_invalid_replay_or_too_few_pairs_keeps():
+    pairs = [(R("production", 100), R("candidate", 200)) for _ in range(3)]
+    pairs[1] = (R("production", 100), R("candidate", 200, valid=False, note="send lag"))
+    assert "inconclusive" in d.decide(pairs).reason
+    assert d.decide(pairs[:2]).decision == "keep"
+
+
+# --- drift -----------------------------------------------------------------------------------------
+
+
+def test_same_traffic_does_not_drift_and_doubled_bursty_traffic_does():
+    night = synth_poisson(20, 120, seed=1)
+    same = drift.drift_table(night, synth_poisson(20, 120, seed=2))
+    assert drift.drifted(same) == []
+    busy = drift.drift_table(night, synth_bursty(40, 120, seed=0))
+    moved = drift.drifted(busy)
+    assert "rate_rps" in moved and "interarrival_cv" in moved and "peak_rps_1s" in moved
+    rate = busy.set_index("metric").loc["rate_rps"]
+    assert rate["change"] == pytest.approx(1.0, abs=0.25)  # bursts make the realised rate vary
+    first = drift.drift_table(None, night)
+    assert not first["drift"].any() and first["previous"].isna().all()
+    assert "rate_rps" in drift.format_drift(busy) and "**drift**" in drift.to_markdown(busy)
+
+
+def test_size_distribution_drift_is_a_ks_distance():
+    a = synth_poisson(20, 60, seed=1).assign(seq_len=100)
+    b = synth_poisson(20, 60, seed=1).assign(seq_len=400)
+    table = drift.drift_table(a, b).set_index("metric")
+    assert table.loc["seq_len_ks", "current"] == 1.0 and table.loc["seq_len_ks", "drift"]
+    assert drift.ks_distance([1, 2, 3], [1, 2, 3]) == 0.0
+
+
+# --- history, lock, run directory ------------------------------------------------------------------
+
+
+def test_history_appends_and_skips_a_torn_line(tmp_path):
+    history.append_night(
+        tmp_path,
+        {
+            "night": "n1",
+            "decision": "keep",
+            "exit_code": 0,
+            "production": {"max_batch_size": 4},
+            "gain": None,
+        },
+    )
+    with open(history.history_path(tmp_path), "a") as f:
+        f.write('{"night": "torn", "deci')  # a run killed inside the write
+    history.append_night(
+        tmp_path,
+        {
+            "night": "n2",
+            "decision": "change",
+            "exit_code": 10,
+            "gain": 0.12,
+            "candidate": {"max_batch_size": 8},
+            "drifted": ["rate_rps"],
+        },
+    )
+    nights = history.read_history(tmp_path)
+    assert [n["night"] for n in nights] == ["n1", "n2"]
+    table = history.format_history(nights)
+    assert "+12.0%" in table and "mbs=8" in table and "rate_rps" in table
+    assert history.format_history([]) == "no nights recorded yet"
+
+
+def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
+        import sys, time
+        from tuner.nightly.lock import run_lock
+        with run_lock({str(tmp_path)!r}):
+            print("held", flush=True)
+            time.sleep(60)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(lock.LockedError, match=f"pid {holder.pid}"):
+            with lock.run_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with lock.run_lock(tmp_path):  # the kernel released the dead holder's lock
+        pass
+
+
+def test_publish_is_a_rename_and_latest_follows(tmp_path):
+    stamp = rundir.night_stamp(datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
+    assert stamp == "2026-11-30T020000Z"
+    for expected in (stamp, stamp + "-2"):
+        staging = rundir.staging_dir(tmp_path, stamp)
+        (staging / "summary.md").write_text(expected)
+        final = rundir.publish(staging, tmp_path, stamp)
+        assert final.name == expected and not staging.exists()
+        assert (tmp_path / "latest" / "summary.md").read_text() == expected
+    rundir.staging_dir(tmp_path, "x")
+    assert len(rundir.clear_stale_staging(tmp_path)) == 1
+
+
+# --- intake and settings ---------------------------------------------------------------------------
+
+
+def test_newest_hours_of_a_directory(tmp_path):
+    old = synth_poisson(5, 3600, seed=1)
+    new = synth_poisson(5, 3600, seed=2)
+    new["timestamp"] += 7200
+    write_traffic(old, tmp_path / "a.csv")
+    write_traffic(new, tmp_path / "b.parquet")
+    (tmp_path / "notes.txt").write_text("not traffic")
+    table, files = intake.newest_traffic(tmp_path, hours=1.0)
+    assert [f.name for f in files] == ["a.csv", "b.parquet"]
+    assert table["timestamp"].min() >= new["timestamp"].max() - 3600
+    assert len(table) == pytest.approx(len(new), rel=0.01)
+    with pytest.raises(TrafficError, match="no traffic files"):
+        intake.newest_traffic(tmp_path, 1.0, pattern="*.xyz")
+
+
+def _write_setup(tmp_path: Path, yaml_extra: str = "") -> Path:
+    repo = tmp_path / "repo" / "sim"
+    repo.mkdir(parents=True)
+    (repo / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "traffic").mkdir()
+    (tmp_path / "study.yaml").write_text(
+        textwrap.dedent("""
+        name: sim-study
+        model_repository: repo
+        model: sim
+        traffic: {path: traffic}
+        sla: {latency_ms: 50}
+        """)
+    )
+    (tmp_path / "nightly.yaml").write_text(
+        textwrap.dedent("""
+        study: study.yaml
+        traffic: {path: traffic, hours: 1}
+        output: out
+        search: {trials: 3}
+        """)
+        + yaml_extra
+    )
+    return tmp_path / "nightly.yaml"
+
+
+def test_settings_resolve_paths_and_name_bad_keys(tmp_path):
+    s = load_nightly(_write_setup(tmp_path))
+    assert s.output == str(tmp_path / "out") and s.confirm.pairs == 3 and s.confirm.margin == 0.05
+    (tmp_path / "bad.yaml").write_text("study: s.yaml\ntraffic: {path: t}\nconfirm: {pairs: 2}\n")
+    with pytest.raises(SettingsError, match="confirm.pairs: must be >= 3"):
+        load_nightly(tmp_path / "bad.yaml")
+    (tmp_path / "bad.yaml").write_text("study: s.yaml\ntraffic: {path: t, hourz: 3}\n")
+    with pytest.raises(SettingsError, match=r"traffic.hourz: unknown key"):
+        load_nightly(tmp_path / "bad.yaml")
+
+
+# --- one night in order, over an engine with known answers -----------------------------------------
+
+
+class TableEngine:
+    """Requests per dollar from a table keyed by max_batch_size; what ran is kept for the asserts."""
+
+    def __init__(self, rpd: dict[int, float], best: dict | None, kill_in_replay: bool = False):
+        self.rpd, self.best, self.kill = rpd, best, kill_in_replay
+        self.enqueued: list[dict] = []
+        self.replays: list[str] = []
+
+    def search(self, enqueue, trials, workdir):
+        self.enqueued = enqueue
+        return SearchResult(
+            self.best,
+            self.rpd.get(self.best["max_batch_size"]) if self.best else None,
+            trials + len(enqueue),
+            1 if self.best else 0,
+        )
+
+    def replay(self, params, arm):
+        if self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        self.replays.append(arm)
+        return d.Replay(arm, True, self.rpd[params["max_batch_size"]], latency_ms=5.0)
+
+
+def _factory(engine):
+    @contextmanager
+    def factory(study, production, traffic_path, staging):
+        assert traffic_path.is_file()
+        yield engine
+
+    return factory
+
+
+def _night(tmp_path, engine, rate=20.0, day=0, bursty=False):
+    traffic = (synth_bursty if bursty else synth_poisson)(rate, 300, seed=day)
+    write_traffic(traffic, tmp_path / "traffic" / "night.csv")
+    when = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc) + timedelta(days=day)
+    return run_night(load_nightly(tmp_path / "nightly.yaml"), _factory(engine), now=when)
+
+
+BEST = {"max_batch_size": 16, "max_queue_delay_microseconds": 2000}
+PROD = {"max_batch_size": 4, "max_queue_delay_microseconds": 0}
+
+
+def test_three_nights_over_a_known_engine(tmp_path):
+    _write_setup(tmp_path)
+    out = tmp_path / "out"
+    e1 = TableEngine({4: 100.0, 16: 130.0}, BEST)
+    n1 = _night(tmp_path, e1)
+    assert n1.exit_code == 10 and e1.replays == ["production", "candidate"] * 3
+    assert e1.enqueued == [PROD]
+    proposed = (n1.run_dir / "proposed" / "config.pbtxt").read_text()
+    assert "max_batch_size: 16" in proposed and "max_queue_delay_microseconds: 2000" in proposed
+    assert "+max_batch_size: 16" in (n1.run_dir / "proposed" / "config.diff").read_text()
+    assert "**Decision: change**" in (n1.run_dir / "summary.md").read_text()
+    assert os.path.realpath(out / "latest") == str(n1.run_dir)
+    # night 2: nobody applied the proposal; the same change is not proposed again, no replays spent
+    e2 = TableEngine({4: 100.0, 16: 130.0}, BEST)
+    n2 = _night(tmp_path, e2, day=1)
+    assert n2.exit_code == 0 and "not proposed again" in n2.decision.reason and e2.replays == []
+    assert e2.enqueued == [BEST, PROD]  # warm start: last best, then production
+    # night 3: production now runs the proposal (merged); busier traffic, a better candidate
+    (tmp_path / "repo" / "sim" / "config.pbtxt").write_text(
+        CONFIG.replace("max_batch_size: 4", "max_batch_size: 16").replace(
+            "delay_microseconds: 0", "delay_microseconds: 2000"
+        )
+    )
+    e3 = TableEngine({16: 100.0, 32: 103.0}, {"max_batch_size": 32, "max_queue_delay_microseconds": 4000})
+    n3 = _night(tmp_path, e3, rate=40.0, day=2, bursty=True)
+    assert n3.exit_code == 0 and "below the 5% margin" in n3.decision.reason  # a 3% gain is not enough
+    assert "rate_rps" in n3.entry["drifted"]
+    nights = history.read_history(out)
+    assert [n["exit_code"] for n in nights] == [10, 0, 0]
+    assert len(rundir.run_dirs(out)) == 3
+
+
+def test_unmeetable_and_same_as_production(tmp_path):
+    _write_setup(tmp_path)
+    assert _night(tmp_path, TableEngine({}, None)).exit_code == 3
+    same = _night(tmp_path, TableEngine({4: 1.0}, dict(PROD)), day=1)
+    assert same.exit_code == 0 and "still the best" in same.decision.reason
+
+
+def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):
+    _write_setup(tmp_path)
+    out = tmp_path / "out"
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
+    before = history.history_path(out).read_text()
+    latest = os.path.realpath(out / "latest")
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_nightly import TableEngine, _night, BEST
+        from pathlib import Path
+        _night(Path({str(tmp_path)!r}), TableEngine({{4: 100.0, 16: 200.0}}, dict(BEST, max_batch_size=4, max_queue_delay_microseconds=500), kill_in_replay=True), day=1)
+        """)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert history.history_path(out).read_text() == before
+    assert os.path.realpath(out / "latest") == latest and len(rundir.run_dirs(out)) == 1
+    assert list(out.glob(".staging-*"))  # what the killed run left, cleared by the next run
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=2)
+    assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 2
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def test_cli_history_table_and_bad_input(tmp_path, capsys):
+    nightly = _write_setup(tmp_path)
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
+    assert main(["nightly", "--history", str(nightly)]) == 0
+    out = capsys.readouterr().out
+    assert "change" in out and "mbs=16" in out and "night" in out
+    assert main(["nightly", "--history", str(tmp_path / "out")]) == 0
+    (tmp_path / "broken.yaml").write_text("study: [\n")
+    assert main(["nightly", str(tmp_path / "broken.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error: ") and "broken.yaml" in err and "Traceback" not in err
+    bad = json.dumps({"study": "study.yaml", "traffic": {"path": "nowhere"}, "output": "out"})
+    (tmp_path / "bad.yaml").write_text(bad)
+    assert main(["nightly", str(tmp_path / "bad.yaml")]) == 2
+    assert "nowhere" in capsys.readouterr().err

@@ -1,0 +1,40 @@
+"""`tuner nightly NIGHTLY.yaml [--history]`: the nightly retuning job."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "nightly",
+        help="retune on the newest traffic and propose a change only when an A/B confirmation shows it",
+        description="Take the newest traffic, compare it with the previous run's (drift table), run a "
+        "search warm-started from the previous night, confirm the best candidate against production "
+        "(A/B/A/B... on tonight's traffic) and write the decision, the proposed config.pbtxt and its diff, "
+        "a Markdown summary and a history line into a dated run directory. Exit codes: 0 keep, 10 change "
+        "proposed, 3 SLA unmeetable, 2 bad input, 1 error (another run holds the lock, server failure).",
+    )
+    p.add_argument("nightly", metavar="NIGHTLY.yaml",
+                   help="the nightly settings (or, with --history, its output directory)")
+    p.add_argument("--history", action="store_true", help="show the history of past nights as a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.nightly import format_history, load_nightly, read_history
+
+    if args.history:
+        target = Path(args.nightly)
+        output = target if target.is_dir() else Path(load_nightly(target).output)
+        print(format_history(read_history(output)))
+        return 0
+    settings = load_nightly(args.nightly)
+    from tuner.nightly.engine import real_engine
+    from tuner.nightly.job import run_night
+
+    result = run_night(settings, real_engine)
+    print((result.run_dir / "summary.md").read_text())
+    print(f"run directory: {result.run_dir}")
+    return result.exit_code

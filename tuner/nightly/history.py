@@ -1,0 +1,105 @@
+"""The append-only history: one JSON line per night in `<output>/history.jsonl`.
+
+A night is appended last, after its run directory is in place, with one `write` of one line on a file
+opened for appending; a run killed before that leaves the history as it was. A torn last line (a
+crash inside the write) is skipped when reading and never glued to the next night's line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from tuner.errors import TunerError
+
+HISTORY_NAME = "history.jsonl"
+
+
+def history_path(output: str | Path) -> Path:
+    return Path(output) / HISTORY_NAME
+
+
+def append_night(output: str | Path, entry: dict) -> Path:
+    path = history_path(output)
+    line = json.dumps(entry, sort_keys=True, default=_plain) + "\n"
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line  # a torn line stays on its own and is skipped by the reader
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read_history(output: str | Path) -> list[dict]:
+    """Every complete night, oldest first."""
+    path = history_path(output)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise TunerError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    nights = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line torn by a killed run
+        if isinstance(entry, dict):
+            nights.append(entry)
+    return nights
+
+
+def last_night(output: str | Path) -> dict | None:
+    nights = read_history(output)
+    return nights[-1] if nights else None
+
+
+def _params(p: dict | None) -> str:
+    if not p:
+        return "-"
+    short = {"max_batch_size": "mbs", "max_queue_delay_microseconds": "delay_us",
+             "instance_count": "inst", "preferred_batch_size": "pref"}
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in sorted(p.items()))
+
+
+def history_table(nights: list[dict]) -> pd.DataFrame:
+    rows = []
+    for n in nights:
+        gain = n.get("gain")
+        drift = n.get("drifted") or []
+        rows.append({
+            "night": n.get("night", "?"),
+            "decision": n.get("decision", "?"),
+            "exit": n.get("exit_code", ""),
+            "production": _params(n.get("production")),
+            "candidate": _params(n.get("candidate")),
+            "gain": "-" if gain is None else f"{gain:+.1%}",
+            "rate_rps": "-" if n.get("rate_rps") is None else f"{n['rate_rps']:.1f}",
+            "drift": ", ".join(drift) if drift else "-",
+            "reason": n.get("reason", ""),
+        })
+    return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "gain",
+                                       "rate_rps", "drift", "reason"])
+
+
+def format_history(nights: list[dict]) -> str:
+    if not nights:
+        return "no nights recorded yet"
+    return history_table(nights).to_string(index=False)
+
+
+def _plain(value):
+    # numpy scalars and paths in an entry become plain JSON values
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,60 @@
+"""Tonight's traffic: the newest N hours of a traffic file or a directory of them.
+
+A directory may mix recorded traffic tables (.csv, .parquet) and Triton trace files (.json); each is
+read by `tuner.traffic`, the tables are joined and sorted by time, and the last `hours` before the
+newest request are kept. Rows for other models (a `model` column) are left out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import TrafficError
+from tuner.traffic import MODEL, TIMESTAMP, import_triton_trace, read_traffic, validate_traffic
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+TRACE_SUFFIXES = (".json",)
+
+
+def traffic_files(path: str | Path, pattern: str = "*") -> list[Path]:
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise TrafficError(f"{path}: no such file or directory")
+    files = sorted(p for p in path.glob(pattern)
+                   if p.is_file() and p.suffix.lower() in TABLE_SUFFIXES + TRACE_SUFFIXES)
+    if not files:
+        raise TrafficError(f"{path}: no traffic files matching {pattern!r} "
+                           f"(expected {', '.join(TABLE_SUFFIXES + TRACE_SUFFIXES)})")
+    return files
+
+
+def read_any(path: Path) -> pd.DataFrame:
+    if path.suffix.lower() in TRACE_SUFFIXES:
+        return import_triton_trace(path)
+    return read_traffic(path)
+
+
+def newest_traffic(path: str | Path, hours: float, model: str | None = None,
+                   pattern: str = "*") -> tuple[pd.DataFrame, list[Path]]:
+    """The last `hours` of traffic (by timestamp) and the files it was read from."""
+    files = traffic_files(path, pattern)
+    tables = [read_any(f) for f in files]
+    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    if MODEL in table.columns and model is not None:
+        table = table[table[MODEL] == model]
+        if table.empty:
+            raise TrafficError(f"{path}: no requests for model {model!r} in the '{MODEL}' column")
+        table = table.drop(columns=[MODEL])
+    # importers of different kinds may disagree on optional columns; a request without a shape
+    # column value cannot be replayed
+    table = table.dropna(axis=1, how="any") if len(tables) > 1 else table
+    table = table.sort_values(TIMESTAMP, kind="stable", ignore_index=True)
+    ts = table[TIMESTAMP].to_numpy(dtype=np.float64)
+    cutoff = ts[-1] - hours * 3600.0
+    table = table[ts >= cutoff].reset_index(drop=True)
+    return validate_traffic(table, str(path)), [Path(f) for f in files]

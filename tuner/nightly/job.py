@@ -1,0 +1,237 @@
+"""One night, top to bottom: lock, tonight's traffic, drift, warm-started search, A/B confirmation,
+decision, the dated run directory, and last the history line.
+
+The search and the replays are reached through an `Engine` (see `engine.py` for the real one: a
+Triton server, Locust replay and an Optuna study), so this file holds only the order of things and the
+rules around them: what is enqueued, when confirmation is skipped, what is written where.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+
+from tuner import modelconfig
+from tuner.modelconfig import ModelConfig, SchedulingParams
+from tuner.nightly import drift as drift_mod
+from tuner.nightly import history, rundir
+from tuner.nightly.intake import newest_traffic
+from tuner.nightly.lock import run_lock
+from tuner.nightly.rule import (
+    EXIT_UNMEETABLE,
+    Decision,
+    Replay,
+    decide,
+    keep,
+)
+from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
+from tuner.nightly.summary import markdown_summary
+from tuner.settings import StudySettings
+from tuner.traffic import write_traffic
+
+TRAFFIC_FILE = "traffic.parquet"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: dict | None                 # parameters of the best feasible trial; None: none met the SLA
+    best_requests_per_dollar: float | None = None
+    trials: int = 0
+    feasible: int = 0
+
+
+class Engine(Protocol):
+    def search(self, enqueue: list[dict], trials: int, workdir: Path) -> SearchResult:
+        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic."""
+
+    def replay(self, params: dict, arm: str) -> Replay:
+        """Apply `params` to production's config on the server and replay tonight's traffic once."""
+
+
+# (study, production config, tonight's traffic file, staging dir) -> a context manager giving an Engine
+EngineFactory = Callable[[StudySettings, ModelConfig, Path, Path], AbstractContextManager[Engine]]
+
+
+@dataclass(frozen=True)
+class NightResult:
+    decision: Decision
+    run_dir: Path
+    production: dict
+    candidate: dict | None
+    pairs: list[tuple[Replay, Replay]] = field(default_factory=list)
+    entry: dict = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return self.decision.exit_code
+
+
+def tuned_keys(study: StudySettings) -> list[str]:
+    keys = ["max_batch_size", "max_queue_delay_microseconds"]
+    if study.search.instance_count is not None:
+        keys.append("instance_count")
+    return keys
+
+
+def params_of(config: ModelConfig, keys: list[str]) -> dict:
+    """The tuned fields as a config has them."""
+    values = {
+        "max_batch_size": int(config.max_batch_size),
+        "max_queue_delay_microseconds": int(config.dynamic_batching.max_queue_delay_microseconds),
+        "instance_count": int(config.instance_group[0].count or 1) if config.instance_group else 1,
+    }
+    return {k: values[k] for k in keys}
+
+
+def proposed_config(production: ModelConfig, params: dict) -> ModelConfig:
+    return modelconfig.apply_params(production, SchedulingParams(**params))
+
+
+def config_diff(production: ModelConfig, proposed: ModelConfig, prod_name: str) -> str:
+    return "".join(difflib.unified_diff(
+        modelconfig.to_text(production).splitlines(keepends=True),
+        modelconfig.to_text(proposed).splitlines(keepends=True),
+        fromfile=f"production/{prod_name}", tofile="proposed/config.pbtxt"))
+
+
+def _same(a: dict | None, b: dict | None) -> bool:
+    return a is not None and b is not None and {k: a.get(k) for k in b} == b
+
+
+def _pending_proposal(nights: list[dict], candidate: dict, production: dict) -> dict | None:
+    """The latest proposal made while production ran its current config, if it is this very change."""
+    for night in reversed(nights):
+        if not _same(night.get("production"), production):
+            return None  # production changed since: older proposals are history
+        if night.get("decision") == "change":
+            return night if _same(night.get("candidate"), candidate) else None
+    return None
+
+
+def _previous_traffic(output: Path, previous: dict | None) -> pd.DataFrame | None:
+    if not previous or not previous.get("run_dir"):
+        return None
+    path = output / previous["run_dir"] / TRAFFIC_FILE
+    try:
+        return pd.read_parquet(path)
+    except (OSError, ValueError):
+        return None  # a previous run directory removed by hand: no drift baseline tonight
+
+
+def run_night(settings: NightlySettings, engine_factory: EngineFactory,
+              now: datetime | None = None) -> NightResult:
+    study = load_study_for(settings)
+    prod_path = production_config_path(settings, study)
+    production_cfg = modelconfig.load(prod_path)
+    keys = tuned_keys(study)
+    production = params_of(production_cfg, keys)
+    output = Path(settings.output)
+    started = now or datetime.now(timezone.utc)
+    stamp = rundir.night_stamp(started)
+    t_start = time.monotonic()
+
+    with run_lock(output):
+        rundir.clear_stale_staging(output)
+        traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
+                                        settings.traffic.pattern)
+        nights = history.read_history(output)
+        previous = nights[-1] if nights else None
+        drift = drift_mod.drift_table(_previous_traffic(output, previous), traffic, settings.drift.threshold)
+        staging = rundir.staging_dir(output, stamp)
+        traffic_path = write_traffic(traffic, staging / TRAFFIC_FILE)
+
+        # warm start: last night's best and production are the first trials
+        enqueue = []
+        for params in ((previous or {}).get("best"), production):
+            if params and set(params) == set(keys) and params not in enqueue:
+                enqueue.append(dict(params))
+
+        pairs: list[tuple[Replay, Replay]] = []
+        with engine_factory(study, production_cfg, traffic_path, staging) as engine:
+            found = engine.search(enqueue, settings.search.trials, staging / "search")
+            candidate = found.best
+            pending = _pending_proposal(nights, candidate, production) if candidate else None
+            if candidate is None:
+                decision = keep(f"SLA unmeetable: none of {found.trials} trials (production's config "
+                                f"included) met the SLA on tonight's traffic", EXIT_UNMEETABLE)
+            elif _same(candidate, production):
+                decision = keep("production's config is still the best the search found")
+            elif pending is not None:
+                decision = keep(f"the same change was proposed on {pending.get('night')} and production "
+                                f"has not applied it yet; not proposed again")
+            else:
+                for _ in range(settings.confirm.pairs):
+                    pairs.append((engine.replay(production, "production"),
+                                  engine.replay(candidate, "candidate")))
+                decision = decide(pairs, settings.confirm.margin, settings.confirm.pairs)
+
+        diff = ""
+        if decision.decision == "change":
+            proposed = proposed_config(production_cfg, candidate)
+            (staging / "proposed").mkdir()
+            (staging / "proposed" / "config.pbtxt").write_text(_header(stamp, study, decision)
+                                                               + modelconfig.to_text(proposed))
+            diff = config_diff(production_cfg, proposed, prod_path.name)
+            (staging / "proposed" / "config.diff").write_text(diff)
+
+        sla = f"p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms, errors <= {study.sla.max_error_rate:.2%}"
+        drift.to_csv(staging / "drift.csv", index=False)
+        (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
+        _write_pairs(staging / "confirmation.csv", pairs, decision)
+        (staging / "summary.md").write_text(markdown_summary(
+            stamp=stamp, model=study.model, decision=decision, production=production,
+            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, diff=diff))
+        rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
+        entry = {
+            "night": stamp,
+            "decision": decision.decision,
+            "reason": decision.reason,
+            "exit_code": decision.exit_code,
+            "production": production,
+            "candidate": candidate,
+            "best": candidate,
+            "best_requests_per_dollar": found.best_requests_per_dollar,
+            "gain": decision.median_gain,
+            "min_gain": decision.min_gain,
+            "gains": list(decision.gains),
+            "trials": found.trials,
+            "rate_rps": rate,
+            "requests": int(len(traffic)),
+            "drifted": drift_mod.drifted(drift),
+            "traffic_files": [str(f) for f in files],
+            "production_config": str(prod_path),
+            "duration_s": round(time.monotonic() - t_start, 1),
+        }
+        (staging / "decision.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
+        final = rundir.publish(staging, output, stamp)
+        entry["run_dir"] = str(final.relative_to(output))
+        # last: a run killed before this line leaves the history as it was
+        history.append_night(output, entry)
+    return NightResult(decision, final, production, candidate, pairs, entry)
+
+
+def _header(stamp: str, study: StudySettings, decision: Decision) -> str:
+    return (f"# Proposed by tuner nightly on {stamp} for model {study.model}.\n"
+            f"# SLA: p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms; scoring: {study.scoring}.\n"
+            f"# Confirmation: {decision.reason}.\n")
+
+
+def _write_pairs(path: Path, pairs: list[tuple[Replay, Replay]], decision: Decision) -> None:
+    rows = []
+    for k, (p, c) in enumerate(pairs, 1):
+        for r in (p, c):
+            row = {"pair": k, **{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "detail"}}
+            row.update({f"detail.{key}": v for key, v in r.detail.items()})
+            rows.append(row)
+        rows[-1]["gain"] = decision.gains[k - 1] if k - 1 < len(decision.gains) else None
+    pd.DataFrame(rows).to_csv(path, index=False)

@@ -1,0 +1,40 @@
+"""One nightly run at a time per output directory.
+
+An exclusive `flock` on `<output>/nightly.lock`, taken without waiting: a second run fails at once
+naming the holder's pid. The kernel drops the lock when its process dies, so a killed run leaves no
+stale lock behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from tuner.errors import TunerError
+
+LOCK_NAME = "nightly.lock"
+
+
+class LockedError(TunerError):
+    """Another nightly run holds the lock (exit 1: the scheduler retries later)."""
+
+
+@contextmanager
+def run_lock(output: str | Path):
+    root = Path(output)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            raise LockedError(f"{path}: another nightly run holds the lock (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

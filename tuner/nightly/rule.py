@@ -1,0 +1,111 @@
+"""The decision rule over the confirmation replays (pure).
+
+Production (A) and the candidate (B) are replayed alternately on tonight's traffic, A/B/A/B...,
+at least three pairs. A change is proposed only when
+
+  1. every replay is valid (the load generator kept its send-lag budget), and
+  2. the candidate met the SLA in every one of its replays, and
+  3. in every pair, the candidate's requests per dollar beat production's by at least the margin
+     (default 5%): candidate / production - 1 >= margin, pair by pair, not on average.
+
+Rule 3 is deliberately strict: with three pairs, a gain that shows in every pair is one that noise
+alone (a fair coin per pair) would fake one time in eight, and the margin keeps a small true gain
+from flapping the config night after night. Exit codes a scheduler can act on: 0 keep, 10 change
+proposed, 3 SLA unmeetable (neither production nor the candidate met the SLA in every replay).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+EXIT_KEEP = 0
+EXIT_CHANGE = 10
+EXIT_UNMEETABLE = 3
+EXIT_BAD_INPUT = 2
+EXIT_ERROR = 1
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One confirmation replay of one configuration."""
+
+    arm: str                                # "production" or "candidate"
+    meets_sla: bool
+    requests_per_dollar: float | None      # under the study's scoring; None: nothing to score
+    latency_ms: float = float("nan")       # at the SLA's percentile
+    error_rate: float = 0.0
+    valid: bool = True                     # False: the load generator, not the server, fell behind
+    note: str = ""                         # why it broke the SLA or was invalid
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str            # "change" or "keep"
+    reason: str
+    exit_code: int
+    gains: tuple[float, ...] = ()   # per pair: candidate / production requests per dollar - 1
+
+    @property
+    def min_gain(self) -> float | None:
+        return min(self.gains) if self.gains else None
+
+    @property
+    def median_gain(self) -> float | None:
+        if not self.gains:
+            return None
+        g = sorted(self.gains)
+        mid = len(g) // 2
+        return g[mid] if len(g) % 2 else (g[mid - 1] + g[mid]) / 2
+
+
+def keep(reason: str, exit_code: int = EXIT_KEEP, gains: tuple[float, ...] = ()) -> Decision:
+    return Decision("keep", reason, exit_code, gains)
+
+
+def pair_gain(production: Replay, candidate: Replay) -> float:
+    c, p = candidate.requests_per_dollar, production.requests_per_dollar
+    if c is None or not c > 0:
+        return -1.0
+    if p is None or not p > 0:
+        return math.inf  # production served nothing it could be scored on
+    return c / p - 1.0
+
+
+def decide(pairs: list[tuple[Replay, Replay]], margin: float = 0.05, min_pairs: int = 3) -> Decision:
+    """`pairs` holds (production, candidate) replays in the order they ran."""
+    if len(pairs) < min_pairs:
+        return keep(f"confirmation incomplete: {len(pairs)} of {min_pairs} pairs ran")
+    replays = [r for pair in pairs for r in pair]
+    invalid = [(i, r) for i, r in enumerate(replays, 1) if not r.valid]
+    if invalid:
+        i, r = invalid[0]
+        return keep(f"confirmation inconclusive: replay {i} ({r.arm}) was invalid"
+                    f"{': ' + r.note if r.note else ''}")
+    gains = tuple(pair_gain(p, c) for p, c in pairs)
+    cand_fail = [(k, c) for k, (_, c) in enumerate(pairs, 1) if not c.meets_sla]
+    prod_fail = [(k, p) for k, (p, _) in enumerate(pairs, 1) if not p.meets_sla]
+    if cand_fail:
+        k, c = cand_fail[0]
+        broke = f"the candidate broke the SLA in pair {k}{': ' + c.note if c.note else ''}"
+        if prod_fail:
+            kp, p = prod_fail[0]
+            return keep(f"SLA unmeetable: {broke}, and production broke it in pair {kp}"
+                        f"{': ' + p.note if p.note else ''}", EXIT_UNMEETABLE, gains)
+        return keep(broke, gains=gains)
+    worst = min(range(len(gains)), key=lambda i: gains[i])
+    if gains[worst] < margin:
+        return keep(f"the candidate beat production by {_pct(gains[worst])} in pair {worst + 1}, "
+                    f"below the {margin:.0%} margin (gains {_list(gains)})", gains=gains)
+    return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
+                    f"production's requests per dollar by at least {margin:.0%} in every pair "
+                    f"(gains {_list(gains)})", EXIT_CHANGE, gains)
+
+
+def _pct(g: float) -> str:
+    return "inf" if math.isinf(g) else f"{g:+.1%}"
+
+
+def _list(gains: tuple[float, ...]) -> str:
+    return ", ".join(_pct(g) for g in gains)

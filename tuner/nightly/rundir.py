@@ -1,0 +1,63 @@
+"""The dated run directory, written whole or not at all.
+
+A night writes into `<output>/.staging-<stamp>-<pid>/`, and only when everything is there renames it
+to `<output>/runs/<stamp>/` and points `<output>/latest` at it (both atomic on one file system). A run
+killed halfway leaves a staging directory that the next run (holding the lock) removes; the previous
+runs, `latest` and the history are never touched before that point.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+RUNS = "runs"
+LATEST = "latest"
+STAGING_PREFIX = ".staging-"
+
+
+def night_stamp(now: datetime | None = None) -> str:
+    """UTC, sortable, safe in a path: 2026-11-30T021500Z."""
+    now = now or datetime.now(timezone.utc)
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
+
+
+def clear_stale_staging(output: str | Path) -> list[Path]:
+    """Remove what killed runs left (call with the lock held: no other run is writing)."""
+    removed = []
+    for d in Path(output).glob(STAGING_PREFIX + "*"):
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def staging_dir(output: str | Path, stamp: str) -> Path:
+    d = Path(output) / f"{STAGING_PREFIX}{stamp}-{os.getpid()}"
+    d.mkdir(parents=True)
+    return d
+
+
+def publish(staging: Path, output: str | Path, stamp: str) -> Path:
+    """Move a finished staging directory into `runs/` and repoint `latest`; returns the run dir."""
+    runs = Path(output) / RUNS
+    runs.mkdir(parents=True, exist_ok=True)
+    final = runs / stamp
+    n = 2
+    while final.exists():
+        final = runs / f"{stamp}-{n}"
+        n += 1
+    os.rename(staging, final)
+    link = Path(output) / LATEST
+    tmp = Path(output) / f".{LATEST}-{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(Path(RUNS) / final.name, tmp)
+    os.replace(tmp, link)
+    return final
+
+
+def run_dirs(output: str | Path) -> list[Path]:
+    runs = Path(output) / RUNS
+    return sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []

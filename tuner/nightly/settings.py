@@ -1,0 +1,117 @@
+"""The nightly job's YAML (NIGHTLY.yaml) as validated, frozen dataclasses.
+
+It names a study YAML (model, server, SLA, cost, search space) and says what changes each night: where
+the newest traffic is, which config.pbtxt production runs, the trial budget, and the confirmation.
+Loaded with the study loader's helpers, so unknown keys and wrong types are named the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.errors import SettingsError
+from tuner.settings import StudySettings, _build, _read_yaml, load_study
+
+RULES = ("every_pair",)
+
+
+@dataclass(frozen=True)
+class NightTraffic:
+    # a traffic file (.csv/.parquet), a Triton trace (.json), or a directory of them
+    path: str
+    hours: float = 24.0          # keep the last N hours by timestamp
+    pattern: str = "*"           # which files of a directory to read (glob)
+
+
+@dataclass(frozen=True)
+class NightSearch:
+    trials: int = 8              # trials after the enqueued ones (previous best, production)
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Confirm:
+    pairs: int = 3               # production/candidate replays, alternated A/B/A/B...
+    margin: float = 0.05         # the candidate must beat production's requests per dollar by this
+    rule: str = "every_pair"     # the margin must hold in every pair
+
+
+@dataclass(frozen=True)
+class Drift:
+    threshold: float = 0.2       # a relative change above this is flagged as drift
+
+
+@dataclass(frozen=True)
+class NightlySettings:
+    study: str                    # the study YAML
+    traffic: NightTraffic
+    output: str = "nightly"       # root: runs/<date>/, history.jsonl, the lock
+    production: str | None = None  # production's config.pbtxt (default: the study model's own)
+    search: NightSearch = field(default_factory=NightSearch)
+    confirm: Confirm = field(default_factory=Confirm)
+    drift: Drift = field(default_factory=Drift)
+    source: str = ""
+
+
+def load_nightly(path: str | Path) -> NightlySettings:
+    path = Path(path)
+    data = _read_yaml(path)
+    if "source" in data:
+        raise SettingsError(f"{path}: source: unknown key")
+    settings = _build(NightlySettings, data, str(path), "")
+    settings = _resolve(settings, path.parent)
+    check(settings, str(path))
+    return dataclasses.replace(settings, source=str(path))
+
+
+def nightly_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<nightly>") -> NightlySettings:
+    settings = _resolve(_build(NightlySettings, data, source, ""), Path(base_dir))
+    check(settings, source)
+    return dataclasses.replace(settings, source=source)
+
+
+def load_study_for(settings: NightlySettings) -> StudySettings:
+    """The study the nightly YAML names (its errors name the study file)."""
+    return load_study(settings.study)
+
+
+def production_config_path(settings: NightlySettings, study: StudySettings) -> Path:
+    if settings.production:
+        return Path(settings.production)
+    return Path(study.model_repository) / study.model / "config.pbtxt"
+
+
+def _resolve(s: NightlySettings, base: Path) -> NightlySettings:
+    def resolve(value: str | None) -> str | None:
+        if value in (None, ""):
+            return value
+        p = Path(value).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+
+    return dataclasses.replace(
+        s,
+        study=resolve(s.study),
+        output=resolve(s.output),
+        production=resolve(s.production),
+        traffic=dataclasses.replace(s.traffic, path=resolve(s.traffic.path)),
+    )
+
+
+def check(s: NightlySettings, source: str) -> None:
+    if not s.study:
+        raise SettingsError(f"{source}: study: must name a study YAML")
+    if not s.traffic.path:
+        raise SettingsError(f"{source}: traffic.path: must name a file or directory")
+    for key, value in (("traffic.hours", s.traffic.hours), ("search.trials", s.search.trials),
+                       ("search.timeout_s", s.search.timeout_s), ("drift.threshold", s.drift.threshold)):
+        if value is not None and value <= 0:
+            raise SettingsError(f"{source}: {key}: must be > 0, got {value!r}")
+    if s.confirm.pairs < 3:
+        raise SettingsError(f"{source}: confirm.pairs: must be >= 3, got {s.confirm.pairs}")
+    if s.confirm.margin < 0:
+        raise SettingsError(f"{source}: confirm.margin: must be >= 0, got {s.confirm.margin}")
+    if s.confirm.rule not in RULES:
+        raise SettingsError(f"{source}: confirm.rule: must be one of {', '.join(RULES)}, "
+                            f"got {s.confirm.rule!r}")

@@ -1,0 +1,72 @@
+"""The night in a few lines of Markdown, fit for a pull request or a chat message (pure)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from tuner.nightly import drift as drift_mod
+from tuner.nightly.rule import Decision, Replay
+
+
+def params_text(params: dict | None) -> str:
+    if not params:
+        return "-"
+    return ", ".join(f"`{k}={v}`" for k, v in sorted(params.items()))
+
+
+def confirmation_table(pairs: list[tuple[Replay, Replay]], gains: tuple[float, ...],
+                       percentile: float = 99.0) -> str:
+    q = f"p{percentile:g}"
+    lines = [f"| pair | production req/$ | candidate req/$ | gain | production {q} ms | "
+             f"candidate {q} ms | candidate SLA |",
+             "|---:|---:|---:|---:|---:|---:|---|"]
+    for k, ((p, c), g) in enumerate(zip(pairs, gains, strict=True), 1):
+        lines.append(f"| {k} | {_rpd(p.requests_per_dollar)} | {_rpd(c.requests_per_dollar)} | "
+                     f"{_gain(g)} | {p.latency_ms:.1f} | {c.latency_ms:.1f} | "
+                     f"{'met' if c.meets_sla else 'broken: ' + (c.note or '')} |")
+    return "\n".join(lines)
+
+
+def markdown_summary(
+    *,
+    stamp: str,
+    model: str,
+    decision: Decision,
+    production: dict,
+    candidate: dict | None,
+    pairs: list[tuple[Replay, Replay]],
+    drift: pd.DataFrame,
+    sla: str,
+    scoring: str,
+    diff: str = "",
+) -> str:
+    title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
+    out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
+           f"**Decision: {decision.decision}** (exit {decision.exit_code}): {decision.reason}.", "",
+           f"- production: {params_text(production)}",
+           f"- candidate: {params_text(candidate)}",
+           f"- SLA: {sla}; scoring: {scoring} (requests per dollar)"]
+    if decision.gains:
+        out.append(f"- gain over production: median {_gain(decision.median_gain)}, "
+                   f"worst pair {_gain(decision.min_gain)}")
+    moved = drift_mod.drifted(drift)
+    out.append(f"- traffic drift: {', '.join(moved) if moved else 'none above the threshold'}")
+    if pairs:
+        out += ["", "### Confirmation (production and candidate alternated on tonight's traffic)", "",
+                confirmation_table(pairs, decision.gains)]
+    out += ["", "### Traffic compared with the previous run", "", drift_mod.to_markdown(drift)]
+    if diff:
+        out += ["", "### Proposed config.pbtxt change", "", "```diff", diff.rstrip("\n"), "```"]
+    return "\n".join(out) + "\n"
+
+
+def _rpd(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _gain(g: float | None) -> str:
+    if g is None:
+        return "-"
+    return "inf" if math.isinf(g) else f"{g:+.1%}"
