@@ -195,6 +195,8 @@ def test_set_prints_to_stdout_and_needs_in_place_to_overwrite(capsys, tmp_path):
 
     code, out, _ = run(capsys, "config", "set", str(path), "--set", "max_queue_delay_microseconds=1234")
     assert code == 0
+    if source.read_text().startswith("#"):  # the opening comment block is kept
+        assert out.splitlines()[0] == source.read_text().splitlines()[0]
     assert modelconfig.parse(out, "stdout").dynamic_batching.max_queue_delay_microseconds == 1234
 
     code, _, err = run(capsys, "config", "set", str(path), "--set", "max_batch_size=4", "-o", str(path))

@@ -44,6 +44,7 @@ def parse(text: str, source: str = "<config>") -> ModelConfig:
         if line is not None and message.startswith(f"{line}:{col} : "):
             message = message[len(f"{line}:{col} : ") :]
         where = f"{source}:{line}:{col}" if line is not None else source
+        message = " ".join(message.split())  # always one line
         raise ConfigError(f"{where}: {message}") from None
     return config
 
