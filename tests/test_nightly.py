@@ -359,3 +359,21 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text(bad)
     assert main(["nightly", str(tmp_path / "bad.yaml")]) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_study_overrides_and_the_shipped_example(tmp_path):
+    from tuner.nightly.settings import load_study_for
+
+    nightly = _write_setup(tmp_path, "study_overrides: {server.launcher: docker, search.trials: 5}\n")
+    study = load_study_for(load_nightly(nightly))
+    assert study.server.launcher == "docker" and study.search.trials == 5
+    bad = _write_setup(tmp_path / "b", "study_overrides: {sla.latncy_ms: 5}\n")
+    with pytest.raises(SettingsError, match="study_overrides: .*sla.latncy_ms"):
+        load_study_for(load_nightly(bad))
+    root = Path(__file__).parent.parent
+    example = load_nightly(root / "examples" / "nightly.yaml")
+    assert example.study_overrides["server.launcher"] == "docker" and example.confirm.pairs >= 3
+    import yaml
+    job = yaml.safe_load((root / "deploy" / "cronjob.yaml").read_text())
+    assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
+    assert "nightly" in (root / "deploy" / "crontab").read_text()

@@ -11,8 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from tuner.errors import SettingsError
-from tuner.settings import StudySettings, _build, _read_yaml, load_study
+from tuner.settings import StudySettings, _build, _read_yaml, load_study, with_overrides
 
 RULES = ("every_pair",)
 
@@ -47,6 +49,8 @@ class Drift:
 class NightlySettings:
     study: str                    # the study YAML
     traffic: NightTraffic
+    # dotted study keys replaced for the nightly run, e.g. {"server.launcher": "docker"}
+    study_overrides: dict[str, str] = field(default_factory=dict)
     output: str = "nightly"       # root: runs/<date>/, history.jsonl, the lock
     production: str | None = None  # production's config.pbtxt (default: the study model's own)
     search: NightSearch = field(default_factory=NightSearch)
@@ -73,8 +77,16 @@ def nightly_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<ni
 
 
 def load_study_for(settings: NightlySettings) -> StudySettings:
-    """The study the nightly YAML names (its errors name the study file)."""
-    return load_study(settings.study)
+    """The study the nightly YAML names (its errors name the study file), with the overrides."""
+    study = load_study(settings.study)
+    if not settings.study_overrides:
+        return study
+    # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
+    values = {k: yaml.safe_load(v) for k, v in settings.study_overrides.items()}
+    try:
+        return with_overrides(study, values)
+    except SettingsError as exc:
+        raise SettingsError(f"{settings.source}: study_overrides: {exc}") from None
 
 
 def production_config_path(settings: NightlySettings, study: StudySettings) -> Path:
