@@ -1,0 +1,19 @@
+"""The study report: one self-contained HTML file with plots, from a `tuner tune` output directory.
+
+    write_report(output_dir) -> Path      report.html in that directory
+    load_output(output_dir) -> StudyOutput  the same data, for notebooks
+"""
+
+from tuner.report._html import comparison_table, recommendation_line, render, top_table, write_report
+from tuner.report._load import StudyOutput, load_output, traffic_rate
+
+__all__ = [
+    "StudyOutput",
+    "comparison_table",
+    "load_output",
+    "recommendation_line",
+    "render",
+    "top_table",
+    "traffic_rate",
+    "write_report",
+]

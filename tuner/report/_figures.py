@@ -1,0 +1,248 @@
+"""The report's plots, one function each, as plotly figures (Optuna's own where it has one).
+
+Each function returns a figure, or None with the reason in `out.notes` when its input is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+import plotly.graph_objects as go
+
+from tuner.report._load import StudyOutput, _dig, traffic_rate
+
+INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
+LAYOUT: dict[str, Any] = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
+
+
+def _label(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
+    rows = []
+    for _, row in frame.iterrows():
+        bits = [f"trial {row['number']:.0f} ({row['state'].lower()})"]
+        bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
+        bits.append(f"capacity {row['capacity_rps']:.1f} rps, fill {row['fill_rate']:.2f}")
+        rows.append("<br>".join(bits))
+    return rows
+
+
+def pareto_front(frame: pd.DataFrame, latency: str) -> pd.DataFrame:
+    """Trials no other trial beats on both lower latency and more requests per dollar."""
+    ok = frame.dropna(subset=[latency, "requests_per_dollar"]).sort_values(
+        [latency, "requests_per_dollar"], ascending=[True, False])
+    best, keep = -math.inf, []
+    for index, value in ok["requests_per_dollar"].items():
+        if value > best:
+            keep.append(index)
+            best = value
+    return ok.loc[keep]
+
+
+def trials_scatter(out: StudyOutput) -> go.Figure:
+    """Every measured trial: requests per dollar against the SLA's latency percentile."""
+    latency, sla = out.latency_column, out.sla
+    frame = out.trials
+    measured = frame.dropna(subset=[latency, "requests_per_dollar"])
+    fig = go.Figure()
+    if not math.isnan(sla["latency_ms"]):
+        fig.add_vrect(x0=0, x1=sla["latency_ms"], fillcolor="rgba(44,160,44,0.08)", line_width=0,
+                      annotation_text="meets the SLA", annotation_position="top left")
+        fig.add_vline(x=sla["latency_ms"], line_dash="dash", line_color="gray")
+    for feasible, name, color in ((True, "feasible", "#1f77b4"), (False, "infeasible", "#bbbbbb")):
+        part = measured[measured["feasible"] == feasible]
+        fig.add_trace(go.Scatter(x=part[latency], y=part["requests_per_dollar"], mode="markers", name=name,
+                                 marker={"color": color, "size": 8}, text=_hover(part, out.params),
+                                 hoverinfo="text+x+y"))
+    front = pareto_front(measured, latency)
+    fig.add_trace(go.Scatter(x=front[latency], y=front["requests_per_dollar"], mode="lines+markers",
+                             name="Pareto front", line={"color": PARETO, "shape": "hv"},
+                             marker={"size": 6, "color": PARETO}))
+    for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
+                                       ("best", "recommended", WINNER, "star")):
+        x = _dig(out.summary, f"{which}.latency_ms.p{sla['percentile']:g}")
+        y = _dig(out.summary, f"{which}.requests_per_dollar")
+        if x is not None and y is not None:
+            fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
+                                     marker={"color": color, "size": 16, "symbol": symbol}))
+    unmeasured = len(frame) - len(measured)
+    title = "Trials: requests per dollar against the SLA latency"
+    if unmeasured:
+        title += f" ({unmeasured} trials without a measurement not shown)"
+    fig.update_layout(title=title, xaxis_title=f"latency p{sla['percentile']:g} at capacity (ms)",
+                      yaxis_title="requests per dollar", **LAYOUT)
+    return fig
+
+
+def search_history(out: StudyOutput) -> go.Figure:
+    """Each trial's score in order, with the best feasible so far."""
+    if out.study is not None and len(out.study.directions) == 1:
+        complete = out.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if complete:
+            fig = optuna.visualization.plot_optimization_history(out.study, target_name="requests per dollar")
+            fig.update_layout(title="Search history (Optuna)", **LAYOUT)
+            return fig
+    frame = out.trials.sort_values("number")
+    best = frame["requests_per_dollar"].where(frame["feasible"]).cummax()
+    fig = go.Figure([
+        go.Scatter(x=frame["number"], y=frame["requests_per_dollar"], mode="markers", name="trial"),
+        go.Scatter(x=frame["number"], y=best, mode="lines", name="best feasible so far"),
+    ])
+    fig.update_layout(title="Search history", xaxis_title="trial", yaxis_title="requests per dollar", **LAYOUT)
+    return fig
+
+
+def param_importance(out: StudyOutput) -> go.Figure | None:
+    """Optuna's importance evaluator; needs a few complete trials whose parameters vary."""
+    if out.study is None:
+        return None
+    complete = out.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if len(complete) < 4:
+        out.notes.append(f"parameter importance needs at least 4 complete trials, the study has {len(complete)}")
+        return None
+    try:
+        target = None if len(out.study.directions) == 1 else (lambda t: t.values[0])
+        fig = optuna.visualization.plot_param_importances(out.study, target=target,
+                                                          target_name="requests per dollar")
+    except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+        out.notes.append(f"parameter importance could not be computed: {exc}")
+        return None
+    fig.update_layout(title="Parameter importance (Optuna, fANOVA)", **LAYOUT)
+    return fig
+
+
+def param_map(out: StudyOutput) -> go.Figure | None:
+    """Where the search went in the two batching parameters, coloured by requests per dollar."""
+    x, y = "max_batch_size", "max_queue_delay_microseconds"
+    if x not in out.trials or y not in out.trials:
+        out.notes.append("trials.csv lacks max_batch_size or max_queue_delay_microseconds: no parameter map")
+        return None
+    frame = out.trials.dropna(subset=[x, y])
+    fig = go.Figure(go.Scatter(
+        x=frame[x], y=frame[y], mode="markers", text=_hover(frame, out.params), hoverinfo="text",
+        marker={"size": 10, "color": frame["requests_per_dollar"].where(frame["feasible"]),
+                "colorscale": "Viridis", "showscale": True, "colorbar": {"title": "req/$"},
+                "line": {"width": 1, "color": np.where(frame["feasible"], "#333", "#ccc")}}))
+    fig.update_xaxes(type="log")
+    fig.update_layout(title="Parameters tried (grey: infeasible)", xaxis_title=x, yaxis_title=y, **LAYOUT)
+    return fig
+
+
+def _cdf_from_percentiles(out: StudyOutput, which: str, row: pd.Series | None) -> tuple[list, list] | None:
+    points = []
+    for q in ("p50", "p90", "p95", "p99", "max"):
+        if row is not None:
+            value = row.get(f"latency_{q}_ms")
+        else:
+            value = _dig(out.summary, f"{which}.latency_ms.{q}")
+        if value is not None and pd.notna(value):
+            points.append((float(value), 1.0 if q == "max" else float(q[1:]) / 100))
+    return ([p[0] for p in points], [p[1] for p in points]) if points else None
+
+
+def latency_cdfs(out: StudyOutput) -> go.Figure | None:
+    """Latency CDFs at capacity of the incumbent and the top 3 trials."""
+    fig = go.Figure()
+    sources = [("incumbent", None)] + [(f"trial {int(r['number'])}", r) for _, r in out.top_trials(3).iterrows()]
+    estimated = []
+    for label, row in sources:
+        color = INCUMBENT if label == "incumbent" else None
+        if label in out.latency_records:
+            values = np.sort(out.latency_records[label].to_numpy(dtype=float))
+            step = max(1, len(values) // 2000)  # enough points for a smooth curve, small HTML
+            x, y = values[::step], (np.arange(len(values)) + 1)[::step] / len(values)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": color}))
+            continue
+        points = _cdf_from_percentiles(out, "incumbent", row)
+        if points:
+            estimated.append(label)
+            fig.add_trace(go.Scatter(x=points[0], y=points[1], mode="lines+markers", name=f"{label} (percentiles)",
+                                     line={"color": color, "dash": "dot"}))
+    if not fig.data:
+        out.notes.append("no latency records or percentiles: no latency CDFs")
+        return None
+    if estimated:
+        out.notes.append("latency CDFs of " + ", ".join(estimated) + " are drawn through the measured "
+                         "percentiles (no per-request records in records/)")
+    if not math.isnan(out.sla["latency_ms"]):
+        fig.add_vline(x=out.sla["latency_ms"], line_dash="dash", line_color="gray", annotation_text="SLA")
+    fig.update_layout(title="Latency CDF at capacity", xaxis_title="latency (ms)", yaxis_title="fraction of requests",
+                      **LAYOUT)
+    return fig
+
+
+def _histogram(out: StudyOutput, which: str) -> dict[int, int] | None:
+    hist = _dig(out.summary, f"{which}.batch_histogram")
+    if not hist and out.study is not None:
+        number = _dig(out.summary, f"{which}.trial")
+        if number is not None:
+            try:
+                hist = out.study.trials[int(number)].user_attrs.get("batch_histogram")
+            except (IndexError, ValueError, TypeError):
+                hist = None
+    if not isinstance(hist, dict) or not hist:
+        return None
+    return {int(k): int(v) for k, v in hist.items()}
+
+
+def batch_histograms(out: StudyOutput) -> go.Figure:
+    """Dispatched batch sizes of the incumbent and the winner (their fill rate in the legend)."""
+    fig = go.Figure()
+    missing = []
+    for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):
+        fill = _dig(out.summary, f"{which}.fill_rate")
+        mbs = _dig(out.summary, f"{which}.params.max_batch_size")
+        label = f"{name} (max_batch_size {mbs}, fill rate {fill:.2f})" if fill is not None else name
+        hist = _histogram(out, which)
+        if hist:
+            sizes = sorted(hist)
+            total = sum(hist.values()) or 1
+            fig.add_trace(go.Bar(x=sizes, y=[hist[s] / total for s in sizes], name=label,
+                                 marker_color=color, opacity=0.75))
+        else:
+            missing.append(name)
+            if fill is not None and mbs:
+                fig.add_trace(go.Bar(x=[fill * float(mbs)], y=[1.0], name=f"{label}: mean batch only",
+                                     marker_color=color, opacity=0.5, width=0.4))
+    if missing:
+        out.notes.append("no batch_histogram for " + " and ".join(missing) + ": its bar shows the mean batch")
+    fig.update_layout(title="Batch sizes dispatched at capacity", barmode="overlay", xaxis_title="batch size",
+                      yaxis_title="share of executions", **LAYOUT)
+    return fig
+
+
+def traffic_profile(out: StudyOutput) -> go.Figure | None:
+    """The recorded traffic's rate over time, with one server's capacity before and after."""
+    if out.traffic is None or out.traffic.empty:
+        return None
+    rate = traffic_rate(out.traffic)
+    width = float(rate["bin_s"].iloc[0])
+    fig = go.Figure(go.Scatter(x=rate["t_s"], y=rate["rps"], mode="lines", name=f"requests/s ({width:g} s bins)",
+                               line={"shape": "hv"}))
+    for which, name, color in (("incumbent", "incumbent capacity", INCUMBENT), ("best", "recommended capacity", WINNER)):
+        capacity = _dig(out.summary, f"{which}.capacity_rps")
+        if capacity:
+            fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name)
+    fig.update_layout(title="Traffic profile: offered rate over time", xaxis_title="time (s)",
+                      yaxis_title="requests per second", **LAYOUT)
+    return fig
+
+
+def monthly_cost(out: StudyOutput) -> go.Figure | None:
+    """Servers needed for the profile's peak, and their monthly bill, before and after."""
+    rows = [(name, out.servers_and_cost(which)) for which, name in (("incumbent", "incumbent"), ("best", "recommended"))]
+    if any(cost is None for _, cost in rows):
+        return None
+    fig = go.Figure(go.Bar(
+        x=[name for name, _ in rows], y=[cost[1] for _, cost in rows], marker_color=[INCUMBENT, WINNER],
+        text=[f"{cost[0]} server{'s' if cost[0] > 1 else ''}: ${cost[1]:,.0f}/month" for _, cost in rows],
+        textposition="auto"))
+    fig.update_layout(title=f"Monthly cost at the peak rate ({out.peak_rps():.1f} requests/s)",
+                      yaxis_title="dollars per month", **LAYOUT)
+    return fig

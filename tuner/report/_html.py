@@ -1,0 +1,148 @@
+"""Assemble the report: one self-contained HTML file (plotly.js inlined once, no network)."""
+
+from __future__ import annotations
+
+import difflib
+import html
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from tuner.report import _figures as figures
+from tuner.report._load import StudyOutput, _dig, config_text, load_output
+
+REPORT = "report.html"
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+.recommendation { font-size: 1.2em; font-weight: 600; padding: .6em .8em; background: #eef7ee;
+  border-left: 5px solid #2ca02c; }
+.facts { color: #444; } table { border-collapse: collapse; font-size: .9em; }
+td, th { padding: .25em .7em; border-bottom: 1px solid #eee; text-align: right; }
+pre.diff { background: #f7f7f7; padding: .8em; overflow-x: auto; font-size: .85em; }
+.add { color: #116611; background: #e6ffe6; } .del { color: #991111; background: #ffe6e6; }
+.notes { color: #666; font-size: .9em; }
+"""
+
+
+def _money(value: float | None) -> str:
+    return "n/a" if value is None else f"${value:,.2f}"
+
+
+def _num(value: object, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    return f"{float(value):,.{digits}f}"
+
+
+def recommendation_line(out: StudyOutput) -> str:
+    """One line: what to set, its score and the gain over the incumbent."""
+    params = _dig(out.summary, "best.params") or {}
+    setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "(no parameters recorded)"
+    best, incumbent = (_dig(out.summary, f"{w}.requests_per_dollar") for w in ("best", "incumbent"))
+    improvement = out.summary.get("improvement")
+    if improvement is None and best and incumbent:
+        improvement = float(best) / float(incumbent) - 1
+    gain = f"{float(improvement):+.1%} over the incumbent ({_num(incumbent, 0)})" if improvement is not None \
+        else "no incumbent to compare with"
+    return f"Recommended: {setting} — {_num(best, 0)} requests per dollar, {gain}."
+
+
+def _facts(out: StudyOutput) -> str:
+    sla = out.sla
+    counts = out.summary.get("trials") or {}
+    trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
+    return (f"SLA: latency p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
+            f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
+            f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}")
+
+
+def comparison_table(out: StudyOutput) -> pd.DataFrame:
+    """Incumbent and recommendation side by side, with servers and the monthly bill at the peak."""
+    rows = {}
+    for which, name in (("incumbent", "incumbent"), ("best", "recommended")):
+        servers = out.servers_and_cost(which)
+        rows[name] = {
+            **{k: v for k, v in (_dig(out.summary, f"{which}.params") or {}).items()},
+            "capacity (req/s)": _num(_dig(out.summary, f"{which}.capacity_rps")),
+            "req/$ (capacity)": _num(_dig(out.summary, f"{which}.scores.capacity"), 0),
+            "req/$ (utilization)": _num(_dig(out.summary, f"{which}.scores.utilization"), 0),
+            **{f"{q} (ms)": _num(_dig(out.summary, f"{which}.latency_ms.{q}")) for q in ("p50", "p95", "p99")},
+            "fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2),
+            "servers at peak": servers[0] if servers else "n/a",
+            "monthly cost": _money(servers[1]) if servers else "n/a",
+        }
+    return pd.DataFrame(rows)
+
+
+def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
+    columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, "fill_rate"]
+    return out.top_trials(k)[columns].round(2).set_index("number")
+
+
+def config_diff(out: StudyOutput) -> str:
+    if out.incumbent_config is None or not out.recommended_config:
+        return "<p class='notes'>No diff: a config.pbtxt is missing (see the notes at the end).</p>"
+    lines = difflib.unified_diff(config_text(out.incumbent_config).splitlines(),
+                                 config_text(out.recommended_config).splitlines(),
+                                 "incumbent/config.pbtxt", "recommended/config.pbtxt", lineterm="", n=2)
+    body = []
+    for line in lines:
+        kind = "add" if line.startswith("+") and not line.startswith("+++") else \
+            "del" if line.startswith("-") and not line.startswith("---") else ""
+        body.append(f"<span class='{kind}'>{html.escape(line)}</span>" if kind else html.escape(line))
+    return f"<pre class='diff'>{chr(10).join(body) or 'no differences'}</pre>"
+
+
+SECTIONS: list[tuple[str, Callable[[StudyOutput], go.Figure | None]]] = [
+    ("Every trial, the feasible region and the Pareto front", figures.trials_scatter),
+    ("Search history", figures.search_history),
+    ("Parameter importance", figures.param_importance),
+    ("Parameters tried", figures.param_map),
+    ("Latency at capacity", figures.latency_cdfs),
+    ("Batch sizes and fill rate", figures.batch_histograms),
+    ("Traffic profile", figures.traffic_profile),
+    ("Servers and monthly cost at the peak", figures.monthly_cost),
+]
+
+
+def render(out: StudyOutput) -> str:
+    parts = []
+    plotlyjs: bool | str = True  # the first figure carries plotly.js, the others reuse it
+    for title, build in SECTIONS:
+        fig = build(out)
+        parts.append(f"<h2>{html.escape(title)}</h2>")
+        if fig is None:
+            parts.append("<p class='notes'>Not available (see the notes at the end).</p>")
+            continue
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False}))
+        plotlyjs = False
+        if build is figures.monthly_cost:
+            parts.append(comparison_table(out).to_html(classes="comparison"))
+    name = out.study.study_name if out.study is not None else out.path.name
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(out.notes))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(name)}</title>
+<style>{CSS}</style></head><body>
+<h1>tuner report: {html.escape(name)}</h1>
+<p class="recommendation" id="recommendation">{html.escape(recommendation_line(out))}</p>
+<p class="facts">{html.escape(_facts(out))}</p>
+{''.join(parts)}
+<h2>Top trials</h2>{top_table(out).to_html()}
+<h2>config.pbtxt: incumbent → recommended</h2>{config_diff(out)}
+<h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
+<p class="notes">Written by tuner {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {html.escape(str(out.path))}.</p>
+</body></html>
+"""
+
+
+def write_report(output_dir: str | Path) -> Path:
+    """Write `report.html` into a `tuner tune` output directory and return its path."""
+    out = load_output(output_dir)
+    path = Path(output_dir) / REPORT
+    path.write_text(render(out), encoding="utf-8")
+    return path

@@ -1,0 +1,349 @@
+"""Read a `tuner tune` output directory into one value the report and the notebook share.
+
+The directory (DESIGN.md §3) holds `summary.json`, `trials.csv`, `recommended/config.pbtxt` and the
+Optuna storage. Optional extras make the report richer and are looked for by name; a missing extra
+turns its section into a one-line note instead of failing:
+- `incumbent/config.pbtxt`, else the model's config in the study's model repository: the diff;
+- `records/<name>.{parquet,csv}` with a `latency_ms` column (`incumbent`, `trial_<n>`): latency CDFs,
+  else the measured percentiles stand in for them;
+- the traffic profile (summary `traffic.path`, else the study YAML's): rate over time, peak, servers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from tuner import modelconfig
+from tuner.errors import InputError, TunerError
+
+SUMMARY = "summary.json"
+TRIALS = "trials.csv"
+RECOMMENDED = Path("recommended") / "config.pbtxt"
+HOURS_PER_MONTH = 730.0
+
+# The columns the report reads, each with the names the tuner's trials.csv may give it
+# (its own names first, then Optuna's `trials_dataframe()` names).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "number": ("number", "trial"),
+    "state": ("state",),
+    "capacity_rps": ("capacity_rps", "user_attrs_capacity_rps"),
+    "requests_per_dollar": ("requests_per_dollar", "user_attrs_requests_per_dollar", "value"),
+    "score_capacity": ("scores.capacity", "score_capacity", "user_attrs_score_capacity"),
+    "score_utilization": ("scores.utilization", "score_utilization", "user_attrs_score_utilization"),
+    "latency_p50_ms": ("latency_ms.p50", "latency_p50_ms", "p50_ms", "user_attrs_latency_p50_ms"),
+    "latency_p90_ms": ("latency_ms.p90", "latency_p90_ms", "p90_ms", "user_attrs_latency_p90_ms"),
+    "latency_p95_ms": ("latency_ms.p95", "latency_p95_ms", "p95_ms", "user_attrs_latency_p95_ms"),
+    "latency_p99_ms": ("latency_ms.p99", "latency_p99_ms", "p99_ms", "user_attrs_latency_p99_ms"),
+    "latency_max_ms": ("latency_ms.max", "latency_max_ms", "max_ms", "user_attrs_latency_max_ms"),
+    "fill_rate": ("fill_rate", "user_attrs_fill_rate"),
+    "feasible": ("feasible", "user_attrs_feasible"),
+}
+PARAMS = ("max_batch_size", "max_queue_delay_microseconds", "instance_count", "preferred_batch_size")
+
+
+@dataclass
+class StudyOutput:
+    """Everything one report shows, read once."""
+
+    path: Path
+    summary: dict[str, Any]
+    trials: pd.DataFrame               # one row per trial, canonical columns (COLUMNS) + params
+    params: list[str]                  # tuned parameter columns of `trials`
+    recommended_config: str
+    study: optuna.Study | None = None  # None when the storage could not be opened
+    storage_url: str | None = None
+    incumbent_config: str | None = None
+    traffic: pd.DataFrame | None = None  # one row per request: `t` (s from the first) and `batch_size`
+    traffic_path: str | None = None
+    latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
+    notes: list[str] = field(default_factory=list)  # what was missing, said once each
+
+    # --- the numbers the report leads with --------------------------------------------------
+    @property
+    def sla(self) -> dict[str, float]:
+        return sla_of(self.summary)
+
+    @property
+    def price_per_hour(self) -> float | None:
+        value = self.summary.get("price_per_hour")
+        return float(value) if value is not None else None
+
+    @property
+    def latency_column(self) -> str:
+        """The trials column of the SLA's percentile (p99 by default)."""
+        key = f"latency_p{self.sla['percentile']:g}_ms"
+        return key if key in self.trials else "latency_p99_ms"
+
+    def peak_rps(self) -> float | None:
+        for key in ("peak_rps", "traffic.peak_rps"):
+            value = _dig(self.summary, key)
+            if value is not None:
+                return float(value)
+        if self.traffic is None or self.traffic.empty:
+            return None
+        return float(traffic_rate(self.traffic)["rps"].max())
+
+    def servers_and_cost(self, which: str) -> tuple[int, float] | None:
+        """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent."""
+        capacity = _dig(self.summary, f"{which}.capacity_rps")
+        peak, price = self.peak_rps(), self.price_per_hour
+        if not capacity or peak is None or price is None:
+            return None
+        servers = max(1, math.ceil(peak / float(capacity)))
+        return servers, servers * price * HOURS_PER_MONTH
+
+    def top_trials(self, k: int = 3) -> pd.DataFrame:
+        """The k best feasible trials by requests per dollar."""
+        ok = self.trials[self.trials["feasible"] & self.trials["requests_per_dollar"].notna()]
+        return ok.sort_values("requests_per_dollar", ascending=False).head(k)
+
+
+def sla_of(summary: dict[str, Any]) -> dict[str, float]:
+    sla = summary.get("sla") or {}
+    if not isinstance(sla, dict):
+        sla = {}
+    return {
+        "latency_ms": float(sla.get("latency_ms", float("nan"))),
+        "percentile": float(sla.get("percentile", 99.0)),
+        "max_error_rate": float(sla.get("max_error_rate", 0.001)),
+    }
+
+
+def load_output(path: str | Path) -> StudyOutput:
+    """Read a `tuner tune` output directory; InputError (exit 2) when it is not one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: not a directory (expected a `tuner tune` output directory)")
+    for required in (SUMMARY, TRIALS):
+        if not (path / required).is_file():
+            raise InputError(f"{path}: not a study output directory: {required} is missing")
+    summary = _read_summary(path / SUMMARY)
+    trials = _read_trials(path / TRIALS, summary)
+    params = [c for c in trials.columns if c in PARAMS or c.startswith("param.")]
+    recommended = path / RECOMMENDED
+    out = StudyOutput(
+        path=path,
+        summary=summary,
+        trials=trials,
+        params=params,
+        recommended_config=recommended.read_text() if recommended.is_file() else "",
+    )
+    if not out.recommended_config:
+        out.notes.append(f"{RECOMMENDED} is missing: no config diff")
+    out.study, out.storage_url = _open_study(path, summary, out.notes)
+    if out.study is not None:
+        _fill_from_study(out.trials, out.study, summary)
+    out.incumbent_config = _incumbent_config(path, summary, out.notes)
+    out.traffic, out.traffic_path = _traffic(path, summary, out.notes)
+    out.latency_records = _latency_records(path, out)
+    return out
+
+
+def traffic_rate(traffic: pd.DataFrame, bins: int = 200) -> pd.DataFrame:
+    """Requests per second over time, in bins of at least one second."""
+    t = traffic["t"].to_numpy()
+    span = float(t.max()) if len(t) else 0.0
+    width = max(1.0, span / bins)
+    index = (t // width).astype(int)
+    counts = pd.Series(1, index=index).groupby(level=0).sum()
+    counts = counts.reindex(range(int(index.max()) + 1 if len(t) else 0), fill_value=0)
+    return pd.DataFrame({"t_s": counts.index * width, "rps": counts.to_numpy() / width, "bin_s": width})
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+def _dig(data: dict[str, Any], dotted: str) -> Any:
+    """summary["best"]["latency_ms"]["p99"] for "best.latency_ms.p99", also flat "best.x" keys."""
+    if dotted in data:
+        return data[dotted]
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(summary, dict):
+        raise InputError(f"{path}: expected a JSON object at the top level")
+    for key in ("best", "incumbent"):
+        if not isinstance(summary.get(key), dict):
+            raise InputError(f"{path}: key {key!r} is missing or not an object")
+    return summary
+
+
+def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
+    try:
+        raw = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read as CSV: {exc}") from None
+    frame = pd.DataFrame(index=raw.index)
+    for name, candidates in COLUMNS.items():
+        found = next((c for c in candidates if c in raw.columns), None)
+        frame[name] = raw[found] if found else pd.NA
+    if frame["number"].isna().all():
+        frame["number"] = range(len(raw))
+    for column in raw.columns:
+        name = column.removeprefix("params_").removeprefix("param.").removeprefix("params.")
+        if name in PARAMS and name not in frame:
+            frame[name] = raw[column]
+    numeric = [c for c in COLUMNS if c not in ("state", "feasible")]
+    frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    if frame["requests_per_dollar"].isna().all():  # the score under the study's scoring
+        frame["requests_per_dollar"] = frame[f"score_{summary.get('scoring') or 'capacity'}"]
+    frame["state"] = frame["state"].fillna("COMPLETE").astype(str).str.upper().str.removeprefix("TRIALSTATE.")
+    frame["feasible"] = _feasible(frame, raw, summary)
+    return frame
+
+
+def _feasible(frame: pd.DataFrame, raw: pd.DataFrame, summary: dict[str, Any]) -> pd.Series:
+    """The tuner's own verdict where it wrote one; else complete and within the SLA latency."""
+    if frame["feasible"].notna().any():
+        given = frame["feasible"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0", "yes"))
+        return given.astype(bool)
+    sla = sla_of(summary)
+    column = f"latency_p{sla['percentile']:g}_ms"
+    latency = frame[column] if column in frame else frame["latency_p99_ms"]
+    return (frame["state"] == "COMPLETE") & (latency <= sla["latency_ms"]).fillna(False)
+
+
+ATTRS = {  # canonical column -> the trial user attribute the tuner keeps it under
+    "capacity_rps": "capacity_rps", "score_capacity": "score_capacity",
+    "score_utilization": "score_utilization", "fill_rate": "fill_rate",
+    **{f"latency_{q}_ms": f"latency_{q}_ms" for q in ("p50", "p90", "p95", "p99", "max")},
+}
+
+
+def _fill_from_study(trials: pd.DataFrame, study: optuna.Study, summary: dict[str, Any]) -> None:
+    """Columns trials.csv left empty, from the trials' user attributes in the storage."""
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    numbers = trials["number"]
+    for column, attr in ATTRS.items():
+        if trials[column].isna().all():
+            values = [by_number[n].user_attrs.get(attr) if n in by_number else None for n in numbers]
+            trials[column] = pd.to_numeric(pd.Series(values, index=trials.index), errors="coerce")
+    if trials["requests_per_dollar"].isna().all():
+        scoring = summary.get("scoring") or study.user_attrs.get("scoring") or "capacity"
+        trials["requests_per_dollar"] = trials[f"score_{scoring}"]
+
+
+def _storage_url(path: Path, summary: dict[str, Any]) -> str | None:
+    url = summary.get("storage")
+    if isinstance(url, str) and url:
+        return url
+    for pattern, scheme in (("*.db", "sqlite"), ("*.sqlite3", "sqlite"), ("*.sqlite", "sqlite"),
+                            ("*.journal", "journal"), ("*.log", "journal")):
+        found = sorted(path.glob(pattern))
+        if found:
+            return f"sqlite:///{found[0].resolve()}" if scheme == "sqlite" else str(found[0].resolve())
+    return None
+
+
+def _open_study(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[optuna.Study | None, str | None]:
+    url = _storage_url(path, summary)
+    if url is None:
+        notes.append("no Optuna storage in the output directory: no search history or importance")
+        return None, None
+    try:
+        if url.startswith(("sqlite:", "postgresql", "mysql")):
+            storage: Any = url
+        else:
+            from optuna.storages.journal import JournalFileBackend
+
+            storage = optuna.storages.JournalStorage(JournalFileBackend(url))
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        name = summary.get("study_name") or summary.get("study")
+        if not isinstance(name, str) or name not in names:
+            if len(names) != 1:
+                notes.append(f"{url}: holds studies {names}; summary.json names none of them")
+                return None, url
+            name = names[0]
+        return optuna.load_study(study_name=name, storage=storage), url
+    except (TunerError, optuna.exceptions.OptunaError, ValueError, OSError) as exc:
+        notes.append(f"cannot open the Optuna storage {url}: {exc}")
+        return None, url
+
+
+def _study_yaml(path: Path, summary: dict[str, Any]):
+    """The study settings, from the path summary.json names or a copy in the output directory."""
+    from tuner.settings import load_study
+
+    for candidate in (summary.get("study_file"), path / "study.yaml"):
+        if candidate and Path(candidate).is_file():
+            try:
+                return load_study(candidate)
+            except TunerError:
+                return None
+    return None
+
+
+def _incumbent_config(path: Path, summary: dict[str, Any], notes: list[str]) -> str | None:
+    candidates = [path / "incumbent" / "config.pbtxt", _dig(summary, "incumbent.config_path")]
+    settings = _study_yaml(path, summary)
+    if settings is not None:
+        candidates.append(Path(settings.model_repository) / settings.model / "config.pbtxt")
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).read_text()
+    notes.append("the incumbent's config.pbtxt was not found: no config diff")
+    return None
+
+
+def _traffic(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[pd.DataFrame | None, str | None]:
+    source = _dig(summary, "traffic.path") or summary.get("traffic_path")
+    if not source:
+        settings = _study_yaml(path, summary)
+        source = settings.traffic.path if settings is not None else None
+    if not source or not Path(source).is_file():
+        notes.append("the traffic profile was not found: no rate over time, peak or servers needed")
+        return None, source
+    try:
+        raw = pd.read_parquet(source) if str(source).endswith(".parquet") else pd.read_csv(source)
+        stamps = raw["timestamp"]
+        if not pd.api.types.is_numeric_dtype(stamps):
+            stamps = pd.to_datetime(stamps, utc=True).astype("int64") / 1e9
+        stamps = stamps.sort_values().to_numpy(dtype=float)
+        batch = raw["batch_size"].to_numpy() if "batch_size" in raw else 1
+        return pd.DataFrame({"t": stamps - stamps[0], "batch_size": batch}), str(source)
+    except (KeyError, ValueError, OSError, IndexError) as exc:
+        notes.append(f"{source}: cannot read the traffic profile: {exc}")
+        return None, str(source)
+
+
+def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
+    labels = {"incumbent": "incumbent"}
+    for number in out.top_trials(3)["number"]:
+        labels[f"trial_{int(number)}"] = f"trial {int(number)}"
+    records: dict[str, pd.Series] = {}
+    for stem, label in labels.items():
+        for suffix in (".parquet", ".csv"):
+            file = path / "records" / f"{stem}{suffix}"
+            if not file.is_file():
+                continue
+            try:
+                frame = pd.read_parquet(file) if suffix == ".parquet" else pd.read_csv(file)
+                records[label] = frame["latency_ms"].dropna()
+            except (KeyError, ValueError, OSError) as exc:
+                out.notes.append(f"{file}: cannot read latencies: {exc}")
+            break
+    return records
+
+
+def config_text(text: str) -> str:
+    """A config.pbtxt in Triton's canonical print (comments dropped), so a diff shows real changes."""
+    try:
+        return modelconfig.to_text(modelconfig.parse(text))
+    except TunerError:
+        return text
