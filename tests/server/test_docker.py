@@ -1,0 +1,321 @@
+"""The docker launcher against a real Docker engine and the CPU test image (docker/build-test-image.sh).
+
+Needs an engine at DOCKER_HOST (`eval "$(docker/start-engine.sh)"`). Without one these tests skip,
+unless TUNER_REQUIRE_DOCKER=1 (CI), where they fail saying what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner import modelconfig
+from tuner.errors import ServerError, ServerSetupError
+from tuner.server.docker import (
+    LABEL_MANAGED,
+    LABEL_SESSION,
+    DockerLauncher,
+    device_requests,
+    free_ports,
+    log_tail,
+    managed_containers,
+)
+from tuner.settings import ServerSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = ROOT / "model_repository_templates"
+MODEL = "matmul_cpu"
+IMAGE = os.environ.get("TUNER_TEST_IMAGE", "tuner/tritonserver-cpu:2.51.0")
+SETTINGS = ServerSettings(launcher="docker", image=IMAGE, startup_timeout_s=60.0)
+
+
+# --- engine, image and the leftover check ---------------------------------------------------------
+
+def _unavailable(reason: str):
+    if os.environ.get("TUNER_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"TUNER_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A docker client for the engine at DOCKER_HOST, with the test image built (cached: < 1 s)."""
+    import docker
+
+    where = os.environ.get("DOCKER_HOST")
+    if not where:
+        _unavailable('DOCKER_HOST is not set; start the engine with: eval "$(docker/start-engine.sh)"')
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        _unavailable(f"no Docker engine answers at DOCKER_HOST={where}: {exc}")
+    build = subprocess.run([str(ROOT / "docker" / "build-test-image.sh")], capture_output=True, text=True,
+                           env={**os.environ, "TUNER_TEST_IMAGE": IMAGE})
+    if build.returncode != 0:
+        pytest.fail(f"docker/build-test-image.sh failed:\n{build.stderr[-3000:]}", pytrace=False)
+    yield client
+    # Nothing of ours may outlive the tests: no container, network or volume with the project's label.
+    label = {"label": f"{LABEL_MANAGED}=1"}
+    left = ([f"container {c.name}" for c in client.containers.list(all=True, filters=label)]
+            + [f"network {n.name}" for n in client.networks.list(filters=label)]
+            + [f"volume {v.name}" for v in client.volumes.list(filters=label)])
+    client.close()
+    assert not left, f"left behind with label {LABEL_MANAGED}=1: {', '.join(left)}"
+
+
+@pytest.fixture(scope="module")
+def server(engine, tmp_path_factory):
+    """One container shared by the tests that only read or reconfigure it."""
+    log_dir = tmp_path_factory.mktemp("docker-logs")
+    with DockerLauncher(SETTINGS, TEMPLATES, [MODEL], log_dir) as launcher:
+        yield launcher
+    assert (log_dir / "tritonserver.log").is_file()
+
+
+def _infer_concurrently(http_address: str, n_threads: int = 16, per_thread: int = 8) -> None:
+    """Single-row requests from many threads at once (one client per thread: tritonclient.http is
+    not thread-safe), so the dynamic batcher has something to batch."""
+    import tritonclient.http as httpclient
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def worker() -> None:
+        try:
+            client = httpclient.InferenceServerClient(http_address, connection_timeout=30, network_timeout=30)
+            tensor = httpclient.InferInput("INPUT", [1, 256], "FP32")
+            tensor.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
+            barrier.wait()
+            for _ in range(per_thread):
+                result = client.infer(MODEL, [tensor])
+                assert result.as_numpy("OUTPUT").shape == (1, 256)
+            client.close()
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+# --- the launcher's contract against the real engine ---------------------------------------------
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_two_configurations_read_back_with_real_batching(server):
+    assert server.is_alive()
+    assert server.endpoints.http.startswith("127.0.0.1:")
+    base = server.model_config(MODEL)
+    assert base.max_batch_size == 128
+
+    first = modelconfig.apply_params(base, modelconfig.SchedulingParams(
+        max_batch_size=16, max_queue_delay_microseconds=20000))
+    running = server.apply_config(MODEL, first)
+    assert running.max_batch_size == 16
+    assert running.dynamic_batching.max_queue_delay_microseconds == 20000
+    assert server.model_config(MODEL).max_batch_size == 16
+
+    _infer_concurrently(server.endpoints.http)
+    stats = server.statistics(MODEL)
+    inferences, executions = int(stats["inference_count"]), int(stats["execution_count"])
+    assert inferences == 16 * 8
+    assert executions < inferences  # requests were really batched together
+    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1
+    assert server.metrics()["nv_inference_count"] >= inferences
+
+    second = modelconfig.apply_params(base, modelconfig.SchedulingParams(
+        max_batch_size=4, max_queue_delay_microseconds=500))
+    running = server.apply_config(MODEL, second)
+    assert (running.max_batch_size, running.dynamic_batching.max_queue_delay_microseconds) == (4, 500)
+    assert "successfully loaded" in server.logs(200)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_refused_configuration_says_why(server):
+    bad = server.model_config(MODEL)
+    bad.max_batch_size = 4
+    del bad.dynamic_batching.preferred_batch_size[:]
+    bad.dynamic_batching.preferred_batch_size.append(8)  # larger than max_batch_size: Triton refuses
+    with pytest.raises(ServerSetupError, match="preferred"):
+        server.apply_config(MODEL, bad)
+    assert server.is_alive()
+
+
+@pytest.mark.docker
+def test_container_is_labelled_host_networked_and_mounts_a_readonly_copy(server, engine):
+    (container,) = managed_containers(engine, server.session)
+    assert container.labels[LABEL_MANAGED] == "1"
+    assert container.attrs["HostConfig"]["NetworkMode"] == "host"
+    (mount,) = container.attrs["Mounts"]
+    assert mount["Destination"] == "/models" and mount["RW"] is False
+    assert Path(mount["Source"]) != TEMPLATES  # a private copy, never the user's folder
+    args = container.attrs["Args"]
+    assert "--http-address=127.0.0.1" in args and "--model-control-mode=explicit" in args
+    assert container.attrs["HostConfig"]["ShmSize"] == 256 * 1024 * 1024
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, tmp_path):
+    launcher = DockerLauncher(SETTINGS, TEMPLATES, [MODEL], tmp_path)
+    with launcher:
+        engine.containers.get(launcher.container_name).kill()
+        deadline = time.monotonic() + 10
+        while launcher.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not launcher.is_alive()
+        with pytest.raises(ServerError) as caught:
+            launcher.statistics(MODEL)
+        message = str(caught.value)
+        assert "exited" in message and "Started HTTPService" in message  # the container's last lines
+    assert not managed_containers(engine, launcher.session)
+    assert "Started HTTPService" in (tmp_path / "tritonserver.log").read_text()
+    with DockerLauncher(SETTINGS, TEMPLATES, [MODEL]) as again:
+        assert again.is_alive()
+
+
+@pytest.mark.docker
+def test_no_engine_is_a_clear_setup_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(ServerSetupError, match="no Docker engine at unix://.*no-engine.sock"):
+        DockerLauncher(SETTINGS, TEMPLATES, [MODEL]).start()
+
+
+@pytest.mark.docker
+def test_image_neither_local_nor_pullable(engine):
+    settings = dataclasses.replace(SETTINGS, image="127.0.0.1:1/tuner/absent:0")  # a registry that refuses
+    with pytest.raises(ServerSetupError, match="server.image .*cannot be pulled"):
+        DockerLauncher(settings, TEMPLATES, [MODEL]).start()
+
+
+@pytest.mark.docker
+def test_gpu_without_nvidia_runtime(engine):
+    if "nvidia" in (engine.info().get("Runtimes") or {}):
+        pytest.skip("this engine has the NVIDIA runtime")
+    launcher = DockerLauncher(dataclasses.replace(SETTINGS, gpus="all"), TEMPLATES, [MODEL])
+    with pytest.raises(ServerSetupError, match="server.gpus='all'.*NVIDIA"):
+        launcher.start()
+    assert not managed_containers(engine, launcher.session)
+
+
+@pytest.mark.docker
+def test_port_in_use(engine):
+    ports = free_ports(3)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", ports[0]))
+        blocker.listen()
+        with pytest.raises(ServerSetupError, match=f"port {ports[0]} .*in use"):
+            DockerLauncher(SETTINGS, TEMPLATES, [MODEL], ports=ports).start()
+
+
+@pytest.mark.docker
+def test_unknown_model_and_missing_repository(engine, tmp_path):
+    with pytest.raises(ServerSetupError, match="no model named 'nope'"):
+        DockerLauncher(SETTINGS, TEMPLATES, ["nope"]).start()
+    with pytest.raises(ServerSetupError, match="model repository not found"):
+        DockerLauncher(SETTINGS, tmp_path / "absent", [MODEL]).start()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_startup_failure_quotes_the_log_tail(engine, tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\n')
+    with pytest.raises(ServerSetupError, match=r"(?s)stopped.*last log lines:.*no_such_backend"):
+        with DockerLauncher(SETTINGS, repo, ["broken"], tmp_path / "logs"):
+            pass
+    assert "no_such_backend" in (tmp_path / "logs" / "tritonserver.log").read_text()
+
+
+# --- cleanup on Ctrl-C and after a killed run ----------------------------------------------------
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    from tuner.server.docker import DockerLauncher
+    from tuner.settings import ServerSettings
+    launcher = DockerLauncher(ServerSettings(launcher="docker", image=sys.argv[1]), sys.argv[2], [sys.argv[3]])
+    with launcher:
+        print(launcher.session, flush=True)
+        time.sleep(600)
+""")
+
+
+def _start_child() -> tuple[subprocess.Popen, str]:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, IMAGE, str(TEMPLATES), MODEL],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    session = child.stdout.readline().strip()
+    if not session:
+        child.kill()
+        pytest.fail(f"the child launcher did not start: {child.stderr.read()[-2000:]}")
+    return child, session
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_ctrl_c_removes_the_container(engine):
+    child, session = _start_child()
+    try:
+        assert len(managed_containers(engine, session)) == 1
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert not managed_containers(engine, session)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_container_of_a_killed_run_is_removed_by_the_next_start(engine):
+    child, session = _start_child()
+    child.send_signal(signal.SIGKILL)  # no cleanup can run: the container stays behind
+    child.wait(timeout=10)
+    (orphan,) = managed_containers(engine, session)
+    assert orphan.labels[LABEL_SESSION] == session
+    with DockerLauncher(SETTINGS, TEMPLATES, [MODEL]) as launcher:
+        assert not managed_containers(engine, session)
+        assert len(managed_containers(engine, launcher.session)) == 1
+
+
+# --- pure helpers (no engine) --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("gpus", "count", "ids"), [
+    ("all", -1, None), (2, 2, None), ("2", 2, None), ([0, 3], None, ["0", "3"]),
+    ("device=1,2", None, ["1", "2"]), ("0,1", None, ["0", "1"]),
+])
+def test_device_requests(gpus, count, ids):
+    (request,) = device_requests(gpus)
+    assert request["Capabilities"] == [["gpu"]]
+    assert request.get("Count") == count if count is not None else request.get("DeviceIDs") == ids
+
+
+@pytest.mark.parametrize("gpus", [None, 0, [], ""])
+def test_no_gpus(gpus):
+    assert device_requests(gpus) == []
+
+
+def test_log_tail_drops_tables_and_keeps_an_earlier_error():
+    log = "\n".join(["E1 first failure"] + [f"I line {i}" for i in range(30)] + ["+---+", "| a |", "I x.cc:1] "])
+    tail = log_tail(log, lines=5)
+    assert tail.splitlines() == ["E1 first failure", "I line 25", "I line 26", "I line 27", "I line 28",
+                                 "I line 29"]

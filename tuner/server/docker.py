@@ -1,0 +1,446 @@
+"""Triton in a Docker container, driven through the docker SDK (honours DOCKER_HOST).
+
+The container runs `tritonserver` in explicit model-control mode on a private, read-only copy of the
+model repository. Networking is either the host's (the server bound to 127.0.0.1 on free ports) or
+ports published on 127.0.0.1 only. Every container carries the labels `tuner.managed=1`,
+`tuner.session=<id>`, `tuner.host` and `tuner.pid`: `stop()` (also reached on Ctrl-C and on a crash,
+through the context manager and an atexit hook) removes it, and the next start removes any container
+whose owning process on this host is gone (a run killed with SIGKILL).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import docker.errors
+from docker.types import DeviceRequest
+
+import docker
+from tuner.errors import ServerError, ServerSetupError
+from tuner.modelconfig import ModelConfig
+from tuner.server.base import Endpoints, Launcher
+from tuner.server.client import TritonHttp, apply_and_verify
+from tuner.settings import ServerSettings
+
+LABEL_MANAGED = "tuner.managed"
+LABEL_SESSION = "tuner.session"
+LABEL_HOST = "tuner.host"
+LABEL_PID = "tuner.pid"
+REPO_IN_CONTAINER = "/models"
+LOG_NAME = "tritonserver.log"
+LOAD_TIMEOUT_S = 300.0
+GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # encoder_sim's emulated GPU: one lock per container
+_PORT_IN_USE = re.compile(r"[^\n]*(address already in use|port is already allocated|already in use)[^\n]*", re.I)
+_NO_GPU_RUNTIME = re.compile(r"could not select device driver|nvidia-container-cli|unknown or invalid runtime", re.I)
+
+
+class DockerLauncher(Launcher):
+    name = "docker"
+
+    def __init__(self, settings: ServerSettings, model_repository: str | Path,
+                 models: Sequence[str] = (), log_dir: str | Path | None = None, *,
+                 ports: tuple[int, int, int] | None = None):
+        """`ports` (http, grpc, metrics) pins the host ports; by default free ones are chosen."""
+        self.settings = settings
+        self.model_repository = Path(model_repository)
+        self.models = list(models)
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.session = uuid.uuid4().hex[:12]
+        self.container_name = f"tuner-triton-{self.session}"
+        self._ports = ports
+        self._client: docker.DockerClient | None = None
+        self._container = None
+        self._repo_copy: Path | None = None
+        self._endpoints: Endpoints | None = None
+        self._http: TritonHttp | None = None
+        self._final_logs = ""
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> Endpoints:
+        if self._endpoints is None:
+            raise ServerError("the docker launcher has not been started")
+        return self._endpoints
+
+    def start(self) -> None:
+        if self._container is not None:
+            return
+        models = check_repository(self.model_repository, self.models)
+        client = self._connect()
+        remove_orphans(client)
+        image = self._ensure_image(client)
+        if self._ports is not None:
+            for port in self._ports:
+                check_port_free(port)
+        http_port, grpc_port, metrics_port = self._ports or free_ports(3)
+        self._repo_copy = private_copy(self.model_repository, models)
+        environment = {GPU_LOCK_ENV: "/tmp/tuner-emulated-gpu.lock", **self.settings.environment}
+        kwargs = dict(
+            image=image,
+            command=self._command(http_port, grpc_port, metrics_port),
+            name=self.container_name,
+            detach=True,
+            labels={LABEL_MANAGED: "1", LABEL_SESSION: self.session,
+                    LABEL_HOST: socket.gethostname(), LABEL_PID: str(os.getpid())},
+            volumes={str(self._repo_copy): {"bind": REPO_IN_CONTAINER, "mode": "ro"}},
+            shm_size=self.settings.shm_size,
+            environment=environment,
+            device_requests=device_requests(self.settings.gpus),
+        )
+        if self.settings.network == "host":
+            kwargs["network_mode"] = "host"
+        else:  # the server binds all addresses inside its own network namespace; only loopback outside
+            kwargs["ports"] = {"8000/tcp": ("127.0.0.1", http_port), "8001/tcp": ("127.0.0.1", grpc_port),
+                               "8002/tcp": ("127.0.0.1", metrics_port)}
+        _live.add(self)
+        try:
+            self._container = client.containers.create(**kwargs)
+            self._container.start()
+        except docker.errors.APIError as exc:
+            self.stop()
+            raise ServerSetupError(self._explain_api_error(exc, (http_port, grpc_port, metrics_port))) from None
+        self._endpoints = Endpoints(http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}",
+                                    metrics=f"http://127.0.0.1:{metrics_port}/metrics")
+        self._http = TritonHttp(self._endpoints.http)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        timeout_s = self.settings.startup_timeout_s if timeout_s is None else timeout_s
+        http = self._require_http()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self._state()
+            if state not in ("created", "running"):
+                raise ServerSetupError(self._startup_failure(f"the container stopped ({state}) before the "
+                                                             "server was ready"))
+            if http.ok("v2/health/ready") and all(http.ok(f"v2/models/{m}/ready") for m in self.models):
+                return
+            if time.monotonic() > deadline:
+                raise ServerSetupError(self._startup_failure(f"the server was not ready within {timeout_s:g} s"))
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        _live.discard(self)
+        container, self._container = self._container, None
+        if container is not None:
+            with contextlib.suppress(docker.errors.DockerException):
+                if self._state(container) in ("running", "created"):
+                    container.stop(timeout=5)  # SIGTERM: lets Triton unload and exit cleanly
+            self._final_logs = self._fetch_logs(container)
+            self._save_logs(self._final_logs)
+            with contextlib.suppress(docker.errors.NotFound):
+                try:
+                    container.remove(force=True)
+                except docker.errors.DockerException as exc:
+                    print(f"tuner: could not remove container {self.container_name}: {exc}", file=sys.stderr)
+        if self._repo_copy is not None:
+            shutil.rmtree(self._repo_copy, ignore_errors=True)
+            self._repo_copy = None
+        self._http = None
+
+    def is_alive(self) -> bool:
+        if self._container is None or self._http is None:
+            return False
+        return self._state() == "running" and self._http.ok("v2/health/live")
+
+    # --- model control and observation -------------------------------------------------------------
+
+    def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        http = self._require_http()
+        offset = len(self._fetch_logs(self._container)) if self._container is not None else 0
+        with self._died_to_server_error():
+            return apply_and_verify(http, model, config, LOAD_TIMEOUT_S,
+                                    lambda message: self._explain_refusal(message, offset))
+
+    def model_config(self, model: str) -> ModelConfig:
+        with self._died_to_server_error():
+            return self._require_http().model_config(model)
+
+    def statistics(self, model: str) -> dict:
+        with self._died_to_server_error():
+            return self._require_http().statistics(model)
+
+    def metrics(self) -> dict[str, float]:
+        with self._died_to_server_error():
+            return self._require_http().metrics(self.endpoints.metrics)
+
+    def logs(self, tail: int = 40) -> str:
+        if self._container is None:
+            return "\n".join(self._final_logs.splitlines()[-tail:])
+        return self._fetch_logs(self._container, tail)
+
+    # --- helpers ------------------------------------------------------------------------------------
+
+    def _connect(self) -> docker.DockerClient:
+        where = os.environ.get("DOCKER_HOST") or "the default socket (unix:///var/run/docker.sock)"
+        try:
+            client = docker.from_env(timeout=60)
+            client.ping()
+        except docker.errors.DockerException as exc:
+            raise ServerSetupError(
+                f"no Docker engine at {where}: {_short(exc)} (start one, or set DOCKER_HOST; "
+                "for tests: eval \"$(docker/start-engine.sh)\")") from None
+        self._client = client
+        return client
+
+    def _ensure_image(self, client: docker.DockerClient) -> str:
+        image = self.settings.image
+        try:
+            client.images.get(image)
+            return image
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            raise ServerSetupError(f"server.image {image!r}: {_short(exc)}") from None
+        print(f"tuner: pulling {image} (not in the local image store)", file=sys.stderr)
+        repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+        try:
+            client.images.pull(repository, tag=tag or None)
+        except docker.errors.DockerException as exc:
+            raise ServerSetupError(f"server.image {image!r}: not in the local image store and cannot be "
+                                   f"pulled: {_short(exc)}") from None
+        return image
+
+    def _command(self, http_port: int, grpc_port: int, metrics_port: int) -> list[str]:
+        if self.settings.network == "host":
+            address, ports = "127.0.0.1", (http_port, grpc_port, metrics_port)
+        else:
+            address, ports = "0.0.0.0", (8000, 8001, 8002)
+        cmd = ["tritonserver", f"--model-repository={REPO_IN_CONTAINER}",
+               f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
+               f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}",
+               "--model-control-mode=explicit", "--exit-timeout-secs=5"]
+        cmd += [f"--load-model={m}" for m in self.models] or ["--load-model=*"]
+        return cmd + list(self.settings.extra_args)
+
+    def _require_http(self) -> TritonHttp:
+        if self._http is None:
+            raise ServerError("the docker launcher has not been started")
+        return self._http
+
+    def _state(self, container=None) -> str:
+        container = container or self._container
+        if container is None:
+            return "removed"
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return "removed"
+        except docker.errors.DockerException:
+            return "unreachable"
+        if container.status == "exited":
+            return f"exited (code {container.attrs.get('State', {}).get('ExitCode')})"
+        return container.status
+
+    def _fetch_logs(self, container, tail: int | None = None) -> str:
+        try:
+            raw = container.logs(stdout=True, stderr=True, tail=tail if tail is not None else "all")
+        except docker.errors.DockerException:
+            return ""
+        return raw.decode(errors="replace").rstrip("\n")
+
+    def _save_logs(self, text: str) -> None:
+        if self.log_dir is None or not text:
+            return
+        with contextlib.suppress(OSError):
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / LOG_NAME).write_text(text + "\n")
+
+    def _startup_failure(self, what: str) -> str:
+        full = self._fetch_logs(self._container) if self._container is not None else ""
+        busy = _PORT_IN_USE.search(full)
+        if busy:
+            what = f"a port the server needs is in use ({busy.group(0).strip()}); {what}"
+        where = f" (full log: {self.log_dir / LOG_NAME})" if self.log_dir else ""
+        self.stop()
+        return f"the Triton container {self.container_name}: {what}{where}; last log lines:\n{log_tail(full)}"
+
+    @contextlib.contextmanager
+    def _died_to_server_error(self):
+        try:
+            yield
+        except (ServerError, ServerSetupError) as exc:
+            state = self._state()
+            if state != "running":
+                full = self._fetch_logs(self._container) if self._container is not None else ""
+                raise ServerError(f"the Triton container {self.container_name} is {state}: {exc}; "
+                                  f"last log lines:\n{log_tail(full)}") from None
+            raise
+
+    def _explain_refusal(self, message: str, offset: int) -> str:
+        """Triton's HTTP answer to a refused load is vague; the reason is in the log since `offset`."""
+        time.sleep(0.1)  # the log line may trail the HTTP answer
+        new = self._fetch_logs(self._container)[offset:] if self._container is not None else ""
+        errors = [line for line in new.splitlines() if line[:1] == "E" or "error" in line.lower()]
+        return (errors[-1].split("] ", 1)[-1] if errors else message).strip()
+
+    def _explain_api_error(self, exc: docker.errors.APIError, ports: tuple[int, int, int]) -> str:
+        text = _short(exc)
+        if _NO_GPU_RUNTIME.search(text):
+            return (f"server.gpus={self.settings.gpus!r}: this Docker engine cannot give GPUs to containers "
+                    f"(no NVIDIA container runtime): {text}")
+        if _PORT_IN_USE.search(text):
+            return f"a port the server needs ({', '.join(map(str, ports))}) is in use: {text}"
+        return f"docker could not start {self.settings.image}: {text}"
+
+
+# --- module-level helpers ------------------------------------------------------------------------
+
+def device_requests(gpus: str | int | list[int] | None) -> list[DeviceRequest]:
+    """`all`, a count (2 or "2"), device ids ([0, 1], "0,1" or "device=0,1"), or None/0 for no GPU."""
+    if gpus is None or gpus == 0 or gpus == "" or gpus == []:
+        return []
+    if gpus == "all":
+        return [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+    if isinstance(gpus, int):
+        if gpus < 0:
+            raise ServerSetupError(f"server.gpus: must be 'all', a count >= 0 or device ids, got {gpus}")
+        return [DeviceRequest(count=gpus, capabilities=[["gpu"]])]
+    if isinstance(gpus, list):
+        return [DeviceRequest(device_ids=[str(g) for g in gpus], capabilities=[["gpu"]])]
+    text = str(gpus).strip().removeprefix("device=")
+    if str(gpus).strip().isdigit():
+        return device_requests(int(gpus))
+    ids = [part.strip() for part in text.split(",") if part.strip()]
+    if not ids:
+        raise ServerSetupError(f"server.gpus: must be 'all', a count or device ids, got {gpus!r}")
+    return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+
+
+def free_ports(n: int) -> tuple[int, ...]:
+    """`n` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return tuple(s.getsockname()[1] for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def check_repository(repository: Path, models: Sequence[str]) -> list[str]:
+    """The models to serve (all of the repository's when none are named); ServerSetupError if absent."""
+    if not repository.is_dir():
+        raise ServerSetupError(f"{repository}: model repository not found")
+    present = sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    wanted = list(models) or present
+    missing = [m for m in wanted if m not in present]
+    if missing:
+        raise ServerSetupError(f"{repository}: no model named {', '.join(repr(m) for m in missing)} "
+                               f"(the repository has: {', '.join(present) or 'nothing'})")
+    if not wanted:
+        raise ServerSetupError(f"{repository}: the model repository holds no models")
+    return wanted
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServerSetupError(f"port {port} on 127.0.0.1 is already in use ({exc.strerror})") from None
+
+
+def log_tail(text: str, lines: int = 12) -> str:
+    """The last `lines` lines of a Triton log without its ASCII tables, plus earlier error lines
+    (the cause of a failed start is often above the shutdown chatter)."""
+    kept = [line for line in text.splitlines()
+            if line.strip() and line[:1] not in "+|" and not line.rstrip().endswith("]")]
+    tail = kept[-lines:]
+    errors = [line for line in kept[:-lines] if line[:1] == "E"][-3:]
+    return "\n".join(errors + tail)
+
+
+def private_copy(repository: Path, models: Sequence[str]) -> Path:
+    """A copy of `models` from the repository, which the container mounts read-only; large files are
+    hard-linked when the file system allows (the mount is read-only, so the originals cannot change)."""
+    target = Path(tempfile.mkdtemp(prefix="tuner-docker-repo-"))
+
+    def link_or_copy(src: str, dst: str) -> None:
+        if os.path.getsize(src) > 1 << 20:
+            try:
+                os.link(src, dst)
+                return
+            except OSError:
+                pass
+        shutil.copy2(src, dst)
+
+    try:
+        for model in models:
+            shutil.copytree(repository / model, target / "repo" / model, copy_function=link_or_copy)
+    except (OSError, shutil.Error) as exc:
+        shutil.rmtree(target, ignore_errors=True)
+        raise ServerSetupError(f"{repository}: cannot copy the model repository: {exc}") from None
+    os.chmod(target, 0o755)  # mkdtemp makes it 0700; the server in the container may not run as root
+    return target / "repo"
+
+
+def managed_containers(client: docker.DockerClient, session: str | None = None) -> list:
+    """Every container (running or not) carrying tuner's label, optionally of one session."""
+    labels = [f"{LABEL_MANAGED}=1"] + ([f"{LABEL_SESSION}={session}"] if session else [])
+    return client.containers.list(all=True, filters={"label": labels})
+
+
+def remove_orphans(client: docker.DockerClient) -> list[str]:
+    """Remove tuner's containers whose owning process on this host is gone; returns their names.
+    Containers of live processes (another tuner run sharing the engine) are left alone."""
+    removed = []
+    host = socket.gethostname()
+    for container in managed_containers(client):
+        labels = container.labels or {}
+        if labels.get(LABEL_HOST) != host or _pid_alive(labels.get(LABEL_PID, "")):
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+            removed.append(container.name)
+    if removed:
+        print(f"tuner: removed {len(removed)} container(s) left by an earlier run: {', '.join(removed)}",
+              file=sys.stderr)
+    return removed
+
+
+def _pid_alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _short(exc: Exception) -> str:
+    explanation = getattr(exc, "explanation", None)
+    text = explanation.decode(errors="replace") if isinstance(explanation, bytes) else explanation
+    return str(text or exc).strip().splitlines()[0] if str(text or exc).strip() else type(exc).__name__
+
+
+# Launchers started by this process and not yet stopped: removed at interpreter exit even when the
+# caller forgot the context manager (a crash that escapes every `with`).
+_live: set[DockerLauncher] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for launcher in list(_live):
+        with contextlib.suppress(Exception):
+            launcher.stop()
+
