@@ -15,8 +15,8 @@ from tuner.traffic.io import MODEL, TIMESTAMP, read_raw, validate_traffic
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
-# request start (gRPC's WAIT_READ_START includes idle waiting for the next message, so it is not used)
-TRITON_ARRIVAL = ("HTTP_RECV_START", "GRPC_RECV_START", "REQUEST_START")
+# request start (gRPC's GRPC_WAITREAD_START includes idle waiting for the message, so it is not used)
+TRITON_ARRIVAL = ("HTTP_RECV_START", "REQUEST_START")
 
 
 def import_azure(path: str | os.PathLike) -> pd.DataFrame:

@@ -1,0 +1,116 @@
+"""`tuner traffic synth|window|scale|convert`: each command end to end through `tuner.cli.main`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.cli import main
+from tuner.traffic import busiest_window, read_traffic, write_traffic
+
+
+@pytest.fixture
+def profile(tmp_path):
+    times = np.concatenate([np.arange(0, 10, 1.0), 20 + np.arange(50) * 0.01, np.arange(30, 40, 1.0)])
+    df = pd.DataFrame({"timestamp": 1000 + times, "seq_len": np.arange(len(times)) + 1})
+    return write_traffic(df, tmp_path / "p.csv")
+
+
+def test_window_start_duration(profile, tmp_path, capsys):
+    out = tmp_path / "w.csv"
+    assert main(["traffic", "window", str(profile), "--start", "5", "--duration", "10s", "-o", str(out)]) == 0
+    assert read_traffic(out)["timestamp"].tolist() == [1005.0, 1006.0, 1007.0, 1008.0, 1009.0]
+
+
+def test_window_busiest(profile, tmp_path, capsys):
+    out = tmp_path / "b.parquet"
+    assert main(["traffic", "window", str(profile), "--busiest", "2", "-o", str(out)]) == 0
+    df = read_traffic(out)
+    assert len(df) == 50 and df["timestamp"].iloc[0] == 1020.0
+    assert busiest_window(read_traffic(profile), 2.0) == (20.0, 50)
+    assert "busiest 2 s window starts 20.000 s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--start", "500", "--duration", "5"], "holds no requests"),
+        (["--busiest", "5", "--duration", "5"], "--duration goes with --start"),
+        (["--start", "soon"], "--start: cannot read 'soon'"),
+    ],
+)
+def test_window_errors_are_exit_2(profile, tmp_path, capsys, args, expected):
+    assert main(["traffic", "window", str(profile), *args, "-o", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0]
+
+
+def test_refuses_to_overwrite_the_input(profile, capsys):
+    before = profile.read_bytes()
+    assert main(["traffic", "convert", str(profile), "-o", str(profile)]) == 2
+    assert "refusing to overwrite the input" in capsys.readouterr().err
+    assert profile.read_bytes() == before
+
+
+def test_scale_and_convert(profile, tmp_path):
+    out = tmp_path / "s.parquet"
+    assert main(["traffic", "scale", str(profile), "--speed", "2", "-o", str(out)]) == 0
+    scaled, original = read_traffic(out), read_traffic(profile)
+    assert np.allclose(scaled["timestamp"] - 1000, (original["timestamp"] - 1000) / 2)
+    back = tmp_path / "back.csv"
+    assert main(["traffic", "convert", str(out), "-o", str(back)]) == 0
+    pd.testing.assert_frame_equal(read_traffic(back), scaled, check_exact=True)
+
+
+@pytest.mark.parametrize(
+    "kind,extra",
+    [
+        ("poisson", []),
+        ("diurnal", ["--period", "1m"]),
+        ("bursty", []),
+        ("flash-crowd", ["--spike-at", "10s"]),
+    ],
+)
+def test_synth_each_kind(kind, extra, tmp_path, capsys):
+    out = tmp_path / f"{kind}.csv"
+    argv = [
+        "traffic",
+        "synth",
+        kind,
+        "--rate",
+        "50",
+        "--duration",
+        "1m",
+        "--seed",
+        "3",
+        "--size",
+        "seq_len=lognormal:median=100,sigma=0.5,max=256",
+        *extra,
+        "-o",
+        str(out),
+    ]
+    assert main(argv) == 0
+    df = read_traffic(out)
+    assert len(df) > 500 and df["seq_len"].max() <= 256 and df["timestamp"].max() < 60
+    again = tmp_path / "again.csv"
+    assert main(argv[:-1] + [str(again)]) == 0
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_synth_bad_size_is_exit_2(tmp_path, capsys):
+    argv = [
+        "traffic",
+        "synth",
+        "poisson",
+        "--rate",
+        "5",
+        "--duration",
+        "10",
+        "--size",
+        "seq_len=gauss:3",
+        "-o",
+        str(tmp_path / "x.csv"),
+    ]
+    assert main(argv) == 2
+    assert "unknown kind 'gauss'" in capsys.readouterr().err

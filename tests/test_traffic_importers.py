@@ -1,0 +1,300 @@
+"""tuner.traffic.importers: Triton trace files (a real one from a real tritonserver), the Azure
+columns, and any CSV with a column mapping.
+
+The fixture tests/data/triton_trace_timestamps.json was recorded with `_record_trace` below
+(`python tests/test_traffic_importers.py tests/data/triton_trace_timestamps.json`): 12 HTTP requests
+to `echo_a` and 6 gRPC requests to `echo_b`, 40 ms apart, traced at level=TIMESTAMPS, rate=1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.cli import main
+from tuner.errors import TrafficError
+from tuner.traffic import import_azure, import_csv, import_triton_trace, read_traffic
+
+DATA = Path(__file__).resolve().parent / "data"
+FIXTURE = DATA / "triton_trace_timestamps.json"
+TRITON_DIR = Path(os.environ.get("TUNER_TRITON_DIR", "/tmp/pt"))
+
+MODEL_PY = """
+import os, sys
+for p in reversed(os.environ.get("TUNER_MODEL_PYTHONPATH", "").split(os.pathsep)):
+    if p and p not in sys.path:
+        sys.path.insert(0, p)
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", x)]))
+        return out
+"""
+
+CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+dynamic_batching {{ }}
+instance_group [ {{ count: 1, kind: KIND_CPU }} ]
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _record_trace(workdir: Path, http_requests: int = 12, grpc_requests: int = 6, gap_s: float = 0.04):
+    """Start a real tritonserver with tracing, send requests at a known pace, stop it; returns the
+    trace file and the client-side send times per model."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    server = TRITON_DIR / "pytriton" / "tritonserver"
+    repo, backends, trace = workdir / "repo", workdir / "backends" / "python", workdir / "trace.json"
+    backends.mkdir(parents=True)
+    for src in (server / "backends" / "python").iterdir():
+        (backends / src.name).symlink_to(src)
+    stub = (
+        server
+        / "python_backend_stubs"
+        / f"{sys.version_info[0]}.{sys.version_info[1]}"
+        / "triton_python_backend_stub"
+    )
+    (backends / stub.name).symlink_to(stub)
+    for name in ("echo_a", "echo_b"):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (repo / name / "1" / "model.py").write_text(MODEL_PY)
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    env = dict(
+        os.environ,
+        LD_LIBRARY_PATH=str(TRITON_DIR / "nvidia_pytriton.libs"),
+        TUNER_MODEL_PYTHONPATH=str(Path(np.__file__).parents[1]),
+    )
+    cmd = [
+        str(server / "bin" / "tritonserver"),
+        "--model-repository",
+        str(repo),
+        "--backend-directory",
+        str(backends.parent),
+        "--http-address",
+        "127.0.0.1",
+        "--grpc-address",
+        "127.0.0.1",
+        "--metrics-address",
+        "127.0.0.1",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--model-control-mode",
+        "explicit",
+        "--load-model",
+        "*",
+        "--trace-config",
+        f"triton,file={trace}",
+        "--trace-config",
+        "level=TIMESTAMPS",
+        "--trace-config",
+        "rate=1",
+    ]
+    log = open(workdir / "server.log", "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    sent: dict[str, list[float]] = {"echo_a": [], "echo_b": []}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"tritonserver did not start: {(workdir / 'server.log').read_text()[-2000:]}"
+                )
+            time.sleep(0.2)
+        data = np.ones((1, 4), dtype=np.float32)
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+        grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        hin = httpclient.InferInput("INPUT", [1, 4], "FP32")
+        hin.set_data_from_numpy(data)
+        gin = grpcclient.InferInput("INPUT", [1, 4], "FP32")
+        gin.set_data_from_numpy(data)
+        start = time.monotonic()
+        for i in range(max(http_requests, grpc_requests)):
+            time.sleep(max(0.0, start + i * gap_s - time.monotonic()))
+            if i < http_requests:
+                sent["echo_a"].append(time.monotonic())
+                http.infer("echo_a", [hin])
+            if i < grpc_requests:
+                sent["echo_b"].append(time.monotonic())
+                grpc.infer("echo_b", [gin])
+        http.close()
+        grpc.close()
+    finally:
+        proc.send_signal(signal.SIGINT)  # a clean shutdown writes the collected traces
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    return trace, sent
+
+
+def _check_against_sends(df: pd.DataFrame, sent: dict[str, list[float]], gap_s: float = 0.04) -> None:
+    assert df["model"].value_counts().to_dict() == {m: len(t) for m, t in sent.items()}
+    for model, times in sent.items():
+        arrivals = df.loc[df["model"] == model, "timestamp"].to_numpy()
+        gaps = np.diff(arrivals)
+        # arrivals at the server keep the client's pace (within scheduling noise)
+        assert abs(np.median(gaps) - gap_s) < 0.01, gaps
+        assert abs((arrivals[-1] - arrivals[0]) - (times[-1] - times[0])) < 0.05
+
+
+def test_fixture_is_a_real_triton_trace_with_both_protocols():
+    entries = json.loads(FIXTURE.read_text())
+    names = {t["name"] for e in entries for t in e.get("timestamps", [])}
+    assert {"HTTP_RECV_START", "REQUEST_START", "QUEUE_START", "COMPUTE_START"} <= names
+    assert {e.get("model_name") for e in entries} >= {"echo_a", "echo_b"}
+
+
+def test_import_triton_trace_fixture_one_row_per_request_per_model():
+    df = import_triton_trace(FIXTURE)
+    assert list(df.columns) == ["timestamp", "batch_size", "model"]
+    assert df["model"].value_counts().to_dict() == {"echo_a": 12, "echo_b": 6}
+    assert df["timestamp"].is_monotonic_increasing
+    a = df.loc[df["model"] == "echo_a", "timestamp"].to_numpy()
+    assert abs(np.median(np.diff(a)) - 0.04) < 0.01
+    # the HTTP requests arrive at HTTP_RECV_START, before the core's REQUEST_START
+    entries = json.loads(FIXTURE.read_text())
+    recv = sorted(t["ns"] for e in entries for t in e.get("timestamps", []) if t["name"] == "HTTP_RECV_START")
+    assert a[0] == pytest.approx(recv[0] / 1e9, abs=1e-6)
+
+
+def test_import_triton_cli_writes_a_profile(tmp_path, capsys):
+    out = tmp_path / "t.parquet"
+    assert main(["traffic", "import", "triton", str(FIXTURE), "-o", str(out)]) == 0
+    assert len(read_traffic(out)) == 18
+
+
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ("", "empty file"),
+        ("{not json", "invalid JSON at line 1"),
+        ('{"id": 1}', "expected a JSON list"),
+        ('[{"id": 1, "model_name": "m"}]', "no id / model_name / timestamps"),
+        (
+            '[{"id": 1, "model_name": "m"}, {"id": 1, "timestamps": [{"name": "COMPUTE_START", "ns": 5}]}]',
+            "no traced requests with an arrival time",
+        ),
+    ],
+)
+def test_bad_trace_files(tmp_path, content, expected):
+    path = tmp_path / "trace.json"
+    path.write_text(content)
+    with pytest.raises(TrafficError, match=expected):
+        import_triton_trace(path)
+
+
+def test_ensemble_children_are_left_out_unless_asked(tmp_path):
+    entries = [
+        {"id": 1, "model_name": "ens", "model_version": 1},
+        {"id": 2, "model_name": "child", "model_version": 1, "parent_id": 1},
+        {
+            "id": 1,
+            "timestamps": [
+                {"name": "HTTP_RECV_START", "ns": 1_000_000_000},
+                {"name": "REQUEST_START", "ns": 1_000_100_000},
+            ],
+        },
+        {"id": 2, "timestamps": [{"name": "REQUEST_START", "ns": 1_000_200_000}]},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(entries))
+    assert import_triton_trace(path)[["timestamp", "model"]].values.tolist() == [[1.0, "ens"]]
+    both = import_triton_trace(path, include_children=True)
+    assert both["model"].tolist() == ["ens", "child"] and both["timestamp"].tolist() == [1.0, 1.0002]
+
+
+@pytest.mark.slow
+def test_real_tritonserver_trace_imports_at_the_clients_pace(tmp_path):
+    trace, sent = _record_trace(tmp_path)
+    _check_against_sends(import_triton_trace(trace), sent)
+
+
+def test_import_azure_renames_and_keeps_times(tmp_path):
+    path = tmp_path / "az.csv"
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:04.0319600,3180,8\n2023-11-16 18:17:03.9799600,4808,10\n"
+    )
+    df = import_azure(path)
+    assert list(df.columns) == ["timestamp", "batch_size", "seq_len"]
+    assert df["seq_len"].tolist() == [4808, 3180]
+    assert df["timestamp"].iloc[0] == pytest.approx(1700158623.97996, abs=1e-6)
+
+
+def test_import_csv_with_mapping_and_time_unit(tmp_path, capsys):
+    src = tmp_path / "log.csv"
+    src.write_text("ts,tokens,who,extra\n1500,10,m1,x\n1000,20,m2,y\n2500,30,m1,z\n")
+    out = tmp_path / "out.csv"
+    argv = [
+        "traffic",
+        "import",
+        "csv",
+        str(src),
+        "-o",
+        str(out),
+        "--map",
+        "timestamp=ts",
+        "--map",
+        "seq_len=tokens",
+        "--map",
+        "model=who",
+        "--time-unit",
+        "ms",
+    ]
+    assert main(argv) == 0
+    df = read_traffic(out)
+    assert df["timestamp"].tolist() == [1.0, 1.5, 2.5]
+    assert df["seq_len"].tolist() == [20, 10, 30] and df["model"].tolist() == ["m2", "m1", "m1"]
+    assert "extra" not in df.columns
+    with pytest.raises(TrafficError, match=r"no column 'when' to map to 'timestamp'"):
+        import_csv(src, {"timestamp": "when"})
+    assert main(["traffic", "import", "csv", str(src), "-o", str(out), "--map", "seq_len"]) == 2
+    assert "expected OURS=THEIRS" in capsys.readouterr().err
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    target = Path(sys.argv[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        trace_file, sends = _record_trace(Path(tmp))
+        df = import_triton_trace(trace_file)
+        _check_against_sends(df, sends)
+        target.write_text(trace_file.read_text())
+    print(f"wrote {target}: {len(df)} traced requests")

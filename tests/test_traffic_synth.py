@@ -1,0 +1,100 @@
+"""tuner.traffic.synth: each arrival process measures as asked, sizes follow their spec, seeds repeat."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.errors import TrafficError
+from tuner.traffic import (
+    SizeSpec,
+    busiest_window,
+    describe,
+    synth_bursty,
+    synth_diurnal,
+    synth_flash_crowd,
+    synth_poisson,
+)
+
+
+@pytest.mark.parametrize("rate,seed", [(100.0, 1), (250.0, 7), (20.0, 3)])
+def test_poisson_rate_and_cv_within_5_percent(rate, seed):
+    df = synth_poisson(rate, 60_000 / rate, seed=seed)  # about 60,000 requests
+    stats = describe(df)
+    assert stats["mean_rps"] == pytest.approx(rate, rel=0.05)
+    assert stats["interarrival_cv"] == pytest.approx(1.0, rel=0.05)
+
+
+def test_bursty_has_cv_above_2_and_the_asked_mean():
+    df = synth_bursty(150.0, 600.0, seed=2)
+    stats = describe(df)
+    assert stats["interarrival_cv"] > 2
+    assert stats["mean_rps"] == pytest.approx(150.0, rel=0.10)
+    assert stats["peak_rps"] > 3 * 150
+
+
+def test_diurnal_rate_follows_the_compressed_day():
+    df = synth_diurnal(100.0, 600.0, seed=1, period_s=600.0, amplitude=0.5, peak_at_s=150.0)
+    t = df["timestamp"].to_numpy()
+    per_minute = np.histogram(t, bins=np.arange(0, 601, 60))[0] / 60.0
+    expected = [
+        100 * (1 + 0.5 * np.mean(np.cos(2 * np.pi * (np.linspace(a, a + 60, 601) - 150) / 600)))
+        for a in range(0, 600, 60)
+    ]
+    assert np.allclose(per_minute, expected, rtol=0.1)
+    assert describe(df)["mean_rps"] == pytest.approx(100.0, rel=0.05)
+
+
+def test_flash_crowd_peaks_where_asked():
+    df = synth_flash_crowd(20.0, 120.0, seed=4, peak_factor=10.0, spike_at_s=40.0, ramp_s=5.0, hold_s=10.0)
+    start, count = busiest_window(df, 10.0)
+    assert 40.0 <= start <= 50.0
+    assert count / 10.0 == pytest.approx(200.0, rel=0.15)
+    before = ((df["timestamp"] > 5) & (df["timestamp"] < 35)).sum() / 30.0
+    assert before == pytest.approx(20.0, rel=0.25)
+
+
+def test_same_seed_same_table_other_seed_other_table():
+    sizes = {"seq_len": "lognormal:median=200,sigma=0.7,max=512", "batch_size": "zipf:a=1.2,max=16"}
+    for make in (synth_poisson, synth_bursty, synth_diurnal, synth_flash_crowd):
+        a, b, c = (make(50.0, 60.0, seed=s, sizes=sizes) for s in (5, 5, 6))
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+        assert not a["timestamp"].equals(c["timestamp"])
+        assert a["timestamp"].is_monotonic_increasing and a["timestamp"].iloc[0] >= 0
+
+
+def test_size_specs():
+    rng = np.random.default_rng(0)
+    assert (SizeSpec.parse("constant:4").draw(rng, 10) == 4).all()
+    zipf = SizeSpec.parse("zipf:a=1.5,max=8").draw(rng, 50_000)
+    assert zipf.min() == 1 and zipf.max() == 8
+    weights = np.arange(1, 9) ** -1.5
+    assert np.mean(zipf == 1) == pytest.approx(weights[0] / weights.sum(), rel=0.05)
+    logn = SizeSpec.parse("lognormal:median=200,sigma=0.7,max=512").draw(rng, 50_000)
+    assert np.median(logn) == pytest.approx(200, rel=0.03) and logn.max() == 512 and logn.min() >= 1
+    assert logn.dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("gauss:1", "unknown kind 'gauss'"),
+        ("zipf:a=1.5,top=3", "expected key=value with keys a, max"),
+        ("constant:0", "a constant size must be >= 1"),
+        ("lognormal:median=-1", "lognormal needs median > 0"),
+        ("zipf:a=x", "a must be a number"),
+    ],
+)
+def test_bad_size_specs(text, expected):
+    with pytest.raises(TrafficError, match=expected):
+        SizeSpec.parse(text)
+
+
+def test_bad_rates():
+    with pytest.raises(TrafficError, match="rate must be a positive number"):
+        synth_poisson(0, 10)
+    with pytest.raises(TrafficError, match="drew no requests"):
+        synth_poisson(1e-9, 1, seed=0)
+    with pytest.raises(TrafficError, match="amplitude must be in"):
+        synth_diurnal(10, 10, amplitude=2)
