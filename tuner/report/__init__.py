@@ -2,14 +2,17 @@
 
     write_report(output_dir) -> Path      report.html in that directory
     load_output(output_dir) -> StudyOutput  the same data, for notebooks
+    figures.<name>(StudyOutput) -> plotly Figure | None   each of the report's plots
 """
 
+from tuner.report import _figures as figures
 from tuner.report._html import comparison_table, recommendation_line, render, top_table, write_report
 from tuner.report._load import StudyOutput, load_output, traffic_rate
 
 __all__ = [
     "StudyOutput",
     "comparison_table",
+    "figures",
     "load_output",
     "recommendation_line",
     "render",
