@@ -13,14 +13,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tuner import modelconfig
 from tuner.errors import ServerError, ServerSetupError
 from tuner.server.docker import (
     LABEL_MANAGED,
@@ -32,6 +29,8 @@ from tuner.server.docker import (
     managed_containers,
 )
 from tuner.settings import ServerSettings
+
+from .contract import LauncherContract, template, with_batching
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "model_repository_templates"
@@ -79,83 +78,33 @@ def engine():
 def server(engine, tmp_path_factory):
     """One container shared by the tests that only read or reconfigure it."""
     log_dir = tmp_path_factory.mktemp("docker-logs")
-    with DockerLauncher(SETTINGS, TEMPLATES, [MODEL], log_dir) as launcher:
+    with DockerLauncher(SETTINGS, TEMPLATES, ["encoder_sim", MODEL], log_dir) as launcher:
         yield launcher
     assert (log_dir / "tritonserver.log").is_file()
 
 
-def _infer_concurrently(http_address: str, n_threads: int = 16, per_thread: int = 8) -> None:
-    """Single-row requests from many threads at once (one client per thread: tritonclient.http is
-    not thread-safe), so the dynamic batcher has something to batch."""
-    import tritonclient.http as httpclient
-
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(n_threads)
-
-    def worker() -> None:
-        try:
-            client = httpclient.InferenceServerClient(http_address, connection_timeout=30, network_timeout=30)
-            tensor = httpclient.InferInput("INPUT", [1, 256], "FP32")
-            tensor.set_data_from_numpy(np.ones((1, 256), dtype=np.float32))
-            barrier.wait()
-            for _ in range(per_thread):
-                result = client.infer(MODEL, [tensor])
-                assert result.as_numpy("OUTPUT").shape == (1, 256)
-            client.close()
-        except BaseException as exc:  # noqa: BLE001 (re-raised in the main thread)
-            errors.append(exc)
-
-    threads = [threading.Thread(target=worker) for _ in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-
-
 # --- the launcher's contract against the real engine ---------------------------------------------
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_two_configurations_read_back_with_real_batching(server):
-    assert server.is_alive()
-    assert server.endpoints.http.startswith("127.0.0.1:")
-    base = server.model_config(MODEL)
-    assert base.max_batch_size == 128
-
-    first = modelconfig.apply_params(base, modelconfig.SchedulingParams(
-        max_batch_size=16, max_queue_delay_microseconds=20000))
-    running = server.apply_config(MODEL, first)
-    assert running.max_batch_size == 16
-    assert running.dynamic_batching.max_queue_delay_microseconds == 20000
-    assert server.model_config(MODEL).max_batch_size == 16
-
-    _infer_concurrently(server.endpoints.http)
-    stats = server.statistics(MODEL)
-    inferences, executions = int(stats["inference_count"]), int(stats["execution_count"])
-    assert inferences == 16 * 8
-    assert executions < inferences  # requests were really batched together
-    assert max(int(b["batch_size"]) for b in stats["batch_stats"]) > 1
-    assert server.metrics()["nv_inference_count"] >= inferences
-
-    second = modelconfig.apply_params(base, modelconfig.SchedulingParams(
-        max_batch_size=4, max_queue_delay_microseconds=500))
-    running = server.apply_config(MODEL, second)
-    assert (running.max_batch_size, running.dynamic_batching.max_queue_delay_microseconds) == (4, 500)
-    assert "successfully loaded" in server.logs(200)
+@pytest.fixture(scope="module")
+def launcher(server):
+    return server
 
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_a_refused_configuration_says_why(server):
-    bad = server.model_config(MODEL)
-    bad.max_batch_size = 4
-    del bad.dynamic_batching.preferred_batch_size[:]
-    bad.dynamic_batching.preferred_batch_size.append(8)  # larger than max_batch_size: Triton refuses
-    with pytest.raises(ServerSetupError, match="preferred"):
-        server.apply_config(MODEL, bad)
-    assert server.is_alive()
+class TestDockerContract(LauncherContract):
+    def test_refusal_quotes_the_server_log(self, launcher):
+        bad = with_batching(template(MODEL), 8, 0)
+        bad.dynamic_batching.preferred_batch_size.append(64)
+        with pytest.raises(ServerSetupError, match="preferred size must be <= max batch size"):
+            launcher.apply_config(MODEL, bad)
+        assert launcher.is_alive()
+        launcher.apply_config(MODEL, template(MODEL))
+
+    def test_logs_tail(self, launcher):
+        text = launcher.logs(5)
+        assert 0 < len(text.splitlines()) <= 5
+        assert "successfully loaded" in launcher.logs(500)
 
 
 @pytest.mark.docker
