@@ -63,7 +63,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _record_trace(workdir: Path, http_requests: int = 12, grpc_requests: int = 6, gap_s: float = 0.04):
+def _record_trace(
+    workdir: Path, http_requests: int = 12, grpc_requests: int = 6, gap_s: float = 0.04, extra: tuple = ()
+):
     """Start a real tritonserver with tracing, send requests at a known pace, stop it; returns the
     trace file and the client-side send times per model."""
     import tritonclient.grpc as grpcclient
@@ -116,6 +118,7 @@ def _record_trace(workdir: Path, http_requests: int = 12, grpc_requests: int = 6
         "level=TIMESTAMPS",
         "--trace-config",
         "rate=1",
+        *extra,
     ]
     log = open(workdir / "server.log", "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -243,6 +246,24 @@ def test_ensemble_children_are_left_out_unless_asked(tmp_path):
 def test_real_tritonserver_trace_imports_at_the_clients_pace(tmp_path):
     trace, sent = _record_trace(tmp_path)
     _check_against_sends(import_triton_trace(trace), sent)
+
+
+@pytest.mark.slow
+def test_real_trace_written_in_parts_with_log_frequency(tmp_path):
+    trace, sent = _record_trace(tmp_path, extra=("--trace-config", "triton,log-frequency=5"))
+    assert not trace.exists() and (tmp_path / "trace.json.3").is_file()
+    _check_against_sends(import_triton_trace(trace), sent)
+
+
+def test_trace_parts_are_read_in_numeric_order(tmp_path):
+    entries = json.loads(FIXTURE.read_text())
+    ids = sorted({e["id"] for e in entries})
+    groups = [ids[i::11] for i in range(11)]  # parts .0 .. .10: .10 must sort after .9
+    for n, group in enumerate(groups):
+        (tmp_path / f"t.json.{n}").write_text(json.dumps([e for e in entries if e["id"] in group]))
+    pd.testing.assert_frame_equal(import_triton_trace(tmp_path / "t.json"), import_triton_trace(FIXTURE))
+    with pytest.raises(TrafficError, match="no such file"):
+        import_triton_trace(tmp_path / "other.json")
 
 
 def test_import_azure_renames_and_keeps_times(tmp_path):

@@ -59,25 +59,11 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     One row per traced request, at its arrival (HTTP_RECV_START, else REQUEST_START), with its
     `model`. Times are Triton's steady clock in seconds (not wall-clock). Requests that a parent
     (an ensemble or BLS model) sent are left out unless `include_children`. With `rate` > 1 Triton
-    traces only every rate-th request, so the table is a sample.
+    traces only every rate-th request, so the table is a sample. With `log-frequency` N > 0 Triton
+    writes F.0, F.1, ...: give F and all the parts are read.
     """
     path = Path(path)
-    if not path.is_file():
-        raise TrafficError(f"{path}: no such file")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TrafficError(f"{path}: cannot read ({exc})") from None
-    if not text.strip():
-        raise TrafficError(f"{path}: empty file")
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TrafficError(
-            f"{path}: not a Triton trace (invalid JSON at line {exc.lineno}: {exc.msg})"
-        ) from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise TrafficError(f"{path}: not a Triton trace (expected a JSON list of objects)")
+    entries = [entry for part in _trace_parts(path) for entry in _trace_entries(part)]
     frame = pd.DataFrame(entries)
     if "id" not in frame or "model_name" not in frame or "timestamps" not in frame:
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
@@ -107,3 +93,35 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     seconds = (ns_int // 1_000_000_000).astype(np.float64) + (ns_int % 1_000_000_000) / 1e9
     out = pd.DataFrame({TIMESTAMP: seconds, MODEL: table["model_name"].astype(str).to_numpy()})
     return validate_traffic(out, str(path))
+
+
+def _trace_parts(path: Path) -> list[Path]:
+    """F itself, or the F.0, F.1, ... that Triton writes with log-frequency > 0, in order."""
+    if path.is_file():
+        return [path]
+    parts = (
+        [p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()]
+        if path.parent.is_dir()
+        else []
+    )
+    if not parts:
+        raise TrafficError(f"{path}: no such file (nor {path.name}.0, {path.name}.1, ... parts)")
+    return sorted(parts, key=lambda p: int(p.suffix[1:]))
+
+
+def _trace_entries(path: Path) -> list[dict]:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrafficError(f"{path}: cannot read ({exc})") from None
+    if not text.strip():
+        raise TrafficError(f"{path}: empty file")
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TrafficError(
+            f"{path}: not a Triton trace (invalid JSON at line {exc.lineno}: {exc.msg})"
+        ) from None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise TrafficError(f"{path}: not a Triton trace (expected a JSON list of objects)")
+    return entries
