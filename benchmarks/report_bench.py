@@ -18,7 +18,9 @@ import numpy as np
 import optuna
 import pandas as pd
 
-SLA_MS, PRICE, PEAK_RPS = 100.0, 2.5, 180.0
+from tuner.traffic import synth_diurnal, write_traffic
+
+SLA_MS, PRICE, MEAN_RPS = 100.0, 2.5, 2100.0
 CONFIG = """name: "sim"
 backend: "python"
 max_batch_size: {mbs}
@@ -107,13 +109,8 @@ def build_output(out: Path, trials: int, seed: int = 0) -> Path:
         "# produced by the benchmark's fake study\n" + CONFIG.format(**{
             "mbs": best.params["max_batch_size"], "delay": best.params["max_queue_delay_microseconds"]}))
 
-    # ten minutes of traffic with a daily-looking swell up to PEAK_RPS
-    t, stamps = 0.0, []
-    while t < 600:
-        rate = PEAK_RPS * (0.45 + 0.55 * math.sin(math.pi * t / 600) ** 2)
-        t += rng.exponential(1 / rate)
-        stamps.append(t)
-    pd.DataFrame({"timestamp": np.round(stamps, 6), "batch_size": 1}).to_csv(out / "traffic.csv", index=False)
+    # a day compressed into two minutes whose peak needs a few servers
+    write_traffic(synth_diurnal(MEAN_RPS, 120, seed=seed, period_s=120, amplitude=0.6), out / "traffic.csv")
 
     (out / "records").mkdir(exist_ok=True)
     for name, t in [("incumbent", incumbent)] + [(f"trial_{x.number}", x) for x in

@@ -243,6 +243,6 @@ def monthly_cost(out: StudyOutput) -> go.Figure | None:
         x=[name for name, _ in rows], y=[cost[1] for _, cost in rows], marker_color=[INCUMBENT, WINNER],
         text=[f"{cost[0]} server{'s' if cost[0] > 1 else ''}: ${cost[1]:,.0f}/month" for _, cost in rows],
         textposition="auto"))
-    fig.update_layout(title=f"Monthly cost at the peak rate ({out.peak_rps():.1f} requests/s)",
+    fig.update_layout(title=f"Monthly cost at the peak rate (busiest second: {out.peak_rps():,.0f} requests/s)",
                       yaxis_title="dollars per month", **LAYOUT)
     return fig

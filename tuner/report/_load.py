@@ -22,6 +22,8 @@ import pandas as pd
 
 from tuner import modelconfig
 from tuner.errors import InputError, TunerError
+from tuner.traffic import busiest_window, read_traffic
+from tuner.traffic.windows import offsets
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
@@ -60,7 +62,7 @@ class StudyOutput:
     study: optuna.Study | None = None  # None when the storage could not be opened
     storage_url: str | None = None
     incumbent_config: str | None = None
-    traffic: pd.DataFrame | None = None  # one row per request: `t` (s from the first) and `batch_size`
+    traffic: pd.DataFrame | None = None  # the recorded traffic table (tuner.traffic.read_traffic)
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
     notes: list[str] = field(default_factory=list)  # what was missing, said once each
@@ -82,13 +84,14 @@ class StudyOutput:
         return key if key in self.trials else "latency_p99_ms"
 
     def peak_rps(self) -> float | None:
+        """The most requests in any one second of the profile (or the summary's figure)."""
         for key in ("peak_rps", "traffic.peak_rps"):
             value = _dig(self.summary, key)
             if value is not None:
                 return float(value)
         if self.traffic is None or self.traffic.empty:
             return None
-        return float(traffic_rate(self.traffic)["rps"].max())
+        return float(busiest_window(self.traffic, 1.0)[1])  # as `tuner traffic stats` counts it
 
     def servers_and_cost(self, which: str) -> tuple[int, float] | None:
         """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent."""
@@ -148,7 +151,7 @@ def load_output(path: str | Path) -> StudyOutput:
 
 def traffic_rate(traffic: pd.DataFrame, bins: int = 200) -> pd.DataFrame:
     """Requests per second over time, in bins of at least one second."""
-    t = traffic["t"].to_numpy()
+    t = offsets(traffic)
     span = float(t.max()) if len(t) else 0.0
     width = max(1.0, span / bins)
     index = (t // width).astype(int)
@@ -310,15 +313,9 @@ def _traffic(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[pd.
         notes.append("the traffic profile was not found: no rate over time, peak or servers needed")
         return None, source
     try:
-        raw = pd.read_parquet(source) if str(source).endswith(".parquet") else pd.read_csv(source)
-        stamps = raw["timestamp"]
-        if not pd.api.types.is_numeric_dtype(stamps):
-            stamps = pd.to_datetime(stamps, utc=True).astype("int64") / 1e9
-        stamps = stamps.sort_values().to_numpy(dtype=float)
-        batch = raw["batch_size"].to_numpy() if "batch_size" in raw else 1
-        return pd.DataFrame({"t": stamps - stamps[0], "batch_size": batch}), str(source)
-    except (KeyError, ValueError, OSError, IndexError) as exc:
-        notes.append(f"{source}: cannot read the traffic profile: {exc}")
+        return read_traffic(source), str(source)
+    except TunerError as exc:
+        notes.append(f"cannot read the traffic profile: {exc}")
         return None, str(source)
 
 
