@@ -143,3 +143,29 @@ def test_malformed_file_in_a_real_process_prints_no_traceback(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip() == f"tuner: error: {path}: line 3, column 'batch_size': not a number: 'zero'"
     assert "Traceback" not in run.stderr + run.stdout
+
+
+def test_public_api_others_code_against():
+    import inspect
+
+    import tuner.traffic as traffic
+
+    contract = {
+        "read_traffic": ["path"],
+        "write_traffic": ["df", "path"],
+        "validate_traffic": ["df", "source", "first_line"],
+        "due_offsets": ["df", "speed"],
+        "window": ["df", "start_s", "duration_s"],
+        "busiest_window": ["df", "duration_s"],
+        "scale_time": ["df", "speed"],
+        "describe": ["df", "busiest_s"],
+        "shape_columns": ["df"],
+        "import_azure": ["path"],
+        "import_csv": ["path", "mapping", "time_unit"],
+    }
+    for name, params in contract.items():
+        assert list(inspect.signature(getattr(traffic, name)).parameters) == params, name
+    for name in ("synth_poisson", "synth_bursty", "synth_diurnal", "synth_flash_crowd"):
+        params = list(inspect.signature(getattr(traffic, name)).parameters)
+        assert params[1:4] == ["duration_s", "seed", "sizes"], name
+    assert set(contract) | {"format_stats", "import_triton_trace", "plot_stats"} <= set(traffic.__all__)
