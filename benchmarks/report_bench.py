@@ -55,11 +55,17 @@ def _measure(mbs: int, delay_us: int, rng: np.random.Generator) -> dict:
     }
 
 
-def build_output(out: Path, trials: int, seed: int = 0) -> Path:
-    """A `tuner tune`-shaped output directory from a real Optuna study with faked measurements."""
+def build_output(out: Path, trials: int, seed: int = 0, journal: bool = False) -> Path:
+    """A `tuner tune`-shaped output directory from a real Optuna study with faked measurements,
+    stored in sqlite or (as `tuner tune` does by default) a journal file."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    study = optuna.create_study(study_name="bench", storage=f"sqlite:///{out / 'study.db'}", direction="maximize",
+    if journal:
+        url = str(out / "study.journal")
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(url))
+    else:
+        url = storage = f"sqlite:///{out / 'study.db'}"
+    study = optuna.create_study(study_name="bench", storage=storage, direction="maximize",
                                 sampler=optuna.samplers.TPESampler(seed=seed), load_if_exists=True)
     space = {"max_batch_size": optuna.distributions.IntDistribution(1, 64, log=True),
              "max_queue_delay_microseconds": optuna.distributions.IntDistribution(0, 20000, step=500)}
@@ -93,7 +99,7 @@ def build_output(out: Path, trials: int, seed: int = 0) -> Path:
         return {"trial": t.number, "params": t.params, **{k: t.user_attrs[k] for k in keep}}
 
     summary = {
-        "study_name": "bench", "storage": f"sqlite:///{out / 'study.db'}", "scoring": "capacity",
+        "study_name": "bench", "storage": url, "scoring": "capacity",
         "best": entry(best), "incumbent": entry(incumbent),
         "improvement": best.user_attrs["requests_per_dollar"] / incumbent.user_attrs["requests_per_dollar"] - 1,
         "sla": {"latency_ms": SLA_MS, "percentile": 99.0, "max_error_rate": 0.001}, "price_per_hour": PRICE,

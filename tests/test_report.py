@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 _OUTPUTS: dict[str, Path] = {}  # one study per test session, shared with test_notebook.py
 
 
-def study_output(tmp_path_factory: pytest.TempPathFactory, trials: int = 24) -> Path:
-    """A study output directory made once per session: a real Optuna study in a sqlite storage."""
-    key = f"study{trials}"
+def study_output(tmp_path_factory: pytest.TempPathFactory, trials: int = 24, journal: bool = True) -> Path:
+    """A study output directory made once per session: a real Optuna study in a journal file (as
+    `tuner tune` keeps it by default) or sqlite."""
+    key = f"study{trials}{'j' if journal else 's'}"
     if key not in _OUTPUTS:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         try:
@@ -32,7 +33,7 @@ def study_output(tmp_path_factory: pytest.TempPathFactory, trials: int = 24) -> 
         finally:
             sys.path.remove(str(ROOT / "benchmarks"))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        _OUTPUTS[key] = build_output(tmp_path_factory.mktemp(key) / "out", trials)
+        _OUTPUTS[key] = build_output(tmp_path_factory.mktemp(key) / "out", trials, journal=journal)
     return _OUTPUTS[key]
 
 
@@ -93,7 +94,7 @@ def test_pareto_front_keeps_only_undominated_trials() -> None:
 def test_report_of_a_few_trials_says_why_importance_is_missing(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    out_dir = study_output(tmp_path_factory, trials=3)
+    out_dir = study_output(tmp_path_factory, trials=3, journal=False)
     text = write_report(out_dir).read_text()
     assert "parameter importance needs at least 4 complete trials" in text
 
@@ -118,15 +119,27 @@ def _tuner(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_cli_writes_the_report(output_dir: Path, tmp_path: Path) -> None:
-    copy = _copy(
-        output_dir,
-        tmp_path / "copy",
-        ("summary.json", "trials.csv", "recommended", "incumbent", "study.db", "records"),
-    )
+def test_cli_writes_the_report_finding_the_storage_in_the_directory(output_dir: Path, tmp_path: Path) -> None:
+    keep = ("summary.json", "trials.csv", "recommended", "incumbent", "study.journal", "records")
+    copy = _copy(output_dir, tmp_path / "copy", keep)
+    summary = json.loads((copy / "summary.json").read_text())
+    del summary["storage"], summary["study_name"]
+    (copy / "summary.json").write_text(json.dumps(summary))
+    before = {p: p.stat().st_mtime_ns for p in copy.rglob("*") if p.is_file()}
     result = _tuner("report", str(copy))
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()) == copy / "report.html" and (copy / "report.html").stat().st_size > 1e6
+    assert "Search history (Optuna)" in (copy / "report.html").read_text()
+    assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # nothing of the study touched
+
+
+def test_report_of_a_study_where_nothing_met_the_sla(output_dir: Path, tmp_path: Path) -> None:
+    copy = _copy(output_dir, tmp_path / "none", ("summary.json", "trials.csv", "study.journal"))
+    summary = json.loads((copy / "summary.json").read_text())
+    summary["best"], summary["improvement"] = None, None
+    (copy / "summary.json").write_text(json.dumps(summary))
+    text = write_report(copy).read_text()
+    assert "No configuration met the SLA (latency p99 ≤ 100 ms)" in text
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,11 @@ def _num(value: object, digits: int = 1) -> str:
 
 def recommendation_line(out: StudyOutput) -> str:
     """One line: what to set, its score and the gain over the incumbent."""
+    if not isinstance(out.summary.get("best"), dict):
+        sla = out.sla
+        return (f"No configuration met the SLA (latency p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms): "
+                f"nothing to recommend; the incumbent scores "
+                f"{_num(_dig(out.summary, 'incumbent.requests_per_dollar'), 0)} requests per dollar.")
     params = _dig(out.summary, "best.params") or {}
     setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "(no parameters recorded)"
     best, incumbent = (_dig(out.summary, f"{w}.requests_per_dollar") for w in ("best", "incumbent"))
@@ -58,7 +63,15 @@ def _facts(out: StudyOutput) -> str:
     trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
     return (f"SLA: latency p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
             f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
-            f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}")
+            f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
+
+
+def _servers(out: StudyOutput) -> str:
+    before, after = out.servers_and_cost("incumbent"), out.servers_and_cost("best")
+    if before is None or after is None:
+        return ""
+    return (f" · at the peak ({out.peak_rps():,.0f} requests/s): {before[0]} → {after[0]} servers, "
+            f"{_money(before[1])} → {_money(after[1])} per month")
 
 
 def comparison_table(out: StudyOutput) -> pd.DataFrame:

@@ -181,8 +181,9 @@ def _read_summary(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(summary, dict):
         raise InputError(f"{path}: expected a JSON object at the top level")
+    # best is null when no configuration met the SLA: still a study worth a report
     for key in ("best", "incumbent"):
-        if not isinstance(summary.get(key), dict):
+        if key not in summary or not isinstance(summary[key], (dict, type(None))):
             raise InputError(f"{path}: key {key!r} is missing or not an object")
     return summary
 
