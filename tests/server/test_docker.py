@@ -268,3 +268,22 @@ def test_log_tail_drops_tables_and_keeps_an_earlier_error():
     tail = log_tail(log, lines=5)
     assert tail.splitlines() == ["E1 first failure", "I line 25", "I line 26", "I line 27", "I line 28",
                                  "I line 29"]
+
+
+@pytest.mark.docker
+def test_published_ports_on_an_engine_without_a_bridge(engine):
+    if any(n.name == "bridge" and n.attrs.get("Driver") == "bridge" for n in engine.networks.list()):
+        pytest.skip("this engine has a bridge network: published ports would work")
+    launcher = DockerLauncher(dataclasses.replace(SETTINGS, network="published"), TEMPLATES, [MODEL])
+    with pytest.raises(ServerSetupError, match="published no ports.*server.network: host"):
+        launcher.start()
+    assert not managed_containers(engine, launcher.session)
+
+
+def test_gpu_study_example_is_a_valid_docker_study():
+    from tuner.settings import load_study
+
+    study = load_study(ROOT / "examples" / "gpu_study.yaml")
+    assert study.server.launcher == "docker" and study.server.gpus == "all"
+    assert study.server.image.startswith("nvcr.io/nvidia/tritonserver:")
+    assert device_requests(study.server.gpus)[0]["Count"] == -1

@@ -111,6 +111,8 @@ class DockerLauncher(Launcher):
         except docker.errors.APIError as exc:
             self.stop()
             raise ServerSetupError(self._explain_api_error(exc, (http_port, grpc_port, metrics_port))) from None
+        if self.settings.network == "published":
+            self._check_published()
         self._endpoints = Endpoints(http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}",
                                     metrics=f"http://127.0.0.1:{metrics_port}/metrics")
         self._http = TritonHttp(self._endpoints.http)
@@ -284,6 +286,17 @@ class DockerLauncher(Launcher):
         new = self._fetch_logs(self._container)[offset:] if self._container is not None else ""
         errors = [line for line in new.splitlines() if line[:1] == "E" or "error" in line.lower()]
         return (errors[-1].split("] ", 1)[-1] if errors else message).strip()
+
+    def _check_published(self) -> None:
+        """An engine without a bridge network (dockerd --bridge=none) starts the container but
+        publishes nothing: say so now rather than time out waiting for a server nobody can reach."""
+        self._state()
+        published = (self._container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+        if not all(published.get(f"{port}/tcp") for port in (8000, 8001, 8002)):
+            self.stop()
+            raise ServerSetupError("server.network: published: the Docker engine published no ports for the "
+                                   "container (it has no bridge network, e.g. dockerd --bridge=none); use "
+                                   "server.network: host")
 
     def _explain_api_error(self, exc: docker.errors.APIError, ports: tuple[int, int, int]) -> str:
         text = _short(exc)
