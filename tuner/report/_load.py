@@ -66,6 +66,7 @@ class StudyOutput:
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
     notes: list[str] = field(default_factory=list)  # what was missing, said once each
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # --- the numbers the report leads with --------------------------------------------------
     @property
@@ -85,6 +86,11 @@ class StudyOutput:
 
     def peak_rps(self) -> float | None:
         """The most requests in any one second of the profile (or the summary's figure)."""
+        if "peak" not in self._cache:
+            self._cache["peak"] = self._peak_rps()
+        return self._cache["peak"]
+
+    def _peak_rps(self) -> float | None:
         for key in ("peak_rps", "traffic.peak_rps"):
             value = _dig(self.summary, key)
             if value is not None:
