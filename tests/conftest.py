@@ -1,0 +1,50 @@
+"""Session-wide fixtures: the Triton install, the template models, and one shared local server.
+
+`local_server` serves both templates (encoder_sim, matmul_cpu) for the whole session. A test that
+changes a model's configuration on it must put the template's configuration back (see
+`restore_template_config`), or start its own LocalLauncher.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tuner import modelconfig
+from tuner.server.install import TritonInstall, find_tritonserver
+from tuner.server.local import LocalLauncher
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "model_repository_templates"
+TEMPLATE_MODELS = ("encoder_sim", "matmul_cpu")
+
+
+@pytest.fixture(scope="session")
+def triton_install() -> TritonInstall:
+    """The tritonserver from the nvidia-pytriton wheel (installed into the user cache on first use)."""
+    return find_tritonserver()
+
+
+@pytest.fixture(scope="session")
+def templates_dir() -> Path:
+    return TEMPLATES_DIR
+
+
+@pytest.fixture(scope="session")
+def local_server(triton_install, templates_dir):
+    """A running LocalLauncher with both template models loaded; stopped at the end of the session."""
+    launcher = LocalLauncher(templates_dir, models=list(TEMPLATE_MODELS), install=triton_install)
+    with launcher:
+        yield launcher
+
+
+def template_config(templates_dir: Path, model: str) -> modelconfig.ModelConfig:
+    return modelconfig.load(templates_dir / model / "config.pbtxt")
+
+
+@pytest.fixture
+def restore_template_config(local_server, templates_dir):
+    """Use in a test that changes `local_server`: reloads the templates' own configurations afterwards."""
+    yield
+    for model in TEMPLATE_MODELS:
+        local_server.apply_config(model, template_config(templates_dir, model))

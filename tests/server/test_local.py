@@ -1,0 +1,119 @@
+"""LocalLauncher: the launcher contract, plus what only a process of our own can show."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.errors import ServerError, ServerSetupError
+from tuner.server.local import LocalLauncher
+
+from .contract import LauncherContract, infer, template, with_batching
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def launcher(triton_install, templates_dir):
+    with LocalLauncher(templates_dir, models=["encoder_sim", "matmul_cpu"], install=triton_install) as server:
+        yield server
+
+
+class TestLocalContract(LauncherContract):
+    def test_refusal_quotes_the_server_log(self, launcher):
+        bad = with_batching(template("matmul_cpu"), 8, 0)
+        bad.dynamic_batching.preferred_batch_size.append(64)
+        with pytest.raises(ServerSetupError, match="preferred size must be <= max batch size"):
+            launcher.apply_config("matmul_cpu", bad)
+        launcher.apply_config("matmul_cpu", template("matmul_cpu"))
+
+    def test_logs_tail(self, launcher):
+        text = launcher.logs(5)
+        assert 0 < len(text.splitlines()) <= 5
+
+
+def _tree_hash(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_killed_server_fails_fast_and_user_files_stay_unchanged(triton_install, templates_dir):
+    before = _tree_hash(templates_dir)
+    server = LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install)
+    with server:
+        workdir = server.repository.parent
+        server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), 4, 500))
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        assert not server.is_alive()
+        for call in (lambda: server.statistics("matmul_cpu"), server.metrics,
+                     lambda: server.apply_config("matmul_cpu", template("matmul_cpu"))):
+            started = time.monotonic()
+            with pytest.raises(ServerError, match="exited with code -9"):
+                call()
+            assert time.monotonic() - started < 1.0
+    assert not workdir.exists()
+    server.stop()  # idempotent
+    assert _tree_hash(templates_dir) == before
+
+
+def test_stop_ends_the_process_group(triton_install, templates_dir):
+    server = LocalLauncher(templates_dir, models=["encoder_sim"], install=triton_install)
+    server.start()
+    server.wait_ready()
+    pgid = server.pid
+    server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert not server.is_alive()
+
+
+def test_port_in_use_is_a_setup_error(triton_install, templates_dir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install,
+                               ports=(port, port + 1, port + 2))
+        with pytest.raises(ServerSetupError, match=f"port {port} on 127.0.0.1 is already in use"):
+            server.start()
+        assert server.pid is None
+
+
+def test_missing_model_is_a_setup_error(triton_install, templates_dir):
+    with pytest.raises(ServerSetupError, match="no model named 'nope'.*encoder_sim"):
+        LocalLauncher(templates_dir, models=["nope"], install=triton_install).start()
+
+
+def test_missing_repository_is_a_setup_error(triton_install, tmp_path):
+    with pytest.raises(ServerSetupError, match="model repository not found"):
+        LocalLauncher(tmp_path / "absent", install=triton_install).start()
+
+
+def test_broken_model_at_startup_quotes_exit_code_and_log(triton_install, tmp_path):
+    model = tmp_path / "repo" / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\nmax_batch_size: 4\n')
+    server = LocalLauncher(tmp_path / "repo", install=triton_install, startup_timeout_s=60)
+    with pytest.raises(ServerSetupError, match=r"exited with code \d+ during startup(.|\n)*no_such_backend"):
+        with server:
+            pass
+    assert server.pid is None
+
+
+def test_inference_through_the_private_copy(triton_install, templates_dir):
+    with LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install) as server:
+        out = infer(server.endpoints.http, "matmul_cpu", "INPUT", np.ones((2, 256), np.float32))
+        assert out["outputs"][0]["shape"] == [2, 256]
+        assert server.repository != templates_dir

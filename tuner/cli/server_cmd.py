@@ -1,0 +1,29 @@
+"""`tuner server install`: fetch the tritonserver binary the local launcher runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from tuner.server.install import find_tritonserver
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("server", help="manage the local Triton server binary")
+    commands = parser.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
+    install = commands.add_parser(
+        "install", help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
+        description="Install the tritonserver binary bundled in the nvidia-pytriton wheel into DIR "
+        "(default: $TUNER_TRITON_HOME or ~/.cache/tuner/triton/...), outside the project's environment, "
+        "and print where it is.")
+    install.add_argument("--dir", metavar="DIR", default=None,
+                         help="install directory (default: $TUNER_TRITON_HOME, else the user cache)")
+    install.set_defaults(func=_install)
+
+
+def _install(args: argparse.Namespace) -> int:
+    found = find_tritonserver(args.dir)
+    print(f"tritonserver {found.version}: {found.binary}")
+    print(f"backends:    {found.backends_dir} (Python {found.python_version} stub)")
+    print(f"libraries:   {found.lib_dir}")
+    print(f"model numpy: {found.model_pythonpath}")
+    return 0

@@ -1,0 +1,43 @@
+"""Server control (a leaf): one launcher per way to get a Triton, behind `base.Launcher`.
+
+    make_launcher(settings, log_dir=None) -> Launcher    local | docker | remote, from the study YAML
+    LocalLauncher, RemoteLauncher, find_tritonserver    the pieces, for use without a study
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from tuner.errors import ServerSetupError
+from tuner.server.base import Endpoints, Launcher
+from tuner.server.install import TritonInstall, find_tritonserver
+from tuner.server.local import LocalLauncher
+from tuner.server.remote import RemoteLauncher
+
+__all__ = ["Endpoints", "Launcher", "LocalLauncher", "RemoteLauncher", "TritonInstall", "find_tritonserver",
+           "make_launcher"]
+
+
+def make_launcher(settings, log_dir: str | Path | None = None) -> Launcher:
+    """The launcher a study's `server:` section asks for (`settings` is a tuner.settings.StudySettings)."""
+    server = settings.server
+    models = [settings.model]
+    if server.launcher == "local":
+        log_path = Path(log_dir) / "tritonserver.log" if log_dir else None
+        return LocalLauncher(settings.model_repository, models=models, install_dir=server.install_dir,
+                             log_path=log_path, startup_timeout_s=server.startup_timeout_s,
+                             extra_args=server.extra_args)
+    if server.launcher == "remote":
+        if not server.url:
+            raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
+        return RemoteLauncher(server.url, grpc_url=server.grpc_url, models=models)
+    if server.launcher == "docker":
+        try:
+            docker = importlib.import_module("tuner.server.docker")
+        except ModuleNotFoundError as exc:
+            if exc.name != "tuner.server.docker":
+                raise
+            raise ServerSetupError("docker launcher not available") from None
+        return docker.DockerLauncher(server, settings.model_repository, models, log_dir)
+    raise ServerSetupError(f"{settings.source or '<study>'}: server.launcher: unknown launcher '{server.launcher}'")

@@ -1,0 +1,208 @@
+"""Find (or install once) the `tritonserver` binary that the `nvidia-pytriton` wheel bundles.
+
+The wheel pins numpy<2, so it is never installed into the project's environment: it goes, without its
+dependencies, into a directory of its own (`pip install --no-deps --target DIR`). The directory is,
+in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, or `~/.cache/tuner/triton/nvidia-pytriton-0.7.0`.
+
+The Python backend's stub embeds the system Python and was built against numpy 1 (with numpy 2 its
+output tensors come back empty), so a `numpy<2` for the stub's Python version is installed next to
+it (`model-python/`); the launcher hands that directory to models as `TUNER_MODEL_PYTHONPATH`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.errors import ServerSetupError
+
+WHEEL = "nvidia-pytriton==0.7.0"
+MODEL_NUMPY = "numpy>=1.24,<2"
+TRITON_VERSION = "2.51.0"
+MIN_GLIBC = (2, 35)
+DEFAULT_DIR = Path("~/.cache/tuner/triton/nvidia-pytriton-0.7.0")
+# Where the dynamic loader looks for a system libpython (Debian/Ubuntu/RHEL layouts).
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    root: Path  # the pip --target directory
+    binary: Path  # .../pytriton/tritonserver/bin/tritonserver
+    lib_dir: Path  # the wheel's bundled shared libraries (LD_LIBRARY_PATH)
+    backends_dir: Path  # --backend-directory: python/{libtriton_python.so, utils, stub}
+    python_version: str  # the Python whose stub is in backends_dir/python, e.g. "3.11"
+    model_pythonpath: Path  # numpy<2 for that Python: what models put on sys.path
+    version: str = TRITON_VERSION
+
+
+def install_dir_for(install_dir: str | Path | None = None) -> Path:
+    chosen = install_dir or os.environ.get("TUNER_TRITON_HOME") or DEFAULT_DIR
+    return Path(chosen).expanduser().resolve()
+
+
+def find_tritonserver(install_dir: str | Path | None = None, quiet: bool = False) -> TritonInstall:
+    """The Triton install in `install_dir` (see module doc), installing the wheel there if absent."""
+    root = install_dir_for(install_dir)
+    if not _binary(root).is_file():
+        check_platform()
+        _install(root, quiet=quiet)
+    install = _prepare(root)
+    if not (install.model_pythonpath / "numpy").is_dir():
+        _install_model_numpy(install, quiet=quiet)
+    return install
+
+
+def check_platform() -> None:
+    machine = platform.machine()
+    if machine not in ("x86_64", "AMD64"):
+        raise ServerSetupError(f"the nvidia-pytriton wheel's tritonserver needs x86_64, but this machine is {machine}")
+    libc, version = platform.libc_ver()
+    if libc != "glibc":
+        raise ServerSetupError(f"the nvidia-pytriton wheel's tritonserver needs glibc >= 2.35, but libc is {libc or 'unknown'}")
+    found = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if found < MIN_GLIBC:
+        raise ServerSetupError(f"the nvidia-pytriton wheel's tritonserver needs glibc >= 2.35, but this machine has {version}")
+
+
+def _binary(root: Path) -> Path:
+    return root / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+
+
+def _install(root: Path, quiet: bool) -> None:
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(root.parent / f".{root.name}.lock"):
+        if _binary(root).is_file():  # another process installed it while we waited
+            return
+        if not quiet:
+            print(f"tuner: installing the Triton server ({WHEEL}, ~55 MB) into {root}", file=sys.stderr)
+        started = time.monotonic()
+        if root.exists():  # an empty or broken leftover (e.g. an empty TUNER_TRITON_HOME): fill it in place
+            staging = root / ".wheel"
+            _pip_target(staging, WHEEL, [], quiet)
+            for child in staging.iterdir():
+                target = root / child.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
+                child.rename(target)
+            staging.rmdir()
+        else:
+            _pip_target(root, WHEEL, [], quiet)
+        if not _binary(root).is_file():
+            raise ServerSetupError(f"{root}: {WHEEL} installed but holds no tritonserver binary")
+        if not quiet:
+            print(f"tuner: installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+def _pip_target(target: Path, requirement: str, extra: list[str], quiet: bool) -> None:
+    """`pip install --no-deps --target TARGET REQUIREMENT`, via a staging dir renamed into place."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+           "--progress-bar", "on", *extra, "--target", str(staging), requirement]
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
+                              stderr=subprocess.STDOUT if quiet else None, text=True)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ServerSetupError(f"cannot run pip to install {requirement}: {exc}") from None
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "; ".join((proc.stdout or "").strip().splitlines()[-3:]) if quiet else "see pip's output above"
+        raise ServerSetupError(f"installing {requirement} into {target} failed (pip exit {proc.returncode}): {tail}")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
+def _install_model_numpy(install: TritonInstall, quiet: bool) -> None:
+    target = install.model_pythonpath
+    with _locked(target.parent / f".{target.name}.lock"):
+        if (target / "numpy").is_dir():
+            return
+        version = install.python_version.replace(".", "")
+        extra = ["--only-binary=:all:", "--implementation", "cp", "--python-version", version,
+                 "--platform", "manylinux2014_x86_64"]
+        if not quiet:
+            print(f"tuner: installing {MODEL_NUMPY} for the Python backend (Python {install.python_version}) "
+                  f"into {target}", file=sys.stderr)
+        _pip_target(target, MODEL_NUMPY, extra, quiet)
+
+
+def _prepare(root: Path) -> TritonInstall:
+    """Exec bits, and a backend directory holding the Python backend with the stub for this machine."""
+    server = root / "pytriton" / "tritonserver"
+    binary = _binary(root)
+    lib_dir = root / "nvidia_pytriton.libs"
+    python_backend = server / "backends" / "python"
+    for needed in (binary, lib_dir, python_backend / "libtriton_python.so"):
+        if not needed.exists():
+            raise ServerSetupError(f"{root}: incomplete Triton install ({needed.relative_to(root)} missing); "
+                                   "remove the directory to reinstall")
+    _make_executable(binary)
+    version = choose_stub_python(server / "python_backend_stubs")
+    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    _make_executable(stub)
+    # Same depth below root as the stubs, so the binaries' $ORIGIN/../../../../nvidia_pytriton.libs rpath holds.
+    backends = server / f"tuner_backends_py{version}"
+    target = backends / "python"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for src in (python_backend / "libtriton_python.so", python_backend / "triton_python_backend_utils.py", stub):
+            link = target / src.name
+            if not link.exists():
+                with contextlib.suppress(FileExistsError):
+                    link.symlink_to(os.path.relpath(src, target))
+    except OSError as exc:
+        raise ServerSetupError(f"cannot lay out the Python backend in {backends}: {exc}") from None
+    return TritonInstall(root=root, binary=binary, lib_dir=lib_dir, backends_dir=backends, python_version=version,
+                         model_pythonpath=root / f"model-python{version}")
+
+
+def choose_stub_python(stubs_dir: Path) -> str:
+    """The Python version whose stub can run here: its libpython3.X.so must be on the system."""
+    available = sorted((p.name for p in stubs_dir.iterdir() if (p / "triton_python_backend_stub").is_file()),
+                       key=lambda v: tuple(int(x) for x in v.split(".")), reverse=True)
+    current = f"{sys.version_info.major}.{sys.version_info.minor}"
+    ordered = ([current] if current in available else []) + [v for v in available if v != current]
+    for version in ordered:
+        if system_libpython(version):
+            return version
+    raise ServerSetupError(
+        f"no system libpython for the Triton Python backend: need libpython3.X.so.1.0 for one of "
+        f"{', '.join(available)} (e.g. `apt-get install libpython{current}`)")
+
+
+def system_libpython(version: str) -> Path | None:
+    name = f"libpython{version}.so.1.0"
+    for d in _LIB_DIRS:
+        if (Path(d) / name).exists():
+            return Path(d) / name
+    return None
+
+
+def _make_executable(path: Path) -> None:
+    mode = path.stat().st_mode
+    if not mode & stat.S_IXUSR:
+        path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,318 @@
+"""A `tritonserver` process of our own, on loopback ports, serving a private copy of the repository."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner.errors import ServerError, ServerSetupError
+from tuner.modelconfig import ModelConfig
+from tuner.server.base import Endpoints, Launcher
+from tuner.server.client import HttpError, TritonHttp, apply_and_verify, parse_prometheus
+from tuner.server.install import TritonInstall, find_tritonserver
+
+STOP_GRACE_S = 10.0
+CONTROL_TIMEOUT_S = 5.0
+GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
+MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
+
+
+class LocalLauncher(Launcher):
+    """`with LocalLauncher("repo", models=["m"]) as server: server.apply_config("m", cfg)`.
+
+    The user's repository is copied to a private temp dir (never modified); the server runs in explicit
+    model-control mode in its own process group, its log in a file; `stop()` ends the group.
+    `ports=(http, grpc, metrics)` pins the ports (default: free ones chosen at start).
+    """
+
+    name = "local"
+
+    def __init__(self, model_repository: str | Path, models: Sequence[str] | None = None,
+                 install_dir: str | Path | None = None, log_path: str | Path | None = None,
+                 startup_timeout_s: float = 120.0, extra_args: Sequence[str] = (),
+                 ports: tuple[int, int, int] | None = None, install: TritonInstall | None = None):
+        self.model_repository = Path(model_repository)
+        self.models = list(models) if models is not None else None
+        self.install_dir = install_dir
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_args = list(extra_args)
+        self.ports = ports
+        self._install = install
+        self._proc: subprocess.Popen | None = None
+        self._workdir: Path | None = None
+        self._log_file: Path | None = None
+        self._log_start = 0
+        self._endpoints: Endpoints | None = None
+        self._http: TritonHttp | None = None
+        self._lock = threading.Lock()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> Endpoints:
+        if self._endpoints is None:
+            raise ServerError("the local Triton server is not started")
+        return self._endpoints
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def repository(self) -> Path:
+        """The private copy the server serves (valid once started)."""
+        if self._workdir is None:
+            raise ServerError("the local Triton server is not started")
+        return self._workdir / "models"
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        models = self._check_repository()
+        install = self._install or find_tritonserver(self.install_dir)
+        if self.ports is not None:
+            for port in self.ports:
+                _check_port_free(port)
+        self._workdir = Path(tempfile.mkdtemp(prefix="tuner-triton-"))
+        _LIVE.add(self)
+        try:
+            repo = self._workdir / "models"
+            repo.mkdir()
+            for name in models:
+                shutil.copytree(self.model_repository / name, repo / name, symlinks=False)
+            self._log_file = self.log_path or self._workdir / "tritonserver.log"
+            self._log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._spawn(install, repo, models)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _spawn(self, install: TritonInstall, repo: Path, models: list[str]) -> None:
+        http, grpc, metrics = self.ports or _free_ports(3)
+        self._endpoints = Endpoints(http=f"127.0.0.1:{http}", grpc=f"127.0.0.1:{grpc}",
+                                    metrics=f"http://127.0.0.1:{metrics}/metrics")
+        self._http = TritonHttp(self._endpoints.http, timeout_s=CONTROL_TIMEOUT_S)
+        cmd = [str(install.binary), "--model-repository", str(repo),
+               "--backend-directory", str(install.backends_dir),
+               "--model-control-mode", "explicit",
+               "--http-address", "127.0.0.1", "--http-port", str(http),
+               "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
+               "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics),
+               "--allow-metrics", "true", "--allow-gpu-metrics", "false", "--allow-cpu-metrics", "false",
+               "--exit-timeout-secs", "5",
+               # a unique shared-memory prefix, so servers running side by side do not collide
+               f"--backend-config=python,shm-region-prefix-name=tuner{os.getpid()}_{uuid.uuid4().hex[:8]}_",
+               *[f"--load-model={m}" for m in models], *self.extra_args]
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
+        env[GPU_LOCK_ENV] = str(self._workdir / "emulated-gpu.lock")
+        env[MODEL_PYTHONPATH_ENV] = str(install.model_pythonpath)
+        with open(self._log_file, "ab") as log:
+            self._log_start = log.tell()
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          env=env, cwd=self._workdir, start_new_session=True,
+                                          preexec_fn=_die_with_parent if _in_main_thread() else None)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        timeout_s = timeout_s or self.startup_timeout_s
+        deadline = time.monotonic() + timeout_s
+        proc, http = self._proc, self._http
+        if proc is None or http is None:
+            raise ServerSetupError("the local Triton server was not started")
+        while time.monotonic() < deadline:
+            code = proc.poll()
+            if code is not None:
+                raise ServerSetupError(f"tritonserver exited with code {code} during startup{self._first_error()}; "
+                                       f"last log lines:\n{self.logs(15)}")
+            if http.ok("v2/health/ready", timeout_s=1.0):
+                return
+            time.sleep(0.2)
+        raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; last log lines:\n{self.logs(15)}")
+
+    def stop(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            try:
+                if proc is not None:
+                    _end_group(proc)
+            finally:
+                if self._workdir is not None:
+                    shutil.rmtree(self._workdir, ignore_errors=True)
+                    self._workdir = None
+                _LIVE.discard(self)
+
+    def is_alive(self) -> bool:
+        if self._proc is None or self._proc.poll() is not None or self._http is None:
+            return False
+        return self._http.ok("v2/health/live", timeout_s=2.0)
+
+    # --- control --------------------------------------------------------------------------------
+
+    def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        http = self._checked()
+        if not (self.repository / model).is_dir():
+            raise ServerSetupError(f"model '{model}' is not in the served repository "
+                                   f"(copied from {self.model_repository})")
+        offset = self._log_size()
+        try:
+            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s,
+                                    explain_refusal=lambda msg: self._refusal(msg, offset))
+        except ServerError:
+            self._checked()  # a server that died during the load says so
+            raise
+
+    def model_config(self, model: str) -> ModelConfig:
+        return self._checked().model_config(model)
+
+    def statistics(self, model: str) -> dict:
+        return self._checked().statistics(model)
+
+    def metrics(self) -> dict[str, float]:
+        http = self._checked()
+        try:
+            return parse_prometheus(http.request("GET", "", url=self.endpoints.metrics).decode(errors="replace"))
+        except HttpError as exc:
+            raise ServerError(f"metrics at {self.endpoints.metrics}: {exc}") from None
+
+    def logs(self, tail: int = 40) -> str:
+        if self._log_file is None or not self._log_file.exists():
+            return ""
+        return "\n".join(_tail_lines(self._log_file, tail))
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _check_repository(self) -> list[str]:
+        repo = self.model_repository
+        if not repo.is_dir():
+            raise ServerSetupError(f"{repo}: model repository not found")
+        present = sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+        wanted = self.models if self.models is not None else present
+        missing = [m for m in wanted if m not in present]
+        if missing:
+            raise ServerSetupError(f"{repo}: no model named {', '.join(repr(m) for m in missing)} "
+                                   f"(the repository has: {', '.join(present) or 'nothing'})")
+        if not wanted:
+            raise ServerSetupError(f"{repo}: the model repository holds no models")
+        return wanted
+
+    def _checked(self) -> TritonHttp:
+        """The HTTP client, or ServerError at once if the process is gone (no hanging on a dead port)."""
+        if self._proc is None or self._http is None:
+            raise ServerError("the local Triton server is not running (not started, or stopped)")
+        code = self._proc.poll()
+        if code is not None:
+            raise ServerError(f"tritonserver (pid {self._proc.pid}) exited with code {code}; "
+                              f"last log lines:\n{self.logs(10)}")
+        return self._http
+
+    def _first_error(self) -> str:
+        """': <the log's last error line>' (Triton prints its usage text before the reason), or ''."""
+        lines = _read_from(self._log_file, self._log_start) if self._log_file else []
+        errors = [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()]
+        return f": {errors[-1].split('] ', 1)[-1]}" if errors else ""
+
+    def _log_size(self) -> int:
+        try:
+            return self._log_file.stat().st_size if self._log_file else 0
+        except OSError:
+            return 0
+
+    def _refusal(self, client_message: str, offset: int) -> str:
+        """The server log's error lines since `offset` (the client sees only a generic message)."""
+        time.sleep(0.1)  # the log line may trail the HTTP answer
+        lines = _read_from(self._log_file, offset) if self._log_file else []
+        errors = [line for line in lines if line[:1] == "E" or "error" in line.lower()]
+        return (errors[-1].split("] ", 1)[-1] if errors else client_message).strip()
+
+
+# --- process plumbing ------------------------------------------------------------------------------
+
+_LIVE: set[LocalLauncher] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for launcher in list(_LIVE):
+        with contextlib.suppress(Exception):
+            launcher.stop()
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's process group, SIGKILL it after a grace period (also if interrupted)."""
+    pgid = proc.pid  # start_new_session: the group id is the server's pid
+    try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STOP_GRACE_S)
+    finally:
+        # Also reaps the Python backend stubs, which can outlive a killed server for a while.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM if the process that started us dies (no orphan after a kill -9 of pytest).
+
+    Only used from the main thread: the kernel ties this to the starting *thread*'s exit.
+    """
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _check_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServerSetupError(f"port {port} on 127.0.0.1 is already in use ({exc.strerror})") from None
+
+
+def _tail_lines(path: Path, count: int) -> list[str]:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 64 * 1024))
+        return fh.read().decode(errors="replace").splitlines()[-count:]
+
+
+def _read_from(path: Path, offset: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []

@@ -1,0 +1,121 @@
+"""Attach to a Triton server someone else runs; change only what a trial needs and put it back.
+
+The server must run in explicit model-control mode (`--model-control-mode=explicit`): configurations
+are applied with the repository load API and a config override. `start()` records each model's
+configuration; `stop()` reloads the models it changed with that original configuration and leaves the
+server running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from tuner.errors import ServerError, ServerSetupError
+from tuner.modelconfig import ModelConfig
+from tuner.server.base import Endpoints, Launcher
+from tuner.server.client import HttpError, TritonHttp, apply_and_verify
+
+CONTROL_TIMEOUT_S = 5.0
+LOAD_TIMEOUT_S = 300.0
+# Triton's answer to a load/unload when model control is not explicit
+_NOT_EXPLICIT = "explicit model load / unload is not allowed"
+
+
+class RemoteLauncher(Launcher):
+    name = "remote"
+
+    def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
+                 metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S):
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if not parts.hostname or not parts.port:
+            raise ServerSetupError(f"server.url: expected host:port of the Triton HTTP endpoint, got '{url}'")
+        self.url = url
+        host = parts.hostname
+        self._endpoints = Endpoints(
+            http=f"{host}:{parts.port}",
+            grpc=_host_port(grpc_url) if grpc_url else f"{host}:{parts.port + 1}",
+            metrics=metrics_url or f"http://{host}:{parts.port + 2}/metrics",
+        )
+        self.models = list(models)
+        self.load_timeout_s = load_timeout_s
+        self._http = TritonHttp(self._endpoints.http, timeout_s=CONTROL_TIMEOUT_S)
+        self._originals: dict[str, ModelConfig] = {}
+        self._changed: set[str] = set()
+        self._started = False
+
+    @property
+    def endpoints(self) -> Endpoints:
+        return self._endpoints
+
+    def start(self) -> None:
+        if self._started:
+            return
+        try:
+            self._http.get_json("v2")
+        except (ServerError, HttpError) as exc:
+            raise ServerSetupError(f"cannot reach a Triton server at {self.url}: {exc}") from None
+        self._check_explicit_mode()
+        for model in self.models:
+            if not self._http.ok(f"v2/models/{model}/ready", timeout_s=CONTROL_TIMEOUT_S):
+                raise ServerSetupError(f"model '{model}' is not loaded and ready on the server at {self.url}")
+            self._originals[model] = self._http.model_config(model)
+        self._started = True
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        if not self._http.ok("v2/health/ready", timeout_s=min(timeout_s, CONTROL_TIMEOUT_S)):
+            raise ServerSetupError(f"the Triton server at {self.url} is not ready")
+
+    def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        if model not in self._originals:
+            # record it first, so stop() can put it back
+            self._originals[model] = self._http.model_config(model)
+        self._changed.add(model)
+        return apply_and_verify(self._http, model, config, timeout_s=self.load_timeout_s,
+                                explain_refusal=lambda msg: f"{msg} (the reason is in the server's log)")
+
+    def model_config(self, model: str) -> ModelConfig:
+        return self._http.model_config(model)
+
+    def statistics(self, model: str) -> dict:
+        return self._http.statistics(model)
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            return self._http.metrics(self._endpoints.metrics)
+        except HttpError as exc:
+            raise ServerError(f"metrics at {self._endpoints.metrics}: {exc}") from None
+
+    def logs(self, tail: int = 40) -> str:
+        return ""  # not our process: its log is wherever its owner put it
+
+    def is_alive(self) -> bool:
+        return self._http.ok("v2/health/live", timeout_s=2.0)
+
+    def stop(self) -> None:
+        """Reload every model we changed with its original configuration (the server keeps running)."""
+        failures = []
+        for model in sorted(self._changed):
+            try:
+                self._http.load(model, self._originals[model], timeout_s=self.load_timeout_s)
+            except (HttpError, ServerError) as exc:
+                failures.append(f"{model}: {exc}")
+        self._changed.clear()
+        self._started = False
+        if failures:
+            raise ServerError(f"could not restore the original configuration on {self.url}: {'; '.join(failures)}")
+
+    def _check_explicit_mode(self) -> None:
+        """Unloading a model that does not exist is harmless, and refused unless control is explicit."""
+        try:
+            self._http.post_json("v2/repository/models/__tuner_probe_no_such_model__/unload", {})
+        except HttpError as exc:
+            if _NOT_EXPLICIT in exc.message:
+                raise ServerSetupError(
+                    f"the Triton server at {self.url} does not run in explicit model-control mode; "
+                    "start it with --model-control-mode=explicit so configurations can be loaded") from None
+
+
+def _host_port(address: str) -> str:
+    parts = urlsplit(address if "://" in address else f"grpc://{address}")
+    return f"{parts.hostname}:{parts.port}"
