@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 
 from tuner import modelconfig
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, ServerSetupError
 from tuner.modelconfig import SchedulingParams
+from tuner.server.local import LocalLauncher
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
@@ -156,7 +158,7 @@ def with_base(extra: str) -> modelconfig.ModelConfig:
         ),
         (
             "max_batch_size: 0 dynamic_batching { preferred_batch_size: [1] }",
-            "preferred size must be <= max batch size",
+            "dynamic batching preferred size must be <= max batch size for m",
         ),
         (
             "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
@@ -176,7 +178,7 @@ def with_base(extra: str) -> modelconfig.ModelConfig:
         ),
         (
             "sequence_batching { direct { minimum_slot_utilization: 1.5 } }",
-            "minimum slot utilization must be in range (0.0, 1.0] for m",
+            "sequence batching minimum slot utilization must be in range (0.0, 1.0] for m",
         ),
         (
             "instance_group [ { kind: KIND_MODEL gpus: [ 1 ] } ]",
@@ -189,7 +191,7 @@ def test_each_rule_with_tritons_wording(extra, message):
     config = with_base(extra)
     with pytest.raises(ConfigError) as exc:
         modelconfig.validate(config, "x/config.pbtxt")
-    assert str(exc.value) == f"x/config.pbtxt: {message}" or message in str(exc.value)
+    assert str(exc.value) == f"x/config.pbtxt: {message}"
 
 
 @pytest.mark.parametrize(
@@ -366,3 +368,106 @@ def test_scheduling_table_lists_the_tuned_fields():
     assert table["dynamic_batching.max_queue_delay_microseconds"] == "300"
     assert table["dynamic_batching.preferred_batch_size"] == "[4]"
     assert table["instance_group[0]"] == "count=2 kind=KIND_CPU"
+
+
+# --- agreement with a real Triton ----------------------------------------------------------------
+# The rules above are Triton's own wording; here a real tritonserver (2.51, the nvidia-pytriton
+# wheel) refuses each broken config with the same message, and accepts what apply_params makes of
+# the config it reports back (auto-completed preferred_batch_size included).
+
+IDENTITY_MODEL = """
+import os
+import sys
+
+sys.path[:0] = [p for p in os.environ.get("TUNER_MODEL_PYTHONPATH", "").split(os.pathsep) if p]
+import triton_python_backend_utils as pb_utils  # noqa: E402 (needs numpy from the path above)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy())])
+            for r in requests
+        ]
+"""
+IDENTITY_CONFIG = """
+name: "ident"
+backend: "python"
+max_batch_size: 32
+input [ { name: "INPUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "OUTPUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory, triton_install):
+    # A server of this module's own, so refused and changed configs never touch the shared one.
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "ident" / "1").mkdir(parents=True)
+    (repo / "ident" / "1" / "model.py").write_text(IDENTITY_MODEL)
+    (repo / "ident" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    with LocalLauncher(repo, models=["ident"], install=triton_install) as server:
+        yield server
+
+
+BROKEN = [
+    "max_batch_size: -1",
+    "dynamic_batching { preferred_batch_size: [0] }",
+    "dynamic_batching { preferred_batch_size: [64] }",
+    "dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
+    "dynamic_batching { priority_levels: 2 default_priority_level: 1 priority_queue_policy { key: 3 value { } } }",
+    "dynamic_batching { preserve_ordering: true priority_levels: 2 default_priority_level: 1 }",
+    "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5 } }",
+    "sequence_batching { oldest { preferred_batch_size: [64] } }",
+    "sequence_batching { direct { minimum_slot_utilization: 1.5 } }",
+    "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", BROKEN)
+def test_triton_refuses_what_validate_rejects_in_the_same_words(triton, extra):
+    config = modelconfig.parse(IDENTITY_CONFIG, "ident")
+    text_format.Merge(extra, config)
+    with pytest.raises(ConfigError) as ours:
+        modelconfig.validate(config, "ident/config.pbtxt")
+    message = str(ours.value).removeprefix("ident/config.pbtxt: ")
+    with pytest.raises(ServerSetupError) as theirs:
+        triton.apply_config("ident", config)
+    assert message in str(theirs.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [
+        SchedulingParams(max_batch_size=8),  # below the auto-completed preferred size [32]
+        SchedulingParams(max_batch_size=16, max_queue_delay_microseconds=1500, instance_count=2),
+        SchedulingParams(max_batch_size=64, preferred_batch_size=(16, 64)),
+    ],
+    ids=["smaller-max", "max-delay-count", "larger-max-preferred"],
+)
+def test_triton_accepts_apply_params_over_its_own_read_back(triton, params):
+    running = triton.model_config("ident")
+    assert list(running.dynamic_batching.preferred_batch_size) == [running.max_batch_size]  # auto-complete
+    wanted = modelconfig.apply_params(running, params)
+    modelconfig.validate(wanted, "wanted")
+    got = triton.apply_config("ident", wanted)
+    # Triton's own JSON (64-bit fields as numbers) through from_json gives the same config.
+    with urllib.request.urlopen(
+        f"http://{triton.endpoints.http}/v2/models/ident/config", timeout=10
+    ) as answer:
+        raw = answer.read()
+    assert re.search(rb'"max_queue_delay_microseconds":\d', raw), raw  # a number, not a string
+    assert modelconfig.from_json(raw) == got
+    changed = {path for path, _, _ in modelconfig.diff_fields(wanted, got)}
+    # The only field Triton adds back is the preferred size it auto-completes from max_batch_size.
+    assert changed <= {"dynamic_batching.preferred_batch_size"}, changed
+    assert got.max_batch_size == params.max_batch_size
+    if params.max_queue_delay_microseconds is not None:
+        assert got.dynamic_batching.max_queue_delay_microseconds == params.max_queue_delay_microseconds
+    if params.instance_count is not None:
+        assert [g.count for g in got.instance_group] == [params.instance_count]
+    triton.apply_config("ident", modelconfig.parse(IDENTITY_CONFIG, "ident"))  # back to the base
