@@ -26,7 +26,7 @@ FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
 MISSING = Path("<corpus missing>")
 SCHEDULING_MESSAGE = re.compile(
     r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
-    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies"
+    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
 )
 
 

@@ -28,10 +28,11 @@ FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
 MISSING = Path("<corpus missing>")
 
 # Triton's expected messages about the fields `validate` covers: max_batch_size, priority levels
-# and queue policies, preserve_ordering, the ensemble scheduler, instance-group kinds.
+# and queue policies, preserve_ordering, sequence-batching controls, the ensemble scheduler,
+# instance-group kinds.
 SCHEDULING_MESSAGE = re.compile(
     r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
-    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies"
+    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
 )
 
 
@@ -60,7 +61,7 @@ VALID_CASES = [p for p in FILES if expected_message(p) is None] or [MISSING]
 def test_corpus_is_there_and_big_enough():
     corpus_file(FILES[0] if FILES else MISSING)
     assert len(FILES) >= 250, f"{CORPUS} holds only {len(FILES)} config.pbtxt"
-    assert len(SCHEDULING_CASES) >= 10, SCHEDULING_CASES
+    assert len(SCHEDULING_CASES) >= 15, SCHEDULING_CASES
 
 
 # --- parse / print ---------------------------------------------------------------------------------
@@ -185,6 +186,31 @@ def with_base(extra: str) -> modelconfig.ModelConfig:
             "instance group m_0 of model m has kind KIND_MODEL but specifies one or more GPUs",
         ),
         ('platform: "ensemble"', "ensemble scheduling must be set for ensemble m whose platform is ensemble"),
+        (
+            'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] }, '
+            '{ name: "S" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [0, 1] } ] } ] }',
+            "sequence batching control tensor 'S' is specified for multiple control kinds for m",
+        ),
+        (
+            'sequence_batching { control_input [ { name: "E" control [ { kind: CONTROL_SEQUENCE_END '
+            "int32_false_true: [0, 1] fp32_false_true: [0, 1] } ] } ] }",
+            "sequence batching specifies more than one from 'int32_false_true', 'fp32_false_true' and "
+            "'bool_false_true' for CONTROL_SEQUENCE_END for m",
+        ),
+        (
+            'sequence_batching { control_input [ { name: "R" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [true] } ] } ] }',
+            "sequence batching control 'bool_false_true' must have exactly 2 entries for CONTROL_SEQUENCE_READY for m",
+        ),
+        (
+            'sequence_batching { control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } ] } ] }',
+            "unexpected data type for control CONTROL_SEQUENCE_CORRID for m. Allowed data types are "
+            "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING",
+        ),
+        (
+            "sequence_batching { } response_cache { enable: true }",
+            "Response Cache does not currently support model m with sequence batching scheduler. "
+            "Please disable the response cache.",
+        ),
     ],
 )
 def test_each_rule_with_tritons_wording(extra, message):
@@ -204,6 +230,8 @@ def test_each_rule_with_tritons_wording(extra, message):
         "dynamic_batching { preserve_ordering: true priority_levels: 1 default_priority_level: 1 }",
         "dynamic_batching { preserve_ordering: true default_queue_policy { timeout_action: DELAY } }",
         "instance_group [ { kind: KIND_GPU gpus: [ 0 ] count: 3 } ]",
+        'sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] } ] }, '
+        '{ name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] } ] }',
     ],
 )
 def test_valid_scheduling_settings_pass(extra):
@@ -423,6 +451,8 @@ BROKEN = [
     "sequence_batching { oldest { preferred_batch_size: [64] } }",
     "sequence_batching { direct { minimum_slot_utilization: 1.5 } }",
     "instance_group [ { kind: KIND_CPU gpus: [ 0 ] } ]",
+    'sequence_batching { control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START } ] } ] }',
+    'sequence_batching { control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } ] } ] }',
 ]
 
 

@@ -218,10 +218,11 @@ def validate(config: ModelConfig, source: str = "<config>") -> None:
     The rules and their wording are Triton's own (core `src/model_config_utils.cc`,
     `ValidateModelConfig`, `ValidateEnsembleSchedulingConfig` and `ValidateInstanceGroup`), in the
     order Triton checks them, limited to the scheduling fields: max_batch_size; dynamic_batching
-    (preferred sizes, priority levels, queue policies, preserve_ordering); sequence_batching's
-    preferred sizes and slot utilization; which platform may use the ensemble scheduler; instance
-    groups (none in an ensemble; no GPUs for KIND_CPU / KIND_MODEL). Rules that depend on the
-    server (GPU ids, backends) or on tensors (dims, reshape, batch inputs) are left to the server.
+    (preferred sizes, priority levels, queue policies, preserve_ordering); sequence_batching
+    (control tensors, preferred sizes, slot utilization, no response cache); which platform may use
+    the ensemble scheduler; instance groups (none in an ensemble; no GPUs for KIND_CPU /
+    KIND_MODEL). Rules that depend on the server (GPU ids, backends) or on tensors (dims, reshape,
+    batch inputs) are left to the server.
     Triton accepts `dynamic_batching` with `max_batch_size: 0` (it then never batches), so this does
     too.
     """
@@ -272,6 +273,22 @@ def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
 
     if config.HasField("sequence_batching"):
         sequence = config.sequence_batching
+        if config.response_cache.enable:
+            return (
+                f"Response Cache does not currently support model {name} with sequence batching "
+                "scheduler. Please disable the response cache."
+            )
+        for kind in (
+            _Control.CONTROL_SEQUENCE_START,
+            _Control.CONTROL_SEQUENCE_END,
+            _Control.CONTROL_SEQUENCE_READY,
+        ):
+            message = _sequence_control_problem(sequence, name, kind, boolean=True)
+            if message is not None:
+                return message
+        message = _sequence_control_problem(sequence, name, _Control.CONTROL_SEQUENCE_CORRID, boolean=False)
+        if message is not None:
+            return message
         if sequence.HasField("oldest"):
             for size in sequence.oldest.preferred_batch_size:
                 if size <= 0:
@@ -302,6 +319,71 @@ def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
     return None
 
 
+def _sequence_control_problem(sequence, name: str, kind: int, boolean: bool) -> str | None:
+    """Triton's check of one control kind: named tensors, each used once, the kind given once,
+    with exactly one pair of false/true values for a boolean control and none for CORRID (whose
+    data type must be an integer or a string)."""
+    kind_name = _Control.Kind.Name(kind)
+    seen_tensors: set[str] = set()
+    found = None
+    for control_input in sequence.control_input:
+        if not control_input.name:
+            return f"sequence batching control tensor must have a name for {name}"
+        if control_input.name in seen_tensors:
+            return (
+                f"sequence batching control tensor '{control_input.name}' is specified for multiple "
+                f"control kinds for {name}"
+            )
+        seen_tensors.add(control_input.name)
+        for control in control_input.control:
+            if control.kind != kind:
+                continue
+            if found is not None:
+                return f"sequence batching specifies multiple {kind_name} tensors for {name}"
+            found = control
+            pairs = {
+                field: len(getattr(control, field))
+                for field in ("int32_false_true", "fp32_false_true", "bool_false_true")
+            }
+            given = [field for field, size in pairs.items() if size]
+            if not boolean:
+                if given:
+                    return (
+                        "sequence batching must not specify either 'int32_false_true', 'fp32_false_true' "
+                        f"or 'bool_false_true' for {kind_name} for {name}"
+                    )
+                continue
+            if not given:
+                return (
+                    "sequence batching must specify either 'int32_false_true', 'fp32_false_true' or "
+                    f"'bool_false_true' for {kind_name} for {name}"
+                )
+            if len(given) > 1:
+                return (
+                    "sequence batching specifies more than one from 'int32_false_true', "
+                    f"'fp32_false_true' and 'bool_false_true' for {kind_name} for {name}"
+                )
+            if pairs[given[0]] != 2:
+                return (
+                    f"sequence batching control '{given[0]}' must have exactly 2 entries for "
+                    f"{kind_name} for {name}"
+                )
+    if not boolean and found is not None and found.data_type not in _CORRID_TYPES:
+        return (
+            f"unexpected data type for control {kind_name} for {name}. Allowed data types are "
+            "TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 and TYPE_STRING"
+        )
+    return None
+
+
+_Control = model_config_pb2.ModelSequenceBatching.Control
+_CORRID_TYPES = {
+    model_config_pb2.TYPE_UINT64,
+    model_config_pb2.TYPE_INT64,
+    model_config_pb2.TYPE_UINT32,
+    model_config_pb2.TYPE_INT32,
+    model_config_pb2.TYPE_STRING,
+}
 _DELAY = model_config_pb2.ModelQueuePolicy.DELAY
 _KIND_CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU
 _KIND_MODEL = model_config_pb2.ModelInstanceGroup.KIND_MODEL
