@@ -1,12 +1,26 @@
 """One trial's measurement, from per-request records and Triton's statistics deltas (pure).
 
-`measure()` is implemented with the replay (issue: open-loop replay); the dataclass is the contract
-the score and search stages read.
+The dataclass is the contract the score and search stages read; `measure()` fills it from a replay's
+records (`tuner.replay.ReplayResult.records`) and two snapshots of the model's Triton statistics.
+
+Definitions used here:
+- the measured window runs from `warmup_s` to the last due time; requests due in it are measured;
+- latency percentiles are over the measured requests that succeeded, from their due times (errors
+  are counted in the error rate, not in the latency);
+- throughput = successful measured requests / (last of their completions - window start), so a server
+  that falls behind shows a throughput below the offered rate;
+- busy seconds and compute time per execution come from `batch_stats` (one entry per execution):
+  `inference_stats.compute_*` charges every request of a batch the whole batch's time, so summing it
+  would count a batch of 8 eight times.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -42,3 +56,130 @@ class Measurement:
         if key not in self.latency_ms:
             raise KeyError(f"latency percentile {key} was not measured")
         return self.latency_ms[key]
+
+
+PERCENTILES = (50, 90, 95, 99)
+_COMPUTE = ("compute_input", "compute_infer", "compute_output")
+
+
+def measure(
+    records: pd.DataFrame,
+    stats_before: dict | None,
+    stats_after: dict | None,
+    *,
+    speed: float,
+    warmup_s: float,
+    lag_budget_ms: float,
+    max_batch_size: int,
+    sla_percentile: float = 99.0,
+    load_generator_cpu: float = 0.0,
+    workers: int = 1,
+    duration_s: float | None = None,
+) -> Measurement:
+    """One trial's figures. `records` needs columns due_s, end_s, latency_ms, send_lag_ms and ok (one
+    row per request of the whole schedule, warm-up included); `duration_s` is the schedule's length
+    (default: the last due time). Statistics are Triton's model entry (or the whole stats response)."""
+    end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
+    window = records[records["due_s"] >= warmup_s]
+    span = max(end - warmup_s, 0.0)
+    requests = len(window)
+    ok = window["ok"].to_numpy(dtype=bool)
+    errors = int(requests - ok.sum())
+    good = window[ok]
+    latency = _percentiles(good["latency_ms"].to_numpy(dtype=float), sla_percentile)
+    lag = window["send_lag_ms"].to_numpy(dtype=float)
+    lag = lag[np.isfinite(lag)]
+    send_lag = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
+    served_span = float(good["end_s"].max()) - warmup_s if len(good) else 0.0
+
+    reasons = []
+    if requests == 0:
+        reasons.append(f"no requests due in the measured window (after the {warmup_s:g} s warm-up)")
+    if len(lag) and send_lag["p99"] > lag_budget_ms:
+        reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
+                       f"the load generator was the bottleneck")
+    deltas = _stat_deltas(stats_before, stats_after)
+    executions = deltas["execution_count"]
+    mean_batch = deltas["inference_count"] / executions if executions else 0.0
+    return Measurement(
+        speed=speed,
+        offered_rps=requests / span if span > 0 else 0.0,
+        duration_s=span,
+        requests=requests,
+        errors=errors,
+        error_rate=errors / requests if requests else 0.0,
+        throughput_rps=len(good) / served_span if served_span > 0 else 0.0,
+        latency_ms=latency,
+        send_lag_ms=send_lag,
+        valid=not reasons,
+        invalid_reason="; ".join(reasons),
+        inference_count=deltas["inference_count"],
+        execution_count=executions,
+        fill_rate=mean_batch / max_batch_size if max_batch_size > 0 else (1.0 if executions else 0.0),
+        mean_batch_size=mean_batch,
+        batch_histogram=deltas["histogram"],
+        queue_ms_mean=deltas["queue_ns"] / deltas["queue_count"] / 1e6 if deltas["queue_count"] else 0.0,
+        compute_ms_mean=deltas["busy_ns"] / executions / 1e6 if executions else 0.0,
+        busy_s=deltas["busy_ns"] / 1e9,
+        max_batch_size=max_batch_size,
+        load_generator_cpu=load_generator_cpu,
+        workers=workers,
+    )
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def _percentiles(values: np.ndarray, sla_percentile: float) -> dict[str, float]:
+    out = {f"p{q}": _pct(values, q) for q in PERCENTILES}
+    if sla_percentile < 100 and f"p{sla_percentile:g}" not in out:
+        out[f"p{sla_percentile:g}"] = _pct(values, sla_percentile)
+    out["max"] = float(values.max()) if len(values) else math.nan
+    return out
+
+
+def _model_entry(stats: dict | None) -> dict:
+    if not stats:
+        return {}
+    if "model_stats" in stats:  # the whole `v2/models/<m>/stats` response
+        entries = stats["model_stats"]
+        return entries[0] if entries else {}
+    return stats
+
+
+def _stat_deltas(before: dict | None, after: dict | None) -> dict:
+    """after - before of the counters `measure` uses (gRPC's JSON gives int64 as strings: int())."""
+    b, a = _model_entry(before), _model_entry(after)
+
+    def get(entry: dict, *path: str) -> int:
+        node = entry
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                return 0
+            node = node[part]
+        return int(node)
+
+    def batches(entry: dict) -> dict[int, tuple[int, int]]:
+        out = {}
+        for item in entry.get("batch_stats", []) or []:
+            ns = sum(get(item, name, "ns") for name in _COMPUTE)
+            out[int(item["batch_size"])] = (get(item, "compute_infer", "count"), ns)
+        return out
+
+    bb, ab = batches(b), batches(a)
+    histogram, busy_ns = {}, 0
+    for size, (count, ns) in sorted(ab.items()):
+        count0, ns0 = bb.get(size, (0, 0))
+        if count - count0 > 0:
+            histogram[size] = count - count0
+        busy_ns += ns - ns0
+    return {
+        "inference_count": get(a, "inference_count") - get(b, "inference_count"),
+        "execution_count": get(a, "execution_count") - get(b, "execution_count"),
+        "queue_ns": get(a, "inference_stats", "queue", "ns") - get(b, "inference_stats", "queue", "ns"),
+        "queue_count": (get(a, "inference_stats", "queue", "count")
+                        - get(b, "inference_stats", "queue", "count")),
+        "busy_ns": busy_ns,
+        "histogram": histogram,
+    }

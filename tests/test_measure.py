@@ -1,0 +1,127 @@
+"""measure(): percentiles, window, validity and Triton statistics deltas, on hand-made records."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.measure import Measurement, measure
+
+
+def records(n: int = 1000, rate: float = 100.0, latency_ms=None, lag_ms=None, ok=None) -> pd.DataFrame:
+    due = np.arange(n) / rate
+    latency = np.full(n, 10.0) if latency_ms is None else np.asarray(latency_ms, dtype=float)
+    lag = np.full(n, 0.1) if lag_ms is None else np.asarray(lag_ms, dtype=float)
+    return pd.DataFrame({
+        "row": np.arange(n), "due_s": due, "send_s": due + lag / 1000, "end_s": due + latency / 1000,
+        "latency_ms": latency, "send_lag_ms": lag,
+        "ok": np.ones(n, dtype=bool) if ok is None else np.asarray(ok, dtype=bool),
+        "error": "", "worker": 0,
+    })
+
+
+def stats(inferences: int, executions: int, batches: dict[int, int], queue_ns: int = 0,
+          ns_per_execution: int = 1_000_000) -> dict:
+    """A model entry of Triton's statistics, as `v2/models/<m>/stats` gives it."""
+    def pair(count, ns):
+        return {"count": count, "ns": ns}
+
+    return {
+        "name": "m", "version": "1", "inference_count": inferences, "execution_count": executions,
+        "inference_stats": {"success": pair(inferences, 0), "queue": pair(inferences, queue_ns),
+                            "compute_infer": pair(inferences, 10**12)},  # per request: not busy time
+        "batch_stats": [
+            {"batch_size": size, "compute_input": pair(count, 0),
+             "compute_infer": pair(count, count * ns_per_execution), "compute_output": pair(count, 0)}
+            for size, count in batches.items()
+        ],
+    }
+
+
+def run(recs, before=None, after=None, **kw) -> Measurement:
+    args = dict(speed=1.0, warmup_s=2.0, lag_budget_ms=2.0, max_batch_size=8)
+    args.update(kw)
+    return measure(recs, before, after, **args)
+
+
+def test_latency_percentiles_come_from_the_measured_window_only():
+    n = 1000  # 10 s at 100 req/s; the first 2 s are warm-up with huge latencies
+    latency = np.where(np.arange(n) < 200, 5000.0, np.arange(n) % 100 + 1.0)
+    m = run(records(n, latency_ms=latency))
+    assert m.requests == 800
+    assert m.duration_s == pytest.approx(9.99 - 2.0)
+    assert m.offered_rps == pytest.approx(800 / 7.99)
+    assert m.latency_ms["max"] == 100.0
+    assert m.latency_ms["p50"] == pytest.approx(np.percentile(latency[200:], 50))
+    assert m.latency_ms["p99"] == pytest.approx(np.percentile(latency[200:], 99))
+    assert set(m.latency_ms) == {"p50", "p90", "p95", "p99", "max"}
+    assert m.latency(99) == m.latency_ms["p99"]
+
+
+def test_an_sla_percentile_outside_the_usual_ones_is_added():
+    m = run(records(), sla_percentile=99.9)
+    assert "p99.9" in m.latency_ms and m.latency(99.9) == pytest.approx(10.0)
+
+
+def test_errors_are_counted_and_kept_out_of_latency():
+    n = 1000
+    ok = np.arange(n) % 10 != 0
+    latency = np.where(ok, 10.0, 30_000.0)  # failures that timed out
+    m = run(records(n, latency_ms=latency, ok=ok))
+    assert m.errors == 80 and m.error_rate == pytest.approx(0.1)
+    assert m.latency_ms["max"] == 10.0
+    assert m.throughput_rps == pytest.approx(720 / (9.99 + 0.01 - 2.0))
+
+
+def test_throughput_falls_below_the_offered_rate_when_the_server_falls_behind():
+    n = 1000
+    latency = np.arange(n) * 5.0  # each response 5 ms later than the last: a growing backlog
+    m = run(records(n, latency_ms=latency))
+    assert m.throughput_rps < 0.7 * m.offered_rps
+
+
+def test_send_lag_over_budget_makes_the_measurement_invalid():
+    lag = np.full(1000, 0.2)
+    lag[-20:] = 9.0
+    m = run(records(lag_ms=lag))
+    assert not m.valid and "send lag p99" in m.invalid_reason
+    assert m.send_lag_ms["p50"] == pytest.approx(0.2)
+    assert run(records()).valid
+
+
+def test_a_schedule_shorter_than_the_warmup_is_invalid_not_a_crash():
+    m = run(records(100), warmup_s=5.0)
+    assert m.requests == 0 and not m.valid and "no requests" in m.invalid_reason
+    assert math.isnan(m.latency_ms["p99"]) and m.throughput_rps == 0.0
+
+
+def test_statistics_deltas_give_counts_fill_rate_histogram_and_busy_time():
+    before = stats(100, 50, {1: 20, 2: 30}, queue_ns=5_000_000)
+    after = stats(100 + 800, 50 + 200, {1: 20 + 40, 2: 30, 4: 80, 8: 80}, queue_ns=5_000_000 + 800 * 2_000_000)
+    m = run(records(), before, after)
+    assert m.inference_count == 800 and m.execution_count == 200
+    assert m.mean_batch_size == 4.0 and m.fill_rate == 0.5
+    assert m.batch_histogram == {1: 40, 4: 80, 8: 80}
+    assert m.queue_ms_mean == pytest.approx(2.0)
+    # busy time is per execution (batch_stats), not the per-request inference_stats.compute_infer
+    assert m.busy_s == pytest.approx(200 * 0.001)
+    assert m.compute_ms_mean == pytest.approx(1.0)
+
+
+def test_statistics_in_grpc_json_form_and_wrapped_in_model_stats():
+    after = stats(10, 5, {2: 5})
+    stringly = {"model_stats": [{
+        **after, "inference_count": "10", "execution_count": "5",
+        "batch_stats": [{"batch_size": "2", "compute_infer": {"count": "5", "ns": "5000000"}}],
+    }]}
+    m = run(records(), None, stringly)
+    assert m.inference_count == 10 and m.execution_count == 5 and m.batch_histogram == {2: 5}
+    assert m.busy_s == pytest.approx(0.005)
+
+
+def test_load_generator_figures_are_passed_through():
+    m = run(records(), load_generator_cpu=0.4, workers=3)
+    assert m.load_generator_cpu == 0.4 and m.workers == 3

@@ -1,0 +1,194 @@
+"""The open-loop replay against a real tritonserver (tests/data/replay_models: `echo` and `flaky`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.errors import ServerSetupError, TrafficError
+from tuner.measure import measure
+from tuner.replay import choose_workers, plan_requests, replay
+from tuner.server.base import Endpoints
+from tuner.server.local import LocalLauncher
+from tuner.settings import ReplaySettings
+
+MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
+
+
+@pytest.fixture(scope="module")
+def server(triton_install):
+    with LocalLauncher(MODELS, models=["echo", "flaky"], install=triton_install) as launcher:
+        yield launcher
+
+
+def uniform(rate: float, duration_s: float, seq_len: int | None = 16, **columns) -> pd.DataFrame:
+    n = int(rate * duration_s)
+    df = pd.DataFrame({"timestamp": 100.0 + np.arange(n) / rate, **columns})
+    if seq_len is not None:
+        df["seq_len"] = seq_len
+    return df
+
+
+def settings(**kw) -> ReplaySettings:
+    return ReplaySettings(**{"workers": 1, "warmup_s": 0.5, **kw})
+
+
+@pytest.mark.slow
+def test_replay_sends_every_request_on_time_and_keeps_a_record_of_each(server):
+    traffic = uniform(100, 3.0, seq_len=None)
+    traffic["seq_len"] = np.arange(len(traffic)) % 7 + 4
+    result = replay(server.endpoints, "echo", traffic, 2.0, settings())
+    recs = result.records
+    assert len(recs) == 300 and recs["ok"].all() and (recs["error"] == "").all()
+    assert result.mode == "local" and result.workers == 1
+    # speed 2: the 3 s of traffic is due within 1.5 s
+    assert recs["due_s"].iloc[-1] == pytest.approx(299 / 200)
+    assert np.allclose(recs["latency_ms"], (recs["end_s"] - recs["due_s"]) * 1000)
+    assert (recs["send_lag_ms"] >= 0).all() and recs["send_lag_ms"].median() < 2.0
+    assert result.stats_after["inference_count"] - result.stats_before["inference_count"] == pytest.approx(
+        (recs["due_s"] >= 0.5).sum(), abs=5)
+    m = measure(recs, result.stats_before, result.stats_after, speed=2.0, warmup_s=0.5, lag_budget_ms=50,
+                max_batch_size=32)
+    assert m.requests == (recs["due_s"] >= 0.5).sum() and m.errors == 0
+    assert m.throughput_rps == pytest.approx(200, rel=0.1)
+    assert m.execution_count > 0 and m.busy_s > 0 and 0 < m.fill_rate <= 1
+
+
+@pytest.mark.slow
+def test_grpc_and_distributed_mode_replay_the_same_schedule(server):
+    traffic = uniform(150, 2.0)
+    grpc = replay(server.endpoints, "echo", traffic, 1.0, settings(protocol="grpc"))
+    assert grpc.records["ok"].all() and len(grpc.records) == 300
+    spread = replay(server.endpoints, "echo", traffic, 1.0, settings(workers=2))
+    assert spread.mode == "distributed" and spread.workers == 2
+    recs = spread.records
+    assert recs["ok"].all() and list(recs["row"]) == list(range(300))
+    # every other request from each worker, all from one common start time
+    assert set(recs["worker"][::2]) == {0} and set(recs["worker"][1::2]) == {1}
+    assert recs["send_lag_ms"].median() < 2.0
+    assert len(spread.details["processes"]) == 2
+
+
+@pytest.mark.slow
+def test_errors_are_counted_not_fatal(server):
+    result = replay(server.endpoints, "flaky", uniform(200, 2.5), 1.0, settings(warmup_s=0.0))
+    m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=0.0,
+                lag_budget_ms=50, max_batch_size=16)
+    assert m.requests == 500
+    assert m.error_rate == pytest.approx(0.10, abs=0.003)
+    failed = result.records[~result.records["ok"]]
+    assert failed["error"].str.contains("fails on purpose").all()
+
+
+@pytest.mark.slow
+def test_a_paused_server_shows_in_latency_and_the_sends_stay_on_schedule(server):
+    """No coordinated omission: SIGSTOP the server for 1 s in the middle of the replay."""
+    pause: dict[str, float] = {}
+
+    def pause_server():
+        pause["stop"] = time.monotonic()
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(1.0)
+        pause["cont"] = time.monotonic()
+        os.kill(server.pid, signal.SIGCONT)
+
+    def stats_then_pause():
+        # Called at the end of the warm-up: snapshot, then stop the server for one second.
+        snapshot = server.statistics("echo")
+        if not pause:
+            threading.Thread(target=pause_server, daemon=True).start()
+        return snapshot
+
+    try:
+        result = replay(server.endpoints, "echo", uniform(100, 3.5), 1.0, settings(warmup_s=1.0),
+                        stats=stats_then_pause)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    recs = result.records
+    t0 = result.details["t0_monotonic"]
+    stop, cont = pause["stop"] - t0, pause["cont"] - t0
+    during = recs[(recs["due_s"] > stop + 0.02) & (recs["due_s"] < cont - 0.02)]
+    assert len(during) >= 90 and during["ok"].all()
+    # each answer came after the pause, and its latency counts from its due time
+    assert (during["end_s"] >= cont - 0.005).all()
+    assert np.allclose(during["latency_ms"], (during["end_s"] - during["due_s"]) * 1000)
+    assert during["latency_ms"].iloc[0] > 900 and during["latency_ms"].iloc[-1] < 200
+    # the sends went out on time while the server was stopped
+    assert during["send_lag_ms"].quantile(0.99) < 5.0
+    # (the burst of answers right after the pause may delay a few sends by some ms: not asserted)
+    assert recs["send_lag_ms"].median() < 1.0
+
+
+def test_an_unreachable_server_is_a_setup_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nobody = Endpoints(f"127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
+    with pytest.raises(ServerSetupError, match="cannot reach Triton"):
+        replay(nobody, "echo", uniform(10, 1), 1.0, settings())
+
+
+@pytest.mark.slow
+def test_a_missing_model_is_a_setup_error(server):
+    with pytest.raises(ServerSetupError, match="model 'nope' is not loaded"):
+        replay(server.endpoints, "nope", uniform(10, 1), 1.0, settings())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("traffic, message", [
+    (uniform(10, 1, seq_len=None), "variable dim 0 and the traffic has no 'seq_len' or 'INPUT_IDS:0'"),
+    (uniform(10, 1, batch_size=64), "batch_size 64 exceeds model 'echo' max_batch_size 32"),
+    (uniform(10, 1, seq_len=0), "seq_len=0 is not a positive integer"),
+])
+def test_traffic_that_does_not_fit_the_model_is_a_traffic_error(server, traffic, message):
+    with pytest.raises(TrafficError, match=message):
+        replay(server.endpoints, "echo", traffic, 1.0, settings())
+
+
+CONFIG = {"name": "m", "max_batch_size": 8, "input": [
+    {"name": "IDS", "data_type": "TYPE_INT32", "dims": [-1]},
+    {"name": "MASK", "data_type": "TYPE_FP32", "dims": [-1, 4]},
+    {"name": "EXTRA", "data_type": "TYPE_FP32", "dims": [3], "optional": True},
+], "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}]}
+
+
+def test_shapes_map_batch_size_and_seq_len_onto_the_inputs():
+    traffic = pd.DataFrame({"timestamp": [0.0, 1, 2, 3], "batch_size": [1, 2, 2, 1],
+                            "seq_len": [5, 7, 7, 5], "MASK:0": [9, 9, 9, 2]})
+    plan = plan_requests({"name": "m"}, CONFIG, traffic)
+    assert [i.name for i in plan.inputs] == ["IDS", "MASK"]  # optional inputs are not sent
+    assert plan.outputs == ("OUT",)
+    shapes = [plan.shapes[k] for k in plan.shape_ids]
+    assert shapes == [[[1, 5], [1, 9, 4]], [[2, 7], [2, 9, 4]], [[2, 7], [2, 9, 4]], [[1, 5], [1, 2, 4]]]
+    assert len(plan.shapes) == 3  # tensors are made once per distinct shape
+
+
+def test_a_non_batching_model_takes_only_single_requests():
+    config = {**CONFIG, "max_batch_size": 0}
+    plan = plan_requests({"name": "m"}, config, pd.DataFrame({"timestamp": [0.0], "seq_len": [3]}))
+    assert plan.shapes == [[[3], [3, 4]]]
+    with pytest.raises(TrafficError, match="does not batch"):
+        plan_requests({"name": "m"}, config, pd.DataFrame({"timestamp": [0.0], "seq_len": [3],
+                                                           "batch_size": [2]}))
+
+
+def test_a_column_contradicting_a_fixed_dim_names_the_row():
+    traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [3, 3], "MASK:1": [4, 5]})
+    with pytest.raises(TrafficError, match="traffic row 1: MASK:1=5 but model 'm' input MASK dim 1 is fixed at 4"):
+        plan_requests({"name": "m"}, CONFIG, traffic)
+
+
+def test_workers_rule():
+    assert choose_workers(3, 10.0)[0] == 3
+    assert choose_workers(0, 100.0, cpus=8)[0] == 1
+    n, reason = choose_workers(0, 5000.0, cpus=8)
+    assert 2 <= n <= 8 and "req/s" in reason
+    assert choose_workers(0, 5000.0, cpus=1)[0] == 1

@@ -1,0 +1,183 @@
+"""What to send: the model's inputs (from its metadata and config), each traffic row's tensor shapes,
+and the schedule of due times. Parent-side and unpatched: no gevent here.
+
+Shape mapping rule (documented in the README and `tuner replay --help`):
+- a model with `max_batch_size > 0` gets each row's `batch_size` (default 1) as the first dim; a model
+  without batching takes only rows with `batch_size` 1;
+- a column named `<INPUT>:<k>` (e.g. `INPUT_IDS:0`) gives dim k (counted after the batch dim) of that
+  input;
+- otherwise a column `seq_len` gives every variable (-1) dim of every input;
+- a variable dim with neither column, a shape value that is not a positive integer, a column that
+  contradicts a fixed dim, or a batch larger than `max_batch_size` make the traffic unfit (TrafficError).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import ServerSetupError, TrafficError
+
+SEQ_LEN = "seq_len"
+# Datatypes the replay can make data for (Triton's names).
+SUPPORTED = {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+             "FP16", "FP32", "FP64", "BYTES"}
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dim; -1 = variable
+    columns: tuple[str | None, ...]  # per dim: the traffic column that gives it, or None (fixed)
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """The tensors of every request: `shapes[shape_ids[i]]` gives row i's shape for each input."""
+
+    model: str
+    batched: bool
+    max_batch_size: int
+    inputs: tuple[InputPlan, ...]
+    outputs: tuple[str, ...]
+    shapes: list[list[list[int]]]  # shape id -> one shape per input
+    shape_ids: np.ndarray
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "inputs": [{"name": i.name, "datatype": i.datatype} for i in self.inputs],
+            "outputs": list(self.outputs),
+            "shapes": self.shapes,
+        }
+
+
+def get_json(base: str, path: str, timeout_s: float = 10.0) -> dict:
+    """GET http://BASE/PATH as JSON; an unreachable server or an error status is a ServerSetupError."""
+    url = f"http://{base}/{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error", "")
+        except Exception:
+            detail = ""
+        raise ServerSetupError(f"{url}: HTTP {exc.code}{': ' + detail if detail else ''}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ServerSetupError(f"cannot reach Triton at {base}: {reason}") from None
+
+
+def model_info(http: str, model: str) -> tuple[dict, dict]:
+    """The model's metadata and config from the server; a clear error when it is not loaded."""
+    try:
+        ready = urllib.request.urlopen(f"http://{http}/v2/models/{model}/ready", timeout=10).status
+    except urllib.error.HTTPError:
+        ready = 0
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServerSetupError(f"cannot reach Triton at {http}: {getattr(exc, 'reason', exc)}") from None
+    if ready != 200:
+        raise ServerSetupError(f"model '{model}' is not loaded (not ready) on the Triton at {http}")
+    return get_json(http, f"v2/models/{model}"), get_json(http, f"v2/models/{model}/config")
+
+
+def statistics(http: str, model: str) -> dict:
+    """The model's entry of `v2/models/<model>/stats` (cumulative since the model was loaded)."""
+    stats = get_json(http, f"v2/models/{model}/stats").get("model_stats", [])
+    if not stats:
+        raise ServerSetupError(f"Triton at {http} has no statistics for model '{model}'")
+    return stats[0]
+
+
+def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> RequestPlan:
+    model = metadata.get("name") or config.get("name", "?")
+    max_batch = int(config.get("max_batch_size", 0))
+    batched = max_batch > 0
+    n = len(traffic)
+    if "batch_size" in traffic.columns:
+        batch = _positive_ints(traffic["batch_size"], "batch_size", traffic)
+    else:
+        batch = np.ones(n, dtype=np.int64)
+    if n:
+        worst = int(np.argmax(batch))
+        if not batched and batch[worst] != 1:
+            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {batch[worst]} but model "
+                               f"'{model}' does not batch (max_batch_size 0)")
+        if batched and batch[worst] > max_batch:
+            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {batch[worst]} exceeds "
+                               f"model '{model}' max_batch_size {max_batch}")
+
+    inputs: list[InputPlan] = []
+    dim_values: list[np.ndarray] = [batch] if batched else []
+    for spec in config.get("input", []):
+        if spec.get("optional"):
+            continue  # the replay sends only what the model requires
+        name = spec["name"]
+        datatype = spec["data_type"].removeprefix("TYPE_")
+        datatype = {"STRING": "BYTES"}.get(datatype, datatype)
+        if datatype not in SUPPORTED:
+            raise TrafficError(f"model '{model}' input {name}: datatype {datatype} is not supported "
+                               f"by the replay")
+        if spec.get("is_shape_tensor"):
+            raise TrafficError(f"model '{model}' input {name}: shape tensors are not supported by the replay")
+        dims = tuple(int(d) for d in spec.get("dims", []))
+        columns: list[str | None] = []
+        for k, d in enumerate(dims):
+            own = f"{name}:{k}"
+            column = own if own in traffic.columns else (SEQ_LEN if d == -1 and SEQ_LEN in traffic.columns
+                                                         else None)
+            if d == -1 and column is None:
+                raise TrafficError(f"model '{model}' input {name} has a variable dim {k} and the traffic "
+                                   f"has no '{SEQ_LEN}' or '{own}' column to size it")
+            if column is None:
+                dim_values.append(np.full(n, d, dtype=np.int64))
+            else:
+                values = _positive_ints(traffic[column], column, traffic)
+                if d != -1 and n and (values != d).any():
+                    bad = int(np.argmax(values != d))
+                    raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={values[bad]} but "
+                                       f"model '{model}' input {name} dim {k} is fixed at {d}")
+                dim_values.append(values)
+            columns.append(column)
+        inputs.append(InputPlan(name, datatype, dims, tuple(columns)))
+    outputs = tuple(o["name"] for o in config.get("output", []))
+
+    # One id per distinct combination of all dims, so tensors are made once per shape, not per request.
+    table = np.stack(dim_values, axis=1) if dim_values else np.zeros((n, 0), dtype=np.int64)
+    unique, shape_ids = np.unique(table, axis=0, return_inverse=True) if n else (table, np.zeros(0, int))
+    shapes = []
+    for row in unique.tolist():
+        pos = 1 if batched else 0
+        per_input = []
+        for plan in inputs:
+            dims = row[pos:pos + len(plan.dims)]
+            pos += len(plan.dims)
+            per_input.append(([row[0]] if batched else []) + dims)
+        shapes.append(per_input)
+    return RequestPlan(model, batched, max_batch, tuple(inputs), outputs, shapes,
+                       np.asarray(shape_ids, dtype=np.int64).reshape(-1))
+
+
+def peak_rate(due_s: np.ndarray, window_s: float = 1.0) -> float:
+    """The most requests due in any `window_s` seconds, per second (the offered peak)."""
+    if len(due_s) == 0:
+        return 0.0
+    ends = np.searchsorted(due_s, due_s + window_s, side="left")
+    return float((ends - np.arange(len(due_s))).max()) / window_s
+
+
+def _positive_ints(column: pd.Series, name: str, traffic: pd.DataFrame) -> np.ndarray:
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values) | (values < 1) | (values != np.round(values))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TrafficError(f"traffic row {traffic.index[i]}: {name}={column.iloc[i]} is not a "
+                           f"positive integer")
+    return values.astype(np.int64)
