@@ -127,7 +127,10 @@ def test_container_is_labelled_host_networked_and_mounts_a_readonly_copy(server,
 def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, tmp_path):
     launcher = DockerLauncher(SETTINGS, TEMPLATES, [MODEL], tmp_path)
     with launcher:
-        engine.containers.get(launcher.container_name).kill()
+        container = engine.containers.get(launcher.container_name)
+        repo_copy = Path(container.attrs["Mounts"][0]["Source"])
+        assert (repo_copy / MODEL / "config.pbtxt").is_file()
+        container.kill()
         deadline = time.monotonic() + 10
         while launcher.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -137,6 +140,7 @@ def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, 
         message = str(caught.value)
         assert "exited" in message and "Started HTTPService" in message  # the container's last lines
     assert not managed_containers(engine, launcher.session)
+    assert not repo_copy.parent.exists()  # the private copy is gone with the container
     assert "Started HTTPService" in (tmp_path / "tritonserver.log").read_text()
     with DockerLauncher(SETTINGS, TEMPLATES, [MODEL]) as again:
         assert again.is_alive()
@@ -241,8 +245,11 @@ def test_container_of_a_killed_run_is_removed_by_the_next_start(engine):
     child.wait(timeout=10)
     (orphan,) = managed_containers(engine, session)
     assert orphan.labels[LABEL_SESSION] == session
+    repo_copy = Path(orphan.attrs["Mounts"][0]["Source"])
+    assert repo_copy.is_dir()
     with DockerLauncher(SETTINGS, TEMPLATES, [MODEL]) as launcher:
         assert not managed_containers(engine, session)
+        assert not repo_copy.exists()
         assert len(managed_containers(engine, launcher.session)) == 1
 
 

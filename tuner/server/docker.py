@@ -39,6 +39,7 @@ LABEL_HOST = "tuner.host"
 LABEL_PID = "tuner.pid"
 REPO_IN_CONTAINER = "/models"
 LOG_NAME = "tritonserver.log"
+REPO_COPY_PREFIX = "tuner-docker-repo-"
 LOAD_TIMEOUT_S = 300.0
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # encoder_sim's emulated GPU: one lock per container
 _PORT_IN_USE = re.compile(r"[^\n]*(address already in use|port is already allocated|already in use)[^\n]*", re.I)
@@ -85,6 +86,19 @@ class DockerLauncher(Launcher):
             for port in self._ports:
                 check_port_free(port)
         http_port, grpc_port, metrics_port = self._ports or free_ports(3)
+        _live.add(self)
+        try:
+            self._run(client, image, models, (http_port, grpc_port, metrics_port))
+        except BaseException:  # also Ctrl-C in the middle of creating the container
+            self.stop()
+            raise
+        self._endpoints = Endpoints(http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}",
+                                    metrics=f"http://127.0.0.1:{metrics_port}/metrics")
+        self._http = TritonHttp(self._endpoints.http)
+
+    def _run(self, client: docker.DockerClient, image: str, models: list[str],
+             ports: tuple[int, int, int]) -> None:
+        http_port, grpc_port, metrics_port = ports
         self._repo_copy = private_copy(self.model_repository, models)
         environment = {GPU_LOCK_ENV: "/tmp/tuner-emulated-gpu.lock", **self.settings.environment}
         kwargs = dict(
@@ -104,18 +118,13 @@ class DockerLauncher(Launcher):
         else:  # the server binds all addresses inside its own network namespace; only loopback outside
             kwargs["ports"] = {"8000/tcp": ("127.0.0.1", http_port), "8001/tcp": ("127.0.0.1", grpc_port),
                                "8002/tcp": ("127.0.0.1", metrics_port)}
-        _live.add(self)
         try:
             self._container = client.containers.create(**kwargs)
             self._container.start()
         except docker.errors.APIError as exc:
-            self.stop()
-            raise ServerSetupError(self._explain_api_error(exc, (http_port, grpc_port, metrics_port))) from None
+            raise ServerSetupError(self._explain_api_error(exc, ports)) from None
         if self.settings.network == "published":
             self._check_published()
-        self._endpoints = Endpoints(http=f"127.0.0.1:{http_port}", grpc=f"127.0.0.1:{grpc_port}",
-                                    metrics=f"http://127.0.0.1:{metrics_port}/metrics")
-        self._http = TritonHttp(self._endpoints.http)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         timeout_s = self.settings.startup_timeout_s if timeout_s is None else timeout_s
@@ -133,8 +142,11 @@ class DockerLauncher(Launcher):
             time.sleep(0.25)
 
     def stop(self) -> None:
-        _live.discard(self)
         container, self._container = self._container, None
+        if container is None and self._client is not None and self._repo_copy is not None:
+            # interrupted between create and our noting it: find the container by its name
+            with contextlib.suppress(docker.errors.DockerException):
+                container = self._client.containers.get(self.container_name)
         if container is not None:
             with contextlib.suppress(docker.errors.DockerException):
                 if self._state(container) in ("running", "created"):
@@ -147,9 +159,10 @@ class DockerLauncher(Launcher):
                 except docker.errors.DockerException as exc:
                     print(f"tuner: could not remove container {self.container_name}: {exc}", file=sys.stderr)
         if self._repo_copy is not None:
-            shutil.rmtree(self._repo_copy, ignore_errors=True)
+            shutil.rmtree(self._repo_copy.parent, ignore_errors=True)
             self._repo_copy = None
         self._http = None
+        _live.discard(self)  # last: a second Ctrl-C during the removal leaves it to the atexit hook
 
     def is_alive(self) -> bool:
         if self._container is None or self._http is None:
@@ -293,7 +306,6 @@ class DockerLauncher(Launcher):
         self._state()
         published = (self._container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
         if not all(published.get(f"{port}/tcp") for port in (8000, 8001, 8002)):
-            self.stop()
             raise ServerSetupError("server.network: published: the Docker engine published no ports for the "
                                    "container (it has no bridge network, e.g. dockerd --bridge=none); use "
                                    "server.network: host")
@@ -381,7 +393,7 @@ def log_tail(text: str, lines: int = 12) -> str:
 def private_copy(repository: Path, models: Sequence[str]) -> Path:
     """A copy of `models` from the repository, which the container mounts read-only; large files are
     hard-linked when the file system allows (the mount is read-only, so the originals cannot change)."""
-    target = Path(tempfile.mkdtemp(prefix="tuner-docker-repo-"))
+    target = Path(tempfile.mkdtemp(prefix=REPO_COPY_PREFIX))
 
     def link_or_copy(src: str, dst: str) -> None:
         if os.path.getsize(src) > 1 << 20:
@@ -420,6 +432,10 @@ def remove_orphans(client: docker.DockerClient) -> list[str]:
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
             removed.append(container.name)
+        for mount in container.attrs.get("Mounts") or []:  # its private repository copy, too
+            source = Path(mount.get("Source", ""))
+            if source.name == "repo" and source.parent.name.startswith(REPO_COPY_PREFIX):
+                shutil.rmtree(source.parent, ignore_errors=True)
     if removed:
         print(f"tuner: removed {len(removed)} container(s) left by an earlier run: {', '.join(removed)}",
               file=sys.stderr)
