@@ -106,7 +106,7 @@ def test_matmul_batches_and_batching_pays(local_server, restore_template_config)
     http = local_server.endpoints.http
     rows = [np.full((1, 256), 0.01 * i, np.float32) for i in range(64)]
     per_inference_ms = {}
-    for mbs, delay in ((1, 0), (32, 20000)):
+    for mbs, delay in ((1, 0), (32, 100000)):
         local_server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), mbs, delay))
         burst(http, "matmul_cpu", "INPUT", rows[:4], concurrency=4)  # warm up
         before = local_server.statistics("matmul_cpu")
@@ -114,7 +114,7 @@ def test_matmul_batches_and_batching_pays(local_server, restore_template_config)
         after = local_server.statistics("matmul_cpu")
         assert (ok, errors) == (64, [])
         executions = after["execution_count"] - before["execution_count"]
-        assert executions == 64 if mbs == 1 else executions <= 16
+        assert executions == 64 if mbs == 1 else executions <= 16, after["batch_stats"]
         # batch_stats count each execution once (inference_stats count it once per request)
         per_inference_ms[mbs] = (_execution_ns(after) - _execution_ns(before)) / 64 / 1e6
     print(f"matmul_cpu compute per inference: unbatched {per_inference_ms[1]:.2f} ms, "

@@ -101,7 +101,7 @@ class LauncherContract:
     def test_concurrent_requests_are_batched(self, launcher):
         base = template("matmul_cpu")
         try:
-            launcher.apply_config("matmul_cpu", with_batching(base, 16, 20000))
+            launcher.apply_config("matmul_cpu", with_batching(base, 16, 100000))
             rows = [np.full((1, 256), i, dtype=np.float32) for i in range(48)]
             ok, errors = burst(launcher.endpoints.http, "matmul_cpu", "INPUT", rows, concurrency=16)
             assert (ok, errors) == (48, [])

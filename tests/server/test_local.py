@@ -117,3 +117,69 @@ def test_inference_through_the_private_copy(triton_install, templates_dir):
         out = infer(server.endpoints.http, "matmul_cpu", "INPUT", np.ones((2, 256), np.float32))
         assert out["outputs"][0]["shape"] == [2, 256]
         assert server.repository != templates_dir
+
+
+_OWNER_SCRIPT = """
+import sys, time
+from tuner.server.local import LocalLauncher
+from tuner.server.install import find_tritonserver
+server = LocalLauncher(sys.argv[1], models=["matmul_cpu"], install=find_tritonserver(sys.argv[2]))
+server.start()
+server.wait_ready()
+print(server.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pgid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_no_orphan_when_the_owner_is_interrupted_or_killed(sig, triton_install, templates_dir):
+    """Ctrl-C (KeyboardInterrupt, atexit) and a kill -9 of the owner (parent-death signal) both end the server."""
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT, str(templates_dir), str(triton_install.root)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(owner.stdout.readline())
+        os.killpg(pid, 0)  # running
+        owner.send_signal(sig)
+        owner.wait(timeout=30)
+        assert _gone(pid, within_s=20), f"tritonserver group {pid} outlived its owner ({sig.name})"
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
+def test_a_port_taken_after_it_was_chosen_is_retried(triton_install, templates_dir, monkeypatch):
+    import tuner.server.local as local
+
+    real = local._free_ports
+    calls = []
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+
+        def racy(count):
+            ports = real(count)
+            if not calls:  # the first choice loses the race for its HTTP port
+                ports[0] = busy.getsockname()[1]
+            calls.append(ports)
+            return ports
+
+        monkeypatch.setattr(local, "_free_ports", racy)
+        with LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install) as server:
+            assert len(calls) == 2
+            assert server.endpoints.http == f"127.0.0.1:{calls[1][0]}"
+            assert server.is_alive()

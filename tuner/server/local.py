@@ -25,6 +25,7 @@ from tuner.server.install import TritonInstall, find_tritonserver
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
+PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
 
@@ -55,6 +56,7 @@ class LocalLauncher(Launcher):
         self._workdir: Path | None = None
         self._log_file: Path | None = None
         self._log_start = 0
+        self._spawn_args: tuple | None = None
         self._endpoints: Endpoints | None = None
         self._http: TritonHttp | None = None
         self._lock = threading.Lock()
@@ -95,7 +97,8 @@ class LocalLauncher(Launcher):
                 shutil.copytree(self.model_repository / name, repo / name, symlinks=False)
             self._log_file = self.log_path or self._workdir / "tritonserver.log"
             self._log_file.parent.mkdir(parents=True, exist_ok=True)
-            self._spawn(install, repo, models)
+            self._spawn_args = (install, repo, models)
+            self._spawn(*self._spawn_args)
         except BaseException:
             self.stop()
             raise
@@ -130,18 +133,29 @@ class LocalLauncher(Launcher):
     def wait_ready(self, timeout_s: float | None = None) -> None:
         timeout_s = timeout_s or self.startup_timeout_s
         deadline = time.monotonic() + timeout_s
-        proc, http = self._proc, self._http
-        if proc is None or http is None:
-            raise ServerSetupError("the local Triton server was not started")
-        while time.monotonic() < deadline:
-            code = proc.poll()
-            if code is not None:
-                raise ServerSetupError(f"tritonserver exited with code {code} during startup{self._first_error()}; "
+        retries = 0 if self.ports else PORT_RETRIES
+        while True:
+            proc, http = self._proc, self._http
+            if proc is None or http is None:
+                raise ServerSetupError("the local Triton server was not started")
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    break
+                if http.ok("v2/health/ready", timeout_s=1.0):
+                    return
+                time.sleep(0.2)
+            else:
+                raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; "
                                        f"last log lines:\n{self.logs(15)}")
-            if http.ok("v2/health/ready", timeout_s=1.0):
-                return
-            time.sleep(0.2)
-        raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; last log lines:\n{self.logs(15)}")
+            reason = self._first_error()
+            if retries and "already in use" in reason.lower() and self._spawn_args:
+                # another process took a port we had found free: try new ones
+                retries -= 1
+                self._proc = None
+                self._spawn(*self._spawn_args)
+                continue
+            raise ServerSetupError(f"tritonserver exited with code {proc.returncode} during startup{reason}; "
+                                   f"last log lines:\n{self.logs(15)}")
 
     def stop(self) -> None:
         with self._lock:

@@ -1,0 +1,138 @@
+"""The launchers' shared pieces that need no server: read-back comparison, metrics parsing, install
+checks, and the choice of launcher from a study."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner import modelconfig
+from tuner.errors import ServerSetupError
+from tuner.server import LocalLauncher, RemoteLauncher, make_launcher
+from tuner.server import install as install_mod
+from tuner.server.client import compare_tuned_fields, parse_prometheus
+from tuner.settings import study_from_dict
+
+BASE = modelconfig.parse("""
+name: "m"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 100 preferred_batch_size: [4, 8] }
+instance_group [ { count: 2, kind: KIND_CPU } ]
+""")
+
+
+def _copy(**changes) -> modelconfig.ModelConfig:
+    out = modelconfig.ModelConfig()
+    out.CopyFrom(BASE)
+    for key, value in changes.items():
+        if key == "delay":
+            out.dynamic_batching.max_queue_delay_microseconds = value
+        elif key == "preferred":
+            del out.dynamic_batching.preferred_batch_size[:]
+            out.dynamic_batching.preferred_batch_size.extend(value)
+        elif key == "count":
+            out.instance_group[0].count = value
+        else:
+            setattr(out, key, value)
+    return out
+
+
+def test_same_config_has_no_mismatch():
+    running = _copy()
+    running.version_policy.latest.num_versions = 1  # auto-completed fields are not compared
+    running.instance_group[0].name = "m_0"
+    assert compare_tuned_fields(BASE, running) == []
+
+
+@pytest.mark.parametrize(("changes", "field", "asked", "got"), [
+    ({"max_batch_size": 4}, "max_batch_size", 8, 4),
+    ({"delay": 0}, "dynamic_batching.max_queue_delay_microseconds", 100, 0),
+    ({"preferred": [8]}, "dynamic_batching.preferred_batch_size", [4, 8], [8]),
+    ({"count": 1}, "instance_group.count", [2], [1]),
+])
+def test_each_tuned_field_is_compared(changes, field, asked, got):
+    assert compare_tuned_fields(BASE, _copy(**changes)) == [(field, asked, got)]
+
+
+def test_missing_dynamic_batching_on_the_server_is_a_mismatch():
+    running = _copy()
+    running.ClearField("dynamic_batching")
+    fields = [f for f, _, _ in compare_tuned_fields(BASE, running)]
+    assert "dynamic_batching.max_queue_delay_microseconds" in fields
+
+
+def test_unrequested_preferred_sizes_and_default_counts_are_not_mismatches():
+    asked = _copy(preferred=[], count=0)
+    assert compare_tuned_fields(asked, _copy(preferred=[8], count=3)) == []
+
+
+def test_parse_prometheus_sums_by_name():
+    text = """# HELP nv_inference_count Number of inferences
+# TYPE nv_inference_count counter
+nv_inference_count{model="a",version="1"} 10
+nv_inference_count{model="b",version="1"} 5
+nv_inference_exec_count{model="a",version="1"} 3
+nv_gpu_utilization 0.5
+garbage line
+"""
+    assert parse_prometheus(text) == {"nv_inference_count": 15.0, "nv_inference_exec_count": 3.0,
+                                      "nv_gpu_utilization": 0.5}
+
+
+def test_stub_python_needs_a_system_libpython(tmp_path, monkeypatch):
+    for version in ("3.10", "3.11", "3.12"):
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "triton_python_backend_stub").write_text("")
+    monkeypatch.setattr(install_mod, "system_libpython",
+                        lambda v: Path(f"/lib/libpython{v}.so.1.0") if v in ("3.10", "3.12") else None)
+    current = f"{sys.version_info.major}.{sys.version_info.minor}"
+    expected = current if current in ("3.10", "3.12") else "3.12"
+    assert install_mod.choose_stub_python(tmp_path) == expected
+    monkeypatch.setattr(install_mod, "system_libpython", lambda v: None)
+    with pytest.raises(ServerSetupError, match="no system libpython"):
+        install_mod.choose_stub_python(tmp_path)
+
+
+def test_unsupported_platform_is_a_setup_error(monkeypatch):
+    monkeypatch.setattr(install_mod.platform, "libc_ver", lambda: ("glibc", "2.31"))
+    with pytest.raises(ServerSetupError, match=r"glibc >= 2.35, but this machine has 2.31"):
+        install_mod.check_platform()
+    monkeypatch.setattr(install_mod.platform, "machine", lambda: "aarch64")
+    with pytest.raises(ServerSetupError, match="needs x86_64, but this machine is aarch64"):
+        install_mod.check_platform()
+
+
+@pytest.mark.slow
+def test_pip_failure_is_a_setup_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(install_mod, "WHEEL", "nvidia-pytriton==0.0.0.dev999")  # no such release
+    with pytest.raises(ServerSetupError, match=r"installing nvidia-pytriton==0.0.0.dev999 .* failed \(pip exit"):
+        install_mod.find_tritonserver(tmp_path / "triton", quiet=True)
+    assert not (tmp_path / "triton").exists()  # nothing half-installed
+
+
+def test_found_install_is_complete(triton_install):
+    assert triton_install.binary.is_file() and triton_install.lib_dir.is_dir()
+    python = triton_install.backends_dir / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py", "triton_python_backend_stub"):
+        assert (python / name).exists(), name
+    assert (triton_install.model_pythonpath / "numpy").is_dir()
+    # found again without installing
+    assert install_mod.find_tritonserver(triton_install.root) == triton_install
+
+
+def _study(tmp_path, **server) -> object:
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    return study_from_dict({"name": "s", "model_repository": "repo", "model": "m",
+                            "traffic": {"path": "t.csv"}, "server": server}, base_dir=tmp_path)
+
+
+def test_make_launcher_chooses_by_settings(tmp_path):
+    local = make_launcher(_study(tmp_path), log_dir=tmp_path / "logs")
+    assert isinstance(local, LocalLauncher) and local.models == ["m"]
+    assert local.log_path == tmp_path / "logs" / "tritonserver.log"
+    remote = make_launcher(_study(tmp_path, launcher="remote", url="127.0.0.1:8000"))
+    assert isinstance(remote, RemoteLauncher) and remote.endpoints.http == "127.0.0.1:8000"
+    docker = make_launcher(_study(tmp_path, launcher="docker"))
+    assert docker.name == "docker"
