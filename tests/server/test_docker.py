@@ -1,7 +1,7 @@
 """The docker launcher against a real Docker engine and the CPU test image (docker/build-test-image.sh).
 
 Needs an engine at DOCKER_HOST (`eval "$(docker/start-engine.sh)"`). Without one these tests skip,
-unless TUNER_REQUIRE_DOCKER=1 (CI), where they fail saying what is missing.
+unless TUNER_REQUIRE_DOCKER=1 or TUNER_REQUIRE_ALL=1 (CI), where they fail saying what is missing.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ SETTINGS = ServerSettings(launcher="docker", image=IMAGE, startup_timeout_s=60.0
 # --- engine, image and the leftover check ---------------------------------------------------------
 
 def _unavailable(reason: str):
-    if os.environ.get("TUNER_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"TUNER_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    for required in ("TUNER_REQUIRE_DOCKER", "TUNER_REQUIRE_ALL"):  # CI: a missing engine is a failure
+        if os.environ.get(required) == "1":
+            pytest.fail(f"{required}=1 but {reason}", pytrace=False)
     pytest.skip(reason)
 
 
