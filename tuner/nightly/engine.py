@@ -1,17 +1,98 @@
-"""The real Engine: a Triton server, the study's evaluation (replay, measure, score) and a
-warm-started Optuna study."""
+"""The real Engine: the study's server, its evaluation (apply the config, replay, measure, score)
+and a warm-started Optuna study in the night's run directory.
+
+One server serves the whole night: the search's trials and then the confirmation's alternating
+replays, so both arms of every pair meet the same machine in the same state.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner.errors import TunerError
+from tqdm import tqdm
+
+from tuner import search
 from tuner.modelconfig import ModelConfig
+from tuner.nightly.job import SearchResult
+from tuner.nightly.rule import Replay
+from tuner.score import Hints, TrialResult
+from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
+from tuner.traffic import read_traffic
+
+
+class RealEngine:
+    def __init__(self, study: StudySettings, evaluate: search.Evaluate):
+        self.study = study
+        self.evaluate = evaluate
+        self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
+
+    def search(self, enqueue: list[dict], trials: int, workdir: Path) -> SearchResult:
+        workdir.mkdir(parents=True, exist_ok=True)
+        storage = str(workdir / "study.journal")
+        settings = dataclasses.replace(self.study, output=str(workdir), storage=storage)
+        study = search.open_study(settings, storage, incumbent=None,
+                                  metadata={"scoring": settings.scoring, "nightly": True})
+        for k, params in enumerate(enqueue):
+            study.enqueue_trial(params, user_attrs={"enqueued": k, "incumbent": k == len(enqueue) - 1})
+        total = len(enqueue) + trials
+        with tqdm(total=total, desc="nightly search", unit="trial", leave=False) as bar:
+            search.run_trials(study, settings, self.evaluate, total, timeout_s=None,
+                              lock=search.lock_path(storage), on_trial=lambda _t: bar.update())
+        study.trials_dataframe().to_csv(workdir / "trials.csv", index=False)
+        for t in study.trials:
+            if t.user_attrs.get("capacity_speed"):
+                self.speeds[_key(t.params)] = t.user_attrs["capacity_speed"]
+        top = search.top_trials(study, 1)
+        done = search.finished_count(study)
+        feasible = len(search.top_trials(study, total))
+        if not top:
+            return SearchResult(None, None, done, 0)
+        best = dict(top[0].user_attrs.get("config") or top[0].params)
+        return SearchResult(best, float(top[0].value), done, feasible)
+
+    def replay(self, params: dict, arm: str) -> Replay:
+        result = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))
+        return to_replay(result, arm, self.study.scoring, self.study.sla.percentile)
+
+
+def to_replay(result: TrialResult, arm: str, scoring: str, percentile: float) -> Replay:
+    attrs = result.attrs
+    latency = attrs.get(f"latency_p{percentile:g}_ms", attrs.get("latency_ms", float("nan")))
+    valid = bool(attrs.get("valid", True))
+    note = str(attrs.get("sla_reason") or attrs.get("invalid_reason") or "")
+    score = result.scores.get(scoring)
+    return Replay(arm, bool(result.feasible), None if score is None else float(score),
+                  latency_ms=float(latency) if latency is not None else float("nan"),
+                  error_rate=float(attrs.get("error_rate", 0.0) or 0.0), valid=valid, note=note,
+                  detail={k: v for k, v in attrs.items() if isinstance(v, (int, float, str, bool))})
+
+
+def _key(params: dict) -> tuple:
+    return tuple(sorted(params.items()))
+
+
+def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
+    """The study pointed at tonight's traffic file, whole (the night's window is already cut)."""
+    traffic = dataclasses.replace(study.traffic, path=str(traffic_path), start_s=None, duration_s=None,
+                                  busiest_s=None)
+    return dataclasses.replace(study, traffic=traffic)
 
 
 @contextmanager
-def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Path, staging: Path):
-    raise TunerError("the nightly job needs tuner.evaluate (the tuning loop), which is not installed yet")
-    yield  # pragma: no cover
+def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Path, staging: Path,
+                launcher: Launcher | None = None) -> Iterator[RealEngine]:
+    """The study's server (or `launcher`, already started, left running: tests share one)."""
+    from tuner import evaluate as evaluate_mod
+
+    study = tonight(study, traffic_path)
+    traffic = read_traffic(traffic_path)
+    with contextlib.ExitStack() as stack:
+        if launcher is None:
+            launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server"))
+        evaluate = evaluate_mod.make_evaluate(launcher, study, production, traffic)
+        yield RealEngine(study, evaluate)
