@@ -295,3 +295,23 @@ def test_gpu_study_example_is_a_valid_docker_study():
     assert study.server.launcher == "docker" and study.server.gpus == "all"
     assert study.server.image.startswith("nvcr.io/nvidia/tritonserver:")
     assert device_requests(study.server.gpus)[0]["Count"] == -1
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_chosen_port_taken_before_triton_binds_it_is_retried(engine, monkeypatch):
+    import tuner.server.docker as docker_launcher
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    choices = [(taken.getsockname()[1], *free_ports(2))]  # the race: a "free" port someone else holds
+    real_free_ports = docker_launcher.free_ports
+    monkeypatch.setattr(docker_launcher, "free_ports", lambda n: choices.pop() if choices else real_free_ports(n))
+    try:
+        with DockerLauncher(SETTINGS, TEMPLATES, [MODEL]) as launcher:
+            assert launcher.is_alive()
+            assert launcher._port_retries == 1
+            assert launcher.endpoints.http != f"127.0.0.1:{taken.getsockname()[1]}"
+    finally:
+        taken.close()

@@ -41,6 +41,7 @@ REPO_IN_CONTAINER = "/models"
 LOG_NAME = "tritonserver.log"
 REPO_COPY_PREFIX = "tuner-docker-repo-"
 LOAD_TIMEOUT_S = 300.0
+PORT_RETRIES = 3  # new free ports when one we chose was taken before Triton bound it
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # encoder_sim's emulated GPU: one lock per container
 _PORT_IN_USE = re.compile(r"[^\n]*(address already in use|port is already allocated|already in use)[^\n]*", re.I)
 _NO_GPU_RUNTIME = re.compile(r"could not select device driver|nvidia-container-cli|unknown or invalid runtime", re.I)
@@ -66,6 +67,7 @@ class DockerLauncher(Launcher):
         self._endpoints: Endpoints | None = None
         self._http: TritonHttp | None = None
         self._final_logs = ""
+        self._port_retries = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -132,6 +134,13 @@ class DockerLauncher(Launcher):
         deadline = time.monotonic() + timeout_s
         while True:
             state = self._state()
+            if state not in ("created", "running") and self._port_was_taken():
+                # another process took a port between our choosing it and Triton binding it
+                self._port_retries += 1
+                self.stop()
+                self.start()
+                http = self._require_http()
+                continue
             if state not in ("created", "running"):
                 raise ServerSetupError(self._startup_failure(f"the container stopped ({state}) before the "
                                                              "server was ready"))
@@ -271,6 +280,11 @@ class DockerLauncher(Launcher):
         with contextlib.suppress(OSError):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / LOG_NAME).write_text(text + "\n")
+
+    def _port_was_taken(self) -> bool:
+        if self._ports is not None or self._port_retries >= PORT_RETRIES or self._container is None:
+            return False
+        return bool(_PORT_IN_USE.search(self._fetch_logs(self._container, 40)))
 
     def _startup_failure(self, what: str) -> str:
         full = self._fetch_logs(self._container) if self._container is not None else ""
