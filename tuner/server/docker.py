@@ -23,10 +23,10 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-import docker.errors
+import docker.errors  # binds `docker` too (from_env, DockerClient)
 from docker.types import DeviceRequest
+from tqdm import tqdm
 
-import docker
 from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
@@ -228,9 +228,8 @@ class DockerLauncher(Launcher):
         except docker.errors.APIError as exc:
             raise ServerSetupError(f"server.image {image!r}: {_short(exc)}") from None
         print(f"tuner: pulling {image} (not in the local image store)", file=sys.stderr)
-        repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
         try:
-            client.images.pull(repository, tag=tag or None)
+            pull_with_progress(client, image)
         except docker.errors.DockerException as exc:
             raise ServerSetupError(f"server.image {image!r}: not in the local image store and cannot be "
                                    f"pulled: {_short(exc)}") from None
@@ -335,6 +334,23 @@ class DockerLauncher(Launcher):
 
 
 # --- module-level helpers ------------------------------------------------------------------------
+
+def pull_with_progress(client: docker.DockerClient, image: str) -> None:
+    """`docker pull` with one progress bar over all layers (an NGC image is many gigabytes)."""
+    repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    layers: dict[str, tuple[int, int]] = {}
+    with tqdm(total=0, unit="B", unit_scale=True, desc=f"pull {image}", file=sys.stderr, leave=False) as bar:
+        for event in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
+            if "error" in event:
+                raise docker.errors.APIError(event["error"])
+            detail = event.get("progressDetail") or {}
+            if event.get("status") == "Downloading" and detail.get("total"):
+                layers[event["id"]] = (detail.get("current", 0), detail["total"])
+                bar.total = sum(total for _, total in layers.values())
+                bar.n = sum(current for current, _ in layers.values())
+                bar.refresh()
+    client.images.get(image)  # raises ImageNotFound if the pull ended without the image
+
 
 def device_requests(gpus: str | int | list[int] | None) -> list[DeviceRequest]:
     """`all`, a count (2 or "2"), device ids ([0, 1], "0,1" or "device=0,1"), or None/0 for no GPU."""
