@@ -177,3 +177,31 @@ def _measure(replay: Replay, speed: float, sla: SlaSettings, invalid_retries: in
         if m.valid or attempt >= invalid_retries:
             return Step(speed, m, check_sla(m, sla), attempt + 1)
         attempt += 1
+
+
+# --- one trial's outcome, as the search reads it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the search knows before a trial: where to start the capacity search, what to beat."""
+
+    start_speed: float | None = None
+    beat_rps: float | None = None  # prune once the bracket cannot beat this capacity
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    feasible: bool               # the SLA holds at the recorded load
+    violation: float             # the SLA constraint at the recorded load (<= 0: met)
+    capacity_rps: float
+    capacity_speed: float
+    scores: dict[str, float | None]  # "capacity" and "utilization" requests per dollar
+    pruned: bool = False
+    # flat, JSON-able figures for the trials table and the summary (latency, fill rate, steps...)
+    attrs: dict[str, float | int | str | bool | None] = field(default_factory=dict)
+
+    def value(self, scoring: str) -> float:
+        """The objective under the study's scoring; 0 when the configuration does not qualify."""
+        score = self.scores.get(scoring)
+        return float(score) if self.feasible and score is not None else 0.0

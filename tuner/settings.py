@@ -21,7 +21,7 @@ LAUNCHERS = ("local", "docker", "remote")
 PROTOCOLS = ("http", "grpc")
 SAMPLERS = ("tpe", "gp", "random", "grid")
 SCORINGS = ("capacity", "utilization")
-PREFERRED_STRATEGIES = ("none", "max", "powers_of_two")
+PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice
 
 
 @dataclass(frozen=True)
