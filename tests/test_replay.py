@@ -127,6 +127,17 @@ def test_a_paused_server_shows_in_latency_and_the_sends_stay_on_schedule(server)
     assert recs["send_lag_ms"].median() < 1.0
 
 
+@pytest.mark.slow
+def test_requests_past_max_in_flight_are_dropped_and_counted_not_queued(server):
+    result = replay(server.endpoints, "echo", uniform(500, 1.0), 1.0, settings(max_in_flight=1))
+    recs = result.records
+    dropped = recs[recs["send_s"].isna()]
+    assert 0 < len(dropped) < len(recs)
+    assert (~dropped["ok"]).all() and dropped["error"].str.contains("replay.max_in_flight").all()
+    # the schedule went on: the requests that were sent left on time
+    assert recs["send_lag_ms"].dropna().median() < 1.0
+
+
 def test_an_unreachable_server_is_a_setup_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,4 +202,5 @@ def test_workers_rule():
     assert choose_workers(0, 100.0, cpus=8)[0] == 1
     n, reason = choose_workers(0, 5000.0, cpus=8)
     assert 2 <= n <= 8 and "req/s" in reason
-    assert choose_workers(0, 5000.0, cpus=1)[0] == 1
+    assert choose_workers(0, 5000.0, cpus=2)[0] == 1  # the server needs the other core
+    assert choose_workers(0, 2000.0, cpus=16)[0] == 3

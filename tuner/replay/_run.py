@@ -37,8 +37,9 @@ from tuner.server.base import Endpoints
 from tuner.settings import ReplaySettings
 from tuner.traffic import due_offsets
 
-# One Locust process holds this many requests/s within a 2 ms send-lag p99 on this project's reference
-# machine (2 cores; measured by benchmarks/replay_rate.py). Above it the replay goes distributed.
+# One Locust process held 800 requests/s within a 2 ms send-lag p99 on this project's reference machine
+# (2 cores shared with the server; benchmarks/replay_rate.py), where the server, not the replay,
+# saturated first. Above it the replay goes distributed, if there are cores to spare.
 SINGLE_PROCESS_RPS = 800.0
 
 Stats = Callable[[], dict]
@@ -68,18 +69,19 @@ class ReplayResult:
 
 
 def choose_workers(requested: int, peak_rps: float, cpus: int | None = None) -> tuple[int, str]:
-    """The rule for `ReplaySettings.workers = 0`: one process up to SINGLE_PROCESS_RPS offered at the
-    peak second, else one worker per SINGLE_PROCESS_RPS, at most one per CPU core."""
+    """The rule for `ReplaySettings.workers = 0`: one process while the peak second offers at most
+    SINGLE_PROCESS_RPS; above it one worker per SINGLE_PROCESS_RPS, at most half the CPU cores (the
+    server on the same machine needs the rest; with 2 or 3 cores that means one process)."""
     if requested > 0:
         return requested, f"workers={requested} was asked for"
     cpus = cpus or os.cpu_count() or 1
     if peak_rps <= SINGLE_PROCESS_RPS:
-        return 1, f"peak {peak_rps:.0f} req/s <= {SINGLE_PROCESS_RPS:.0f} req/s one process holds"
-    n = min(math.ceil(peak_rps / SINGLE_PROCESS_RPS), cpus)
+        return 1, f"peak {peak_rps:.0f} req/s <= {SINGLE_PROCESS_RPS:.0f} req/s that one process holds"
+    n = min(math.ceil(peak_rps / SINGLE_PROCESS_RPS), cpus // 2)
     if n < 2:
-        return 1, (f"peak {peak_rps:.0f} req/s > {SINGLE_PROCESS_RPS:.0f} req/s but only {cpus} CPU "
-                   f"core(s): one process")
-    return n, f"peak {peak_rps:.0f} req/s > {SINGLE_PROCESS_RPS:.0f} req/s one process holds"
+        return 1, (f"peak {peak_rps:.0f} req/s > {SINGLE_PROCESS_RPS:.0f} req/s that one process holds, "
+                   f"but {cpus} CPU cores leave none to spare for more")
+    return n, f"peak {peak_rps:.0f} req/s > {SINGLE_PROCESS_RPS:.0f} req/s that one process holds"
 
 
 def replay(
