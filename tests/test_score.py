@@ -145,3 +145,10 @@ def test_scores_servers_and_monthly_bill():
     assert servers_needed(10.0, 0.0) is None
     assert monthly_cost(3, 1.0) == pytest.approx(2190.0)
     assert monthly_cost(None, 1.0) is None
+
+
+def test_capacity_in_profile_rate_terms_is_monotone_in_speed():
+    fake = FakeServer(3.0)
+    result = find_capacity(fake, SLA, CapacitySettings(tolerance=0.05, max_steps=20), start_speed=1.0, rate=7.0)
+    assert result.capacity_rps == pytest.approx(7.0 * result.speed)
+    assert result.upper_rps == pytest.approx(7.0 * result.upper_speed)

@@ -118,6 +118,8 @@ def find_capacity(
     beat_rps: float | None = None,
     invalid_retries: int = 2,
     min_speed: float | None = None,
+    growth: float = 2.0,
+    rate: float | None = None,
     on_step: Callable[[Step], None] | None = None,
 ) -> Capacity:
     """Bracket, then bisect, the replay speed at which the SLA stops holding.
@@ -125,7 +127,14 @@ def find_capacity(
     `start_speed`: the first guess (e.g. from earlier trials; default `settings.start_speed`).
     `beat_rps`: the best capacity found so far; once the SLA breaks at an offered rate at or below
     it, this configuration cannot beat it and the search stops with `pruned=True`.
+    `growth`: the bracketing factor (2 from a blind guess; smaller from an informed one).
+    `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
+    speed even when each step replays a different window). Default: the step's measured offered rate.
     """
+
+    def rps(step: Step) -> float:
+        return step.speed * rate if rate is not None else step.measurement.offered_rps
+
     speed = min(start_speed or settings.start_speed, settings.max_speed)
     floor = min_speed if min_speed is not None else speed / 2 ** settings.max_steps
     lo: Step | None = None
@@ -135,9 +144,9 @@ def find_capacity(
     def done(**kw) -> Capacity:
         return Capacity(
             speed=lo.speed if lo else 0.0,
-            capacity_rps=lo.measurement.offered_rps if lo else 0.0,
+            capacity_rps=rps(lo) if lo else 0.0,
             upper_speed=hi.speed if hi else None,
-            upper_rps=hi.measurement.offered_rps if hi else None,
+            upper_rps=rps(hi) if hi else None,
             steps=tuple(steps),
             **kw,
         )
@@ -153,7 +162,7 @@ def find_capacity(
             lo = step
         else:
             hi = step
-            if beat_rps is not None and step.measurement.offered_rps <= beat_rps:
+            if beat_rps is not None and rps(step) <= beat_rps:
                 return done(pruned=True)
         if lo and hi:
             if hi.speed / lo.speed <= 1.0 + settings.tolerance:
@@ -162,11 +171,11 @@ def find_capacity(
         elif lo:  # bracketing upwards
             if lo.speed >= settings.max_speed:
                 return done(limited_by="max_speed")
-            speed = min(lo.speed * 2.0, settings.max_speed)
+            speed = min(lo.speed * growth, settings.max_speed)
         else:  # bracketing downwards
             if hi.speed <= floor:
                 return done(limited_by="min_speed")
-            speed = max(hi.speed / 2.0, floor)
+            speed = max(hi.speed / growth, floor)
     return done(limited_by="max_steps")
 
 
