@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,5 +253,7 @@ def session(settings: StudySettings, log_dir: str | None = None) -> Iterator:
     """Start the study's server, yield its `Evaluate`, stop the server."""
     base = base_config(settings)
     traffic = study_traffic(settings)
+    if log_dir is not None:  # one folder per process: workers each run their own server
+        log_dir = str(Path(log_dir) / f"pid-{os.getpid()}")
     with make_launcher(settings, log_dir=log_dir) as launcher:  # a remote one restores its config
         yield make_evaluate(launcher, settings, base, traffic)

@@ -162,6 +162,7 @@ def _locked(path: Path | None) -> Iterator[None]:
     if path is None:
         yield
         return
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -459,7 +460,7 @@ def tune(
     incumbent: dict | None = None,
     metadata: dict | None = None,
     progress: bool = True,
-) -> tuple[optuna.Study, list[Remeasured]]:
+) -> tuple[optuna.Study, list[Remeasured] | None]:
     """Run the study (resuming it if the storage holds it), then re-measure the best.
 
     `open_evaluation()` is a context manager yielding an `Evaluate` (it starts a server); with
@@ -486,7 +487,10 @@ def tune(
     return study, remeasured
 
 
-def _remeasure_and_keep(study, evaluate, settings, progress) -> list[Remeasured]:
+def _remeasure_and_keep(study, evaluate, settings, progress) -> list[Remeasured] | None:
+    # a study run again with no new trial keeps its re-measurement
+    if study.user_attrs.get("remeasured_at") == finished_count(study) and "remeasured" in study.user_attrs:
+        return None
     n = len(top_trials(study, settings.search.top_k)) + 1
     bar = _bar(n * settings.search.remeasure_repeats, 0, progress, "re-measure")
     try:
@@ -495,6 +499,7 @@ def _remeasure_and_keep(study, evaluate, settings, progress) -> list[Remeasured]
         if bar is not None:
             bar.close()
     study.set_user_attr("remeasured", [remeasured_as_dict(r) for r in remeasured])
+    study.set_user_attr("remeasured_at", finished_count(study))
     return remeasured
 
 

@@ -1,0 +1,153 @@
+"""Outputs of a finished study, from a real journal storage filled by the search loop with an
+injected evaluation: summary keys, recommended config (only tuned fields changed), trials.csv,
+the closing table, and `tuner export` from a directory or a storage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+from tuner import export, modelconfig, search
+from tuner.cli import main
+from tuner.score import Hints, TrialResult
+from tuner.settings import IntRange, study_from_dict
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
+
+
+def fake(params: dict, hints: Hints, latency_limit: float = 30.0) -> TrialResult:
+    b, d = params["max_batch_size"], params["max_queue_delay_microseconds"]
+    cap = 100.0 * b / (1.0 + (b / 16.0) ** 2) + d / 1000.0
+    p99 = 5.0 + d / 1000.0 + 0.4 * b
+    feasible = p99 <= latency_limit
+    attrs = {"latency_p50_ms": p99 / 2, "latency_p95_ms": p99 * 0.9, "latency_p99_ms": p99,
+             "capacity_latency_p99_ms": latency_limit * 0.9, "capacity_latency_p50_ms": 3.0,
+             "fill_rate": 0.3, "capacity_fill_rate": 0.8, "servers_needed": 2, "monthly_cost": 10.0,
+             "sla_reason": "" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms"}
+    return TrialResult(feasible, p99 / latency_limit - 1.0, cap, cap / 100.0,
+                       {"capacity": cap * 3600 / 2.0, "utilization": 1e6 / p99}, attrs=attrs)
+
+
+def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True) -> optuna.Study:
+    s = study_from_dict({"name": "exp", "model_repository": str(tmp_path), "model": "encoder_sim",
+                         "traffic": {"path": "t.csv"}, "output": str(tmp_path / "out"),
+                         "sla": {"latency_ms": latency_limit},
+                         "search": {"sampler": "grid", "top_k": 2, "remeasure_repeats": 3}}, base_dir=tmp_path)
+    s = dataclasses.replace(s, search=dataclasses.replace(
+        s.search, max_batch_size=IntRange(4, 64, log=True), max_queue_delay_microseconds=IntRange(0, 2000, step=1000)))
+    storage = str(tmp_path / "out" / "study.journal")
+    base = modelconfig.load(TEMPLATE)
+    meta = {"scoring": "capacity", "model": "encoder_sim", "storage": storage, "study_file": "study.yaml",
+            "base_config": modelconfig.to_text(base), "preferred_batch_size": "none",
+            "sla": dataclasses.asdict(s.sla), "traffic": {"path": "bursty.csv", "speed": 1.0},
+            "price": {"price_per_hour": 2.0}}
+    study = search.open_study(s, storage, {"max_batch_size": 64, "max_queue_delay_microseconds": 0}, meta)
+    search.run_trials(study, s, lambda p, h: fake(p, h, latency_limit), n_trials=1000)
+    if remeasure:
+        remeasured = search.remeasure(study, lambda p, h: fake(p, h, latency_limit), s)
+        study.set_user_attr("remeasured", [search.remeasured_as_dict(r) for r in remeasured])
+    return study
+
+
+def dig(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d[part]
+    return d
+
+
+def test_outputs_hold_every_named_key_and_the_config_changes_only_tuned_fields(tmp_path):
+    study = make_study(tmp_path)
+    out = tmp_path / "out"
+    summary = export.write_outputs(study, out)
+    on_disk = json.loads((out / "summary.json").read_text())
+    for who in ("best", "incumbent"):
+        for key in ("params.max_batch_size", "params.max_queue_delay_microseconds", "capacity_rps",
+                    "requests_per_dollar", "scores.capacity", "scores.utilization", "latency_ms.p50",
+                    "latency_ms.p95", "latency_ms.p99", "fill_rate"):
+            dig(on_disk, f"{who}.{key}")
+    for key in ("improvement", "sla", "price_per_hour", "trials.complete", "trials.feasible",
+                "trials.failed", "trials.pruned"):
+        dig(on_disk, key)
+    # the grid's best under a 30 ms p99: b=16 (p99 11.4-13.4 ms), highest delay
+    assert on_disk["best"]["params"] == {"max_batch_size": 16, "max_queue_delay_microseconds": 2000}
+    assert on_disk["incumbent"]["params"] == {"max_batch_size": 64, "max_queue_delay_microseconds": 0}
+    assert on_disk["incumbent"]["feasible"] is False  # p99 5 + 25.6 ms > 30 ms
+    assert on_disk["improvement"] is None and "incumbent did not meet" in on_disk["message"]
+    assert summary["best"]["repeats"]["values"] and summary["best"]["repeats"]["spread"] == pytest.approx(0.0)
+    # capacity scoring: latency and fill rate at the capacity found
+    assert on_disk["best"]["latency_ms"]["p99"] == pytest.approx(27.0)
+    assert on_disk["best"]["fill_rate"] == pytest.approx(0.8)
+    assert on_disk["price_per_hour"] == 2.0
+
+    text = (out / "recommended" / "config.pbtxt").read_text()
+    assert text.startswith("# Recommended by tuner")
+    assert "SLA: p99 latency <= 30.0 ms" in text and "traffic: bursty.csv" in text
+    recommended = modelconfig.parse(text)
+    changed = {path for path, _, _ in modelconfig.diff_fields(modelconfig.load(TEMPLATE), recommended)}
+    assert changed == {"max_batch_size", "dynamic_batching.max_queue_delay_microseconds"}
+    assert recommended.max_batch_size == 16
+    assert (out / "incumbent" / "config.pbtxt").is_file()
+
+    trials = pd.read_csv(out / "trials.csv")
+    assert len(trials) == len(study.trials)
+    assert {"number", "state", "max_batch_size", "max_queue_delay_microseconds", "capacity_rps",
+            "requests_per_dollar", "latency_p99_ms", "fill_rate", "feasible"} <= set(trials.columns)
+
+
+def test_improvement_is_best_over_incumbent_by_median(tmp_path):
+    summary = export.summarize(make_study(tmp_path, latency_limit=40.0))
+    best, inc = summary["best"], summary["incumbent"]
+    assert inc["feasible"] and best["params"]["max_batch_size"] == 16
+    assert summary["improvement"] == pytest.approx(best["requests_per_dollar"] / inc["requests_per_dollar"] - 1)
+    assert summary["improvement"] > 0
+    table = export.closing_table(summary)
+    assert "incumbent" in table and "best" in table and f"{summary['improvement']:+.1%}" in table
+    assert "p99 ms" in table and "fill rate" in table and "req/$" in table
+
+
+def test_without_remeasurement_the_best_trial_stands(tmp_path):
+    summary = export.summarize(make_study(tmp_path, remeasure=False))
+    assert summary["best"]["params"]["max_batch_size"] == 16 and "repeats" not in summary["best"]
+
+
+def test_nothing_meets_the_sla_names_the_closest_and_writes_no_config(tmp_path):
+    study = make_study(tmp_path, latency_limit=5.0)
+    out = tmp_path / "out"
+    summary = export.write_outputs(study, out)
+    assert summary["feasible"] is False and summary["best"] is None
+    assert summary["message"].startswith("no configuration met the SLA")
+    assert summary["closest"]["params"] == {"max_batch_size": 4, "max_queue_delay_microseconds": 0}
+    assert "closest: trial" in summary["message"] and "max_batch_size=4" in summary["message"]
+    assert not (out / "recommended" / "config.pbtxt").exists()
+    assert main(["export", str(out)]) == 3
+
+
+def test_export_command_from_a_directory_and_from_a_storage(tmp_path, capsys):
+    study = make_study(tmp_path)
+    out = tmp_path / "out"
+    export.write_outputs(study, out)
+    (out / "recommended" / "config.pbtxt").unlink()
+    assert main(["export", str(out)]) == 0
+    assert modelconfig.load(out / "recommended" / "config.pbtxt").max_batch_size == 16
+    target = tmp_path / "elsewhere" / "config.pbtxt"
+    assert main(["export", "--storage", str(out / "study.journal"), "--study", "exp", "-o", str(target)]) == 0
+    assert modelconfig.load(target).max_batch_size == 16
+    capsys.readouterr()
+    assert main(["export", "--storage", str(out / "study.journal")]) == 0
+    assert "max_batch_size: 16" in capsys.readouterr().out
+
+
+def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "missing")]) == 2
+    assert main(["export", "--storage", str(tmp_path / "none.journal")]) == 2
+    make_study(tmp_path)
+    assert main(["export", "--storage", str(tmp_path / "out" / "study.journal"), "--study", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert all(line.startswith("tuner: error: ") for line in err) and len(err) == 3
+    assert "no study named 'nope'" in err[-1]

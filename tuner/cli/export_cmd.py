@@ -1,0 +1,43 @@
+"""`tuner export OUTPUT_DIR | --storage URL --study NAME [-o config.pbtxt]`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tuner import export
+from tuner.errors import SettingsError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write the recommended config.pbtxt of a finished study",
+        description="Write the recommended config.pbtxt (the study's base config with only the tuned "
+        "fields changed, under a comment header) from a `tuner tune` output directory or from any "
+        "Optuna storage holding a study made by `tuner tune`. Exit 3 if no configuration met the SLA.",
+    )
+    parser.add_argument("output_dir", nargs="?", metavar="OUTPUT_DIR", help="a `tuner tune` output directory")
+    parser.add_argument("--storage", metavar="URL", help="an Optuna storage URL or journal file")
+    parser.add_argument("--study", metavar="NAME", help="the study's name (needed if the storage holds several)")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, or stdout "
+                        "with --storage)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.output_dir) == bool(args.storage):
+        raise SettingsError("give either OUTPUT_DIR or --storage URL (not both)")
+    if args.output_dir:
+        storage, name = export.storage_of(args.output_dir)
+        target = args.output or str(Path(args.output_dir) / export.RECOMMENDED)
+    else:
+        storage, name, target = args.storage, args.study, args.output
+    if target is None:
+        study = export.load_study(storage, args.study or name)
+        print(export.recommended_config(study, export.summarize(study)), end="")
+        return 0
+    path = export.export(storage, args.study or name, target)
+    print(f"wrote {path}")
+    return 0
