@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tuner.errors import ReplayError, TrafficError
+from tuner.errors import InputError, ReplayError, ServerError, TrafficError
 from tuner.replay import _plan
 from tuner.server.base import Endpoints
 from tuner.settings import ReplaySettings
@@ -118,7 +118,7 @@ def replay(
     if len(due) == 0:
         raise TrafficError("traffic has no requests to replay")
     plan = _plan.plan_requests(metadata, config, traffic)
-    stats = stats or (lambda: _plan.statistics(endpoints.http, model))
+    stats = _mid_replay(stats or (lambda: _plan.statistics(endpoints.http, model)))
     workers, reason = choose_workers(settings.workers, _plan.peak_rate(due))
 
     with tempfile.TemporaryDirectory(prefix="tuner-replay-") as tmp:
@@ -220,6 +220,17 @@ def _run_processes(tmp: Path, roles: list[str], total: int, last_due: float, war
                 p.wait()
         for log in logs:
             log.close()
+
+
+def _mid_replay(stats: Stats) -> Stats:
+    """Statistics taken during the replay: a server that stops answering then has died or hung
+    (ServerError, exit 1), which is not the user's input (the setup was checked before the start)."""
+    def snapshot() -> dict:
+        try:
+            return stats()
+        except InputError as exc:
+            raise ServerError(f"the server stopped answering during the replay: {exc}") from None
+    return snapshot
 
 
 def _pump(k: int, stream, lines: queue.Queue) -> None:

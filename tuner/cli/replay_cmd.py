@@ -1,0 +1,121 @@
+"""`tuner replay STUDY.yaml`: replay the study's traffic once against one configuration and measure."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from tuner import modelconfig
+from tuner.errors import SettingsError
+from tuner.measure import Measurement, measure
+from tuner.settings import load_study
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "replay",
+        help="replay the study's traffic against one configuration and print the measurement",
+        description="Start (or attach to) the study's Triton server, load the model's config.pbtxt "
+        "from the repository with the --set fields changed, replay the study's traffic open loop "
+        "(each request leaves at its due time; latency counts from the due time) and print latency "
+        "percentiles, throughput, errors, send lag and Triton's batching figures. Each traffic row "
+        "becomes one request: batch_size (default 1) is the first dim of a batching model, a "
+        "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
+        "variable dim.",
+    )
+    p.add_argument("study", metavar="STUDY.yaml", help="the study file (server, model, traffic, replay)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a config field for this replay, e.g. --set max_batch_size=8 "
+                   "--set max_queue_delay_microseconds=2000 (repeatable)")
+    p.add_argument("--speed", type=float, default=None, metavar="S",
+                   help="replay speed (default: the study's traffic.speed); 2 = twice the recorded rate")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="measure only S seconds of the replayed schedule (after the warm-up)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="Locust processes (0 = decide from the offered rate; default: the study's)")
+    p.add_argument("--json", metavar="OUT", help="also write the measurement as JSON to OUT")
+    p.set_defaults(func=_replay)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    # Imported here: `tuner --help` need not load the server and traffic stacks.
+    from tuner.evaluate import study_traffic
+    from tuner.replay import replay
+    from tuner.server import make_launcher
+
+    settings = load_study(args.study)
+    speed = settings.traffic.speed if args.speed is None else args.speed
+    if speed <= 0:
+        raise SettingsError(f"--speed: must be > 0, got {args.speed}")
+    if args.duration is not None and args.duration <= 0:
+        raise SettingsError(f"--duration: must be > 0, got {args.duration}")
+    if args.workers is not None and args.workers < 0:
+        raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
+    replay_settings = dataclasses.replace(
+        settings.replay,
+        protocol=args.protocol or settings.replay.protocol,
+        workers=settings.replay.workers if args.workers is None else args.workers,
+    )
+    params = modelconfig.parse_assignments(args.assignments)
+    config = None
+    if args.assignments:
+        base = modelconfig.load(Path(settings.model_repository) / settings.model / "config.pbtxt")
+        config = modelconfig.apply_params(base, params)
+    traffic = study_traffic(settings)
+    duration = None if args.duration is None else replay_settings.warmup_s + args.duration
+
+    with make_launcher(settings) as launcher:
+        running = launcher.apply_config(settings.model, config) if config is not None else \
+            launcher.model_config(settings.model)
+        result = replay(launcher.endpoints, settings.model, traffic, speed, replay_settings,
+                        duration_s=duration, stats=lambda: launcher.statistics(settings.model),
+                        progress=True)
+    m = measure(result.records, result.stats_before, result.stats_after, speed=speed,
+                warmup_s=result.warmup_s, lag_budget_ms=replay_settings.lag_budget_ms,
+                max_batch_size=int(running.max_batch_size), sla_percentile=settings.sla.percentile,
+                load_generator_cpu=result.load_generator_cpu, workers=result.workers,
+                duration_s=result.duration_s)
+    print(f"replay: {settings.model} at speed {speed:g}, {result.mode} ({result.workers} Locust "
+          f"process{'es' if result.workers > 1 else ''}: {result.reason})")
+    print(format_measurement(m, settings.sla.percentile))
+    if args.json:
+        data = {"measurement": dataclasses.asdict(m), "mode": result.mode, "workers": result.workers,
+                "reason": result.reason, "params": params.as_dict()}
+        Path(args.json).write_text(json.dumps(_finite(data), indent=2) + "\n")
+    return 0
+
+
+def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
+    """The measurement as an aligned two-column table."""
+    rows = [
+        ("offered", f"{m.offered_rps:.1f} req/s over {m.duration_s:.1f} s ({m.requests} requests)"),
+        ("throughput", f"{m.throughput_rps:.1f} req/s"),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})"),
+        ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
+        ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
+        ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        ("executions", f"{m.execution_count} for {m.inference_count} inferences"),
+        ("batch size", f"mean {m.mean_batch_size:.2f} of max {m.max_batch_size} (fill rate {m.fill_rate:.2f})"),
+        ("histogram", " ".join(f"{size}:{count}" for size, count in sorted(m.batch_histogram.items())) or "-"),
+        ("queue", f"{m.queue_ms_mean:.2f} ms per request (mean)"),
+        ("compute", f"{m.compute_ms_mean:.2f} ms per execution (mean); busy {m.busy_s:.2f} s"),
+        ("load generator", f"{m.load_generator_cpu:.2f} CPU cores, {m.workers} process(es)"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _finite(value):
+    """JSON has no NaN: an unmeasured figure becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
