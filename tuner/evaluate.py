@@ -125,6 +125,13 @@ def mean_rps(traffic: pd.DataFrame) -> float:
     return len(traffic) / span if span > 0 else float(len(traffic))
 
 
+def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:
+    """Load-generator processes for a re-run: one more per attempt, leaving a core to the server
+    (on 2 cores a re-run is one process again: another try, and reported if it stays invalid)."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min((requested or 1) + attempt, cpus - 1))
+
+
 def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame):
     """An `Evaluate` for the study on a started server."""
     from tuner.replay import replay  # the replay runs Locust in subprocesses; this side stays unpatched
@@ -138,9 +145,9 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
 
     def run(speed: float, attempt: int, max_batch_size: int) -> Measurement:
         replay_settings = settings.replay
-        if attempt:
-            base_workers = settings.replay.workers or 1
-            replay_settings = dataclasses.replace(settings.replay, workers=base_workers + attempt)
+        if attempt:  # the last replay's send lag broke its budget: more load-generator processes
+            replay_settings = dataclasses.replace(settings.replay, workers=retry_workers(settings.replay.workers,
+                                                                                         attempt))
         result = replay(launcher.endpoints, settings.model, step_window(traffic, speed, duration), speed,
                         replay_settings, duration_s=duration, stats=lambda: launcher.statistics(settings.model))
         return measure(result.records, result.stats_before, result.stats_after, speed=speed,

@@ -399,6 +399,8 @@ def remeasure(
     that drift on the machine hits them alike. Each run starts its capacity search at the trial's
     own capacity, so it brackets in a few steps."""
     candidates = top_trials(study, settings.search.top_k)
+    if not candidates:  # nothing met the SLA: nothing to recommend, nothing to compare
+        return []
     incumbent = incumbent_trial(study)
     if incumbent is not None and all(t.params != incumbent.params for t in candidates):
         candidates.append(incumbent)

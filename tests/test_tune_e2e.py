@@ -1,0 +1,228 @@
+"""`tuner tune` end to end: a real local Triton serving the emulated-GPU template, real Locust
+replays of the shipped bursty profile, a real Optuna journal storage. Small spaces, short steps.
+
+- the recommended config loads in a real Triton, beats the template's incumbent by the margin the
+  summary reports, and a fresh `tuner replay` at the reported capacity (less 10%) meets the SLA;
+- Ctrl-C in the middle of a two-worker study, then the same command: the study completes, with no
+  finished trial lost and none duplicated;
+- an SLA nothing meets: exit 3, the summary says so and names the closest configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tuner import modelconfig
+from tuner.cli import main
+from tuner.evaluate import (
+    incumbent_params,
+    mean_rps,
+    preferred_sizes,
+    retry_workers,
+    step_window,
+    trial_config,
+)
+from tuner.search import open_storage
+from tuner.server.local import LocalLauncher
+from tuner.settings import IntRange, SearchSettings
+from tuner.traffic import busiest_window, read_traffic
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
+
+
+
+# --- the pieces of a trial that need no server ----------------------------------------------------
+
+
+def test_trial_config_changes_only_the_tuned_fields_and_the_incumbent_is_the_template():
+    base = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    space = SearchSettings(preferred_batch_size="powers_of_two", instance_count=IntRange(1, 2))
+    assert incumbent_params(base, space) == {"max_batch_size": 64, "max_queue_delay_microseconds": 0,
+                                             "instance_count": 1}
+    config = trial_config(base, {"max_batch_size": 12, "max_queue_delay_microseconds": 500,
+                                 "instance_count": 2}, space)
+    changed = {path for path, _, _ in modelconfig.diff_fields(base, config)}
+    assert changed == {"max_batch_size", "dynamic_batching.max_queue_delay_microseconds",
+                       "dynamic_batching.preferred_batch_size", "instance_group[0].count"}
+    assert list(config.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8, 12]
+    assert preferred_sizes("max", 8) == (8,) and preferred_sizes("none", 8) is None
+    modelconfig.validate(config)
+
+
+def test_each_step_replays_the_busiest_stretch_that_lasts_the_step():
+    traffic = read_traffic(PROFILE)
+    part = step_window(traffic, speed=0.5, wall_s=4.0)
+    span = float(part["timestamp"].iloc[-1] - part["timestamp"].iloc[0])
+    assert span <= 2.0 and len(part) == busiest_window(traffic, 2.0)[1]
+    assert len(step_window(traffic, speed=100.0, wall_s=4.0)) == len(traffic)  # shorter than the step
+    assert mean_rps(traffic) == pytest.approx(149.0, rel=0.01)
+
+
+def test_re_runs_of_an_invalid_replay_add_load_generators_but_leave_the_server_a_core():
+    assert retry_workers(0, 1, cpus=8) == 2 and retry_workers(2, 2, cpus=8) == 4
+    assert retry_workers(0, 2, cpus=2) == 1  # 2 cores: another try with one process
+    assert retry_workers(0, 5, cpus=4) == 3
+
+
+# --- end to end ------------------------------------------------------------------------------------
+
+
+def write_study(tmp: Path, name: str, **over) -> Path:
+    study = {
+        "name": name,
+        "model_repository": str(ROOT / "model_repository_templates"),
+        "model": "encoder_sim",
+        # the busiest 8 s of the recording, so `tuner replay` and the search judge the same stretch
+        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 25},
+        "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
+        "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
+        "search": {
+            "sampler": "grid",
+            "max_batch_size": {"low": 16, "high": 16},
+            "max_queue_delay_microseconds": {"low": 0, "high": 2000, "step": 2000},
+            "capacity": {"step_duration_s": 1.5, "tolerance": 0.25, "start_speed": 0.5, "max_steps": 5},
+            "top_k": 1,
+            "remeasure_repeats": 3,
+        },
+        "output": str(tmp / name),
+    }
+    for key, value in over.items():
+        node = study
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[last] = value
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def load(output: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(str(output / "study.journal")))
+
+
+@pytest.mark.slow
+def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_capacity(
+        tmp_path, triton_install, capsys):
+    study_file = write_study(tmp_path, "e2e")
+    code = main(["tune", str(study_file), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    output = tmp_path / "e2e"
+    summary = json.loads((output / "summary.json").read_text())
+    best, incumbent = summary["best"], summary["incumbent"]
+    assert best["params"]["max_batch_size"] == 16
+    assert incumbent["params"] == {"max_batch_size": 64, "max_queue_delay_microseconds": 0}
+    assert summary["trials"]["complete"] + summary["trials"]["pruned"] == 3
+    assert len(best["repeats"]["values"]) == 3 and best["repeats"]["spread"] is not None
+    # the closing table and the summary agree on the margin over the template's incumbent
+    if incumbent["feasible"]:
+        assert summary["improvement"] == pytest.approx(
+            best["requests_per_dollar"] / incumbent["requests_per_dollar"] - 1)
+        assert summary["improvement"] > 0, summary
+        assert f"{summary['improvement']:+.1%}" in out
+    else:
+        assert summary["improvement"] is None and "incumbent did not meet the SLA" in summary["message"]
+    assert best["capacity_rps"] > 0 and best["scores"]["capacity"] > 0 and best["scores"]["utilization"] > 0
+    assert best["latency_ms"]["p99"] <= 100
+
+    # the recommended config.pbtxt loads in a real Triton as the model's own config
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
+    shutil.copy(output / "recommended" / "config.pbtxt", repo / "encoder_sim" / "config.pbtxt")
+    with LocalLauncher(repo, models=["encoder_sim"], install=triton_install) as server:
+        running = server.model_config("encoder_sim")
+    assert running.max_batch_size == 16
+    assert running.dynamic_batching.max_queue_delay_microseconds == best["params"]["max_queue_delay_microseconds"]
+
+    # a fresh replay of it at the reported capacity (less 10%) meets the SLA
+    speed = 0.9 * best["capacity_speed"]
+    sets = [f"--set={k}={v}" for k, v in best["params"].items()]
+    report = tmp_path / "replay.json"
+    assert main(["replay", str(study_file), *sets, "--speed", f"{speed:.4f}", "--json", str(report)]) == 0
+    m = json.loads(report.read_text())["measurement"]
+    assert m["valid"], m["invalid_reason"]
+    assert m["latency_ms"]["p99"] <= 100 and m["error_rate"] <= 0.001, m
+
+
+def run_tune(study_file: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tuner", "tune", str(study_file), "--quiet", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own group: Ctrl-C reaches it and its workers only
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_path):
+    study_file = write_study(
+        tmp_path, "resume", **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
+                               "search.remeasure_repeats": 1})
+    output = tmp_path / "resume"
+    first = run_tune(study_file, "--workers", "2", "--trials", "4")
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:  # wait for a finished trial and one in flight
+            time.sleep(1.0)
+            if (output / "study.journal").exists():
+                trials = load(output, "resume").get_trials()
+                states = [t.state for t in trials]
+                if TrialState.COMPLETE in states and TrialState.RUNNING in states:
+                    break
+        else:
+            pytest.fail("no trial finished in time")
+        os.killpg(first.pid, signal.SIGINT)
+        log = first.communicate(timeout=60)[0]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 130, log
+    interrupted = load(output, "resume").get_trials()
+    kept = {t.number: t.params for t in interrupted if t.state == TrialState.COMPLETE}
+    assert kept and any(t.state == TrialState.FAIL for t in interrupted)
+    assert not [t for t in interrupted if t.state == TrialState.RUNNING]
+
+    again = run_tune(study_file, "--workers", "2", "--trials", "4")
+    log = again.communicate(timeout=240)[0]
+    assert again.returncode == 0, log
+    trials = load(output, "resume").get_trials()
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(finished) == 4 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert all(trials[n].params == p and trials[n].state == TrialState.COMPLETE for n, p in kept.items())
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    # every failed (interrupted) trial was measured again, once
+    retried = [t.user_attrs.get("retry_of") for t in trials if "retry_of" in t.user_attrs]
+    failed = [t.number for t in trials if t.state == TrialState.FAIL]
+    assert sorted(retried) == sorted(failed)
+    # four grid points plus the incumbent fill the budget of 4: no configuration measured twice
+    configs = [tuple(sorted(t.params.items())) for t in finished]
+    assert len(set(configs)) == len(configs)
+    assert len({t.user_attrs["pid"] for t in trials}) >= 2
+    assert json.loads((output / "summary.json").read_text())["trials"]["failed"] == len(failed)
+
+
+@pytest.mark.slow
+def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
+    study_file = write_study(tmp_path, "strict", **{"sla.latency_ms": 0.5})
+    assert main(["tune", str(study_file), "--quiet"]) == 3
+    captured = capsys.readouterr()
+    summary = json.loads((tmp_path / "strict" / "summary.json").read_text())
+    assert summary["feasible"] is False and summary["best"] is None
+    assert summary["message"].startswith("no configuration met the SLA (p99 <= 0.5 ms")
+    closest = summary["closest"]
+    assert closest["params"]["max_batch_size"] in (16, 64) and "closest: trial" in summary["message"]
+    assert "tuner: error: no configuration met the SLA" in captured.err
+    assert not (tmp_path / "strict" / "recommended" / "config.pbtxt").exists()
+    assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
