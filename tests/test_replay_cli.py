@@ -1,0 +1,113 @@
+"""`tuner replay STUDY.yaml`: a real server, the CLI run as users run it (exit codes, one-line errors)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tuner.server.local import LocalLauncher
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
+
+
+@pytest.fixture(scope="module")
+def server(triton_install):
+    with LocalLauncher(MODELS, models=["echo"], install=triton_install) as launcher:
+        yield launcher
+
+
+def tuner(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+
+def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame | None = None) -> Path:
+    if traffic is None:
+        n = 300
+        traffic = pd.DataFrame({"timestamp": np.arange(n) / 100.0, "seq_len": np.arange(n) % 9 + 3})
+    traffic.to_csv(tmp_path / "traffic.csv", index=False)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "replay-cli", "model_repository": str(MODELS), "model": model,
+        "traffic": {"path": "traffic.csv"},
+        "server": {"launcher": "remote", "url": url},
+        "replay": {"warmup_s": 0.5, "workers": 1, "lag_budget_ms": 20},
+    }))
+    return path
+
+
+def assert_one_line_error(run: subprocess.CompletedProcess, *words: str) -> None:
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tuner: error: "), run.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+@pytest.mark.slow
+def test_replay_prints_the_measurement_and_writes_json(server, tmp_path):
+    out = tmp_path / "m.json"
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--speed", "2",
+                "--set", "max_batch_size=4", "--set", "max_queue_delay_microseconds=3000", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    for label in ("throughput", "latency", "send lag", "fill rate", "histogram", "load generator"):
+        assert label in run.stdout
+    data = json.loads(out.read_text())
+    m = data["measurement"]
+    assert m["speed"] == 2.0 and m["errors"] == 0
+    assert m["requests"] == 200  # 3 s at speed 2 is 1.5 s; the first 0.5 s is warm-up
+    assert m["max_batch_size"] == 4 and max(int(k) for k in m["batch_histogram"]) <= 4
+    assert data["params"] == {"max_batch_size": 4, "max_queue_delay_microseconds": 3000}
+    assert data["mode"] == "local" and data["workers"] == 1
+    # the remote server got its own configuration back
+    assert server.model_config("echo").max_batch_size == 32
+
+
+@pytest.mark.slow
+def test_duration_cuts_the_measured_part(server, tmp_path):
+    out = tmp_path / "m.json"
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--duration", "1", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(out.read_text())["measurement"]["requests"] == 100  # [0.5, 1.5) s at 100 req/s
+
+
+def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert_one_line_error(tuner("replay", str(study(tmp_path, f"127.0.0.1:{port}"))), f"127.0.0.1:{port}")
+
+
+@pytest.mark.slow
+def test_a_missing_model_is_one_line_and_exit_2(server, tmp_path):
+    assert_one_line_error(tuner("replay", str(study(tmp_path, server.endpoints.http, model="nope"))), "nope")
+
+
+@pytest.mark.slow
+def test_traffic_that_does_not_fit_the_model_is_one_line_and_exit_2(server, tmp_path):
+    traffic = pd.DataFrame({"timestamp": np.arange(10) / 10.0, "tokens": 5})
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)))
+    assert_one_line_error(run, "INPUT_IDS", "seq_len")
+
+
+def test_a_bad_speed_is_one_line_and_exit_2(tmp_path):
+    assert_one_line_error(tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--speed", "0"), "--speed")
+
+
+@pytest.mark.slow
+def test_the_example_study_runs_on_the_embedded_default(tmp_path):
+    """examples/encoder_sim_flash_crowd.yaml: local launcher, encoder_sim template, shipped profile."""
+    out = tmp_path / "m.json"
+    run = tuner("replay", "examples/encoder_sim_flash_crowd.yaml", "--duration", "3", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    m = json.loads(out.read_text())["measurement"]
+    assert m["requests"] > 0 and m["errors"] == 0 and m["execution_count"] > 0
