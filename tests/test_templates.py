@@ -55,7 +55,7 @@ def test_encoder_latency_curve_batches_well_then_turns_steeper(templates_dir):
     assert m.execute_ms(3072, tokens, ms, knee, slow) == pytest.approx(2.22)
 
 
-def test_encoder_out_of_memory_fails_every_request_in_the_batch(local_server):
+def test_encoder_out_of_memory_fails_every_request_in_the_batch(local_server, restore_template_config):
     http = local_server.endpoints.http
     budget = int(_params(template("encoder_sim"))["max_padded_tokens"])
     rows = budget // 512 + 1  # one request whose padded size is over the budget
@@ -65,6 +65,15 @@ def test_encoder_out_of_memory_fails_every_request_in_the_batch(local_server):
     # the same rows in a shorter sequence fit
     out = infer(http, "encoder_sim", "INPUT_IDS", np.ones((rows, 256), np.int32))
     assert out["outputs"][0]["shape"] == [rows, 8]
+    # many small requests batched past the budget: each one fails, the server lives on
+    local_server.apply_config("encoder_sim", with_batching(template("encoder_sim"), 64, 200000))
+    arrays = [np.ones((1, 512), np.int32) for _ in range(64)]
+    ok, errors = burst(http, "encoder_sim", "INPUT_IDS", arrays, concurrency=64)
+    # (a batch of 33+ full-length rows is over the budget; threads arriving late may form a smaller one)
+    assert ok + len(errors) == 64 and len(errors) >= rows and all("out of memory" in e for e in errors)
+    assert local_server.is_alive()
+    ok, errors = burst(http, "encoder_sim", "INPUT_IDS", arrays[:8], concurrency=8)
+    assert (ok, errors) == (8, [])
 
 
 def test_encoder_batches_ragged_requests_and_truncates(local_server, restore_template_config):

@@ -33,7 +33,7 @@ def _param(config, key, default):
 def parse_table(text):
     """"tokens:ms,tokens:ms,..." -> two increasing arrays."""
     points = sorted((float(t), float(ms)) for t, ms in (p.split(":") for p in text.replace(" ", "").split(",") if p))
-    tokens, ms = zip(*points)
+    tokens, ms = zip(*points, strict=True)
     return np.array(tokens), np.array(ms)
 
 
@@ -63,12 +63,12 @@ class TritonPythonModel:
         self.memory_bound_tokens = _param(config, "memory_bound_tokens", 8192)
         self.slowdown = _param(config, "memory_bound_slowdown", 2.5)
         self.budget = _param(config, "max_padded_tokens", 16384)
-        self.host_s = _param(config, "host_us_per_request", 50.0) * 1e-6 * self.scale
+        self.host_s = _param(config, "host_us_per_request", 20.0) * 1e-6 * self.scale
         self.oom_s = _param(config, "oom_ms", 0.5) * 1e-3 * self.scale
         # One lock file per emulated GPU: the launcher names it; otherwise one per server process.
         lock_path = os.environ.get("TUNER_EMULATED_GPU_LOCK") or os.path.join(
             tempfile.gettempdir(), f"tuner-emulated-gpu-{os.getppid()}.lock")
-        self.lock_file = open(lock_path, "a")  # noqa: SIM115 (held for the instance's life)
+        self.lock_file = open(lock_path, "a")  # held for the instance's life
 
     def execute(self, requests):
         started = time.monotonic()
@@ -83,7 +83,7 @@ class TritonPythonModel:
         padded = rows * max(longest, 1)
 
         # Host-side pre-processing: outside the GPU lock, so another instance can use the GPU meanwhile.
-        _sleep_until(started + self.host_s * len(requests) / 2)
+        _sleep_until(started + self.host_s * rows / 2)
         fcntl.flock(self.lock_file, fcntl.LOCK_EX)
         try:
             gpu_start = time.monotonic()
@@ -96,14 +96,15 @@ class TritonPythonModel:
             fcntl.flock(self.lock_file, fcntl.LOCK_UN)
         post_start = time.monotonic()
         if padded > self.budget:
-            error = pb_utils.TritonError(
+            # Raising fails every request of the batch with this message. (Returning one error
+            # response per request crashed Triton 2.51's Python backend for batches of many requests.)
+            raise pb_utils.TritonModelException(
                 f"CUDA out of memory (emulated): batch of {rows} rows x {longest} tokens = {padded} padded "
                 f"tokens exceeds the budget of {self.budget}")
-            return [pb_utils.InferenceResponse(output_tensors=[], error=error) for _ in requests]
 
         responses = [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("EMBEDDING", _embed(x))]) for x in ids]
-        _sleep_until(post_start + self.host_s * len(requests) / 2)  # host-side post-processing
+        _sleep_until(post_start + self.host_s * rows / 2)  # host-side post-processing
         return responses
 
     def finalize(self):

@@ -35,7 +35,7 @@ class TritonPythonModel:
         in_dim = out_dim = 256
         dims = [in_dim] + [width] * (layers - 1) + [out_dim]
         self.weights = [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
-                        for a, b in zip(dims[:-1], dims[1:])]
+                        for a, b in zip(dims[:-1], dims[1:], strict=True)]
 
     def execute(self, requests):
         inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy() for r in requests]
@@ -44,7 +44,7 @@ class TritonPythonModel:
         for w in self.weights:
             h = np.tanh(h @ w)
         responses, start = [], 0
-        for x, n in zip(inputs, sizes):
+        for x, n in zip(inputs, sizes, strict=True):
             out = h[start:start + n]
             start += n
             responses.append(pb_utils.InferenceResponse(
