@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from optuna.trial import TrialState
 from tqdm import tqdm
 
 from tuner import search
@@ -31,9 +32,10 @@ class RealEngine:
         self.evaluate = evaluate
         self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path) -> SearchResult:
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
         workdir.mkdir(parents=True, exist_ok=True)
-        storage = str(workdir / "study.journal")
+        # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
+        storage = f"sqlite:///{workdir / 'study.db'}"
         settings = dataclasses.replace(self.study, output=str(workdir), storage=storage)
         study = search.open_study(settings, storage, incumbent=None,
                                   metadata={"scoring": settings.scoring, "nightly": True})
@@ -50,10 +52,13 @@ class RealEngine:
         top = search.top_trials(study, 1)
         done = search.finished_count(study)
         feasible = len(search.top_trials(study, total))
+        prod_values = [t.value or 0.0 for t in study.trials
+                       if t.state == TrialState.COMPLETE and _key(t.params) == _key(production)]
+        prod_value = max(prod_values) if prod_values else None
         if not top:
-            return SearchResult(None, None, done, 0)
+            return SearchResult(None, None, done, 0, prod_value)
         best = dict(top[0].user_attrs.get("config") or top[0].params)
-        return SearchResult(best, float(top[0].value), done, feasible)
+        return SearchResult(best, float(top[0].value), done, feasible, prod_value)
 
     def replay(self, params: dict, arm: str) -> Replay:
         result = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))

@@ -48,11 +48,14 @@ class SearchResult:
     best_requests_per_dollar: float | None = None
     trials: int = 0
     feasible: int = 0
+    # production's own trial in tonight's search (None: not measured; 0: it broke the SLA)
+    production_requests_per_dollar: float | None = None
 
 
 class Engine(Protocol):
-    def search(self, enqueue: list[dict], trials: int, workdir: Path) -> SearchResult:
-        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic."""
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
+        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
+        the best and production's own trial."""
 
     def replay(self, params: dict, arm: str) -> Replay:
         """Apply `params` to production's config on the server and replay tonight's traffic once."""
@@ -118,6 +121,14 @@ def _pending_proposal(nights: list[dict], candidate: dict, production: dict) -> 
     return None
 
 
+def _search_gain(found: SearchResult) -> float | None:
+    """The best trial over production's trial in tonight's search, when both have a score."""
+    best, prod = found.best_requests_per_dollar, found.production_requests_per_dollar
+    if best is None or not prod:
+        return None
+    return best / prod - 1.0
+
+
 def _previous_traffic(output: Path, previous: dict | None) -> pd.DataFrame | None:
     if not previous or not previous.get("run_dir"):
         return None
@@ -158,7 +169,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
 
         pairs: list[tuple[Replay, Replay]] = []
         with engine_factory(study, production_cfg, traffic_path, staging) as engine:
-            found = engine.search(enqueue, settings.search.trials, staging / "search")
+            found = engine.search(enqueue, settings.search.trials, staging / "search", production)
             candidate = found.best
             pending = _pending_proposal(nights, candidate, production) if candidate else None
             if candidate is None:
@@ -169,11 +180,15 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             elif pending is not None:
                 decision = keep(f"the same change was proposed on {pending.get('night')} and production "
                                 f"has not applied it yet; not proposed again")
+            elif _search_gain(found) is not None and _search_gain(found) < settings.confirm.margin:
+                decision = keep(f"the search's best beat production by only {_search_gain(found):+.1%} "
+                                f"(margin {settings.confirm.margin:.0%}); no confirmation needed")
             else:
                 for _ in range(settings.confirm.pairs):
                     pairs.append((engine.replay(production, "production"),
                                   engine.replay(candidate, "candidate")))
-                decision = decide(pairs, settings.confirm.margin, settings.confirm.pairs)
+                decision = decide(pairs, settings.confirm.margin, settings.confirm.pairs,
+                                  settings.confirm.rule)
 
         diff = ""
         if decision.decision == "change":
@@ -201,6 +216,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "candidate": candidate,
             "best": candidate,
             "best_requests_per_dollar": found.best_requests_per_dollar,
+            "production_requests_per_dollar": found.production_requests_per_dollar,
             "gain": decision.median_gain,
             "min_gain": decision.min_gain,
             "gains": list(decision.gains),

@@ -14,9 +14,8 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import SettingsError
+from tuner.nightly.rule import RULES
 from tuner.settings import StudySettings, _build, _read_yaml, load_study, with_overrides
-
-RULES = ("every_pair",)
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class NightSearch:
 class Confirm:
     pairs: int = 3               # production/candidate replays, alternated A/B/A/B...
     margin: float = 0.05         # the candidate must beat production's requests per dollar by this
-    rule: str = "every_pair"     # the margin must hold in every pair
+    rule: str = "all_replays"    # all_replays | every_pair (see tuner/nightly/rule.py)
 
 
 @dataclass(frozen=True)
