@@ -152,3 +152,19 @@ def test_capacity_in_profile_rate_terms_is_monotone_in_speed():
     result = find_capacity(fake, SLA, CapacitySettings(tolerance=0.05, max_steps=20), start_speed=1.0, rate=7.0)
     assert result.capacity_rps == pytest.approx(7.0 * result.speed)
     assert result.upper_rps == pytest.approx(7.0 * result.upper_speed)
+
+
+def test_a_known_passing_step_is_a_lower_bound_even_when_the_load_generator_gives_up():
+    from tuner.score import Step
+
+    load = Step(0.5, measurement(0.5), check_sla(measurement(0.5), SLA), 1)
+    fake = FakeServer(capacity_speed=5.0, lag_limit_speed=0.9)
+    result = find_capacity(fake, SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=1.0,
+                           lower=load, rate=10.0)
+    assert result.limited_by == "load_generator" and result.speed == 0.5 and result.capacity_rps == 5.0
+    assert result.at_capacity is load.measurement
+    near = FakeServer(capacity_speed=0.8)
+    result = find_capacity(near, SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=1.0,
+                           lower=load, min_speed=0.5)
+    assert result.converged and 0.5 <= result.speed <= 0.8 < result.upper_speed
+    assert all(call[0] > 0.5 for call in near.calls)  # the load's speed is not measured again

@@ -27,11 +27,12 @@ import pandas as pd
 
 from tuner import modelconfig
 from tuner.cost import price_for
-from tuner.errors import ServerError
+from tuner.errors import ReplayError, ServerError
 from tuner.measure import Measurement, measure
 from tuner.modelconfig import ModelConfig, SchedulingParams
 from tuner.score import (
     Hints,
+    Step,
     TrialResult,
     capacity_score,
     check_sla,
@@ -188,12 +189,12 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             if load.valid:
                 break
             load = run(load_speed, attempt, mbs)
+        if not load.valid:  # the load generator's fault, not the configuration's: fail the trial
+            raise ReplayError(f"replay at the recorded load stayed invalid after 3 tries: {load.invalid_reason}")
         sla = check_sla(load, settings.sla)
         attrs: dict = {**_figures(load, ""), "sla_reason": sla.reason, "valid": load.valid,
                        "invalid_reason": load.invalid_reason, "offered_rps_at_load": load.offered_rps,
                        "peak_rps": peak}
-        if not load.valid:
-            sla = dataclasses.replace(sla, ok=False, reason=load.invalid_reason)
         capacity_rps = capacity_speed = 0.0
         pruned = False
         if sla.ok:
@@ -202,6 +203,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
                 lambda s, attempt: run(s, attempt, mbs), settings.sla, cap, start_speed=start,
                 beat_rps=hints.beat_rps, min_speed=load_speed,
                 growth=INFORMED_GROWTH if hints.start_speed else 2.0, rate=rate,
+                lower=Step(load_speed, load, sla, 1),
             )
             capacity_rps, capacity_speed, pruned = found.capacity_rps, found.speed, found.pruned
             at_cap = found.at_capacity
@@ -223,7 +225,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             "capacity": capacity_score(capacity_rps, price) if capacity_rps > 0 else None,
             "utilization": utilization_score(load, price) if sla.ok else None,
         }
-        return TrialResult(feasible=sla.ok, violation=sla.violation if load.valid else max(sla.violation, 1.0),
+        return TrialResult(feasible=sla.ok, violation=sla.violation,
                            capacity_rps=capacity_rps, capacity_speed=capacity_speed, scores=scores,
                            pruned=pruned, attrs=attrs)
 

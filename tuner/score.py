@@ -120,6 +120,7 @@ def find_capacity(
     min_speed: float | None = None,
     growth: float = 2.0,
     rate: float | None = None,
+    lower: Step | None = None,
     on_step: Callable[[Step], None] | None = None,
 ) -> Capacity:
     """Bracket, then bisect, the replay speed at which the SLA stops holding.
@@ -130,6 +131,7 @@ def find_capacity(
     `growth`: the bracketing factor (2 from a blind guess; smaller from an informed one).
     `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
     speed even when each step replays a different window). Default: the step's measured offered rate.
+    `lower`: a step already measured that met the SLA (e.g. at the recorded load): a lower bound.
     """
 
     def rps(step: Step) -> float:
@@ -137,7 +139,7 @@ def find_capacity(
 
     speed = min(start_speed or settings.start_speed, settings.max_speed)
     floor = min_speed if min_speed is not None else speed / 2 ** settings.max_steps
-    lo: Step | None = None
+    lo: Step | None = lower if lower is not None and lower.valid and lower.sla.ok else None
     hi: Step | None = None
     steps: list[Step] = []
 
@@ -147,7 +149,7 @@ def find_capacity(
             capacity_rps=rps(lo) if lo else 0.0,
             upper_speed=hi.speed if hi else None,
             upper_rps=rps(hi) if hi else None,
-            steps=tuple(steps),
+            steps=tuple(([lower] if lower is not None else []) + steps),
             **kw,
         )
 
@@ -164,6 +166,8 @@ def find_capacity(
             hi = step
             if beat_rps is not None and rps(step) <= beat_rps:
                 return done(pruned=True)
+        if lo and hi and hi.speed <= lo.speed:  # noise: a lower bound that fails above... keep the latest
+            lo = None
         if lo and hi:
             if hi.speed / lo.speed <= 1.0 + settings.tolerance:
                 return done(converged=True)

@@ -493,7 +493,9 @@ def _remeasure_and_keep(study, evaluate, settings, progress) -> list[Remeasured]
     # a study run again with no new trial keeps its re-measurement
     if study.user_attrs.get("remeasured_at") == finished_count(study) and "remeasured" in study.user_attrs:
         return None
-    n = len(top_trials(study, settings.search.top_k)) + 1
+    top = top_trials(study, settings.search.top_k)
+    incumbent = incumbent_trial(study)
+    n = len(top) + (1 if top and incumbent and all(t.params != incumbent.params for t in top) else 0)
     bar = _bar(n * settings.search.remeasure_repeats, 0, progress, "re-measure")
     try:
         remeasured = remeasure(study, evaluate, settings, progress=(lambda: bar.update(1)) if bar else None)

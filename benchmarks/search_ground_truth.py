@@ -1,0 +1,165 @@
+"""Ground truth for the search: does TPE find (nearly) the best configuration, measuring little?
+
+    python benchmarks/search_ground_truth.py [examples/grid.yaml] [--output runs/ground-truth]
+                                             [--share 0.25] [--seed 0]
+
+1. Grid: every configuration of the study's space, measured on a real local Triton serving the
+   emulated-GPU template with the study's (bursty) profile. No pruning, so each gets its full capacity
+   search; both scores are measured for each, so one grid gives the optimum for both scorings.
+2. TPE, once per scoring, with a trial budget of `--share` of the grid (the incumbent included).
+3. For each scoring: the optimum, TPE's pick, the ratio of requests per dollar (as the grid measured
+   TPE's pick, and as TPE's own run measured it), the share of the grid TPE measured, and the share of
+   the grid within 95% of the optimum (if that share is large, the workload is too easy to tell).
+
+Every run uses the same server (one machine state); results go to OUTPUT/ground_truth.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pandas as pd
+
+from tuner import evaluate, search
+from tuner.cost import price_for
+from tuner.score import Hints
+from tuner.settings import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_study(settings, evaluate_fn, storage: str, n_trials: int, incumbent: dict) -> optuna.Study:
+    study = search.open_study(settings, storage, incumbent, {"scoring": settings.scoring})
+    total = n_trials
+    with _bar(total, settings.name) as bar:
+        search.run_trials(study, settings, evaluate_fn, n_trials, lock=search.lock_path(storage),
+                          on_trial=lambda _t: bar.update(1))
+    return study
+
+
+def _bar(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="trial", file=sys.stderr, dynamic_ncols=True)
+
+
+def frame(study: optuna.Study) -> pd.DataFrame:
+    rows = []
+    for t in study.trials:
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            continue
+        feasible = bool(t.user_attrs.get("feasible"))
+        rows.append({"number": t.number, "incumbent": bool(t.user_attrs.get("incumbent")),
+                     "state": t.state.name, **t.params, "feasible": feasible,
+                     "capacity_rps": t.user_attrs.get("capacity_rps"),
+                     "capacity": t.user_attrs.get("score_capacity") if feasible else None,
+                     "utilization": t.user_attrs.get("score_utilization") if feasible else None})
+    return pd.DataFrame(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
+    parser.add_argument("--output", default=str(ROOT / "runs" / "ground-truth"))
+    parser.add_argument("--share", type=float, default=0.25, help="TPE's trial budget, as a share of the grid")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    grid_settings = load_study(args.study)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    space = dataclasses.replace(grid_settings.search, sampler="grid", seed=args.seed)
+    grid_settings = dataclasses.replace(grid_settings, search=space, output=str(out))
+    size = search.grid_size(space)
+    budget = max(2, math.floor(args.share * size))
+    base = evaluate.base_config(grid_settings)
+    incumbent = evaluate.incumbent_params(base, space)
+    price = price_for(grid_settings.cost).price_per_hour
+    print(f"space: {search.grid(space)}  ({size} configurations); TPE budget {budget} trials; "
+          f"price ${price}/h", flush=True)
+
+    results: dict = {"study": args.study, "grid_size": size, "tpe_budget": budget, "share": args.share}
+    started = time.monotonic()
+    with evaluate.session(grid_settings, log_dir=str(out / "server")) as evaluate_fn:
+        # the ground truth: no pruning (each configuration gets its full capacity search)
+        def unpruned(params: dict, hints: Hints):
+            return evaluate_fn(params, Hints(start_speed=hints.start_speed))
+
+        grid_study = run_study(dataclasses.replace(grid_settings, name=f"grid-{stamp}"), unpruned,
+                               str(out / f"grid-{stamp}.journal"), size + 1, incumbent)
+        grid = frame(grid_study)
+        grid = grid[~grid["incumbent"]]  # the incumbent is measured again as its grid point
+        grid.to_csv(out / f"grid-{stamp}.csv", index=False)
+        results["grid_seconds"] = time.monotonic() - started
+
+        for scoring in ("capacity", "utilization"):
+            t0 = time.monotonic()
+            settings = dataclasses.replace(grid_settings, name=f"tpe-{scoring}-{stamp}", scoring=scoring,
+                                           search=dataclasses.replace(space, sampler="tpe", trials=budget))
+            tpe_study = run_study(settings, evaluate_fn, str(out / f"tpe-{scoring}-{stamp}.journal"), budget,
+                                  incumbent)
+            tpe = frame(tpe_study)
+            tpe.to_csv(out / f"tpe-{scoring}-{stamp}.csv", index=False)
+            results[scoring] = compare(grid, tpe, scoring, size)
+            results[scoring]["tpe_seconds"] = time.monotonic() - t0
+
+    print()
+    for scoring in ("capacity", "utilization"):
+        r = results[scoring]
+        print(f"== scoring: {scoring}")
+        print(f"   optimum (grid):        {r['optimum_params']}  {r['optimum']:,.0f} requests/$")
+        print(f"   TPE's pick:            {r['tpe_params']}  {r['tpe_own']:,.0f} requests/$ (TPE's run), "
+              f"{r['tpe_in_grid']:,.0f} (as the grid measured it)")
+        print(f"   ratio TPE / optimum:   {r['ratio_grid']:.3f} (grid's measurement of the pick), "
+              f"{r['ratio_own']:.3f} (TPE's own)")
+        print(f"   TPE measured:          {r['tpe_measured']} of {size} configurations ({r['tpe_share']:.0%})")
+        print(f"   grid within 95%:       {r['within_95']} of {r['grid_feasible']} feasible "
+              f"({r['within_95_share']:.0%} of the grid)")
+        print(f"   passes (>= 95% with <= 25% of the grid): {r['passes']}")
+    print(f"\ngrid took {results['grid_seconds'] / 60:.1f} min")
+    (out / "ground_truth.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+def compare(grid: pd.DataFrame, tpe: pd.DataFrame, scoring: str, size: int) -> dict:
+    keys = ["max_batch_size", "max_queue_delay_microseconds"]
+    feasible = grid[grid[scoring].notna() & (grid[scoring] > 0)]
+    best = feasible.loc[feasible[scoring].idxmax()]
+    ranked_tpe = tpe[tpe[scoring].notna() & (tpe["state"] == "COMPLETE")]
+    pick = ranked_tpe.loc[ranked_tpe[scoring].idxmax()] if len(ranked_tpe) else None
+    in_grid = None
+    if pick is not None:
+        match = grid[(grid[keys[0]] == pick[keys[0]]) & (grid[keys[1]] == pick[keys[1]])]
+        in_grid = float(match[scoring].iloc[0]) if len(match) and pd.notna(match[scoring].iloc[0]) else 0.0
+    measured = len({(r[keys[0]], r[keys[1]]) for _, r in tpe.iterrows()})
+    within = int((feasible[scoring] >= 0.95 * best[scoring]).sum())
+    ratio_grid = (in_grid or 0.0) / best[scoring]
+    ratio_own = (float(pick[scoring]) if pick is not None else 0.0) / best[scoring]
+    return {
+        "optimum_params": {k: int(best[k]) for k in keys},
+        "optimum": float(best[scoring]),
+        "tpe_params": {k: int(pick[k]) for k in keys} if pick is not None else None,
+        "tpe_own": float(pick[scoring]) if pick is not None else 0.0,
+        "tpe_in_grid": in_grid or 0.0,
+        "ratio_grid": ratio_grid,
+        "ratio_own": ratio_own,
+        "tpe_measured": measured,
+        "tpe_share": measured / size,
+        "grid_feasible": len(feasible),
+        "within_95": within,
+        "within_95_share": within / size,
+        "passes": bool(max(ratio_grid, 0) >= 0.95 and measured / size <= 0.25 + 1e-9),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
