@@ -121,8 +121,10 @@ def test_a_paused_server_shows_in_latency_and_the_sends_stay_on_schedule(server)
     assert (during["end_s"] >= cont - 0.005).all()
     assert np.allclose(during["latency_ms"], (during["end_s"] - during["due_s"]) * 1000)
     assert during["latency_ms"].iloc[0] > 900 and during["latency_ms"].iloc[-1] < 200
-    # the sends went out on time while the server was stopped
-    assert during["send_lag_ms"].quantile(0.99) < 5.0
+    # the sends went out on time while the server was stopped: a generator that waited for answers
+    # would show lags growing to the pause's length (~1000 ms). (Bounds leave room for a busy machine.)
+    assert during["send_lag_ms"].median() < 1.0 and during["send_lag_ms"].quantile(0.9) < 5.0
+    assert during["send_lag_ms"].max() < 100.0
     # (the burst of answers right after the pause may delay a few sends by some ms: not asserted)
     assert recs["send_lag_ms"].median() < 1.0
 
@@ -135,7 +137,7 @@ def test_requests_past_max_in_flight_are_dropped_and_counted_not_queued(server):
     assert 0 < len(dropped) < len(recs)
     assert (~dropped["ok"]).all() and dropped["error"].str.contains("replay.max_in_flight").all()
     # the schedule went on: the requests that were sent left on time
-    assert recs["send_lag_ms"].dropna().median() < 1.0
+    assert recs["send_lag_ms"].dropna().median() < 2.0
 
 
 def test_an_unreachable_server_is_a_setup_error():
