@@ -136,3 +136,22 @@ def test_make_launcher_chooses_by_settings(tmp_path):
     assert isinstance(remote, RemoteLauncher) and remote.endpoints.http == "127.0.0.1:8000"
     docker = make_launcher(_study(tmp_path, launcher="docker"))
     assert docker.name == "docker"
+
+
+def test_cli_server_install_prints_where(triton_install, capsys):
+    from tuner.cli import main
+
+    assert main(["server", "install", "--dir", str(triton_install.root)]) == 0
+    out = capsys.readouterr().out
+    assert str(triton_install.binary) in out and "2.51.0" in out
+
+
+def test_cli_server_install_into_an_unusable_dir_is_one_line(tmp_path, capsys):
+    from tuner.cli import main
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["server", "install", "--dir", str(blocker / "triton")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tuner: error: ") and "cannot install the Triton server there" in err
+    assert len(err.splitlines()) == 1

@@ -112,11 +112,11 @@ def test_broken_model_at_startup_quotes_exit_code_and_log(triton_install, tmp_pa
     assert server.pid is None
 
 
-def test_inference_through_the_private_copy(triton_install, templates_dir):
-    with LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install) as server:
-        out = infer(server.endpoints.http, "matmul_cpu", "INPUT", np.ones((2, 256), np.float32))
-        assert out["outputs"][0]["shape"] == [2, 256]
-        assert server.repository != templates_dir
+def test_inference_through_the_private_copy(local_server, templates_dir):
+    out = infer(local_server.endpoints.http, "matmul_cpu", "INPUT", np.ones((2, 256), np.float32))
+    assert out["outputs"][0]["shape"] == [2, 256]
+    assert local_server.repository != templates_dir
+    assert (local_server.repository / "encoder_sim" / "config.pbtxt").is_file()
 
 
 _OWNER_SCRIPT = """

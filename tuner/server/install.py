@@ -54,12 +54,16 @@ def install_dir_for(install_dir: str | Path | None = None) -> Path:
 def find_tritonserver(install_dir: str | Path | None = None, quiet: bool = False) -> TritonInstall:
     """The Triton install in `install_dir` (see module doc), installing the wheel there if absent."""
     root = install_dir_for(install_dir)
-    if not _binary(root).is_file():
-        check_platform()
-        _install(root, quiet=quiet)
-    install = _prepare(root)
-    if not (install.model_pythonpath / "numpy").is_dir():
-        _install_model_numpy(install, quiet=quiet)
+    try:
+        if not _binary(root).is_file():
+            check_platform()
+            _install(root, quiet=quiet)
+        install = _prepare(root)
+        if not (install.model_pythonpath / "numpy").is_dir():
+            _install_model_numpy(install, quiet=quiet)
+    except OSError as exc:  # e.g. the directory cannot be created or written
+        raise ServerSetupError(f"{root}: cannot install the Triton server there: "
+                               f"{exc.strerror or exc}") from None
     return install
 
 
