@@ -8,7 +8,10 @@ from tuner.server.install import find_tritonserver
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("server", help="manage the local Triton server binary")
+    parser = subparsers.add_parser(
+        "server", help="manage the local Triton server binary",
+        description="The tritonserver binary the local launcher runs (from the nvidia-pytriton wheel, "
+        "installed outside the project's environment).")
     commands = parser.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
     install = commands.add_parser(
         "install", help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
