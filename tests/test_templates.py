@@ -142,3 +142,12 @@ def test_templates_parse_and_declare_their_incumbents(templates_dir):
         assert config.max_batch_size >= 64
         assert config.dynamic_batching.max_queue_delay_microseconds == 0
         assert (templates_dir / name / "README.md").is_file()
+
+
+def test_a_bad_parameter_is_refused_by_name(local_server, restore_template_config):
+    from tuner.errors import ServerSetupError
+
+    config = template("encoder_sim")
+    config.parameters["time_scale"].string_value = "fast"
+    with pytest.raises(ServerSetupError, match=r"parameters.time_scale: expected float, got 'fast'"):
+        local_server.apply_config("encoder_sim", config)

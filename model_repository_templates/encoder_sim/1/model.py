@@ -26,8 +26,15 @@ EMBEDDING_DIM = 8
 
 
 def _param(config, key, default):
+    """A number from the config's `parameters` (`default` when absent); a bad value fails the load."""
     value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return type(default)(value) if value not in (None, "") else default
+    if value in (None, ""):
+        return default
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise pb_utils.TritonModelException(
+            f"parameters.{key}: expected {type(default).__name__}, got {value!r}") from None
 
 
 def parse_table(text):

@@ -22,8 +22,15 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 
 def _param(config, key, default):
+    """A number from the config's `parameters` (`default` when absent); a bad value fails the load."""
     value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return type(default)(value) if value not in (None, "") else default
+    if value in (None, ""):
+        return default
+    try:
+        return type(default)(value)
+    except ValueError:
+        raise pb_utils.TritonModelException(
+            f"parameters.{key}: expected {type(default).__name__}, got {value!r}") from None
 
 
 class TritonPythonModel:
