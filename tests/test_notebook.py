@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from test_report import study_output
+from test_report import tuned_output
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analyze_study.ipynb"
 PLOTLY = "application/vnd.plotly.v1+json"
@@ -15,8 +15,8 @@ PLOTLY = "application/vnd.plotly.v1+json"
 
 @pytest.mark.slow
 def test_analyze_study_notebook_runs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
-                                     tmp_path: Path) -> None:
-    output_dir = study_output(tmp_path_factory)
+                                     tmp_path: Path, triton_install) -> None:
+    output_dir = tuned_output(tmp_path_factory)  # a real `tuner tune` study, shared with test_report.py
     monkeypatch.setenv("TUNER_STUDY_DIR", str(output_dir))  # the kernel inherits the environment
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()

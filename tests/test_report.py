@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,18 +15,52 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import yaml
 
-from tuner.report import load_output, recommendation_line, write_report
+from tuner.report import figures, load_output, recommendation_line, write_report
 from tuner.report._figures import pareto_front
 
 ROOT = Path(__file__).resolve().parents[1]
-_OUTPUTS: dict[str, Path] = {}  # one study per test session, shared with test_notebook.py
+_OUTPUTS: dict[str, Path] = {}  # made once per test session, shared with test_notebook.py
+
+# A small real study: the emulated-GPU template on a real local Triton, the shipped bursty profile
+# replayed by Locust, a grid of four configurations after the incumbent, short capacity steps.
+STUDY = {
+    "name": "report",
+    "model_repository": str(ROOT / "model_repository_templates"),
+    "model": "encoder_sim",
+    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv"), "busiest_s": 6, "speed": 0.25},
+    "replay": {"warmup_s": 0.3, "lag_budget_ms": 25},
+    "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
+    "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
+    "search": {
+        "sampler": "grid",
+        "seed": 1,
+        "max_batch_size": {"low": 4, "high": 16, "log": True},
+        "max_queue_delay_microseconds": {"low": 0, "high": 2000, "step": 2000},
+        "capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 4},
+        "top_k": 1,
+        "remeasure_repeats": 1,
+    },
+}
 
 
-def study_output(tmp_path_factory: pytest.TempPathFactory, trials: int = 24, journal: bool = True) -> Path:
-    """A study output directory made once per session: a real Optuna study in a journal file (as
-    `tuner tune` keeps it by default) or sqlite."""
-    key = f"study{trials}{'j' if journal else 's'}"
+def tuned_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output directory of a real `tuner tune` run, made once per test session."""
+    if "tuned" not in _OUTPUTS:
+        tmp = tmp_path_factory.mktemp("tuned")
+        study = tmp / "study.yaml"
+        study.write_text(yaml.safe_dump({**STUDY, "output": str(tmp / "out")}))
+        result = subprocess.run([sys.executable, "-m", "tuner", "tune", str(study), "--trials", "5", "--quiet"],
+                                capture_output=True, text=True, timeout=900, cwd=tmp)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        _OUTPUTS["tuned"] = tmp / "out"
+    return _OUTPUTS["tuned"]
+
+
+def fake_output(tmp_path_factory: pytest.TempPathFactory, trials: int, journal: bool = True) -> Path:
+    """A real Optuna study with made-up measurements and per-request records (the benchmark's)."""
+    key = f"fake{trials}{'j' if journal else 's'}"
     if key not in _OUTPUTS:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         try:
@@ -38,8 +73,8 @@ def study_output(tmp_path_factory: pytest.TempPathFactory, trials: int = 24, jou
 
 
 @pytest.fixture(scope="session")
-def output_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return study_output(tmp_path_factory)
+def output_dir(tmp_path_factory: pytest.TempPathFactory, triton_install) -> Path:
+    return tuned_output(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
@@ -57,32 +92,54 @@ def _copy(src: Path, dst: Path, keep: tuple[str, ...]) -> Path:
     return dst
 
 
-def test_load_output_reads_trials_and_storage(output_dir: Path) -> None:
+@pytest.mark.slow
+def test_load_output_reads_what_tuner_tune_wrote(output_dir: Path) -> None:
     out = load_output(output_dir)
     csv = pd.read_csv(output_dir / "trials.csv")
-    assert len(out.trials) == len(csv)
+    assert len(out.trials) == len(csv) == 5
     assert out.study is not None and len(out.study.trials) == len(csv)
+    assert out.storage_url == str(output_dir / "study.journal")
     assert {"max_batch_size", "max_queue_delay_microseconds"} <= set(out.params)
-    assert out.trials["feasible"].dtype == bool
+    assert out.trials["feasible"].dtype == bool and out.trials["feasible"].any()
     assert out.trials.loc[out.trials["feasible"], "latency_p99_ms"].max() <= out.sla["latency_ms"]
-    best = out.top_trials(1).iloc[0]
-    assert best["requests_per_dollar"] == out.trials.loc[out.trials["feasible"], "requests_per_dollar"].max()
+    assert out.trials["requests_per_dollar"].max() == pytest.approx(csv["requests_per_dollar"].max())
+    assert out.incumbent_config and "max_batch_size: 64" in out.incumbent_config
+    assert out.traffic is not None and out.peak_rps() == json.loads((output_dir / "summary.json").read_text())[
+        "traffic"]["peak_rps"]
+
+
+def test_per_request_records_give_the_latency_cdfs(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = load_output(fake_output(tmp_path_factory, 24))
     assert set(out.latency_records) >= {"incumbent"} and len(out.latency_records) == 4
+    fig = figures.latency_cdfs(out)
+    assert len(fig.data) == 4 and not any("percentiles" in trace.name for trace in fig.data)
+    assert all(trace.y[-1] == 1.0 for trace in fig.data)
 
 
+@pytest.mark.slow
 def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, report: Path) -> None:
     assert report == output_dir / "report.html"
     text = report.read_text()
     summary = json.loads((output_dir / "summary.json").read_text())
     line = recommendation_line(load_output(output_dir))
     assert f"max_batch_size={summary['best']['params']['max_batch_size']}" in line
-    assert f"{summary['improvement']:+.1%}" in line
+    if summary["improvement"] is not None:
+        assert f"{summary['improvement']:+.1%} over the incumbent" in line
+    else:
+        assert "the incumbent did not meet the SLA" in line
     assert line.replace("—", "&mdash;") in text or line in text
     # plotly.js inlined exactly once; nothing fetched from the network
     assert text.count("plotly.js v") == 1
     assert '<script src="http' not in text and "cdn.plot.ly" not in text.split("plotly.js v")[0]
     assert text.count('class="plotly-graph-div"') >= 6
-    assert "+max_batch_size" in text.replace("&quot;", "") or "max_batch_size:" in text  # the diff
+    # the config diff: the incumbent's value of each changed field out, the recommended one in
+    changed = {k: v for k, v in summary["best"]["params"].items() if summary["incumbent"]["params"].get(k) != v}
+    diff = text.split("config.pbtxt: incumbent")[1]
+    for key, value in changed.items():
+        assert re.search(rf"<span class='add'>\+\s*{key}: {value}</span>", diff), (key, value)
+    if not changed:
+        assert "no differences" in text
+    assert "(fill rate at capacity)" in text and ", at capacity" in text  # the winner's batch histogram
 
 
 def test_pareto_front_keeps_only_undominated_trials() -> None:
@@ -94,21 +151,23 @@ def test_pareto_front_keeps_only_undominated_trials() -> None:
 def test_report_of_a_few_trials_says_why_importance_is_missing(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    out_dir = study_output(tmp_path_factory, trials=3, journal=False)
+    out_dir = fake_output(tmp_path_factory, trials=3, journal=False)
     text = write_report(out_dir).read_text()
     assert "parameter importance needs at least 4 complete trials" in text
 
 
+@pytest.mark.slow
 def test_missing_extras_become_notes(output_dir: Path, tmp_path: Path) -> None:
     bare = _copy(output_dir, tmp_path / "bare", ("summary.json", "trials.csv"))
     summary = json.loads((bare / "summary.json").read_text())
-    del summary["storage"], summary["traffic"]
+    del summary["storage"], summary["traffic"], summary["study_file"]
     (bare / "summary.json").write_text(json.dumps(summary))
     text = write_report(bare).read_text()
     for note in (
         "no Optuna storage",
         "the traffic profile was not found",
         "recommended/config.pbtxt is missing",
+        "incumbent/config.pbtxt was not found",
         "drawn through the measured percentiles",
     ):
         assert note in text
@@ -119,6 +178,7 @@ def _tuner(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_writes_the_report_finding_the_storage_in_the_directory(output_dir: Path, tmp_path: Path) -> None:
     keep = ("summary.json", "trials.csv", "recommended", "incumbent", "study.journal", "records")
     copy = _copy(output_dir, tmp_path / "copy", keep)
@@ -133,6 +193,7 @@ def test_cli_writes_the_report_finding_the_storage_in_the_directory(output_dir: 
     assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # nothing of the study touched
 
 
+@pytest.mark.slow
 def test_report_of_a_study_where_nothing_met_the_sla(output_dir: Path, tmp_path: Path) -> None:
     copy = _copy(output_dir, tmp_path / "none", ("summary.json", "trials.csv", "study.journal"))
     summary = json.loads((copy / "summary.json").read_text())

@@ -5,6 +5,7 @@ Each function returns a figure, or None with the reason in `out.notes` when its 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -28,7 +29,7 @@ def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
     for _, row in frame.iterrows():
         bits = [f"trial {row['number']:.0f} ({row['state'].lower()})"]
         bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
-        bits.append(f"capacity {row['capacity_rps']:.1f} rps, fill {row['fill_rate']:.2f}")
+        bits.append(f"capacity {row['capacity_rps']:.1f} req/s, fill rate {row['fill_rate']:.2f}")
         rows.append("<br>".join(bits))
     return rows
 
@@ -46,10 +47,11 @@ def pareto_front(frame: pd.DataFrame, latency: str) -> pd.DataFrame:
 
 
 def trials_scatter(out: StudyOutput) -> go.Figure:
-    """Every measured trial: requests per dollar against the SLA's latency percentile."""
+    """Every measured trial: requests per dollar against the SLA's latency percentile at the
+    recorded load (where the SLA is judged); trials with no score sit at zero."""
     latency, sla = out.latency_column, out.sla
     frame = out.trials
-    measured = frame.dropna(subset=[latency, "requests_per_dollar"])
+    measured = frame.dropna(subset=[latency])
     fig = go.Figure()
     if not math.isnan(sla["latency_ms"]):
         fig.add_vrect(x0=0, x1=sla["latency_ms"], fillcolor="rgba(44,160,44,0.08)", line_width=0,
@@ -57,16 +59,21 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
         fig.add_vline(x=sla["latency_ms"], line_dash="dash", line_color="gray")
     for feasible, name, color in ((True, "feasible", "#1f77b4"), (False, "infeasible", "#bbbbbb")):
         part = measured[measured["feasible"] == feasible]
-        fig.add_trace(go.Scatter(x=part[latency], y=part["requests_per_dollar"], mode="markers", name=name,
-                                 marker={"color": color, "size": 8}, text=_hover(part, out.params),
-                                 hoverinfo="text+x+y"))
+        scored = part["requests_per_dollar"].notna()
+        for mask, suffix, symbol in ((scored, "", "circle"), (~scored, ", no score", "circle-open")):
+            if mask.any():
+                fig.add_trace(go.Scatter(
+                    x=part.loc[mask, latency], y=part.loc[mask, "requests_per_dollar"].fillna(0),
+                    mode="markers", name=name + suffix, marker={"color": color, "size": 9, "symbol": symbol},
+                    text=_hover(part[mask], out.params), hoverinfo="text+x+y"))
     front = pareto_front(measured, latency)
     fig.add_trace(go.Scatter(x=front[latency], y=front["requests_per_dollar"], mode="lines+markers",
                              name="Pareto front", line={"color": PARETO, "shape": "hv"},
                              marker={"size": 6, "color": PARETO}))
+    q = f"p{sla['percentile']:g}"
     for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
                                        ("best", "recommended", WINNER, "star")):
-        x = _dig(out.summary, f"{which}.latency_ms.p{sla['percentile']:g}")
+        x = out.summary_latency(which).get(q)
         y = _dig(out.summary, f"{which}.requests_per_dollar")
         if x is not None and y is not None:
             fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
@@ -75,7 +82,7 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
     title = "Trials: requests per dollar against the SLA latency"
     if unmeasured:
         title += f" ({unmeasured} trials without a measurement not shown)"
-    fig.update_layout(title=title, xaxis_title=f"latency p{sla['percentile']:g} at capacity (ms)",
+    fig.update_layout(title=title, xaxis_title=f"latency {q} at the recorded load (ms)",
                       yaxis_title="requests per dollar", **LAYOUT)
     return fig
 
@@ -134,32 +141,38 @@ def param_map(out: StudyOutput) -> go.Figure | None:
     return fig
 
 
-def _cdf_from_percentiles(out: StudyOutput, which: str, row: pd.Series | None) -> tuple[list, list] | None:
-    points = []
-    for q in ("p50", "p90", "p95", "p99", "max"):
-        if row is not None:
-            value = row.get(f"latency_{q}_ms")
-        else:
-            value = _dig(out.summary, f"{which}.latency_ms.{q}")
-        if value is not None and pd.notna(value):
-            points.append((float(value), 1.0 if q == "max" else float(q[1:]) / 100))
+def _cdf_points(percentiles: dict[str, float]) -> tuple[list, list] | None:
+    points = sorted((float(v), 1.0 if q == "max" else float(q[1:]) / 100)
+                    for q, v in percentiles.items() if v is not None and pd.notna(v) and (q == "max" or q[1:].isdigit()))
     return ([p[0] for p in points], [p[1] for p in points]) if points else None
+
+
+def _row_percentiles(row: pd.Series) -> dict[str, float]:
+    """A trial's percentiles at capacity, else at the recorded load."""
+    qs = ("p50", "p90", "p95", "p99", "max")
+    at_capacity = {q: row.get(f"capacity_latency_{q}_ms") for q in qs}
+    if any(pd.notna(v) for v in at_capacity.values()):
+        return {q: v for q, v in at_capacity.items() if pd.notna(v)}
+    return {q: row.get(f"latency_{q}_ms") for q in qs if pd.notna(row.get(f"latency_{q}_ms"))}
 
 
 def latency_cdfs(out: StudyOutput) -> go.Figure | None:
     """Latency CDFs at capacity of the incumbent and the top 3 trials."""
     fig = go.Figure()
-    sources = [("incumbent", None)] + [(f"trial {int(r['number'])}", r) for _, r in out.top_trials(3).iterrows()]
+    sources = [("incumbent", out.summary_latency("incumbent", at="capacity"))]
+    sources += [(f"trial {int(r['number'])}", _row_percentiles(r)) for _, r in out.top_trials(3).iterrows()]
     estimated = []
-    for label, row in sources:
+    for label, percentiles in sources:
         color = INCUMBENT if label == "incumbent" else None
         if label in out.latency_records:
             values = np.sort(out.latency_records[label].to_numpy(dtype=float))
-            step = max(1, len(values) // 2000)  # enough points for a smooth curve, small HTML
-            x, y = values[::step], (np.arange(len(values)) + 1)[::step] / len(values)
+            # about 2,000 points: a smooth curve in a small HTML file, the tail (max) kept
+            keep = np.unique(np.append(np.linspace(0, len(values) - 1, min(len(values), 2000)).astype(int),
+                                       len(values) - 1))
+            x, y = values[keep], (keep + 1) / len(values)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": color}))
             continue
-        points = _cdf_from_percentiles(out, "incumbent", row)
+        points = _cdf_points(percentiles)
         if points:
             estimated.append(label)
             fig.add_trace(go.Scatter(x=points[0], y=points[1], mode="lines+markers", name=f"{label} (percentiles)",
@@ -177,18 +190,20 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
     return fig
 
 
-def _histogram(out: StudyOutput, which: str) -> dict[int, int] | None:
-    hist = _dig(out.summary, f"{which}.batch_histogram")
-    if not hist and out.study is not None:
-        number = _dig(out.summary, f"{which}.trial")
-        if number is not None:
+def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | None:
+    """A configuration's dispatched batch sizes: at capacity when measured there, else at load."""
+    number = _dig(out.summary, f"{which}.trial")
+    for hist, where in ((_dig(out.summary, f"{which}.batch_histogram"), ""),
+                        (out.trial_attr(number, "capacity_batch_histogram"), "at capacity"),
+                        (out.trial_attr(number, "batch_histogram"), "at the recorded load")):
+        if isinstance(hist, str):  # the tuner keeps it as JSON text (flat user attributes)
             try:
-                hist = out.study.trials[int(number)].user_attrs.get("batch_histogram")
-            except (IndexError, ValueError, TypeError):
-                hist = None
-    if not isinstance(hist, dict) or not hist:
-        return None
-    return {int(k): int(v) for k, v in hist.items()}
+                hist = json.loads(hist)
+            except json.JSONDecodeError:
+                continue
+        if isinstance(hist, dict) and hist:
+            return {int(k): int(v) for k, v in hist.items()}, where
+    return None
 
 
 def batch_histograms(out: StudyOutput) -> go.Figure:
@@ -198,9 +213,11 @@ def batch_histograms(out: StudyOutput) -> go.Figure:
     for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):
         fill = _dig(out.summary, f"{which}.fill_rate")
         mbs = _dig(out.summary, f"{which}.params.max_batch_size")
-        label = f"{name} (max_batch_size {mbs}, fill rate {fill:.2f})" if fill is not None else name
-        hist = _histogram(out, which)
-        if hist:
+        label = f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}" if fill is not None else name
+        found = _histogram(out, which)
+        if found:
+            hist, where = found
+            label += f", {where}" if where else ""
             sizes = sorted(hist)
             total = sum(hist.values()) or 1
             fig.add_trace(go.Bar(x=sizes, y=[hist[s] / total for s in sizes], name=label,
@@ -212,7 +229,7 @@ def batch_histograms(out: StudyOutput) -> go.Figure:
                                      marker_color=color, opacity=0.5, width=0.4))
     if missing:
         out.notes.append("no batch_histogram for " + " and ".join(missing) + ": its bar shows the mean batch")
-    fig.update_layout(title="Batch sizes dispatched at capacity", barmode="overlay", xaxis_title="batch size",
+    fig.update_layout(title="Batch sizes dispatched (fill rate at capacity)", barmode="overlay", xaxis_title="batch size",
                       yaxis_title="share of executions", **LAYOUT)
     return fig
 
@@ -221,15 +238,17 @@ def traffic_profile(out: StudyOutput) -> go.Figure | None:
     """The recorded traffic's rate over time, with one server's capacity before and after."""
     if out.traffic is None or out.traffic.empty:
         return None
+    speed = out.speed
     rate = traffic_rate(out.traffic)
-    width = float(rate["bin_s"].iloc[0])
-    fig = go.Figure(go.Scatter(x=rate["t_s"], y=rate["rps"], mode="lines", name=f"requests/s ({width:g} s bins)",
-                               line={"shape": "hv"}))
-    for which, name, color in (("incumbent", "incumbent capacity", INCUMBENT), ("best", "recommended capacity", WINNER)):
+    width = float(rate["bin_s"].iloc[0]) / speed
+    fig = go.Figure(go.Scatter(x=rate["t_s"] / speed, y=rate["rps"] * speed, mode="lines",
+                               name=f"requests/s ({width:g} s bins)", line={"shape": "hv"}))
+    for which, name, color in (("incumbent", "incumbent's capacity", INCUMBENT), ("best", "recommended's capacity", WINNER)):
         capacity = _dig(out.summary, f"{which}.capacity_rps")
         if capacity:
             fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name)
-    fig.update_layout(title="Traffic profile: offered rate over time", xaxis_title="time (s)",
+    fig.update_layout(title=f"Traffic profile: offered rate over time (replayed at speed {speed:g})",
+                      xaxis_title="time (s)",
                       yaxis_title="requests per second", **LAYOUT)
     return fig
 
@@ -243,6 +262,8 @@ def monthly_cost(out: StudyOutput) -> go.Figure | None:
         x=[name for name, _ in rows], y=[cost[1] for _, cost in rows], marker_color=[INCUMBENT, WINNER],
         text=[f"{cost[0]} server{'s' if cost[0] > 1 else ''}: ${cost[1]:,.0f}/month" for _, cost in rows],
         textposition="auto"))
-    fig.update_layout(title=f"Monthly cost at the peak rate (busiest second: {out.peak_rps():,.0f} requests/s)",
+    peak = out.peak_rps()
+    at = f" (busiest second: {peak:,.0f} requests/s)" if peak is not None else ""
+    fig.update_layout(title=f"Servers needed at the peak rate and their monthly cost{at}",
                       yaxis_title="dollars per month", **LAYOUT)
     return fig

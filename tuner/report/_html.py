@@ -52,8 +52,12 @@ def recommendation_line(out: StudyOutput) -> str:
     improvement = out.summary.get("improvement")
     if improvement is None and best and incumbent:
         improvement = float(best) / float(incumbent) - 1
-    gain = f"{float(improvement):+.1%} over the incumbent ({_num(incumbent, 0)})" if improvement is not None \
-        else "no incumbent to compare with"
+    if improvement is not None:
+        gain = f"{float(improvement):+.1%} over the incumbent ({_num(incumbent, 0)})"
+    elif isinstance(out.summary.get("incumbent"), dict):
+        gain = "the incumbent did not meet the SLA"
+    else:
+        gain = "no incumbent to compare with"
     return f"Recommended: {setting} — {_num(best, 0)} requests per dollar, {gain}."
 
 
@@ -70,7 +74,9 @@ def _servers(out: StudyOutput) -> str:
     before, after = out.servers_and_cost("incumbent"), out.servers_and_cost("best")
     if before is None or after is None:
         return ""
-    return (f" · at the peak ({out.peak_rps():,.0f} requests/s): {before[0]} → {after[0]} servers, "
+    peak = out.peak_rps()
+    at = f" ({peak:,.0f} requests/s)" if peak is not None else ""
+    return (f" · at the peak{at}: {before[0]} → {after[0]} servers, "
             f"{_money(before[1])} → {_money(after[1])} per month")
 
 

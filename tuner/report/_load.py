@@ -45,6 +45,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "latency_p99_ms": ("latency_ms.p99", "latency_p99_ms", "p99_ms", "user_attrs_latency_p99_ms"),
     "latency_max_ms": ("latency_ms.max", "latency_max_ms", "max_ms", "user_attrs_latency_max_ms"),
     "fill_rate": ("fill_rate", "user_attrs_fill_rate"),
+    # at capacity (`tuner tune` keeps both: at the recorded load and at the capacity found)
+    **{f"capacity_latency_{q}_ms": (f"capacity_latency_{q}_ms", f"user_attrs_capacity_latency_{q}_ms")
+       for q in ("p50", "p90", "p95", "p99", "max")},
+    "capacity_fill_rate": ("capacity_fill_rate", "user_attrs_capacity_fill_rate"),
     "feasible": ("feasible", "user_attrs_feasible"),
 }
 PARAMS = ("max_batch_size", "max_queue_delay_microseconds", "instance_count", "preferred_batch_size")
@@ -97,16 +101,41 @@ class StudyOutput:
                 return float(value)
         if self.traffic is None or self.traffic.empty:
             return None
-        return float(busiest_window(self.traffic, 1.0)[1])  # as `tuner traffic stats` counts it
+        # requests in the busiest second at the study's speed, as `tuner tune` counts it
+        return float(busiest_window(self.traffic, self.speed)[1])
+
+    @property
+    def speed(self) -> float:
+        """The replay speed that stands for the traffic's real load (traffic.speed, default 1)."""
+        value = _dig(self.summary, "traffic.speed")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
 
     def servers_and_cost(self, which: str) -> tuple[int, float] | None:
-        """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent."""
+        """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent:
+        the tuner's own figures when the summary has them, else peak / capacity."""
+        servers, cost = _dig(self.summary, f"{which}.servers_needed"), _dig(self.summary, f"{which}.monthly_cost")
+        if servers is not None and cost is not None:
+            return int(servers), float(cost)
         capacity = _dig(self.summary, f"{which}.capacity_rps")
         peak, price = self.peak_rps(), self.price_per_hour
         if not capacity or peak is None or price is None:
             return None
         servers = max(1, math.ceil(peak / float(capacity)))
         return servers, servers * price * HOURS_PER_MONTH
+
+    def summary_latency(self, which: str, at: str = "load") -> dict[str, float]:
+        """best/incumbent latency percentiles at the recorded load or at capacity."""
+        block = _dig(self.summary, f"{which}.at_{at}.latency_ms") or _dig(self.summary, f"{which}.latency_ms")
+        return {k: float(v) for k, v in (block or {}).items() if v is not None}
+
+    def trial_attr(self, number: int | None, key: str) -> Any:
+        """A user attribute of one trial in the storage (None without storage or attribute)."""
+        if self.study is None or number is None:
+            return None
+        try:
+            return self.study.trials[int(number)].user_attrs.get(key)
+        except (IndexError, ValueError, TypeError):
+            return None
 
     def top_trials(self, k: int = 3) -> pd.DataFrame:
         """The k best feasible trials by requests per dollar."""
@@ -267,7 +296,7 @@ def _open_study(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[
         notes.append("no Optuna storage in the output directory: no search history or importance")
         return None, None
     try:
-        if url.startswith(("sqlite:", "postgresql", "mysql")):
+        if "://" in url:
             storage: Any = url
         else:
             from optuna.storages.journal import JournalFileBackend
@@ -307,7 +336,7 @@ def _incumbent_config(path: Path, summary: dict[str, Any], notes: list[str]) -> 
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate).read_text()
-    notes.append("the incumbent's config.pbtxt was not found: no config diff")
+    notes.append("incumbent/config.pbtxt was not found: no config diff")
     return None
 
 
