@@ -22,6 +22,7 @@ from locust import User, task  # isort: skip
 import argparse
 import json
 import logging
+import os
 import resource
 import sys
 import time
@@ -190,6 +191,8 @@ class Replayer:
         self.finished = gevent.event.Event()
         self.cpu_s = 0.0
         self.wall_s = 0.0
+        self.walked = False
+        self.error = ""
         environment.events.request.add_listener(self._record)
 
     def assign(self, index: int, count: int, t0: float) -> None:
@@ -230,7 +233,15 @@ class Replayer:
                               f"(replay.max_in_flight)"),
             context={"k": k, "send": np.nan, "end": np.nan})
 
+    def fail(self, exc: BaseException) -> None:
+        log.error("the replay failed: %s", exc, exc_info=exc)
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.finished.set()
+
     def run(self) -> None:
+        if self.walked:
+            return
+        self.walked = True
         self.started.wait()
         share = self.share
         pool = gevent.pool.Pool(self.spec["max_in_flight"])
@@ -264,7 +275,10 @@ class Replayer:
         self.finished.set()
 
     def _print_progress(self) -> None:
-        print(f"P {self.share.sent} {self.share.done}", flush=True)
+        try:
+            print(f"P {self.share.sent} {self.share.done}", flush=True)
+        except OSError:  # the parent is gone (broken pipe): nobody will read the records
+            os._exit(3)
 
     def _progress(self) -> None:
         while True:
@@ -283,7 +297,11 @@ class ScheduleUser(User):
 
     @task
     def walk(self) -> None:
-        self.replayer.run()
+        # Locust runs a task again after an exception: a failed walk must stop, not restart.
+        try:
+            self.replayer.run()
+        except Exception as exc:
+            self.replayer.fail(exc)
         raise StopUser()
 
 
@@ -292,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("--role", choices=("local", "master", "worker"), default="local")
     args = parser.parse_args(argv)
+    _die_with_parent()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(args.spec) as f:
@@ -304,6 +323,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "local":
         return _local(spec, env, replayer)
     return _worker(spec, env, replayer)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process when the process that started it dies (a killed
+    tuner must not leave load generators running)."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the prctl
+            os._exit(3)
+    except (OSError, AttributeError):
+        pass
 
 
 def _write_summary(spec: dict, name: str, data: dict) -> None:
@@ -319,6 +353,8 @@ def _local(spec: dict, env: Environment, replayer: Replayer) -> int:
     runner.start(1, spawn_rate=1)
     replayer.finished.wait()
     runner.quit()
+    if replayer.error:
+        return 1
     _write_summary(spec, "0", replayer.summary())
     return 0
 
@@ -328,11 +364,12 @@ def _worker(spec: dict, env: Environment, replayer: Replayer) -> int:
     runner.register_message("tuner_start", lambda msg, **_kw: replayer.assign(
         msg.data["index"], msg.data["count"], msg.data["t0"]))
     replayer.finished.wait()
-    summary = replayer.summary()
-    _write_summary(spec, str(summary["index"]), summary)
+    summary = replayer.summary() if not replayer.error else {"error": replayer.error}
+    if not replayer.error:
+        _write_summary(spec, str(summary["index"]), summary)
     runner.send_message("tuner_done", summary)
     runner.greenlet.join(timeout=30)  # the master's quit ends it
-    return 0
+    return 1 if replayer.error else 0
 
 
 def _master(spec: dict) -> int:
@@ -363,6 +400,10 @@ def _master(spec: dict) -> int:
     runner.start(count, spawn_rate=count)
     all_done.wait()
     runner.quit()
+    failed = [d["error"] for d in done if "error" in d]
+    if failed:
+        print(f"a Locust worker failed: {failed[0]}", file=sys.stderr)
+        return 1
     return 0
 
 
