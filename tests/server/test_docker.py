@@ -7,6 +7,7 @@ unless TUNER_REQUIRE_DOCKER=1 or TUNER_REQUIRE_ALL=1 (CI), where they fail sayin
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -354,4 +355,39 @@ def test_tuner_replay_against_the_docker_launcher(engine, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "valid" in run.stdout and "executions" in run.stdout
     assert (tmp_path / "m.json").is_file()
+    assert {c.name for c in managed_containers(engine)} == before
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
+    study = tmp_path / "tune.yaml"
+    study.write_text(textwrap.dedent(f"""\
+        name: docker-tune
+        model_repository: {TEMPLATES}
+        model: encoder_sim
+        traffic: {{path: {ROOT / 'traffic_profiles' / 'bursty_60s.csv'}, busiest_s: 1, speed: 0.25}}
+        server: {{launcher: docker, image: {IMAGE}}}
+        replay: {{warmup_s: 0.5, lag_budget_ms: 50}}
+        sla: {{latency_ms: 250, percentile: 99, max_error_rate: 0.001}}
+        cost: {{gpu: a100-40gb, cloud: gcp}}
+        search:
+          sampler: grid
+          max_batch_size: {{low: 16, high: 16}}
+          max_queue_delay_microseconds: {{low: 0, high: 0}}
+          capacity: {{step_duration_s: 1.5, tolerance: 1.0, start_speed: 0.5, max_steps: 2}}
+          top_k: 1
+          remeasure_repeats: 1
+        output: {tmp_path / 'out'}
+        """))
+    before = {c.name for c in managed_containers(engine)}
+    run = subprocess.run([sys.executable, "-m", "tuner", "tune", str(study), "--quiet", "--trials", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trials"]["complete"] == 1 and summary["best"]["capacity_rps"] > 0
+    assert (out / "recommended" / "config.pbtxt").is_file()
+    (log,) = out.glob("server/*/tritonserver.log")  # the container's log, saved in the output
+    assert "successfully loaded 'encoder_sim'" in log.read_text()
     assert {c.name for c in managed_containers(engine)} == before

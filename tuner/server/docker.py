@@ -276,9 +276,12 @@ class DockerLauncher(Launcher):
     def _save_logs(self, text: str) -> None:
         if self.log_dir is None or not text:
             return
+        # appended: a launcher restarted after a crash keeps the crashed container's log before the next
+        header = f"==== {self.container_name} ({self.settings.image}), removed {time.strftime('%Y-%m-%d %H:%M:%S')}"
         with contextlib.suppress(OSError):
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            (self.log_dir / LOG_NAME).write_text(text + "\n")
+            with open(self.log_dir / LOG_NAME, "a") as fh:
+                fh.write(f"{header} ====\n{text}\n")
 
     def _port_was_taken(self) -> bool:
         if self._ports is not None or self._port_retries >= PORT_RETRIES or self._container is None:
