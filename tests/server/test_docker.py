@@ -148,7 +148,6 @@ def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, 
         assert again.is_alive()
 
 
-@pytest.mark.docker
 def test_no_engine_is_a_clear_setup_error(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(ServerSetupError, match="no Docker engine at unix://.*no-engine.sock"):
@@ -319,44 +318,6 @@ def test_a_chosen_port_taken_before_triton_binds_it_is_retried(engine, monkeypat
 
 
 # --- the CLI end to end with server.launcher: docker ---------------------------------------------
-
-def _docker_study(tmp_path: Path, **extra: str) -> Path:
-    lines = [
-        "name: docker-e2e",
-        f"model_repository: {TEMPLATES}",
-        f"model: {MODEL}",
-        "traffic:",
-        f"  path: {ROOT / 'traffic_profiles' / 'poisson_100rps_60s.csv'}",
-        "  duration_s: 8",
-        "server:",
-        "  launcher: docker",
-        f"  image: {IMAGE}",
-        "replay:",
-        "  warmup_s: 1",
-        "sla:",
-        "  latency_ms: 250",
-        f"output: {tmp_path / 'out'}",
-        *(f"{key}: {value}" for key, value in extra.items()),
-    ]
-    path = tmp_path / "study.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.mark.docker
-@pytest.mark.slow
-def test_tuner_replay_against_the_docker_launcher(engine, tmp_path):
-    study = _docker_study(tmp_path)
-    before = {c.name for c in managed_containers(engine)}  # the module's shared server, if it runs
-    run = subprocess.run([sys.executable, "-m", "tuner", "replay", str(study), "--set", "max_batch_size=8",
-                          "--set", "max_queue_delay_microseconds=1000", "--duration", "2",
-                          "--json", str(tmp_path / "m.json")],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "valid" in run.stdout and "executions" in run.stdout
-    assert (tmp_path / "m.json").is_file()
-    assert {c.name for c in managed_containers(engine)} == before
-
 
 @pytest.mark.docker
 @pytest.mark.slow
