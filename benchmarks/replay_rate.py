@@ -3,7 +3,8 @@
 Starts a local tritonserver with the `encoder_sim` template (the emulated GPU encoder), replays Poisson
 traffic (seq_len lognormal, median 64, at most 128) at rising rates with 1 process and with N worker processes,
 and prints send lag, latency and load-generator CPU per step, then the highest rate each mode held
-with send lag p99 under the budget. Noisy on a shared 2-core machine: repeat and compare within a run.
+with send lag p99 under the budget. Noisy on a shared 2-core machine (the load_avg column shows how busy it was): repeat and compare
+within a run.
 
     .venv/bin/python benchmarks/replay_rate.py [--rates 200,500,800,1200] [--duration 10]
         [--workers 1,2] [--budget-ms 2] [--protocol http]
@@ -12,6 +13,7 @@ with send lag p99 under the budget. Noisy on a shared 2-core machine: repeat and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                     "lat_p50_ms": round(m.latency_ms["p50"], 2), "lat_p99_ms": round(m.latency_ms["p99"], 2),
                     "errors": m.errors, "lg_cpu": round(m.load_generator_cpu, 2),
                     "held": m.send_lag_ms["p99"] < args.budget_ms,
+                    "load_avg": round(os.getloadavg()[0], 1),  # the machine's own noise
                 })
                 print(pd.DataFrame(rows[-1:]).to_string(index=False, header=len(rows) == 1), flush=True)
     table = pd.DataFrame(rows)

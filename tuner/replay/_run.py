@@ -48,7 +48,7 @@ Stats = Callable[[], dict]
 @dataclass(frozen=True)
 class ReplayResult:
     """What one replay produced. `records` has one row per request of the schedule:
-    row (position in the traffic given), due_s / send_s / end_s (seconds from the replay's start),
+    row (position in the traffic, sorted by timestamp), due_s / send_s / end_s (seconds from the replay's start),
     latency_ms (end - due: from the due time), send_lag_ms (send - due), ok, error, worker."""
 
     records: pd.DataFrame
@@ -156,7 +156,10 @@ def _run_processes(tmp: Path, roles: list[str], total: int, last_due: float, war
                    stats: Stats, progress: bool) -> tuple[dict | None, dict | None, float]:
     lines: queue.Queue = queue.Queue()
     procs, logs = [], []
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The load generator imports this very package, wherever the caller found it.
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     for k, role in enumerate(roles):
         log = open(tmp / f"process-{k}.log", "w+")
         logs.append(log)
