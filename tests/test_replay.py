@@ -17,7 +17,7 @@ import pytest
 
 from tuner.errors import ServerSetupError, TrafficError
 from tuner.measure import measure
-from tuner.replay import choose_workers, plan_requests, replay
+from tuner.replay import choose_workers, peak_rate, plan_requests, replay
 from tuner.server.base import Endpoints
 from tuner.server.local import LocalLauncher
 from tuner.settings import ReplaySettings
@@ -237,6 +237,12 @@ def test_a_column_contradicting_a_fixed_dim_names_the_row():
     traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [3, 3], "MASK:1": [4, 5]})
     with pytest.raises(TrafficError, match="traffic row 1: MASK:1=5 but model 'm' input MASK dim 1 is fixed at 4"):
         plan_requests({"name": "m"}, CONFIG, traffic)
+
+
+def test_peak_rate_is_the_busiest_second():
+    due = np.concatenate([np.arange(100) / 100.0, 1.0 + np.arange(300) / 300.0])  # 100/s, then 300/s
+    assert peak_rate(due) == 300.0
+    assert peak_rate(np.array([])) == 0.0
 
 
 def test_workers_rule():
