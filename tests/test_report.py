@@ -116,6 +116,14 @@ def test_per_request_records_give_the_latency_cdfs(tmp_path_factory: pytest.Temp
     assert all(trace.y[-1] == 1.0 for trace in fig.data)
 
 
+def test_parameter_importance_from_optuna(tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = load_output(fake_output(tmp_path_factory, 24))
+    fig = figures.param_importance(out)
+    assert fig is not None and set(fig.data[0].y) == {"max_batch_size", "max_queue_delay_microseconds"}
+    importance = dict(zip(fig.data[0].y, fig.data[0].x, strict=True))
+    assert importance["max_batch_size"] > importance["max_queue_delay_microseconds"]  # as the fake model makes it
+
+
 @pytest.mark.slow
 def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, report: Path) -> None:
     assert report == output_dir / "report.html"

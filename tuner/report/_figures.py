@@ -71,8 +71,9 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
                              name="Pareto front", line={"color": PARETO, "shape": "hv"},
                              marker={"size": 6, "color": PARETO}))
     q = f"p{sla['percentile']:g}"
-    for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
-                                       ("best", "recommended", WINNER, "star")):
+    remeasured = " (re-measured)" if _dig(out.summary, "best.repeats") else ""
+    for which, name, color, symbol in (("incumbent", "incumbent" + remeasured, INCUMBENT, "x"),
+                                       ("best", "recommended" + remeasured, WINNER, "star")):
         x = out.summary_latency(which).get(q)
         y = _dig(out.summary, f"{which}.requests_per_dollar")
         if x is not None and y is not None:
@@ -136,7 +137,7 @@ def param_map(out: StudyOutput) -> go.Figure | None:
         marker={"size": 10, "color": frame["requests_per_dollar"].where(frame["feasible"]),
                 "colorscale": "Viridis", "showscale": True, "colorbar": {"title": "req/$"},
                 "line": {"width": 1, "color": np.where(frame["feasible"], "#333", "#ccc")}}))
-    fig.update_xaxes(type="log")
+    fig.update_xaxes(type="log", tickvals=sorted(frame[x].unique()))
     fig.update_layout(title="Parameters tried (grey: infeasible)", xaxis_title=x, yaxis_title=y, **LAYOUT)
     return fig
 
