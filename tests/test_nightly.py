@@ -284,8 +284,8 @@ def _factory(engine):
     return factory
 
 
-def _night(tmp_path, engine, rate=20.0, day=0, bursty=False):
-    traffic = (synth_bursty if bursty else synth_poisson)(rate, 300, seed=day)
+def _night(tmp_path, engine, rate=20.0, day=0, bursty=False, seed=None):
+    traffic = (synth_bursty if bursty else synth_poisson)(rate, 300, seed=day if seed is None else seed)
     write_traffic(traffic, tmp_path / "traffic" / "night.csv")
     when = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc) + timedelta(days=day)
     return run_night(load_nightly(tmp_path / "nightly.yaml"), _factory(engine), now=when)
@@ -328,9 +328,21 @@ def test_three_nights_over_a_known_engine(tmp_path):
     e4 = TableEngine({16: 100.0, 32: 102.0}, {"max_batch_size": 32, "max_queue_delay_microseconds": 0})
     n4 = _night(tmp_path, e4, day=3)
     assert n4.exit_code == 0 and "no confirmation needed" in n4.decision.reason and e4.replays == []
+    # night 5: a confirmation rejects a candidate; night 6, on the same traffic, the search's best is
+    # that candidate again: not confirmed again; night 7, on drifted traffic, it is
+    cand = {"max_batch_size": 32, "max_queue_delay_microseconds": 4000}
+    e5 = TableEngine({16: 100.0, 32: 110.0}, cand, confirm_rpd={16: 100.0, 32: 101.0})
+    n5 = _night(tmp_path, e5, day=4, seed=9)
+    assert n5.exit_code == 0 and "below the 5% margin" in n5.decision.reason and len(e5.replays) == 6
+    e6 = TableEngine({16: 100.0, 32: 110.0}, cand)
+    n6 = _night(tmp_path, e6, day=5, seed=9)
+    assert n6.exit_code == 0 and "not confirmed again" in n6.decision.reason and e6.replays == []
+    e7 = TableEngine({16: 100.0, 32: 110.0}, cand)
+    n7 = _night(tmp_path, e7, rate=80.0, day=6)
+    assert n7.exit_code == 10 and len(e7.replays) == 6 and "rate_rps" in n7.entry["drifted"]
     nights = history.read_history(out)
-    assert [n["exit_code"] for n in nights] == [10, 0, 0, 0]
-    assert len(rundir.run_dirs(out)) == 4
+    assert [n["exit_code"] for n in nights] == [10, 0, 0, 0, 0, 0, 10]
+    assert len(rundir.run_dirs(out)) == 7
 
 
 def test_unmeetable_and_same_as_production(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -86,7 +87,8 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
             "gain": "-" if gain is None else f"{gain:+.1%}",
             "rate_rps": "-" if n.get("rate_rps") is None else f"{n['rate_rps']:.1f}",
             "drift": ", ".join(drift) if drift else "-",
-            "reason": n.get("reason", ""),
+            # the whole reason is in the night's decision.json and summary.md
+            "reason": textwrap.shorten(n.get("reason", ""), width=100, placeholder=" ..."),
         })
     return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "gain",
                                        "rate_rps", "drift", "reason"])

@@ -121,6 +121,14 @@ def _pending_proposal(nights: list[dict], candidate: dict, production: dict) -> 
     return None
 
 
+def _rejected_last_night(previous: dict | None, candidate: dict, production: dict) -> dict | None:
+    """Last night confirmed this very candidate against this production, and kept production."""
+    if (previous and previous.get("decision") == "keep" and previous.get("gains")
+            and _same(previous.get("candidate"), candidate) and _same(previous.get("production"), production)):
+        return previous
+    return None
+
+
 def _search_gain(found: SearchResult) -> float | None:
     """The best trial over production's trial in tonight's search, when both have a score."""
     best, prod = found.best_requests_per_dollar, found.production_requests_per_dollar
@@ -180,6 +188,9 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             elif pending is not None:
                 decision = keep(f"the same change was proposed on {pending.get('night')} and production "
                                 f"has not applied it yet; not proposed again")
+            elif (rejected := _rejected_last_night(previous, candidate, production)) and not drift_mod.drifted(drift):
+                decision = keep(f"the confirmation on {rejected.get('night')} rejected this same candidate "
+                                f"and the traffic has not drifted since; not confirmed again")
             elif _search_gain(found) is not None and _search_gain(found) < settings.confirm.margin:
                 decision = keep(f"the search's best beat production by only {_search_gain(found):+.1%} "
                                 f"(margin {settings.confirm.margin:.0%}); no confirmation needed")
