@@ -22,6 +22,7 @@ import pandas as pd
 
 from tuner import modelconfig
 from tuner.errors import InputError, TunerError
+from tuner.search import open_storage
 from tuner.traffic import busiest_window, read_traffic
 from tuner.traffic.windows import offsets
 
@@ -295,13 +296,11 @@ def _open_study(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[
     if url is None:
         notes.append("no Optuna storage in the output directory: no search history or importance")
         return None, None
+    if "://" not in url and not Path(url).is_file():
+        notes.append(f"the Optuna storage {url} does not exist: no search history or importance")
+        return None, url
     try:
-        if "://" in url:
-            storage: Any = url
-        else:
-            from optuna.storages.journal import JournalFileBackend
-
-            storage = optuna.storages.JournalStorage(JournalFileBackend(url))
+        storage = open_storage(url)  # as `tuner tune` opens it (journal file lock, SQLite timeout)
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         name = summary.get("study_name") or summary.get("study")
         if not isinstance(name, str) or name not in names:
