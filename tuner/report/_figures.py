@@ -15,6 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tuner.report._load import StudyOutput, _dig, traffic_rate
+from tuner.traffic import busiest_window
+from tuner.traffic.windows import offsets
 
 INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
 LAYOUT: dict[str, Any] = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
@@ -244,14 +246,32 @@ def traffic_profile(out: StudyOutput) -> go.Figure | None:
     width = float(rate["bin_s"].iloc[0]) / speed
     fig = go.Figure(go.Scatter(x=rate["t_s"] / speed, y=rate["rps"] * speed, mode="lines",
                                name=f"requests/s ({width:g} s bins)", line={"shape": "hv"}))
+    stretch = _replayed_stretch(out)
+    if stretch is not None:
+        fig.add_vrect(x0=stretch[0] / speed, x1=stretch[1] / speed, fillcolor="rgba(255,127,14,0.12)", line_width=0,
+                      annotation_text="the stretch the study replayed", annotation_position="top left")
     for which, name, color in (("incumbent", "incumbent's capacity", INCUMBENT), ("best", "recommended's capacity", WINNER)):
         capacity = _dig(out.summary, f"{which}.capacity_rps")
         if capacity:
-            fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name)
+            fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name,
+                          annotation_position="top right" if which == "best" else "bottom right")
     fig.update_layout(title=f"Traffic profile: offered rate over time (replayed at speed {speed:g})",
                       xaxis_title="time (s)",
                       yaxis_title="requests per second", **LAYOUT)
     return fig
+
+
+def _replayed_stretch(out: StudyOutput) -> tuple[float, float] | None:
+    """The window of the profile the study used (traffic.busiest_s or start_s/duration_s), in
+    recorded seconds from the first request; None when it used the whole profile."""
+    busiest, start, duration = (_dig(out.summary, f"traffic.{k}") for k in ("busiest_s", "start_s", "duration_s"))
+    if busiest:
+        begin = busiest_window(out.traffic, float(busiest))[0]
+        return begin, begin + float(busiest)
+    if start is not None or duration is not None:
+        begin = float(start or 0.0)
+        return begin, begin + float(duration) if duration else float(offsets(out.traffic)[-1])
+    return None
 
 
 def monthly_cost(out: StudyOutput) -> go.Figure | None:

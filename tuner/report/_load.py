@@ -139,8 +139,10 @@ class StudyOutput:
             return None
 
     def top_trials(self, k: int = 3) -> pd.DataFrame:
-        """The k best feasible trials by requests per dollar."""
-        ok = self.trials[self.trials["feasible"] & self.trials["requests_per_dollar"].notna()]
+        """The k best complete, feasible trials by requests per dollar (a pruned trial's capacity
+        search stopped early, so its score is a lower bound)."""
+        t = self.trials
+        ok = t[(t["state"] == "COMPLETE") & t["feasible"] & t["requests_per_dollar"].notna()]
         return ok.sort_values("requests_per_dollar", ascending=False).head(k)
 
 
