@@ -301,3 +301,13 @@ def test_grid_walks_log_ranges_in_powers_of_two():
     assert g["max_batch_size"] == [3, 4, 8, 16, 32, 40]
     assert g["max_queue_delay_microseconds"] == [0, 500, 1000]
     assert search.grid_size(space) == 6 * 3 * 3 * 2
+
+
+def test_any_optuna_url_works_as_storage(tmp_path):
+    s = settings(tmp_path, trials=4, sampler="random")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = new_study(s, url)
+    search.run_trials(study, s, FakeEvaluation(), n_trials=4, lock=search.lock_path(url))
+    again = optuna.load_study(study_name="fake", storage=url)
+    assert search.finished_count(again) == 4 and again.trials[0].user_attrs["incumbent"]
+    assert search.lock_path("postgresql://db/tuner") is None  # several hosts: no local lock
