@@ -410,3 +410,25 @@ def test_study_overrides_and_the_shipped_example(tmp_path):
     job = yaml.safe_load((root / "deploy" / "cronjob.yaml").read_text())
     assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
     assert "nightly" in (root / "deploy" / "crontab").read_text()
+
+
+@pytest.mark.parametrize("code,expected", [(0, 0), (10, 0), (3, 3), (2, 2), (1, 1)])
+def test_the_scheduler_wrapper_maps_exit_codes_and_runs_the_change_hook(tmp_path, code, expected):
+    nightly = _write_setup(tmp_path)
+    (tmp_path / "out" / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "out" / "latest").symlink_to(Path("runs") / "r1")
+    fake = tmp_path / "tuner"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\nexit {code}\n")
+    hook = tmp_path / "hook"
+    hook.write_text(f"#!/bin/sh\necho \"$1\" > {tmp_path}/hooked\n")
+    fake.chmod(0o755)
+    hook.chmod(0o755)
+    wrapper = Path(__file__).parent.parent / "deploy" / "nightly.sh"
+    env = dict(os.environ, TUNER=str(fake), PYTHON=sys.executable, TUNER_ON_CHANGE=str(hook))
+    done = subprocess.run(["bash", str(wrapper), str(nightly)], env=env, capture_output=True, text=True)
+    assert done.returncode == expected, done.stderr
+    assert (tmp_path / "args").read_text().split() == ["nightly", str(nightly)]
+    hooked = tmp_path / "hooked"
+    assert hooked.exists() == (code == 10)
+    if code == 10:
+        assert hooked.read_text().strip() == str(tmp_path / "out" / "runs" / "r1")

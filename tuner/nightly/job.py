@@ -21,8 +21,8 @@ from typing import Protocol
 
 import pandas as pd
 
-from tuner import modelconfig
-from tuner.modelconfig import ModelConfig, SchedulingParams
+from tuner import evaluate, modelconfig
+from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, rundir
 from tuner.nightly.intake import newest_traffic
@@ -79,27 +79,6 @@ class NightResult:
         return self.decision.exit_code
 
 
-def tuned_keys(study: StudySettings) -> list[str]:
-    keys = ["max_batch_size", "max_queue_delay_microseconds"]
-    if study.search.instance_count is not None:
-        keys.append("instance_count")
-    return keys
-
-
-def params_of(config: ModelConfig, keys: list[str]) -> dict:
-    """The tuned fields as a config has them."""
-    values = {
-        "max_batch_size": int(config.max_batch_size),
-        "max_queue_delay_microseconds": int(config.dynamic_batching.max_queue_delay_microseconds),
-        "instance_count": int(config.instance_group[0].count or 1) if config.instance_group else 1,
-    }
-    return {k: values[k] for k in keys}
-
-
-def proposed_config(production: ModelConfig, params: dict) -> ModelConfig:
-    return modelconfig.apply_params(production, SchedulingParams(**params))
-
-
 def config_diff(production: ModelConfig, proposed: ModelConfig, prod_name: str) -> str:
     return "".join(difflib.unified_diff(
         modelconfig.to_text(production).splitlines(keepends=True),
@@ -152,8 +131,9 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     study = load_study_for(settings)
     prod_path = production_config_path(settings, study)
     production_cfg = modelconfig.load(prod_path)
-    keys = tuned_keys(study)
-    production = params_of(production_cfg, keys)
+    # production's config as trial parameters, in the study's space (the search's own reading)
+    production = evaluate.incumbent_params(production_cfg, study.search)
+    keys = set(production)
     output = Path(settings.output)
     started = now or datetime.now(timezone.utc)
     stamp = rundir.night_stamp(started)
@@ -203,7 +183,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
 
         diff = ""
         if decision.decision == "change":
-            proposed = proposed_config(production_cfg, candidate)
+            proposed = evaluate.trial_config(production_cfg, candidate, study.search)
             (staging / "proposed").mkdir()
             (staging / "proposed" / "config.pbtxt").write_text(_header(stamp, study, decision)
                                                                + modelconfig.to_text(proposed))
