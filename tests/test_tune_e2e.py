@@ -240,3 +240,22 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     assert "tuner: error: no configuration met the SLA" in captured.err
     assert not (tmp_path / "strict" / "recommended" / "config.pbtxt").exists()
     assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_server_starts(tmp_path, capsys):
+    assert main(["tune", str(tmp_path / "missing.yaml")]) == 2
+    bad_key = write_study(tmp_path, "badkey")
+    bad_key.write_text(bad_key.read_text().replace("sla:", "slaa:"))
+    assert main(["tune", str(bad_key)]) == 2
+    no_traffic = write_study(tmp_path, "notraffic", **{"traffic.path": str(tmp_path / "none.csv")})
+    assert main(["tune", str(no_traffic)]) == 2
+    broken = repository(tmp_path)
+    (broken / "encoder_sim" / "config.pbtxt").write_text("max_batch_size: [")
+    assert main(["tune", str(write_study(tmp_path, "broken", broken))]) == 2
+    assert main(["tune", str(write_study(tmp_path, "gpu", **{"cost.gpu": "v100"}))]) == 2
+    assert main(["tune", str(write_study(tmp_path, "w")), "--workers", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 6 and all(line.startswith("tuner: error: ") for line in err), err
+    assert "slaa: unknown key" in err[1] and "none.csv" in err[2] and "config.pbtxt:1" in err[3]
+    assert "cost.gpu: unknown GPU 'v100'" in err[4]
+    assert not list(tmp_path.glob("*/study.journal"))

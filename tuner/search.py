@@ -29,7 +29,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner.errors import SettingsError, TunerError
+from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerError
 from tuner.score import Hints, TrialResult
 from tuner.settings import IntRange, SearchSettings, StudySettings
 
@@ -212,6 +212,7 @@ def recover(study: optuna.Study, lock: Path | None) -> list[int]:
         for t in trials:
             if (t.state == TrialState.RUNNING and t.user_attrs.get("host") == host
                     and not _alive(t.user_attrs.get("pid"))):
+                # Optuna's public API cannot fail another process's trial; its storage can
                 study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             elif t.state != TrialState.FAIL:
                 continue
@@ -309,8 +310,6 @@ def run_trials(
 
 
 def _is_config_error(exc: TunerError) -> bool:
-    from tuner.errors import ConfigError, ServerSetupError
-
     return isinstance(exc, (ConfigError, ServerSetupError))
 
 
