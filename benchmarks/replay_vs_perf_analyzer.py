@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.measure import measure
+from tuner.measure import measure, stat_deltas
 from tuner.replay import replay
 from tuner.server import LocalLauncher
 from tuner.settings import ReplaySettings
@@ -81,7 +81,15 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
         sys.exit(f"setup step failed: {' '.join(cmd)}\n{done.stderr[-2000:]}")
 
 
-def perf_analyzer_run(prefix: list[str], url: str, protocol: str, model: str, rate: float, seq_len: int,
+def _server_side(d: dict) -> dict:
+    """Triton's view of the same run (perf_analyzer's spans its warm-up and every window)."""
+    execs = d["execution_count"]
+    return {"queue_ms": d["queue_ns"] / d["queue_count"] / 1e6 if d["queue_count"] else float("nan"),
+            "compute_ms": d["busy_ns"] / execs / 1e6 if execs else float("nan"),
+            "mean_batch": d["inference_count"] / execs if execs else float("nan")}
+
+
+def perf_analyzer_run(prefix: list[str], server: LocalLauncher, url: str, protocol: str, model: str, rate: float, seq_len: int,
                       window_ms: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "pa.csv"
@@ -89,14 +97,17 @@ def perf_analyzer_run(prefix: list[str], url: str, protocol: str, model: str, ra
                "--request-distribution", "poisson", "--async", "--shape", f"INPUT_IDS:{seq_len}",
                "--measurement-interval", str(window_ms), "--stability-percentage", "50",
                "--max-trials", "6", "-f", str(out)]
+        before = server.statistics(model)
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        server_side = _server_side(stat_deltas(before, server.statistics(model)))
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"perf_analyzer failed ({done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}")
         with open(out) as f:
             row = next(csv.DictReader(f))
     return {"tool": "perf_analyzer", "p50_ms": float(row["p50 latency"]) / 1000,
             "p99_ms": float(row["p99 latency"]) / 1000, "throughput_rps": float(row["Inferences/Second"]),
-            "lag_p99_ms": float("nan"), "p50_from_send_ms": float("nan"), "p99_from_send_ms": float("nan")}
+            "lag_p99_ms": float("nan"), "p50_from_send_ms": float("nan"), "p99_from_send_ms": float("nan"),
+            **server_side}
 
 
 def tuner_run(server: LocalLauncher, protocol: str, model: str, rate: float, seq_len: int, duration_s: float,
@@ -112,7 +123,8 @@ def tuner_run(server: LocalLauncher, protocol: str, model: str, rate: float, seq
     from_send = (sent["end_s"] - sent["send_s"])[sent["ok"]] * 1000
     return {"tool": "tuner replay", "p50_ms": m.latency_ms["p50"], "p99_ms": m.latency_ms["p99"],
             "throughput_rps": m.throughput_rps, "lag_p99_ms": m.send_lag_ms["p99"],
-            "p50_from_send_ms": from_send.quantile(0.5), "p99_from_send_ms": from_send.quantile(0.99)}
+            "p50_from_send_ms": from_send.quantile(0.5), "p99_from_send_ms": from_send.quantile(0.99),
+            "queue_ms": m.queue_ms_mean, "compute_ms": m.compute_ms_mean, "mean_batch": m.mean_batch_size}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in range(args.repeats):
             for run in ("pa", "tuner"):
                 if run == "pa":
-                    row = perf_analyzer_run(prefix, url, args.protocol, args.model, args.rate, args.seq_len,
+                    row = perf_analyzer_run(prefix, server, url, args.protocol, args.model, args.rate, args.seq_len,
                                             args.window_ms)
                 else:
                     row = tuner_run(server, args.protocol, args.model, args.rate, args.seq_len, args.duration,

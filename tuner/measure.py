@@ -98,7 +98,7 @@ def measure(
     if len(lag) and send_lag["p99"] > lag_budget_ms:
         reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
                        f"the load generator was the bottleneck")
-    deltas = _stat_deltas(stats_before, stats_after)
+    deltas = stat_deltas(stats_before, stats_after)
     executions = deltas["execution_count"]
     mean_batch = deltas["inference_count"] / executions if executions else 0.0
     return Measurement(
@@ -148,7 +148,7 @@ def _model_entry(stats: dict | None) -> dict:
     return stats
 
 
-def _stat_deltas(before: dict | None, after: dict | None) -> dict:
+def stat_deltas(before: dict | None, after: dict | None) -> dict:
     """after - before of the counters `measure` uses (gRPC's JSON gives int64 as strings: int())."""
     b, a = _model_entry(before), _model_entry(after)
 
