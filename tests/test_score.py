@@ -168,3 +168,13 @@ def test_a_known_passing_step_is_a_lower_bound_even_when_the_load_generator_give
                            lower=load, min_speed=0.5)
     assert result.converged and 0.5 <= result.speed <= 0.8 < result.upper_speed
     assert all(call[0] > 0.5 for call in near.calls)  # the load's speed is not measured again
+
+
+def test_a_start_at_or_below_the_known_lower_bound_moves_above_it():
+    from tuner.score import Step
+
+    load = Step(0.5, measurement(0.5), check_sla(measurement(0.5), SLA), 1)
+    fake = FakeServer(capacity_speed=2.0)
+    find_capacity(fake, SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=0.5, lower=load,
+                  growth=1.3)
+    assert fake.calls[0][0] == pytest.approx(0.65)

@@ -138,6 +138,8 @@ def find_capacity(
         return step.speed * rate if rate is not None else step.measurement.offered_rps
 
     speed = min(start_speed or settings.start_speed, settings.max_speed)
+    if lower is not None and speed <= lower.speed:  # already known to pass there: start above it
+        speed = min(lower.speed * growth, settings.max_speed)
     floor = min_speed if min_speed is not None else speed / 2 ** settings.max_steps
     lo: Step | None = lower if lower is not None and lower.valid and lower.sla.ok else None
     hi: Step | None = None
