@@ -13,9 +13,9 @@ import pytest
 from tuner import modelconfig
 
 try:  # tests/ is a rootdir without __init__.py today; keep working if it becomes a package
-    from .server.contract import burst, infer, template, with_batching
+    from .server.contract import burst, infer, settled_statistics, template, with_batching
 except ImportError:
-    from server.contract import burst, infer, template, with_batching
+    from server.contract import burst, infer, settled_statistics, template, with_batching
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +83,7 @@ def test_encoder_batches_ragged_requests_and_truncates(local_server, restore_tem
     arrays = [np.arange(1, n + 1, dtype=np.int32).reshape(1, -1) for n in lengths]
     ok, errors = burst(local_server.endpoints.http, "encoder_sim", "INPUT_IDS", arrays, concurrency=16)
     assert (ok, errors) == (16, [])
-    stats = local_server.statistics("encoder_sim")
+    stats = settled_statistics(local_server, "encoder_sim", 16)
     assert stats["inference_count"] == 16 and stats["execution_count"] <= 4, stats["batch_stats"]
 
 
@@ -102,7 +102,7 @@ def test_encoder_instances_share_one_gpu(local_server, restore_template_config):
     wall = time.monotonic() - started
     assert (ok, errors) == (16, [])
     assert wall >= 0.95 * 16 * gpu_s, f"executions overlapped: {wall:.3f} s for 16 x {gpu_s * 1000:.1f} ms"
-    stats = local_server.statistics("encoder_sim")
+    stats = settled_statistics(local_server, "encoder_sim", 18)
     assert stats["execution_count"] == stats["inference_count"] == 18
 
 
@@ -111,24 +111,26 @@ def _execution_ns(stats: dict) -> int:
 
 
 def test_matmul_batches_and_batching_pays(local_server, restore_template_config):
-    """Real CPU work: compute time per inference (Triton's own compute_infer) drops when batched."""
+    """Real CPU work: compute time per inference (Triton's own, per execution) drops when batched."""
     http = local_server.endpoints.http
     rows = [np.full((1, 256), 0.01 * i, np.float32) for i in range(64)]
-    per_inference_ms = {}
-    for mbs, delay in ((1, 0), (32, 100000)):
+    per_inference_ms, sizes = {}, {}
+    for mbs, delay in ((1, 0), (32, 300000)):
         local_server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), mbs, delay))
-        burst(http, "matmul_cpu", "INPUT", rows[:4], concurrency=4)  # warm up
-        before = local_server.statistics("matmul_cpu")
-        ok, errors = burst(http, "matmul_cpu", "INPUT", rows, concurrency=32)
-        after = local_server.statistics("matmul_cpu")
+        burst(http, "matmul_cpu", "INPUT", rows[:mbs], concurrency=mbs)  # warm up (first run is slow)
+        before = settled_statistics(local_server, "matmul_cpu", mbs)
+        ok, errors = burst(http, "matmul_cpu", "INPUT", rows, concurrency=64)
+        after = settled_statistics(local_server, "matmul_cpu", mbs + 64)
         assert (ok, errors) == (64, [])
         executions = after["execution_count"] - before["execution_count"]
-        assert executions == 64 if mbs == 1 else executions <= 16, after["batch_stats"]
+        sizes[mbs] = 64 / executions
         # batch_stats count each execution once (inference_stats count it once per request)
         per_inference_ms[mbs] = (_execution_ns(after) - _execution_ns(before)) / 64 / 1e6
     print(f"matmul_cpu compute per inference: unbatched {per_inference_ms[1]:.2f} ms, "
-          f"batched {per_inference_ms[32]:.2f} ms")
-    assert per_inference_ms[32] < 0.6 * per_inference_ms[1]
+          f"batched {per_inference_ms[32]:.2f} ms (mean batch {sizes[32]:.1f})")
+    assert sizes[1] == 1 and sizes[32] >= 8, sizes
+    # ~2.9 ms per row alone, ~1.1 ms per row in batches of 32 on an idle machine; room for a busy one
+    assert per_inference_ms[32] < 0.75 * per_inference_ms[1], per_inference_ms
     # the answers are deterministic (fixed weights) and squashed by tanh
     out = infer(http, "matmul_cpu", "INPUT", rows[3])["outputs"][0]
     assert out["shape"] == [1, 256] and all(-1 <= v <= 1 for v in out["data"])

@@ -52,6 +52,16 @@ def infer(http: str, model: str, name: str, array: np.ndarray, timeout_s: float 
         return json.loads(resp.read())
 
 
+def settled_statistics(launcher, model: str, inferences: int, timeout_s: float = 5.0) -> dict:
+    """The model's statistics once they count `inferences` (Triton updates them just after it answers)."""
+    deadline = time.monotonic() + timeout_s
+    stats = launcher.statistics(model)
+    while stats["inference_count"] < inferences and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stats = launcher.statistics(model)
+    return stats
+
+
 def burst(http: str, model: str, name: str, arrays: list[np.ndarray], concurrency: int) -> tuple[int, list[str]]:
     """Send all `arrays` from `concurrency` threads at once; (successes, error messages)."""
 
@@ -105,8 +115,8 @@ class LauncherContract:
             rows = [np.full((1, 256), i, dtype=np.float32) for i in range(48)]
             ok, errors = burst(launcher.endpoints.http, "matmul_cpu", "INPUT", rows, concurrency=16)
             assert (ok, errors) == (48, [])
-            stats = launcher.statistics("matmul_cpu")
-            assert stats["inference_count"] == 48
+            stats = settled_statistics(launcher, "matmul_cpu", 48)
+            assert stats["inference_count"] == 48, stats
             assert stats["execution_count"] < stats["inference_count"] / 2, stats["batch_stats"]
             metrics = launcher.metrics()
             assert metrics["nv_inference_count"] >= 48
