@@ -44,7 +44,7 @@ def steady():
 
 def busier():
     """Twice the steady rate on average, in bursts (the seed gives a realised rate near 2x)."""
-    return synth_bursty(120, SECONDS, seed=4, sizes=SIZES, on_fraction=0.3, mean_on_s=0.4, off_ratio=0.2)
+    return synth_bursty(120, SECONDS, seed=12, sizes=SIZES, on_fraction=0.3, mean_on_s=0.4, off_ratio=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +115,11 @@ def test_three_nights(server, templates_dir, tmp_path, capsys):
     assert len(third.pairs) == 3 and all(g >= 0.05 for g in third.decision.gains)
     assert all(c.meets_sla for _, c in third.pairs)
     assert {"rate_rps", "interarrival_cv"} <= set(third.entry["drifted"])
+    rate = third.entry["rate_rps"] / first.entry["rate_rps"]
+    assert 1.8 < rate < 2.3, rate
     proposed = (third.run_dir / "proposed" / "config.pbtxt").read_text()
     assert f"max_batch_size: {third.candidate['max_batch_size']}" in proposed
+    assert "# changed: max_batch_size: 1 -> 16" in proposed
     assert "max_batch_size" in (third.run_dir / "proposed" / "config.diff").read_text()
     summary = (third.run_dir / "summary.md").read_text()
     assert "**Decision: change**" in summary and "| 3 |" in summary

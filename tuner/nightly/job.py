@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 import pandas as pd
+from tqdm import tqdm
 
 from tuner import evaluate, modelconfig
 from tuner.modelconfig import ModelConfig
@@ -175,18 +176,24 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
                 decision = keep(f"the search's best beat production by only {_search_gain(found):+.1%} "
                                 f"(margin {settings.confirm.margin:.0%}); no confirmation needed")
             else:
-                for _ in range(settings.confirm.pairs):
-                    pairs.append((engine.replay(production, "production"),
-                                  engine.replay(candidate, "candidate")))
+                with tqdm(total=2 * settings.confirm.pairs, desc="confirmation A/B", unit="replay",
+                          leave=False) as bar:
+                    for _ in range(settings.confirm.pairs):
+                        a = engine.replay(production, "production")
+                        bar.update()
+                        b = engine.replay(candidate, "candidate")
+                        bar.update()
+                        pairs.append((a, b))
                 decision = decide(pairs, settings.confirm.margin, settings.confirm.pairs,
                                   settings.confirm.rule)
 
         diff = ""
         if decision.decision == "change":
             proposed = evaluate.trial_config(production_cfg, candidate, study.search)
+            modelconfig.validate(proposed, "proposed config")
             (staging / "proposed").mkdir()
-            (staging / "proposed" / "config.pbtxt").write_text(_header(stamp, study, decision)
-                                                               + modelconfig.to_text(proposed))
+            (staging / "proposed" / "config.pbtxt").write_text(
+                _header(stamp, study, decision, production_cfg, proposed, prod_path) + modelconfig.to_text(proposed))
             diff = config_diff(production_cfg, proposed, prod_path.name)
             (staging / "proposed" / "config.diff").write_text(diff)
 
@@ -227,10 +234,15 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     return NightResult(decision, final, production, candidate, pairs, entry)
 
 
-def _header(stamp: str, study: StudySettings, decision: Decision) -> str:
-    return (f"# Proposed by tuner nightly on {stamp} for model {study.model}.\n"
-            f"# SLA: p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms; scoring: {study.scoring}.\n"
-            f"# Confirmation: {decision.reason}.\n")
+def _header(stamp: str, study: StudySettings, decision: Decision, production: ModelConfig,
+            proposed: ModelConfig, prod_path: Path) -> str:
+    changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(production, proposed)]
+    lines = [f"Proposed by tuner nightly on {stamp} for model {study.model} (production: {prod_path})",
+             f"SLA: p{study.sla.percentile:g} latency <= {study.sla.latency_ms:g} ms, error rate <= "
+             f"{study.sla.max_error_rate:.2%}; scoring: {study.scoring}",
+             f"confirmation: {decision.reason}",
+             "changed: " + "; ".join(changed)]
+    return "".join(f"# {line}\n" for line in lines) + "\n"
 
 
 def _write_pairs(path: Path, pairs: list[tuple[Replay, Replay]], decision: Decision) -> None:

@@ -121,8 +121,8 @@ def decide(pairs: list[tuple[Replay, Replay]], margin: float = 0.05, min_pairs: 
                         f"below the {margin:.0%} margin (gains per pair {_list(gains)})", gains=gains)
         how = f"in every replay (its worst against production's best: {_pct(spread)})"
     return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
-                    f"production's requests per dollar by at least {margin:.0%} {how} "
-                    f"(gains per pair {_list(gains)})", EXIT_CHANGE, gains)
+                    f"production's requests per dollar by at least {margin:.0%} {how}; "
+                    f"gains per pair {_list(gains)}", EXIT_CHANGE, gains)
 
 
 def _rpd(r: Replay) -> float:
