@@ -6,6 +6,7 @@ import hashlib
 import os
 import signal
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from tuner.errors import ServerError, ServerSetupError
-from tuner.server.local import LocalLauncher
+from tuner.server.local import LocalLauncher, _remove_stale_workdirs
 
 from .contract import LauncherContract, infer, template, with_batching
 
@@ -121,7 +122,7 @@ def test_inference_through_the_private_copy(local_server, templates_dir):
 
 _OWNER_SCRIPT = """
 import sys, time
-from tuner.server.local import LocalLauncher
+from tuner.server.local import LocalLauncher, _remove_stale_workdirs
 from tuner.server.install import find_tritonserver
 server = LocalLauncher(sys.argv[1], models=["matmul_cpu"], install=find_tritonserver(sys.argv[2]))
 server.start()
@@ -153,9 +154,16 @@ def test_no_orphan_when_the_owner_is_interrupted_or_killed(sig, triton_install, 
     try:
         pid = int(owner.stdout.readline())
         os.killpg(pid, 0)  # running
+        workdirs = [p for p in Path(tempfile.gettempdir()).glob("tuner-triton-*")
+                    if (p / "owner.pid").is_file() and (p / "owner.pid").read_text() == str(owner.pid)]
+        assert len(workdirs) == 1
         owner.send_signal(sig)
         owner.wait(timeout=30)
         assert _gone(pid, within_s=20), f"tritonserver group {pid} outlived its owner ({sig.name})"
+        if sig == signal.SIGKILL:  # no atexit: the next start removes the dead owner's private copy
+            assert workdirs[0].exists()
+            _remove_stale_workdirs()
+        assert not workdirs[0].exists()
     finally:
         if owner.poll() is None:
             owner.kill()

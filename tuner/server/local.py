@@ -25,6 +25,8 @@ from tuner.server.install import TritonInstall, find_tritonserver
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
+WORKDIR_PREFIX = "tuner-triton-"
+OWNER_FILE = "owner.pid"  # lets a later start remove the private copy of an owner killed without cleanup
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
@@ -88,7 +90,9 @@ class LocalLauncher(Launcher):
         if self.ports is not None:
             for port in self.ports:
                 _check_port_free(port)
-        self._workdir = Path(tempfile.mkdtemp(prefix="tuner-triton-"))
+        _remove_stale_workdirs()
+        self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+        (self._workdir / OWNER_FILE).write_text(str(os.getpid()))
         _LIVE.add(self)
         try:
             repo = self._workdir / "models"
@@ -279,6 +283,19 @@ def _end_group(proc: subprocess.Popen) -> None:
             os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+
+
+def _remove_stale_workdirs() -> None:
+    """Private copies left by an owner that was killed (SIGKILL/SIGTERM skip atexit); its server died
+    with it (parent-death signal). Only directories whose recorded owner process is gone are removed."""
+    for workdir in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
+        try:
+            owner = int((workdir / OWNER_FILE).read_text())
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            shutil.rmtree(workdir, ignore_errors=True)
+        except (OSError, ValueError):
+            continue  # no owner file (yet), or not ours to judge
 
 
 def _in_main_thread() -> bool:
