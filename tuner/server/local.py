@@ -20,7 +20,7 @@ from pathlib import Path
 from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
-from tuner.server.client import HttpError, TritonHttp, apply_and_verify, parse_prometheus
+from tuner.server.client import HttpError, TritonHttp, apply_and_verify
 from tuner.server.install import TritonInstall, find_tritonserver
 
 STOP_GRACE_S = 10.0
@@ -202,7 +202,7 @@ class LocalLauncher(Launcher):
     def metrics(self) -> dict[str, float]:
         http = self._checked()
         try:
-            return parse_prometheus(http.request("GET", "", url=self.endpoints.metrics).decode(errors="replace"))
+            return http.metrics(self.endpoints.metrics)
         except HttpError as exc:
             raise ServerError(f"metrics at {self.endpoints.metrics}: {exc}") from None
 
