@@ -208,6 +208,16 @@ def test_newest_hours_of_a_directory(tmp_path):
         intake.newest_traffic(tmp_path, 1.0, pattern="*.xyz")
 
 
+def test_a_directory_of_triton_traces_keeps_the_study_model(tmp_path):
+    trace = Path(__file__).parent / "data" / "triton_trace_timestamps.json"
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "trace.json").write_text(trace.read_text())
+    table, files = intake.newest_traffic(tmp_path / "traces", hours=24, model="echo_a")
+    assert len(files) == 1 and "model" not in table.columns and 0 < len(table) < 18
+    with pytest.raises(TrafficError, match="no requests for model 'sim'"):
+        intake.newest_traffic(tmp_path / "traces", hours=24, model="sim")
+
+
 def _write_setup(tmp_path: Path, yaml_extra: str = "") -> Path:
     repo = tmp_path / "repo" / "sim"
     repo.mkdir(parents=True)

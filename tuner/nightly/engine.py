@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import optuna
 import pandas as pd
 from optuna.trial import TrialState
 from tqdm import tqdm
@@ -49,6 +50,7 @@ class RealEngine:
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
         storage = f"sqlite:///{workdir / 'study.db'}"
         settings = dataclasses.replace(self.study, output=str(workdir), storage=storage)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says enough
         study = search.open_study(settings, storage, incumbent=None,
                                   metadata={"scoring": settings.scoring, "nightly": True})
         for k, params in enumerate(enqueue):
