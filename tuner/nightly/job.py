@@ -156,37 +156,10 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             if params and set(params) == set(keys) and params not in enqueue:
                 enqueue.append(dict(params))
 
-        pairs: list[tuple[Replay, Replay]] = []
         with engine_factory(study, production_cfg, traffic_path, staging) as engine:
             found = engine.search(enqueue, settings.search.trials, staging / "search", production)
-            candidate = found.best
-            pending = _pending_proposal(nights, candidate, production) if candidate else None
-            if candidate is None:
-                decision = keep(f"SLA unmeetable: none of {found.trials} trials (production's config "
-                                f"included) met the SLA on tonight's traffic", EXIT_UNMEETABLE)
-            elif _same(candidate, production):
-                decision = keep("production's config is still the best the search found")
-            elif pending is not None:
-                decision = keep(f"the same change was proposed on {pending.get('night')} and production "
-                                f"has not applied it yet; not proposed again")
-            elif (rejected := _rejected_last_night(previous, candidate, production)) and not drift_mod.drifted(drift):
-                decision = keep(f"the confirmation on {rejected.get('night')} rejected this same candidate "
-                                f"and the traffic has not drifted since; not confirmed again")
-            elif _search_gain(found) is not None and _search_gain(found) < settings.confirm.margin:
-                decision = keep(f"the search's best beat production by only {_search_gain(found):+.1%} "
-                                f"(margin {settings.confirm.margin:.0%}); no confirmation needed")
-            else:
-                with tqdm(total=2 * settings.confirm.pairs, desc="confirmation A/B", unit="replay",
-                          leave=False) as bar:
-                    for _ in range(settings.confirm.pairs):
-                        a = engine.replay(production, "production")
-                        bar.update()
-                        b = engine.replay(candidate, "candidate")
-                        bar.update()
-                        pairs.append((a, b))
-                decision = decide(pairs, settings.confirm.margin, settings.confirm.pairs,
-                                  settings.confirm.rule)
-
+            decision, pairs = _decide_night(engine, settings, found, production, nights, drift)
+        candidate = found.best
         diff = ""
         if decision.decision == "change":
             proposed = evaluate.trial_config(production_cfg, candidate, study.search)
@@ -232,6 +205,39 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         # last: a run killed before this line leaves the history as it was
         history.append_night(output, entry)
     return NightResult(decision, final, production, candidate, pairs, entry)
+
+
+def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, production: dict,
+                  nights: list[dict], drift: pd.DataFrame) -> tuple[Decision, list[tuple[Replay, Replay]]]:
+    """Whether tonight's best needs a confirmation at all, and if so the A/B replays and the rule."""
+    candidate = found.best
+    previous = nights[-1] if nights else None
+    if candidate is None:
+        return keep(f"SLA unmeetable: none of {found.trials} trials (production's config included) met "
+                    f"the SLA on tonight's traffic", EXIT_UNMEETABLE), []
+    if _same(candidate, production):
+        return keep("production's config is still the best the search found"), []
+    pending = _pending_proposal(nights, candidate, production)
+    if pending is not None:
+        return keep(f"the same change was proposed on {pending.get('night')} and production has not "
+                    f"applied it yet; not proposed again"), []
+    rejected = _rejected_last_night(previous, candidate, production)
+    if rejected is not None and not drift_mod.drifted(drift):
+        return keep(f"the confirmation on {rejected.get('night')} rejected this same candidate and the "
+                    f"traffic has not drifted since; not confirmed again"), []
+    gain = _search_gain(found)
+    if gain is not None and gain < settings.confirm.margin:
+        return keep(f"the search's best beat production by only {gain:+.1%} "
+                    f"(margin {settings.confirm.margin:.0%}); no confirmation needed"), []
+    pairs: list[tuple[Replay, Replay]] = []
+    with tqdm(total=2 * settings.confirm.pairs, desc="confirmation A/B", unit="replay", leave=False) as bar:
+        for _ in range(settings.confirm.pairs):
+            a = engine.replay(production, "production")
+            bar.update()
+            b = engine.replay(candidate, "candidate")
+            bar.update()
+            pairs.append((a, b))
+    return decide(pairs, settings.confirm.margin, settings.confirm.pairs, settings.confirm.rule), pairs
 
 
 def _header(stamp: str, study: StudySettings, decision: Decision, production: ModelConfig,
