@@ -156,14 +156,14 @@ def test_no_orphan_when_the_owner_is_interrupted_or_killed(sig, triton_install, 
         os.killpg(pid, 0)  # running
         workdirs = [p for p in Path(tempfile.gettempdir()).glob("tuner-triton-*")
                     if (p / "owner.pid").is_file() and (p / "owner.pid").read_text() == str(owner.pid)]
-        assert len(workdirs) == 1
+        assert len(workdirs) == 1, workdirs
         owner.send_signal(sig)
         owner.wait(timeout=30)
         assert _gone(pid, within_s=20), f"tritonserver group {pid} outlived its owner ({sig.name})"
         if sig == signal.SIGKILL:  # no atexit: the next start removes the dead owner's private copy
             assert workdirs[0].exists()
             _remove_stale_workdirs()
-        assert not workdirs[0].exists()
+        assert not workdirs[0].exists(), sorted(p.name for p in workdirs[0].rglob("*"))
     finally:
         if owner.poll() is None:
             owner.kill()
