@@ -227,7 +227,7 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
                     f"traffic has not drifted since; not confirmed again"), []
     gain = _search_gain(found)
     if gain is not None and gain < settings.confirm.margin:
-        return keep(f"the search's best beat production by only {gain:+.1%} "
+        return keep(f"the search's best beat production by only {gain:+.2%} "
                     f"(margin {settings.confirm.margin:.0%}); no confirmation needed"), []
     pairs: list[tuple[Replay, Replay]] = []
     with tqdm(total=2 * settings.confirm.pairs, desc="confirmation A/B", unit="replay", leave=False) as bar:
