@@ -75,6 +75,8 @@ def main() -> int:
                         help="run a copy of the template with this emulated-GPU time_scale (slower GPU: "
                         "the emulation, not a loaded 2-core CPU, becomes the bottleneck)")
     parser.add_argument("--speed", type=float, default=None, help="override traffic.speed (the recorded load)")
+    parser.add_argument("--latency-ms", type=float, default=None,
+                        help="override sla.latency_ms (scale it with --time-scale)")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -85,6 +87,9 @@ def main() -> int:
     if args.time_scale is not None:
         grid_settings = dataclasses.replace(
             grid_settings, model_repository=str(scaled_copy(grid_settings, args.time_scale, out / "models")))
+    if args.latency_ms is not None:
+        grid_settings = dataclasses.replace(
+            grid_settings, sla=dataclasses.replace(grid_settings.sla, latency_ms=args.latency_ms))
     if args.speed is not None:
         grid_settings = dataclasses.replace(
             grid_settings, traffic=dataclasses.replace(grid_settings.traffic, speed=args.speed))
@@ -99,7 +104,8 @@ def main() -> int:
           f"price ${price}/h", flush=True)
 
     results: dict = {"study": args.study, "grid_size": size, "tpe_budget": budget, "share": args.share,
-                     "time_scale": args.time_scale, "speed": grid_settings.traffic.speed}
+                     "time_scale": args.time_scale, "speed": grid_settings.traffic.speed,
+                     "latency_ms": grid_settings.sla.latency_ms}
     started = time.monotonic()
     with evaluate.session(grid_settings, log_dir=str(out / "server")) as evaluate_fn:
         # the ground truth: no pruning (each configuration gets its full capacity search)
