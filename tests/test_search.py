@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner import search
-from tuner.errors import ServerSetupError
+from tuner.errors import ServerSetupError, SettingsError
 from tuner.score import Hints, TrialResult
 from tuner.settings import IntRange, SearchSettings, study_from_dict
 
@@ -311,3 +311,15 @@ def test_any_optuna_url_works_as_storage(tmp_path):
     again = optuna.load_study(study_name="fake", storage=url)
     assert search.finished_count(again) == 4 and again.trials[0].user_attrs["incumbent"]
     assert search.lock_path("postgresql://db/tuner") is None  # several hosts: no local lock
+
+
+def test_every_sampler_is_made_or_refused_by_name():
+    import importlib.util
+
+    for name in ("tpe", "random", "grid"):
+        assert search.make_sampler(SearchSettings(sampler=name)) is not None
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(SettingsError, match="search.sampler: gp needs PyTorch"):
+            search.make_sampler(SearchSettings(sampler="gp"))
+    else:
+        assert isinstance(search.make_sampler(SearchSettings(sampler="gp")), optuna.samplers.GPSampler)

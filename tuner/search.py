@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import math
 import os
 import socket
@@ -100,6 +101,9 @@ def make_sampler(space: SearchSettings) -> optuna.samplers.BaseSampler:
         # few startup trials: the incumbent plus a handful of random ones, then TPE
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, space.trials // 4)))
     if space.sampler == "gp":
+        if importlib.util.find_spec("torch") is None:  # Optuna's GP sampler is built on PyTorch
+            raise SettingsError("search.sampler: gp needs PyTorch, which is not installed "
+                                "(pip install torch), or choose tpe, random or grid")
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(5, max(2, space.trials // 4)))
     if space.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
