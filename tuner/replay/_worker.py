@@ -20,6 +20,7 @@ import locust  # noqa: F401  isort: skip
 from locust import User, task  # isort: skip
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -57,6 +58,26 @@ _NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int3
 
 log = logging.getLogger("tuner.replay")
 _nap = monkey.get_original("time", "sleep")  # blocks the whole process: only for sub-ms naps
+
+
+class GcPauses:
+    """Python's garbage-collector pauses during the walk (a pause delays every send due in it)."""
+
+    def __init__(self) -> None:
+        self.count, self.max_ms, self.total_ms, self._start = 0, 0.0, 0.0, 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        pause = (time.perf_counter() - self._start) * 1000.0
+        self.count += 1
+        self.total_ms += pause
+        self.max_ms = max(self.max_ms, pause)
+
+    def reset(self) -> None:
+        self.count, self.max_ms, self.total_ms = 0, 0.0, 0.0
 
 
 def cpu_seconds() -> float:
@@ -197,6 +218,7 @@ class Replayer:
         self.wall_s = 0.0
         self.walked = False
         self.error = ""
+        self.gc = GcPauses()
         environment.events.request.add_listener(self._record)
 
     def assign(self, index: int, count: int, t0: float) -> None:
@@ -247,6 +269,11 @@ class Replayer:
             return
         self.walked = True
         self.started.wait()
+        # A full collection walks every object of locust, pandas, grpc...: one took 78 ms mid-replay.
+        # Frozen objects are skipped, so collections during the walk only see what the walk makes.
+        gc.collect()
+        gc.freeze()
+        self.gc.reset()
         share = self.share
         pool = gevent.pool.Pool(self.spec["max_in_flight"])
         progress = gevent.spawn(self._progress)
@@ -299,7 +326,8 @@ class Replayer:
 
     def summary(self) -> dict:
         return {"index": self.share.index, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
-                "requests": len(self.share.rows)}
+                "requests": len(self.share.rows), "gc_pauses": self.gc.count,
+                "gc_max_ms": self.gc.max_ms, "gc_total_ms": self.gc.total_ms}
 
 
 class ScheduleUser(User):
