@@ -250,5 +250,6 @@ def test_workers_rule():
     assert choose_workers(0, 100.0, cpus=8)[0] == 1
     n, reason = choose_workers(0, 5000.0, cpus=8)
     assert 2 <= n <= 8 and "req/s" in reason
-    assert choose_workers(0, 5000.0, cpus=2)[0] == 1  # the server needs the other core
+    assert choose_workers(0, 5000.0, cpus=2)[0] == 2
+    assert choose_workers(0, 5000.0, cpus=1)[0] == 1
     assert choose_workers(0, 2000.0, cpus=16)[0] == 3
