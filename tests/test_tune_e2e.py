@@ -152,6 +152,9 @@ def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_c
         assert summary["improvement"] is None and "incumbent did not meet the SLA" in summary["message"]
     assert best["capacity_rps"] > 0 and best["scores"]["capacity"] > 0 and best["scores"]["utilization"] > 0
     assert best["latency_ms"]["p99"] <= 100
+    # the report is written at the end of the run, and the terminal says where
+    report = output / "report.html"
+    assert report.is_file() and "Recommended:" in report.read_text() and f"report:  {report}" in out
 
     # the recommended config.pbtxt loads in a real Triton as the model's own config
     repo = tmp_path / "fresh"
@@ -239,6 +242,7 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     assert closest["params"]["max_batch_size"] in (16, 64) and "closest: trial" in summary["message"]
     assert "tuner: error: no configuration met the SLA" in captured.err
     assert not (tmp_path / "strict" / "recommended" / "config.pbtxt").exists()
+    assert (tmp_path / "strict" / "report.html").is_file()  # a report that says nothing met the SLA
     assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
 
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 from pathlib import Path
 
 import optuna
 
-from tuner import evaluate, export, modelconfig, search
-from tuner.cost import price_for
+from tuner import export
 from tuner.errors import NoFeasibleConfigError, SettingsError
 from tuner.settings import load_study
+from tuner.tune import tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,35 +48,10 @@ def run(args: argparse.Namespace) -> int:
                    storage=args.storage, workers=args.workers, progress=not args.quiet)
     print(export.closing_table(summary))
     print(f"\n{summary['message']}\noutputs: {settings.output}")
+    if summary.get("report"):
+        print(f"report:  {summary['report']}")
+    elif summary.get("report_error"):
+        print(f"report:  not written ({summary['report_error']})")
     if not summary["feasible"]:
         raise NoFeasibleConfigError(summary["message"])
     return 0
-
-
-def tune(settings, trials: int, timeout_s: float | None = None, storage: str | None = None,
-         workers: int = 1, progress: bool = True) -> dict:
-    """Check the inputs (exit 2 before any server starts), run the study, write its outputs."""
-    base = evaluate.base_config(settings)
-    modelconfig.validate(base, str(Path(settings.model_repository) / settings.model / "config.pbtxt"))
-    traffic = evaluate.study_traffic(settings)
-    price = price_for(settings.cost)
-    url = search.storage_url(settings, storage)
-    Path(settings.output).mkdir(parents=True, exist_ok=True)
-    metadata = {
-        "scoring": settings.scoring,
-        "model": settings.model,
-        "study_file": settings.source,
-        "storage": url,
-        "base_config": modelconfig.to_text(base),
-        "preferred_batch_size": settings.search.preferred_batch_size,
-        "sla": dataclasses.asdict(settings.sla),
-        "traffic": {**dataclasses.asdict(settings.traffic), "requests": len(traffic),
-                    "peak_rps": evaluate.peak_rps(traffic, settings.traffic.speed),
-                    "mean_rps": evaluate.mean_rps(traffic)},
-        "price": price.as_dict(),
-    }
-    open_evaluation = functools.partial(evaluate.session, settings, str(Path(settings.output) / "server"))
-    study, _ = search.tune(settings, open_evaluation, url, n_trials=trials, timeout_s=timeout_s,
-                           workers=workers, incumbent=evaluate.incumbent_params(base, settings.search),
-                           metadata=metadata, progress=progress)
-    return export.write_outputs(study, settings.output)
