@@ -173,6 +173,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             return TrialResult(feasible=False, violation=CRASHED, capacity_rps=0.0, capacity_speed=0.0,
                                scores={"capacity": None, "utilization": None},
                                attrs={"sla_reason": f"the server crashed: {str(exc).splitlines()[0]}",
+                                      "server_error": str(exc),  # with the server's last log lines
                                       "crashed": True, "valid": True, "price_per_hour": price,
                                       "peak_rps": peak})
 

@@ -352,3 +352,68 @@ def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
     (log,) = out.glob("server/*/tritonserver.log")  # the container's log, saved in the output
     assert "successfully loaded 'encoder_sim'" in log.read_text()
     assert {c.name for c in managed_containers(engine)} == before
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_container_killed_in_the_middle_of_a_trial_fails_that_trial_and_the_study_goes_on(engine, tmp_path):
+    import threading
+    import urllib.request
+
+    from tuner.evaluate import session
+    from tuner.score import Hints
+    from tuner.settings import study_from_dict
+
+    settings = study_from_dict({
+        "name": "docker-kill", "model_repository": str(TEMPLATES), "model": "encoder_sim",
+        "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv"), "busiest_s": 3, "speed": 0.25},
+        "server": {"launcher": "docker", "image": IMAGE, "startup_timeout_s": 60.0},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 50},
+        "sla": {"latency_ms": 250},
+        "search": {"capacity": {"step_duration_s": 2.5, "tolerance": 1.0, "start_speed": 0.5, "max_steps": 1}},
+        "output": str(tmp_path / "out"),
+    })
+    params = {"max_batch_size": 16, "max_queue_delay_microseconds": 0}
+    killed: list[str] = []
+
+    def kill_once_the_replay_runs(container_name: str, http: str) -> None:
+        # statistics reset when the trial's config is loaded: the first counted inference means the
+        # trial's replay is under way
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{http}/v2/models/encoder_sim/stats", timeout=2) as r:
+                    stats = json.load(r)["model_stats"][0]
+            except OSError:
+                stats = {}
+            if int(stats.get("inference_count", 0)) > 0:
+                engine.containers.get(container_name).kill()
+                killed.append(container_name)
+                return
+            time.sleep(0.05)
+
+    with session(settings, str(tmp_path / "logs")) as evaluate:
+        first = managed_containers(engine)
+        assert len(first) == 1
+        watcher = threading.Thread(target=kill_once_the_replay_runs,
+                                   args=(first[0].name, _http_endpoint(first[0])), daemon=True)
+        watcher.start()
+        crashed = evaluate(params, Hints())
+        watcher.join(timeout=5)
+        assert killed, "the container was never killed: the replay did not start"
+        assert crashed.feasible is False and crashed.attrs["crashed"] is True
+        assert "the server crashed" in crashed.attrs["sla_reason"]
+        assert "Started HTTPService" in crashed.attrs["server_error"]  # the container's last log lines
+        # a new container took its place and the next trial is measured normally
+        now = managed_containers(engine)
+        assert len(now) == 1 and now[0].id != first[0].id
+        again = evaluate(params, Hints())
+        assert again.attrs.get("crashed") is not True and again.attrs["valid"] is True
+    assert not managed_containers(engine)
+
+
+def _http_endpoint(container) -> str:
+    """The container's HTTP address, from the tritonserver arguments it was started with."""
+    args = container.attrs["Args"] + container.attrs["Config"].get("Cmd", [])
+    port = next(a.split("=", 1)[1] for a in args if a.startswith("--http-port="))
+    return f"127.0.0.1:{port}"
