@@ -8,7 +8,6 @@ only the fields it names and never touches its input.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -16,37 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from triton_corpus import FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
 
 from tuner import modelconfig
 from tuner.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
-FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
-MISSING = Path("<corpus missing>")
-SCHEDULING_MESSAGE = re.compile(
-    r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
-    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
-)
-
-
-def corpus_file(path: Path) -> Path:
-    if path == MISSING:
-        pytest.fail(
-            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
-            "directory (CI has shared/ beside the clone)"
-        )
-    return path
-
-
-def expected_message(path: Path) -> str | None:
-    expected = path.parent / "expected"
-    return expected.read_text().strip() if expected.exists() else None
-
-
-def ids(paths: list[Path]) -> list[str]:
-    return [str(p.relative_to(CORPUS)) if p != MISSING else "missing" for p in paths]
-
 
 ALL = FILES or [MISSING]
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]

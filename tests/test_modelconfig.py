@@ -8,51 +8,17 @@ QA greps for it).
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.request
-from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
+from triton_corpus import CORPUS, FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
 
 from tuner import modelconfig
 from tuner.errors import ConfigError, ServerSetupError
 from tuner.modelconfig import SchedulingParams
 from tuner.server.local import LocalLauncher
-
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
-FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
-# Without the corpus every corpus test gets this one value and fails saying why (never skips).
-MISSING = Path("<corpus missing>")
-
-# Triton's expected messages about the fields `validate` covers: max_batch_size, priority levels
-# and queue policies, preserve_ordering, sequence-batching controls, the ensemble scheduler,
-# instance-group kinds.
-SCHEDULING_MESSAGE = re.compile(
-    r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
-    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
-)
-
-
-def corpus_file(path: Path) -> Path:
-    if path == MISSING:
-        pytest.fail(
-            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
-            "directory (CI has shared/ beside the clone)"
-        )
-    return path
-
-
-def expected_message(path: Path) -> str | None:
-    expected = path.parent / "expected"
-    return expected.read_text().strip() if expected.exists() else None
-
-
-def ids(paths: list[Path]) -> list[str]:
-    return [str(p.relative_to(CORPUS)) if p != MISSING else "missing" for p in paths]
-
 
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 VALID_CASES = [p for p in FILES if expected_message(p) is None] or [MISSING]

@@ -1,0 +1,44 @@
+"""The real corpus of Triton config.pbtxt files (shared/corpus/triton-configs), for the config tests.
+
+Without the corpus every corpus test gets the one value `MISSING` and fails saying why (never skips).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
+FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
+# Without the corpus every corpus test gets this one value and fails saying why (never skips).
+MISSING = Path("<corpus missing>")
+
+# Triton's expected messages about the fields `validate` covers: max_batch_size, priority levels
+# and queue policies, preserve_ordering, sequence-batching controls, the ensemble scheduler,
+# instance-group kinds.
+SCHEDULING_MESSAGE = re.compile(
+    r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
+    r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
+)
+
+
+def corpus_file(path: Path) -> Path:
+    if path == MISSING:
+        pytest.fail(
+            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
+            "directory (CI has shared/ beside the clone)"
+        )
+    return path
+
+
+def expected_message(path: Path) -> str | None:
+    expected = path.parent / "expected"
+    return expected.read_text().strip() if expected.exists() else None
+
+
+def ids(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(CORPUS)) if p != MISSING else "missing" for p in paths]
