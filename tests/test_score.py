@@ -108,12 +108,23 @@ def test_step_budget_is_respected():
 
 def test_prunes_once_the_bracket_cannot_beat_the_best_so_far():
     fake = FakeServer(2.0)
-    settings = CapacitySettings(tolerance=0.01, max_steps=20)
+    settings = CapacitySettings(tolerance=0.1, max_steps=20)
     result = find_capacity(fake, SLA, settings, start_speed=1.0, beat_rps=BASE_RPS * 3.0)
-    # 1.0 passes, 2.0 passes, 4.0 fails at 200 rps > 150: keep going; 2.83 fails at 141 rps <= 150: stop
+    # 1.0 passes, 2.0 passes, 4.0 fails at 200 rps > 150: keep going; 2.83 fails at 141 rps, within
+    # the tolerance of 150: keep going; 2.38 fails at 119 rps, measurably below 150: stop
     assert result.pruned and not result.converged
-    assert result.upper_rps <= BASE_RPS * 3.0
-    assert len(fake.calls) == 4
+    assert result.upper_rps * (1 + settings.tolerance) <= BASE_RPS * 3.0
+    assert [speed for speed, _ in fake.calls] == pytest.approx([1.0, 2.0, 4.0, 2.8284, 2.3784], rel=1e-3)
+
+
+def test_a_failure_within_the_tolerance_of_the_best_is_not_pruned():
+    # as good as the best, but the replay at the best's speed fails on a bad draw: measure it fully
+    fake = FakeServer(2.9)
+    settings = CapacitySettings(tolerance=0.05, max_steps=20)
+    result = find_capacity(fake, SLA, settings, start_speed=3.0, beat_rps=BASE_RPS * 3.0, growth=1.3)
+    assert not result.pruned and result.converged
+    assert result.speed <= 2.9 < result.upper_speed
+    assert result.capacity_rps * (1 + settings.tolerance) > BASE_RPS * 3.0 * 0.9
 
 
 def test_invalid_replay_is_rerun_with_the_next_attempt_and_never_counted_against_the_server():

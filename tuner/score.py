@@ -126,8 +126,11 @@ def find_capacity(
     """Bracket, then bisect, the replay speed at which the SLA stops holding.
 
     `start_speed`: the first guess (e.g. from earlier trials; default `settings.start_speed`).
-    `beat_rps`: the best capacity found so far; once the SLA breaks at an offered rate at or below
-    it, this configuration cannot beat it and the search stops with `pruned=True`.
+    `beat_rps`: the best capacity found so far; once the SLA breaks at an offered rate below it by
+    more than the tolerance, this configuration is measurably worse and the search stops with
+    `pruned=True`. A failure within the tolerance of the best is not enough: one short replay at the
+    edge of capacity is noisy, and pruning an equal configuration on a bad draw would hide the
+    optimum from the sampler (it then gets its full search, like any contender).
     `growth`: the bracketing factor (2 from a blind guess; smaller from an informed one).
     `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
     speed even when each step replays a different window). Default: the step's measured offered rate.
@@ -166,7 +169,7 @@ def find_capacity(
             lo = step
         else:
             hi = step
-            if beat_rps is not None and rps(step) <= beat_rps:
+            if beat_rps is not None and rps(step) * (1.0 + settings.tolerance) <= beat_rps:
                 return done(pruned=True)
         if lo and hi and hi.speed <= lo.speed:  # noise: a lower bound that fails above... keep the latest
             lo = None
