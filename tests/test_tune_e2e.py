@@ -62,13 +62,29 @@ def test_trial_config_changes_only_the_tuned_fields_and_the_incumbent_is_the_tem
     modelconfig.validate(config)
 
 
-def test_each_step_replays_the_busiest_stretch_that_lasts_the_step():
+def test_each_step_measures_the_busiest_stretch_that_lasts_the_step_after_its_warm_up():
     traffic = read_traffic(PROFILE)
-    part = step_window(traffic, speed=0.5, wall_s=4.0)
-    span = float(part["timestamp"].iloc[-1] - part["timestamp"].iloc[0])
-    assert span <= 2.0 and len(part) == busiest_window(traffic, 2.0)[1]
-    assert len(step_window(traffic, speed=100.0, wall_s=4.0)) == len(traffic)  # shorter than the step
+    part, warmup = step_window(traffic, speed=0.5, warmup_s=1.0, measured_s=3.0)
+    assert 0 < warmup <= 1.0
+    # what falls after the warm-up (in wall seconds at speed 0.5) is exactly the busiest 1.5 s
+    due = (part["timestamp"] - part["timestamp"].iloc[0]).to_numpy() / 0.5
+    measured = due >= warmup - 1e-9
+    assert measured.sum() == busiest_window(traffic, 1.5)[1]
+    assert float(part["timestamp"].iloc[-1] - part["timestamp"].iloc[0]) <= 2.0
+    whole, warmup = step_window(traffic, speed=100.0, warmup_s=1.0, measured_s=3.0)  # shorter than a step
+    assert len(whole) == len(traffic) and warmup == 1.0
     assert mean_rps(traffic) == pytest.approx(149.0, rel=0.01)
+
+
+def test_the_measured_stretch_only_gets_busier_with_the_speed():
+    # what makes the capacity search's bisection sound: more requests in the same wall time
+    traffic = read_traffic(ROOT / "traffic_profiles" / "azure_llm_2023_code.csv")
+    counts = []
+    for speed in (2.0, 3.0, 4.0, 6.0, 8.0, 11.0, 16.0, 23.0):
+        part, warmup = step_window(traffic, speed, warmup_s=1.0, measured_s=3.0)
+        due = (part["timestamp"] - part["timestamp"].iloc[0]).to_numpy() / speed
+        counts.append(int(((due >= warmup - 1e-9) & (due < warmup + 3.0)).sum()))
+    assert counts == sorted(counts) and counts[-1] > counts[0], counts
 
 
 def test_re_runs_of_an_invalid_replay_add_load_generators_but_leave_the_server_a_core():

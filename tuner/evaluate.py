@@ -9,8 +9,9 @@ the server (read back and compared by the launcher), then
 1. replay the profile at the recorded load (`traffic.speed`) for one step: the SLA there decides
    feasibility, and Triton's execution time gives the utilization score;
 2. if the SLA held, search the capacity (bracketing + bisection on the speed, `tuner.score`), each
-   step a short replay of the profile (`search.capacity.step_duration_s` after the warm-up). A step
-   whose send lag broke its budget is replayed again with one more load-generator process.
+   step a short replay: the profile's busiest stretch that lasts `search.capacity.step_duration_s`
+   at the step's speed, after the traffic that came before it as the warm-up. A step whose send lag
+   broke its budget is replayed again with one more load-generator process.
 """
 
 from __future__ import annotations
@@ -110,14 +111,26 @@ def peak_rps(traffic: pd.DataFrame, speed: float) -> float:
     return float(busiest_window(traffic, speed)[1]) if len(traffic) else 0.0
 
 
-def step_window(traffic: pd.DataFrame, speed: float, wall_s: float) -> pd.DataFrame:
-    """The busiest part of the profile that lasts `wall_s` when replayed at `speed`: every step of
-    the search is short, and judged on the profile's hardest stretch (servers are sized for it)."""
-    span = wall_s * speed
-    if len(traffic) == 0 or float(traffic["timestamp"].iloc[-1] - traffic["timestamp"].iloc[0]) <= span:
-        return traffic
+def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, measured_s: float
+                ) -> tuple[pd.DataFrame, float]:
+    """What one step of the search replays at `speed`: the busiest stretch of the profile that lasts
+    `measured_s` (every step is short, and judged on the profile's hardest stretch: servers are sized
+    for it), after up to `warmup_s` of the traffic that came before it. Returns the window and its
+    warm-up in wall seconds, so that the measured part is exactly the busiest stretch.
+
+    The measured stretch at a higher speed holds at least as many requests in the same wall time,
+    so the offered load only grows with the speed and the capacity search can bisect on it."""
+    span = measured_s * speed
+    lead = warmup_s * speed
+    first = float(traffic["timestamp"].iloc[0]) if len(traffic) else 0.0
+    if len(traffic) == 0 or float(traffic["timestamp"].iloc[-1]) - first <= span + lead:
+        return traffic, warmup_s
     start, _ = busiest_window(traffic, span)
-    return window(traffic, start, span)
+    lead = min(lead, start)
+    part = window(traffic, start - lead, lead + span)
+    # the window's first request may come after `start - lead` (a quiet gap): the replay starts there
+    warmup_wall = (start - (float(part["timestamp"].iloc[0]) - first)) / speed
+    return part, warmup_wall
 
 
 def mean_rps(traffic: pd.DataFrame) -> float:
@@ -140,7 +153,6 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
     price = price_for(settings.cost).price_per_hour
     cap = settings.search.capacity
     load_speed = settings.traffic.speed
-    duration = settings.replay.warmup_s + cap.step_duration_s
     peak = peak_rps(traffic, load_speed)
     rate = mean_rps(traffic)
 
@@ -149,8 +161,9 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         if attempt:  # the last replay's send lag broke its budget: more load-generator processes
             replay_settings = dataclasses.replace(settings.replay, workers=retry_workers(settings.replay.workers,
                                                                                          attempt))
-        result = replay(launcher.endpoints, settings.model, step_window(traffic, speed, duration), speed,
-                        replay_settings, duration_s=duration, stats=lambda: launcher.statistics(settings.model))
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, cap.step_duration_s)
+        result = replay(launcher.endpoints, settings.model, part, speed, replay_settings, warmup_s=warmup,
+                        duration_s=warmup + cap.step_duration_s, stats=lambda: launcher.statistics(settings.model))
         return measure(result.records, result.stats_before, result.stats_after, speed=speed,
                        warmup_s=result.warmup_s, lag_budget_ms=settings.replay.lag_budget_ms,
                        max_batch_size=max_batch_size, sla_percentile=settings.sla.percentile,

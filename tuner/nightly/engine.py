@@ -117,14 +117,15 @@ def make_load_replay(launcher: Launcher, study: StudySettings, production: Model
 
     price = price_for(study.cost).price_per_hour
     speed = study.traffic.speed
-    duration = study.replay.warmup_s + study.search.capacity.step_duration_s
-    window = evaluate_mod.step_window(traffic, speed, duration)
+    window, warmup = evaluate_mod.step_window(traffic, speed, study.replay.warmup_s,
+                                              study.search.capacity.step_duration_s)
+    duration = warmup + study.search.capacity.step_duration_s
 
     def run(params: dict) -> TrialResult:
         launcher.apply_config(study.model, evaluate_mod.trial_config(production, params, study.search))
         for _ in range(TRIES):
-            r = replay(launcher.endpoints, study.model, window, speed, study.replay, duration_s=duration,
-                       stats=lambda: launcher.statistics(study.model))
+            r = replay(launcher.endpoints, study.model, window, speed, study.replay, warmup_s=warmup,
+                       duration_s=duration, stats=lambda: launcher.statistics(study.model))
             m = measure(r.records, r.stats_before, r.stats_after, speed=speed, warmup_s=r.warmup_s,
                         lag_budget_ms=study.replay.lag_budget_ms, max_batch_size=int(params["max_batch_size"]),
                         sla_percentile=study.sla.percentile, load_generator_cpu=r.load_generator_cpu,
