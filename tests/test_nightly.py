@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -442,3 +443,27 @@ def test_the_scheduler_wrapper_maps_exit_codes_and_runs_the_change_hook(tmp_path
     assert hooked.exists() == (code == 10)
     if code == 10:
         assert hooked.read_text().strip() == str(tmp_path / "out" / "runs" / "r1")
+
+
+def test_the_scheduler_wrapper_passes_sigterm_on_to_tuner(tmp_path):
+    # in a container the wrapper is PID 1 and gets the scheduler's SIGTERM; tuner must get it too
+    nightly = _write_setup(tmp_path)
+    fake = tmp_path / "tuner"
+    fake.write_text(f"#!/bin/sh\ntrap 'echo term > {tmp_path}/term; exit 143' TERM\n"
+                    f"echo up > {tmp_path}/up\nwhile :; do sleep 0.1; done\n")
+    fake.chmod(0o755)
+    wrapper = Path(__file__).parent.parent / "deploy" / "nightly.sh"
+    env = dict(os.environ, TUNER=str(fake), PYTHON=sys.executable)
+    job = subprocess.Popen(["bash", str(wrapper), str(nightly)], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "up").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert (tmp_path / "term").exists()
+    assert job.returncode == 143

@@ -247,6 +247,43 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
 
 
 @pytest.mark.slow
+def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_the_trials(tmp_path):
+    # a scheduler (a Kubernetes CronJob, systemd) stops the job with SIGTERM to its main process only
+    import psutil
+
+    study_file = write_study(
+        tmp_path, "term", **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
+                             "search.remeasure_repeats": 1})
+    output = tmp_path / "term"
+    job = run_tune(study_file, "--workers", "2", "--trials", "3")
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:  # both workers measuring: servers up, trials in flight
+            time.sleep(1.0)
+            if (output / "study.journal").exists():
+                running = [t for t in load(output, "term").get_trials() if t.state == TrialState.RUNNING]
+                if len(running) == 2:
+                    break
+        else:
+            pytest.fail("the workers did not start measuring in time")
+        descendants = psutil.Process(job.pid).children(recursive=True)
+        assert any("tritonserver" in " ".join(p.cmdline()) for p in descendants)
+        job.send_signal(signal.SIGTERM)
+        log = job.communicate(timeout=90)[0]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 143, log
+    assert "terminated (SIGTERM)" in log and "Traceback" not in log
+    trials = load(output, "term").get_trials()
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    assert len([t for t in trials if t.state == TrialState.FAIL]) >= 2  # both in-flight trials
+    time.sleep(1.0)
+    alive = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [" ".join(p.cmdline())[:120] for p in alive]
+
+
+@pytest.mark.slow
 def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     study_file = write_study(tmp_path, "strict", **{"sla.latency_ms": 0.5})
     assert main(["tune", str(study_file), "--quiet"]) == 3

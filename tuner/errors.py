@@ -10,9 +10,17 @@
     ├── ServerError                 the server died or misbehaved in the middle of the work
     ├── ReplayError                 the load generator failed (not the server)
     └── NoFeasibleConfigError       exit 3: no configuration met the SLA
+
+    KeyboardInterrupt               exit 130: Ctrl-C
+    └── Terminated                  exit 143: SIGTERM (a scheduler stopping the job), handled alike
 """
 
 from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 
 
 class TunerError(Exception):
@@ -49,3 +57,25 @@ class ReplayError(TunerError):
 
 class NoFeasibleConfigError(TunerError):
     exit_code = 3
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so that it unwinds like Ctrl-C: the trial in flight is
+    marked failed (the next run measures it again), servers and containers are stopped."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -30,7 +30,14 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerError
+from tuner.errors import (
+    ConfigError,
+    ServerSetupError,
+    SettingsError,
+    Terminated,
+    TunerError,
+    sigterm_as_interrupt,
+)
 from tuner.score import Hints, TrialResult
 from tuner.settings import IntRange, SearchSettings, StudySettings
 
@@ -515,7 +522,7 @@ def _worker(settings: StudySettings, open_evaluation: OpenEvaluation, storage: s
     study = optuna.load_study(study_name=settings.name, storage=open_storage(storage),
                               sampler=make_sampler(settings.search))
     try:
-        with open_evaluation() as evaluate:
+        with sigterm_as_interrupt(), open_evaluation() as evaluate:
             run_trials(study, settings, evaluate, n_trials, timeout_s, lock_path(storage))
     except KeyboardInterrupt:
         pass  # the trial is marked FAIL already; the parent reports the interruption
@@ -534,8 +541,11 @@ def _run_workers(study, settings, open_evaluation, storage, n_trials, timeout_s,
             for p in procs:
                 p.join(timeout=2.0 / len(procs))
             _refresh(bar, study)
-    except KeyboardInterrupt:
-        for p in procs:  # they got the same SIGINT; give them time to mark their trials FAIL
+    except KeyboardInterrupt as exc:
+        for p in procs:  # Ctrl-C reached the whole group; SIGTERM only this process: pass it on
+            if isinstance(exc, Terminated) and p.is_alive():
+                p.terminate()
+        for p in procs:  # give them time to mark their trials FAIL and stop their servers
             p.join(timeout=30)
         raise
     _refresh(bar, study)

@@ -356,6 +356,39 @@ def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
+def test_sigterm_to_tuner_tune_removes_its_container(engine, tmp_path):
+    # how a scheduler stops the nightly job: SIGTERM to the process, no Ctrl-C to its group
+    study = tmp_path / "term.yaml"
+    study.write_text(textwrap.dedent(f"""\
+        name: docker-term
+        model_repository: {TEMPLATES}
+        model: encoder_sim
+        traffic: {{path: {ROOT / 'traffic_profiles' / 'bursty_60s.csv'}, busiest_s: 1, speed: 0.25}}
+        server: {{launcher: docker, image: {IMAGE}}}
+        sla: {{latency_ms: 250}}
+        output: {tmp_path / 'out'}
+        """))
+    earlier = {c.id for c in managed_containers(engine)}
+    job = subprocess.Popen([sys.executable, "-m", "tuner", "tune", str(study), "--quiet", "--trials", "3"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [c for c in managed_containers(engine) if c.id not in earlier]:
+            time.sleep(0.5)
+        assert [c for c in managed_containers(engine) if c.id not in earlier], "no container started"
+        time.sleep(2.0)
+        job.send_signal(signal.SIGTERM)
+        log = job.communicate(timeout=60)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, log[-3000:]
+    assert "terminated (SIGTERM)" in log and "Traceback" not in log
+    assert not [c for c in managed_containers(engine) if c.id not in earlier]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_a_container_killed_in_the_middle_of_a_trial_fails_that_trial_and_the_study_goes_on(engine, tmp_path):
     import threading
     import urllib.request

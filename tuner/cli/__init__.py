@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from tuner import __version__
-from tuner.errors import TunerError
+from tuner.errors import Terminated, TunerError, sigterm_as_interrupt
 
 # Command-group modules, in the order `tuner --help` lists them. A module that is not there yet is
 # skipped, so the groups can land one by one.
@@ -54,10 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("tuner: terminated (SIGTERM); run the same command again to resume", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)
         return 130
