@@ -7,6 +7,7 @@ changes a model's configuration on it must put the template's configuration back
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ from tuner.server.local import LocalLauncher
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "model_repository_templates"
 TEMPLATE_MODELS = ("encoder_sim", "matmul_cpu")
+
+# A runner that starts the suite in the background (`cmd &` in a non-interactive shell) leaves SIGINT
+# ignored, and every child inherits that: the Ctrl-C tests would send a signal no child can receive.
+# A handler (unlike SIG_IGN) is reset to the default in a child at exec, so children get Ctrl-C again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
