@@ -211,6 +211,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
                        "peak_rps": peak}
         capacity_rps = capacity_speed = 0.0
         pruned = False
+        latencies: tuple[float, ...] = ()
         if sla.ok:
             start = hints.start_speed or max(cap.start_speed, load_speed)
             found = find_capacity(
@@ -231,6 +232,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             )
             if at_cap is not None:
                 attrs.update(_figures(at_cap, "capacity_"))
+                latencies = tuple(at_cap.latencies_ms.tolist())
         # at its capacity speed the server holds the profile's peaks scaled alike
         servers = servers_needed(load_speed, capacity_speed)
         attrs.update(servers_needed=servers, monthly_cost=monthly_cost(servers, price),
@@ -241,7 +243,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         }
         return TrialResult(feasible=sla.ok, violation=sla.violation,
                            capacity_rps=capacity_rps, capacity_speed=capacity_speed, scores=scores,
-                           pruned=pruned, attrs=attrs)
+                           pruned=pruned, attrs=attrs, latencies_ms=latencies)
 
     return evaluate
 

@@ -6,6 +6,8 @@
     recommended_config(study, summary) -> str  the user's config with only the tuned fields changed
     closing_table(summary) -> str              the terminal's closing table
     load_study(storage, name) / export(...)    for `tuner export`
+    write_latency_records(remeasured, dir)     records/<trial_N|incumbent>.parquet: the re-measured
+                                               configurations' per-request latencies at capacity
 
 The study's user attributes (written by `tuner tune` when it creates the study) carry what the
 outputs need besides the trials: the base config text, SLA, traffic, scoring and price.
@@ -25,13 +27,14 @@ from optuna.trial import TrialState
 from tuner import __version__, modelconfig
 from tuner.errors import InputError, NoFeasibleConfigError, SettingsError
 from tuner.evaluate import trial_config
-from tuner.search import incumbent_trial, open_storage, top_trials
+from tuner.search import Remeasured, incumbent_trial, open_storage, top_trials
 from tuner.settings import SearchSettings
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
 INCUMBENT = Path("incumbent") / "config.pbtxt"
+RECORDS = Path("records")
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
 
 
@@ -286,6 +289,27 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
         (out / RECOMMENDED).write_text(recommended_config(study, summary))
     (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
+
+
+def write_latency_records(remeasured: list[Remeasured], output_dir: str | Path) -> list[Path]:
+    """The per-request latencies at capacity of each re-measured configuration, all repeats together
+    (`repeat` says which), for the report's latency CDFs. Only this run's measurements: files of an
+    earlier run of the same study are replaced, never mixed in."""
+    out = Path(output_dir) / RECORDS
+    for stale in [*out.glob("trial_*.parquet"), *out.glob("incumbent.parquet")]:
+        stale.unlink()
+    written = []
+    for r in remeasured:
+        frames = [pd.DataFrame({"repeat": i, "latency_ms": list(result.latencies_ms)})
+                  for i, result in enumerate(r.results) if result.latencies_ms]
+        if not frames:
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        records = pd.concat(frames, ignore_index=True)
+        for name in [f"trial_{r.trial}.parquet"] + (["incumbent.parquet"] if r.incumbent else []):
+            records.to_parquet(out / name, index=False)
+            written.append(out / name)
+    return written
 
 
 def _json_default(value):

@@ -49,6 +49,8 @@ class Measurement:
     max_batch_size: int = 0
     load_generator_cpu: float = 0.0  # CPU seconds used by the load generator per wall second
     workers: int = 1                 # Locust processes used
+    # every successful request's latency in the measured window (for CDFs); not part of the figures
+    latencies_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
     def latency(self, percentile: float) -> float:
         """The latency at a percentile the SLA names (p50/p90/p95/p99/max are kept)."""
@@ -124,6 +126,7 @@ def measure(
         max_batch_size=max_batch_size,
         load_generator_cpu=load_generator_cpu,
         workers=workers,
+        latencies_ms=good["latency_ms"].to_numpy(dtype=float),
     )
 
 

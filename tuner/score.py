@@ -218,6 +218,8 @@ class TrialResult:
     pruned: bool = False
     # flat, JSON-able figures for the trials table and the summary (latency, fill rate, steps...)
     attrs: dict[str, float | int | str | bool | None] = field(default_factory=dict)
+    # per-request latencies of the replay at capacity (for CDFs); kept in memory, not in the storage
+    latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def value(self, scoring: str) -> float:
         """The objective under the study's scoring; 0 when the configuration does not qualify."""

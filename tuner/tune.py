@@ -38,10 +38,12 @@ def tune(settings, trials: int, timeout_s: float | None = None, storage: str | N
         "price": price.as_dict(),
     }
     open_evaluation = functools.partial(evaluate.session, settings, str(Path(settings.output) / "server"))
-    study, _ = search.tune(settings, open_evaluation, url, n_trials=trials, timeout_s=timeout_s,
-                           workers=workers, incumbent=evaluate.incumbent_params(base, settings.search),
-                           metadata=metadata, progress=progress)
+    study, remeasured = search.tune(settings, open_evaluation, url, n_trials=trials, timeout_s=timeout_s,
+                                    workers=workers, incumbent=evaluate.incumbent_params(base, settings.search),
+                                    metadata=metadata, progress=progress)
     summary = export.write_outputs(study, settings.output)
+    if remeasured:  # None when a resumed study had nothing new: the records of its last run stand
+        export.write_latency_records(remeasured, settings.output)
     try:
         summary["report"] = str(write_report(settings.output))
     except TunerError as exc:  # the study's outputs stand without the report; say why it is missing

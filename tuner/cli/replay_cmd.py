@@ -83,7 +83,8 @@ def _replay(args: argparse.Namespace) -> int:
           f"process{'es' if result.workers > 1 else ''}: {result.reason})")
     print(format_measurement(m, settings.sla.percentile))
     if args.json:
-        data = {"measurement": dataclasses.asdict(m), "mode": result.mode, "workers": result.workers,
+        figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
+        data = {"measurement": figures, "mode": result.mode, "workers": result.workers,
                 "reason": result.reason, "params": params.as_dict()}
         Path(args.json).write_text(json.dumps(_finite(data), indent=2) + "\n")
     return 0
