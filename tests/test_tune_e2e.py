@@ -210,6 +210,16 @@ def run_tune(study_file: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True)  # its own group: Ctrl-C reaches it and its workers only
 
 
+def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float = 150) -> None:
+    """Poll the study's storage until `ready(trial states)` holds; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        if (output / "study.journal").exists() and ready([t.state for t in load(output, name).get_trials()]):
+            return
+    pytest.fail(f"not in {timeout_s:g} s: {what}")
+
+
 @pytest.mark.slow
 def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_path):
     study_file = write_study(
@@ -218,16 +228,8 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
     output = tmp_path / "resume"
     first = run_tune(study_file, "--workers", "2", "--trials", "3")
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:  # wait for a finished trial and one in flight
-            time.sleep(1.0)
-            if (output / "study.journal").exists():
-                trials = load(output, "resume").get_trials()
-                states = [t.state for t in trials]
-                if TrialState.COMPLETE in states and TrialState.RUNNING in states:
-                    break
-        else:
-            pytest.fail("no trial finished in time")
+        wait_for_trials(output, "resume", "a finished trial and one in flight",
+                        lambda states: TrialState.COMPLETE in states and TrialState.RUNNING in states)
         os.killpg(first.pid, signal.SIGINT)
         log = first.communicate(timeout=60)[0]
     finally:
@@ -269,15 +271,8 @@ def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_t
     output = tmp_path / "term"
     job = run_tune(study_file, "--workers", "2", "--trials", "3")
     try:
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:  # both workers measuring: servers up, trials in flight
-            time.sleep(1.0)
-            if (output / "study.journal").exists():
-                running = [t for t in load(output, "term").get_trials() if t.state == TrialState.RUNNING]
-                if len(running) == 2:
-                    break
-        else:
-            pytest.fail("the workers did not start measuring in time")
+        wait_for_trials(output, "term", "both workers measuring (servers up, trials in flight)",
+                        lambda states: states.count(TrialState.RUNNING) == 2)
         descendants = psutil.Process(job.pid).children(recursive=True)
         assert any("tritonserver" in " ".join(p.cmdline()) for p in descendants)
         job.send_signal(signal.SIGTERM)

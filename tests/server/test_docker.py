@@ -319,28 +319,35 @@ def test_a_chosen_port_taken_before_triton_binds_it_is_retried(engine, monkeypat
 
 # --- the CLI end to end with server.launcher: docker ---------------------------------------------
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
-    study = tmp_path / "tune.yaml"
+def _docker_study(tmp_path: Path, name: str, extra: str = "") -> Path:
+    """A study file on the docker launcher: encoder_sim, the bursty profile's busiest second."""
+    study = tmp_path / f"{name}.yaml"
     study.write_text(textwrap.dedent(f"""\
-        name: docker-tune
+        name: {name}
         model_repository: {TEMPLATES}
         model: encoder_sim
         traffic: {{path: {ROOT / 'traffic_profiles' / 'bursty_60s.csv'}, busiest_s: 1, speed: 0.25}}
         server: {{launcher: docker, image: {IMAGE}}}
         replay: {{warmup_s: 0.5, lag_budget_ms: 50}}
         sla: {{latency_ms: 250, percentile: 99, max_error_rate: 0.001}}
-        cost: {{gpu: a100-40gb, cloud: gcp}}
+        output: {tmp_path / 'out'}
+        """) + textwrap.dedent(extra))
+    return study
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
+    study = _docker_study(tmp_path, "docker-tune", """\
+        cost: {gpu: a100-40gb, cloud: gcp}
         search:
           sampler: grid
-          max_batch_size: {{low: 16, high: 16}}
-          max_queue_delay_microseconds: {{low: 0, high: 0}}
-          capacity: {{step_duration_s: 1.5, tolerance: 1.0, start_speed: 0.5, max_steps: 2}}
+          max_batch_size: {low: 16, high: 16}
+          max_queue_delay_microseconds: {low: 0, high: 0}
+          capacity: {step_duration_s: 1.5, tolerance: 1.0, start_speed: 0.5, max_steps: 2}
           top_k: 1
           remeasure_repeats: 1
-        output: {tmp_path / 'out'}
-        """))
+        """)
     before = {c.name for c in managed_containers(engine)}
     run = subprocess.run([sys.executable, "-m", "tuner", "tune", str(study), "--quiet", "--trials", "1"],
                          capture_output=True, text=True, timeout=300)
@@ -358,16 +365,7 @@ def test_tuner_tune_end_to_end_with_the_docker_launcher(engine, tmp_path):
 @pytest.mark.slow
 def test_sigterm_to_tuner_tune_removes_its_container(engine, tmp_path):
     # how a scheduler stops the nightly job: SIGTERM to the process, no Ctrl-C to its group
-    study = tmp_path / "term.yaml"
-    study.write_text(textwrap.dedent(f"""\
-        name: docker-term
-        model_repository: {TEMPLATES}
-        model: encoder_sim
-        traffic: {{path: {ROOT / 'traffic_profiles' / 'bursty_60s.csv'}, busiest_s: 1, speed: 0.25}}
-        server: {{launcher: docker, image: {IMAGE}}}
-        sla: {{latency_ms: 250}}
-        output: {tmp_path / 'out'}
-        """))
+    study = _docker_study(tmp_path, "docker-term")
     earlier = {c.id for c in managed_containers(engine)}
     job = subprocess.Popen([sys.executable, "-m", "tuner", "tune", str(study), "--quiet", "--trials", "3"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
