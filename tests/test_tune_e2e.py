@@ -210,6 +210,15 @@ def run_tune(study_file: Path, *extra: str) -> subprocess.Popen:
                             start_new_session=True)  # its own group: Ctrl-C reaches it and its workers only
 
 
+def run_two_worker_study(tmp_path: Path, name: str) -> tuple[Path, Path, subprocess.Popen]:
+    """`tuner tune --workers 2 --trials 3` on two grid points (8, 16) and the incumbent, started in
+    the background; returns the study file, its output directory and the process."""
+    study_file = write_study(
+        tmp_path, name, **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
+                           "search.remeasure_repeats": 1})
+    return study_file, tmp_path / name, run_tune(study_file, "--workers", "2", "--trials", "3")
+
+
 def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float = 150) -> None:
     """Poll the study's storage until `ready(trial states)` holds; fail the test after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -222,11 +231,7 @@ def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float 
 
 @pytest.mark.slow
 def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_path):
-    study_file = write_study(
-        tmp_path, "resume", **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
-                               "search.remeasure_repeats": 1})
-    output = tmp_path / "resume"
-    first = run_tune(study_file, "--workers", "2", "--trials", "3")
+    study_file, output, first = run_two_worker_study(tmp_path, "resume")
     try:
         wait_for_trials(output, "resume", "a finished trial and one in flight",
                         lambda states: TrialState.COMPLETE in states and TrialState.RUNNING in states)
@@ -265,11 +270,7 @@ def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_t
     # a scheduler (a Kubernetes CronJob, systemd) stops the job with SIGTERM to its main process only
     import psutil
 
-    study_file = write_study(
-        tmp_path, "term", **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
-                             "search.remeasure_repeats": 1})
-    output = tmp_path / "term"
-    job = run_tune(study_file, "--workers", "2", "--trials", "3")
+    _, output, job = run_two_worker_study(tmp_path, "term")
     try:
         wait_for_trials(output, "term", "both workers measuring (servers up, trials in flight)",
                         lambda states: states.count(TrialState.RUNNING) == 2)
