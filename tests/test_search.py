@@ -303,6 +303,24 @@ def test_grid_walks_log_ranges_in_powers_of_two():
     assert search.grid_size(space) == 6 * 3 * 3 * 2
 
 
+def test_grid_per_octave_refines_log_ranges_only():
+    space = SearchSettings(
+        max_batch_size=IntRange(1, 64, log=True),
+        max_queue_delay_microseconds=IntRange(0, 1000, step=500),
+        grid_per_octave=2,
+    )
+    g = search.grid(space)
+    assert g["max_batch_size"] == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64]
+    assert g["max_queue_delay_microseconds"] == [0, 500, 1000]
+    assert search.grid_size(space) == 12 * 3
+
+
+def test_grid_per_octave_must_be_positive(tmp_path):
+    with pytest.raises(SettingsError, match="search.grid_per_octave: must be > 0, got 0"):
+        study_from_dict({"name": "fake", "model_repository": str(tmp_path), "model": "m",
+                         "traffic": {"path": "t.csv"}, "search": {"grid_per_octave": 0}}, base_dir=tmp_path)
+
+
 def test_any_optuna_url_works_as_storage(tmp_path):
     s = settings(tmp_path, trials=4, sampler="random")
     url = f"sqlite:///{tmp_path / 'study.db'}"

@@ -76,16 +76,18 @@ def _suggest_int(trial: optuna.trial.BaseTrial, name: str, r: IntRange) -> int:
 
 def grid(space: SearchSettings) -> dict[str, list]:
     """Every configuration of the space: the ground truth the other samplers are measured against.
-    A log-scale batch range is walked in powers of two (and its bounds)."""
+    A log-scale range is walked in powers of two (and its bounds), or with `grid_per_octave` points
+    per doubling (2: 1, 2, 3, 4, 6, 8, 11, 16, ...) where the optimum needs a finer look."""
 
     def values(r: IntRange) -> list[int]:
         if r.log:
+            per = space.grid_per_octave
             out = {r.low, r.high}
-            p = 1
-            while p <= r.high:
-                if p >= r.low:
-                    out.add(p)
-                p *= 2
+            k = 0
+            while (v := round(2 ** (k / per))) <= r.high:
+                if v >= r.low:
+                    out.add(v)
+                k += 1
             return sorted(out)
         return list(range(r.low, r.high + 1, r.step))
 

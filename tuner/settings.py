@@ -111,6 +111,7 @@ class SearchSettings:
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     top_k: int = 3
     remeasure_repeats: int = 3
+    grid_per_octave: int = 1  # grid sampler: points per doubling on a log-scale range (1: powers of two)
 
 
 @dataclass(frozen=True)
@@ -304,7 +305,8 @@ def _check(s: StudySettings, source: str) -> None:
                 "search.capacity.start_speed", "search.capacity.max_speed",
                 "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
                 "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
-                "search.trials", "search.top_k", "search.remeasure_repeats", "cost.price_per_hour",
+                "search.trials", "search.top_k", "search.remeasure_repeats", "search.grid_per_octave",
+                "cost.price_per_hour",
                 "traffic.duration_s", "traffic.busiest_s", "search.timeout_s"):
         positive(key)
     for key in ("replay.warmup_s", "replay.workers", "traffic.start_s", "sla.max_error_rate"):
