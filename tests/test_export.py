@@ -19,6 +19,9 @@ from tuner.settings import IntRange, study_from_dict
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
+# the template as a user might keep it: comments above, inside and beside the fields
+SOURCE = TEMPLATE.read_text().replace("max_batch_size: 64", "max_batch_size: 64  # the training batch", 1) + (
+    "# owner: search team\n")
 
 
 def fake(params: dict, hints: Hints, latency_limit: float = 30.0) -> TrialResult:
@@ -44,7 +47,8 @@ def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = Tr
     storage = str(tmp_path / "out" / "study.journal")
     base = modelconfig.load(TEMPLATE)
     meta = {"scoring": "capacity", "model": "encoder_sim", "storage": storage, "study_file": "study.yaml",
-            "base_config": modelconfig.to_text(base), "preferred_batch_size": "none",
+            "base_config": modelconfig.to_text(base), "base_config_source": SOURCE,
+            "preferred_batch_size": "none",
             "sla": dataclasses.asdict(s.sla), "traffic": {"path": "bursty.csv", "speed": 1.0},
             "price": {"price_per_hour": 2.0}}
     study = search.open_study(s, storage, {"max_batch_size": 64, "max_queue_delay_microseconds": 0}, meta)
@@ -92,7 +96,9 @@ def test_outputs_hold_every_named_key_and_the_config_changes_only_tuned_fields(t
     changed = {path for path, _, _ in modelconfig.diff_fields(modelconfig.load(TEMPLATE), recommended)}
     assert changed == {"max_batch_size", "dynamic_batching.max_queue_delay_microseconds"}
     assert recommended.max_batch_size == 16
-    assert (out / "incumbent" / "config.pbtxt").is_file()
+    for comment in ("# Incumbent settings as a training-derived", "# the training batch", "# owner: search team"):
+        assert comment in text  # the user's comments go on into the recommended file
+    assert (out / "incumbent" / "config.pbtxt").read_text() == SOURCE  # the incumbent as the user wrote it
 
     trials = pd.read_csv(out / "trials.csv")
     assert len(trials) == len(study.trials)

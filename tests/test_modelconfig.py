@@ -44,6 +44,27 @@ def test_parse_print_parse_is_identical(path):
     assert modelconfig.from_json(modelconfig.to_json(config)) == config
 
 
+@pytest.mark.parametrize("path", FILES or [MISSING], ids=ids(FILES or [MISSING]))
+def test_printing_with_the_original_keeps_every_comment(path):
+    original = corpus_file(path).read_text()
+    config = modelconfig.parse(original, str(path))
+    text = modelconfig.to_text(config, comments_from=original)
+    assert modelconfig.parse(text, "printed") == config
+    assert comments(text) == comments(original)
+
+
+def comments(text: str) -> list[str]:
+    """Every comment of a config.pbtxt (sorted: a nested one moves above its block), as the
+    tokenizer of protobuf's text format sees them."""
+    tokenizer = text_format.Tokenizer(text.splitlines(), skip_comments=False)
+    found = []
+    while not tokenizer.AtEnd():
+        if tokenizer.token.startswith("#"):
+            found.append(tokenizer.token.rstrip())
+        tokenizer.NextToken()
+    return sorted(found)
+
+
 def test_syntax_error_names_line_and_column():
     with pytest.raises(ConfigError) as exc:
         modelconfig.parse(

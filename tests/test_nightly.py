@@ -25,7 +25,8 @@ from tuner.nightly.job import SearchResult, run_night
 from tuner.nightly.settings import load_nightly
 from tuner.traffic import synth_bursty, synth_poisson, write_traffic
 
-CONFIG = """name: "sim"
+CONFIG = """# serving config of sim: owned by the serving team
+name: "sim"
 backend: "python"
 max_batch_size: 4
 dynamic_batching { max_queue_delay_microseconds: 0 }
@@ -315,6 +316,7 @@ def test_three_nights_over_a_known_engine(tmp_path):
     assert e1.enqueued == [PROD]
     proposed = (n1.run_dir / "proposed" / "config.pbtxt").read_text()
     assert "max_batch_size: 16" in proposed and "max_queue_delay_microseconds: 2000" in proposed
+    assert "# serving config of sim: owned by the serving team" in proposed  # production's comments go on
     assert "+max_batch_size: 16" in (n1.run_dir / "proposed" / "config.diff").read_text()
     assert "**Decision: change**" in (n1.run_dir / "summary.md").read_text()
     assert os.path.realpath(out / "latest") == str(n1.run_dir)

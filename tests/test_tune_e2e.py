@@ -103,9 +103,10 @@ def repository(tmp: Path, max_batch_size: int | None = None) -> Path:
     repo = tmp / "models"
     shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
     if max_batch_size is not None:
-        config = modelconfig.load(repo / "encoder_sim" / "config.pbtxt")
+        path = repo / "encoder_sim" / "config.pbtxt"
+        config = modelconfig.load(path)
         config.max_batch_size = max_batch_size
-        (repo / "encoder_sim" / "config.pbtxt").write_text(modelconfig.to_text(config))
+        path.write_text(modelconfig.to_text(config, comments_from=path.read_text()))
     return repo
 
 
@@ -188,6 +189,7 @@ def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_c
     repo = tmp_path / "fresh"
     shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
     shutil.copy(output / "recommended" / "config.pbtxt", repo / "encoder_sim" / "config.pbtxt")
+    assert "# Incumbent settings as a training-derived" in (output / "recommended" / "config.pbtxt").read_text()
     with LocalLauncher(repo, models=["encoder_sim"], install=triton_install) as server:
         running = server.model_config("encoder_sim")
     assert running.max_batch_size == 16

@@ -187,7 +187,8 @@ def recommended_config(study: optuna.Study, summary: dict) -> str:
     space = SearchSettings(preferred_batch_size=study.user_attrs.get("preferred_batch_size", "none"))
     config = trial_config(base, summary["best"]["params"], space)
     modelconfig.validate(config, "recommended config")
-    return _header(summary, base, config) + modelconfig.to_text(config)
+    return _header(summary, base, config) + modelconfig.to_text(
+        config, comments_from=study.user_attrs.get("base_config_source"))
 
 
 def _header(summary: dict, base, config) -> str:
@@ -280,7 +281,7 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(study)
     trials_frame(study).to_csv(out / TRIALS, index=False)
-    base_text = study.user_attrs.get("base_config")
+    base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
         (out / INCUMBENT).parent.mkdir(parents=True, exist_ok=True)
         (out / INCUMBENT).write_text(base_text)

@@ -8,6 +8,8 @@ config override. Nothing here writes the user's file: changes return a new messa
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +66,87 @@ def load(path: str | Path) -> ModelConfig:
     return parse(text, str(path))
 
 
-def to_text(config: ModelConfig) -> str:
-    return text_format.MessageToString(config)
+def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
+    """The config as text. Protobuf's printer drops comments: with `comments_from` (the original
+    file's text) each of its comments is put back above the top-level field it belonged to
+    (a comment inside a block, or at the end of a line, goes above that block's field)."""
+    text = text_format.MessageToString(config)
+    if not comments_from:
+        return text
+    attached, tail = _comments_by_field(comments_from)
+    out: list[str] = []
+    seen: Counter = Counter()
+    for line in text.splitlines(keepends=True):
+        match = _FIELD_START.match(line)
+        if match and not line[0].isspace():  # a top-level field (the printer indents nested ones)
+            key = (match[1], seen[match[1]])
+            seen[match[1]] += 1
+            out.extend(_block(attached.pop(key, [])))
+        out.append(line)
+    left = [c for comments in attached.values() for c in comments] + tail  # fields no longer printed
+    return "".join(out) + "".join(_block(left))
+
+
+_FIELD_START = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:{\[<]")
+
+
+def _comments_by_field(text: str) -> tuple[dict[tuple[str, int], list[str]], list[str]]:
+    """The comments of a config.pbtxt keyed by (top-level field, occurrence), and those after the
+    last field. A blank line between full-line comments is kept as an empty entry."""
+    attached: dict[tuple[str, int], list[str]] = {}
+    pending: list[str] = []
+    current: tuple[str, int] | None = None
+    seen: Counter = Counter()
+    depth = 0
+    for line in text.splitlines():
+        code, comment = _split_comment(line)
+        if depth == 0 and code.strip() and (match := _FIELD_START.match(code)):
+            current = (match[1], seen[match[1]])
+            seen[match[1]] += 1
+            attached.setdefault(current, []).extend(pending)
+            pending = []
+        if comment is not None:
+            if depth == 0 and not code.strip():
+                pending.append(comment)  # a full-line comment at the top: it goes with the next field
+            elif current is not None:
+                attached[current].append(comment)
+            else:
+                pending.append(comment)
+        elif not line.strip() and pending and pending[-1]:
+            pending.append("")
+        depth += _nesting(code)
+    return attached, pending
+
+
+def _split_comment(line: str) -> tuple[str, str | None]:
+    """(code, comment) of one line; a '#' inside a quoted string is not a comment."""
+    quote = None
+    escaped = False
+    for i, ch in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = None
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i], line[i:].rstrip()
+    return line, None
+
+
+def _nesting(code: str) -> int:
+    """How much a line of code opens ({ [ <) minus closes, outside quoted strings."""
+    unquoted = re.sub(r"\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'", "", code)
+    return sum(unquoted.count(c) for c in "{[<") - sum(unquoted.count(c) for c in "}]>")
+
+
+def _block(comments: list[str]) -> list[str]:
+    while comments and not comments[-1]:
+        comments = comments[:-1]
+    return [f"{c}\n" for c in comments]
 
 
 def to_json(config: ModelConfig) -> str:

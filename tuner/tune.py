@@ -19,7 +19,8 @@ def tune(settings, trials: int, timeout_s: float | None = None, storage: str | N
          workers: int = 1, progress: bool = True) -> dict:
     """Check the inputs (exit 2 before any server starts), run the study, write its outputs."""
     base = evaluate.base_config(settings)
-    modelconfig.validate(base, str(Path(settings.model_repository) / settings.model / "config.pbtxt"))
+    base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+    modelconfig.validate(base, str(base_path))
     traffic = evaluate.study_traffic(settings)
     price = price_for(settings.cost)
     url = search.storage_url(settings, storage)
@@ -30,6 +31,7 @@ def tune(settings, trials: int, timeout_s: float | None = None, storage: str | N
         "study_file": settings.source,
         "storage": url,
         "base_config": modelconfig.to_text(base),
+        "base_config_source": base_path.read_text(),  # as the user wrote it: its comments go on
         "preferred_batch_size": settings.search.preferred_batch_size,
         "sla": dataclasses.asdict(settings.sla),
         "traffic": {**dataclasses.asdict(settings.traffic), "requests": len(traffic),

@@ -99,8 +99,7 @@ def _set(args: argparse.Namespace) -> int:
         if not message.startswith(f"{path}: "):
             message = f"{path}: {message}"
         raise ConfigError(f"{message} (after --set {' '.join(args.assignments)})") from None
-    # Protobuf drops comments; keep the file's opening comment block (licence, provenance).
-    text = _leading_comments(path.read_text()) + modelconfig.to_text(new)
+    text = modelconfig.to_text(new, comments_from=path.read_text())  # the file's comments go on
 
     target = _target(path, args.output, args.in_place)
     if target is None:
@@ -110,16 +109,6 @@ def _set(args: argparse.Namespace) -> int:
     changed = ", ".join(f"{field}: {a} -> {b}" for field, a, b in modelconfig.diff_fields(config, new))
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
-
-
-def _leading_comments(text: str) -> str:
-    lines = []
-    for line in text.splitlines(keepends=True):
-        if line.strip() and not line.lstrip().startswith("#"):
-            break
-        lines.append(line)
-    header = "".join(lines).rstrip()
-    return header + "\n" if header else ""
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:

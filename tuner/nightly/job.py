@@ -166,7 +166,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             modelconfig.validate(proposed, "proposed config")
             (staging / "proposed").mkdir()
             (staging / "proposed" / "config.pbtxt").write_text(
-                _header(stamp, study, decision, production_cfg, proposed, prod_path) + modelconfig.to_text(proposed))
+                _header(stamp, study, decision, production_cfg, proposed, prod_path)
+                + modelconfig.to_text(proposed, comments_from=prod_path.read_text()))
             diff = config_diff(production_cfg, proposed, prod_path.name)
             (staging / "proposed" / "config.diff").write_text(diff)
 
