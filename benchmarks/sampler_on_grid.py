@@ -7,7 +7,7 @@
 asks how that draw is distributed, with no server: each sampler of `tuner.search.make_sampler` runs
 the study's space (`tuner.search.suggest`, the incumbent enqueued first, the SLA as the constraint)
 for `--seeds` seeds, and each configuration it proposes is scored from GRID.csv (the grid run's
-`grid-*.csv`). A batch size between two measured powers of two gets the interpolation (in log2) of
+`grid-*.csv`). A batch size between two measured batch sizes gets the interpolation (in log2) of
 its neighbours, or 0 when the nearer one missed the SLA. The table: per sampler, the mean and
 quantiles of best-found / optimum, and the share of seeds reaching 95 % of the optimum.
 """

@@ -32,6 +32,7 @@ def fake(params: dict, hints: Hints, latency_limit: float = 30.0) -> TrialResult
     attrs = {"latency_p50_ms": p99 / 2, "latency_p95_ms": p99 * 0.9, "latency_p99_ms": p99,
              "capacity_latency_p99_ms": latency_limit * 0.9, "capacity_latency_p50_ms": 3.0,
              "fill_rate": 0.3, "capacity_fill_rate": 0.8, "servers_needed": 2, "monthly_cost": 10.0,
+             "queue_ms": 1.0, "capacity_queue_ms": 4.0 + b / 8, "compute_ms": 6.0, "capacity_compute_ms": 9.0,
              "sla_reason": "" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms"}
     return TrialResult(feasible, p99 / latency_limit - 1.0, cap, cap / 100.0,
                        {"capacity": cap * 3600 / 2.0, "utilization": 1e6 / p99}, attrs=attrs)
@@ -87,6 +88,10 @@ def test_outputs_hold_every_named_key_and_the_config_changes_only_tuned_fields(t
     # capacity scoring: latency and fill rate at the capacity found
     assert on_disk["best"]["latency_ms"]["p99"] == pytest.approx(27.0)
     assert on_disk["best"]["fill_rate"] == pytest.approx(0.8)
+    # Triton's split of the time beside the score, at the same operating point
+    assert on_disk["best"]["queue_ms"] == pytest.approx(6.0) and on_disk["best"]["compute_ms"] == pytest.approx(9.0)
+    assert on_disk["best"]["at_load"]["queue_ms"] == pytest.approx(1.0)
+    assert "queue ms" in export.closing_table(summary) and "compute ms" in export.closing_table(summary)
     assert on_disk["price_per_hour"] == 2.0
 
     text = (out / "recommended" / "config.pbtxt").read_text()

@@ -170,6 +170,8 @@ def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_c
         assert summary["improvement"] is None and "incumbent did not meet the SLA" in summary["message"]
     assert best["capacity_rps"] > 0 and best["scores"]["capacity"] > 0 and best["scores"]["utilization"] > 0
     assert best["latency_ms"]["p99"] <= 100
+    # Triton's own statistics beside the score: batches of 16 fill, each execution computes for ms
+    assert best["queue_ms"] >= 0 and best["compute_ms"] > 1.0 and best["fill_rate"] > 0
     # every request's latency at capacity of the re-measured configurations, for the report's CDFs:
     # each repeat's p99 met the SLA, and the median of the repeats' p99 is the summary's
     records = pd.read_parquet(output / "records" / f"trial_{best['trial']}.parquet")

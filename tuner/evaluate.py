@@ -1,6 +1,7 @@
 """One trial, for real: where the IO leaves meet (server, config, replay, measure, score).
 
     make_evaluate(launcher, settings, base_config, traffic) -> Evaluate   (params, Hints) -> TrialResult
+    make_measure(launcher, settings, traffic)              the same measurement of whatever config runs
     session(settings)                                      context manager: server up, yields Evaluate
     incumbent_params(base_config, space)                   the current config as trial parameters
 
@@ -21,7 +22,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -148,27 +149,9 @@ def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:
 
 def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame):
     """An `Evaluate` for the study on a started server."""
-    from tuner.replay import replay  # the replay runs Locust in subprocesses; this side stays unpatched
-
     price = price_for(settings.cost).price_per_hour
-    cap = settings.search.capacity
-    load_speed = settings.traffic.speed
-    peak = peak_rps(traffic, load_speed)
-    rate = mean_rps(traffic)
-
-    def run(speed: float, attempt: int, max_batch_size: int) -> Measurement:
-        replay_settings = settings.replay
-        if attempt:  # the last replay's send lag broke its budget: more load-generator processes
-            replay_settings = dataclasses.replace(settings.replay, workers=retry_workers(settings.replay.workers,
-                                                                                         attempt))
-        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, cap.step_duration_s)
-        result = replay(launcher.endpoints, settings.model, part, speed, replay_settings, warmup_s=warmup,
-                        duration_s=warmup + cap.step_duration_s, stats=lambda: launcher.statistics(settings.model))
-        return measure(result.records, result.stats_before, result.stats_after, speed=speed,
-                       warmup_s=result.warmup_s, lag_budget_ms=settings.replay.lag_budget_ms,
-                       max_batch_size=max_batch_size, sla_percentile=settings.sla.percentile,
-                       load_generator_cpu=result.load_generator_cpu, workers=result.workers,
-                       duration_s=result.duration_s)
+    peak = peak_rps(traffic, settings.traffic.speed)
+    measured = make_measure(launcher, settings, traffic)
 
     def evaluate(params: dict, hints: Hints) -> TrialResult:
         if not launcher.is_alive():  # a previous configuration crashed it: start afresh
@@ -176,7 +159,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         config = trial_config(base, params, settings.search)
         launcher.apply_config(settings.model, config)
         try:
-            return measured(params, hints)
+            return measured(int(params["max_batch_size"]), hints)
         except ServerError as exc:
             if launcher.is_alive():
                 raise
@@ -195,9 +178,43 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         launcher.start()
         launcher.wait_ready()
 
-    def measured(params: dict, hints: Hints) -> TrialResult:
-        mbs = int(params["max_batch_size"])
+    return evaluate
 
+
+Measured = Callable[[int, Hints], TrialResult]
+
+
+def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame,
+                 capacity: bool = True, on_step: Callable[[Measurement], None] | None = None) -> Measured:
+    """Measure the configuration the server runs now, as a trial is measured: `(max_batch_size,
+    Hints) -> TrialResult`. Without `capacity`, only the recorded load is replayed. `on_step` sees
+    every replay's measurement (progress)."""
+    from tuner.replay import replay  # the replay runs Locust in subprocesses; this side stays unpatched
+
+    price = price_for(settings.cost).price_per_hour
+    cap = settings.search.capacity
+    load_speed = settings.traffic.speed
+    peak = peak_rps(traffic, load_speed)
+    rate = mean_rps(traffic)
+
+    def run(speed: float, attempt: int, max_batch_size: int) -> Measurement:
+        replay_settings = settings.replay
+        if attempt:  # the last replay's send lag broke its budget: more load-generator processes
+            replay_settings = dataclasses.replace(settings.replay, workers=retry_workers(settings.replay.workers,
+                                                                                         attempt))
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, cap.step_duration_s)
+        result = replay(launcher.endpoints, settings.model, part, speed, replay_settings, warmup_s=warmup,
+                        duration_s=warmup + cap.step_duration_s, stats=lambda: launcher.statistics(settings.model))
+        m = measure(result.records, result.stats_before, result.stats_after, speed=speed,
+                    warmup_s=result.warmup_s, lag_budget_ms=settings.replay.lag_budget_ms,
+                    max_batch_size=max_batch_size, sla_percentile=settings.sla.percentile,
+                    load_generator_cpu=result.load_generator_cpu, workers=result.workers,
+                    duration_s=result.duration_s)
+        if on_step is not None:
+            on_step(m)
+        return m
+
+    def measured(mbs: int, hints: Hints) -> TrialResult:
         load = run(load_speed, 0, mbs)
         for attempt in (1, 2):
             if load.valid:
@@ -212,7 +229,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         capacity_rps = capacity_speed = 0.0
         pruned = False
         latencies: tuple[float, ...] = ()
-        if sla.ok:
+        if sla.ok and capacity:
             start = hints.start_speed or max(cap.start_speed, load_speed)
             found = find_capacity(
                 lambda s, attempt: run(s, attempt, mbs), settings.sla, cap, start_speed=start,
@@ -245,7 +262,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
                            capacity_rps=capacity_rps, capacity_speed=capacity_speed, scores=scores,
                            pruned=pruned, attrs=attrs, latencies_ms=latencies)
 
-    return evaluate
+    return measured
 
 
 def _figures(m: Measurement, prefix: str) -> dict:
@@ -256,6 +273,9 @@ def _figures(m: Measurement, prefix: str) -> dict:
         f"{prefix}error_rate": m.error_rate,
         f"{prefix}throughput_rps": m.throughput_rps,
         f"{prefix}busy_s": m.busy_s,
+        # Triton's own split of the time: waiting in the queue per request, computing per execution
+        f"{prefix}queue_ms": _num(m.queue_ms_mean),
+        f"{prefix}compute_ms": _num(m.compute_ms_mean),
         f"{prefix}send_lag_p99_ms": _num(m.send_lag_ms.get("p99")),
         f"{prefix}batch_histogram": json.dumps({str(k): v for k, v in sorted(m.batch_histogram.items())}),
     })

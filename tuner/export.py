@@ -50,6 +50,8 @@ def _entry(params: dict, attrs: dict, capacity_rps: float | None, scores: dict, 
         return {"latency_ms": {p: attrs.get(f"{prefix}latency_{p}_ms") for p in PERCENTILES},
                 "fill_rate": attrs.get(f"{prefix}fill_rate"),
                 "mean_batch_size": attrs.get(f"{prefix}mean_batch_size"),
+                "queue_ms": attrs.get(f"{prefix}queue_ms"),
+                "compute_ms": attrs.get(f"{prefix}compute_ms"),
                 "error_rate": attrs.get(f"{prefix}error_rate")}
 
     at_load, at_capacity = block(""), block("capacity_")
@@ -64,6 +66,8 @@ def _entry(params: dict, attrs: dict, capacity_rps: float | None, scores: dict, 
         "scores": {"capacity": scores.get("capacity"), "utilization": scores.get("utilization")},
         "latency_ms": point["latency_ms"],
         "fill_rate": point["fill_rate"],
+        "queue_ms": point["queue_ms"],
+        "compute_ms": point["compute_ms"],
         "servers_needed": attrs.get("servers_needed"),
         "monthly_cost": attrs.get("monthly_cost"),
         "sla_reason": attrs.get("sla_reason") or "",
@@ -231,7 +235,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 def closing_table(summary: dict) -> str:
     """Top configurations and the incumbent: parameters, capacity, SLA percentile, fill rate,
-    requests per dollar, improvement over the incumbent."""
+    Triton's queue and compute time, requests per dollar, improvement over the incumbent."""
     pct = f"p{summary['sla'].get('percentile', 99):g}"
     rows = list(summary.get("top") or [])[:5]
     inc = summary.get("incumbent")
@@ -252,6 +256,8 @@ def closing_table(summary: dict) -> str:
             "capacity req/s": _fmt(r.get("capacity_rps")),
             f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
             "fill rate": _fmt(r.get("fill_rate")),
+            "queue ms": _fmt(r.get("queue_ms")),
+            "compute ms": _fmt(r.get("compute_ms")),
             "req/$": _fmt(r.get("requests_per_dollar")) if r["feasible"] else "SLA missed",
             "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
             "vs incumbent": (f"{r['requests_per_dollar'] / base - 1:+.1%}"
