@@ -19,8 +19,9 @@ __all__ = ["Endpoints", "Launcher", "LocalLauncher", "RemoteLauncher", "TritonIn
            "make_launcher"]
 
 
-def make_launcher(settings, log_dir: str | Path | None = None) -> Launcher:
-    """The launcher a study's `server:` section asks for (`settings` is a tuner.settings.StudySettings)."""
+def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool = False) -> Launcher:
+    """The launcher a study's `server:` section asks for (`settings` is a tuner.settings.StudySettings).
+    `read_only`: a remote server is only measured, never reconfigured."""
     server = settings.server
     models = [settings.model]
     if server.launcher == "local":
@@ -31,7 +32,7 @@ def make_launcher(settings, log_dir: str | Path | None = None) -> Launcher:
     if server.launcher == "remote":
         if not server.url:
             raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
-        return RemoteLauncher(server.url, grpc_url=server.grpc_url, models=models)
+        return RemoteLauncher(server.url, grpc_url=server.grpc_url, models=models, read_only=read_only)
     if server.launcher == "docker":
         try:
             docker = importlib.import_module("tuner.server.docker")

@@ -3,7 +3,7 @@
 The server must run in explicit model-control mode (`--model-control-mode=explicit`): configurations
 are applied with the repository load API and a config override. `start()` records each model's
 configuration; `stop()` reloads the models it changed with that original configuration and leaves the
-server running.
+server running. A `read_only` one (for `tuner audit`) changes nothing and works in any control mode.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ class RemoteLauncher(Launcher):
     name = "remote"
 
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
-                 metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S):
+                 metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
+                 read_only: bool = False):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if not parts.hostname or not parts.port:
             raise ServerSetupError(f"server.url: expected host:port of the Triton HTTP endpoint, got '{url}'")
@@ -43,6 +44,7 @@ class RemoteLauncher(Launcher):
         self._originals: dict[str, ModelConfig] = {}
         self._changed: set[str] = set()
         self._started = False
+        self.read_only = read_only
 
     @property
     def endpoints(self) -> Endpoints:
@@ -55,7 +57,8 @@ class RemoteLauncher(Launcher):
             self._http.get_json("v2")
         except (ServerError, HttpError) as exc:
             raise ServerSetupError(f"cannot reach a Triton server at {self.url}: {exc}") from None
-        self._check_explicit_mode()
+        if not self.read_only:
+            self._check_explicit_mode()
         for model in self.models:
             if not self._http.ok(f"v2/models/{model}/ready", timeout_s=CONTROL_TIMEOUT_S):
                 raise ServerSetupError(f"model '{model}' is not loaded and ready on the server at {self.url}")
@@ -67,6 +70,8 @@ class RemoteLauncher(Launcher):
             raise ServerSetupError(f"the Triton server at {self.url} is not ready")
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        if self.read_only:
+            raise ServerSetupError(f"the server at {self.url} is attached read-only: its configuration is not changed")
         if model not in self._originals:
             # record it first, so stop() can put it back
             self._originals[model] = self._http.model_config(model)

@@ -1,0 +1,184 @@
+"""`tuner audit` against a real running Triton (the "deployment": a local server whose model runs a
+config loaded over the API, unlike the file in its repository), with real Locust replays: the audit
+measures the config that runs, changes nothing, and judges it; the verdict rules on their own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner import modelconfig
+from tuner.audit import AuditResult, Baseline, findings, load_baseline
+from tuner.cli import main
+from tuner.errors import InputError, ServerSetupError
+from tuner.score import TrialResult
+from tuner.server.local import LocalLauncher
+from tuner.server.remote import RemoteLauncher
+from tuner.settings import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
+DEPLOYED = {"max_batch_size": 8, "max_queue_delay_microseconds": 1000}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, triton_install):
+    """A running server whose encoder_sim runs max_batch_size 8 with a 1 ms delay (loaded over the
+    API), while the config.pbtxt in its repository says 64 and no delay."""
+    repo = tmp_path_factory.mktemp("deployment") / "models"
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
+    with LocalLauncher(repo, models=["encoder_sim"], install=triton_install) as server:
+        config = modelconfig.load(repo / "encoder_sim" / "config.pbtxt")
+        config.max_batch_size = DEPLOYED["max_batch_size"]
+        config.dynamic_batching.max_queue_delay_microseconds = DEPLOYED["max_queue_delay_microseconds"]
+        server.apply_config("encoder_sim", config)
+        yield server
+
+
+def write_study(tmp: Path, latency_ms: float = 200.0) -> Path:
+    study = {
+        "name": "audit",
+        "model_repository": str(ROOT / "model_repository_templates"),  # says 64: the audit must not use it
+        "model": "encoder_sim",
+        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
+        "sla": {"latency_ms": latency_ms, "percentile": 99, "max_error_rate": 0.001},
+        "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
+        "search": {"capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 4}},
+    }
+    path = tmp / "audit.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def write_baseline(tmp: Path, capacity_rps: float, latency_ms: float = 200.0, traffic: Path = PROFILE) -> Path:
+    out = tmp / "tuned"
+    out.mkdir(exist_ok=True)
+    summary = {"best": {"params": {"max_batch_size": 16, "max_queue_delay_microseconds": 0},
+                        "capacity_rps": capacity_rps},
+               "sla": {"latency_ms": latency_ms, "percentile": 99.0}, "traffic": {"path": str(traffic)}}
+    (out / "summary.json").write_text(json.dumps(summary))
+    return out
+
+
+def running(server) -> dict:
+    c = server.model_config("encoder_sim")
+    return {"max_batch_size": c.max_batch_size,
+            "max_queue_delay_microseconds": c.dynamic_batching.max_queue_delay_microseconds}
+
+
+def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, tmp_path, capsys):
+    before = int(deployment.statistics("encoder_sim")["inference_count"])
+    url = deployment.endpoints.http
+    code = main(["audit", str(write_study(tmp_path)), "--url", url, "--at-load-only",
+                 "--json", str(tmp_path / "audit.json")])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    report = json.loads((tmp_path / "audit.json").read_text())
+    # the config the server runs, not the repository's file
+    assert {k: report["params"][k] for k in DEPLOYED} == DEPLOYED
+    assert report["sla_met"] and report["capacity_rps"] is None and report["throughput_ratio"] is None
+    assert 0 < report["figures"]["fill_rate"] <= 1 and report["figures"]["compute_ms"] > 0
+    assert "SLA at the recorded load" in out and "fill rate at the recorded load" in out
+    assert "replay at speed 0.25" in err  # progress, one line per replay
+    # nothing changed: same config, and the model was not reloaded (its statistics kept counting)
+    assert running(deployment) == DEPLOYED
+    after = int(deployment.statistics("encoder_sim")["inference_count"])
+    assert after >= before + report["figures"]["requests"]
+
+
+def test_the_audit_searches_the_capacity_and_compares_with_a_baseline(deployment, tmp_path, capsys):
+    # a baseline far above what this deployment can do: inefficient, with a budget to recover
+    baseline = write_baseline(tmp_path, capacity_rps=10_000.0)
+    code = main(["audit", str(write_study(tmp_path)), "--url", deployment.endpoints.http,
+                 "--baseline", str(baseline), "--json", str(tmp_path / "audit.json")])
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert code == 10, out + err
+    assert report["capacity_rps"] > 0
+    assert report["throughput_ratio"] == pytest.approx(report["capacity_rps"] / 10_000.0)
+    assert report["recoverable_per_month"] == pytest.approx(
+        (1 - report["throughput_ratio"]) * report["figures"]["monthly_cost"])
+    verdicts = {f["check"]: f["verdict"] for f in report["findings"]}
+    assert verdicts["throughput ratio"] == "inefficient" and verdicts["SLA at the recorded load"] == "ok"
+    assert running(deployment) == DEPLOYED
+
+
+def test_a_deployment_that_misses_its_sla_exits_3(deployment, tmp_path, capsys):
+    code = main(["audit", str(write_study(tmp_path, latency_ms=0.5)), "--url", deployment.endpoints.http,
+                 "--json", str(tmp_path / "audit.json")])
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert code == 3, out + err
+    assert not report["sla_met"] and report["capacity_rps"] is None  # no capacity search past a broken SLA
+    assert "broken" in out and "misses its SLA" in out
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "summary.json not found"),
+    ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
+    ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
+    ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
+    args = ["audit", str(write_study(tmp_path))]
+    if case == "missing":
+        args += ["--baseline", str(tmp_path / "nowhere")]
+    elif case == "other sla":
+        args += ["--baseline", str(write_baseline(tmp_path, 100.0, latency_ms=50.0))]
+    elif case == "other traffic":
+        args += ["--baseline", str(write_baseline(tmp_path, 100.0, traffic=tmp_path / "other.csv"))]
+    args += ["--url", "127.0.0.1:9"]
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_read_only_remote_never_applies_a_config():
+    launcher = RemoteLauncher("127.0.0.1:9", models=["m"], read_only=True)
+    with pytest.raises(ServerSetupError, match="attached read-only"):
+        launcher.apply_config("m", modelconfig.ModelConfig(name="m"))
+
+
+# --- the verdicts, on their own ------------------------------------------------------------------
+
+
+def judged(tmp_path, capacity_rps: float, baseline_rps: float | None, fill: float = 0.8, feasible=True):
+    settings = load_study(write_study(tmp_path))
+    result = TrialResult(feasible, -0.5 if feasible else 0.5, capacity_rps, 1.0, {},
+                         attrs={"fill_rate": fill, "mean_batch_size": fill * 8, "monthly_cost": 1000.0,
+                                "latency_p99_ms": 100.0, "error_rate": 0.0, "servers_needed": 1,
+                                "sla_reason": "" if feasible else "p99 300.0 ms > 200 ms"})
+    baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
+    ratio = capacity_rps / baseline_rps if baseline_rps else None
+    a = AuditResult("encoder_sim", "x", {"max_batch_size": 8, "max_queue_delay_microseconds": 0}, result, 3.0,
+                    baseline, ratio, None if ratio is None else max(0.0, 1 - ratio) * 1000.0)
+    a = AuditResult(**{**a.__dict__, "findings": findings(a, settings, at_load_only=False)})
+    return a, {f.check: f.verdict for f in a.findings}
+
+
+@pytest.mark.parametrize("capacity, verdict, code", [
+    (80.0, "ok", 0), (75.0, "watch", 0), (60.0, "watch", 0), (59.0, "inefficient", 10)])
+def test_throughput_ratio_thresholds(tmp_path, capacity, verdict, code):
+    a, verdicts = judged(tmp_path, capacity, 100.0)
+    assert verdicts["throughput ratio"] == verdict and a.exit_code == code
+    assert a.recoverable_per_month == pytest.approx((1 - capacity / 100.0) * 1000.0)
+
+
+def test_low_fill_rate_is_flagged_and_a_missed_sla_wins(tmp_path):
+    _, verdicts = judged(tmp_path, 90.0, 100.0, fill=0.3)
+    assert verdicts["fill rate at the recorded load"] == "watch"
+    a, verdicts = judged(tmp_path, 30.0, 100.0, feasible=False)
+    assert verdicts["SLA at the recorded load"] == "broken" and a.exit_code == 3
+
+
+def test_a_baseline_without_a_feasible_best_is_refused(tmp_path):
+    out = tmp_path / "tuned"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"best": None, "sla": {"latency_ms": 200.0}}))
+    with pytest.raises(InputError, match="nothing to compare with"):
+        load_baseline(out, load_study(write_study(tmp_path)))

@@ -1,0 +1,227 @@
+"""`tuner audit`: measure a deployed configuration the way `tuner tune` measures a trial, and say
+whether it wastes money, without changing anything.
+
+The model's configuration is read from the server as it runs (a remote server is attached read-only:
+no model is loaded or unloaded, any control mode works). The study's traffic is replayed at its
+recorded load (the SLA there, Triton's fill rate, queue and compute time) and, unless
+`at_load_only`, the capacity is searched like a trial's, which drives the server past its SLA:
+audit a replica, or a quiet hour.
+
+The verdicts (the audit ratios of the design):
+- throughput ratio = the deployed config's capacity / the baseline's (the best configuration of a
+  `tuner tune` study with the same SLA and traffic): > 0.75 healthy, 0.60-0.75 watch, < 0.60 inefficient;
+- fill rate at the recorded load < 0.5: max_batch_size is larger than the traffic fills;
+- recoverable budget = throughput gap x what the deployment costs: (1 - ratio) x servers x price.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from tuner import evaluate
+from tuner.cost import price_for
+from tuner.errors import InputError
+from tuner.measure import Measurement
+from tuner.modelconfig import ModelConfig
+from tuner.score import Hints, TrialResult, check_sla
+from tuner.server import make_launcher
+from tuner.settings import StudySettings
+
+HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
+INEFFICIENT = 0.60  # ... and below which it is inefficient
+LOW_FILL = 0.5      # fill rate at the recorded load below which max_batch_size is too large
+
+# exit codes of `tuner audit` (2: bad input, 1: anything else, as for every command)
+EXIT_HEALTHY = 0
+EXIT_SLA_BROKEN = 3
+EXIT_INEFFICIENT = 10
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the deployment is compared with: the best configuration of a finished `tuner tune`."""
+
+    source: str
+    params: dict
+    capacity_rps: float
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    value: str
+    verdict: str  # ok | watch | inefficient | broken | info
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    model: str
+    server: str
+    params: dict  # the deployed values of the tuned fields
+    result: TrialResult
+    price_per_hour: float
+    baseline: Baseline | None = None
+    ratio: float | None = None
+    recoverable_per_month: float | None = None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if not self.result.feasible:
+            return EXIT_SLA_BROKEN
+        if any(f.verdict == "inefficient" for f in self.findings):
+            return EXIT_INEFFICIENT
+        return EXIT_HEALTHY
+
+    def as_dict(self) -> dict:
+        return {
+            "model": self.model, "server": self.server, "params": self.params,
+            "sla_met": self.result.feasible, "sla_reason": self.result.attrs.get("sla_reason") or "",
+            "capacity_rps": self.result.capacity_rps or None, "capacity_speed": self.result.capacity_speed or None,
+            "price_per_hour": self.price_per_hour,
+            "baseline": None if self.baseline is None else self.baseline.__dict__,
+            "throughput_ratio": self.ratio, "recoverable_per_month": self.recoverable_per_month,
+            "figures": self.result.attrs,
+            "findings": [f.__dict__ for f in self.findings],
+            "exit_code": self.exit_code,
+        }
+
+
+def deployed_params(config: ModelConfig) -> dict:
+    groups = list(config.instance_group)
+    return {
+        "max_batch_size": int(config.max_batch_size),
+        "max_queue_delay_microseconds": int(config.dynamic_batching.max_queue_delay_microseconds),
+        "preferred_batch_size": list(config.dynamic_batching.preferred_batch_size),
+        "instance_count": sum(int(g.count or 1) for g in groups) if groups else 1,
+        "dynamic_batching": config.HasField("dynamic_batching"),
+    }
+
+
+def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
+    """The best configuration of a finished `tuner tune` (its output directory or summary.json),
+    refused when it was tuned for another SLA or other traffic: the capacities would not compare."""
+    path = Path(path)
+    summary_path = path if path.suffix == ".json" else path / "summary.json"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"--baseline: {summary_path} not found (give the output directory of a `tuner tune`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"--baseline: {summary_path}: not a tuner summary ({exc})") from None
+    if not isinstance(summary, dict) or "sla" not in summary:
+        raise InputError(f"--baseline: {summary_path}: not a tuner summary (no 'sla')")
+    best = summary.get("best")
+    if not best or not best.get("capacity_rps"):
+        raise InputError(f"--baseline: {summary_path}: that study found no configuration with a capacity "
+                         "under its SLA, so there is nothing to compare with")
+    sla = summary["sla"]
+    ours = (float(settings.sla.latency_ms), float(settings.sla.percentile))
+    theirs = (float(sla.get("latency_ms", -1)), float(sla.get("percentile", 99)))
+    if ours != theirs:
+        raise InputError(f"--baseline: {summary_path} was tuned for p{theirs[1]:g} <= {theirs[0]:g} ms, this "
+                         f"audit's SLA is p{ours[1]:g} <= {ours[0]:g} ms: the capacities do not compare")
+    traffic = (summary.get("traffic") or {}).get("path")
+    if traffic and Path(traffic).name != Path(settings.traffic.path).name:
+        raise InputError(f"--baseline: {summary_path} was tuned on {Path(traffic).name}, this audit replays "
+                         f"{Path(settings.traffic.path).name}: the capacities do not compare")
+    return Baseline(str(summary_path), dict(best.get("params") or {}), float(best["capacity_rps"]))
+
+
+def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False,
+          progress: bool = True) -> AuditResult:
+    """Measure the configuration the study's server runs now and judge it."""
+    traffic = evaluate.study_traffic(settings)
+    price = price_for(settings.cost).price_per_hour
+    server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
+    with make_launcher(settings, read_only=True) as launcher:
+        config = launcher.model_config(settings.model)
+        measured = evaluate.make_measure(launcher, settings, traffic, capacity=not at_load_only,
+                                         on_step=_say_step(settings) if progress else None)
+        if progress:
+            print(f"auditing {settings.model} on {server}: max_batch_size {config.max_batch_size}, "
+                  f"max_queue_delay_microseconds {config.dynamic_batching.max_queue_delay_microseconds}",
+                  file=sys.stderr, flush=True)
+        result = measured(int(config.max_batch_size), Hints())
+    ratio = recoverable = None
+    if baseline is not None and result.capacity_rps > 0:
+        ratio = result.capacity_rps / baseline.capacity_rps
+        cost = result.attrs.get("monthly_cost")
+        recoverable = max(0.0, 1.0 - ratio) * cost if cost is not None else None
+    out = AuditResult(settings.model, server, deployed_params(config), result, price, baseline, ratio, recoverable)
+    return dataclasses.replace(out, findings=findings(out, settings, at_load_only))
+
+
+def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> list[Finding]:
+    r, attrs = a.result, a.result.attrs
+    pct = f"p{settings.sla.percentile:g}"
+    out = [Finding(
+        "SLA at the recorded load",
+        f"{pct} {_num(attrs.get(f'latency_{pct}_ms'))} ms (limit {settings.sla.latency_ms:g}), "
+        f"errors {attrs.get('error_rate') or 0:.2%}",
+        "ok" if r.feasible else "broken",
+        "" if r.feasible else f"{attrs.get('sla_reason')}: the deployment misses its SLA at today's load")]
+    fill, mean_batch = attrs.get("fill_rate"), attrs.get("mean_batch_size")
+    if fill is not None and a.params["max_batch_size"] > 0:
+        low = fill < LOW_FILL
+        out.append(Finding(
+            "fill rate at the recorded load", f"{fill:.2f} (mean batch {mean_batch:.1f} of {a.params['max_batch_size']})",
+            "watch" if low else "ok",
+            f"max_batch_size is larger than the traffic fills (below {LOW_FILL:g})" if low else ""))
+    out.append(Finding("Triton's time split", f"queue {_num(attrs.get('queue_ms'))} ms per request, compute "
+                       f"{_num(attrs.get('compute_ms'))} ms per execution", "info"))
+    if at_load_only:
+        out.append(Finding("capacity", "not measured (--at-load-only)", "info"))
+    elif r.feasible:
+        out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
+                           f"{attrs.get('servers_needed')} server(s) for the peak, "
+                           f"${_money(attrs.get('monthly_cost'))}/month", "info"))
+    if a.baseline is not None and a.ratio is not None:
+        verdict = "ok" if a.ratio > HEALTHY else ("watch" if a.ratio >= INEFFICIENT else "inefficient")
+        b = a.baseline
+        out.append(Finding(
+            "throughput ratio", f"{a.ratio:.2f} ({r.capacity_rps:.1f} vs {b.capacity_rps:.1f} req/s of "
+            f"{_params(b.params)})", verdict,
+            {"ok": f"> {HEALTHY:g}: healthy", "watch": f"between {INEFFICIENT:g} and {HEALTHY:g}",
+             "inefficient": f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"}[verdict]))
+        out.append(Finding("recoverable budget", f"${_money(a.recoverable_per_month)}/month", "info",
+                           "throughput gap x the deployment's monthly cost"))
+    elif a.baseline is None:
+        out.append(Finding("throughput ratio", "no baseline", "info",
+                           "run `tuner tune` on the same study and pass its output with --baseline"))
+    return out
+
+
+def format_audit(a: AuditResult) -> str:
+    frame = pd.DataFrame([f.__dict__ for f in a.findings])
+    return frame.to_string(index=False, justify="left")
+
+
+def _say_step(settings: StudySettings):
+    pct = settings.sla.percentile
+
+    def say(m: Measurement) -> None:
+        verdict = "ok" if check_sla(m, settings.sla).ok else "over the SLA"
+        print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, p{pct:g} "
+              f"{m.latency(pct):.1f} ms, fill rate {m.fill_rate:.2f}: {verdict}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _money(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _params(params: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in params.items())

@@ -1,0 +1,44 @@
+"""`tuner audit STUDY.yaml [--url HOST:PORT] [--baseline DIR]`: measure a deployment, change nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "audit",
+        help="measure a running deployment the way tune measures a trial, and say what it wastes",
+        description="Read the model's configuration from the running server (attached read-only: "
+        "nothing is loaded, unloaded or changed), replay the study's traffic at its recorded load "
+        "(SLA, fill rate, Triton's queue and compute time) and search its capacity as a trial's is "
+        "searched (this drives the server past its SLA: audit a replica, or use --at-load-only). "
+        "With --baseline (a `tuner tune` output on the same SLA and traffic): the throughput ratio "
+        "(> 0.75 healthy, < 0.60 inefficient) and the recoverable budget. Exit codes: 0 healthy, "
+        "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error.",
+    )
+    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, traffic, SLA, cost, server)")
+    p.add_argument("--url", metavar="HOST:PORT",
+                   help="the deployment's Triton HTTP endpoint (default: the study's server section)")
+    p.add_argument("--baseline", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
+    p.add_argument("--at-load-only", action="store_true",
+                   help="replay only at the recorded load: no capacity search, no throughput ratio")
+    p.add_argument("--json", metavar="OUT", help="also write the audit as JSON to OUT")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuner.audit import audit, format_audit, load_baseline
+    from tuner.settings import load_study, with_overrides
+
+    settings = load_study(args.study)
+    if args.url:
+        settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
+    baseline = load_baseline(args.baseline, settings) if args.baseline else None
+    result = audit(settings, baseline, at_load_only=args.at_load_only)
+    print(format_audit(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+    return result.exit_code
