@@ -200,8 +200,11 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
 
 
 def format_audit(a: AuditResult) -> str:
-    frame = pd.DataFrame([f.__dict__ for f in a.findings])
-    return frame.to_string(index=False, justify="left")
+    """The findings as a left-aligned table (text reads left to right)."""
+    frame = pd.DataFrame([f.__dict__ for f in a.findings]).astype(str)
+    widths = {c: max(len(c), *(len(v) for v in frame[c])) for c in frame.columns}
+    formatters = {c: (lambda v, w=widths[c]: f"{v:<{w}}") for c in frame.columns}
+    return frame.to_string(index=False, justify="left", formatters=formatters)
 
 
 def _say_step(settings: StudySettings):
