@@ -9,8 +9,8 @@
 2. TPE, once per scoring, with a trial budget of `--share` of the grid (the incumbent included).
 3. A final round, interleaved like the tool's own re-measurement (A B C D A B C D ...): the grid's
    top configurations and TPE's top configurations, for both scorings, measured `--repeats` times
-   each. One measurement per configuration carries a winner's curse (the grid's maximum over 35 noisy
-   figures is biased upwards, TPE's over 8 less so); the medians of the same round compare like with
+   each. One measurement per configuration carries a winner's curse (the grid's maximum over 60 noisy
+   figures is biased upwards, TPE's over 15 less so); the medians of the same round compare like with
    like. The optimum is the grid's best median; TPE's pick is TPE's best median (the tool's rule).
 4. For each scoring: the optimum, TPE's pick, the ratio of requests per dollar (single measurements,
    and the final round's medians), the share of the grid TPE measured, and the share of the grid
