@@ -29,16 +29,14 @@ from tuner import modelconfig
 from tuner.cli import main
 from tuner.evaluate import (
     incumbent_params,
-    mean_rps,
     preferred_sizes,
     retry_workers,
-    step_window,
     trial_config,
 )
 from tuner.search import open_storage
 from tuner.server.local import LocalLauncher
 from tuner.settings import IntRange, SearchSettings
-from tuner.traffic import busiest_window, read_traffic
+from tuner.traffic import busiest_window, mean_rps, read_traffic, step_window
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"

@@ -45,7 +45,7 @@ from tuner.score import (
 )
 from tuner.server import Launcher, make_launcher
 from tuner.settings import SearchSettings, StudySettings
-from tuner.traffic import busiest_window, read_traffic, window
+from tuner.traffic import busiest_window, mean_rps, peak_rps, read_traffic, step_window, window
 
 # an informed guess (the best trial's capacity) brackets in small steps; a blind one doubles
 INFORMED_GROWTH = 1.3
@@ -105,39 +105,6 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
     elif t.start_s is not None or t.duration_s is not None:
         df = window(df, t.start_s, t.duration_s)
     return df
-
-
-def peak_rps(traffic: pd.DataFrame, speed: float) -> float:
-    """Requests in the busiest second, replayed at `speed`."""
-    return float(busiest_window(traffic, speed)[1]) if len(traffic) else 0.0
-
-
-def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, measured_s: float
-                ) -> tuple[pd.DataFrame, float]:
-    """What one step of the search replays at `speed`: the busiest stretch of the profile that lasts
-    `measured_s` (every step is short, and judged on the profile's hardest stretch: servers are sized
-    for it), after up to `warmup_s` of the traffic that came before it. Returns the window and its
-    warm-up in wall seconds, so that the measured part is exactly the busiest stretch.
-
-    The measured stretch at a higher speed holds at least as many requests in the same wall time,
-    so the offered load only grows with the speed and the capacity search can bisect on it."""
-    span = measured_s * speed
-    lead = warmup_s * speed
-    first = float(traffic["timestamp"].iloc[0]) if len(traffic) else 0.0
-    if len(traffic) == 0 or float(traffic["timestamp"].iloc[-1]) - first <= span + lead:
-        return traffic, warmup_s
-    start, _ = busiest_window(traffic, span)
-    lead = min(lead, start)
-    part = window(traffic, start - lead, lead + span)
-    # the window's first request may come after `start - lead` (a quiet gap): the replay starts there
-    warmup_wall = (start - (float(part["timestamp"].iloc[0]) - first)) / speed
-    return part, warmup_wall
-
-
-def mean_rps(traffic: pd.DataFrame) -> float:
-    """The profile's mean rate at speed 1: capacity is expressed as this rate times the speed."""
-    span = float(traffic["timestamp"].iloc[-1] - traffic["timestamp"].iloc[0]) if len(traffic) > 1 else 0.0
-    return len(traffic) / span if span > 0 else float(len(traffic))
 
 
 def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:

@@ -13,6 +13,7 @@ from tuner import evaluate, export, modelconfig, search
 from tuner.cost import price_for
 from tuner.errors import TunerError
 from tuner.report import write_report
+from tuner.traffic import mean_rps, peak_rps
 
 
 def tune(settings, trials: int, timeout_s: float | None = None, storage: str | None = None,
@@ -35,8 +36,8 @@ def tune(settings, trials: int, timeout_s: float | None = None, storage: str | N
         "preferred_batch_size": settings.search.preferred_batch_size,
         "sla": dataclasses.asdict(settings.sla),
         "traffic": {**dataclasses.asdict(settings.traffic), "requests": len(traffic),
-                    "peak_rps": evaluate.peak_rps(traffic, settings.traffic.speed),
-                    "mean_rps": evaluate.mean_rps(traffic)},
+                    "peak_rps": peak_rps(traffic, settings.traffic.speed),
+                    "mean_rps": mean_rps(traffic)},
         "price": price.as_dict(),
     }
     open_evaluation = functools.partial(evaluate.session, settings, str(Path(settings.output) / "server"))

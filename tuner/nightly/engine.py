@@ -29,7 +29,7 @@ from tuner.nightly.rule import Replay
 from tuner.score import Hints, TrialResult, check_sla, utilization_score
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
-from tuner.traffic import read_traffic
+from tuner.traffic import read_traffic, step_window
 
 LoadReplay = Callable[[dict], TrialResult]
 TRIES = 2  # a confirmation replay whose send lag broke its budget is run once more
@@ -117,7 +117,7 @@ def make_load_replay(launcher: Launcher, study: StudySettings, production: Model
 
     price = price_for(study.cost).price_per_hour
     speed = study.traffic.speed
-    window, warmup = evaluate_mod.step_window(traffic, speed, study.replay.warmup_s,
+    window, warmup = step_window(traffic, speed, study.replay.warmup_s,
                                               study.search.capacity.step_duration_s)
     duration = warmup + study.search.capacity.step_duration_s
 

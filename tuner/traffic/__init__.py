@@ -1,7 +1,8 @@
 """Recorded traffic: the table every later stage replays, and the tools that make and inspect it.
 
 io         read_traffic / write_traffic / validate_traffic, shape_columns
-windows    due_offsets, scale_time, window, busiest_window (time from the first request)
+windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, peak_rps
+           (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
 importers  import_triton_trace, import_azure, import_csv
 stats      describe, format_stats, plot_stats
@@ -19,7 +20,16 @@ from tuner.traffic.io import (
 )
 from tuner.traffic.stats import describe, format_stats, plot_stats
 from tuner.traffic.synth import SizeSpec, synth_bursty, synth_diurnal, synth_flash_crowd, synth_poisson
-from tuner.traffic.windows import busiest_window, due_offsets, parse_duration, scale_time, window
+from tuner.traffic.windows import (
+    busiest_window,
+    due_offsets,
+    mean_rps,
+    parse_duration,
+    peak_rps,
+    scale_time,
+    step_window,
+    window,
+)
 
 __all__ = [
     "BATCH_SIZE",
@@ -33,11 +43,14 @@ __all__ = [
     "import_azure",
     "import_csv",
     "import_triton_trace",
+    "mean_rps",
     "parse_duration",
+    "peak_rps",
     "plot_stats",
     "read_traffic",
     "scale_time",
     "shape_columns",
+    "step_window",
     "synth_bursty",
     "synth_diurnal",
     "synth_flash_crowd",

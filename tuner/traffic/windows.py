@@ -99,3 +99,36 @@ def busiest_window(df: pd.DataFrame, duration_s: float) -> tuple[float, int]:
     counts = window_counts(off, duration_s)
     best = int(np.argmax(counts))
     return float(off[best]), int(counts[best])
+
+
+def peak_rps(traffic: pd.DataFrame, speed: float) -> float:
+    """Requests in the busiest second, replayed at `speed`."""
+    return float(busiest_window(traffic, speed)[1]) if len(traffic) else 0.0
+
+
+def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, measured_s: float
+                ) -> tuple[pd.DataFrame, float]:
+    """What one step of the search replays at `speed`: the busiest stretch of the profile that lasts
+    `measured_s` (every step is short, and judged on the profile's hardest stretch: servers are sized
+    for it), after up to `warmup_s` of the traffic that came before it. Returns the window and its
+    warm-up in wall seconds, so that the measured part is exactly the busiest stretch.
+
+    The measured stretch at a higher speed holds at least as many requests in the same wall time,
+    so the offered load only grows with the speed and the capacity search can bisect on it."""
+    span = measured_s * speed
+    lead = warmup_s * speed
+    first = float(traffic["timestamp"].iloc[0]) if len(traffic) else 0.0
+    if len(traffic) == 0 or float(traffic["timestamp"].iloc[-1]) - first <= span + lead:
+        return traffic, warmup_s
+    start, _ = busiest_window(traffic, span)
+    lead = min(lead, start)
+    part = window(traffic, start - lead, lead + span)
+    # the window's first request may come after `start - lead` (a quiet gap): the replay starts there
+    warmup_wall = (start - (float(part["timestamp"].iloc[0]) - first)) / speed
+    return part, warmup_wall
+
+
+def mean_rps(traffic: pd.DataFrame) -> float:
+    """The profile's mean rate at speed 1: capacity is expressed as this rate times the speed."""
+    span = float(traffic["timestamp"].iloc[-1] - traffic["timestamp"].iloc[0]) if len(traffic) > 1 else 0.0
+    return len(traffic) / span if span > 0 else float(len(traffic))
