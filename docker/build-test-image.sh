@@ -39,7 +39,6 @@ find_site() {
 from tuner.server.install import find_tritonserver
 print(find_tritonserver().root)  # holds pytriton/ and nvidia_pytriton.libs/
 PYEOF
-    [[ -d /tmp/pt/pytriton ]] && { echo /tmp/pt; return; }
     return 1
 }
 SITE=$(find_site) || die "cannot find the nvidia-pytriton wheel; set TUNER_TRITON_SITE"

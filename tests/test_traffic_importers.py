@@ -24,11 +24,11 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import TrafficError
+from tuner.server.install import TritonInstall, find_tritonserver
 from tuner.traffic import import_azure, import_csv, import_triton_trace, read_traffic
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = DATA / "triton_trace_timestamps.json"
-TRITON_DIR = Path(os.environ.get("TUNER_TRITON_DIR", "/tmp/pt"))
 
 MODEL_PY = """
 import os, sys
@@ -64,25 +64,17 @@ def _free_port() -> int:
 
 
 def _record_trace(
-    workdir: Path, http_requests: int = 12, grpc_requests: int = 6, gap_s: float = 0.04, extra: tuple = ()
+    workdir: Path, http_requests: int = 12, grpc_requests: int = 6, gap_s: float = 0.04, extra: tuple = (),
+    install: TritonInstall | None = None,
 ):
     """Start a real tritonserver with tracing, send requests at a known pace, stop it; returns the
-    trace file and the client-side send times per model."""
+    trace file and the client-side send times per model. The server is tuner's own install (the user
+    cache `tuner server install` fills), found or installed by `find_tritonserver`."""
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    server = TRITON_DIR / "pytriton" / "tritonserver"
-    repo, backends, trace = workdir / "repo", workdir / "backends" / "python", workdir / "trace.json"
-    backends.mkdir(parents=True)
-    for src in (server / "backends" / "python").iterdir():
-        (backends / src.name).symlink_to(src)
-    stub = (
-        server
-        / "python_backend_stubs"
-        / f"{sys.version_info[0]}.{sys.version_info[1]}"
-        / "triton_python_backend_stub"
-    )
-    (backends / stub.name).symlink_to(stub)
+    install = install or find_tritonserver()
+    repo, trace = workdir / "repo", workdir / "trace.json"
     for name in ("echo_a", "echo_b"):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(CONFIG.format(name=name))
@@ -90,15 +82,15 @@ def _record_trace(
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
     env = dict(
         os.environ,
-        LD_LIBRARY_PATH=str(TRITON_DIR / "nvidia_pytriton.libs"),
-        TUNER_MODEL_PYTHONPATH=str(Path(np.__file__).parents[1]),
+        LD_LIBRARY_PATH=str(install.lib_dir),
+        TUNER_MODEL_PYTHONPATH=str(install.model_pythonpath),
     )
     cmd = [
-        str(server / "bin" / "tritonserver"),
+        str(install.binary),
         "--model-repository",
         str(repo),
         "--backend-directory",
-        str(backends.parent),
+        str(install.backends_dir),
         "--http-address",
         "127.0.0.1",
         "--grpc-address",
@@ -243,14 +235,15 @@ def test_ensemble_children_are_left_out_unless_asked(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_tritonserver_trace_imports_at_the_clients_pace(tmp_path):
-    trace, sent = _record_trace(tmp_path)
+def test_real_tritonserver_trace_imports_at_the_clients_pace(tmp_path, triton_install):
+    trace, sent = _record_trace(tmp_path, install=triton_install)
     _check_against_sends(import_triton_trace(trace), sent)
 
 
 @pytest.mark.slow
-def test_real_trace_written_in_parts_with_log_frequency(tmp_path):
-    trace, sent = _record_trace(tmp_path, extra=("--trace-config", "triton,log-frequency=5"))
+def test_real_trace_written_in_parts_with_log_frequency(tmp_path, triton_install):
+    trace, sent = _record_trace(tmp_path, extra=("--trace-config", "triton,log-frequency=5"),
+                                install=triton_install)
     assert not trace.exists() and (tmp_path / "trace.json.3").is_file()
     _check_against_sends(import_triton_trace(trace), sent)
 

@@ -1,18 +1,17 @@
-"""The real corpus of Triton config.pbtxt files (shared/corpus/triton-configs), for the config tests.
+"""The real corpus of Triton config.pbtxt files (tests/data/triton-configs: Triton's own, with its
+license), for the config tests.
 
 Without the corpus every corpus test gets the one value `MISSING` and fails saying why (never skips).
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("TUNER_CORPUS") or REPO.parent / "shared" / "corpus" / "triton-configs")
+CORPUS = Path(__file__).resolve().parent / "data" / "triton-configs"
 FILES = sorted(CORPUS.rglob("config.pbtxt")) if CORPUS.is_dir() else []
 # Without the corpus every corpus test gets this one value and fails saying why (never skips).
 MISSING = Path("<corpus missing>")
@@ -29,8 +28,8 @@ SCHEDULING_MESSAGE = re.compile(
 def corpus_file(path: Path) -> Path:
     if path == MISSING:
         pytest.fail(
-            f"the Triton config corpus is not at {CORPUS}: set TUNER_CORPUS to the triton-configs "
-            "directory (CI has shared/ beside the clone)"
+            f"the Triton config corpus is not at {CORPUS} (it is part of the repository: "
+            "is the checkout complete?)"
         )
     return path
 
