@@ -5,7 +5,7 @@
 
 `search_ground_truth.py` runs one TPE study (one seed) against the real server: one draw. This script
 asks how that draw is distributed, with no server: each sampler of `tuner.search.make_sampler` runs
-the study's space (`tuner.search.suggest`, the incumbent enqueued first, the SLA as the constraint)
+the study's space (`tuner.space.suggest`, the incumbent enqueued first, the SLA as the constraint)
 for `--seeds` seeds, and each configuration it proposes is scored from GRID.csv (the grid run's
 `grid-*.csv`). A batch size between two measured batch sizes gets the interpolation (in log2) of
 its neighbours, or 0 when the nearer one missed the SLA. The table: per sampler, the mean and
@@ -26,6 +26,7 @@ import optuna
 import pandas as pd
 
 from tuner import evaluate, search
+from tuner import space as tuner_space
 from tuner.settings import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def run_once(space, table: dict, incumbent: dict, budget: int, optimum: float) -
     best = 0.0
     for _ in range(budget):
         trial = study.ask()
-        params = search.suggest(trial, space)
+        params = tuner_space.suggest(trial, space)
         value = score(table, params[KEYS[0]], params[KEYS[1]])
         trial.set_constraint("sla", -1.0 if value > 0 else 1.0)
         study.tell(trial, value)
@@ -81,9 +82,9 @@ def main() -> int:
     settings = load_study(args.study)
     table = grid_table(Path(args.grid), args.scoring)
     optimum = max(table.values())
-    size = search.grid_size(settings.search)
+    size = tuner_space.grid_size(settings.search)
     budget = max(2, math.floor(args.share * size))
-    incumbent = evaluate.incumbent_params(evaluate.base_config(settings), settings.search)
+    incumbent = tuner_space.from_config(evaluate.base_config(settings), settings.search)
     within = sum(v >= 0.95 * optimum for v in table.values())
     print(f"grid: {len(table)} configurations, optimum {optimum:,.0f} ({args.scoring}), "
           f"{within} within 95 %; budget {budget} trials (the incumbent included), {args.seeds} seeds")

@@ -34,19 +34,21 @@ import optuna
 import pandas as pd
 
 from tuner import evaluate, search
+from tuner import space as tuner_space
 from tuner.cost import price_for
 from tuner.score import Hints
 from tuner.settings import load_study
+from tuner.trial import is_feasible
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_study(settings, evaluate_fn, storage: str, n_trials: int, incumbent: dict) -> optuna.Study:
-    study = search.open_study(settings, storage, incumbent, {"scoring": settings.scoring})
+    study = search.open_study(settings, storage, sampler=search.make_sampler(settings.search), incumbent=incumbent,
+                              metadata={"scoring": settings.scoring, "storage": storage})
     total = n_trials
     with _bar(total, settings.name) as bar:
-        search.run_trials(study, settings, evaluate_fn, n_trials, lock=search.lock_path(storage),
-                          on_trial=lambda _t: bar.update(1))
+        search.run_trials(study, settings, evaluate_fn, n_trials, on_trial=lambda _t: bar.update(1))
     return study
 
 
@@ -61,7 +63,7 @@ def frame(study: optuna.Study) -> pd.DataFrame:
     for t in study.trials:
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
             continue
-        feasible = bool(t.user_attrs.get("feasible"))
+        feasible = is_feasible(t) or (t.state == optuna.trial.TrialState.PRUNED and bool(t.user_attrs.get("feasible")))
         rows.append({"number": t.number, "incumbent": bool(t.user_attrs.get("incumbent")),
                      "state": t.state.name, **t.params, "feasible": feasible,
                      "capacity_rps": t.user_attrs.get("capacity_rps"),
@@ -104,12 +106,12 @@ def main() -> int:
             grid_settings, traffic=dataclasses.replace(grid_settings.traffic, speed=args.speed))
     space = dataclasses.replace(grid_settings.search, sampler="grid", seed=args.seed)
     grid_settings = dataclasses.replace(grid_settings, search=space, output=str(out))
-    size = search.grid_size(space)
+    size = tuner_space.grid_size(space)
     budget = max(2, math.floor(args.share * size))
     base = evaluate.base_config(grid_settings)
-    incumbent = evaluate.incumbent_params(base, space)
+    incumbent = tuner_space.from_config(base, space)
     price = price_for(grid_settings.cost).price_per_hour
-    print(f"space: {search.grid(space)}  ({size} configurations); TPE budget {budget} trials; "
+    print(f"space: {tuner_space.grid(space)}  ({size} configurations); TPE budget {budget} trials; "
           f"price ${price}/h", flush=True)
 
     results: dict = {"study": args.study, "grid_size": size, "tpe_budget": budget, "share": args.share,

@@ -15,10 +15,10 @@ from tuner import modelconfig
 from tuner.audit import AuditResult, Baseline, findings, load_baseline
 from tuner.cli import main
 from tuner.errors import InputError, ServerSetupError
-from tuner.score import TrialResult
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher
 from tuner.settings import load_study
+from tuner.trial import Bracket, Figures, TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
@@ -39,13 +39,13 @@ def deployment(tmp_path_factory, triton_install):
         yield server
 
 
-def write_study(tmp: Path, latency_ms: float = 200.0) -> Path:
+def write_study(tmp: Path, latency_ms: float = 200.0, lag_budget_ms: float = 100.0) -> Path:
     study = {
         "name": "audit",
         "model_repository": str(ROOT / "model_repository_templates"),  # says 64: the audit must not use it
         "model": "encoder_sim",
         "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
-        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": lag_budget_ms},
         "sla": {"latency_ms": latency_ms, "percentile": 99, "max_error_rate": 0.001},
         "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
         "search": {"capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 4}},
@@ -118,6 +118,17 @@ def test_a_deployment_that_misses_its_sla_exits_3(deployment, tmp_path, capsys):
     assert "broken" in out and "misses its SLA" in out
 
 
+def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deployment, tmp_path, capsys):
+    code = main(["audit", str(write_study(tmp_path, lag_budget_ms=0.001)), "--url", deployment.endpoints.http,
+                 "--at-load-only", "--json", str(tmp_path / "audit.json")])
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert code == 1, out + err
+    assert report["outcome"] == "unmeasured" and not report["sla_met"]
+    assert "send lag p99" in out and "raise replay.lag_budget_ms" in out
+    assert report["figures"]["attempts"] == 3  # the measurement step's retry policy ran
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing", "summary.json not found"),
     ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
@@ -149,10 +160,11 @@ def test_a_read_only_remote_never_applies_a_config():
 
 def judged(tmp_path, capacity_rps: float, baseline_rps: float | None, fill: float = 0.8, feasible=True):
     settings = load_study(write_study(tmp_path))
-    result = TrialResult(feasible, -0.5 if feasible else 0.5, capacity_rps, 1.0, {},
-                         attrs={"fill_rate": fill, "mean_batch_size": fill * 8, "monthly_cost": 1000.0,
-                                "latency_p99_ms": 100.0, "error_rate": 0.0, "servers_needed": 1,
-                                "sla_reason": "" if feasible else "p99 300.0 ms > 200 ms"})
+    load = Figures(requests=100, fill_rate=fill, mean_batch_size=fill * 8, latency_ms={"p99": 100.0})
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=feasible,
+                         violation=-0.5 if feasible else 0.5, capacity=Bracket(rps=capacity_rps, speed=1.0),
+                         monthly_cost=1000.0, servers_needed=1,
+                         sla_reason="" if feasible else "p99 300.0 ms > 200 ms")
     baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
     ratio = capacity_rps / baseline_rps if baseline_rps else None
     a = AuditResult("encoder_sim", "x", {"max_batch_size": 8, "max_queue_delay_microseconds": 0}, result, 3.0,

@@ -1,6 +1,6 @@
-"""Outputs of a finished study, from a real journal storage filled by the search loop with an
-injected evaluation: summary keys, recommended config (only tuned fields changed), trials.csv,
-the closing table, and `tuner export` from a directory or a storage."""
+"""Outputs of a finished study, from a real storage filled by the search loop with an injected
+evaluation: summary keys, recommended config (only tuned fields changed), trials.csv, the closing
+table, unmeasured trials, and `tuner export` from a directory or a storage (and where it cannot write)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 
 from tuner import export, modelconfig, search
 from tuner.cli import main
-from tuner.score import Hints, TrialResult
+from tuner.score import Hints
 from tuner.settings import IntRange, study_from_dict
+from tuner.trial import UNMEASURED, Bracket, Figures, TrialRecord
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
@@ -24,39 +25,47 @@ SOURCE = TEMPLATE.read_text().replace("max_batch_size: 64", "max_batch_size: 64 
     "# owner: search team\n")
 
 
-def fake(params: dict, hints: Hints, latency_limit: float = 30.0) -> TrialResult:
+def fake(params: dict, hints: Hints, latency_limit: float = 30.0, unmeasured: tuple = ()) -> TrialRecord:
     b, d = params["max_batch_size"], params["max_queue_delay_microseconds"]
+    if b in unmeasured:
+        return TrialRecord(params=dict(params), outcome=UNMEASURED, note="send lag p99 8.49 ms > budget 5 ms",
+                           at_load=Figures(requests=10, valid=False, send_lag_p99_ms=8.49, attempts=3))
     cap = 100.0 * b / (1.0 + (b / 16.0) ** 2) + d / 1000.0
     p99 = 5.0 + d / 1000.0 + 0.4 * b
     feasible = p99 <= latency_limit
-    attrs = {"latency_p50_ms": p99 / 2, "latency_p95_ms": p99 * 0.9, "latency_p99_ms": p99,
-             "capacity_latency_p99_ms": latency_limit * 0.9, "capacity_latency_p50_ms": 3.0,
-             "fill_rate": 0.3, "capacity_fill_rate": 0.8, "servers_needed": 2, "monthly_cost": 10.0,
-             "queue_ms": 1.0, "capacity_queue_ms": 4.0 + b / 8, "compute_ms": 6.0, "capacity_compute_ms": 9.0,
-             "sla_reason": "" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms"}
-    return TrialResult(feasible, p99 / latency_limit - 1.0, cap, cap / 100.0,
-                       {"capacity": cap * 3600 / 2.0, "utilization": 1e6 / p99}, attrs=attrs)
+    at_load = Figures(requests=100, latency_ms={"p50": p99 / 2, "p95": p99 * 0.9, "p99": p99}, fill_rate=0.3,
+                      queue_ms=1.0, compute_ms=6.0)
+    at_cap = Figures(requests=100, latency_ms={"p50": 3.0, "p99": latency_limit * 0.9}, fill_rate=0.8,
+                     queue_ms=4.0 + b / 8, compute_ms=9.0)
+    return TrialRecord(params=dict(params), at_load=at_load, sla_met=feasible, violation=p99 / latency_limit - 1.0,
+                       capacity=Bracket(rps=cap, speed=cap / 100.0, upper_rps=cap * 1.1, steps=4, converged=True,
+                                        at_capacity=at_cap) if feasible else None,
+                       scores={"capacity": cap * 3600 / 2.0 if feasible else None, "utilization": 1e6 / p99},
+                       servers_needed=2, monthly_cost=10.0,
+                       sla_reason="" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms")
 
 
-def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True) -> optuna.Study:
+def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True, unmeasured: tuple = ()
+               ) -> optuna.Study:
     s = study_from_dict({"name": "exp", "model_repository": str(tmp_path), "model": "encoder_sim",
                          "traffic": {"path": "t.csv"}, "output": str(tmp_path / "out"),
                          "sla": {"latency_ms": latency_limit},
                          "search": {"sampler": "grid", "top_k": 2, "remeasure_repeats": 3}}, base_dir=tmp_path)
     s = dataclasses.replace(s, search=dataclasses.replace(
         s.search, max_batch_size=IntRange(4, 64, log=True), max_queue_delay_microseconds=IntRange(0, 2000, step=1000)))
-    storage = str(tmp_path / "out" / "study.journal")
+    storage = search.storage_url(s)
     base = modelconfig.load(TEMPLATE)
     meta = {"scoring": "capacity", "model": "encoder_sim", "storage": storage, "study_file": "study.yaml",
             "base_config": modelconfig.to_text(base), "base_config_source": SOURCE,
             "preferred_batch_size": "none",
             "sla": dataclasses.asdict(s.sla), "traffic": {"path": "bursty.csv", "speed": 1.0},
-            "price": {"price_per_hour": 2.0}}
-    study = search.open_study(s, storage, {"max_batch_size": 64, "max_queue_delay_microseconds": 0}, meta)
-    search.run_trials(study, s, lambda p, h: fake(p, h, latency_limit), n_trials=1000)
+            "price": {"price_per_hour": 2.0}, "lag_budget_ms": 5.0}
+    study = search.open_study(s, storage, sampler=search.make_sampler(s.search),
+                              incumbent={"max_batch_size": 64, "max_queue_delay_microseconds": 0}, metadata=meta)
+    search.run_trials(study, s, lambda p, h: fake(p, h, latency_limit, unmeasured), n_trials=1000)
     if remeasure:
-        remeasured = search.remeasure(study, lambda p, h: fake(p, h, latency_limit), s)
-        study.set_user_attr("remeasured", [search.remeasured_as_dict(r) for r in remeasured])
+        repeats = search.remeasure(study, lambda p, h: fake(p, h, latency_limit), s)
+        study.set_user_attr("remeasured", [search.repeats_as_dict(r) for r in repeats])
     return study
 
 
@@ -147,10 +156,11 @@ def test_export_command_from_a_directory_and_from_a_storage(tmp_path, capsys):
     assert main(["export", str(out)]) == 0
     assert modelconfig.load(out / "recommended" / "config.pbtxt").max_batch_size == 16
     target = tmp_path / "elsewhere" / "config.pbtxt"
-    assert main(["export", "--storage", str(out / "study.journal"), "--study", "exp", "-o", str(target)]) == 0
+    url = f"sqlite:///{out / 'study.db'}"
+    assert main(["export", "--storage", url, "--study", "exp", "-o", str(target)]) == 0
     assert modelconfig.load(target).max_batch_size == 16
     capsys.readouterr()
-    assert main(["export", "--storage", str(out / "study.journal")]) == 0
+    assert main(["export", "--storage", url]) == 0
     assert "max_batch_size: 16" in capsys.readouterr().out
 
 
@@ -158,7 +168,37 @@ def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing")]) == 2
     assert main(["export", "--storage", str(tmp_path / "none.journal")]) == 2
     make_study(tmp_path)
-    assert main(["export", "--storage", str(tmp_path / "out" / "study.journal"), "--study", "nope"]) == 2
+    assert main(["export", "--storage", f"sqlite:///{tmp_path / 'out' / 'study.db'}", "--study", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert all(line.startswith("tuner: error: ") for line in err) and len(err) == 3
     assert "no study named 'nope'" in err[-1]
+
+
+@pytest.mark.parametrize("where, message", [
+    ("dir", "is a directory (give a file name)"),
+    ("proc", "cannot write there"),
+    ("long", "File name too long"),
+])
+def test_export_to_a_place_it_cannot_write_is_one_line_and_exit_2(tmp_path, capsys, where, message):
+    make_study(tmp_path)
+    target = {"dir": tmp_path, "proc": Path("/proc/tuner-export/config.pbtxt"),
+              "long": tmp_path / ("x" * 300)}[where]
+    assert main(["export", str(tmp_path / "out"), "-o", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error: -o ") and message in err and err.count("\n") == 1, err
+
+
+def test_unmeasured_trials_are_listed_with_their_reason_and_never_scored(tmp_path):
+    study = make_study(tmp_path, unmeasured=(8,))
+    summary = export.write_outputs(study, tmp_path / "out")
+    assert summary["trials"]["unmeasured"] == 3 and summary["trials"]["failed"] == 0
+    listed = summary["unmeasured"]
+    assert {u["params"]["max_batch_size"] for u in listed} == {8}
+    assert all(u["send_lag_p99_ms"] == pytest.approx(8.49) and "send lag" in u["reason"] for u in listed)
+    assert summary["best"]["params"]["max_batch_size"] == 16  # decided on the measured trials
+    table = export.closing_table(summary)
+    assert "unmeasured: 3 trial(s)" in table and "send lag p99 8.49 ms" in table
+    trials = pd.read_csv(tmp_path / "out" / "trials.csv")
+    assert not trials.loc[trials["outcome"] == "unmeasured", "feasible"].any()
+    advice = export.unmeasured_advice(summary)
+    assert "raise replay.lag_budget_ms" in advice and "8.49 ms against a budget of 5 ms" in advice

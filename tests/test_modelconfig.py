@@ -15,9 +15,8 @@ import pytest
 from google.protobuf import text_format
 from triton_corpus import CORPUS, FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.errors import ConfigError, ServerSetupError
-from tuner.modelconfig import SchedulingParams
 from tuner.server.local import LocalLauncher
 
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
@@ -231,97 +230,7 @@ def test_unnamed_config_is_named_after_its_directory():
         modelconfig.validate(config, "repo/resnet/config.pbtxt")
 
 
-# --- --set ---------------------------------------------------------------------------------------
-
-
-def test_parse_assignments_all_keys():
-    params = modelconfig.parse_assignments(
-        [
-            "max_batch_size=16",
-            "max_queue_delay_microseconds=2000",
-            "preferred_batch_size=4, 8",
-            "instance_group.count=2",
-        ]
-    )
-    assert params == SchedulingParams(16, 2000, (4, 8), 2)
-    assert modelconfig.parse_assignments(
-        ["dynamic_batching.max_queue_delay_microseconds=0", "instance_count=1"]
-    ) == (SchedulingParams(max_queue_delay_microseconds=0, instance_count=1))
-
-
-@pytest.mark.parametrize(
-    "items,named",
-    [
-        (["max_batch=8"], "'max_batch'"),
-        (["max_batch_size"], "KEY=VALUE"),
-        (["max_batch_size=eight"], "'eight' is not an integer"),
-        (["max_batch_size=-1"], "max_batch_size=-1"),
-        (["max_batch_size=4294967296"], "max_batch_size=4294967296"),
-        (["max_queue_delay_microseconds=1.5"], "'1.5'"),
-        (["preferred_batch_size=4,x"], "'x'"),
-        (["preferred_batch_size=0"], "preferred_batch_size=0"),
-        (["preferred_batch_size="], "comma list"),
-        (["instance_count=0"], "instance_count=0"),
-        (["max_batch_size=8", "max_batch_size=4"], "more than once"),
-    ],
-)
-def test_parse_assignments_rejects_by_name(items, named):
-    with pytest.raises(ConfigError) as exc:
-        modelconfig.parse_assignments(items)
-    assert named in str(exc.value)
-
-
-# --- apply_params and diff_fields ----------------------------------------------------------------
-
-
-def _changed(a, b) -> dict[str, tuple]:
-    return {path: (x, y) for path, x, y in modelconfig.diff_fields(a, b)}
-
-
-def test_apply_changes_only_named_fields_and_leaves_input_alone():
-    base = with_base(
-        """
-        dynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 priority_levels: 2 default_priority_level: 1 }
-        instance_group [ { kind: KIND_CPU count: 1 }, { kind: KIND_GPU gpus: [0] count: 2 } ]
-        parameters { key: "k" value { string_value: "v" } }
-        """
-    )
-    before = modelconfig.to_text(base)
-    new = modelconfig.apply_params(base, SchedulingParams(16, 500, (8, 16), 3))
-    assert modelconfig.to_text(base) == before
-    assert _changed(base, new) == {
-        "max_batch_size": (8, 16),
-        "dynamic_batching.max_queue_delay_microseconds": (100, 500),
-        "dynamic_batching.preferred_batch_size": ([2, 4], [8, 16]),
-        "instance_group[0].count": (1, 3),
-        "instance_group[1].count": (2, 3),
-    }
-    assert modelconfig.apply_params(base, SchedulingParams()) == base
-
-
-def test_apply_creates_blocks_that_are_missing():
-    base = modelconfig.parse('name: "m" max_batch_size: 8', "x")
-    new = modelconfig.apply_params(base, SchedulingParams(max_queue_delay_microseconds=0, instance_count=2))
-    assert new.HasField("dynamic_batching")  # present even with a zero delay
-    assert _changed(base, new) == {"dynamic_batching": (None, {}), "instance_group[0].count": (None, 2)}
-    assert new.instance_group[0].kind == 0  # KIND_AUTO: left to Triton
-
-
-def test_smaller_max_batch_size_drops_preferred_sizes_that_no_longer_fit():
-    # What Triton's auto-complete reports back: preferred_batch_size = [max_batch_size].
-    base = modelconfig.parse("max_batch_size: 32 dynamic_batching { preferred_batch_size: [4, 32] }", "x")
-    new = modelconfig.apply_params(base, SchedulingParams(max_batch_size=8))
-    assert list(new.dynamic_batching.preferred_batch_size) == [4]
-    modelconfig.validate(new, "x")
-    explicit = modelconfig.apply_params(base, SchedulingParams(max_batch_size=8, preferred_batch_size=(8,)))
-    assert list(explicit.dynamic_batching.preferred_batch_size) == [8]
-
-
-def test_apply_refuses_to_replace_the_sequence_batcher():
-    base = modelconfig.parse('name: "seq" max_batch_size: 8 sequence_batching { }', "x")
-    with pytest.raises(ConfigError, match="seq uses sequence_batching"):
-        modelconfig.apply_params(base, SchedulingParams(max_queue_delay_microseconds=10))
-    assert modelconfig.apply_params(base, SchedulingParams(max_batch_size=4)).max_batch_size == 4
+# --- diff_fields ------------------------------------------------------------------------------------
 
 
 def test_diff_fields_covers_maps_enums_and_lists():
@@ -387,7 +296,7 @@ def test_scheduling_table_lists_the_tuned_fields():
 
 # --- agreement with a real Triton ----------------------------------------------------------------
 # The rules above are Triton's own wording; here a real tritonserver (2.51, the nvidia-pytriton
-# wheel) refuses each broken config with the same message, and accepts what apply_params makes of
+# wheel) refuses each broken config with the same message, and accepts what tuner.space.apply makes of
 # the config it reports back (auto-completed preferred_batch_size included).
 
 IDENTITY_MODEL = """
@@ -460,16 +369,17 @@ def test_triton_refuses_what_validate_rejects_in_the_same_words(triton, extra):
 @pytest.mark.parametrize(
     "params",
     [
-        SchedulingParams(max_batch_size=8),  # below the auto-completed preferred size [32]
-        SchedulingParams(max_batch_size=16, max_queue_delay_microseconds=1500, instance_count=2),
-        SchedulingParams(max_batch_size=64, preferred_batch_size=(16, 64)),
+        {"max_batch_size": 8},  # below the auto-completed preferred size [32]
+        {"max_batch_size": 16, "max_queue_delay_microseconds": 1500, "instance_count": 2},
+        {"max_batch_size": 64, "preferred_batch_size": (16, 64)},
+        {"max_batch_size": 16, "max_queue_size": 40},
     ],
-    ids=["smaller-max", "max-delay-count", "larger-max-preferred"],
+    ids=["smaller-max", "max-delay-count", "larger-max-preferred", "bounded-queue"],
 )
-def test_triton_accepts_apply_params_over_its_own_read_back(triton, params):
+def test_triton_accepts_what_the_space_writes_over_its_own_read_back(triton, params):
     running = triton.model_config("ident")
     assert list(running.dynamic_batching.preferred_batch_size) == [running.max_batch_size]  # auto-complete
-    wanted = modelconfig.apply_params(running, params)
+    wanted = space.apply(running, params)
     modelconfig.validate(wanted, "wanted")
     got = triton.apply_config("ident", wanted)
     # Triton's own JSON (64-bit fields as numbers) through from_json gives the same config.
@@ -482,9 +392,6 @@ def test_triton_accepts_apply_params_over_its_own_read_back(triton, params):
     changed = {path for path, _, _ in modelconfig.diff_fields(wanted, got)}
     # The only field Triton adds back is the preferred size it auto-completes from max_batch_size.
     assert changed <= {"dynamic_batching.preferred_batch_size"}, changed
-    assert got.max_batch_size == params.max_batch_size
-    if params.max_queue_delay_microseconds is not None:
-        assert got.dynamic_batching.max_queue_delay_microseconds == params.max_queue_delay_microseconds
-    if params.instance_count is not None:
-        assert [g.count for g in got.instance_group] == [params.instance_count]
+    assert {k: v for k, v in space.deployed(got).items() if k in params and k != "preferred_batch_size"} == \
+        {k: v for k, v in params.items() if k != "preferred_batch_size"}
     triton.apply_config("ident", modelconfig.parse(IDENTITY_CONFIG, "ident"))  # back to the base

@@ -19,7 +19,7 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import SettingsError, TrafficError
-from tuner.nightly import drift, history, intake, lock, rundir
+from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
 from tuner.nightly.job import SearchResult, run_night
 from tuner.nightly.settings import load_nightly
@@ -39,7 +39,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 
 
 def R(arm, rpd, ok=True, valid=True, note=""):
-    return d.Replay(arm, ok, rpd, latency_ms=10.0, valid=valid, note=note)
+    return d.ArmResult(arm, ok, rpd, latency_ms=10.0, valid=valid, note=note)
 
 
 def test_every_pair_needs_the_margin_in_every_pair():
@@ -85,11 +85,17 @@ def test_production_failing_but_candidate_meeting_is_a_change():
     assert got.decision == "change" and all(math.isinf(g) for g in got.gains)
 
 
-def test_invalid_replay_or_too_few_pairs_keeps():
-    pairs = [(R("production", 100), R("candidate", 200)) for _ in range(3)]
+def test_an_unmeasured_pair_is_left_out_and_too_few_measured_pairs_keep():
+    pairs = [(R("production", 100), R("candidate", 200)) for _ in range(4)]
     pairs[1] = (R("production", 100), R("candidate", 200, valid=False, note="send lag"))
-    assert "inconclusive" in d.decide(pairs).reason
+    decided = d.decide(pairs, min_pairs=3)  # three pairs measured: the rule decides on them
+    assert decided.decision == "change" and len(decided.gains) == 3
+    assert d.pair_gains(pairs)[1] is None and d.pair_gains(pairs)[0] == pytest.approx(1.0)
+    kept = d.decide(pairs[:3], min_pairs=3)
+    assert kept.decision == "keep" and "2 of 3 pairs measured" in kept.reason and "pair(s) 2 could not" in kept.reason
     assert d.decide(pairs[:2]).decision == "keep"
+    table = summary.confirmation_table(pairs)
+    assert "| 2 | - | - | unmeasured |" in table
 
 
 # --- drift -----------------------------------------------------------------------------------------
@@ -147,7 +153,7 @@ def test_history_appends_and_skips_a_torn_line(tmp_path):
     nights = history.read_history(tmp_path)
     assert [n["night"] for n in nights] == ["n1", "n2"]
     table = history.format_history(nights)
-    assert "+12.0%" in table and "mbs=8" in table and "rate_rps" in table
+    assert "+12.0%" in table and "batch 8" in table and "rate_rps" in table
     assert history.format_history([]) == "no nights recorded yet"
 
 
@@ -284,7 +290,7 @@ class TableEngine:
         if self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
         self.replays.append(arm)
-        return d.Replay(arm, True, self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
+        return d.ArmResult(arm, True, self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
 
 
 def _factory(engine):
@@ -395,7 +401,7 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
     assert main(["nightly", "--history", str(nightly)]) == 0
     out = capsys.readouterr().out
-    assert "change" in out and "mbs=16" in out and "night" in out
+    assert "change" in out and "batch 16" in out and "night" in out
     assert main(["nightly", "--history", str(tmp_path / "out")]) == 0
     (tmp_path / "broken.yaml").write_text("study: [\n")
     assert main(["nightly", str(tmp_path / "broken.yaml")]) == 2

@@ -98,7 +98,7 @@ def test_load_output_reads_what_tuner_tune_wrote(output_dir: Path) -> None:
     csv = pd.read_csv(output_dir / "trials.csv")
     assert len(out.trials) == len(csv) == 5
     assert out.study is not None and len(out.study.trials) == len(csv)
-    assert out.storage_url == str(output_dir / "study.journal")
+    assert out.storage_url == f"sqlite:///{output_dir / 'study.db'}"
     assert {"max_batch_size", "max_queue_delay_microseconds"} <= set(out.params)
     assert out.trials["feasible"].dtype == bool and out.trials["feasible"].any()
     assert out.trials.loc[out.trials["feasible"], "latency_p99_ms"].max() <= out.sla["latency_ms"]
@@ -188,7 +188,7 @@ def _tuner(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_cli_writes_the_report_finding_the_storage_in_the_directory(output_dir: Path, tmp_path: Path) -> None:
-    keep = ("summary.json", "trials.csv", "recommended", "incumbent", "study.journal", "records")
+    keep = ("summary.json", "trials.csv", "recommended", "incumbent", "study.db", "records")
     copy = _copy(output_dir, tmp_path / "copy", keep)
     summary = json.loads((copy / "summary.json").read_text())
     del summary["storage"], summary["study_name"]
@@ -203,7 +203,7 @@ def test_cli_writes_the_report_finding_the_storage_in_the_directory(output_dir: 
 
 @pytest.mark.slow
 def test_report_of_a_study_where_nothing_met_the_sla(output_dir: Path, tmp_path: Path) -> None:
-    copy = _copy(output_dir, tmp_path / "none", ("summary.json", "trials.csv", "study.journal"))
+    copy = _copy(output_dir, tmp_path / "none", ("summary.json", "trials.csv", "study.db"))
     summary = json.loads((copy / "summary.json").read_text())
     summary["best"], summary["improvement"] = None, None
     (copy / "summary.json").write_text(json.dumps(summary))

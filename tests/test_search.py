@@ -1,24 +1,30 @@
-"""The Optuna loop with a real journal storage and an injected evaluation (a pure function of the
-configuration, like httpx's MockTransport): incumbent first, SLA constraint, pruning, grid ground
-truth, resume after Ctrl-C, a dead worker's trial, two worker processes, re-measurement."""
+"""The Optuna loop with a real storage (SQLite by default, a journal file of earlier versions) and an
+injected evaluation (a pure function of the configuration, like httpx's MockTransport): incumbent
+first, SLA constraint, pruning, grid ground truth, unmeasured trials, resume after Ctrl-C, a worker
+killed mid-trial (Optuna's heartbeat), two worker processes, re-measurement."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
+import pathlib
+import pickle
+import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import search
+from tuner import search, space
 from tuner.errors import ServerSetupError, SettingsError
-from tuner.score import Hints, TrialResult
+from tuner.score import Hints
 from tuner.settings import IntRange, SearchSettings, study_from_dict
+from tuner.trial import UNMEASURED, Bracket, Figures, TrialRecord
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -65,39 +71,44 @@ class FakeEvaluation:
         interrupt_at: int | None = None,
         noise: dict | None = None,
         fail_config: int | None = None,
+        unmeasured: set[int] = frozenset(),
     ):
         self.latency_ms = latency_ms
         self.interrupt_at = interrupt_at
         self.noise = noise or {}
         self.fail_config = fail_config
+        self.unmeasured = unmeasured  # max_batch_size values the "load generator" cannot replay on time
         self.calls: list[tuple[dict, Hints]] = []
 
-    def __call__(self, params: dict, hints: Hints) -> TrialResult:
+    def __call__(self, params: dict, hints: Hints) -> TrialRecord:
         self.calls.append((params, hints))
         if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
             raise KeyboardInterrupt
         if self.fail_config is not None and params["max_batch_size"] == self.fail_config:
             raise ServerSetupError("config refused by Triton: preferred size must be <= max batch size")
+        at_load = Figures(requests=100, latency_ms={"p99": latency_of(params)}, fill_rate=0.5,
+                          send_lag_p99_ms=0.2)
+        if params["max_batch_size"] in self.unmeasured:
+            return TrialRecord(params=dict(params), outcome=UNMEASURED, at_load=dataclasses.replace(
+                at_load, valid=False, send_lag_p99_ms=9.0, attempts=3),
+                note="send lag p99 9.00 ms > budget 5 ms: the load generator was the bottleneck")
         factors = self.noise.get(params["max_batch_size"], [1.0])
         seen = sum(p["max_batch_size"] == params["max_batch_size"] for p, _ in self.calls) - 1
         cap = capacity_of(params) * factors[seen % len(factors)]
         violation = latency_of(params) / self.latency_ms - 1.0
         pruned = hints.beat_rps is not None and cap <= hints.beat_rps
-        return TrialResult(
-            feasible=violation <= 0,
-            violation=violation,
-            capacity_rps=cap,
-            capacity_speed=cap / 10.0,
+        return TrialRecord(
+            params=dict(params), at_load=at_load, sla_met=violation <= 0, violation=violation,
+            capacity=Bracket(rps=cap, speed=cap / 10.0, upper_rps=cap * 1.1, steps=3, converged=True),
             scores={"capacity": cap * 3600 / 0.1, "utilization": 1e6 / latency_of(params)},
             pruned=pruned,
-            attrs={"latency_ms_p99": latency_of(params), "fill_rate": 0.5},
         )
 
 
 class SlowFakeEvaluation(FakeEvaluation):
     """Takes a little time per trial, so that two workers overlap."""
 
-    def __call__(self, params: dict, hints: Hints) -> TrialResult:
+    def __call__(self, params: dict, hints: Hints) -> TrialRecord:
         time.sleep(0.5)
         return super().__call__(params, hints)
 
@@ -107,8 +118,8 @@ def fake_session(latency_ms: float = 30.0):
     yield SlowFakeEvaluation(latency_ms)
 
 
-def best_in_grid(space: SearchSettings, latency_ms: float = 30.0) -> float:
-    g = search.grid(space)
+def best_in_grid(search_settings: SearchSettings, latency_ms: float = 30.0) -> float:
+    g = space.grid(search_settings)
     values = [
         capacity_of({"max_batch_size": b, "max_queue_delay_microseconds": d})
         for b in g["max_batch_size"]
@@ -118,16 +129,17 @@ def best_in_grid(space: SearchSettings, latency_ms: float = 30.0) -> float:
     return max(values)
 
 
-def new_study(s, storage, incumbent=INCUMBENT):
-    return search.open_study(s, storage, incumbent, {"scoring": s.scoring})
+def new_study(s, storage=None, incumbent=INCUMBENT):
+    storage = storage or search.storage_url(s)
+    return search.open_study(s, storage, sampler=search.make_sampler(s.search), incumbent=incumbent,
+                             metadata={"scoring": s.scoring, "storage": storage})
 
 
 def test_incumbent_first_constraint_recorded_and_trial_budget_kept(tmp_path):
     s = settings(tmp_path, trials=6)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     fake = FakeEvaluation()
-    search.run_trials(study, s, fake, n_trials=6, lock=search.lock_path(storage))
+    search.run_trials(study, s, fake, n_trials=6)
     trials = study.get_trials()
     assert fake.calls[0][0] == INCUMBENT and trials[0].user_attrs["incumbent"] is True
     assert len(trials) == 6 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
@@ -140,14 +152,13 @@ def test_incumbent_first_constraint_recorded_and_trial_budget_kept(tmp_path):
 
 def test_grid_is_exhaustive_and_finds_the_optimum(tmp_path):
     s = settings(tmp_path, sampler="grid")
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     # no pruning in the ground truth: every configuration gets its full capacity search
     fake = FakeEvaluation()
     search.run_trials(
-        study, s, lambda p, h: fake(p, Hints(h.start_speed)), n_trials=10_000, lock=search.lock_path(storage)
+        study, s, lambda p, h: fake(p, Hints(h.start_speed)), n_trials=10_000
     )
-    size = search.grid_size(s.search)
+    size = space.grid_size(s.search)
     assert size == 7 * 5
     configs = {tuple(sorted(t.params.items())) for t in study.trials if not t.user_attrs.get("incumbent")}
     assert len(configs) == size
@@ -156,19 +167,17 @@ def test_grid_is_exhaustive_and_finds_the_optimum(tmp_path):
 
 def test_tpe_gets_near_the_optimum_measuring_a_quarter_of_the_grid(tmp_path):
     s = settings(tmp_path, trials=9)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
-    search.run_trials(study, s, FakeEvaluation(), n_trials=9, lock=search.lock_path(storage))
-    assert len(study.trials) <= 0.26 * search.grid_size(s.search)
+    study = new_study(s)
+    search.run_trials(study, s, FakeEvaluation(), n_trials=9)
+    assert len(study.trials) <= 0.26 * space.grid_size(s.search)
     best = search.top_trials(study, 1)[0]
     assert best.user_attrs["capacity_rps"] >= 0.95 * best_in_grid(s.search)
 
 
 def test_pruning_stops_trials_that_cannot_beat_the_best(tmp_path):
     s = settings(tmp_path, trials=12)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
-    search.run_trials(study, s, FakeEvaluation(), n_trials=12, lock=search.lock_path(storage))
+    study = new_study(s)
+    search.run_trials(study, s, FakeEvaluation(), n_trials=12)
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
     assert pruned, "some configurations worse than the best should have been pruned"
     best = max(t.user_attrs["capacity_rps"] for t in study.trials if t.state == TrialState.COMPLETE)
@@ -177,83 +186,154 @@ def test_pruning_stops_trials_that_cannot_beat_the_best(tmp_path):
 
 def test_utilization_scoring_does_not_prune_on_capacity(tmp_path):
     s = settings(tmp_path, trials=8, scoring="utilization")
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     fake = FakeEvaluation()
-    search.run_trials(study, s, fake, n_trials=8, lock=search.lock_path(storage))
+    search.run_trials(study, s, fake, n_trials=8)
     assert all(h.beat_rps is None for _, h in fake.calls)
     assert study.best_value == pytest.approx(study.best_trial.user_attrs["score_utilization"])
 
 
 def test_interrupted_trial_is_failed_then_retried_and_no_finished_trial_is_lost(tmp_path):
     s = settings(tmp_path, trials=7)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     with pytest.raises(KeyboardInterrupt):
-        search.run_trials(
-            study, s, FakeEvaluation(interrupt_at=4), n_trials=7, lock=search.lock_path(storage)
-        )
+        search.run_trials(study, s, FakeEvaluation(interrupt_at=4), n_trials=7)
     before = {t.number: t.params for t in study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))}
     (failed,) = study.get_trials(states=(TrialState.FAIL,))
     assert len(before) == 3 and failed.user_attrs["error"] == "interrupted"
 
-    again = new_study(s, storage)  # the same command, run again
-    assert search.recover(again, search.lock_path(storage)) == [failed.number]
+    again = new_study(s)  # the same command, run again
+    assert search.requeue_interrupted(again) == [failed.number]
     fake = FakeEvaluation()
-    search.run_trials(again, s, fake, n_trials=7, lock=search.lock_path(storage))
+    search.run_trials(again, s, fake, n_trials=7)
     assert fake.calls[0][0] == failed.params  # the interrupted configuration is measured first
     done = {t.number: t.params for t in again.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))}
     assert len(done) == 7 and all(done[n] == p for n, p in before.items())
-    assert search.recover(again, search.lock_path(storage)) == []  # retried once only
+    assert search.requeue_interrupted(again) == []  # retried once only
 
 
-def test_a_dead_process_trial_is_failed_and_retried(tmp_path):
+def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_retried(tmp_path):
     s = settings(tmp_path, trials=3)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
-    trial = study.ask()
-    search.suggest(trial, s.search)
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
-    )
+    journal = tmp_path / "out" / "study.journal"
+    first = new_study(s, str(journal))
+    search.run_trials(first, s, FakeEvaluation(), n_trials=2)
+    assert search.storage_url(s) == str(journal)  # the output directory's journal is kept
+    trial = first.ask()
+    space.suggest(trial, s.search)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
     trial.set_user_attr("host", __import__("socket").gethostname())
     trial.set_user_attr("pid", int(dead.stdout))
-    assert search.recover(study, None) == [trial.number]
-    assert study.trials[trial.number].state == TrialState.FAIL
+    again = new_study(s, str(journal))
+    assert search.requeue_interrupted(again) == [trial.number]  # no heartbeat in a journal: the pid tells
+    assert again.trials[trial.number].state == TrialState.FAIL
+    search.run_trials(again, s, FakeEvaluation(), n_trials=3)
+    assert search.counts(again)["complete"] + search.counts(again)["pruned"] == 3
 
 
 def test_a_refused_configuration_fails_its_trial_and_the_study_goes_on(tmp_path):
     s = settings(tmp_path, trials=6, sampler="random")
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage, incumbent={"max_batch_size": 2, "max_queue_delay_microseconds": 0})
-    search.run_trials(study, s, FakeEvaluation(fail_config=2), n_trials=6, lock=search.lock_path(storage))
+    study = new_study(s, incumbent={"max_batch_size": 2, "max_queue_delay_microseconds": 0})
+    search.run_trials(study, s, FakeEvaluation(fail_config=2), n_trials=6)
     failed = study.get_trials(states=(TrialState.FAIL,))
     assert failed and failed[0].user_attrs["error_kind"] == "config"
     assert search.finished_count(study) == 6
-    assert search.recover(study, None) == []  # the server refused it: not retried
+    assert search.requeue_interrupted(study) == []  # the server refused it: not retried
+
+
+def test_unmeasured_trials_are_failed_not_infeasible_and_the_study_goes_on(tmp_path):
+    s = settings(tmp_path, trials=8, sampler="grid")
+    s = dataclasses.replace(s, search=dataclasses.replace(
+        s.search, max_batch_size=IntRange(1, 8, log=True), max_queue_delay_microseconds=IntRange(0, 1000, step=1000)))
+    study = new_study(s)
+    search.run_trials(study, s, FakeEvaluation(unmeasured={2, 8}), n_trials=100)
+    unmeasured = [t for t in study.trials if t.user_attrs.get("outcome") == UNMEASURED]
+    assert {t.params["max_batch_size"] for t in unmeasured} == {2, 8}
+    assert all(t.state == TrialState.FAIL and not t.constraints and "send lag" in t.user_attrs["note"]
+               for t in unmeasured)
+    counts = search.counts(study)
+    assert counts["unmeasured"] == 4 and counts["failed"] == 0 and counts["feasible"] == counts["complete"] - 0
+    best = search.best_trial(study)
+    assert best is not None and best.params["max_batch_size"] == 4  # decided on the measured ones
+
+
+def test_every_trial_unmeasured_ends_the_study_without_a_loop(tmp_path):
+    s = settings(tmp_path, trials=5, sampler="random")
+    study = new_study(s)
+    fake = FakeEvaluation(unmeasured=set(range(1, 65)))
+    search.run_trials(study, s, fake, n_trials=5)
+    assert len(fake.calls) == 5 and search.counts(study)["unmeasured"] == 5 and search.best_trial(study) is None
 
 
 def test_two_worker_processes_share_the_storage_without_duplicates_or_losses(tmp_path):
     s = settings(tmp_path, trials=10, sampler="random")
-    storage = str(tmp_path / "study.journal")
-    study, remeasured = search.tune(
-        s,
-        fake_session,
-        storage,
-        n_trials=10,
-        workers=2,
-        incumbent=INCUMBENT,
-        metadata={"scoring": "capacity"},
-        progress=False,
-    )
+    study = new_study(s)
+    search.run_workers(s, fake_session, search.storage_url(s), 10, workers=2)
     trials = study.get_trials()
     assert sorted(t.number for t in trials) == list(range(len(trials)))
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    assert len(trials) == 10
+    assert 10 <= len(trials) <= 11  # Optuna's budget check runs after each trial: one extra at most
     assert len({t.user_attrs["pid"] for t in trials}) == 2 and os.getpid() not in {
         t.user_attrs["pid"] for t in trials
     }
-    assert study.user_attrs["remeasured"] and remeasured
+
+
+_WORKER = """
+import pickle, sys, optuna
+sys.path.insert(0, sys.argv[3])
+from test_search import SlowFakeEvaluation
+from tuner import search
+s = pickle.loads(open(sys.argv[1], "rb").read())
+study = optuna.load_study(study_name=s.name, storage=search.open_storage(sys.argv[2], s.search),
+                          sampler=search.make_sampler(s.search))
+search.run_trials(study, s, SlowFakeEvaluation(), 100)
+"""
+
+
+def test_a_worker_killed_mid_trial_is_retried_by_the_other_after_the_grace_period(tmp_path):
+    s = settings(tmp_path, sampler="grid", trials=100)
+    search_settings = dataclasses.replace(
+        s.search, max_batch_size=IntRange(1, 4, log=True), max_queue_delay_microseconds=IntRange(0, 2000, step=1000),
+        heartbeat_s=1, grace_period_s=3)
+    s = dataclasses.replace(s, search=search_settings)
+    study = new_study(s, incumbent=None)
+    url = search.storage_url(s)
+    (tmp_path / "settings.pickle").write_bytes(pickle.dumps(s))
+    tests_dir = str(pathlib.Path(__file__).parent)
+    logs = [open(tmp_path / f"worker-{i}.log", "w+") for i in range(2)]
+    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path / "settings.pickle"), url, tests_dir],
+                                stdout=log, stderr=subprocess.STDOUT) for log in logs]
+    try:
+        deadline = time.monotonic() + 30
+        victim = None
+        while victim is None and time.monotonic() < deadline:  # kill -9 the first worker with a trial running
+            for t in study.get_trials(states=(TrialState.RUNNING,)):
+                if t.user_attrs.get("pid") == workers[0].pid and t.params:  # drawn, being measured
+                    victim = t
+            time.sleep(0.05)
+        assert victim is not None, "the first worker never ran a trial"
+        workers[0].send_signal(signal.SIGKILL)
+        assert workers[1].wait(timeout=90) == 0, (tmp_path / "worker-1.log").read_text()[-2000:]
+    finally:
+        for w, log in zip(workers, logs, strict=True):
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+            log.close()
+    trials = study.get_trials()
+    killed = study.trials[victim.number]
+    assert killed.state == TrialState.FAIL
+    complete = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    measured = sorted(tuple(sorted(t.params.items())) for t in complete)
+    grid = sorted(tuple(sorted({"max_batch_size": b, "max_queue_delay_microseconds": d}.items()))
+                  for b in (1, 2, 4) for d in (0, 1000, 2000))
+    assert measured == grid  # every configuration measured exactly once, the killed one included
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = [t for t in complete
+                 if optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) == killed.number]
+    assert len(retry) == 1 and retry[0].params == killed.params  # run again by the surviving worker
+    assert retry[0].user_attrs["pid"] == workers[1].pid
 
 
 def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
@@ -264,8 +344,7 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
             s.search, max_batch_size=IntRange(16, 32, log=True), max_queue_delay_microseconds=IntRange(0, 0)
         ),
     )
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     search.run_trials(study, s, lambda p, h: FakeEvaluation()(p, Hints()), n_trials=100)
     # 32 wins the search, but one of its re-measurements was a lucky outlier: 16 is better by median
     noisy = FakeEvaluation(noise={32: [0.5, 0.5, 3.0], 16: [1.0]})
@@ -281,38 +360,12 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
 
 def test_no_configuration_meets_the_sla(tmp_path):
     s = settings(tmp_path, trials=5, latency_ms=1.0)
-    storage = str(tmp_path / "study.journal")
-    study = new_study(s, storage)
+    study = new_study(s)
     search.run_trials(study, s, FakeEvaluation(latency_ms=1.0), n_trials=5)
     assert search.top_trials(study, 3) == []
     fake = FakeEvaluation(latency_ms=1.0)
     assert search.remeasure(study, fake, s) == [] and fake.calls == []
     assert search.recommend([]) is None
-
-
-def test_grid_walks_log_ranges_in_powers_of_two():
-    space = SearchSettings(
-        max_batch_size=IntRange(3, 40, log=True),
-        max_queue_delay_microseconds=IntRange(0, 1000, step=500),
-        preferred_batch_size="search",
-        instance_count=IntRange(1, 2),
-    )
-    g = search.grid(space)
-    assert g["max_batch_size"] == [3, 4, 8, 16, 32, 40]
-    assert g["max_queue_delay_microseconds"] == [0, 500, 1000]
-    assert search.grid_size(space) == 6 * 3 * 3 * 2
-
-
-def test_grid_per_octave_refines_log_ranges_only():
-    space = SearchSettings(
-        max_batch_size=IntRange(1, 64, log=True),
-        max_queue_delay_microseconds=IntRange(0, 1000, step=500),
-        grid_per_octave=2,
-    )
-    g = search.grid(space)
-    assert g["max_batch_size"] == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64]
-    assert g["max_queue_delay_microseconds"] == [0, 500, 1000]
-    assert search.grid_size(space) == 12 * 3
 
 
 def test_grid_per_octave_must_be_positive(tmp_path):
@@ -321,14 +374,47 @@ def test_grid_per_octave_must_be_positive(tmp_path):
                          "traffic": {"path": "t.csv"}, "search": {"grid_per_octave": 0}}, base_dir=tmp_path)
 
 
-def test_any_optuna_url_works_as_storage(tmp_path):
+def test_any_optuna_url_works_as_storage_and_the_default_is_sqlite_with_heartbeats(tmp_path):
     s = settings(tmp_path, trials=4, sampler="random")
-    url = f"sqlite:///{tmp_path / 'study.db'}"
+    url = f"sqlite:///{tmp_path / 'other.db'}"
     study = new_study(s, url)
-    search.run_trials(study, s, FakeEvaluation(), n_trials=4, lock=search.lock_path(url))
+    search.run_trials(study, s, FakeEvaluation(), n_trials=4)
     again = optuna.load_study(study_name="fake", storage=url)
     assert search.finished_count(again) == 4 and again.trials[0].user_attrs["incumbent"]
-    assert search.lock_path("postgresql://db/tuner") is None  # several hosts: no local lock
+    assert search.storage_url(s) == f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    storage = search.open_storage(search.storage_url(s), s.search)
+    assert storage.get_heartbeat_interval() == s.search.heartbeat_s
+
+
+@pytest.mark.parametrize("url, message", [
+    ("postgresql://tuner:secret@127.0.0.1:9/tuner", "cannot open"),
+    ("nosuchdb://x/y", "cannot open"),
+])
+def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, url, message):
+    with pytest.raises(SettingsError) as exc:
+        search.open_storage(url, SearchSettings())
+    text = str(exc.value)
+    assert message in text and "\n" not in text and "secret" not in text
+
+
+def test_resuming_with_another_sla_or_traffic_is_refused_naming_what_changed(tmp_path):
+    s = settings(tmp_path, trials=2)
+    url = search.storage_url(s)
+    identity = {"model": "m", "sla": {"latency_ms": 30.0}, "traffic": "100 requests, hash 1"}
+    search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)
+    search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)  # same: resumes
+    changed = {**identity, "sla": {"latency_ms": 50.0}}
+    with pytest.raises(SettingsError, match=r"was measured with another sla .*latency_ms.: 30.0.* -> .*50.0.*"
+                                            r"start fresh with --output"):
+        search.open_study(s, url, sampler=search.make_sampler(s.search), identity=changed)
+
+
+def test_tuner_uses_no_private_optuna_attribute():
+    root = pathlib.Path(__file__).resolve().parent.parent / "tuner"
+    private = ("._storage", "._study_id", "._trial_id", "._n_min_trials")
+    hits = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py")
+            for n, line in enumerate(path.read_text().splitlines(), 1) if any(p in line for p in private)]
+    assert hits == []
 
 
 def test_every_sampler_is_made_or_refused_by_name():

@@ -25,14 +25,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.cli import main
-from tuner.evaluate import (
-    incumbent_params,
-    preferred_sizes,
-    retry_workers,
-    trial_config,
-)
+from tuner.probe import retry_workers
 from tuner.search import open_storage
 from tuner.server.local import LocalLauncher
 from tuner.settings import IntRange, SearchSettings
@@ -46,19 +41,12 @@ PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
 # --- the pieces of a trial that need no server ----------------------------------------------------
 
 
-def test_trial_config_changes_only_the_tuned_fields_and_the_incumbent_is_the_template():
+def test_the_templates_incumbent_reads_back_from_its_config():
     base = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
-    space = SearchSettings(preferred_batch_size="powers_of_two", instance_count=IntRange(1, 2))
-    assert incumbent_params(base, space) == {"max_batch_size": 64, "max_queue_delay_microseconds": 0,
-                                             "instance_count": 1}
-    config = trial_config(base, {"max_batch_size": 12, "max_queue_delay_microseconds": 500,
-                                 "instance_count": 2}, space)
-    changed = {path for path, _, _ in modelconfig.diff_fields(base, config)}
-    assert changed == {"max_batch_size", "dynamic_batching.max_queue_delay_microseconds",
-                       "dynamic_batching.preferred_batch_size", "instance_group[0].count"}
-    assert list(config.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8, 12]
-    assert preferred_sizes("max", 8) == (8,) and preferred_sizes("none", 8) is None
-    modelconfig.validate(config)
+    search = SearchSettings(preferred_batch_size="powers_of_two", instance_count=IntRange(1, 2))
+    assert space.from_config(base, search) == {"max_batch_size": 64, "max_queue_delay_microseconds": 0,
+                                               "instance_count": 1}
+    modelconfig.validate(space.apply(base, {"max_batch_size": 12, "max_queue_delay_microseconds": 500}, search))
 
 
 def test_each_step_measures_the_busiest_stretch_that_lasts_the_step_after_its_warm_up():
@@ -140,7 +128,7 @@ def write_study(tmp: Path, name: str, repo: Path | None = None, **over) -> Path:
 
 
 def load(output: Path, name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=open_storage(str(output / "study.journal")))
+    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{output / 'study.db'}"))
 
 
 @pytest.mark.slow
@@ -226,7 +214,7 @@ def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(1.0)
-        if (output / "study.journal").exists() and ready([t.state for t in load(output, name).get_trials()]):
+        if (output / "study.db").exists() and ready([t.state for t in load(output, name).get_trials()]):
             return
     pytest.fail(f"not in {timeout_s:g} s: {what}")
 
@@ -325,4 +313,115 @@ def test_bad_input_is_one_line_and_exit_2_before_any_server_starts(tmp_path, cap
     assert len(err) == 6 and all(line.startswith("tuner: error: ") for line in err), err
     assert "slaa: unknown key" in err[1] and "none.csv" in err[2] and "config.pbtxt:1" in err[3]
     assert "cost.gpu: unknown GPU 'v100'" in err[4]
-    assert not list(tmp_path.glob("*/study.journal"))
+    assert not list(tmp_path.glob("*/study.db")) and not list(tmp_path.glob("*/study.journal"))
+
+
+# --- what a new user tries: each answered in one line, before any server starts ---------------------
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_model_that_cannot_batch_is_refused_and_nothing_is_left_behind(tmp_path, capsys):
+    repo = repository(tmp_path, max_batch_size=0)
+    study = write_study(tmp_path, "nobatch", repo)
+    assert main(["tune", str(study)]) == 2
+    line = _one_line_error(capsys)
+    assert "max_batch_size is 0: this model does not batch" in line and "config.pbtxt" in line
+    assert not (tmp_path / "nobatch").exists()
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "exists and is not a directory"),
+    ("proc", "cannot write there"),
+    ("long", "File name too long"),
+])
+def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, where, message):
+    target = {"file": tmp_path / "a-file", "proc": Path("/proc/tuner-out"), "long": tmp_path / ("d" * 300)}[where]
+    if where == "file":
+        target.write_text("mine")
+    assert main(["tune", str(write_study(tmp_path, "out")), "--output", str(target)]) == 2
+    line = _one_line_error(capsys)
+    assert "output directory" in line and message in line
+    if where == "file":
+        assert target.read_text() == "mine"
+
+
+def _traffic_with_rows(tmp: Path, rows: int) -> Path:
+    df = read_traffic(PROFILE).head(400).copy()
+    df["batch_size"] = 1
+    df.loc[17, "batch_size"] = rows
+    path = tmp / f"rows{rows}.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_requests_larger_than_the_models_max_batch_size_are_refused_naming_the_row(tmp_path, capsys):
+    study = write_study(tmp_path, "rows", repository(tmp_path, max_batch_size=4),
+                        **{"traffic.path": str(_traffic_with_rows(tmp_path, 8))})
+    assert main(["tune", str(study)]) == 2
+    line = _one_line_error(capsys)
+    assert "max_batch_size is 4" in line and "requests of 8 rows (row 17" in line
+
+
+def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it(tmp_path):
+    from tuner.settings import load_study
+    from tuner.tune import prepare
+
+    study = write_study(tmp_path, "narrow", **{"traffic.path": str(_traffic_with_rows(tmp_path, 8)),
+                                               "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
+    prepared = prepare(load_study(study))
+    assert prepared.settings.search.max_batch_size.low == 8
+    assert any("low raised from 1 to 8" in note and "row 17" in note for note in prepared.notes)
+    too_big = write_study(tmp_path, "big", repository(tmp_path, max_batch_size=128),
+                          **{"traffic.path": str(_traffic_with_rows(tmp_path, 80)),
+                                              "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
+    with pytest.raises(Exception, match="raise search.max_batch_size.high to at least 80"):
+        prepare(load_study(too_big))
+
+
+def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_search(tmp_path):
+    from tuner.settings import load_study
+    from tuner.tune import prepare
+
+    study = write_study(tmp_path, "where", **{"search.max_batch_size": {"low": 1, "high": 32, "log": True}})
+    notes = prepare(load_study(study)).notes
+    assert notes[0] == f"study 'where' in sqlite:///{tmp_path / 'where' / 'study.db'}"
+    assert any("max_batch_size 64 (search.max_batch_size: 1..32) lies outside the search" in n for n in notes)
+
+
+@pytest.mark.slow
+def test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the_change(tmp_path, capsys):
+    study = write_study(tmp_path, "same", **{"search.remeasure_repeats": 1})
+    assert main(["tune", str(study), "--quiet", "--trials", "1"]) in (0, 3)
+    capsys.readouterr()
+    before = (tmp_path / "same" / "summary.json").read_text()
+    changed = write_study(tmp_path, "same", **{"search.remeasure_repeats": 1, "sla.latency_ms": 50})
+    assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
+    line = _one_line_error(capsys)
+    assert "was measured with another sla" in line and "--output NEW_DIR" in line
+    assert (tmp_path / "same" / "summary.json").read_text() == before  # nothing rewritten
+
+
+@pytest.mark.slow
+def test_every_replay_unmeasured_finishes_the_study_writes_the_summary_and_exits_1(tmp_path, capsys):
+    study = write_study(tmp_path, "lag", **{"replay.lag_budget_ms": 0.001,
+                                            "search.max_batch_size": {"low": 8, "high": 16, "log": True}})
+    assert main(["tune", str(study), "--quiet"]) == 1
+    captured = capsys.readouterr()
+    line = _one_line_error_from(captured.err)
+    assert "no trial could be measured" in line and "raise replay.lag_budget_ms" in line
+    summary = json.loads((tmp_path / "lag" / "summary.json").read_text())
+    assert summary["trials"]["unmeasured"] == 3 and summary["best"] is None  # the incumbent and the grid's 8, 16
+    assert all(u["attempts"] == 3 and u["send_lag_p99_ms"] > 0.001 for u in summary["unmeasured"])
+    assert "unmeasured: 3 trial(s)" in captured.out or "unmeasured" in (tmp_path / "lag" / "trials.csv").read_text()
+
+
+def _one_line_error_from(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import evaluate
+from tuner import evaluate, space
 from tuner.cost import price_for
 from tuner.errors import InputError
 from tuner.measure import Measurement
-from tuner.modelconfig import ModelConfig
-from tuner.score import Hints, TrialResult, check_sla
+from tuner.score import Hints, check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
+from tuner.trial import UNMEASURED, TrialRecord, to_attrs
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
@@ -39,6 +39,7 @@ LOW_FILL = 0.5      # fill rate at the recorded load below which max_batch_size 
 
 # exit codes of `tuner audit` (2: bad input, 1: anything else, as for every command)
 EXIT_HEALTHY = 0
+EXIT_UNMEASURED = 1  # the load generator could not replay the traffic on time: no verdict
 EXIT_SLA_BROKEN = 3
 EXIT_INEFFICIENT = 10
 
@@ -65,7 +66,7 @@ class AuditResult:
     model: str
     server: str
     params: dict  # the deployed values of the tuned fields
-    result: TrialResult
+    result: TrialRecord
     price_per_hour: float
     baseline: Baseline | None = None
     ratio: float | None = None
@@ -74,7 +75,9 @@ class AuditResult:
 
     @property
     def exit_code(self) -> int:
-        if not self.result.feasible:
+        if self.result.outcome == UNMEASURED:
+            return EXIT_UNMEASURED
+        if not self.result.meets_sla:
             return EXIT_SLA_BROKEN
         if any(f.verdict == "inefficient" for f in self.findings):
             return EXIT_INEFFICIENT
@@ -83,26 +86,16 @@ class AuditResult:
     def as_dict(self) -> dict:
         return {
             "model": self.model, "server": self.server, "params": self.params,
-            "sla_met": self.result.feasible, "sla_reason": self.result.attrs.get("sla_reason") or "",
+            "outcome": self.result.outcome,
+            "sla_met": self.result.meets_sla, "sla_reason": self.result.sla_reason or self.result.note,
             "capacity_rps": self.result.capacity_rps or None, "capacity_speed": self.result.capacity_speed or None,
             "price_per_hour": self.price_per_hour,
             "baseline": None if self.baseline is None else self.baseline.__dict__,
             "throughput_ratio": self.ratio, "recoverable_per_month": self.recoverable_per_month,
-            "figures": self.result.attrs,
+            "figures": to_attrs(self.result),
             "findings": [f.__dict__ for f in self.findings],
             "exit_code": self.exit_code,
         }
-
-
-def deployed_params(config: ModelConfig) -> dict:
-    groups = list(config.instance_group)
-    return {
-        "max_batch_size": int(config.max_batch_size),
-        "max_queue_delay_microseconds": int(config.dynamic_batching.max_queue_delay_microseconds),
-        "preferred_batch_size": list(config.dynamic_batching.preferred_batch_size),
-        "instance_count": sum(int(g.count or 1) for g in groups) if groups else 1,
-        "dynamic_batching": config.HasField("dynamic_batching"),
-    }
 
 
 def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
@@ -144,45 +137,48 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
     with make_launcher(settings, read_only=True) as launcher:
         config = launcher.model_config(settings.model)
         measured = evaluate.make_measure(launcher, settings, traffic, capacity=not at_load_only,
-                                         on_step=_say_step(settings) if progress else None)
+                                         on_measure=_say_step(settings) if progress else None)
         if progress:
             print(f"auditing {settings.model} on {server}: max_batch_size {config.max_batch_size}, "
                   f"max_queue_delay_microseconds {config.dynamic_batching.max_queue_delay_microseconds}",
                   file=sys.stderr, flush=True)
-        result = measured(int(config.max_batch_size), Hints())
+        result = measured(space.from_config(config, settings.search), Hints())
     ratio = recoverable = None
     if baseline is not None and result.capacity_rps > 0:
         ratio = result.capacity_rps / baseline.capacity_rps
-        cost = result.attrs.get("monthly_cost")
+        cost = result.monthly_cost
         recoverable = max(0.0, 1.0 - ratio) * cost if cost is not None else None
-    out = AuditResult(settings.model, server, deployed_params(config), result, price, baseline, ratio, recoverable)
+    out = AuditResult(settings.model, server, space.deployed(config), result, price, baseline, ratio, recoverable)
     return dataclasses.replace(out, findings=findings(out, settings, at_load_only))
 
 
 def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> list[Finding]:
-    r, attrs = a.result, a.result.attrs
+    r, load = a.result, a.result.at_load
     pct = f"p{settings.sla.percentile:g}"
+    if r.outcome == UNMEASURED:
+        return [Finding("SLA at the recorded load", "unmeasured", "broken",
+                        f"{r.note}; raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed "
+                        f"and audit again (no verdict on the deployment)")]
     out = [Finding(
         "SLA at the recorded load",
-        f"{pct} {_num(attrs.get(f'latency_{pct}_ms'))} ms (limit {settings.sla.latency_ms:g}), "
-        f"errors {attrs.get('error_rate') or 0:.2%}",
-        "ok" if r.feasible else "broken",
-        "" if r.feasible else f"{attrs.get('sla_reason')}: the deployment misses its SLA at today's load")]
-    fill, mean_batch = attrs.get("fill_rate"), attrs.get("mean_batch_size")
-    if fill is not None and a.params["max_batch_size"] > 0:
-        low = fill < LOW_FILL
+        f"{pct} {_num(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
+        f"errors {load.error_rate:.2%}",
+        "ok" if r.meets_sla else "broken",
+        "" if r.meets_sla else f"{r.sla_reason}: the deployment misses its SLA at today's load")]
+    mbs = a.params["max_batch_size"]
+    if mbs > 0 and load.requests:
+        low = load.fill_rate < LOW_FILL
         out.append(Finding(
-            "fill rate at the recorded load", f"{fill:.2f} (mean batch {mean_batch:.1f} of {a.params['max_batch_size']})",
+            "fill rate at the recorded load", f"{load.fill_rate:.2f} (mean batch {load.mean_batch_size:.1f} of {mbs})",
             "watch" if low else "ok",
             f"max_batch_size is larger than the traffic fills (below {LOW_FILL:g})" if low else ""))
-    out.append(Finding("Triton's time split", f"queue {_num(attrs.get('queue_ms'))} ms per request, compute "
-                       f"{_num(attrs.get('compute_ms'))} ms per execution", "info"))
+    out.append(Finding("Triton's time split", f"queue {_num(load.queue_ms)} ms per request, compute "
+                       f"{_num(load.compute_ms)} ms per execution", "info"))
     if at_load_only:
         out.append(Finding("capacity", "not measured (--at-load-only)", "info"))
-    elif r.feasible:
+    elif r.meets_sla:
         out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
-                           f"{attrs.get('servers_needed')} server(s) for the peak, "
-                           f"${_money(attrs.get('monthly_cost'))}/month", "info"))
+                           f"{r.servers_needed} server(s) for the peak, ${_money(r.monthly_cost)}/month", "info"))
     if a.baseline is not None and a.ratio is not None:
         verdict = "ok" if a.ratio > HEALTHY else ("watch" if a.ratio >= INEFFICIENT else "inefficient")
         b = a.baseline

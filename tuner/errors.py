@@ -5,10 +5,13 @@
     │   ├── ConfigError             a config.pbtxt that does not parse or breaks a Triton rule
     │   ├── TrafficError            a traffic file that cannot be used
     │   ├── SettingsError           a study or nightly YAML that cannot be used
+    │   ├── OutputError             an output that cannot be written (a read-only or full file system,
+    │   │                           a directory in the way, a name too long)
     │   └── ServerSetupError        no server to talk to: unreachable, model missing, port in use,
     │                               config refused by Triton, binary not installable
     ├── ServerError                 the server died or misbehaved in the middle of the work
     ├── ReplayError                 the load generator failed (not the server)
+    ├── UnmeasuredError             the load generator could not keep its send-lag budget in any trial
     └── NoFeasibleConfigError       exit 3: no configuration met the SLA
 
     KeyboardInterrupt               exit 130: Ctrl-C
@@ -47,11 +50,19 @@ class ServerSetupError(InputError):
     pass
 
 
+class OutputError(InputError):
+    pass
+
+
 class ServerError(TunerError):
     pass
 
 
 class ReplayError(TunerError):
+    pass
+
+
+class UnmeasuredError(TunerError):
     pass
 
 

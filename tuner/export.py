@@ -1,34 +1,49 @@
-"""What a finished study leaves behind (DESIGN §3), built from the Optuna storage alone:
+"""What a finished study leaves behind, built from the Optuna storage alone:
 
     write_outputs(study, output_dir) -> dict   recommended/config.pbtxt, incumbent/config.pbtxt,
                                                summary.json, trials.csv; returns the summary
     summarize(study) -> dict                   the summary (best, incumbent, improvement, ...)
     recommended_config(study, summary) -> str  the user's config with only the tuned fields changed
     closing_table(summary) -> str              the terminal's closing table
-    load_study(storage, name) / export(...)    for `tuner export`
-    write_latency_records(remeasured, dir)     records/<trial_N|incumbent>.parquet: the re-measured
+    export(storage, name, output)              for `tuner export`
+    write_latency_records(repeats, dir)        records/<trial_N|incumbent>.parquet: the re-measured
                                                configurations' per-request latencies at capacity
 
-The study's user attributes (written by `tuner tune` when it creates the study) carry what the
-outputs need besides the trials: the base config text, SLA, traffic, scoring and price.
+Every file is written whole or not at all (`tuner.files.write_atomic`). The study's user attributes
+(written by `tuner tune` when it creates the study) carry what the outputs need besides the trials:
+the base config text, SLA, traffic, scoring and price.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import io
 import json
 import math
 from pathlib import Path
 
 import optuna
 import pandas as pd
-from optuna.trial import TrialState
 
-from tuner import __version__, modelconfig
+from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, SettingsError
-from tuner.evaluate import trial_config
-from tuner.search import Remeasured, incumbent_trial, open_storage, top_trials
+from tuner.files import check_output_file, write_atomic
+from tuner.search import (
+    DEFAULT_STORAGE_FILE,
+    JOURNAL_FILE,
+    Repeats,
+    config_of,
+    counts,
+    incumbent_trial,
+    load_study,
+    top_trials,
+)
 from tuner.settings import SearchSettings
+from tuner.trial import UNMEASURED, TrialRecord, from_attrs, is_feasible, record_of
+
+__all__ = ["RECOMMENDED", "SUMMARY", "TRIALS", "closing_table", "export", "recommended_config", "storage_of",
+           "summarize", "trials_frame", "unmeasured_advice", "write_latency_records", "write_outputs"]
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
@@ -41,83 +56,92 @@ PERCENTILES = ("p50", "p90", "p95", "p99", "max")
 # --- the summary -------------------------------------------------------------------------------
 
 
-def _entry(params: dict, attrs: dict, capacity_rps: float | None, scores: dict, scoring: str,
-           trial: int | None, feasible: bool, capacity_speed: float | None = None) -> dict:
+def _block(record: TrialRecord, at: str) -> dict:
+    figures = record.at_load if at == "load" else (record.capacity.at_capacity if record.capacity else None)
+    if figures is None:
+        return {"latency_ms": {p: None for p in PERCENTILES}, "fill_rate": None,
+                "mean_batch_size": None, "queue_ms": None, "compute_ms": None, "error_rate": None}
+    latency = {p: figures.latency_ms.get(p) for p in PERCENTILES}
+    latency.update({k: v for k, v in figures.latency_ms.items() if k not in latency})  # the SLA's own percentile
+    return {"latency_ms": latency, "fill_rate": figures.fill_rate,
+            "mean_batch_size": figures.mean_batch_size, "queue_ms": figures.queue_ms,
+            "compute_ms": figures.compute_ms, "error_rate": figures.error_rate}
+
+
+def _entry(record: TrialRecord, scoring: str, trial: int | None, feasible: bool) -> dict:
     """One configuration's figures; latency and fill rate at the scoring's operating point
     (capacity: at the capacity found; utilization: at the recorded load), both kept."""
-
-    def block(prefix: str) -> dict:
-        return {"latency_ms": {p: attrs.get(f"{prefix}latency_{p}_ms") for p in PERCENTILES},
-                "fill_rate": attrs.get(f"{prefix}fill_rate"),
-                "mean_batch_size": attrs.get(f"{prefix}mean_batch_size"),
-                "queue_ms": attrs.get(f"{prefix}queue_ms"),
-                "compute_ms": attrs.get(f"{prefix}compute_ms"),
-                "error_rate": attrs.get(f"{prefix}error_rate")}
-
-    at_load, at_capacity = block(""), block("capacity_")
-    point = at_capacity if scoring == "capacity" and at_capacity["latency_ms"]["p99"] is not None else at_load
+    at_load, at_capacity = _block(record, "load"), _block(record, "capacity")
+    point = at_capacity if scoring == "capacity" and at_capacity["latency_ms"].get("p99") is not None else at_load
+    b = record.capacity
     return {
         "trial": trial,
-        "params": dict(params),
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in record.params.items()},
+        "outcome": record.outcome,
         "feasible": bool(feasible),
-        "capacity_rps": capacity_rps,
-        "capacity_speed": capacity_speed,  # the replay speed of the recorded traffic at capacity
-        "requests_per_dollar": scores.get(scoring),
-        "scores": {"capacity": scores.get("capacity"), "utilization": scores.get("utilization")},
+        "capacity_rps": record.capacity_rps or None,
+        "capacity_speed": record.capacity_speed or None,  # the replay speed of the recorded traffic at capacity
+        "capacity_bracket": ({"lower_rps": b.rps, "upper_rps": b.upper_rps, "converged": b.converged,
+                              "limited_by": b.limited_by} if b is not None and b.rps else None),
+        "requests_per_dollar": record.scores.get(scoring),
+        "scores": {"capacity": record.scores.get("capacity"), "utilization": record.scores.get("utilization")},
         "latency_ms": point["latency_ms"],
         "fill_rate": point["fill_rate"],
         "queue_ms": point["queue_ms"],
         "compute_ms": point["compute_ms"],
-        "servers_needed": attrs.get("servers_needed"),
-        "monthly_cost": attrs.get("monthly_cost"),
-        "sla_reason": attrs.get("sla_reason") or "",
+        "servers_needed": record.servers_needed,
+        "monthly_cost": record.monthly_cost,
+        "sla_reason": record.sla_reason or "",
         "at_load": at_load,
         "at_capacity": at_capacity,
     }
 
 
 def _from_trial(t: optuna.trial.FrozenTrial, scoring: str) -> dict:
-    a = t.user_attrs
-    scores = {"capacity": a.get("score_capacity"), "utilization": a.get("score_utilization")}
-    feasible = bool(a.get("feasible")) and all(c <= 0 for c in t.constraints.values())
-    return _entry(a.get("config") or t.params, a, a.get("capacity_rps"), scores, scoring, t.number, feasible,
-                  a.get("capacity_speed"))
+    return _entry(record_of(t) or TrialRecord(params=dict(t.params)), scoring, t.number, is_feasible(t))
 
 
-def _from_remeasured(r: dict, scoring: str) -> dict:
-    e = _entry(r["params"], r.get("attrs", {}), r.get("capacity_rps"), r.get("scores", {}), scoring,
-               r.get("trial"), r.get("feasible_runs", 0) > 0 and r.get("median", 0) > 0, r.get("capacity_speed"))
+def _from_repeats(r: dict, scoring: str) -> dict:
+    record = from_attrs({**r.get("attrs", {}), "config": r["params"], "outcome": "measured"})
+    record = dataclasses.replace(record, scores=r.get("scores", {}))
+    e = _entry(record, scoring, r.get("trial"), r.get("feasible_runs", 0) > 0 and (r.get("median") or 0) > 0)
+    e["capacity_rps"] = r.get("capacity_rps")
+    e["capacity_speed"] = r.get("capacity_speed")
     e["requests_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
     e["repeats"] = {"values": r.get("values"), "spread": r.get("spread"),
-                    "feasible_runs": r.get("feasible_runs")}
+                    "feasible_runs": r.get("feasible_runs"), "unmeasured_runs": r.get("unmeasured_runs", 0)}
     return e
 
 
-def trial_counts(study: optuna.Study) -> dict:
-    trials = study.get_trials(deepcopy=False)
-    states = [t.state for t in trials]
-    feasible = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("feasible")
-                and all(c <= 0 for c in t.constraints.values())]
-    return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
-            "feasible": len(feasible), "failed": states.count(TrialState.FAIL),
-            "pruned": states.count(TrialState.PRUNED), "running": states.count(TrialState.RUNNING)}
+def _unmeasured(study: optuna.Study) -> list[dict]:
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("outcome") == UNMEASURED:
+            record = record_of(t)
+            out.append({"trial": t.number, "params": config_of(t), "reason": record.note,
+                        "send_lag_p99_ms": record.at_load.send_lag_p99_ms if record.at_load else None,
+                        "attempts": record.at_load.attempts if record.at_load else None})
+    return out
 
 
 def summarize(study: optuna.Study) -> dict:
+    """The study's summary: the best configuration (re-measured where it was), the incumbent, the
+    improvement, the counts, and the trials that could not be measured."""
     meta = study.user_attrs
     scoring = meta.get("scoring", "capacity")
     sla = meta.get("sla") or {}
-    remeasured = [_from_remeasured(r, scoring) for r in meta.get("remeasured") or []]
+    remeasured = [_from_repeats(r, scoring) for r in meta.get("remeasured") or []]
     ranked = sorted((r for r in remeasured if r["feasible"]), key=lambda r: r["requests_per_dollar"] or 0,
                     reverse=True)
+    inc_trial = incumbent_trial(study)
     if ranked:
         best = ranked[0]
-    else:
+        inc_runs = [r for r in remeasured if r["trial"] is not None and _is_incumbent(study, r["trial"])]
+        incumbent = inc_runs[0] if inc_runs else (_from_trial(inc_trial, scoring) if inc_trial else None)
+    else:  # no re-measurement, or none of it met the SLA: the search's own measurements, for both sides
         top = top_trials(study, 1)
         best = _from_trial(top[0], scoring) if top else None
-    inc_runs = [r for r in remeasured if r["trial"] is not None and _is_incumbent(study, r["trial"])]
-    inc_trial = incumbent_trial(study)
-    incumbent = inc_runs[0] if inc_runs else (_from_trial(inc_trial, scoring) if inc_trial else None)
+        incumbent = _from_trial(inc_trial, scoring) if inc_trial else None
 
     improvement = None
     if best and incumbent and incumbent["feasible"] and (incumbent["requests_per_dollar"] or 0) > 0:
@@ -132,6 +156,7 @@ def summarize(study: optuna.Study) -> dict:
         "model": meta.get("model"),
         "scoring": scoring,
         "sla": sla,
+        "lag_budget_ms": meta.get("lag_budget_ms"),
         "traffic": meta.get("traffic") or {},
         "price_per_hour": (meta.get("price") or {}).get("price_per_hour"),
         "price": meta.get("price") or {},
@@ -140,7 +165,8 @@ def summarize(study: optuna.Study) -> dict:
         "incumbent": incumbent,
         "improvement": improvement,
         "top": ranked or ([best] if best else []),
-        "trials": trial_counts(study),
+        "trials": counts(study),
+        "unmeasured": _unmeasured(study),
     }
     if best is None:
         closest = _closest(study, scoring)
@@ -156,7 +182,20 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] = "the incumbent did not meet the SLA: the recommendation is the first that does"
     else:
         summary["message"] = f"{improvement:+.1%} requests per dollar over the incumbent"
+    if remeasured and not ranked and best is not None:
+        summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
+                               "(their figures here are the search's)")
     return summary
+
+
+def unmeasured_advice(summary: dict) -> str:
+    """One line for a study none of whose trials could be measured: what to change."""
+    lags = [u["send_lag_p99_ms"] for u in summary.get("unmeasured") or [] if u.get("send_lag_p99_ms") is not None]
+    budget = summary.get("lag_budget_ms")
+    seen = f" (send lag p99 up to {max(lags):.2f} ms against a budget of {budget:g} ms)" if lags and budget else ""
+    return (f"no trial could be measured: the load generator could not send the requests on time{seen}; "
+            f"raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed (the summary lists "
+            f"the {len(summary.get('unmeasured') or [])} unmeasured trials)")
 
 
 def _is_incumbent(study: optuna.Study, number: int) -> bool:
@@ -164,7 +203,8 @@ def _is_incumbent(study: optuna.Study, number: int) -> bool:
 
 
 def _closest(study: optuna.Study, scoring: str) -> dict | None:
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.constraints]
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.constraints]
     if not done:
         return None
     t = min(done, key=lambda t: max(t.constraints.values()))
@@ -188,8 +228,9 @@ def recommended_config(study: optuna.Study, summary: dict) -> str:
     if not base_text:
         raise InputError(f"study {study.study_name!r} holds no base config (was it made by `tuner tune`?)")
     base = modelconfig.parse(base_text, "<base config>")
-    space = SearchSettings(preferred_batch_size=study.user_attrs.get("preferred_batch_size", "none"))
-    config = trial_config(base, summary["best"]["params"], space)
+    search = SearchSettings(preferred_batch_size=study.user_attrs.get("preferred_batch_size", "none"))
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["best"]["params"].items()}
+    config = space.apply(base, params, search)
     modelconfig.validate(config, "recommended config")
     return _header(summary, base, config) + modelconfig.to_text(
         config, comments_from=study.user_attrs.get("base_config_source"))
@@ -217,17 +258,17 @@ def _header(summary: dict, base, config) -> str:
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per trial: parameters, measurements, state."""
+    """One row per trial: parameters, measurements (the record's attributes), state."""
     skip = {"host", "pid", "config"}
+    scoring = study.user_attrs.get("scoring", "capacity")
     rows = []
     for t in study.get_trials(deepcopy=False):
-        row = {"number": t.number, "state": t.state.name, **t.params,
+        row = {"number": t.number, "state": t.state.name,
+               **{k: ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v for k, v in config_of(t).items()},
                "value": t.value, "sla_violation": max(t.constraints.values()) if t.constraints else None,
                "duration_s": t.duration.total_seconds() if t.duration else None}
-        for key, value in t.user_attrs.items():
-            if key not in skip:
-                row[key] = value
-        scoring = study.user_attrs.get("scoring", "capacity")
+        row.update({k: v for k, v in t.user_attrs.items() if k not in skip})
+        row["feasible"] = is_feasible(t)
         row["requests_per_dollar"] = t.user_attrs.get(f"score_{scoring}")
         rows.append(row)
     return pd.DataFrame(rows)
@@ -235,7 +276,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
 
 def closing_table(summary: dict) -> str:
     """Top configurations and the incumbent: parameters, capacity, SLA percentile, fill rate,
-    Triton's queue and compute time, requests per dollar, improvement over the incumbent."""
+    Triton's queue and compute time, requests per dollar, improvement over the incumbent; then the
+    trials that could not be measured."""
     pct = f"p{summary['sla'].get('percentile', 99):g}"
     rows = list(summary.get("top") or [])[:5]
     inc = summary.get("incumbent")
@@ -252,7 +294,8 @@ def closing_table(summary: dict) -> str:
         table.append({
             "": tag,
             "trial": r.get("trial"),
-            **{k: v for k, v in r["params"].items()},
+            **{space.LABELS.get(k, k): ",".join(map(str, v)) if isinstance(v, list) else v
+               for k, v in r["params"].items()},
             "capacity req/s": _fmt(r.get("capacity_rps")),
             f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
             "fill rate": _fmt(r.get("fill_rate")),
@@ -263,9 +306,17 @@ def closing_table(summary: dict) -> str:
             "vs incumbent": (f"{r['requests_per_dollar'] / base - 1:+.1%}"
                              if base and r["feasible"] and r.get("requests_per_dollar") else ""),
         })
-    frame = pd.DataFrame(table).rename(columns={"max_batch_size": "batch", "max_queue_delay_microseconds": "delay us",
-                                                "instance_count": "instances", "preferred_batch_size": "preferred"})
-    return frame.to_string(index=False)
+    text = pd.DataFrame(table).to_string(index=False) if table else "no trial met the SLA or was measured"
+    unmeasured = summary.get("unmeasured") or []
+    if unmeasured:
+        lines = [f"\nunmeasured: {len(unmeasured)} trial(s) the load generator could not replay on time "
+                 "(no verdict on these configurations):"]
+        for u in unmeasured[:5]:
+            lines.append(f"  trial {u['trial']} {space.describe(u['params'])}: {u['reason']}")
+        if len(unmeasured) > 5:
+            lines.append(f"  ... and {len(unmeasured) - 5} more (summary.json lists them)")
+        text += "\n".join(lines)
+    return text
 
 
 def _fmt(value) -> str:
@@ -284,21 +335,18 @@ def _fmt(value) -> str:
 def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     """Write the outputs of a finished study; the summary says whether anything met the SLA."""
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(study)
-    trials_frame(study).to_csv(out / TRIALS, index=False)
+    write_atomic(out / TRIALS, trials_frame(study).to_csv(index=False))
     base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
-        (out / INCUMBENT).parent.mkdir(parents=True, exist_ok=True)
-        (out / INCUMBENT).write_text(base_text)
+        write_atomic(out / INCUMBENT, base_text)
     if summary["best"]:
-        (out / RECOMMENDED).parent.mkdir(parents=True, exist_ok=True)
-        (out / RECOMMENDED).write_text(recommended_config(study, summary))
-    (out / SUMMARY).write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+        write_atomic(out / RECOMMENDED, recommended_config(study, summary))
+    write_atomic(out / SUMMARY, json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
 
 
-def write_latency_records(remeasured: list[Remeasured], output_dir: str | Path) -> list[Path]:
+def write_latency_records(repeats: list[Repeats], output_dir: str | Path) -> list[Path]:
     """The per-request latencies at capacity of each re-measured configuration, all repeats together
     (`repeat` says which), for the report's latency CDFs. Only this run's measurements: files of an
     earlier run of the same study are replaced, never mixed in."""
@@ -306,16 +354,15 @@ def write_latency_records(remeasured: list[Remeasured], output_dir: str | Path) 
     for stale in [*out.glob("trial_*.parquet"), *out.glob("incumbent.parquet")]:
         stale.unlink()
     written = []
-    for r in remeasured:
-        frames = [pd.DataFrame({"repeat": i, "latency_ms": list(result.latencies_ms)})
-                  for i, result in enumerate(r.results) if result.latencies_ms]
+    for r in repeats:
+        frames = [pd.DataFrame({"repeat": i, "latency_ms": list(record.latencies_ms)})
+                  for i, record in enumerate(r.records) if record.latencies_ms]
         if not frames:
             continue
-        out.mkdir(parents=True, exist_ok=True)
-        records = pd.concat(frames, ignore_index=True)
+        buffer = io.BytesIO()
+        pd.concat(frames, ignore_index=True).to_parquet(buffer, index=False)
         for name in [f"trial_{r.trial}.parquet"] + (["incumbent.parquet"] if r.incumbent else []):
-            records.to_parquet(out / name, index=False)
-            written.append(out / name)
+            written.append(write_atomic(out / name, buffer.getvalue()))
     return written
 
 
@@ -323,22 +370,6 @@ def _json_default(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return str(value)
-
-
-def load_study(storage: str, name: str | None) -> optuna.Study:
-    """A study from any Optuna storage (URL or journal file); `name` may be omitted if it holds one."""
-    if "://" not in storage and not Path(storage).is_file():
-        raise SettingsError(f"{storage}: no such storage file")
-    backend = open_storage(storage)
-    names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
-    if name is None:
-        if len(names) != 1:
-            raise SettingsError(f"{storage}: holds {len(names)} studies ({', '.join(names) or 'none'}): "
-                                f"name one with --study")
-        name = names[0]
-    if name not in names:
-        raise SettingsError(f"{storage}: no study named {name!r} (it holds: {', '.join(names) or 'none'})")
-    return optuna.load_study(study_name=name, storage=backend)
 
 
 def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
@@ -350,21 +381,19 @@ def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
     if summary_path.is_file():
         try:
             summary = json.loads(summary_path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SettingsError(f"{summary_path}: not JSON: {exc}") from None
-        if summary.get("storage"):
+        if isinstance(summary, dict) and summary.get("storage"):
             return summary["storage"], summary.get("study_name")
-    journal = out / "study.journal"
-    if journal.is_file():
-        return str(journal), None
-    raise SettingsError(f"{out}: no summary.json or study.journal: not a `tuner tune` output directory")
+    if (out / DEFAULT_STORAGE_FILE).is_file():
+        return f"sqlite:///{(out / DEFAULT_STORAGE_FILE).resolve()}", None
+    if (out / JOURNAL_FILE).is_file():
+        return str(out / JOURNAL_FILE), None
+    raise SettingsError(f"{out}: no summary.json or study storage: not a `tuner tune` output directory")
 
 
 def export(storage: str, name: str | None, output: str | Path) -> Path:
     """Write the recommended config of a finished study to `output`."""
+    path = check_output_file(output, "-o")
     study = load_study(storage, name)
-    text = recommended_config(study, summarize(study))
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
+    return write_atomic(path, recommended_config(study, summarize(study)))

@@ -49,6 +49,7 @@ class Measurement:
     max_batch_size: int = 0
     load_generator_cpu: float = 0.0  # CPU seconds used by the load generator per wall second
     workers: int = 1                 # Locust processes used
+    attempts: int = 1                # replays run for this measurement (retries after a broken lag budget)
     # every successful request's latency in the measured window (for CDFs); not part of the figures
     latencies_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 

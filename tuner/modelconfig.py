@@ -2,7 +2,8 @@
 
 Parsing and printing use `tritonclient.grpc.model_config_pb2.ModelConfig` with
 `google.protobuf.text_format`; the JSON form is what Triton's repository load API takes as a
-config override. Nothing here writes the user's file: changes return a new message.
+config override. Nothing here writes the user's file. Which fields a trial tunes, and how they are
+changed, is `tuner.space`'s business.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
@@ -19,19 +19,6 @@ from tritonclient.grpc import model_config_pb2
 from tuner.errors import ConfigError
 
 ModelConfig = model_config_pb2.ModelConfig
-
-
-@dataclass(frozen=True)
-class SchedulingParams:
-    """The fields a trial tunes. None leaves the field as the base config has it."""
-
-    max_batch_size: int | None = None
-    max_queue_delay_microseconds: int | None = None
-    preferred_batch_size: tuple[int, ...] | None = None
-    instance_count: int | None = None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def parse(text: str, source: str = "<config>") -> ModelConfig:
@@ -168,126 +155,6 @@ def from_json(data: str | bytes | dict) -> ModelConfig:
     except (ValueError, json_format.ParseError) as exc:
         raise ConfigError(f"model config JSON does not fit Triton's schema: {exc}") from None
     return config
-
-
-# --- changing the tuned fields -------------------------------------------------------------------
-
-_INT32_MAX = 2**31 - 1
-_UINT64_MAX = 2**64 - 1
-
-
-def apply_params(config: ModelConfig, params: SchedulingParams) -> ModelConfig:
-    """A copy of `config` with only the fields named in `params` changed.
-
-    - `max_batch_size` is set as given. Preferred batch sizes (dynamic batching, or the sequence
-      batcher's `oldest` strategy) that exceed it are dropped, unless `preferred_batch_size` is given
-      too: Triton's auto-complete writes `preferred_batch_size: [max_batch_size]` into configs, and a
-      server refuses a preferred size above the maximum, so a smaller maximum would otherwise make
-      every read-back config unloadable.
-    - `max_queue_delay_microseconds` / `preferred_batch_size` create the `dynamic_batching` block if
-      the config has none (a config with sequence batching or an ensemble cannot take them: those
-      are the other choices of the same oneof, and switching would change the model's semantics).
-    - `instance_count` sets `count` in every instance group, or adds one group with that count
-      (kind left unset, so Triton picks it) when the config has none.
-    """
-    new = ModelConfig()
-    new.CopyFrom(config)
-    name = config.name or "the model"
-    if params.max_batch_size is not None:
-        new.max_batch_size = params.max_batch_size
-    wants_dynamic = params.max_queue_delay_microseconds is not None or params.preferred_batch_size is not None
-    if wants_dynamic:
-        other = new.WhichOneof("scheduling_choice")
-        if other not in (None, "dynamic_batching"):
-            field = (
-                "max_queue_delay_microseconds"
-                if params.max_queue_delay_microseconds is not None
-                else "preferred_batch_size"
-            )
-            raise ConfigError(f"cannot set {field}: {name} uses {other}, not dynamic_batching")
-        batching = new.dynamic_batching
-        batching.SetInParent()
-        if params.max_queue_delay_microseconds is not None:
-            batching.max_queue_delay_microseconds = params.max_queue_delay_microseconds
-        if params.preferred_batch_size is not None:
-            del batching.preferred_batch_size[:]
-            batching.preferred_batch_size.extend(params.preferred_batch_size)
-    if params.max_batch_size is not None and params.preferred_batch_size is None:
-        _drop_preferred_above(new, params.max_batch_size)
-    if params.instance_count is not None:
-        if new.HasField("ensemble_scheduling"):
-            raise ConfigError(f"cannot set instance_count: {name} is an ensemble (no instance groups)")
-        if not new.instance_group:
-            new.instance_group.add()
-        for group in new.instance_group:
-            group.count = params.instance_count
-    return new
-
-
-def _drop_preferred_above(config: ModelConfig, max_batch_size: int) -> None:
-    lists = []
-    if config.HasField("dynamic_batching"):
-        lists.append(config.dynamic_batching.preferred_batch_size)
-    if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
-        lists.append(config.sequence_batching.oldest.preferred_batch_size)
-    for sizes in lists:
-        keep = [size for size in sizes if size <= max_batch_size]
-        if len(keep) != len(sizes):
-            del sizes[:]
-            sizes.extend(keep)
-
-
-# `--set KEY=VALUE` keys, with the config.pbtxt paths people also write.
-_SET_KEYS = {
-    "max_batch_size": "max_batch_size",
-    "max_queue_delay_microseconds": "max_queue_delay_microseconds",
-    "dynamic_batching.max_queue_delay_microseconds": "max_queue_delay_microseconds",
-    "preferred_batch_size": "preferred_batch_size",
-    "dynamic_batching.preferred_batch_size": "preferred_batch_size",
-    "instance_count": "instance_count",
-    "instance_group.count": "instance_count",
-}
-# (smallest, largest) each field accepts; the largest is the protobuf field's range.
-_SET_RANGES = {
-    "max_batch_size": (0, _INT32_MAX),
-    "max_queue_delay_microseconds": (0, _UINT64_MAX),
-    "preferred_batch_size": (1, _INT32_MAX),
-    "instance_count": (1, _INT32_MAX),
-}
-
-
-def parse_assignments(assignments: list[str] | tuple[str, ...]) -> SchedulingParams:
-    """`["max_batch_size=8", "preferred_batch_size=4,8", ...]` (from `--set`) as SchedulingParams."""
-    values: dict[str, int | tuple[int, ...]] = {}
-    for item in assignments:
-        key, sep, raw = item.partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep:
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. max_batch_size=8")
-        field = _SET_KEYS.get(key)
-        if field is None:
-            raise ConfigError(f"--set {item!r}: unknown key {key!r}; known keys: {', '.join(_SET_KEYS)}")
-        if field in values:
-            raise ConfigError(f"--set {item!r}: {field} is set more than once")
-        low, high = _SET_RANGES[field]
-        if field == "preferred_batch_size":
-            parts = [p.strip() for p in raw.split(",") if p.strip()]
-            if not parts:
-                raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")
-            values[field] = tuple(_int_in_range(item, p, low, high) for p in parts)
-        else:
-            values[field] = _int_in_range(item, raw, low, high)
-    return SchedulingParams(**values)
-
-
-def _int_in_range(item: str, raw: str, low: int, high: int) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"--set {item!r}: {raw!r} is not an integer") from None
-    if not low <= value <= high:
-        raise ConfigError(f"--set {item!r}: {low} <= value <= {high} must hold, but got {value}")
-    return value
 
 
 # --- Triton's rules on the scheduling fields ------------------------------------------------------

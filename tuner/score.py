@@ -2,10 +2,10 @@
 
 Capacity is the highest replay speed `s` of the recorded traffic at which the SLA holds, found by
 bracketing (doubling or halving from a guess) and then bisection in log space until the bracket's
-relative width is within the tolerance. The replay is injected: `replay(speed, attempt) ->
-Measurement`. A replay whose send lag broke its budget says nothing about the server; it is re-run
-(the caller gives later attempts more load-generator processes) and, if it stays invalid, the search
-stops there and says so (`limited_by="load_generator"`) instead of counting it as a server failure.
+relative width is within the tolerance. The measurement is injected: `probe(speed) -> Measurement`
+(`tuner.probe` on a real server, `tuner.simulate` in software). A measurement whose send lag broke its
+budget even after the probe's retries says nothing about the server: the search stops there and says
+so (`limited_by="load_generator"`) instead of counting it as a server failure.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tuner.cost import HOURS_PER_MONTH
 from tuner.measure import Measurement
 from tuner.settings import CapacitySettings, SlaSettings
 
-Replay = Callable[[float, int], Measurement]
+Probe = Callable[[float], Measurement]
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,14 @@ class Step:
     speed: float
     measurement: Measurement
     sla: SlaCheck
-    attempts: int  # replays run for this speed (more than 1 when a replay was invalid)
-
     @property
     def valid(self) -> bool:
         return self.measurement.valid
+
+    @property
+    def attempts(self) -> int:
+        """Replays run for this speed (more than 1 when the send lag broke its budget)."""
+        return self.measurement.attempts
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,12 @@ class Capacity:
 
 
 def find_capacity(
-    replay: Replay,
+    probe: Probe,
     sla: SlaSettings,
     settings: CapacitySettings,
+    *,
     start_speed: float | None = None,
     beat_rps: float | None = None,
-    invalid_retries: int = 2,
     min_speed: float | None = None,
     growth: float = 2.0,
     rate: float | None = None,
@@ -159,7 +162,8 @@ def find_capacity(
         )
 
     while len(steps) < settings.max_steps:
-        step = _measure(replay, speed, sla, invalid_retries)
+        m = probe(speed)
+        step = Step(speed, m, check_sla(m, sla))
         steps.append(step)
         if on_step:
             on_step(step)
@@ -188,16 +192,7 @@ def find_capacity(
     return done(limited_by="max_steps")
 
 
-def _measure(replay: Replay, speed: float, sla: SlaSettings, invalid_retries: int) -> Step:
-    attempt = 0
-    while True:
-        m = replay(speed, attempt)
-        if m.valid or attempt >= invalid_retries:
-            return Step(speed, m, check_sla(m, sla), attempt + 1)
-        attempt += 1
-
-
-# --- one trial's outcome, as the search reads it ---------------------------------------------------
+# --- what the search knows before a trial -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -206,22 +201,3 @@ class Hints:
 
     start_speed: float | None = None
     beat_rps: float | None = None  # prune once the bracket cannot beat this capacity
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    feasible: bool               # the SLA holds at the recorded load
-    violation: float             # the SLA constraint at the recorded load (<= 0: met)
-    capacity_rps: float
-    capacity_speed: float
-    scores: dict[str, float | None]  # "capacity" and "utilization" requests per dollar
-    pruned: bool = False
-    # flat, JSON-able figures for the trials table and the summary (latency, fill rate, steps...)
-    attrs: dict[str, float | int | str | bool | None] = field(default_factory=dict)
-    # per-request latencies of the replay at capacity (for CDFs); kept in memory, not in the storage
-    latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
-
-    def value(self, scoring: str) -> float:
-        """The objective under the study's scoring; 0 when the configuration does not qualify."""
-        score = self.scores.get(scoring)
-        return float(score) if self.feasible and score is not None else 0.0

@@ -108,10 +108,17 @@ class SearchSettings:
     max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
     preferred_batch_size: str = "none"
     instance_count: IntRange | None = None
+    # a bounded queue (dynamic_batching.default_queue_policy.max_queue_size; 0 = unbounded) rejects
+    # requests instead of letting latency grow: tuned only when given a range
+    max_queue_size: IntRange | None = None
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     top_k: int = 3
     remeasure_repeats: int = 3
     grid_per_octave: int = 1  # grid sampler: points per doubling on a log-scale range (1: powers of two)
+    # a worker's trial is alive while its heartbeat reaches the storage every heartbeat_s; one silent
+    # for grace_period_s (its host died) is failed and run again by another worker
+    heartbeat_s: int = 10
+    grace_period_s: int = 60
 
 
 @dataclass(frozen=True)
@@ -306,6 +313,7 @@ def _check(s: StudySettings, source: str) -> None:
                 "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
                 "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
                 "search.trials", "search.top_k", "search.remeasure_repeats", "search.grid_per_octave",
+                "search.heartbeat_s", "search.grace_period_s",
                 "cost.price_per_hour",
                 "traffic.duration_s", "traffic.busiest_s", "search.timeout_s"):
         positive(key)
@@ -318,7 +326,7 @@ def _check(s: StudySettings, source: str) -> None:
     if s.traffic.busiest_s is not None and s.traffic.start_s is not None:
         raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
     for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
-                         ("search.instance_count", 1)):
+                         ("search.instance_count", 1), ("search.max_queue_size", 0)):
         r = _get(s, key)
         if r is None:
             continue
@@ -327,6 +335,11 @@ def _check(s: StudySettings, source: str) -> None:
                                 f"but got (low={r.low}, high={r.high})")
         if r.step < 1:
             raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
+        if r.log and r.low < 1:
+            raise SettingsError(f"{source}: {key}: a log range needs low >= 1, got low={r.low}")
+    if s.search.grace_period_s <= s.search.heartbeat_s:
+        raise SettingsError(f"{source}: search.grace_period_s: must be > search.heartbeat_s "
+                            f"({s.search.heartbeat_s}), got {s.search.grace_period_s}")
     if s.server.launcher == "remote" and not s.server.url:
         raise SettingsError(f"{source}: server.url: required when server.launcher is remote")
     if not s.name or not s.model:

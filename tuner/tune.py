@@ -1,54 +1,186 @@
-"""`tuner tune` as a library call: check the inputs, run the study, write its outputs and report.
-
-The one place the whole flow is wired: evaluation (server + replay) -> search -> export -> report.
+"""`tuner tune` as a library call: check the inputs, run the study, re-measure the best, write the
+outputs and the report. The one place the whole flow is wired: evaluation (server + replay) ->
+search -> export -> report. Progress goes to a `Progress` the caller gives (the CLI draws bars).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner import evaluate, export, modelconfig, search
+import optuna
+import pandas as pd
+
+from tuner import evaluate, export, modelconfig, search, space
 from tuner.cost import price_for
-from tuner.errors import TunerError
+from tuner.errors import ConfigError, TunerError, UnmeasuredError
+from tuner.files import check_output_dir
 from tuner.report import write_report
+from tuner.settings import StudySettings
 from tuner.traffic import mean_rps, peak_rps
 
+__all__ = ["Prepared", "Progress", "prepare", "tune"]
 
-def tune(settings, trials: int, timeout_s: float | None = None, storage: str | None = None,
-         workers: int = 1, progress: bool = True) -> dict:
-    """Check the inputs (exit 2 before any server starts), run the study, write its outputs."""
-    base = evaluate.base_config(settings)
+
+class Progress:
+    """What `tune` reports while it works; the default says nothing (the CLI draws bars)."""
+
+    def note(self, text: str) -> None:
+        """A line worth telling before the work starts (where the study lives, a narrowed space)."""
+
+    def trials(self, study: optuna.Study, total: int) -> None:
+        """The trial loop starts (or resumes) on `study`, `total` trials in all."""
+
+    def trial_done(self, study: optuna.Study) -> None:
+        """A trial finished (here or in another worker)."""
+
+    def remeasure(self, total: int) -> None:
+        """The re-measurement starts: `total` measurements."""
+
+    def remeasured_one(self) -> None:
+        """One re-measurement finished."""
+
+    def close(self) -> None:
+        """The work is over (also on an error)."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A study checked and ready to run: everything known before a server starts."""
+
+    settings: StudySettings           # the space may be narrowed to fit the traffic
+    base: modelconfig.ModelConfig
+    traffic: pd.DataFrame = field(repr=False)
+    storage: str
+    notes: tuple[str, ...] = ()
+
+
+def prepare(settings: StudySettings, storage: str | None = None) -> Prepared:
+    """Check everything the study needs before a server starts (bad input: exit 2 here, with
+    nothing written but the output directory): the model's config, the traffic, the space, the
+    output directory, the storage."""
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+    base = evaluate.base_config(settings)
     modelconfig.validate(base, str(base_path))
+    space.check_tunable(base, str(base_path))
     traffic = evaluate.study_traffic(settings)
-    price = price_for(settings.cost)
+    price_for(settings.cost)
+    notes = []
+    largest, where = _largest_request(traffic)
+    if largest > base.max_batch_size:
+        raise ConfigError(
+            f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
+            f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
+    narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
+    if note:
+        notes.append(note)
+    settings = dataclasses.replace(settings, search=narrowed)
+    incumbent = space.from_config(base, settings.search)
+    off = space.outside(incumbent, settings.search)
+    if off:
+        notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "
+                     f"baseline, the search does not explore around it")
+    check_output_dir(settings.output, "output directory")
     url = search.storage_url(settings, storage)
-    Path(settings.output).mkdir(parents=True, exist_ok=True)
-    metadata = {
-        "scoring": settings.scoring,
-        "model": settings.model,
-        "study_file": settings.source,
-        "storage": url,
-        "base_config": modelconfig.to_text(base),
-        "base_config_source": base_path.read_text(),  # as the user wrote it: its comments go on
-        "preferred_batch_size": settings.search.preferred_batch_size,
-        "sla": dataclasses.asdict(settings.sla),
-        "traffic": {**dataclasses.asdict(settings.traffic), "requests": len(traffic),
-                    "peak_rps": peak_rps(traffic, settings.traffic.speed),
-                    "mean_rps": mean_rps(traffic)},
-        "price": price.as_dict(),
+    notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
+    return Prepared(settings, base, traffic, url, tuple(notes))
+
+
+def _largest_request(traffic: pd.DataFrame) -> tuple[int, str]:
+    if "batch_size" not in traffic.columns or traffic.empty:
+        return 1, "every request has 1 row"
+    i = int(traffic["batch_size"].to_numpy().argmax())
+    return int(traffic["batch_size"].iloc[i]), f"row {i}, timestamp {traffic['timestamp'].iloc[i]}"
+
+
+def identity(p: Prepared) -> dict:
+    """What the study's trials were measured against: a resumed study must match it."""
+    s = p.settings
+    knobs = {k.name: (dataclasses.asdict(r) if dataclasses.is_dataclass(r) else list(r))
+             for k in space.tuned(s.search) for r in [k.range_of(s.search)]}
+    return {
+        "model": s.model,
+        "base_config": modelconfig.to_text(p.base),
+        "traffic": f"{len(p.traffic)} requests, hash {int(pd.util.hash_pandas_object(p.traffic, index=False).sum()) & (2**63 - 1):x}",
+        "speed": s.traffic.speed,
+        "sla": dataclasses.asdict(s.sla),
+        "price_per_hour": price_for(s.cost).price_per_hour,
+        "scoring": s.scoring,
+        "space": {**knobs, "preferred_batch_size": s.search.preferred_batch_size,
+                  "grid_per_octave": s.search.grid_per_octave},
+        "measurement": {"capacity": dataclasses.asdict(s.search.capacity), "warmup_s": s.replay.warmup_s,
+                        "protocol": s.replay.protocol},
     }
-    open_evaluation = functools.partial(evaluate.session, settings, str(Path(settings.output) / "server"))
-    study, remeasured = search.tune(settings, open_evaluation, url, n_trials=trials, timeout_s=timeout_s,
-                                    workers=workers, incumbent=evaluate.incumbent_params(base, settings.search),
-                                    metadata=metadata, progress=progress)
-    summary = export.write_outputs(study, settings.output)
-    if remeasured:  # None when a resumed study had nothing new: the records of its last run stand
-        export.write_latency_records(remeasured, settings.output)
+
+
+def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None, storage: str | None = None,
+         workers: int = 1, progress: Progress | None = None) -> dict:
+    """Run the study (resuming it if its storage holds it), re-measure the best, write the outputs;
+    returns the summary. UnmeasuredError after writing them when no trial could be measured."""
+    progress = progress or Progress()
+    p = prepare(settings, storage)
+    for note in p.notes:
+        progress.note(note)
+    s = p.settings
+    metadata = {
+        "scoring": s.scoring,
+        "model": s.model,
+        "study_file": s.source,
+        "storage": p.storage,
+        "base_config": modelconfig.to_text(p.base),
+        "base_config_source": (Path(s.model_repository) / s.model / "config.pbtxt").read_text(),
+        "preferred_batch_size": s.search.preferred_batch_size,
+        "sla": dataclasses.asdict(s.sla),
+        "lag_budget_ms": s.replay.lag_budget_ms,
+        "traffic": {**dataclasses.asdict(s.traffic), "requests": len(p.traffic),
+                    "peak_rps": peak_rps(p.traffic, s.traffic.speed), "mean_rps": mean_rps(p.traffic)},
+        "price": price_for(s.cost).as_dict(),
+    }
+    study = search.open_study(s, p.storage, sampler=search.make_sampler(s.search),
+                              incumbent=space.from_config(p.base, s.search), metadata=metadata,
+                              identity=identity(p))
+    search.requeue_interrupted(study)
+    total = trials if s.search.sampler != "grid" else min(trials, space.grid_size(s.search) + 1)
+    open_evaluation = functools.partial(evaluate.session, s, str(Path(s.output) / "server"))
     try:
-        summary["report"] = str(write_report(settings.output))
+        progress.trials(study, total)
+        if workers <= 1:
+            with open_evaluation() as evaluate_trial:
+                search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s,
+                                  on_trial=lambda _t: progress.trial_done(study))
+                repeats = _remeasure(study, evaluate_trial, s, progress)
+        else:
+            search.run_workers(s, open_evaluation, p.storage, trials, workers=workers, timeout_s=timeout_s,
+                               poll=lambda: progress.trial_done(study))
+            with open_evaluation() as evaluate_trial:
+                repeats = _remeasure(study, evaluate_trial, s, progress)
+    finally:
+        progress.close()
+    summary = export.write_outputs(study, s.output)
+    if repeats is not None:  # None: a resumed study had nothing new, the records of its last run stand
+        export.write_latency_records(repeats, s.output)
+    try:
+        summary["report"] = str(write_report(s.output))
     except TunerError as exc:  # the study's outputs stand without the report; say why it is missing
         summary["report_error"] = str(exc)
+    counts = summary["trials"]
+    if counts["unmeasured"] and not counts["complete"] and not counts["pruned"]:
+        raise UnmeasuredError(export.unmeasured_advice(summary))
     return summary
+
+
+def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, progress: Progress):
+    # a study run again with no new trial keeps its re-measurement
+    if (study.user_attrs.get("remeasured_at") == search.finished_count(study)
+            and "remeasured" in study.user_attrs):
+        return None
+    top = search.top_trials(study, settings.search.top_k)
+    incumbent = search.incumbent_trial(study)
+    n = len(top) + (1 if top and incumbent and all(t.params != incumbent.params for t in top) else 0)
+    progress.remeasure(n * settings.search.remeasure_repeats)
+    repeats = search.remeasure(study, evaluate_trial, settings, progress=progress.remeasured_one)
+    study.set_user_attr("remeasured", [search.repeats_as_dict(r) for r in repeats])
+    study.set_user_attr("remeasured_at", search.finished_count(study))
+    return repeats

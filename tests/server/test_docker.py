@@ -20,16 +20,17 @@ from pathlib import Path
 import pytest
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.localhost import free_ports
 from tuner.server.docker import (
     LABEL_MANAGED,
     LABEL_SESSION,
     DockerLauncher,
     device_requests,
-    free_ports,
     log_tail,
     managed_containers,
 )
 from tuner.settings import ServerSettings
+from tuner.trial import CRASHED
 
 from .contract import LauncherContract, template, with_batching
 
@@ -438,14 +439,14 @@ def test_a_container_killed_in_the_middle_of_a_trial_fails_that_trial_and_the_st
         crashed = evaluate(params, Hints())
         watcher.join(timeout=5)
         assert killed, "the container was never killed: the replay did not start"
-        assert crashed.feasible is False and crashed.attrs["crashed"] is True
-        assert "the server crashed" in crashed.attrs["sla_reason"]
-        assert "Started HTTPService" in crashed.attrs["server_error"]  # the container's last log lines
+        assert crashed.outcome == CRASHED and not crashed.meets_sla
+        assert "the server crashed" in crashed.sla_reason
+        assert "Started HTTPService" in crashed.note  # the container's last log lines
         # a new container took its place and the next trial is measured normally
         now = ours()
         assert len(now) == 1 and now[0].id != first[0].id
         again = evaluate(params, Hints())
-        assert again.attrs.get("crashed") is not True and again.attrs["valid"] is True
+        assert again.outcome != CRASHED and again.at_load.valid
     assert not ours()
 
 

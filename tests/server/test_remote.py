@@ -76,11 +76,11 @@ def test_server_not_in_explicit_mode_is_refused(triton_install, templates_dir, t
     import subprocess
     import time
 
+    from tuner.localhost import free_ports
     from tuner.server.client import TritonHttp
-    from tuner.server.local import _free_ports
 
     shutil.copytree(templates_dir / "matmul_cpu", tmp_path / "repo" / "matmul_cpu")
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     env = dict(os.environ, LD_LIBRARY_PATH=str(triton_install.lib_dir),
                TUNER_MODEL_PYTHONPATH=str(triton_install.model_pythonpath))
     cmd = [str(triton_install.binary), "--model-repository", str(tmp_path / "repo"),

@@ -13,8 +13,7 @@ import sys
 from tuner import __version__
 from tuner.errors import Terminated, TunerError, sigterm_as_interrupt
 
-# Command-group modules, in the order `tuner --help` lists them. A module that is not there yet is
-# skipped, so the groups can land one by one.
+# Command-group modules, in the order `tuner --help` lists them (one that fails to import is an error).
 COMMAND_MODULES = (
     "tuner.cli.tune_cmd",
     "tuner.cli.replay_cmd",
@@ -37,13 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

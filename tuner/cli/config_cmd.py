@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.errors import ConfigError, InputError
+from tuner.files import write_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "set",
         help="change the tuned fields of a config.pbtxt",
         description="Change only the named scheduling fields and print the new config (or write it "
-        "to -o OUT). Keys: max_batch_size, max_queue_delay_microseconds, preferred_batch_size "
-        "(a comma list, e.g. 4,8), instance_count (alias instance_group.count). Preferred batch sizes "
+        f"to -o OUT). Keys: {', '.join(space.NAMES)} (or their config.pbtxt paths, e.g. "
+        "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
     )
     set_.add_argument("path", metavar="PATH", help="the config.pbtxt to start from")
@@ -88,11 +88,11 @@ def _check(args: argparse.Namespace) -> int:
 
 def _set(args: argparse.Namespace) -> int:
     path = Path(args.path)
-    params = modelconfig.parse_assignments(args.assignments)
+    params = space.parse_assignments(args.assignments)
     config = modelconfig.load(path)
     modelconfig.validate(config, str(path))
     try:
-        new = modelconfig.apply_params(config, params)
+        new = space.apply(config, params)
         modelconfig.validate(new, str(path))
     except ConfigError as exc:
         message = str(exc)
@@ -131,31 +131,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _write(target: Path, text: str) -> None:
-    # Write beside the target and rename, so a failure never leaves half a config behind.
-    directory = target.parent
-    if not directory.is_dir():
-        raise InputError(f"{target}: directory {directory} does not exist")
-    if target.is_dir():
-        raise InputError(f"{target}: is a directory")
-    try:
-        mode = target.stat().st_mode & 0o777 if target.exists() else _default_mode()
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(text)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as exc:
-        raise InputError(f"{target}: cannot write: {exc.strerror or exc}") from None
-
-
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    if not target.parent.is_dir():
+        raise InputError(f"{target}: directory {target.parent} does not exist")
+    write_atomic(target, text)  # a failure never leaves half a config behind
 
 
 def _show(args: argparse.Namespace) -> int:

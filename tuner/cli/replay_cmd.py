@@ -6,11 +6,11 @@ import argparse
 import dataclasses
 import json
 import math
-from pathlib import Path
 
-from tuner import modelconfig
+from tuner import space
 from tuner.errors import SettingsError
-from tuner.measure import Measurement, measure
+from tuner.files import check_output_file, write_atomic
+from tuner.measure import Measurement
 from tuner.settings import load_study
 
 
@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     # Imported here: `tuner --help` need not load the server and traffic stacks.
-    from tuner.evaluate import study_traffic
-    from tuner.replay import replay
+    from tuner.evaluate import base_config, study_traffic
+    from tuner.probe import make_probe, whole_traffic
     from tuner.server import make_launcher
 
     settings = load_study(args.study)
@@ -55,38 +55,32 @@ def _replay(args: argparse.Namespace) -> int:
         raise SettingsError(f"--duration: must be > 0, got {args.duration}")
     if args.workers is not None and args.workers < 0:
         raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
-    replay_settings = dataclasses.replace(
+    if args.json:
+        check_output_file(args.json, "--json")  # before minutes of replay, not after
+    settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
         workers=settings.replay.workers if args.workers is None else args.workers,
-    )
-    params = modelconfig.parse_assignments(args.assignments)
-    config = None
-    if args.assignments:
-        base = modelconfig.load(Path(settings.model_repository) / settings.model / "config.pbtxt")
-        config = modelconfig.apply_params(base, params)
+    ))
+    params = space.parse_assignments(args.assignments)
+    config = space.apply(base_config(settings), params) if params else None
     traffic = study_traffic(settings)
-    duration = None if args.duration is None else replay_settings.warmup_s + args.duration
+    say = []
 
     with make_launcher(settings) as launcher:
         running = launcher.apply_config(settings.model, config) if config is not None else \
             launcher.model_config(settings.model)
-        result = replay(launcher.endpoints, settings.model, traffic, speed, replay_settings,
-                        duration_s=duration, stats=lambda: launcher.statistics(settings.model),
-                        progress=True)
-    m = measure(result.records, result.stats_before, result.stats_after, speed=speed,
-                warmup_s=result.warmup_s, lag_budget_ms=replay_settings.lag_budget_ms,
-                max_batch_size=int(running.max_batch_size), sla_percentile=settings.sla.percentile,
-                load_generator_cpu=result.load_generator_cpu, workers=result.workers,
-                duration_s=result.duration_s)
-    print(f"replay: {settings.model} at speed {speed:g}, {result.mode} ({result.workers} Locust "
-          f"process{'es' if result.workers > 1 else ''}: {result.reason})")
+        probe = make_probe(launcher, settings, whole_traffic(traffic, settings.replay.warmup_s, args.duration),
+                           max_batch_size=int(running.max_batch_size), progress=True, on_measure=say.append)
+        m = probe(speed)
+    print(f"replay: {settings.model} at speed {speed:g}, {m.workers} Locust process{'es' if m.workers > 1 else ''}"
+          + (f", {m.attempts} attempts (the send lag broke its budget)" if m.attempts > 1 else ""))
     print(format_measurement(m, settings.sla.percentile))
     if args.json:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
-        data = {"measurement": figures, "mode": result.mode, "workers": result.workers,
-                "reason": result.reason, "params": params.as_dict()}
-        Path(args.json).write_text(json.dumps(_finite(data), indent=2) + "\n")
+        data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+        write_atomic(args.json, json.dumps(_finite(data), indent=2) + "\n")
     return 0
 
 

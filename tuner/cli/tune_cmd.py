@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 import optuna
+from tqdm import tqdm
 
-from tuner import export
-from tuner.errors import NoFeasibleConfigError, SettingsError
+from tuner import export, search
+from tuner.errors import NoFeasibleConfigError, SettingsError, UnmeasuredError
 from tuner.settings import load_study
-from tuner.tune import tune
+from tuner.tune import Progress, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,8 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trials", type=int, metavar="N", help="trials in all (default: search.trials)")
     parser.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S seconds")
     parser.add_argument("--output", metavar="DIR", help="output directory (default: the study's output)")
-    parser.add_argument("--storage", metavar="URL", help="Optuna storage URL or journal file "
-                        "(default: DIR/study.journal)")
+    parser.add_argument("--storage", metavar="URL", help="Optuna storage URL, e.g. postgresql://... for "
+                        "workers on several hosts (default: sqlite:///DIR/study.db)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes on this machine, each with its own server (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -44,8 +46,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--trials", args.trials), ("--workers", args.workers), ("--timeout", args.timeout)):
         if value is not None and value <= 0:
             raise SettingsError(f"{flag}: must be > 0, got {value}")
-    summary = tune(settings, trials=args.trials or settings.search.trials, timeout_s=args.timeout,
-                   storage=args.storage, workers=args.workers, progress=not args.quiet)
+    bars = _Bars(enabled=not args.quiet)
+    try:
+        summary = tune(settings, trials=args.trials or settings.search.trials, timeout_s=args.timeout,
+                       storage=args.storage, workers=args.workers, progress=bars)
+    except UnmeasuredError:
+        print(f"outputs: {settings.output}", file=sys.stderr)
+        raise
     print(export.closing_table(summary))
     print(f"\n{summary['message']}\noutputs: {settings.output}")
     if summary.get("report"):
@@ -55,3 +62,43 @@ def run(args: argparse.Namespace) -> int:
     if not summary["feasible"]:
         raise NoFeasibleConfigError(summary["message"])
     return 0
+
+
+class _Bars(Progress):
+    """tqdm bars on stderr: the trials (with the best so far), then the re-measurement."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def note(self, text: str) -> None:
+        print(f"tuner: {text}", file=sys.stderr, flush=True)
+
+    def trials(self, study: optuna.Study, total: int) -> None:
+        self._new(total, min(search.finished_count(study), total), "trials")
+
+    def trial_done(self, study: optuna.Study) -> None:
+        if self.bar is None:
+            return
+        self.bar.n = min(search.finished_count(study), self.bar.total)
+        best = search.best_trial(study)
+        if best is not None:
+            self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
+        self.bar.refresh()
+
+    def remeasure(self, total: int) -> None:
+        self._new(total, 0, "re-measure")
+
+    def remeasured_one(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _new(self, total: int, initial: int, desc: str) -> None:
+        self.close()
+        if self.enabled:
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="trial", dynamic_ncols=True)

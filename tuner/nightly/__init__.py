@@ -18,8 +18,8 @@ from tuner.nightly.rule import (
     EXIT_CHANGE,
     EXIT_KEEP,
     EXIT_UNMEETABLE,
+    ArmResult,
     Decision,
-    Replay,
     decide,
 )
 from tuner.nightly.settings import NightlySettings, load_nightly
@@ -32,7 +32,7 @@ __all__ = [
     "Engine",
     "NightResult",
     "NightlySettings",
-    "Replay",
+    "ArmResult",
     "SearchResult",
     "decide",
     "format_history",

@@ -13,26 +13,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import optuna
 import pandas as pd
 from optuna.trial import TrialState
 from tqdm import tqdm
 
 from tuner import evaluate as evaluate_mod
-from tuner import search
-from tuner.cost import price_for
-from tuner.errors import ReplayError
-from tuner.measure import measure
+from tuner import search, space
+from tuner.export import trials_frame
+from tuner.files import write_atomic
 from tuner.modelconfig import ModelConfig
 from tuner.nightly.job import SearchResult
-from tuner.nightly.rule import Replay
-from tuner.score import Hints, TrialResult, check_sla, utilization_score
+from tuner.nightly.rule import ArmResult
+from tuner.score import Hints
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
-from tuner.traffic import read_traffic, step_window
+from tuner.traffic import read_traffic
+from tuner.trial import UNMEASURED, TrialRecord
 
-LoadReplay = Callable[[dict], TrialResult]
-TRIES = 2  # a confirmation replay whose send lag broke its budget is run once more
+LoadReplay = Callable[[dict], TrialRecord]
 
 
 class RealEngine:
@@ -50,51 +48,49 @@ class RealEngine:
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
         storage = f"sqlite:///{workdir / 'study.db'}"
         settings = dataclasses.replace(self.study, output=str(workdir), storage=storage)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says enough
-        study = search.open_study(settings, storage, incumbent=None,
-                                  metadata={"scoring": settings.scoring, "nightly": True})
+        study = search.open_study(settings, storage, sampler=search.make_sampler(settings.search),
+                                  metadata={"scoring": settings.scoring, "nightly": True, "storage": storage})
         for k, params in enumerate(enqueue):
             study.enqueue_trial(params, user_attrs={"enqueued": k, "incumbent": k == len(enqueue) - 1})
         total = len(enqueue) + trials
         with tqdm(total=total, desc="nightly search", unit="trial", leave=False) as bar:
-            search.run_trials(study, settings, self.evaluate, total, timeout_s=None,
-                              lock=search.lock_path(storage), on_trial=lambda _t: bar.update())
-        study.trials_dataframe().to_csv(workdir / "trials.csv", index=False)
+            search.run_trials(study, settings, self.evaluate, total, on_trial=lambda _t: bar.update())
+        write_atomic(workdir / "trials.csv", trials_frame(study).to_csv(index=False))
         for t in study.trials:
             if t.user_attrs.get("capacity_speed"):
-                self.speeds[_key(t.params)] = t.user_attrs["capacity_speed"]
-        top = search.top_trials(study, 1)
+                self.speeds[_key(search.config_of(t))] = t.user_attrs["capacity_speed"]
+        feasible = search.feasible_trials(study)
         done = search.finished_count(study)
-        feasible = len(search.top_trials(study, total))
         prod_values = [t.value or 0.0 for t in study.trials
-                       if t.state == TrialState.COMPLETE and _key(t.params) == _key(production)]
+                       if t.state == TrialState.COMPLETE and _key(search.config_of(t)) == _key(production)]
         prod_value = max(prod_values) if prod_values else None
-        if not top:
+        if not feasible:
             return SearchResult(None, None, done, 0, prod_value)
-        best = dict(top[0].user_attrs.get("config") or top[0].params)
-        return SearchResult(best, float(top[0].value), done, feasible, prod_value)
+        return SearchResult(search.config_of(feasible[0]), float(feasible[0].value), done, len(feasible), prod_value)
 
-    def replay(self, params: dict, arm: str) -> Replay:
-        try:
-            if self.load_replay is not None:
-                result = self.load_replay(dict(params))
-            else:
-                result = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))
-        except ReplayError as exc:  # the load generator could not keep up: says nothing of the arm
-            return Replay(arm, False, None, valid=False, note=str(exc).splitlines()[0])
-        return to_replay(result, arm, self.study.scoring, self.study.sla.percentile)
+    def replay(self, params: dict, arm: str) -> ArmResult:
+        if self.load_replay is not None:
+            record = self.load_replay(dict(params))
+        else:
+            record = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))
+        return to_arm(record, arm, self.study.scoring, self.study.sla.percentile)
 
 
-def to_replay(result: TrialResult, arm: str, scoring: str, percentile: float) -> Replay:
-    attrs = result.attrs
-    latency = attrs.get(f"latency_p{percentile:g}_ms", attrs.get("latency_ms", float("nan")))
-    valid = bool(attrs.get("valid", True))
-    note = str(attrs.get("sla_reason") or attrs.get("invalid_reason") or "")
-    score = result.scores.get(scoring)
-    return Replay(arm, bool(result.feasible), None if score is None else float(score),
-                  latency_ms=float(latency) if latency is not None else float("nan"),
-                  error_rate=float(attrs.get("error_rate", 0.0) or 0.0), valid=valid, note=note,
-                  detail={k: v for k, v in attrs.items() if isinstance(v, (int, float, str, bool))})
+def to_arm(record: TrialRecord, arm: str, scoring: str, percentile: float) -> ArmResult:
+    """A confirmation replay's record as the rule reads it (unmeasured: not valid, no verdict)."""
+    load = record.at_load
+    latency = load.latency_ms.get(f"p{percentile:g}") if load is not None else None
+    score = record.scores.get(scoring)
+    valid = record.outcome != UNMEASURED
+    return ArmResult(arm, record.meets_sla, None if score is None or not valid else float(score),
+                     latency_ms=float(latency) if latency is not None else float("nan"),
+                     error_rate=load.error_rate if load is not None else 0.0, valid=valid,
+                     note=record.note if not valid else record.sla_reason,
+                     detail={k: v for k, v in (("requests", load.requests if load else 0),
+                                               ("send_lag_p99_ms", load.send_lag_p99_ms if load else None),
+                                               ("busy_s", load.busy_s if load else 0.0),
+                                               ("mean_batch_size", load.mean_batch_size if load else 0.0))
+                             if v is not None})
 
 
 def _key(params: dict) -> tuple:
@@ -110,38 +106,14 @@ def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
 
 def make_load_replay(launcher: Launcher, study: StudySettings, production: ModelConfig,
                      traffic: pd.DataFrame) -> LoadReplay:
-    """One replay at the recorded load, measured and scored as the study's evaluation scores its
-    first step (same window, same SLA check, same utilization score); a replay whose send lag broke
-    its budget is run once more, then reported invalid."""
-    from tuner.replay import replay  # Locust runs in subprocesses; this side stays unpatched
+    """One replay at the recorded load, measured and scored as a trial's first step (the same
+    measurement step, window, SLA check and utilization score), for utilization scoring, where the
+    confirmation needs no capacity search."""
+    measure = evaluate_mod.make_measure(launcher, study, traffic, capacity=False)
 
-    price = price_for(study.cost).price_per_hour
-    speed = study.traffic.speed
-    window, warmup = step_window(traffic, speed, study.replay.warmup_s,
-                                              study.search.capacity.step_duration_s)
-    duration = warmup + study.search.capacity.step_duration_s
-
-    def run(params: dict) -> TrialResult:
-        launcher.apply_config(study.model, evaluate_mod.trial_config(production, params, study.search))
-        for _ in range(TRIES):
-            r = replay(launcher.endpoints, study.model, window, speed, study.replay, warmup_s=warmup,
-                       duration_s=duration, stats=lambda: launcher.statistics(study.model))
-            m = measure(r.records, r.stats_before, r.stats_after, speed=speed, warmup_s=r.warmup_s,
-                        lag_budget_ms=study.replay.lag_budget_ms, max_batch_size=int(params["max_batch_size"]),
-                        sla_percentile=study.sla.percentile, load_generator_cpu=r.load_generator_cpu,
-                        workers=r.workers, duration_s=r.duration_s)
-            if m.valid:
-                break
-        if not m.valid:
-            raise ReplayError(f"confirmation replay stayed invalid after {TRIES} tries: {m.invalid_reason}")
-        sla = check_sla(m, study.sla)
-        attrs = {f"latency_{k}_ms": v for k, v in m.latency_ms.items()}
-        attrs.update(valid=m.valid, sla_reason=sla.reason, error_rate=m.error_rate, busy_s=m.busy_s,
-                     mean_batch_size=m.mean_batch_size, requests=m.requests, send_lag_p99_ms=m.send_lag_ms["p99"])
-        return TrialResult(feasible=sla.ok, violation=sla.violation, capacity_rps=0.0, capacity_speed=0.0,
-                           scores={"utilization": utilization_score(m, price) if sla.ok else None,
-                                   "capacity": None},
-                           attrs=attrs)
+    def run(params: dict) -> TrialRecord:
+        launcher.apply_config(study.model, space.apply(production, params, study.search))
+        return measure(params, Hints())
 
     return run
 

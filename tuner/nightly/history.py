@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from tuner import space
 from tuner.errors import TunerError
 
 HISTORY_NAME = "history.jsonl"
@@ -60,17 +61,8 @@ def read_history(output: str | Path) -> list[dict]:
     return nights
 
 
-def last_night(output: str | Path) -> dict | None:
-    nights = read_history(output)
-    return nights[-1] if nights else None
-
-
 def _params(p: dict | None) -> str:
-    if not p:
-        return "-"
-    short = {"max_batch_size": "mbs", "max_queue_delay_microseconds": "delay_us",
-             "instance_count": "inst", "preferred_batch_size": "pref"}
-    return " ".join(f"{short.get(k, k)}={v}" for k, v in sorted(p.items()))
+    return space.describe(p) if p else "-"
 
 
 def history_table(nights: list[dict]) -> pd.DataFrame:

@@ -22,7 +22,7 @@ from typing import Protocol
 import pandas as pd
 from tqdm import tqdm
 
-from tuner import evaluate, modelconfig
+from tuner import modelconfig, space
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, rundir
@@ -30,10 +30,11 @@ from tuner.nightly.intake import newest_traffic
 from tuner.nightly.lock import run_lock
 from tuner.nightly.rule import (
     EXIT_UNMEETABLE,
+    ArmResult,
     Decision,
-    Replay,
     decide,
     keep,
+    pair_gains,
 )
 from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
 from tuner.nightly.summary import markdown_summary
@@ -58,7 +59,7 @@ class Engine(Protocol):
         """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
         the best and production's own trial."""
 
-    def replay(self, params: dict, arm: str) -> Replay:
+    def replay(self, params: dict, arm: str) -> ArmResult:
         """Apply `params` to production's config on the server and replay tonight's traffic once."""
 
 
@@ -72,7 +73,7 @@ class NightResult:
     run_dir: Path
     production: dict
     candidate: dict | None
-    pairs: list[tuple[Replay, Replay]] = field(default_factory=list)
+    pairs: list[tuple[ArmResult, ArmResult]] = field(default_factory=list)
     entry: dict = field(default_factory=dict)
 
     @property
@@ -133,7 +134,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     prod_path = production_config_path(settings, study)
     production_cfg = modelconfig.load(prod_path)
     # production's config as trial parameters, in the study's space (the search's own reading)
-    production = evaluate.incumbent_params(production_cfg, study.search)
+    production = space.from_config(production_cfg, study.search)
     keys = set(production)
     output = Path(settings.output)
     started = now or datetime.now(timezone.utc)
@@ -162,7 +163,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         candidate = found.best
         diff = ""
         if decision.decision == "change":
-            proposed = evaluate.trial_config(production_cfg, candidate, study.search)
+            proposed = space.apply(production_cfg, candidate, study.search)
             modelconfig.validate(proposed, "proposed config")
             (staging / "proposed").mkdir()
             (staging / "proposed" / "config.pbtxt").write_text(
@@ -174,7 +175,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         sla = f"p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms, errors <= {study.sla.max_error_rate:.2%}"
         drift.to_csv(staging / "drift.csv", index=False)
         (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
-        _write_pairs(staging / "confirmation.csv", pairs, decision)
+        _write_pairs(staging / "confirmation.csv", pairs)
         (staging / "summary.md").write_text(markdown_summary(
             stamp=stamp, model=study.model, decision=decision, production=production,
             candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, diff=diff))
@@ -209,7 +210,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
 
 
 def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, production: dict,
-                  nights: list[dict], drift: pd.DataFrame) -> tuple[Decision, list[tuple[Replay, Replay]]]:
+                  nights: list[dict], drift: pd.DataFrame) -> tuple[Decision, list[tuple[ArmResult, ArmResult]]]:
     """Whether tonight's best needs a confirmation at all, and if so the A/B replays and the rule."""
     candidate = found.best
     previous = nights[-1] if nights else None
@@ -230,7 +231,7 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
     if gain is not None and gain < settings.confirm.margin:
         return keep(f"the search's best beat production by only {gain:+.2%} "
                     f"(margin {settings.confirm.margin:.0%}); no confirmation needed"), []
-    pairs: list[tuple[Replay, Replay]] = []
+    pairs: list[tuple[ArmResult, ArmResult]] = []
     with tqdm(total=2 * settings.confirm.pairs, desc="confirmation A/B", unit="replay", leave=False) as bar:
         for _ in range(settings.confirm.pairs):
             a = engine.replay(production, "production")
@@ -252,12 +253,12 @@ def _header(stamp: str, study: StudySettings, decision: Decision, production: Mo
     return "".join(f"# {line}\n" for line in lines) + "\n"
 
 
-def _write_pairs(path: Path, pairs: list[tuple[Replay, Replay]], decision: Decision) -> None:
+def _write_pairs(path: Path, pairs: list[tuple[ArmResult, ArmResult]]) -> None:
     rows = []
-    for k, (p, c) in enumerate(pairs, 1):
+    for k, ((p, c), gain) in enumerate(zip(pairs, pair_gains(pairs), strict=True), 1):
         for r in (p, c):
             row = {"pair": k, **{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "detail"}}
             row.update({f"detail.{key}": v for key, v in r.detail.items()})
             rows.append(row)
-        rows[-1]["gain"] = decision.gains[k - 1] if k - 1 < len(decision.gains) else None
+        rows[-1]["gain"] = gain
     pd.DataFrame(rows).to_csv(path, index=False)

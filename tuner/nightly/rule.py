@@ -3,7 +3,8 @@
 Production (A) and the candidate (B) are replayed alternately on tonight's traffic, A/B/A/B...,
 at least three pairs. A change is proposed only when
 
-  1. every replay is valid (the load generator kept its send-lag budget), and
+  1. the pairs it judges are valid (the load generator kept its send-lag budget in both replays; a pair
+     that could not be measured is reported and left out, and fewer than the pairs asked for keeps), and
   2. the candidate met the SLA in every one of its replays, and
   3. the candidate's requests per dollar beat production's by at least the margin (default 5%),
      by one of two rules (`confirm.rule`):
@@ -28,13 +29,11 @@ from dataclasses import dataclass, field
 EXIT_KEEP = 0
 EXIT_CHANGE = 10
 EXIT_UNMEETABLE = 3
-EXIT_BAD_INPUT = 2
-EXIT_ERROR = 1
 
 
 @dataclass(frozen=True)
-class Replay:
-    """One confirmation replay of one configuration."""
+class ArmResult:
+    """One confirmation replay of one arm (production or the candidate)."""
 
     arm: str                                # "production" or "candidate"
     meets_sla: bool
@@ -70,7 +69,7 @@ def keep(reason: str, exit_code: int = EXIT_KEEP, gains: tuple[float, ...] = ())
     return Decision("keep", reason, exit_code, gains)
 
 
-def pair_gain(production: Replay, candidate: Replay) -> float:
+def pair_gain(production: ArmResult, candidate: ArmResult) -> float:
     c, p = candidate.requests_per_dollar, production.requests_per_dollar
     if c is None or not c > 0:
         return -1.0
@@ -79,22 +78,26 @@ def pair_gain(production: Replay, candidate: Replay) -> float:
     return c / p - 1.0
 
 
+def pair_gains(pairs: list[tuple[ArmResult, ArmResult]]) -> list[float | None]:
+    """Each pair's gain, in the order they ran; None for a pair that could not be measured."""
+    return [pair_gain(p, c) if p.valid and c.valid else None for p, c in pairs]
+
+
 RULES = ("all_replays", "every_pair")
 
 
-def decide(pairs: list[tuple[Replay, Replay]], margin: float = 0.05, min_pairs: int = 3,
+def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_pairs: int = 3,
            rule: str = "all_replays") -> Decision:
     """`pairs` holds (production, candidate) replays in the order they ran."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    # a pair with a replay the load generator could not keep on time says nothing: decide on the rest
+    unmeasured = [k for k, pair in enumerate(pairs, 1) if not all(r.valid for r in pair)]
+    pairs = [pair for pair in pairs if all(r.valid for r in pair)]
     if len(pairs) < min_pairs:
-        return keep(f"confirmation incomplete: {len(pairs)} of {min_pairs} pairs ran")
-    replays = [r for pair in pairs for r in pair]
-    invalid = [(i, r) for i, r in enumerate(replays, 1) if not r.valid]
-    if invalid:
-        i, r = invalid[0]
-        return keep(f"confirmation inconclusive: replay {i} ({r.arm}) was invalid"
-                    f"{': ' + r.note if r.note else ''}")
+        why = (f"; pair(s) {', '.join(map(str, unmeasured))} could not be measured (the load generator fell "
+               f"behind)" if unmeasured else "")
+        return keep(f"confirmation incomplete: {len(pairs)} of {min_pairs} pairs measured{why}")
     gains = tuple(pair_gain(p, c) for p, c in pairs)
     cand_fail = [(k, c) for k, (_, c) in enumerate(pairs, 1) if not c.meets_sla]
     prod_fail = [(k, p) for k, (p, _) in enumerate(pairs, 1) if not p.meets_sla]
@@ -125,7 +128,7 @@ def decide(pairs: list[tuple[Replay, Replay]], margin: float = 0.05, min_pairs: 
                     f"gains per pair {_list(gains)}", EXIT_CHANGE, gains)
 
 
-def _rpd(r: Replay) -> float:
+def _rpd(r: ArmResult) -> float:
     return r.requests_per_dollar if r.requests_per_dollar is not None else 0.0
 
 

@@ -69,12 +69,6 @@ def load_nightly(path: str | Path) -> NightlySettings:
     return dataclasses.replace(settings, source=str(path))
 
 
-def nightly_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<nightly>") -> NightlySettings:
-    settings = _resolve(_build(NightlySettings, data, source, ""), Path(base_dir))
-    check(settings, source)
-    return dataclasses.replace(settings, source=source)
-
-
 def load_study_for(settings: NightlySettings) -> StudySettings:
     """The study the nightly YAML names (its errors name the study file), with the overrides."""
     study = load_study(settings.study)

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from tuner.nightly import drift as drift_mod
-from tuner.nightly.rule import Decision, Replay
+from tuner.nightly.rule import ArmResult, Decision, pair_gains
 
 
 def params_text(params: dict | None) -> str:
@@ -16,13 +16,16 @@ def params_text(params: dict | None) -> str:
     return ", ".join(f"`{k}={v}`" for k, v in sorted(params.items()))
 
 
-def confirmation_table(pairs: list[tuple[Replay, Replay]], gains: tuple[float, ...],
-                       percentile: float = 99.0) -> str:
+def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: float = 99.0) -> str:
     q = f"p{percentile:g}"
     lines = [f"| pair | production req/$ | candidate req/$ | gain | production {q} ms | "
              f"candidate {q} ms | candidate SLA |",
              "|---:|---:|---:|---:|---:|---:|---|"]
-    for k, ((p, c), g) in enumerate(zip(pairs, gains, strict=True), 1):
+    for k, ((p, c), g) in enumerate(zip(pairs, pair_gains(pairs), strict=True), 1):
+        if g is None:
+            note = next(r.note for r in (p, c) if not r.valid)
+            lines.append(f"| {k} | - | - | unmeasured | - | - | {note} |")
+            continue
         lines.append(f"| {k} | {_rpd(p.requests_per_dollar)} | {_rpd(c.requests_per_dollar)} | "
                      f"{_gain(g)} | {p.latency_ms:.1f} | {c.latency_ms:.1f} | "
                      f"{'met' if c.meets_sla else 'broken: ' + (c.note or '')} |")
@@ -36,7 +39,7 @@ def markdown_summary(
     decision: Decision,
     production: dict,
     candidate: dict | None,
-    pairs: list[tuple[Replay, Replay]],
+    pairs: list[tuple[ArmResult, ArmResult]],
     drift: pd.DataFrame,
     sla: str,
     scoring: str,
@@ -55,7 +58,7 @@ def markdown_summary(
     out.append(f"- traffic drift: {', '.join(moved) if moved else 'none above the threshold'}")
     if pairs:
         out += ["", "### Confirmation (production and candidate alternated on tonight's traffic)", "",
-                confirmation_table(pairs, decision.gains)]
+                confirmation_table(pairs)]
     out += ["", "### Traffic compared with the previous run", "", drift_mod.to_markdown(drift)]
     if diff:
         out += ["", "### Proposed config.pbtxt change", "", "```diff", diff.rstrip("\n"), "```"]

@@ -22,10 +22,6 @@ INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
 LAYOUT: dict[str, Any] = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
 
 
-def _label(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items())
-
-
 def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
     rows = []
     for _, row in frame.iterrows():

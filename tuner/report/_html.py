@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from tuner.files import write_atomic
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, config_text, load_output
 
@@ -162,6 +163,4 @@ def render(out: StudyOutput) -> str:
 def write_report(output_dir: str | Path) -> Path:
     """Write `report.html` into a `tuner tune` output directory and return its path."""
     out = load_output(output_dir)
-    path = Path(output_dir) / REPORT
-    path.write_text(render(out), encoding="utf-8")
-    return path
+    return write_atomic(Path(output_dir) / REPORT, render(out))  # a full disk leaves no half report

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.errors import InputError, TunerError
 from tuner.search import open_storage
 from tuner.traffic import busiest_window, read_traffic
@@ -52,7 +52,6 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "capacity_fill_rate": ("capacity_fill_rate", "user_attrs_capacity_fill_rate"),
     "feasible": ("feasible", "user_attrs_feasible"),
 }
-PARAMS = ("max_batch_size", "max_queue_delay_microseconds", "instance_count", "preferred_batch_size")
 
 
 @dataclass
@@ -167,7 +166,7 @@ def load_output(path: str | Path) -> StudyOutput:
             raise InputError(f"{path}: not a study output directory: {required} is missing")
     summary = _read_summary(path / SUMMARY)
     trials = _read_trials(path / TRIALS, summary)
-    params = [c for c in trials.columns if c in PARAMS or c.startswith("param.")]
+    params = [c for c in trials.columns if c in space.NAMES or c.startswith("param.")]
     recommended = path / RECOMMENDED
     out = StudyOutput(
         path=path,
@@ -239,7 +238,7 @@ def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
         frame["number"] = range(len(raw))
     for column in raw.columns:
         name = column.removeprefix("params_").removeprefix("param.").removeprefix("params.")
-        if name in PARAMS and name not in frame:
+        if name in space.NAMES and name not in frame:
             frame[name] = raw[column]
     numeric = [c for c in COLUMNS if c not in ("state", "feasible")]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
@@ -251,14 +250,9 @@ def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
 
 
 def _feasible(frame: pd.DataFrame, raw: pd.DataFrame, summary: dict[str, Any]) -> pd.Series:
-    """The tuner's own verdict where it wrote one; else complete and within the SLA latency."""
-    if frame["feasible"].notna().any():
-        given = frame["feasible"].map(lambda v: str(v).strip().lower() in ("true", "1", "1.0", "yes"))
-        return given.astype(bool)
-    sla = sla_of(summary)
-    column = f"latency_p{sla['percentile']:g}_ms"
-    latency = frame[column] if column in frame else frame["latency_p99_ms"]
-    return (frame["state"] == "COMPLETE") & (latency <= sla["latency_ms"]).fillna(False)
+    """The verdict `tuner tune` wrote (`tuner.trial.is_feasible`, the one definition); a table
+    without it has no feasible trial."""
+    return frame["feasible"].map(lambda v: str(v).strip().lower() == "true").astype(bool)
 
 
 ATTRS = {  # canonical column -> the trial user attribute the tuner keeps it under

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
@@ -34,11 +33,7 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
             raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
         return RemoteLauncher(server.url, grpc_url=server.grpc_url, models=models, read_only=read_only)
     if server.launcher == "docker":
-        try:
-            docker = importlib.import_module("tuner.server.docker")
-        except ModuleNotFoundError as exc:
-            if exc.name != "tuner.server.docker":
-                raise
-            raise ServerSetupError("docker launcher not available") from None
-        return docker.DockerLauncher(server, settings.model_repository, models, log_dir)
+        from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
+
+        return DockerLauncher(server, settings.model_repository, models, log_dir)
     raise ServerSetupError(f"{settings.source or '<study>'}: server.launcher: unknown launcher '{server.launcher}'")

@@ -8,8 +8,13 @@ always stops it. Implementations: `local.LocalLauncher`, `remote.RemoteLauncher`
 from __future__ import annotations
 
 import abc
+import os
+import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from tuner.errors import ServerSetupError
 from tuner.modelconfig import ModelConfig
 
 
@@ -37,8 +42,9 @@ class Launcher(abc.ABC):
         """Start (or attach to) the server. Raises ServerSetupError with the log tail on failure."""
 
     @abc.abstractmethod
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        """Block until the server answers ready; ServerSetupError (quoting the log tail) otherwise."""
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Block until the server answers ready (within `timeout_s`, default the launcher's startup
+        timeout); ServerSetupError (quoting the log tail) otherwise."""
 
     @abc.abstractmethod
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
@@ -80,3 +86,39 @@ class Launcher(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def check_repository(repository: Path, models: Sequence[str] | None) -> list[str]:
+    """The models to serve (all of the repository's when none are named); ServerSetupError if absent."""
+    if not repository.is_dir():
+        raise ServerSetupError(f"{repository}: model repository not found")
+    present = sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    wanted = list(models) if models is not None else present
+    missing = [m for m in wanted if m not in present]
+    if missing:
+        raise ServerSetupError(f"{repository}: no model named {', '.join(repr(m) for m in missing)} "
+                               f"(the repository has: {', '.join(present) or 'nothing'})")
+    if not wanted:
+        raise ServerSetupError(f"{repository}: the model repository holds no models")
+    return wanted
+
+
+def copy_models(repository: Path, models: Sequence[str], target: Path) -> Path:
+    """A private copy of `models` under `target` (the server never sees the user's files); files
+    over 1 MiB are hard-linked where the file system allows (the copy is only read)."""
+
+    def link_or_copy(src: str, dst: str) -> None:
+        if os.path.getsize(src) > 1 << 20:
+            try:
+                os.link(src, dst)
+                return
+            except OSError:
+                pass
+        shutil.copy2(src, dst)
+
+    try:
+        for model in models:
+            shutil.copytree(repository / model, target / model, copy_function=link_or_copy, symlinks=False)
+    except (OSError, shutil.Error) as exc:
+        raise ServerSetupError(f"{repository}: cannot copy the model repository: {exc}") from None
+    return target

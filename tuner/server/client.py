@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 
@@ -108,25 +108,13 @@ def apply_and_verify(http: TritonHttp, model: str, config: ModelConfig, timeout_
     return running
 
 
-def tuned_fields(config: ModelConfig) -> dict[str, object]:
-    """The fields a trial sets, as comparable values (only those the config states)."""
-    fields: dict[str, object] = {"max_batch_size": config.max_batch_size}
-    if config.HasField("dynamic_batching"):
-        db = config.dynamic_batching
-        fields["dynamic_batching.max_queue_delay_microseconds"] = db.max_queue_delay_microseconds
-        fields["dynamic_batching.preferred_batch_size"] = list(db.preferred_batch_size)
-    if len(config.instance_group):
-        fields["instance_group.count"] = [g.count for g in config.instance_group]
-    return fields
-
-
 def compare_tuned_fields(asked: ModelConfig, running: ModelConfig) -> list[tuple[str, object, object]]:
     """(field, asked, running) for each tuned field the running config does not match.
 
     A preferred_batch_size left empty in the request may be filled in by Triton's auto-complete, so it
     is compared only when asked for. An instance count of 0 in the request means Triton's default.
     """
-    want, have = tuned_fields(asked), tuned_fields(running)
+    want, have = space.config_fields(asked), space.config_fields(running)
     out = []
     for field, value in want.items():
         got = have.get(field)

@@ -28,8 +28,9 @@ from docker.types import DeviceRequest
 from tqdm import tqdm
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.localhost import check_port_free, free_ports, pid_alive
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import Endpoints, Launcher
+from tuner.server.base import Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import TritonHttp, apply_and_verify
 from tuner.settings import ServerSettings
 
@@ -376,43 +377,6 @@ def device_requests(gpus: str | int | list[int] | None) -> list[DeviceRequest]:
     return [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
 
 
-def free_ports(n: int) -> tuple[int, ...]:
-    """`n` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return tuple(s.getsockname()[1] for s in socks)
-    finally:
-        for s in socks:
-            s.close()
-
-
-def check_repository(repository: Path, models: Sequence[str]) -> list[str]:
-    """The models to serve (all of the repository's when none are named); ServerSetupError if absent."""
-    if not repository.is_dir():
-        raise ServerSetupError(f"{repository}: model repository not found")
-    present = sorted(p.name for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
-    wanted = list(models) or present
-    missing = [m for m in wanted if m not in present]
-    if missing:
-        raise ServerSetupError(f"{repository}: no model named {', '.join(repr(m) for m in missing)} "
-                               f"(the repository has: {', '.join(present) or 'nothing'})")
-    if not wanted:
-        raise ServerSetupError(f"{repository}: the model repository holds no models")
-    return wanted
-
-
-def check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise ServerSetupError(f"port {port} on 127.0.0.1 is already in use ({exc.strerror})") from None
-
-
 def log_tail(text: str, lines: int = 12) -> str:
     """The last `lines` lines of a Triton log without its ASCII tables, plus earlier error lines
     (the cause of a failed start is often above the shutdown chatter)."""
@@ -424,25 +388,13 @@ def log_tail(text: str, lines: int = 12) -> str:
 
 
 def private_copy(repository: Path, models: Sequence[str]) -> Path:
-    """A copy of `models` from the repository, which the container mounts read-only; large files are
-    hard-linked when the file system allows (the mount is read-only, so the originals cannot change)."""
+    """A copy of `models` from the repository, which the container mounts read-only."""
     target = Path(tempfile.mkdtemp(prefix=REPO_COPY_PREFIX))
-
-    def link_or_copy(src: str, dst: str) -> None:
-        if os.path.getsize(src) > 1 << 20:
-            try:
-                os.link(src, dst)
-                return
-            except OSError:
-                pass
-        shutil.copy2(src, dst)
-
     try:
-        for model in models:
-            shutil.copytree(repository / model, target / "repo" / model, copy_function=link_or_copy)
-    except (OSError, shutil.Error) as exc:
+        copy_models(repository, models, target / "repo")
+    except ServerSetupError:
         shutil.rmtree(target, ignore_errors=True)
-        raise ServerSetupError(f"{repository}: cannot copy the model repository: {exc}") from None
+        raise
     os.chmod(target, 0o755)  # mkdtemp makes it 0700; the server in the container may not run as root
     return target / "repo"
 
@@ -460,7 +412,7 @@ def remove_orphans(client: docker.DockerClient) -> list[str]:
     host = socket.gethostname()
     for container in managed_containers(client):
         labels = container.labels or {}
-        if labels.get(LABEL_HOST) != host or _pid_alive(labels.get(LABEL_PID, "")):
+        if labels.get(LABEL_HOST) != host or pid_alive(labels.get(LABEL_PID, "")):
             continue
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
@@ -473,20 +425,6 @@ def remove_orphans(client: docker.DockerClient) -> list[str]:
         print(f"tuner: removed {len(removed)} container(s) left by an earlier run: {', '.join(removed)}",
               file=sys.stderr)
     return removed
-
-
-def _pid_alive(pid: str) -> bool:
-    if not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _short(exc: Exception) -> str:

@@ -8,9 +8,7 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -18,15 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.localhost import check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import Endpoints, Launcher
+from tuner.server.base import Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
 from tuner.server.install import TritonInstall, find_tritonserver
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
 WORKDIR_PREFIX = "tuner-triton-"
-OWNER_FILE = "owner.pid"  # lets a later start remove the private copy of an owner killed without cleanup
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
@@ -85,20 +83,16 @@ class LocalLauncher(Launcher):
     def start(self) -> None:
         if self._proc is not None:
             return
-        models = self._check_repository()
+        models = check_repository(self.model_repository, self.models)
         install = self._install or find_tritonserver(self.install_dir)
         if self.ports is not None:
             for port in self.ports:
-                _check_port_free(port)
-        _remove_stale_workdirs()
-        self._workdir = Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
-        (self._workdir / OWNER_FILE).write_text(str(os.getpid()))
+                check_port_free(port)
+        # a private copy that records its owner: the next start removes one whose owner was killed
+        self._workdir = owned_tempdir(WORKDIR_PREFIX)
         _LIVE.add(self)
         try:
-            repo = self._workdir / "models"
-            repo.mkdir()
-            for name in models:
-                shutil.copytree(self.model_repository / name, repo / name, symlinks=False)
+            repo = copy_models(self.model_repository, models, self._workdir / "models")
             self._log_file = self.log_path or self._workdir / "tritonserver.log"
             self._log_file.parent.mkdir(parents=True, exist_ok=True)
             self._spawn_args = (install, repo, models)
@@ -108,7 +102,7 @@ class LocalLauncher(Launcher):
             raise
 
     def _spawn(self, install: TritonInstall, repo: Path, models: list[str]) -> None:
-        http, grpc, metrics = self.ports or _free_ports(3)
+        http, grpc, metrics = self.ports or free_ports(3)
         self._endpoints = Endpoints(http=f"127.0.0.1:{http}", grpc=f"127.0.0.1:{grpc}",
                                     metrics=f"http://127.0.0.1:{metrics}/metrics")
         self._http = TritonHttp(self._endpoints.http, timeout_s=CONTROL_TIMEOUT_S)
@@ -213,20 +207,6 @@ class LocalLauncher(Launcher):
 
     # --- helpers --------------------------------------------------------------------------------
 
-    def _check_repository(self) -> list[str]:
-        repo = self.model_repository
-        if not repo.is_dir():
-            raise ServerSetupError(f"{repo}: model repository not found")
-        present = sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
-        wanted = self.models if self.models is not None else present
-        missing = [m for m in wanted if m not in present]
-        if missing:
-            raise ServerSetupError(f"{repo}: no model named {', '.join(repr(m) for m in missing)} "
-                                   f"(the repository has: {', '.join(present) or 'nothing'})")
-        if not wanted:
-            raise ServerSetupError(f"{repo}: the model repository holds no models")
-        return wanted
-
     def _checked(self) -> TritonHttp:
         """The HTTP client, or ServerError at once if the process is gone (no hanging on a dead port)."""
         if self._proc is None or self._http is None:
@@ -285,19 +265,6 @@ def _end_group(proc: subprocess.Popen) -> None:
             proc.wait(timeout=5)
 
 
-def _remove_stale_workdirs() -> None:
-    """Private copies left by an owner that was killed (SIGKILL/SIGTERM skip atexit); its server died
-    with it (parent-death signal). Only directories whose recorded owner process is gone are removed."""
-    for workdir in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*"):
-        try:
-            owner = int((workdir / OWNER_FILE).read_text())
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            shutil.rmtree(workdir, ignore_errors=True)
-        except (OSError, ValueError):
-            continue  # no owner file (yet), or not ours to judge
-
-
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -309,27 +276,6 @@ def _die_with_parent() -> None:
     """
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise ServerSetupError(f"port {port} on 127.0.0.1 is already in use ({exc.strerror})") from None
 
 
 def _tail_lines(path: Path, count: int) -> list[str]:

@@ -65,8 +65,8 @@ class RemoteLauncher(Launcher):
             self._originals[model] = self._http.model_config(model)
         self._started = True
 
-    def wait_ready(self, timeout_s: float = 60.0) -> None:
-        if not self._http.ok("v2/health/ready", timeout_s=min(timeout_s, CONTROL_TIMEOUT_S)):
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        if not self._http.ok("v2/health/ready", timeout_s=min(timeout_s or CONTROL_TIMEOUT_S, CONTROL_TIMEOUT_S)):
             raise ServerSetupError(f"the Triton server at {self.url} is not ready")
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:

@@ -1,0 +1,215 @@
+"""The tuned knobs (tuner/space.py): drawing, the grid, writing them into a config and reading them
+back, `--set`, and the checks before a study starts. Pure: no server (the slow test in
+test_modelconfig.py has a real Triton accept what `space.apply` writes)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from google.protobuf import text_format
+
+from tuner import modelconfig, space
+from tuner.errors import ConfigError, SettingsError
+from tuner.settings import IntRange, SearchSettings
+
+BASE = """
+name: "m"
+backend: "python"
+max_batch_size: 8
+dynamic_batching { }
+"""
+
+
+def with_base(extra: str) -> modelconfig.ModelConfig:
+    config = modelconfig.parse(BASE, "base")
+    text_format.Merge(extra, config)
+    return config
+
+
+def _changed(a, b) -> dict[str, tuple]:
+    return {path: (x, y) for path, x, y in modelconfig.diff_fields(a, b)}
+
+
+# --- the space: what a study tunes ----------------------------------------------------------------
+
+
+def test_only_the_knobs_a_study_ranges_are_tuned():
+    assert [k.name for k in space.tuned(SearchSettings())] == ["max_batch_size", "max_queue_delay_microseconds"]
+    every = SearchSettings(preferred_batch_size="search", instance_count=IntRange(1, 2), max_queue_size=IntRange(0, 64))
+    assert [k.name for k in space.tuned(every)] == list(space.NAMES)
+
+
+def test_suggest_draws_within_the_ranges_and_the_grid_walks_them():
+    search = SearchSettings(max_batch_size=IntRange(1, 64, log=True), max_queue_delay_microseconds=IntRange(0, 4000, step=2000),
+                            max_queue_size=IntRange(0, 100, step=50))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(20):
+        params = space.suggest(study.ask(), search)
+        assert 1 <= params["max_batch_size"] <= 64 and params["max_queue_delay_microseconds"] in (0, 2000, 4000)
+        assert params["max_queue_size"] in (0, 50, 100)
+    g = space.grid(search)
+    assert g == {"max_batch_size": [1, 2, 4, 8, 16, 32, 64], "max_queue_delay_microseconds": [0, 2000, 4000],
+                 "max_queue_size": [0, 50, 100]}
+    assert space.grid_size(search) == 7 * 3 * 3
+    finer = SearchSettings(max_batch_size=IntRange(1, 64, log=True), grid_per_octave=2)
+    assert space.grid(finer)["max_batch_size"] == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64]
+
+
+def test_grid_walks_log_ranges_in_powers_of_two_with_every_tuned_knob():
+    search = SearchSettings(max_batch_size=IntRange(3, 40, log=True), max_queue_delay_microseconds=IntRange(0, 1000, step=500),
+                            preferred_batch_size="search", instance_count=IntRange(1, 2))
+    g = space.grid(search)
+    assert g["max_batch_size"] == [3, 4, 8, 16, 32, 40] and g["max_queue_delay_microseconds"] == [0, 500, 1000]
+    assert g["preferred_batch_size"] == ["none", "max", "powers_of_two"]
+    assert space.grid_size(search) == 6 * 3 * 3 * 2
+
+
+def test_a_trial_config_changes_only_the_tuned_fields_and_the_incumbent_reads_back():
+    base = modelconfig.parse(
+        'name: "m" max_batch_size: 64 dynamic_batching { } instance_group [ { count: 1, kind: KIND_CPU } ]', "x")
+    search = SearchSettings(preferred_batch_size="powers_of_two", instance_count=IntRange(1, 2),
+                            max_queue_size=IntRange(0, 64))
+    assert space.from_config(base, search) == {"max_batch_size": 64, "max_queue_delay_microseconds": 0,
+                                               "instance_count": 1, "max_queue_size": 0}
+    config = space.apply(base, {"max_batch_size": 12, "max_queue_delay_microseconds": 500, "instance_count": 2,
+                                "max_queue_size": 32}, search)
+    assert set(_changed(base, config)) == {"max_batch_size", "dynamic_batching.max_queue_delay_microseconds",
+                                           "dynamic_batching.preferred_batch_size", "instance_group[0].count",
+                                           "dynamic_batching.default_queue_policy.max_queue_size"}
+    assert list(config.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8, 12]  # the study's strategy
+    assert space.from_config(config, search) == {"max_batch_size": 12, "max_queue_delay_microseconds": 500,
+                                                 "instance_count": 2, "max_queue_size": 32}
+    assert space.deployed(config)["max_queue_size"] == 32
+    assert space.config_fields(config)["dynamic_batching.default_queue_policy.max_queue_size"] == 32
+
+
+def test_preferred_size_strategies():
+    assert space.preferred_sizes("max", 8) == (8,) and space.preferred_sizes("none", 8) is None
+    assert space.preferred_sizes("powers_of_two", 12) == (1, 2, 4, 8, 12)
+    assert space.preferred_sizes((4, 8), 16) == (4, 8)
+    searched = SearchSettings(preferred_batch_size="search")
+    base = modelconfig.parse("max_batch_size: 8 dynamic_batching { preferred_batch_size: [8] }", "x")
+    assert space.from_config(base, searched)["preferred_batch_size"] == "max"
+
+
+# --- writing a config -----------------------------------------------------------------------------
+
+
+def test_apply_changes_only_named_fields_and_leaves_input_alone():
+    base = with_base(
+        """
+        dynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 priority_levels: 2 default_priority_level: 1 }
+        instance_group [ { kind: KIND_CPU count: 1 }, { kind: KIND_GPU gpus: [0] count: 2 } ]
+        parameters { key: "k" value { string_value: "v" } }
+        """
+    )
+    before = modelconfig.to_text(base)
+    new = space.apply(base, {"max_batch_size": 16, "max_queue_delay_microseconds": 500,
+                             "preferred_batch_size": (8, 16), "instance_count": 3})
+    assert modelconfig.to_text(base) == before
+    assert _changed(base, new) == {
+        "max_batch_size": (8, 16),
+        "dynamic_batching.max_queue_delay_microseconds": (100, 500),
+        "dynamic_batching.preferred_batch_size": ([2, 4], [8, 16]),
+        "instance_group[0].count": (1, 3),
+        "instance_group[1].count": (2, 3),
+    }
+    assert space.apply(base, {}) == base
+
+
+def test_apply_creates_blocks_that_are_missing():
+    base = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    new = space.apply(base, {"max_queue_delay_microseconds": 0, "instance_count": 2})
+    assert new.HasField("dynamic_batching")  # present even with a zero delay
+    assert _changed(base, new) == {"dynamic_batching": (None, {}), "instance_group[0].count": (None, 2)}
+    assert new.instance_group[0].kind == 0  # KIND_AUTO: left to Triton
+
+
+def test_smaller_max_batch_size_drops_preferred_sizes_that_no_longer_fit():
+    # What Triton's auto-complete reports back: preferred_batch_size = [max_batch_size].
+    base = modelconfig.parse("max_batch_size: 32 dynamic_batching { preferred_batch_size: [4, 32] }", "x")
+    new = space.apply(base, {"max_batch_size": 8})
+    assert list(new.dynamic_batching.preferred_batch_size) == [4]
+    modelconfig.validate(new, "x")
+    explicit = space.apply(base, {"max_batch_size": 8, "preferred_batch_size": (8,)})
+    assert list(explicit.dynamic_batching.preferred_batch_size) == [8]
+
+
+def test_apply_refuses_to_replace_the_sequence_batcher_and_unknown_knobs():
+    base = modelconfig.parse('name: "seq" max_batch_size: 8 sequence_batching { }', "x")
+    with pytest.raises(ConfigError, match="seq uses sequence_batching"):
+        space.apply(base, {"max_queue_delay_microseconds": 10})
+    with pytest.raises(ConfigError, match="seq uses sequence_batching"):
+        space.apply(base, {"max_queue_size": 10})
+    assert space.apply(base, {"max_batch_size": 4}).max_batch_size == 4
+    with pytest.raises(ConfigError, match="unknown tuned field 'batch'"):
+        space.apply(base, {"batch": 4})
+
+
+# --- --set ----------------------------------------------------------------------------------------
+
+
+def test_parse_assignments_all_keys():
+    params = space.parse_assignments([
+        "max_batch_size=16",
+        "max_queue_delay_microseconds=2000",
+        "preferred_batch_size=4, 8",
+        "instance_group.count=2",
+        "dynamic_batching.default_queue_policy.max_queue_size=100",
+    ])
+    assert params == {"max_batch_size": 16, "max_queue_delay_microseconds": 2000, "preferred_batch_size": (4, 8),
+                      "instance_count": 2, "max_queue_size": 100}
+    assert space.parse_assignments(["dynamic_batching.max_queue_delay_microseconds=0", "instance_count=1"]) == \
+        {"max_queue_delay_microseconds": 0, "instance_count": 1}
+
+
+@pytest.mark.parametrize(
+    "items,named",
+    [
+        (["max_batch=8"], "'max_batch'"),
+        (["max_batch_size"], "KEY=VALUE"),
+        (["max_batch_size=eight"], "'eight' is not an integer"),
+        (["max_batch_size=-1"], "max_batch_size=-1"),
+        (["max_batch_size=4294967296"], "max_batch_size=4294967296"),
+        (["max_queue_delay_microseconds=1.5"], "'1.5'"),
+        (["preferred_batch_size=4,x"], "'x'"),
+        (["preferred_batch_size=0"], "preferred_batch_size=0"),
+        (["preferred_batch_size="], "comma list"),
+        (["instance_count=0"], "instance_count=0"),
+        (["max_queue_size=-1"], "max_queue_size=-1"),
+        (["max_batch_size=8", "max_batch_size=4"], "more than once"),
+    ],
+)
+def test_parse_assignments_rejects_by_name(items, named):
+    with pytest.raises(ConfigError) as exc:
+        space.parse_assignments(items)
+    assert named in str(exc.value)
+
+
+# --- before a study starts ------------------------------------------------------------------------
+
+
+def test_a_model_that_cannot_batch_or_uses_another_scheduler_is_refused():
+    with pytest.raises(ConfigError, match=r"x/config.pbtxt: max_batch_size is 0: this model does not batch"):
+        space.check_tunable(modelconfig.parse("max_batch_size: 0", "x"), "x/config.pbtxt")
+    with pytest.raises(ConfigError, match="uses sequence_batching, not dynamic_batching"):
+        space.check_tunable(modelconfig.parse("max_batch_size: 4 sequence_batching { }", "x"), "x")
+    space.check_tunable(modelconfig.parse("max_batch_size: 4", "x"), "x")
+
+
+def test_the_space_narrows_to_fit_the_largest_request_or_refuses():
+    search = SearchSettings(max_batch_size=IntRange(1, 64, log=True))
+    same, note = space.fit_to_rows(search, 1, where="row 0")
+    assert same == search and note == ""
+    narrowed, note = space.fit_to_rows(search, 8, where="row 17")
+    assert narrowed.max_batch_size == IntRange(8, 64, log=True)
+    assert "low raised from 1 to 8" in note and "row 17" in note
+    with pytest.raises(SettingsError, match=r"request of 65 rows \(row 3\).*at least 65"):
+        space.fit_to_rows(search, 65, where="row 3")
+
+
+def test_values_outside_the_ranges_are_named():
+    search = SearchSettings(max_batch_size=IntRange(1, 64, log=True))
+    assert space.outside({"max_batch_size": 128, "max_queue_delay_microseconds": 0}, search) == \
+        ["max_batch_size 128 (search.max_batch_size: 1..64)"]
+    assert space.outside({"max_batch_size": 64, "max_queue_delay_microseconds": 0}, search) == []

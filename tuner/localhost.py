@@ -1,0 +1,81 @@
+"""This machine's small shared facts: free loopback ports, whether a process lives, and temporary
+directories that record their owner, so that a later run can remove those of an owner killed without
+cleaning up (kill -9 skips every `finally`). Used by the launchers, the replay and the search."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from tuner.errors import ServerSetupError
+
+__all__ = ["OWNER_FILE", "check_port_free", "free_ports", "owned_tempdir", "pid_alive", "sweep_owned"]
+
+OWNER_FILE = "owner.pid"
+
+
+def free_ports(n: int) -> tuple[int, ...]:
+    """`n` distinct free TCP ports on 127.0.0.1 (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return tuple(s.getsockname()[1] for s in socks)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def check_port_free(port: int) -> None:
+    """ServerSetupError when `port` on 127.0.0.1 is taken."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServerSetupError(f"port {port} on 127.0.0.1 is already in use ({exc.strerror})") from None
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this id runs on this machine (False for anything not a pid)."""
+    try:
+        pid = int(str(pid))
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    return True
+
+
+def owned_tempdir(prefix: str) -> Path:
+    """A new directory in the system temp dir that records this process as its owner; directories
+    of the same prefix whose owner is gone are removed first."""
+    sweep_owned(prefix)
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    (path / OWNER_FILE).write_text(str(os.getpid()))
+    return path
+
+
+def sweep_owned(prefix: str) -> list[Path]:
+    """Remove the `prefix*` directories whose recorded owner process is gone; returns them. A
+    directory without an owner file (being made, or not ours) is left alone."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        try:
+            owner = (path / OWNER_FILE).read_text().strip()
+        except OSError:
+            continue
+        if not pid_alive(owner):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

@@ -1,0 +1,102 @@
+"""The measurement step: replay a window of the traffic at a speed against the configuration the
+server runs, and measure it, with one retry policy. Every command that measures goes through here:
+`tuner tune` (each replay of a trial), `tuner audit`, the nightly confirmation, `tuner replay`.
+
+    make_probe(launcher, settings, windows, max_batch_size=...) -> Probe     speed -> Measurement
+    step_windows(traffic, settings)   what a capacity step replays: the busiest stretch at that speed
+    whole_traffic(traffic, ...)       the traffic from its start (optionally cut to a duration)
+
+The retry policy: a replay whose send lag broke `replay.lag_budget_ms` says nothing about the server,
+so it is run again with one more load-generator process (leaving a core to the server), `tries` times
+in all. The last measurement is returned, valid or not, with the attempts it took: what an invalid
+one means is the caller's to say (a capacity step: the search stops there; the replay at the recorded
+load: the trial is unmeasured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import pandas as pd
+
+from tuner.measure import Measurement, measure
+from tuner.server import Launcher
+from tuner.settings import StudySettings
+from tuner.traffic import step_window
+
+__all__ = ["TRIES", "Probe", "Windows", "make_probe", "retry_workers", "step_windows", "whole_traffic",
+           "with_retries"]
+
+TRIES = 3
+Probe = Callable[[float], Measurement]
+# speed -> (the traffic to replay, its warm-up in wall seconds, the schedule's length or None: all of it)
+Windows = Callable[[float], tuple[pd.DataFrame, float, float | None]]
+
+
+def step_windows(traffic: pd.DataFrame, settings: StudySettings) -> Windows:
+    """Each speed replays the profile's busiest stretch lasting `search.capacity.step_duration_s`,
+    after up to `replay.warmup_s` of the traffic that preceded it (see `tuner.traffic.step_window`)."""
+    measured_s = settings.search.capacity.step_duration_s
+
+    def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s)
+        return part, warmup, warmup + measured_s
+
+    return windows
+
+
+def whole_traffic(traffic: pd.DataFrame, warmup_s: float, duration_s: float | None = None) -> Windows:
+    """The traffic from its first request at every speed; `duration_s` measured after the warm-up."""
+    return lambda speed: (traffic, warmup_s, None if duration_s is None else warmup_s + duration_s)
+
+
+def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:
+    """Load-generator processes for a re-run: one more per attempt, leaving a core to the server
+    (on 2 cores a re-run is one process again: another try, reported if it stays invalid)."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min((requested or 1) + attempt, cpus - 1))
+
+
+def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES,
+                 on_measure: Callable[[Measurement], None] | None = None) -> Probe:
+    """The retry policy around `run(speed, attempt)`: again while the send lag broke its budget, at
+    most `tries` times; the last measurement, with the attempts it took."""
+
+    def probe(speed: float) -> Measurement:
+        for attempt in range(tries):
+            m = dataclasses.replace(run(speed, attempt), attempts=attempt + 1)
+            if on_measure is not None:
+                on_measure(m)
+            if m.valid:
+                break
+        return m
+
+    return probe
+
+
+def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, max_batch_size: int,
+               tries: int = TRIES, progress: bool = False,
+               on_measure: Callable[[Measurement], None] | None = None) -> Probe:
+    """Measure the configuration the server runs now at a speed (`max_batch_size` is that
+    configuration's, for the fill rate). `on_measure` sees every replay's measurement."""
+    from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
+
+    model = settings.model
+
+    def run(speed: float, attempt: int) -> Measurement:
+        part, warmup, duration = windows(speed)
+        replay_settings = settings.replay
+        if attempt:  # the last replay's send lag broke its budget: more load-generator processes
+            replay_settings = dataclasses.replace(settings.replay,
+                                                  workers=retry_workers(settings.replay.workers, attempt))
+        result = replay(launcher.endpoints, model, part, speed, replay_settings, warmup_s=warmup,
+                        duration_s=duration, stats=lambda: launcher.statistics(model), progress=progress)
+        return measure(result.records, result.stats_before, result.stats_after, speed=speed,
+                       warmup_s=result.warmup_s, lag_budget_ms=settings.replay.lag_budget_ms,
+                       max_batch_size=max_batch_size, sla_percentile=settings.sla.percentile,
+                       load_generator_cpu=result.load_generator_cpu, workers=result.workers,
+                       duration_s=result.duration_s)
+
+    return with_retries(run, tries=tries, on_measure=on_measure)

@@ -1,0 +1,197 @@
+"""The trial loop: Optuna's `study.optimize` with the study's sampler, one objective, and the rules
+around it, readable top to bottom in `run_trials`:
+
+- each trial's configuration is drawn by `tuner.space.suggest`, measured by the injected `Evaluate`,
+  and recorded (`tuner.trial.to_attrs`); its SLA violation at the recorded load is its constraint;
+- a trial whose measurement the load generator could not keep on time is FAIL and `unmeasured` (no
+  score, not infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
+  failing several trials in a row (no server to talk to) stops it;
+- the capacity search starts at the best capacity so far and is pruned once measurably below it;
+- a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes; a trial
+  whose worker died (kill -9, a host lost) is found by Optuna's heartbeat after the grace period and
+  enqueued again by `RetryHeartbeatStaleTrialCallback`, so the remaining workers measure it;
+- the loop ends when the study holds `n_trials` trials (all workers together), the grid is used up,
+  or the timeout passes; a worker then waits for trials still running elsewhere, so that a stale one
+  is not left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner import space
+from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerError
+from tuner.localhost import pid_alive
+from tuner.score import Hints
+from tuner.search._results import best_trial
+from tuner.search._store import fail_dead_local_trials, is_journal, open_storage
+from tuner.settings import SearchSettings, StudySettings
+from tuner.trial import UNMEASURED, TrialRecord, to_attrs
+
+Evaluate = Callable[[space.Params, Hints], TrialRecord]
+OnTrial = Callable[[optuna.trial.FrozenTrial], None]
+
+MAX_FAILURES_IN_A_ROW = 3
+INTERRUPTED = "interrupted"
+
+
+class _TrialFailed(Exception):
+    """A trial that ends FAIL while the study goes on (its reason is in its user attributes)."""
+
+
+def make_sampler(search: SearchSettings) -> optuna.samplers.BaseSampler:
+    """The study's sampler (`search.sampler`), seeded."""
+    seed = search.seed
+    if search.sampler == "tpe":
+        # few startup trials: the incumbent plus a handful of random ones, then TPE
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, max(2, search.trials // 4)))
+    if search.sampler == "gp":
+        if importlib.util.find_spec("torch") is None:  # Optuna's GP sampler is built on PyTorch
+            raise SettingsError("search.sampler: gp needs PyTorch, which is not installed "
+                                "(pip install torch), or choose tpe, random or grid")
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(5, max(2, search.trials // 4)))
+    if search.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.sampler == "grid":
+        return _GridSampler(space.grid(search), seed=seed)
+    raise SettingsError(f"search.sampler: unknown sampler {search.sampler!r}")
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, whose `after_trial` reads a grid id that an enqueued trial (the
+    incumbent, a retried one) lacks (KeyError in Optuna 5.0): such a trial skips it, and the loop's
+    own callback stops the study once the grid is used up."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        if "grid_id" in trial.system_attrs:
+            super().after_trial(study, trial, state, values)
+
+
+def hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
+    """Start the capacity search where the best configuration so far reached; prune against it."""
+    best = best_trial(study)
+    if best is None:
+        return Hints()
+    speed = best.user_attrs.get("capacity_speed") or None
+    beat = best.user_attrs.get("capacity_rps") if prune and scoring == "capacity" else None
+    return Hints(start_speed=speed, beat_rps=beat or None)
+
+
+def spent(study: optuna.Study) -> int:
+    """Trials that count against the budget, all workers together: every trial begun, except those
+    failed and enqueued again (an interruption, a dead worker: their retry counts instead)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
+    return sum(t.state != TrialState.WAITING and t.number not in retried for t in trials)
+
+
+def requeue_interrupted(study: optuna.Study) -> list[int]:
+    """Enqueue once more every trial an interruption failed (and, in a journal file, which has no
+    heartbeats, the RUNNING trials of this host's dead processes). Returns their numbers."""
+    dead = []
+    if is_journal_study(study):
+        storage = open_storage(study.user_attrs["storage"])
+        dead = fail_dead_local_trials(study, storage, socket.gethostname(), pid_alive)
+    trials = study.get_trials(deepcopy=False)
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    again = []
+    for t in trials:
+        if t.state != TrialState.FAIL or t.number in retried or not t.params:
+            continue
+        if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
+            continue
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number,
+                                                  **({"incumbent": True} if t.user_attrs.get("incumbent") else {})})
+        again.append(t.number)
+    return again
+
+
+def is_journal_study(study: optuna.Study) -> bool:
+    return is_journal(str(study.user_attrs.get("storage") or "://"))
+
+
+def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, n_trials: int, *,
+               timeout_s: float | None = None, on_trial: OnTrial | None = None) -> int:
+    """Run trials until the study holds `n_trials` (all workers together), the grid is used up, or
+    `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here."""
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    host, pid = socket.gethostname(), os.getpid()
+    ran = 0
+    failures = 0  # setup failures in a row
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal failures, ran
+        trial.set_user_attr("host", host)
+        trial.set_user_attr("pid", pid)
+        with warnings.catch_warnings():  # an incumbent outside the ranges: tuner says so itself
+            warnings.filterwarnings("ignore", message="Fixed parameter")
+            params = space.suggest(trial, settings.search)
+        try:
+            record = evaluate(params, hints(study, settings.scoring))
+        except KeyboardInterrupt:
+            trial.set_user_attr("error", INTERRUPTED)
+            trial.set_user_attr("error_kind", INTERRUPTED)
+            raise
+        except TunerError as exc:
+            trial.set_user_attr("error", str(exc)[:500])
+            trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))
+                                else type(exc).__name__)
+            failures += 1
+            if failures >= MAX_FAILURES_IN_A_ROW:
+                raise  # the setup's fault, not the configurations': stop
+            raise _TrialFailed(str(exc)) from exc
+        failures = 0
+        ran += 1
+        for key, value in to_attrs(record).items():
+            trial.set_user_attr(key, value)
+        if record.outcome == UNMEASURED:
+            raise _TrialFailed(record.note)
+        trial.set_constraint("sla", record.violation)
+        if record.pruned:
+            raise optuna.TrialPruned()
+        return record.value(settings.scoring)
+
+    def stop_at_budget(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if on_trial is not None:
+            on_trial(trial)
+        if spent(study) >= n_trials or _grid_used_up(study):
+            study.stop()
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial is said by tuner, in one line
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            while True:
+                waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                if waiting or (spent(study) < n_trials and not _grid_used_up(study)):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    study.optimize(objective, timeout=left, catch=(_TrialFailed,), callbacks=[stop_at_budget])
+                optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, enqueued again
+                if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                    continue
+                running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if not running or is_journal_study(study):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                time.sleep(min(settings.search.heartbeat_s, 5))  # another worker's trial: alive or stale?
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    return ran
+
+
+def _grid_used_up(study: optuna.Study) -> bool:
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)

@@ -1,0 +1,166 @@
+"""What a study found: the best trials, the incumbent, the counts, and the re-measurement of the top
+configurations (`Repeats`: one configuration measured again several times, interleaved with the
+others, whose median decides the recommendation)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner import space
+from tuner.score import Hints
+from tuner.settings import StudySettings
+from tuner.trial import UNMEASURED, TrialRecord, is_feasible, record_of, to_attrs
+
+Evaluate = Callable[[space.Params, Hints], TrialRecord]
+
+
+def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Every feasible trial (`tuner.trial.is_feasible`), best first."""
+    done = [t for t in study.get_trials(deepcopy=False) if is_feasible(t)]
+    return sorted(done, key=lambda t: t.value, reverse=True)
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The feasible trial with the highest score so far (None: none met the SLA)."""
+    done = feasible_trials(study)
+    return done[0] if done else None
+
+
+def top_trials(study: optuna.Study, k: int) -> list[optuna.trial.FrozenTrial]:
+    """The k best feasible trials with distinct configurations."""
+    out, seen = [], set()
+    for t in feasible_trials(study):
+        key = tuple(sorted(t.params.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+        if len(out) == k:
+            break
+    return out
+
+
+def incumbent_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The measured trial of the model's own config (the last, if it was measured again)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("incumbent")]
+    return done[-1] if done else None
+
+
+def config_of(trial: optuna.trial.FrozenTrial) -> space.Params:
+    """The trial's configuration as measured (with the fields a strategy fixed), else its parameters."""
+    record = record_of(trial)
+    return dict(record.params) if record is not None and record.params else dict(trial.params)
+
+
+def counts(study: optuna.Study) -> dict[str, int]:
+    """Trials by what became of them."""
+    trials = study.get_trials(deepcopy=False)
+    states = [t.state for t in trials]
+    unmeasured = sum(t.user_attrs.get("outcome") == UNMEASURED for t in trials)
+    return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
+            "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured,
+            "failed": states.count(TrialState.FAIL) - unmeasured, "pruned": states.count(TrialState.PRUNED),
+            "running": states.count(TrialState.RUNNING)}
+
+
+def finished_count(study: optuna.Study) -> int:
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+               for t in study.get_trials(deepcopy=False))
+
+
+# --- re-measurement ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """One configuration measured again `len(records)` times."""
+
+    params: space.Params
+    trial: int
+    incumbent: bool
+    records: tuple[TrialRecord, ...]
+    scoring: str
+
+    def values(self) -> list[float]:
+        """Requests per dollar of each repeat under the study's scoring (0: missed the SLA)."""
+        return [r.value(self.scoring) for r in self.measured]
+
+    @property
+    def measured(self) -> tuple[TrialRecord, ...]:
+        """The repeats the load generator kept on time (an unmeasured one says nothing)."""
+        return tuple(r for r in self.records if r.outcome != UNMEASURED)
+
+    @property
+    def median(self) -> float:
+        values = self.values()
+        return statistics.median(values) if values else 0.0
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the repeats' requests per dollar."""
+        v = self.values()
+        return (max(v) - min(v)) / self.median if v and self.median > 0 else math.inf
+
+    def median_of(self, pick: Callable[[TrialRecord], float | None]) -> float | None:
+        values = [x for x in (pick(r) for r in self.measured) if x is not None]
+        return statistics.median(values) if values else None
+
+
+def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
+              progress: Callable[[], None] | None = None) -> list[Repeats]:
+    """Measure the top configurations (and the incumbent) again, interleaved (A B C A B C ...), so
+    that drift on the machine hits them alike. Each run starts its capacity search at the trial's
+    own capacity, so it brackets in a few steps."""
+    candidates = top_trials(study, settings.search.top_k)
+    if not candidates:  # nothing met the SLA: nothing to recommend, nothing to compare
+        return []
+    incumbent = incumbent_trial(study)
+    if incumbent is not None and all(t.params != incumbent.params for t in candidates):
+        candidates.append(incumbent)
+    runs: dict[int, list[TrialRecord]] = {t.number: [] for t in candidates}
+    for _ in range(settings.search.remeasure_repeats):
+        for t in candidates:
+            start = t.user_attrs.get("capacity_speed") or None
+            runs[t.number].append(evaluate(config_of(t), Hints(start_speed=start)))
+            if progress:
+                progress()
+    return [Repeats(config_of(t), t.number, incumbent is not None and t.params == incumbent.params,
+                    tuple(runs[t.number]), settings.scoring) for t in candidates]
+
+
+def recommend(repeats: list[Repeats]) -> Repeats | None:
+    """The best by median requests per dollar over the repeats; None when none met the SLA."""
+    ok = [r for r in repeats if r.median > 0]
+    return max(ok, key=lambda r: r.median) if ok else None
+
+
+def repeats_as_dict(r: Repeats) -> dict:
+    """JSON-able, kept in the study's storage so that `tuner export` can rebuild the summary: the
+    medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names."""
+    attrs = [to_attrs(x) for x in r.measured]
+    keys = sorted({k for a in attrs for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    medians = {}
+    for key in keys:
+        values = [a[key] for a in attrs if isinstance(a.get(key), (int, float)) and not isinstance(a.get(key), bool)]
+        if values:
+            medians[key] = statistics.median(values)
+    return {
+        "trial": r.trial,
+        "params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.params.items()},
+        "incumbent": r.incumbent,
+        "values": r.values(),
+        "median": r.median,
+        "spread": r.spread if math.isfinite(r.spread) else None,
+        "feasible_runs": sum(x.meets_sla for x in r.measured),
+        "unmeasured_runs": len(r.records) - len(r.measured),
+        "capacity_rps": r.median_of(lambda x: x.capacity_rps or None),
+        "capacity_speed": r.median_of(lambda x: x.capacity_speed or None),
+        "scores": {name: r.median_of(lambda x, n=name: x.scores.get(n)) for name in ("capacity", "utilization")},
+        "attrs": medians,
+    }

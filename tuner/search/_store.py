@@ -1,0 +1,168 @@
+"""Where a study lives: Optuna's RDB storage (SQLite by default, PostgreSQL for several hosts) with
+heartbeats, so that a trial whose worker died is failed after a grace period and run again by another
+(`RetryHeartbeatStaleTrialCallback`); a journal file of an earlier tuner is still opened to resume.
+
+A study remembers what it measured against (`identity`: model, base config, traffic, SLA, price,
+space, scoring); resuming it with any of those changed would mix incomparable trials, so it is refused.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.errors import SettingsError
+from tuner.settings import SearchSettings, StudySettings
+
+DEFAULT_STORAGE_FILE = "study.db"
+JOURNAL_FILE = "study.journal"
+CREATE_TRIES = 5  # the default of earlier versions: still resumed where it exists
+
+
+def storage_url(settings: StudySettings, override: str | None = None) -> str:
+    """The study's storage: an Optuna URL (sqlite:///..., postgresql://...) or a journal file path;
+    by default a SQLite file in the output directory (or the journal an earlier run left there)."""
+    if override or settings.storage:
+        return override or settings.storage
+    journal = Path(settings.output) / JOURNAL_FILE
+    if journal.is_file():
+        return str(journal)
+    return f"sqlite:///{Path(settings.output) / DEFAULT_STORAGE_FILE}"
+
+
+def is_journal(url: str) -> bool:
+    return "://" not in url
+
+
+def open_storage(url: str, search: SearchSettings | None = None) -> optuna.storages.BaseStorage:
+    """The storage behind `url`. A database gets heartbeats (from `search`, when given): a RUNNING
+    trial silent for the grace period is failed and enqueued once more. Bad URL, missing driver,
+    unreachable database, wrong credentials: one line (SettingsError)."""
+    if is_journal(url):
+        path = Path(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        backend = optuna.storages.journal.JournalFileBackend(
+            str(path), lock_obj=optuna.storages.journal.JournalFileOpenLock(str(path)))
+        return optuna.storages.JournalStorage(backend)
+    if url.startswith("sqlite:///"):
+        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    heartbeat = {}
+    for attempt in range(CREATE_TRIES):
+        try:
+            with warnings.catch_warnings():  # heartbeats are marked experimental in Optuna
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                if search is not None:
+                    heartbeat = {"heartbeat_interval": search.heartbeat_s, "grace_period": search.grace_period_s,
+                                 "heartbeat_stale_trial_callback":
+                                     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+                return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+        except Exception as exc:  # noqa: BLE001  bad URL, missing driver, unreachable database, credentials
+            # two processes (workers, hosts) creating the same new database race on its schema: again
+            if "IntegrityError" in type(exc).__name__ + str(exc)[:200] and attempt + 1 < CREATE_TRIES:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise SettingsError(f"storage {safe_url(url)}: cannot open: {_first_line(exc)}") from None
+    raise AssertionError("unreachable")
+
+
+def _engine_kwargs(url: str) -> dict:
+    # SQLite with several writers (workers, their heartbeats): wait for the lock instead of failing at once
+    return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password (what may be printed)."""
+    if "://" in url and "@" in url:
+        scheme, rest = url.split("://", 1)
+        credentials, host = rest.rsplit("@", 1)
+        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
+    return url
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ModuleNotFoundError) or "No module named" in text:
+        return f"{text.splitlines()[0]} (install the database driver: pip install 'tuner[postgres]')"
+    for line in text.splitlines():  # SQLAlchemy wraps the driver's message: keep its first real line
+        line = line.strip()
+        if line and not line.startswith("(Background on this error"):
+            return line.removeprefix("(psycopg2.OperationalError) ").removeprefix("(sqlite3.OperationalError) ")
+    return text
+
+
+def open_study(settings: StudySettings, storage: str, *, sampler: optuna.samplers.BaseSampler,
+               incumbent: dict | None = None, metadata: dict | None = None,
+               identity: dict | None = None) -> optuna.Study:
+    """Create the study, or load it to resume; a new one gets the incumbent as its first trial and
+    remembers `identity`, which a resumed one must match."""
+    backend = open_storage(storage, settings.search)
+    study = optuna.create_study(study_name=settings.name, storage=backend, sampler=sampler,
+                                direction="maximize", load_if_exists=True)
+    if study.user_attrs.get("created"):
+        _check_same_study(study, settings, storage, identity)
+        return study
+    for key, value in {**(metadata or {}), "identity": identity}.items():
+        study.set_user_attr(key, value)
+    if incumbent is not None and not study.trials:
+        study.enqueue_trial(incumbent, user_attrs={"incumbent": True})
+    study.set_user_attr("created", True)
+    return study
+
+
+def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, identity: dict | None) -> None:
+    where = f"study {settings.name!r} in {safe_url(storage)}"
+    old = study.user_attrs.get("identity")
+    if identity is None or old is None:  # an earlier tuner's study: it recorded only its scoring
+        scoring = study.user_attrs.get("scoring")
+        if scoring is not None and scoring != settings.scoring:
+            raise SettingsError(f"{where} was scored by {scoring}, not {settings.scoring}: use another "
+                                f"study name or output directory")
+        return
+    changed = [key for key in sorted(set(old) | set(identity)) if old.get(key) != identity.get(key)]
+    if changed:
+        key = changed[0]
+        raise SettingsError(
+            f"{where} was measured with another {key} ({_short(old.get(key))} -> {_short(identity.get(key))})"
+            + (f" and {len(changed) - 1} more change(s) ({', '.join(changed[1:])})" if len(changed) > 1 else "")
+            + ": its trials would not compare; start fresh with --output NEW_DIR (or another study name)")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_study(storage: str, name: str | None) -> optuna.Study:
+    """A study from any Optuna storage (URL or journal file); `name` may be omitted if it holds one."""
+    if is_journal(storage) and not Path(storage).is_file():
+        raise SettingsError(f"{storage}: no such storage file")
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        raise SettingsError(f"{storage}: no such database file")
+    backend = open_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
+    if name is None:
+        if len(names) != 1:
+            raise SettingsError(f"{safe_url(storage)}: holds {len(names)} studies ({', '.join(names) or 'none'}): "
+                                f"name one with --study")
+        name = names[0]
+    if name not in names:
+        raise SettingsError(f"{safe_url(storage)}: no study named {name!r} (it holds: {', '.join(names) or 'none'})")
+    return optuna.load_study(study_name=name, storage=backend)
+
+
+def fail_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, host: str,
+                           alive) -> list[int]:
+    """A journal file has no heartbeats: fail the RUNNING trials this host's dead processes left
+    (`alive(pid)`), through the storage's public API. Returns their numbers."""
+    study_id = storage.get_study_id_from_name(study.study_name)
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.user_attrs.get("host") == host and not alive(t.user_attrs.get("pid")):
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            failed.append(t.number)
+    return failed

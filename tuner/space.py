@@ -1,0 +1,360 @@
+"""The tuned knobs: the one module that knows them.
+
+Each knob is a `Knob`: its name (the trial parameter, also a `--set` key), where it lives in
+config.pbtxt, how a study's `search:` section ranges it, how it is read from and written to a config.
+Everything else asks this module: the search draws a trial (`suggest`) or walks the grid (`grid`), a
+trial's config is the base config with the drawn values written in (`apply`), the incumbent and a
+deployed server's config are read back into values (`from_config`, `deployed`), the launchers compare
+what they asked for with what the server runs (`config_fields`), and tables head their columns with
+`LABELS`. Adding a knob is a `Knob` here plus its range in `tuner.settings.SearchSettings`.
+
+Values are plain: ints, and for `preferred_batch_size` a strategy name (`none`, `max`,
+`powers_of_two`: the sizes follow from the trial's `max_batch_size`) or an explicit tuple of sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import optuna
+
+from tuner.errors import ConfigError, SettingsError
+from tuner.modelconfig import ModelConfig
+from tuner.settings import IntRange, SearchSettings
+
+__all__ = [
+    "KNOBS", "LABELS", "NAMES", "STRATEGIES", "Knob", "Params", "apply", "check_tunable", "config_fields",
+    "deployed", "describe", "fit_to_rows", "from_config", "grid", "grid_size", "outside", "parse_assignments",
+    "preferred_sizes", "suggest", "tuned",
+]
+
+Value = int | str | tuple[int, ...]
+Params = dict[str, Value]
+
+STRATEGIES = ("none", "max", "powers_of_two")  # preferred_batch_size as a function of max_batch_size
+_INT32_MAX = 2**31 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tuned field of config.pbtxt."""
+
+    name: str                          # the trial parameter, a `--set` key, a summary key
+    path: str                          # its place in config.pbtxt (also a `--set` key)
+    label: str                         # a table's column heading
+    bounds: tuple[int, int]            # what the field accepts
+    range_of: Callable[[SearchSettings], IntRange | tuple[str, ...] | None]  # None: not tuned
+    read: Callable[[ModelConfig], Value | None]  # None: the config does not state it
+    write: Callable[[ModelConfig, Value], None]  # on a copy, after the knobs before it
+
+
+def _batching(config: ModelConfig, field: str):
+    """The config's dynamic_batching block, made if absent; refused for another scheduler."""
+    other = config.WhichOneof("scheduling_choice")
+    if other not in (None, "dynamic_batching"):
+        raise ConfigError(f"cannot set {field}: {config.name or 'the model'} uses {other}, not dynamic_batching")
+    config.dynamic_batching.SetInParent()
+    return config.dynamic_batching
+
+
+def _write_max_batch_size(config: ModelConfig, value: Value) -> None:
+    config.max_batch_size = int(value)
+    # Triton refuses a preferred size above the maximum, and its auto-complete writes
+    # `preferred_batch_size: [max_batch_size]` into configs: a smaller maximum drops those above it
+    # (the preferred_batch_size knob, written after this one, may set them again)
+    lists = []
+    if config.HasField("dynamic_batching"):
+        lists.append(config.dynamic_batching.preferred_batch_size)
+    if config.HasField("sequence_batching") and config.sequence_batching.HasField("oldest"):
+        lists.append(config.sequence_batching.oldest.preferred_batch_size)
+    for sizes in lists:
+        keep = [size for size in sizes if size <= config.max_batch_size]
+        if len(keep) != len(sizes):
+            del sizes[:]
+            sizes.extend(keep)
+
+
+def _write_delay(config: ModelConfig, value: Value) -> None:
+    _batching(config, "max_queue_delay_microseconds").max_queue_delay_microseconds = int(value)
+
+
+def preferred_sizes(strategy: Value, max_batch_size: int) -> tuple[int, ...] | None:
+    """The preferred sizes a strategy (or an explicit tuple) means; None leaves the config's."""
+    if isinstance(strategy, tuple):
+        return strategy
+    if strategy == "max":
+        return (max_batch_size,)
+    if strategy == "powers_of_two":
+        sizes, p = [], 1
+        while p < max_batch_size:
+            sizes.append(p)
+            p *= 2
+        return (*sizes, max_batch_size)
+    return None
+
+
+def _write_preferred(config: ModelConfig, value: Value) -> None:
+    sizes = preferred_sizes(value, int(config.max_batch_size))
+    if sizes is None:
+        return
+    batching = _batching(config, "preferred_batch_size")
+    del batching.preferred_batch_size[:]
+    batching.preferred_batch_size.extend(sizes)
+
+
+def _read_preferred(config: ModelConfig) -> Value | None:
+    if not config.HasField("dynamic_batching"):
+        return None
+    return tuple(config.dynamic_batching.preferred_batch_size)
+
+
+def _write_instances(config: ModelConfig, value: Value) -> None:
+    if config.HasField("ensemble_scheduling"):
+        raise ConfigError(f"cannot set instance_count: {config.name or 'the model'} is an ensemble "
+                          "(no instance groups)")
+    if not config.instance_group:
+        config.instance_group.add()  # kind left unset: Triton picks it
+    for group in config.instance_group:
+        group.count = int(value)
+
+
+def _read_instances(config: ModelConfig) -> Value | None:
+    # what `_write_instances` sets: the count of each group (the first one's stands for all)
+    return int(config.instance_group[0].count or 1) if config.instance_group else None
+
+
+def _write_queue_size(config: ModelConfig, value: Value) -> None:
+    batching = _batching(config, "max_queue_size")
+    batching.default_queue_policy.max_queue_size = int(value)
+
+
+def _read_queue_size(config: ModelConfig) -> Value | None:
+    if not config.HasField("dynamic_batching"):
+        return None
+    return int(config.dynamic_batching.default_queue_policy.max_queue_size)
+
+
+def _strategies(search: SearchSettings) -> tuple[str, ...] | None:
+    return STRATEGIES if search.preferred_batch_size == "search" else None
+
+
+# The order is the order of writing: max_batch_size first (the preferred sizes follow from it).
+KNOBS: tuple[Knob, ...] = (
+    Knob("max_batch_size", "max_batch_size", "batch", (0, _INT32_MAX),
+         lambda s: s.max_batch_size, lambda c: int(c.max_batch_size), _write_max_batch_size),
+    Knob("max_queue_delay_microseconds", "dynamic_batching.max_queue_delay_microseconds", "delay us",
+         (0, _UINT64_MAX), lambda s: s.max_queue_delay_microseconds,
+         lambda c: int(c.dynamic_batching.max_queue_delay_microseconds) if c.HasField("dynamic_batching") else None,
+         _write_delay),
+    Knob("preferred_batch_size", "dynamic_batching.preferred_batch_size", "preferred", (1, _INT32_MAX),
+         _strategies, _read_preferred, _write_preferred),
+    Knob("instance_count", "instance_group.count", "instances", (1, _INT32_MAX),
+         lambda s: s.instance_count, _read_instances, _write_instances),
+    Knob("max_queue_size", "dynamic_batching.default_queue_policy.max_queue_size", "queue max",
+         (0, _INT32_MAX), lambda s: s.max_queue_size, _read_queue_size, _write_queue_size),
+)
+NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
+LABELS: dict[str, str] = {k.name: k.label for k in KNOBS}
+_BY_NAME = {k.name: k for k in KNOBS}
+
+
+def tuned(search: SearchSettings) -> tuple[Knob, ...]:
+    """The knobs this study searches (those its `search:` section gives a range)."""
+    return tuple(k for k in KNOBS if k.range_of(search) is not None)
+
+
+# --- drawing a trial, and the grid -----------------------------------------------------------------
+
+
+def suggest(trial: optuna.trial.BaseTrial, search: SearchSettings) -> Params:
+    """The trial's values, drawn from the study's ranges."""
+    params: Params = {}
+    for knob in tuned(search):
+        r = knob.range_of(search)
+        if isinstance(r, IntRange):
+            params[knob.name] = (trial.suggest_int(knob.name, r.low, r.high, log=True) if r.log
+                                 else trial.suggest_int(knob.name, r.low, r.high, step=r.step))
+        else:
+            params[knob.name] = trial.suggest_categorical(knob.name, list(r))
+    return params
+
+
+def grid(search: SearchSettings) -> dict[str, list]:
+    """Every value of each tuned knob: the exhaustive search the others are measured against. A
+    log-scale range is walked in powers of two (and its bounds), or with `grid_per_octave` points
+    per doubling (2: 1, 2, 3, 4, 6, 8, 11, 16, ...) where the optimum needs a finer look."""
+
+    def values(r: IntRange) -> list[int]:
+        if r.log:
+            out, k = {r.low, r.high}, 0
+            while (v := round(2 ** (k / search.grid_per_octave))) <= r.high:
+                if v >= r.low:
+                    out.add(v)
+                k += 1
+            return sorted(out)
+        return list(range(r.low, r.high + 1, r.step))
+
+    out = {}
+    for knob in tuned(search):
+        r = knob.range_of(search)
+        out[knob.name] = values(r) if isinstance(r, IntRange) else list(r)
+    return out
+
+
+def grid_size(search: SearchSettings) -> int:
+    """How many configurations the grid holds."""
+    return math.prod(len(v) for v in grid(search).values())
+
+
+# --- values <-> config.pbtxt -----------------------------------------------------------------------
+
+
+def apply(base: ModelConfig, params: Params, search: SearchSettings | None = None) -> ModelConfig:
+    """A copy of `base` with only the knobs named in `params` changed. A study that fixes a
+    preferred-size strategy without searching it (`search.preferred_batch_size: max`) applies it to
+    every configuration."""
+    unknown = sorted(set(params) - set(NAMES))
+    if unknown:
+        raise ConfigError(f"unknown tuned field {unknown[0]!r} (known: {', '.join(NAMES)})")
+    values = dict(params)
+    if search is not None and "preferred_batch_size" not in values and search.preferred_batch_size in STRATEGIES:
+        values["preferred_batch_size"] = search.preferred_batch_size
+    new = ModelConfig()
+    new.CopyFrom(base)
+    for knob in KNOBS:
+        if knob.name in values:
+            knob.write(new, values[knob.name])
+    return new
+
+
+def from_config(config: ModelConfig, search: SearchSettings) -> Params:
+    """The config's own values of the knobs the study tunes (the incumbent trial)."""
+    params: Params = {}
+    for knob in tuned(search):
+        value = knob.read(config)
+        if knob.name == "preferred_batch_size":  # a strategy is searched: name the config's
+            value = "max" if value == (config.max_batch_size,) else (
+                "powers_of_two" if value and value == preferred_sizes("powers_of_two", config.max_batch_size)
+                else "none")
+        elif value is None:  # not stated: Triton's default
+            value = {"instance_count": 1}.get(knob.name, 0)
+        params[knob.name] = value
+    return params
+
+
+def deployed(config: ModelConfig) -> dict:
+    """Every knob's value in a running server's config (lists as lists), and whether it batches."""
+    out: dict = {}
+    for knob in KNOBS:
+        value = knob.read(config)
+        out[knob.name] = list(value) if isinstance(value, tuple) else value
+    groups = config.instance_group
+    out["instance_count"] = sum(int(g.count or 1) for g in groups) if groups else 1  # all groups together
+    out["dynamic_batching"] = config.HasField("dynamic_batching")
+    return out
+
+
+def config_fields(config: ModelConfig) -> dict[str, object]:
+    """The knobs a config states, by config path, as comparable values (for reading a config back)."""
+    out: dict[str, object] = {}
+    for knob in KNOBS:
+        value = knob.read(config)
+        if value is None:
+            continue
+        if knob.name == "instance_count":
+            value = [g.count for g in config.instance_group]  # per group: 0 asks for Triton's default
+        out[knob.path] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def describe(params: Params) -> str:
+    """`batch 16, delay us 2000` for a line of text."""
+    return ", ".join(f"{LABELS.get(k, k)} {_text(v)}" for k, v in params.items())
+
+
+def _text(value: Value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+# --- checks before a study starts ------------------------------------------------------------------
+
+
+def check_tunable(base: ModelConfig, source: str) -> None:
+    """Refuse a model the study cannot tune: one that cannot batch (max_batch_size 0), or one whose
+    scheduler is not the dynamic batcher (sequence batching, an ensemble)."""
+    if base.max_batch_size <= 0:
+        raise ConfigError(f"{source}: max_batch_size is {base.max_batch_size}: this model does not batch "
+                          f"(Triton sends it one request at a time), so there is no dynamic batching to "
+                          f"tune; give it max_batch_size >= 1 if its inputs have a batch dimension")
+    choice = base.WhichOneof("scheduling_choice")
+    if choice not in (None, "dynamic_batching"):
+        raise ConfigError(f"{source}: the model uses {choice}, not dynamic_batching: tuner tunes the "
+                          f"dynamic batcher's fields only")
+
+
+def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tuple[SearchSettings, str]:
+    """The space narrowed so that every configuration can take a request of `largest_rows` rows
+    (a batch never splits a request), with a line saying so; SettingsError when none can."""
+    r = search.max_batch_size
+    if largest_rows <= r.low:
+        return search, ""
+    if largest_rows > r.high:
+        raise SettingsError(f"search.max_batch_size: the traffic has a request of {largest_rows} rows "
+                            f"({where}), above every max_batch_size the search may try (high={r.high}): "
+                            f"raise search.max_batch_size.high to at least {largest_rows}")
+    narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=largest_rows))
+    return narrowed, (f"search.max_batch_size: low raised from {r.low} to {largest_rows}: the traffic has "
+                      f"requests of {largest_rows} rows ({where}), which a smaller max_batch_size refuses")
+
+
+def outside(params: Params, search: SearchSettings) -> list[str]:
+    """The values of `params` (say the incumbent's) that lie outside the study's ranges, as text."""
+    out = []
+    for knob in tuned(search):
+        r, value = knob.range_of(search), params.get(knob.name)
+        if isinstance(r, IntRange) and isinstance(value, int) and not r.low <= value <= r.high:
+            out.append(f"{knob.name} {value} (search.{knob.name}: {r.low}..{r.high})")
+    return out
+
+
+# --- `--set KEY=VALUE` -----------------------------------------------------------------------------
+
+
+def parse_assignments(assignments: Iterable[str]) -> Params:
+    """`["max_batch_size=8", "preferred_batch_size=4,8", ...]` (from `--set`) as values; the keys are
+    the knobs' names or their config.pbtxt paths."""
+    keys = {key: knob for knob in KNOBS for key in (knob.name, knob.path)}
+    values: Params = {}
+    for item in assignments:
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. max_batch_size=8")
+        knob = keys.get(key)
+        if knob is None:
+            raise ConfigError(f"--set {item!r}: unknown key {key!r}; known keys: {', '.join(keys)}")
+        if knob.name in values:
+            raise ConfigError(f"--set {item!r}: {knob.name} is set more than once")
+        low, high = knob.bounds
+        if knob.name == "preferred_batch_size":
+            parts = [p.strip() for p in raw.split(",") if p.strip()]
+            if not parts:
+                raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")
+            values[knob.name] = tuple(_int_in_range(item, p, low, high) for p in parts)
+        else:
+            values[knob.name] = _int_in_range(item, raw, low, high)
+    return {k.name: values[k.name] for k in KNOBS if k.name in values}
+
+
+def _int_in_range(item: str, raw: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"--set {item!r}: {raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ConfigError(f"--set {item!r}: {low} <= value <= {high} must hold, but got {value}")
+    return value

@@ -1,0 +1,231 @@
+"""One trial's outcome as a typed record, and the one place it meets Optuna's attributes.
+
+    TrialRecord        what a trial measured: the replay at the recorded load, the capacity bracket
+                       with the replay at capacity, both scores, and the outcome
+    Figures, Bracket   its parts
+    to_attrs(record)   the record as flat, JSON-able Optuna user attributes (also trials.csv's columns)
+    from_attrs(attrs)  ... and back: every reader (export, report, audit, nightly) goes through it
+    record_of(trial)   the record of a FrozenTrial (None for a trial that failed before measuring)
+    is_feasible(trial) the one definition of a feasible trial
+
+Outcomes: `measured` (the SLA check at the recorded load is the configuration's), `unmeasured` (the
+load generator could not keep its send-lag budget even after retries: neither feasible nor
+infeasible, never scored), `crashed` (the configuration brought the server down: infeasible).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.measure import Measurement
+from tuner.space import Params
+
+__all__ = ["MEASURED", "UNMEASURED", "CRASHED", "Bracket", "Figures", "TrialRecord", "from_attrs",
+           "is_feasible", "record_of", "to_attrs"]
+
+MEASURED, UNMEASURED, CRASHED = "measured", "unmeasured", "crashed"
+PERCENTILES = ("p50", "p90", "p95", "p99", "max")
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One replay's figures as a trial keeps them (the per-request records are not kept)."""
+
+    speed: float = 0.0
+    offered_rps: float = 0.0
+    requests: int = 0
+    errors: int = 0
+    error_rate: float = 0.0
+    throughput_rps: float = 0.0
+    latency_ms: dict[str, float | None] = field(default_factory=dict)  # p50 ... max, from the due time
+    fill_rate: float = 0.0
+    mean_batch_size: float = 0.0
+    queue_ms: float | None = None      # Triton: waiting in the queue, per request
+    compute_ms: float | None = None    # Triton: computing, per execution
+    busy_s: float = 0.0
+    send_lag_p99_ms: float | None = None
+    batch_histogram: dict[int, int] = field(default_factory=dict)
+    valid: bool = True
+    invalid_reason: str = ""
+    attempts: int = 1                  # replays run to get a valid one (the retry policy's count)
+    workers: int = 1                   # load-generator processes of the last attempt
+
+    @classmethod
+    def of(cls, m: Measurement) -> Figures:
+        """The figures of a measurement."""
+        return cls(
+            speed=m.speed, offered_rps=m.offered_rps, requests=m.requests, errors=m.errors,
+            error_rate=m.error_rate, throughput_rps=m.throughput_rps,
+            latency_ms={k: _num(v) for k, v in m.latency_ms.items()}, fill_rate=m.fill_rate,
+            mean_batch_size=m.mean_batch_size, queue_ms=_num(m.queue_ms_mean), compute_ms=_num(m.compute_ms_mean),
+            busy_s=m.busy_s, send_lag_p99_ms=_num(m.send_lag_ms.get("p99")),
+            batch_histogram=dict(m.batch_histogram), valid=m.valid, invalid_reason=m.invalid_reason,
+            attempts=m.attempts, workers=m.workers,
+        )
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """Where the capacity search ended: the last speed that met the SLA and the first that broke it."""
+
+    rps: float = 0.0                   # capacity: offered rate at the highest passing speed (0: none)
+    speed: float = 0.0
+    upper_rps: float | None = None     # the lowest failing speed's rate (None: none failed)
+    upper_speed: float | None = None
+    steps: int = 0
+    converged: bool = False            # the bracket is within the tolerance
+    limited_by: str = ""               # "", max_speed, min_speed, max_steps, load_generator
+    lag_retries: int = 0               # replays run again because the send lag broke its budget
+    at_capacity: Figures | None = None
+
+    @property
+    def width(self) -> float | None:
+        """upper / lower - 1: how sure the capacity is (None when the bracket is open)."""
+        return self.upper_rps / self.rps - 1.0 if self.upper_rps and self.rps > 0 else None
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    params: Params
+    outcome: str = MEASURED
+    at_load: Figures | None = None
+    sla_met: bool = False              # at the recorded load
+    violation: float = math.inf        # the SLA constraint at the recorded load (<= 0: met)
+    sla_reason: str = ""
+    capacity: Bracket | None = None    # None: not searched (SLA missed at the load, or not asked for)
+    scores: dict[str, float | None] = field(default_factory=lambda: {"capacity": None, "utilization": None})
+    pruned: bool = False
+    price_per_hour: float = 0.0
+    peak_rps: float = 0.0
+    servers_needed: int | None = None
+    monthly_cost: float | None = None
+    note: str = ""                     # why unmeasured, or what the crash left in the server log
+    # every request's latency at capacity (for CDFs): kept in memory, not in the storage
+    latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def capacity_rps(self) -> float:
+        return self.capacity.rps if self.capacity else 0.0
+
+    @property
+    def capacity_speed(self) -> float:
+        return self.capacity.speed if self.capacity else 0.0
+
+    @property
+    def meets_sla(self) -> bool:
+        """Measured, and the SLA held at the recorded load."""
+        return self.outcome == MEASURED and self.sla_met
+
+    def value(self, scoring: str) -> float:
+        """The objective under the study's scoring; 0 when the configuration does not qualify."""
+        score = self.scores.get(scoring)
+        return float(score) if self.meets_sla and score is not None else 0.0
+
+
+# --- the record as Optuna attributes: written here, read here ----------------------------------------
+
+_SCALARS = ("outcome", "sla_reason", "pruned", "price_per_hour", "peak_rps", "servers_needed", "monthly_cost",
+            "note")
+_BRACKET = ("upper_rps", "upper_speed", "steps", "converged", "limited_by", "lag_retries")
+
+
+def to_attrs(record: TrialRecord) -> dict[str, object]:
+    """The record as flat, JSON-able attributes: the trial's own figures at the recorded load
+    unprefixed (`latency_p99_ms`), those at capacity prefixed `capacity_`, the scores `score_<name>`."""
+    out: dict[str, object] = {"config": _jsonable(record.params), "feasible": record.meets_sla,
+                              "sla_met": record.sla_met, "violation": _num(record.violation)}
+    out.update({name: getattr(record, name) for name in _SCALARS})
+    out.update({f"score_{name}": _num(value) for name, value in record.scores.items()})
+    if record.at_load is not None:
+        out.update(_flat_figures(record.at_load, ""))
+    b = record.capacity
+    out["capacity_rps"], out["capacity_speed"] = record.capacity_rps, record.capacity_speed
+    if b is not None:
+        out.update({f"capacity_{name}": getattr(b, name) for name in _BRACKET})
+        if b.at_capacity is not None:
+            out.update({k: v for k, v in _flat_figures(b.at_capacity, "capacity_").items()
+                        if k != "capacity_speed"})
+    return out
+
+
+def from_attrs(attrs: dict) -> TrialRecord:
+    """A record from what `to_attrs` wrote (missing figures come back as their defaults)."""
+    at_load = _figures_from(attrs, "") if "requests" in attrs else None
+    capacity = None
+    if "capacity_steps" in attrs:
+        at_capacity = _figures_from(attrs, "capacity_") if "capacity_requests" in attrs else None
+        if at_capacity is not None:
+            at_capacity = dataclasses.replace(at_capacity, speed=float(attrs.get("capacity_speed") or 0.0))
+        capacity = Bracket(rps=float(attrs.get("capacity_rps") or 0.0), speed=float(attrs.get("capacity_speed") or 0.0),
+                           at_capacity=at_capacity,
+                           **{name: attrs.get(f"capacity_{name}") for name in _BRACKET
+                              if f"capacity_{name}" in attrs})
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in (attrs.get("config") or {}).items()}
+    violation = attrs.get("violation")
+    return TrialRecord(
+        params=params, at_load=at_load, capacity=capacity,
+        sla_met=bool(attrs.get("sla_met", attrs.get("feasible", False))),
+        violation=math.inf if violation is None else float(violation),
+        scores={name[len("score_"):]: attrs.get(name) for name in attrs if name.startswith("score_")},
+        **{name: attrs[name] for name in _SCALARS if name in attrs},
+    )
+
+
+def _flat_figures(f: Figures, prefix: str) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for spec in dataclasses.fields(Figures):
+        value = getattr(f, spec.name)
+        if spec.name == "latency_ms":
+            out.update({f"{prefix}latency_{k}_ms": _num(v) for k, v in value.items()})
+        elif spec.name == "batch_histogram":
+            out[f"{prefix}batch_histogram"] = json.dumps({str(k): n for k, n in sorted(value.items())})
+        else:
+            out[f"{prefix}{spec.name}"] = _num(value) if isinstance(value, float) else value
+    return out
+
+
+def _figures_from(attrs: dict, prefix: str) -> Figures:
+    values: dict = {}
+    for spec in dataclasses.fields(Figures):
+        key = f"{prefix}{spec.name}"
+        if spec.name == "latency_ms":
+            start, end = f"{prefix}latency_", "_ms"
+            values["latency_ms"] = {k[len(start):-len(end)]: v for k, v in attrs.items()
+                                    if k.startswith(start) and k.endswith(end)
+                                    and "_" not in k[len(start):-len(end)]}
+        elif spec.name == "batch_histogram":
+            raw = attrs.get(key)
+            values[spec.name] = {int(k): int(n) for k, n in json.loads(raw).items()} if raw else {}
+        elif key in attrs and attrs[key] is not None:
+            values[spec.name] = attrs[key]
+    return Figures(**values)
+
+
+def record_of(trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
+    """The trial's record; None when it failed before anything was measured (refused, interrupted)."""
+    attrs = trial.user_attrs
+    return from_attrs(attrs) if "outcome" in attrs else None
+
+
+def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    """The one definition: a finished trial, measured, that met the SLA at the recorded load and has
+    a score under the study's scoring (its objective value is above 0)."""
+    return (trial.state == TrialState.COMPLETE and trial.value is not None and trial.value > 0
+            and all(c <= 0 for c in trial.constraints.values()))
+
+
+def _num(value):
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _jsonable(params: Params) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
