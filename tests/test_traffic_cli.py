@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,20 @@ def test_import_input_that_cannot_be_read_is_one_line(kind, path_case, expected,
     err = capsys.readouterr().err
     assert err == f"tuner: error: {path}: {expected}\n"
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("kind,extra,rows", [
+    ("poisson", ["--rate", "1e12", "--duration", "7d"], "605,000,000,000,000,000"),
+    ("diurnal", ["--rate", "1e6", "--duration", "1d", "--amplitude", "0.5"], "130,000,000,000"),
+    ("bursty", ["--rate", "1e6", "--duration", "1d"], "86,400,000,000"),
+    ("flash-crowd", ["--rate", "1e5", "--duration", "1d"], "86,400,000,000"),
+])
+def test_synth_refuses_a_table_that_cannot_fit_before_making_it(kind, extra, rows, tmp_path, capsys):
+    out = tmp_path / "huge.csv"
+    start = time.perf_counter()
+    assert main(["traffic", "synth", kind, *extra, "-o", str(out)]) == 2
+    assert time.perf_counter() - start < 5  # refused from the arithmetic, not after trying
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {kind.replace('-', ' ')}: "), err
+    assert f"would make about {rows} rows, above the limit of 100,000,000 rows" in err, err
+    assert not out.exists()
