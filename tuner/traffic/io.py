@@ -116,12 +116,14 @@ def check_writable(path: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def replacing(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside `path` to write into; renamed over `path` when the block succeeds,
-    removed when it fails. An OSError becomes a TrafficError naming `path` and the OS's reason."""
+    """A temporary path beside `path` to write into (suffix .tmp: give writers the format); renamed
+    over `path` when the block succeeds, removed when it fails. An OSError becomes a TrafficError
+    naming `path` and the OS's reason."""
     path = Path(path)
     _check_target(path)
     real = Path(os.path.realpath(path))  # through a symbolic link: the file it points to is replaced
-    fd, tmp = _make_temp(path, real.parent, path.suffix)
+    # not named *.csv: a leftover (the process killed mid-write) is never taken for traffic
+    fd, tmp = _make_temp(path, real.parent, ".tmp")
     os.close(fd)
     try:
         yield Path(tmp)

@@ -138,4 +138,4 @@ def plot_stats(df: pd.DataFrame, path: str | os.PathLike, title: str | None = No
     bottom.set_xlabel(f"inter-arrival time (ms, log scale; {len(gaps) - len(positive):,} zero gaps left out)")
     bottom.set_ylabel("requests")
     with replacing(path) as tmp:
-        fig.savefig(tmp, dpi=100)
+        fig.savefig(tmp, dpi=100, format=path.suffix[1:].lower())
