@@ -149,6 +149,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("url,why", [
+    ("127.0.0.1:abc", "port 'abc' is not a number"),
+    ("127.0.0.1:99999", "port 99999 is out of range"),
+    ("not a url:::", "no port"),
+    ("", "no port"),
+])
+def test_a_bad_url_flag_is_one_line_naming_the_flag(tmp_path, capsys, url, why):
+    code = main(["audit", str(write_study(tmp_path)), "--url", url, "--json", str(tmp_path / "a.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith("tuner: error: --url: expected host:port") and f"({why})" in err, err
+    assert not (tmp_path / "a.json").exists()
+
+
 def test_a_read_only_remote_never_applies_a_config():
     launcher = RemoteLauncher("127.0.0.1:9", models=["m"], read_only=True)
     with pytest.raises(ServerSetupError, match="attached read-only"):

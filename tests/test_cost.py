@@ -48,3 +48,13 @@ def test_unknown_gpu_or_cloud_is_named():
         price_for(CostSettings(gpu="v100"))
     with pytest.raises(SettingsError, match="cost.cloud: unknown cloud 'oracle'"):
         price_for(CostSettings(gpu="t4", cloud="oracle"))
+
+
+def test_a_price_of_the_users_own_says_so():
+    own = price_for(CostSettings(price_per_hour=2.5))
+    assert own.price_per_hour == 2.5 and own.gpu is None and own.cloud is None
+    assert own.source == "price_per_hour in the study" and own.instance == "custom" and not own.estimate
+    assert own.as_dict()["price_per_hour"] == 2.5 and own.as_dict()["gpu"] is None
+    # a GPU named beside the price is the user's label for it, kept
+    named = price_for(CostSettings(gpu="A100-40GB", price_per_hour=2.5))
+    assert named.gpu == "a100-40gb" and named.source == "price_per_hour in the study"

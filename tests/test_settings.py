@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tuner.errors import SettingsError
-from tuner.settings import load_study, study_from_dict
+from tuner.settings import load_study, parse_host_port, study_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = {"name": "s", "model_repository": "models", "model": "m", "traffic": {"path": "t.csv"}}
@@ -47,3 +48,56 @@ def test_bad_values_are_named(data, message):
     with pytest.raises(SettingsError) as exc:
         study_from_dict({**MINIMAL, **data}, source="study.yaml")
     assert message in str(exc.value) and str(exc.value).startswith("study.yaml: ")
+
+
+# --- server addresses ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url,why", [
+    ("127.0.0.1:abc", "port 'abc' is not a number"),
+    ("127.0.0.1:99999", "port 99999 is out of range"),
+    ("127.0.0.1:0", "port 0 is out of range"),
+    ("not a url:::", "no port"),
+    ("localhost", "no port"),
+    (":8000", "no host"),
+    ("http://127.0.0.1:8000/v2/models", "no path"),
+    ("ftp://127.0.0.1:8000", "scheme 'ftp://' is not http://"),
+    ("::1:8000", "an IPv6 address goes in brackets"),
+])
+def test_a_bad_server_url_is_refused_at_load(url, why):
+    data = {**MINIMAL, "server": {"launcher": "remote", "url": url}}
+    with pytest.raises(SettingsError) as exc:
+        study_from_dict(data, source="study.yaml")
+    message = str(exc.value)
+    assert message.startswith("study.yaml: server.url: expected host:port"), message
+    assert "port in 1..65535" in message and f"but got {url!r} ({why}" in message, message
+
+
+def test_a_bad_grpc_url_is_refused_at_load():
+    data = {**MINIMAL, "server": {"launcher": "remote", "url": "127.0.0.1:8000", "grpc_url": "127.0.0.1:x"}}
+    with pytest.raises(SettingsError, match=r"^study.yaml: server.grpc_url: .*port 'x' is not a number"):
+        study_from_dict(data, source="study.yaml")
+
+
+@pytest.mark.parametrize("text,schemes,expected", [
+    ("127.0.0.1:8000", ("http",), ("127.0.0.1", 8000)),
+    ("http://localhost:8000/", ("http",), ("localhost", 8000)),
+    (" HTTP://triton-0.svc.cluster.local:65535 ", ("http",), ("triton-0.svc.cluster.local", 65535)),
+    ("[::1]:8001", ("grpc",), ("[::1]", 8001)),
+    ("grpc://10.0.0.7:8001", ("grpc",), ("10.0.0.7", 8001)),
+])
+def test_parse_host_port_keeps_the_address_usable_as_host_colon_port(text, schemes, expected):
+    assert parse_host_port(text, where="x", schemes=schemes) == expected
+
+
+def test_a_tune_with_a_bad_url_writes_nothing(tmp_path, capsys):
+    from tuner.cli import main
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "s", "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
+        "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")},
+        "server": {"launcher": "remote", "url": "127.0.0.1:abc"}, "output": "out"}))
+    assert main(["tune", str(study)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: server.url: "), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -114,3 +117,81 @@ def test_synth_bad_size_is_exit_2(tmp_path, capsys):
     ]
     assert main(argv) == 2
     assert "unknown kind 'gauss'" in capsys.readouterr().err
+
+
+# --- paths the OS refuses: checked before any work, one line, nothing written ---------------------
+
+LONG_NAME = "a" * 300 + ".csv"
+
+
+def _bad_output(case: str, tmp_path):
+    if case == "a name too long":
+        return tmp_path / LONG_NAME, "File name too long"
+    if case == "a directory in the way":
+        (tmp_path / "out.csv").mkdir()
+        return tmp_path / "out.csv", "it is a directory"
+    return Path("/proc/tuner-out.parquet"), "the directory /proc takes no new file ("
+
+
+@pytest.mark.parametrize("case", ["a name too long", "a directory in the way", "a system folder"])
+@pytest.mark.parametrize("command", [
+    ["convert", "IN"], ["scale", "IN", "--speed", "2"], ["window", "IN", "--start", "0"],
+    ["import", "csv", "IN"], ["import", "triton", "IN"], ["import", "azure", "IN"],
+    ["synth", "poisson", "--rate", "5", "--duration", "10"],
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(command, case, tmp_path, capsys):
+    out, expected = _bad_output(case, tmp_path)
+    missing = tmp_path / "missing.csv"  # had the input been read first, the error would name it
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    argv = ["traffic", *[str(missing) if a == "IN" else a for a in command], "-o", str(out)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"tuner: error: {out}: cannot write"), captured.err
+    assert captured.err.count("\n") == 1 and expected in captured.err, captured.err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("plot,expected", [
+    ("/proc/tuner-rate.png", "cannot write: the directory /proc takes no new file ("),
+    ("DIR/" + "b" * 300 + ".png", "File name too long"),
+    ("DIR/rate.xyz", "unknown image type '.xyz'"),
+])
+def test_stats_plot_path_is_checked_before_the_stats(profile, tmp_path, capsys, plot, expected):
+    plot = plot.replace("DIR", str(tmp_path))
+    assert main(["traffic", "stats", str(profile), "--plot", plot]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"tuner: error: {plot}: "), captured.err
+    assert captured.err.count("\n") == 1 and expected in captured.err, captured.err
+
+
+@pytest.mark.parametrize("kind,path_case,expected", [
+    ("triton", "a name too long", "cannot read (File name too long)"),
+    ("triton", "a directory", "is a directory, not a Triton trace file"),
+    ("azure", "a name too long", "cannot read (File name too long)"),
+    ("csv", "a directory", "is a directory, not a traffic file"),
+])
+def test_import_input_that_cannot_be_read_is_one_line(kind, path_case, expected, tmp_path, capsys):
+    path = tmp_path / ("t" * 300 + ".json" if path_case == "a name too long" else "trace.csv")
+    if path_case == "a directory":
+        path.mkdir()
+    assert main(["traffic", "import", kind, str(path), "-o", str(tmp_path / "out.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tuner: error: {path}: {expected}\n"
+    assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("kind,extra,rows", [
+    ("poisson", ["--rate", "1e12", "--duration", "7d"], "605,000,000,000,000,000"),
+    ("diurnal", ["--rate", "1e6", "--duration", "1d", "--amplitude", "0.5"], "130,000,000,000"),
+    ("bursty", ["--rate", "1e6", "--duration", "1d"], "86,400,000,000"),
+    ("flash-crowd", ["--rate", "1e5", "--duration", "1d"], "86,400,000,000"),
+])
+def test_synth_refuses_a_table_that_cannot_fit_before_making_it(kind, extra, rows, tmp_path, capsys):
+    out = tmp_path / "huge.csv"
+    start = time.perf_counter()
+    assert main(["traffic", "synth", kind, *extra, "-o", str(out)]) == 2
+    assert time.perf_counter() - start < 5  # refused from the arithmetic, not after trying
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {kind.replace('-', ' ')}: "), err
+    assert f"would make about {rows} rows, above the limit of 100,000,000 rows" in err, err
+    assert not out.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -169,3 +170,73 @@ def test_public_api_others_code_against():
         params = list(inspect.signature(getattr(traffic, name)).parameters)
         assert params[1:4] == ["duration_s", "seed", "sizes"], name
     assert set(contract) | {"format_stats", "import_triton_trace", "plot_stats"} <= set(traffic.__all__)
+
+
+# --- paths the OS refuses (these fail for root too: no chmod) ------------------------------------
+
+LONG_NAME = "a" * 300 + ".csv"  # above the 255 bytes a file name may have on Linux filesystems
+
+
+def _unreadable(case: str, tmp_path) -> tuple:
+    if case == "a name too long":
+        return tmp_path / LONG_NAME, "cannot read (File name too long)"
+    if case == "a directory":
+        (tmp_path / "day.csv").mkdir()
+        return tmp_path / "day.csv", "is a directory, not a traffic file"
+    if case == "a directory without a suffix":
+        (tmp_path / "profiles").mkdir()
+        return tmp_path / "profiles", "is a directory, not a traffic file"
+    (tmp_path / "f").write_text("timestamp\n1\n")
+    return tmp_path / "f" / "t.csv", "cannot read (Not a directory)"
+
+
+READ_CASES = ["a name too long", "a directory", "a directory without a suffix", "a file in the way"]
+
+
+@pytest.mark.parametrize("case", READ_CASES)
+def test_a_path_that_cannot_be_read_is_one_line(case, tmp_path, capsys):
+    path, expected = _unreadable(case, tmp_path)
+    with pytest.raises(TrafficError) as exc:
+        read_traffic(path)
+    assert str(exc.value) == f"{path}: {expected}"
+    assert main(["traffic", "stats", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tuner: error: {path}: {expected}\n"
+
+
+def _unwritable(case: str, tmp_path) -> tuple:
+    if case == "a name too long":
+        return tmp_path / LONG_NAME, "cannot write (File name too long: 304 bytes, the most here is 255)"
+    if case == "a directory in the way":
+        (tmp_path / "out.csv").mkdir()
+        return tmp_path / "out.csv", "cannot write: it is a directory"
+    if case == "a file where its folder should be":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f" / "out.csv", f"cannot write: {tmp_path / 'f'} is not a directory"
+    if case == "no folder":
+        return tmp_path / "nowhere" / "out.csv", f"cannot write: no directory {tmp_path / 'nowhere'}"
+    # procfs takes no new file, not even root's
+    return Path("/proc/tuner-out.csv"), "cannot write: the directory /proc takes no new file ("
+
+
+WRITE_CASES = ["a name too long", "a directory in the way", "a file where its folder should be", "no folder",
+               "a system folder"]
+
+
+@pytest.mark.parametrize("case", WRITE_CASES)
+def test_a_path_that_cannot_be_written_is_one_traffic_error_and_nothing_is_written(case, tmp_path):
+    path, expected = _unwritable(case, tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(TrafficError) as exc:
+        write_traffic(_table(), path)
+    assert str(exc.value).startswith(f"{path}: {expected}"), str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_write_leaves_only_the_file_it_names(tmp_path):
+    for name in ("t.csv", "t.parquet"):
+        write_traffic(_table(), tmp_path / name)
+        write_traffic(_table().iloc[:10], tmp_path / name)  # over an existing one
+        assert len(read_traffic(tmp_path / name)) == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.parquet"]

@@ -16,6 +16,7 @@ from tuner.traffic import (
     synth_flash_crowd,
     synth_poisson,
 )
+from tuner.traffic.synth import MAX_ROWS
 
 
 @pytest.mark.parametrize("rate,seed", [(100.0, 1), (250.0, 7), (20.0, 3)])
@@ -98,3 +99,30 @@ def test_bad_rates():
         synth_poisson(1e-9, 1, seed=0)
     with pytest.raises(TrafficError, match="amplitude must be in"):
         synth_diurnal(10, 10, amplitude=2)
+
+
+@pytest.mark.parametrize("make,expected", [
+    (lambda: synth_poisson(1e12, 7 * 86400), "poisson: 1e+12 requests/s for 604800 s would make about "
+     "605,000,000,000,000,000 rows, above the limit of 100,000,000 rows"),
+    (lambda: synth_diurnal(2e5, 1000, amplitude=0.6), "diurnal: 320000 requests/s at the peak for 1000 s "
+     "would make about 320,000,000 rows"),
+    (lambda: synth_bursty(2e5, 1000), "bursty: 200000 requests/s for 1000 s would make about 200,000,000 rows"),
+    (lambda: synth_flash_crowd(2e4, 1000), "flash crowd: 200000 requests/s at the peak for 1000 s would "
+     "make about 200,000,000 rows"),
+    (lambda: synth_bursty(1.0, 7 * 86400, mean_on_s=1e-9), "bursty: bursts of 1e-09 s on average for 604800 s "
+     "would make about 242,000,000,000,000 on/off periods, above the limit of 100,000,000"),
+])
+def test_a_table_that_cannot_fit_is_refused_before_it_is_drawn(make, expected):
+    with pytest.raises(TrafficError) as exc:
+        make()
+    assert str(exc.value).startswith(expected), str(exc.value)
+    assert "lower the rate or the duration" in str(exc.value) or "on/off periods" in str(exc.value)
+
+
+def test_the_row_limit_leaves_room_below_it():
+    assert synth_poisson(MAX_ROWS / 1e6, 1e4, seed=0).shape[0] == pytest.approx(MAX_ROWS / 100, rel=0.01)
+
+
+def test_a_zipf_support_that_cannot_fit_is_refused():
+    with pytest.raises(TrafficError, match=r"zipf max must be <= 10,000,000, got max=1000000000000"):
+        SizeSpec.parse("zipf:a=1.2,max=1e12")

@@ -1,8 +1,10 @@
 """What one server costs per hour: a shipped price table (tuner/data/prices.yaml), overridable.
 
 `price_for(cost_settings)` resolves the study's `cost` section to a `Price`: an explicit
-`price_per_hour` wins; otherwise the table's figure for `gpu` on `cloud` (default: the cheapest
-cloud listed) times `gpus_per_server`. `gpu: cpu` is the embedded default's CPU instance.
+`price_per_hour` wins (the user's own figure: no instance, source and date of the table's; `gpu` is
+the GPU the study names beside it, or None); otherwise the table's figure for `gpu` on `cloud`
+(default: the cheapest cloud listed) times `gpus_per_server`. `gpu: cpu` is the embedded default's
+CPU instance.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from tuner.errors import SettingsError
 from tuner.settings import CostSettings
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the figure cloud bills use
+OWN_PRICE_SOURCE = "price_per_hour in the study"
 
 
 @dataclass(frozen=True)
 class Price:
+    """One server's price per hour and where it comes from (the table's entry, or the study's own)."""
+
     price_per_hour: float  # one server: per-GPU price x gpus_per_server
-    gpu: str
+    gpu: str | None  # None: a price of the user's own, with no GPU named beside it
     cloud: str | None
     gpus_per_server: int
     instance: str
@@ -31,6 +36,7 @@ class Price:
     estimate: bool
 
     def as_dict(self) -> dict:
+        """The fields as a plain dict (summary.json's `price` block)."""
         return dict(self.__dict__)
 
 
@@ -47,8 +53,9 @@ def gpu_names() -> list[str]:
 def price_for(cost: CostSettings) -> Price:
     n = cost.gpus_per_server
     if cost.price_per_hour is not None:
-        return Price(cost.price_per_hour, cost.gpu, cost.cloud, n, "as given", "study: cost.price_per_hour",
-                     "", False)
+        # `gpu` defaults to "cpu": beside a price of the user's own it names nothing the user said
+        gpu = None if cost.gpu.lower() == "cpu" else cost.gpu.lower()
+        return Price(cost.price_per_hour, gpu, cost.cloud, n, "custom", OWN_PRICE_SOURCE, "", False)
     table = price_table()
     gpu = cost.gpu.lower()
     if gpu == "cpu":

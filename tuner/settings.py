@@ -8,6 +8,7 @@ and a value of the wrong type names its key. Relative paths are resolved against
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -136,6 +137,50 @@ class StudySettings:
     output: str = "runs/study"
     storage: str | None = None
     source: str = ""  # the YAML file this came from (set by the loader)
+
+
+# --- server addresses ----------------------------------------------------------------------------
+
+# a host name or IPv4 address, or an IPv6 address in brackets (kept so that host:port stays valid)
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]")
+
+
+def parse_host_port(text: str, *, where: str, schemes: tuple[str, ...] = ("http",),
+                    error: type[Exception] = SettingsError) -> tuple[str, int]:
+    """The (host, port) of `host:port`, with or without `scheme://` and a trailing slash.
+
+    Raises `error` naming `where` (a key or a flag), the rule and the value: the one parser of server
+    addresses, here so that both the study check and tuner.server use it without a layer breach.
+    """
+    def fail(why: str) -> Exception:
+        return error(f"{where}: expected host:port (e.g. 127.0.0.1:8000) with a port in 1..65535, "
+                     f"but got {text!r} ({why})")
+
+    if not isinstance(text, str):
+        raise fail("not a string")
+    address = text.strip()
+    scheme, sep, rest = address.partition("://")
+    if sep:
+        if scheme.lower() not in schemes:
+            raise fail(f"scheme {scheme + '://'!r} is not {' or '.join(s + '://' for s in schemes)}")
+        address = rest
+    address = address[:-1] if address.endswith("/") else address
+    if any(c in address for c in "/?#@"):
+        raise fail("no path, query or user: only a host and a port")
+    host, colon, port = address.rpartition(":")
+    if not colon or not port:
+        raise fail("no port")
+    if not host:
+        raise fail("no host")
+    if not _HOST.fullmatch(host):
+        if ":" in host and not host.startswith("["):
+            raise fail("an IPv6 address goes in brackets, e.g. [::1]:8000")
+        raise fail(f"host {host!r} is not a host name or an IP address")
+    if not (port.isascii() and port.isdigit()):
+        raise fail(f"port {port!r} is not a number")
+    if not 1 <= int(port) <= 65535:
+        raise fail(f"port {int(port)} is out of range")
+    return host, int(port)
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -342,5 +387,9 @@ def _check(s: StudySettings, source: str) -> None:
                             f"({s.search.heartbeat_s}), got {s.search.grace_period_s}")
     if s.server.launcher == "remote" and not s.server.url:
         raise SettingsError(f"{source}: server.url: required when server.launcher is remote")
+    if s.server.url:
+        parse_host_port(s.server.url, where=f"{source}: server.url")
+    if s.server.grpc_url:
+        parse_host_port(s.server.grpc_url, where=f"{source}: server.grpc_url", schemes=("grpc",))
     if not s.name or not s.model:
         raise SettingsError(f"{source}: name and model must not be empty")

@@ -63,9 +63,21 @@ def test_model_not_loaded_is_a_setup_error(owner):
         _remote(owner, ["nope"]).start()
 
 
-def test_bad_url_is_a_setup_error():
-    with pytest.raises(ServerSetupError, match="server.url"):
-        RemoteLauncher("localhost")
+@pytest.mark.parametrize("url,grpc_url,key,why", [
+    ("localhost", None, "server.url", "no port"),
+    ("127.0.0.1:abc", None, "server.url", "port 'abc' is not a number"),
+    ("127.0.0.1:99999", None, "server.url", "port 99999 is out of range"),
+    ("127.0.0.1:8000", "127.0.0.1:0", "server.grpc_url", "port 0 is out of range"),
+])
+def test_bad_url_is_a_setup_error(url, grpc_url, key, why):
+    with pytest.raises(ServerSetupError, match=rf"^{key}: expected host:port .*\({why}\)$"):
+        RemoteLauncher(url, grpc_url=grpc_url)
+
+
+def test_the_endpoints_follow_the_http_port():
+    ep = RemoteLauncher("http://127.0.0.1:8000/").endpoints
+    assert (ep.http, ep.grpc, ep.metrics) == ("127.0.0.1:8000", "127.0.0.1:8001", "http://127.0.0.1:8002/metrics")
+    assert RemoteLauncher("[::1]:8000", grpc_url="grpc://[::1]:9001").endpoints.grpc == "[::1]:9001"
 
 
 def test_server_not_in_explicit_mode_is_refused(triton_install, templates_dir, tmp_path):

@@ -31,10 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuner.audit import audit, format_audit, load_baseline
-    from tuner.settings import load_study, with_overrides
+    from tuner.settings import load_study, parse_host_port, with_overrides
 
     settings = load_study(args.study)
-    if args.url:
+    if args.url is not None:
+        parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     result = audit(settings, baseline, at_load_only=args.at_load_only)

@@ -141,6 +141,7 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _write(df, args: argparse.Namespace) -> int:
+    """Write the result to --output, which the command checked with check_output before its work."""
     out = Path(args.output)
     src = Path(args.input) if getattr(args, "input", None) else None
     if src is not None and out.exists() and src.exists() and out.resolve() == src.resolve():
@@ -151,6 +152,8 @@ def _write(df, args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    if args.plot:
+        traffic.check_plot_path(args.plot)
     df = traffic.read_traffic(args.input)
     print(
         traffic.format_stats(
@@ -164,6 +167,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    traffic.check_output(args.output)
     if args.kind == "triton":
         df = traffic.import_triton_trace(args.input, include_children=args.include_children)
     elif args.kind == "azure":
@@ -180,6 +184,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    traffic.check_output(args.output)
     sizes = {}
     for item in args.size:
         col, eq, spec = item.partition("=")
@@ -219,6 +224,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _window(args: argparse.Namespace) -> int:
+    traffic.check_output(args.output)
     df = traffic.read_traffic(args.input)
     if args.busiest is not None:
         if args.duration is not None:
@@ -235,8 +241,10 @@ def _window(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
+    traffic.check_output(args.output)
     return _write(traffic.scale_time(traffic.read_traffic(args.input), args.speed), args)
 
 
 def _convert(args: argparse.Namespace) -> int:
+    traffic.check_output(args.output)
     return _write(traffic.read_traffic(args.input), args)

@@ -9,12 +9,12 @@ server running. A `read_only` one (for `tuner audit`) changes nothing and works 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
 from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
+from tuner.settings import parse_host_port
 
 CONTROL_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
@@ -28,15 +28,17 @@ class RemoteLauncher(Launcher):
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
                  metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
                  read_only: bool = False):
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if not parts.hostname or not parts.port:
-            raise ServerSetupError(f"server.url: expected host:port of the Triton HTTP endpoint, got '{url}'")
+        host, port = parse_host_port(url, where="server.url", error=ServerSetupError)
+        if grpc_url:
+            grpc = "{}:{}".format(*parse_host_port(grpc_url, where="server.grpc_url", schemes=("grpc",),
+                                                   error=ServerSetupError))
+        else:
+            grpc = f"{host}:{port + 1}"
         self.url = url
-        host = parts.hostname
         self._endpoints = Endpoints(
-            http=f"{host}:{parts.port}",
-            grpc=_host_port(grpc_url) if grpc_url else f"{host}:{parts.port + 1}",
-            metrics=metrics_url or f"http://{host}:{parts.port + 2}/metrics",
+            http=f"{host}:{port}",
+            grpc=grpc,
+            metrics=metrics_url or f"http://{host}:{port + 2}/metrics",
         )
         self.models = list(models)
         self.load_timeout_s = load_timeout_s
@@ -119,8 +121,3 @@ class RemoteLauncher(Launcher):
                 raise ServerSetupError(
                     f"the Triton server at {self.url} does not run in explicit model-control mode; "
                     "start it with --model-control-mode=explicit so configurations can be loaded") from None
-
-
-def _host_port(address: str) -> str:
-    parts = urlsplit(address if "://" in address else f"grpc://{address}")
-    return f"{parts.hostname}:{parts.port}"

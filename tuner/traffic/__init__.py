@@ -1,11 +1,12 @@
 """Recorded traffic: the table every later stage replays, and the tools that make and inspect it.
 
-io         read_traffic / write_traffic / validate_traffic, shape_columns
+io         read_traffic / write_traffic / validate_traffic, shape_columns, check_output / check_writable
+           (an output path checked before the work that fills it)
 windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, peak_rps
            (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
 importers  import_triton_trace, import_azure, import_csv
-stats      describe, format_stats, plot_stats
+stats      describe, format_stats, plot_stats, check_plot_path
 """
 
 from tuner.traffic.importers import import_azure, import_csv, import_triton_trace
@@ -13,12 +14,14 @@ from tuner.traffic.io import (
     BATCH_SIZE,
     MODEL,
     TIMESTAMP,
+    check_output,
+    check_writable,
     read_traffic,
     shape_columns,
     validate_traffic,
     write_traffic,
 )
-from tuner.traffic.stats import describe, format_stats, plot_stats
+from tuner.traffic.stats import check_plot_path, describe, format_stats, plot_stats
 from tuner.traffic.synth import SizeSpec, synth_bursty, synth_diurnal, synth_flash_crowd, synth_poisson
 from tuner.traffic.windows import (
     busiest_window,
@@ -37,6 +40,9 @@ __all__ = [
     "TIMESTAMP",
     "SizeSpec",
     "busiest_window",
+    "check_output",
+    "check_plot_path",
+    "check_writable",
     "describe",
     "due_offsets",
     "format_stats",

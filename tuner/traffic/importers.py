@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.traffic.io import MODEL, TIMESTAMP, read_raw, validate_traffic
+from tuner.traffic.io import MODEL, TIMESTAMP, os_reason, read_raw, validate_traffic
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
@@ -97,7 +98,15 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
 
 def _trace_parts(path: Path) -> list[Path]:
     """F itself, or the F.0, F.1, ... that Triton writes with log-frequency > 0, in order."""
-    if path.is_file():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise TrafficError(f"{path}: is a directory, not a Triton trace file")
+    if mode is not None:
         return [path]
     parts = (
         [p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()]
@@ -112,7 +121,9 @@ def _trace_parts(path: Path) -> list[Path]:
 def _trace_entries(path: Path) -> list[dict]:
     try:
         text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+    except UnicodeDecodeError as exc:
         raise TrafficError(f"{path}: cannot read ({exc})") from None
     if not text.strip():
         raise TrafficError(f"{path}: empty file")

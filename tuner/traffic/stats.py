@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tuner.traffic.io import BATCH_SIZE, MODEL, TIMESTAMP, shape_columns
+from tuner.errors import TrafficError
+from tuner.traffic.io import BATCH_SIZE, MODEL, TIMESTAMP, check_writable, replacing, shape_columns
 from tuner.traffic.windows import busiest_window, offsets
 
 PERCENTILES = (50, 90, 99)
@@ -92,10 +94,25 @@ def format_stats(stats: dict[str, Any], source: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def check_plot_path(path: str | os.PathLike) -> Path:
+    """The path of a plot to write, once its suffix names an image type and a file can be made there."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    types = sorted(FigureCanvasBase.get_supported_filetypes())
+    if path.suffix[1:].lower() not in types:
+        raise TrafficError(f"{path}: unknown image type {path.suffix or '(no suffix)'!r} "
+                           f"(expected one of: {', '.join('.' + t for t in types)})")
+    return check_writable(path)
+
+
 def plot_stats(df: pd.DataFrame, path: str | os.PathLike, title: str | None = None) -> None:
-    """Rate over time and the inter-arrival histogram, as a PNG (matplotlib's Agg, no pyplot state)."""
+    """Rate over time and the inter-arrival histogram, as an image of the type the suffix names
+    (.png, .svg, .pdf, ...; matplotlib's Agg, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+
+    path = check_plot_path(path)
 
     off = offsets(df)
     duration = float(off[-1]) if len(off) else 0.0
@@ -120,4 +137,5 @@ def plot_stats(df: pd.DataFrame, path: str | os.PathLike, title: str | None = No
         bottom.set_xscale("log")
     bottom.set_xlabel(f"inter-arrival time (ms, log scale; {len(gaps) - len(positive):,} zero gaps left out)")
     bottom.set_ylabel("requests")
-    fig.savefig(path, dpi=100)
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=100, format=path.suffix[1:].lower())

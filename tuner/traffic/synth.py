@@ -22,6 +22,10 @@ from tuner.errors import TrafficError
 from tuner.traffic.io import BATCH_SIZE, TIMESTAMP
 
 SIZE_KINDS = ("constant", "zipf", "lognormal")
+# The most rows one table may have: about 40 bytes a row at the peak of making it (4 GB here), so a
+# request for more is refused from rate x duration before anything is allocated
+MAX_ROWS = 100_000_000
+ZIPF_MAX = 10_000_000  # a zipf size draws from a table of `max` weights
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ class SizeSpec:
             raise TrafficError(
                 f"size {label!r}: zipf needs a > 0 and max >= 1, got a={self.a}, max={self.max}"
             )
+        if self.kind == "zipf" and self.max > ZIPF_MAX:
+            raise TrafficError(f"size {label!r}: zipf max must be <= {ZIPF_MAX:,}, got max={self.max}")
         if self.kind == "lognormal" and not (
             self.median > 0 and self.sigma >= 0 and 1 <= self.min <= self.max
         ):
@@ -122,6 +128,22 @@ def _check(rate: float, duration_s: float) -> None:
         raise TrafficError(f"duration must be a positive number of seconds, got {duration_s}")
 
 
+def _about(n: float) -> str:
+    """A count to three significant figures, written out: 6.048e17 -> 605,000,000,000,000,000."""
+    return f"{float(f'{n:.3g}'):,.0f}"
+
+
+def _fits(what: str, rate: float, duration_s: float, at_peak: bool = False) -> None:
+    """Refuse a table of more than MAX_ROWS rows, from its rate and duration, before drawing it."""
+    rows = rate * duration_s
+    if rows > MAX_ROWS:
+        raise TrafficError(
+            f"{what}: {rate:g} requests/s{' at the peak' if at_peak else ''} for {duration_s:g} s would make "
+            f"about {_about(rows)} rows, above the limit of {MAX_ROWS:,} rows (tuner.traffic.synth.MAX_ROWS, "
+            "about 4 GB of memory to make); lower the rate or the duration"
+        )
+
+
 def _poisson_times(rng: np.random.Generator, rate: float, start: float, length: float) -> np.ndarray:
     n = rng.poisson(rate * length)
     return start + rng.uniform(0.0, length, size=n)
@@ -142,6 +164,7 @@ def _nonempty(times: np.ndarray, what: str) -> np.ndarray:
 def synth_poisson(rate: float, duration_s: float, seed: int = 0, sizes: Sizes = None) -> pd.DataFrame:
     """Poisson arrivals at `rate` requests/s for `duration_s` seconds (inter-arrival CV 1)."""
     _check(rate, duration_s)
+    _fits("poisson", rate, duration_s)
     rng = np.random.default_rng(seed)
     times = _nonempty(_poisson_times(rng, rate, 0.0, duration_s), "poisson")
     return _table(times, rng, sizes)
@@ -165,6 +188,7 @@ def synth_diurnal(
         raise TrafficError(f"diurnal amplitude must be in [0, 1], got {amplitude}")
     if not period_s > 0:
         raise TrafficError(f"diurnal period must be > 0 s, got {period_s}")
+    _fits("diurnal", mean_rate * (1 + amplitude), duration_s, at_peak=True)
     peak_at = period_s * 14 / 24 if peak_at_s is None else float(peak_at_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
@@ -203,8 +227,16 @@ def synth_bursty(
             "bursty needs 0 < on_fraction < 1, mean_on_s > 0 and 0 <= off_ratio < 1, got "
             f"on_fraction={on_fraction}, mean_on_s={mean_on_s}, off_ratio={off_ratio}"
         )
+    _fits("bursty", mean_rate, duration_s)
     rate_on, rate_off = bursty_rates(mean_rate, on_fraction, off_ratio)
     mean_off_s = mean_on_s * (1 - on_fraction) / on_fraction
+    periods = 2 * duration_s / (mean_on_s + mean_off_s)
+    if periods > MAX_ROWS:
+        raise TrafficError(
+            f"bursty: bursts of {mean_on_s:g} s on average for {duration_s:g} s would make about "
+            f"{_about(periods)} on/off periods, above the limit of {MAX_ROWS:,}; lengthen the bursts "
+            "or shorten the duration"
+        )
     rng = np.random.default_rng(seed)
     # alternate off/on sojourns; start in a random state weighted by the time spent in each
     start_on = rng.uniform() < on_fraction
@@ -245,6 +277,7 @@ def synth_flash_crowd(
             "flash crowd needs peak_factor >= 1, ramp_s >= 0, hold_s >= 0 and decay_s > 0, got "
             f"peak_factor={peak_factor}, ramp_s={ramp_s}, hold_s={hold_s}, decay_s={decay_s}"
         )
+    _fits("flash crowd", base_rate * peak_factor, duration_s, at_peak=True)
     spike = duration_s / 3 if spike_at_s is None else float(spike_at_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
