@@ -175,8 +175,8 @@ def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("where, message", [
-    ("dir", "is a directory (give a file name)"),
-    ("proc", "cannot write there"),
+    ("dir", "cannot write: it is a directory"),
+    ("proc", "cannot write"),
     ("long", "File name too long"),
 ])
 def test_export_to_a_place_it_cannot_write_is_one_line_and_exit_2(tmp_path, capsys, where, message):
@@ -202,3 +202,31 @@ def test_unmeasured_trials_are_listed_with_their_reason_and_never_scored(tmp_pat
     assert not trials.loc[trials["outcome"] == "unmeasured", "feasible"].any()
     advice = export.unmeasured_advice(summary)
     assert "raise replay.lag_budget_ms" in advice and "8.49 ms against a budget of 5 ms" in advice
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs, mounted as root): room for a study's outputs, not for its report."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        if os.environ.get("TUNER_REQUIRE_ALL") == "1":
+            pytest.fail("TUNER_REQUIRE_ALL=1 but mounting a small file system needs root")
+        pytest.skip("mounting a small file system needs root")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_while_writing_the_report_is_one_line_and_leaves_no_partial_file(tmp_path, small_disk, capsys):
+    export.write_outputs(make_study(tmp_path), small_disk)
+    before = sorted(p.name for p in small_disk.iterdir())
+    assert main(["report", str(small_disk)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "report.html: cannot write (No space left on device)" in err, err
+    assert sorted(p.name for p in small_disk.iterdir()) == before  # no report.html, no temporary file

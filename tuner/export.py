@@ -27,8 +27,8 @@ import optuna
 import pandas as pd
 
 from tuner import __version__, modelconfig, space
-from tuner.errors import InputError, NoFeasibleConfigError, SettingsError
-from tuner.files import check_output_file, write_atomic
+from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
+from tuner.files import check_writable, os_reason, write_atomic
 from tuner.search import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
@@ -394,6 +394,11 @@ def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
 
 def export(storage: str, name: str | None, output: str | Path) -> Path:
     """Write the recommended config of a finished study to `output`."""
-    path = check_output_file(output, "-o")
+    path, label = Path(output), f"-o {output}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{label}: cannot write ({os_reason(exc)})") from None
+    check_writable(path, label=label)  # before the study is read
     study = load_study(storage, name)
-    return write_atomic(path, recommended_config(study, summarize(study)))
+    return write_atomic(path, recommended_config(study, summarize(study)), label=label)

@@ -1,83 +1,138 @@
-"""Writing what a person keeps: whole files or nothing, and a check before minutes of work that
-the place can be written at all. A write that fails (a full disk, a read-only file system, a name
-too long, a directory in the way) says which file, in one line, and leaves no partial file behind."""
+"""Writing what a person keeps: whole files or nothing, and a check before minutes of work that the
+place can be written at all. A write that fails (a full disk, a read-only file system or /proc, a
+name too long, a directory in the way) says which file and why in one line, and leaves no partial
+file behind: the data goes to a temporary file beside the target (`.tuner-<hex>.tmp`, never taken for
+a traffic file or a config), which is renamed over it once complete."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
-from tuner.errors import OutputError
+from tuner.errors import InputError, OutputError
 
-__all__ = ["check_output_dir", "check_output_file", "write_atomic"]
-
-
-def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
+__all__ = ["check_output_dir", "check_writable", "os_reason", "replacing", "write_atomic"]
 
 
-def check_output_dir(path: str | Path, what: str) -> Path:
-    """Make the directory (and its parents) and prove a file can be written in it; OutputError
-    naming `what` (e.g. `--output`) otherwise."""
+def os_reason(exc: OSError) -> str:
+    """The OS's words for an OSError (`File name too long`), without the path it repeats."""
+    text = str(exc).strip()
+    return exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
+
+
+def check_writable(path: str | os.PathLike, *, label: str | None = None,
+                   error: type[InputError] = OutputError) -> Path:
+    """The path, once a new file can be made there (its directory exists and takes a new file, the
+    name fits, no directory is in the way): checked before the work that would fill it. Raises
+    `error` starting with `label` (default: the path)."""
     path = Path(path)
+    _check_target(path, label or str(path), error)
+    fd, probe = _make_temp(path, path.parent, ".probe", label or str(path), error)
+    os.close(fd)
+    os.unlink(probe)
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Make the directory (and its parents) and prove a file can be written in it; OutputError
+    naming `what` (e.g. `output directory`) otherwise."""
+    path = Path(path)
+    label = f"{what} {path}"
     try:
         if path.exists() and not path.is_dir():
-            raise OutputError(f"{what} {path}: exists and is not a directory")
+            raise OutputError(f"{label}: exists and is not a directory")
+        if len(os.fsencode(path.name)) > _name_max(path.parent):
+            raise OSError(36, os.strerror(36))  # said before any parent is made for it
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".tuner-write-check-"):
-            pass
     except OSError as exc:
-        raise OutputError(f"{what} {path}: cannot write there: {_reason(exc)}") from None
+        raise OutputError(f"{label}: cannot write there ({os_reason(exc)})") from None
+    fd, probe = _make_temp(path / "x", path, ".probe", label, OutputError)
+    os.close(fd)
+    os.unlink(probe)
     return path
 
 
-def check_output_file(path: str | Path, what: str) -> Path:
-    """Prove `path` can be written (its directory made if needed) without leaving anything there."""
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike, *, label: str | None = None,
+              error: type[InputError] = OutputError) -> Iterator[Path]:
+    """A temporary path beside `path` to write into; renamed over `path` when the block succeeds
+    (keeping the mode of a file it replaces; through a symbolic link, the file it points to),
+    removed when it fails. An OSError becomes `error` naming the file and the OS's reason."""
     path = Path(path)
+    label = label or str(path)
+    _check_target(path, label, error)
+    real = Path(os.path.realpath(path))
+    fd, tmp = _make_temp(path, real.parent, ".tmp", label, error)
+    os.close(fd)
     try:
-        if path.is_dir():
-            raise OutputError(f"{what} {path}: is a directory (give a file name)")
-        if len(path.name.encode()) > 255:
-            raise OSError(36, os.strerror(36))  # ENAMETOOLONG: said before a directory is made for it
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tuner-write-check-"):
-            pass
-    except OSError as exc:
-        raise OutputError(f"{what} {path}: cannot write there: {_reason(exc)}") from None
-    return path
-
-
-def write_atomic(path: str | Path, data: str | bytes) -> Path:
-    """Write the whole of `data` to `path`, or leave `path` as it was: a temporary file beside it,
-    renamed into place (keeping the mode of a file it replaces). OutputError names the file when it
-    cannot be written."""
-    path = Path(path)
-    tmp = None
-    try:
-        if path.is_dir():
-            raise OutputError(f"{path}: is a directory, cannot write a file there")
-        mode = path.stat().st_mode & 0o777 if path.exists() else _default_mode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:100]}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(tmp, stat.S_IMODE(real.stat().st_mode))
+        yield Path(tmp)
+        os.replace(tmp, real)
         tmp = None
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write it: {_reason(exc)}") from None
+        raise error(f"{label}: cannot write ({os_reason(exc)})") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, label: str | None = None,
+                 error: type[InputError] = OutputError) -> Path:
+    """Write the whole of `data` to `path` (its directory made if needed), or leave `path` as it was."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"{label or path}: cannot write ({os_reason(exc)})") from None
+    with replacing(path, label=label, error=error) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
     return path
 
 
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _check_target(path: Path, label: str, error: type[InputError]) -> None:
+    """Refuse a file that cannot be made at `path` whatever the permissions."""
+    folder = path.parent
+    try:
+        if not stat.S_ISDIR(folder.stat().st_mode):
+            raise error(f"{label}: cannot write: {folder} is not a directory")
+    except FileNotFoundError:
+        raise error(f"{label}: cannot write: no directory {folder}") from None
+    except OSError as exc:
+        raise error(f"{label}: cannot write ({os_reason(exc)})") from None
+    limit = _name_max(folder)
+    size = len(os.fsencode(path.name))
+    if size > limit:
+        raise error(f"{label}: cannot write (File name too long: {size} bytes, the most here is {limit})")
+    try:
+        if stat.S_ISDIR(path.stat().st_mode):
+            raise error(f"{label}: cannot write: it is a directory")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise error(f"{label}: cannot write ({os_reason(exc)})") from None
+
+
+def _make_temp(path: Path, folder: Path, suffix: str, label: str, error: type[InputError]) -> tuple[int, str]:
+    """A new empty file in `folder` for writing `path`, mode 0666 less the umask."""
+    # a short name, so that a target whose own name is near the limit still has a temporary beside it
+    name = os.path.join(folder, f".tuner-{secrets.token_hex(6)}{suffix}")
+    try:
+        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+    except OSError as exc:
+        raise error(f"{label}: cannot write: the directory {folder} takes no new file ({os_reason(exc)})") from None

@@ -9,7 +9,7 @@ import math
 
 from tuner import space
 from tuner.errors import SettingsError
-from tuner.files import check_output_file, write_atomic
+from tuner.files import check_writable, write_atomic
 from tuner.measure import Measurement
 from tuner.settings import load_study
 
@@ -56,7 +56,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
     if args.json:
-        check_output_file(args.json, "--json")  # before minutes of replay, not after
+        check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
@@ -80,7 +80,7 @@ def _replay(args: argparse.Namespace) -> int:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
-        write_atomic(args.json, json.dumps(_finite(data), indent=2) + "\n")
+        write_atomic(args.json, json.dumps(_finite(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
 
 

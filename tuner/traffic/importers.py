@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.traffic.io import MODEL, TIMESTAMP, os_reason, read_raw, validate_traffic
+from tuner.files import os_reason
+from tuner.traffic.io import MODEL, TIMESTAMP, read_raw, validate_traffic
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's

@@ -8,16 +8,14 @@ named with its file, row and column, so a 10-million-row file fails in one clear
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from tuner import files
 from tuner.errors import TrafficError
 
 TIMESTAMP = "timestamp"
@@ -65,7 +63,7 @@ def read_raw(path: str | os.PathLike) -> tuple[pd.DataFrame, int | None]:
     except pd.errors.EmptyDataError:
         raise TrafficError(f"{path}: empty file (no header, no rows)") from None
     except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
 
@@ -100,46 +98,13 @@ def check_output(path: str | os.PathLike) -> Path:
 
 
 def check_writable(path: str | os.PathLike) -> Path:
-    """The path, once a new file can be made there: checked before the work that would fill it.
-
-    Its directory exists and takes a new file (a probe made and removed there: read-only filesystems
-    and /proc refuse it, even for root), the name fits the filesystem, no directory is in the way.
-    Raises TrafficError naming the path and the reason.
-    """
-    path = Path(path)
-    _check_target(path)
-    fd, probe = _make_temp(path, path.parent, ".probe")
-    os.close(fd)
-    os.unlink(probe)
-    return path
+    """The path, once a new file can be made there (tuner.files.check_writable), or a TrafficError."""
+    return files.check_writable(path, error=TrafficError)
 
 
-@contextlib.contextmanager
-def replacing(path: str | os.PathLike) -> Iterator[Path]:
-    """A temporary path beside `path` to write into (suffix .tmp: give writers the format); renamed
-    over `path` when the block succeeds, removed when it fails. An OSError becomes a TrafficError
-    naming `path` and the OS's reason."""
-    path = Path(path)
-    _check_target(path)
-    real = Path(os.path.realpath(path))  # through a symbolic link: the file it points to is replaced
-    # not named *.csv: a leftover (the process killed mid-write) is never taken for traffic
-    fd, tmp = _make_temp(path, real.parent, ".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, real)
-        tmp = None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot write ({os_reason(exc)})") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-
-
-def os_reason(exc: OSError) -> str:
-    """The OS's words for an OSError (`File name too long`), without the path it repeats."""
-    return exc.strerror or _first_line(exc)
+def replacing(path: str | os.PathLike):
+    """A temporary path beside `path` that replaces it when complete (tuner.files.replacing)."""
+    return files.replacing(path, error=TrafficError)
 
 
 def _input_size(path: Path, what: str) -> int:
@@ -149,51 +114,12 @@ def _input_size(path: Path, what: str) -> int:
     except FileNotFoundError:
         raise TrafficError(f"{path}: no such file") from None
     except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
     if stat.S_ISDIR(st.st_mode):
         raise TrafficError(f"{path}: is a directory, not {what}")
     if not stat.S_ISREG(st.st_mode):
         raise TrafficError(f"{path}: not a regular file")
     return st.st_size
-
-
-def _check_target(path: Path) -> None:
-    """Refuse, naming `path`, a file that cannot be made there whatever the permissions."""
-    folder = path.parent
-    try:
-        if not stat.S_ISDIR(folder.stat().st_mode):
-            raise TrafficError(f"{path}: cannot write: {folder} is not a directory")
-    except FileNotFoundError:
-        raise TrafficError(f"{path}: cannot write: no directory {folder}") from None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot write ({os_reason(exc)})") from None
-    try:
-        limit = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    size = len(os.fsencode(path.name))
-    if size > limit:
-        raise TrafficError(f"{path}: cannot write (File name too long: {size} bytes, the most here is {limit})")
-    try:
-        if stat.S_ISDIR(path.stat().st_mode):
-            raise TrafficError(f"{path}: cannot write: it is a directory")
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot write ({os_reason(exc)})") from None
-
-
-def _make_temp(path: Path, folder: Path, suffix: str) -> tuple[int, str]:
-    """A new empty file in `folder` for writing `path`; a TrafficError naming `path` if none can be made."""
-    # a short name, so a target whose own name is near the limit still has a temporary beside it;
-    # mode 0666 less the umask, as the file written directly would have
-    name = os.path.join(folder, f".tuner-{secrets.token_hex(6)}{suffix}")
-    try:
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
-    except OSError as exc:
-        raise TrafficError(
-            f"{path}: cannot write: the directory {folder} takes no new file ({os_reason(exc)})"
-        ) from None
 
 
 def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = None) -> pd.DataFrame:
