@@ -1,0 +1,37 @@
+"""A soak's analysis (pure): does a configuration drift over a long run, and when to restart it.
+
+trend          fit_trend -> Trend: a figure's slope per hour since load, its interval, the verdict
+               (`drift` / `no drift detected`), robust to an outlying window, the load as covariate
+projection     crossing_time(trend, limit) -> Crossing: when the trend reaches a limit;
+               capacity_trend / capacity_crossing: capacity from compute time per request
+"""
+
+from tuner.soak._common import SoakDataError
+from tuner.soak._projection import (
+    ABOVE,
+    BELOW,
+    CapacityTrend,
+    Crossing,
+    Limit,
+    capacity_crossing,
+    capacity_trend,
+    crossing_time,
+)
+from tuner.soak._trend import DRIFT, NO_DRIFT, Trend, fit_trend, huber_fit
+
+__all__ = [
+    "ABOVE",
+    "BELOW",
+    "DRIFT",
+    "NO_DRIFT",
+    "CapacityTrend",
+    "Crossing",
+    "Limit",
+    "SoakDataError",
+    "Trend",
+    "capacity_crossing",
+    "capacity_trend",
+    "crossing_time",
+    "fit_trend",
+    "huber_fit",
+]
