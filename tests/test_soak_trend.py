@@ -1,4 +1,4 @@
-"""tuner.soak: the trend test, the projected breach and the capacity trend, on
+"""tuner.soak: the trend test, the projected breach, the capacity trend and the batch limits, on
 synthetic series whose truth is known (flat, drifting, an outlying window, drift masked by a load
 change)."""
 
@@ -16,6 +16,7 @@ from tuner.soak import (
     NO_DRIFT,
     Limit,
     SoakDataError,
+    batch_limits,
     capacity_crossing,
     capacity_trend,
     crossing_time,
@@ -235,3 +236,49 @@ def test_too_few_windows_or_a_load_in_step_with_time_is_one_clear_error():
     assert issubclass(SoakDataError, InputError)
     constant = fit_trend(df.assign(offered_rps=50.0), "compute_ms_per_request", load="offered_rps")
     assert constant.load is None and "the same in every window" in constant.notes[0]
+
+
+def _fragmenting(windows: int = 24, seed: int = 0) -> dict:
+    """Batch histograms of a server whose memory budget shrinks: size s fails from window first_fail[s]."""
+    rng = np.random.default_rng(seed)
+    first_fail = {16: 6, 15: 9, 14: 12, 13: 15, 12: 18}
+    out = {}
+    for w in range(windows):
+        sizes = {}
+        for size in range(1, 17):
+            tries = int(rng.poisson(8 if size <= 8 else 2))
+            if tries == 0:
+                continue
+            fails = tries if w >= first_fail.get(size, windows + 1) else 0
+            sizes[size] = (tries - fails, fails)
+        out[w] = sizes
+    return out
+
+
+def test_batch_limits_name_the_largest_size_that_still_succeeds_and_when_larger_ones_failed():
+    hist = _fragmenting()
+    limits = batch_limits(hist, last=3)
+    assert limits.largest_recent == 11 and limits.largest_ever == 16
+    assert limits.smallest_failing == 12
+    firsts = {}
+    for size in (12, 13, 14, 15, 16):  # the first window where that size was tried and failed
+        firsts[size] = min(w for w, sizes in hist.items() if sizes.get(size, (0, 0))[1] > 0)
+    assert limits.first_failures == firsts
+    assert all(firsts[s] >= f for s, f in {16: 6, 15: 9, 14: 12, 13: 15, 12: 18}.items())
+    table = limits.table()
+    assert table["size"].tolist() == [11, 12, 13, 14, 15, 16]
+    assert set(table.loc[table["size"] > 11, "status"]) == {"stopped succeeding"}
+    # the same counts as a long table give the same answer
+    long = pd.DataFrame([(w, s, ok, bad) for w, sizes in hist.items() for s, (ok, bad) in sizes.items()],
+                        columns=["window", "size", "successes", "failures"])
+    assert batch_limits(long, last=3) == limits
+    json.dumps(limits.as_dict(), allow_nan=False)
+
+
+def test_batch_limits_refuse_bad_counts_by_window_and_column():
+    with pytest.raises(SoakDataError, match=r"window 2, column 'failures': must be a whole number >= 0, got -1"):
+        batch_limits({1: {4: (3, 0)}, 2: {4: (3, -1)}})
+    with pytest.raises(SoakDataError, match="no column 'failures'"):
+        batch_limits(pd.DataFrame({"window": [0], "size": [1], "successes": [1]}))
+    with pytest.raises(SoakDataError, match="no executions recorded"):
+        batch_limits({})

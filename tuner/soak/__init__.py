@@ -4,8 +4,10 @@ trend          fit_trend -> Trend: a figure's slope per hour since load, its int
                (`drift` / `no drift detected`), robust to an outlying window, the load as covariate
 projection     crossing_time(trend, limit) -> Crossing: when the trend reaches a limit;
                capacity_trend / capacity_crossing: capacity from compute time per request
+batches        batch_limits -> BatchLimits: the largest batch still succeeding, when larger ones failed
 """
 
+from tuner.soak._batches import BatchLimits, SizeHistory, batch_limits
 from tuner.soak._common import SoakDataError
 from tuner.soak._projection import (
     ABOVE,
@@ -24,11 +26,14 @@ __all__ = [
     "BELOW",
     "DRIFT",
     "NO_DRIFT",
+    "BatchLimits",
     "CapacityTrend",
     "Crossing",
     "Limit",
+    "SizeHistory",
     "SoakDataError",
     "Trend",
+    "batch_limits",
     "capacity_crossing",
     "capacity_trend",
     "crossing_time",
