@@ -1,6 +1,6 @@
 """tuner.soak: the trend test, the projected breach, the capacity trend and the batch limits, on
 synthetic series whose truth is known (flat, drifting, an outlying window, drift masked by a load
-change)."""
+change), and the one-call analysis a soak makes of its table of windows."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tuner.soak import (
     NO_DRIFT,
     Limit,
     SoakDataError,
+    analyze,
     batch_limits,
     capacity_crossing,
     capacity_trend,
@@ -282,3 +283,42 @@ def test_batch_limits_refuse_bad_counts_by_window_and_column():
         batch_limits(pd.DataFrame({"window": [0], "size": [1], "successes": [1]}))
     with pytest.raises(SoakDataError, match="no executions recorded"):
         batch_limits({})
+
+
+def test_analyze_reads_a_soak_table_in_one_call():
+    rng = np.random.default_rng(2)
+    df = _windows(36, seed=2, drift_per_hour=0.03)
+    df["p99_ms"] = 80 + 2.0 * df["t_hours"] + rng.normal(0, 1.5, len(df))
+    df["fill_rate"] = 0.6 + rng.normal(0, 0.02, len(df))
+    result = analyze(df, limits={"p99_ms": 200.0}, capacity_rps=40.0, rate_rps=30.0,
+                     executions=_fragmenting())
+    assert [t.figure for t in result.trends] == ["compute_ms_per_request", "p99_ms", "fill_rate"]
+    assert result.verdict == DRIFT
+    assert result.trend("fill_rate").verdict == NO_DRIFT
+    # capacity 40 -> 30 req/s when compute per request is 4/3 of its level: 1/3 / 3 %/h = 11.1 h,
+    # p99 reaches 200 ms after 60 h: the capacity is the breach
+    assert result.breach.figure == "capacity_rps"
+    assert result.breach.hours == pytest.approx((4 / 3 - 1) / 0.03, rel=0.15)
+    table = result.table()
+    assert table["figure"].tolist() == ["compute_ms_per_request", "p99_ms", "fill_rate",
+                                        "capacity_rps (from compute_ms_per_request)"]
+    assert table["limit"].tolist() == ["", "> 200", "", "< 30"]
+    assert table.loc[1, "breach h"] == pytest.approx(60.0, rel=0.15)
+    assert set(result.tables()) == {"trends", "batches", "restart"}
+    assert "capacity_rps" in result.text()
+    doc = json.loads(json.dumps(result.as_dict(), allow_nan=False))
+    assert doc["verdict"] == "drift" and doc["batches"]["largest_recent"] == 11
+    assert doc["restart"]["action"] == "restart"
+    with pytest.raises(SoakDataError, match="limit on 'p50_ms': no such figure"):
+        analyze(df, limits={"p50_ms": 100.0})
+    with pytest.raises(SoakDataError, match="needs both capacity_rps and rate_rps"):
+        analyze(df, capacity_rps=40.0)
+
+
+def test_analyze_without_a_load_column_fits_without_it_and_says_so():
+    df = _windows(24, seed=4).drop(columns=["offered_rps"])
+    result = analyze(df)
+    assert result.verdict == NO_DRIFT
+    assert result.trends[0].load is None
+    assert "no column 'offered_rps'" in result.trends[0].notes[-1]
+    assert result.restart is None and result.breach is None
