@@ -123,7 +123,9 @@ def analyze(
     (measured on a fresh server) and `rate_rps` (the rate to serve, e.g. the recorded peak), the
     `compute` figure's trend gives the capacity trend and when it drops below the rate. `executions`
     (per-window batch histograms) gives the batch limits, `traffic` the quiet windows; with either a
-    breach or the traffic, the restart advice."""
+    breach or the traffic, the restart advice. Breach times are in the unit of `time`: for a soak
+    replayed faster than recorded, give `time` in hours of traffic so that the restart interval is
+    in the recording's days."""
     if not isinstance(windows, pd.DataFrame):
         raise SoakDataError(f"soak windows: expected a table, got {type(windows).__name__}")
     if time not in windows.columns:
