@@ -1,0 +1,25 @@
+"""What every soak module shares: the error for an unusable table, and JSON-safe numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tuner.errors import InputError
+
+
+class SoakDataError(InputError):
+    """A soak's windows, batch histograms or limits that cannot be analysed (said in one line)."""
+
+
+def json_number(value: float | int | None) -> float | int | None:
+    """`value` as JSON can hold it: None for NaN and infinities, plain Python numbers otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer):
+        return int(value)
+    value = float(value)
+    return value if math.isfinite(value) else None
