@@ -11,6 +11,7 @@ import concurrent.futures
 import importlib.util
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 from tuner import modelconfig
 from tuner.errors import ServerSetupError
 from tuner.server.client import compare_tuned_fields
+from tuner.server.install import model_pythonpath
 from tuner.server.local import LocalLauncher
 
 try:  # tests/ is a rootdir without __init__.py today; keep working if it becomes a package
@@ -68,6 +70,33 @@ def test_template_declares_a_training_style_incumbent_on_either_device(templates
     assert (p["gpu_layers"], p["gpu_hidden"], p["gpu_dtype"]) == ("24", "1024", "float16")  # BERT-large
     assert (p["cpu_layers"], p["cpu_hidden"]) == ("2", str(CPU_HIDDEN))
     assert (templates_dir / MODEL / "README.md").is_file()
+
+
+def test_the_example_study_loads_and_points_at_the_template(templates_dir):
+    from tuner.settings import load_study
+
+    s = load_study(templates_dir.parent / "examples" / "encoder_torch.yaml")
+    assert Path(s.model_repository) == templates_dir and s.model == MODEL
+    assert Path(s.traffic.path).is_file() and s.search.remeasure_repeats >= 3
+    assert s.search.capacity.start_speed >= s.traffic.speed  # the search starts at or above the load
+
+
+def test_models_get_numpy_first_then_the_users_path_then_tuners_site_packages(triton_install):
+    """How the Python backend's stub (system Python, no virtual environment) finds PyTorch."""
+    import dataclasses
+    import sys
+    import sysconfig
+
+    site = sysconfig.get_paths()["platlib"]
+    numpy_dir = str(triton_install.model_pythonpath)
+    same = dataclasses.replace(triton_install, python_version=f"{sys.version_info.major}.{sys.version_info.minor}")
+    assert model_pythonpath(same, "").split(os.pathsep)[0] == numpy_dir
+    assert site in model_pythonpath(same, "").split(os.pathsep)
+    entries = model_pythonpath(same, os.pathsep.join(["/opt/venv/site", "", site])).split(os.pathsep)
+    assert entries[:3] == [numpy_dir, "/opt/venv/site", site] and entries.count(site) == 1
+    # another Python version: tuner's compiled packages would not load there, so they are not offered
+    other = dataclasses.replace(triton_install, python_version="3.0")
+    assert model_pythonpath(other, "/opt/venv/site").split(os.pathsep) == [numpy_dir, "/opt/venv/site"]
 
 
 # --- on a real server ------------------------------------------------------------------------------
