@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs, then run it: `bash scripts/run-tests.sh [pytest args]`.
 #
-# - a virtual environment in .venv with tuner and its dev/report extras
+# - a virtual environment in .venv with tuner and its dev/report/torch extras (PyTorch as a CPU build)
 # - the tritonserver binary from the nvidia-pytriton wheel (a user cache; `tuner server install`)
 # - as root on Debian: chromium (report test), docker.io + debootstrap (docker launcher tests), a
 #   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end
@@ -16,7 +16,15 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "virtual environment (.venv)"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,report]'
+
+step "PyTorch, a CPU build (the encoder_torch template)"
+# PyPI's torch is a CUDA build of several GB: take a torch wheel already on this machine (pip's
+# find-links), else the CPU build from PyTorch's index. Its small dependencies come with the extra below.
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    .venv/bin/python -m pip install -q --no-deps --no-index torch 2>/dev/null \
+        || .venv/bin/python -m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch
+fi
+.venv/bin/python -m pip install -q -e '.[dev,report,torch]'
 
 step "tritonserver binary (nvidia-pytriton wheel, cached)"
 .venv/bin/tuner server install

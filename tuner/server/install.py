@@ -6,7 +6,8 @@ in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, or `~/.cache/tuner/t
 
 The Python backend's stub embeds the system Python and was built against numpy 1 (with numpy 2 its
 output tensors come back empty), so a `numpy<2` for the stub's Python version is installed next to
-it (`model-python/`); the launcher hands that directory to models as `TUNER_MODEL_PYTHONPATH`.
+it (`model-python/`); the launcher hands that directory to models as `TUNER_MODEL_PYTHONPATH`, followed
+by the user's own `TUNER_MODEL_PYTHONPATH` and tuner's site-packages (`model_pythonpath`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -65,6 +67,17 @@ def find_tritonserver(install_dir: str | Path | None = None, quiet: bool = False
         raise ServerSetupError(f"{root}: cannot install the Triton server there: "
                                f"{exc.strerror or exc}") from None
     return install
+
+
+def model_pythonpath(install: TritonInstall, user_path: str = "") -> str:
+    """`TUNER_MODEL_PYTHONPATH` for the models, in sys.path order: numpy<2 for the stub, the user's own
+    entries (`user_path`, os.pathsep-separated), then this interpreter's site-packages when the stub runs
+    the same Python version, so that a package installed with tuner (PyTorch for encoder_torch) imports."""
+    entries = [str(install.model_pythonpath), *(p for p in user_path.split(os.pathsep) if p)]
+    if install.python_version == f"{sys.version_info.major}.{sys.version_info.minor}":
+        paths = sysconfig.get_paths()
+        entries += [paths["purelib"], paths["platlib"]]
+    return os.pathsep.join(dict.fromkeys(entries))  # in order, each once
 
 
 def check_platform() -> None:

@@ -20,7 +20,7 @@ from tuner.localhost import check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
-from tuner.server.install import TritonInstall, find_tritonserver
+from tuner.server.install import TritonInstall, find_tritonserver, model_pythonpath
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
@@ -121,7 +121,7 @@ class LocalLauncher(Launcher):
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
         env[GPU_LOCK_ENV] = str(self._workdir / "emulated-gpu.lock")
-        env[MODEL_PYTHONPATH_ENV] = str(install.model_pythonpath)
+        env[MODEL_PYTHONPATH_ENV] = model_pythonpath(install, env.get(MODEL_PYTHONPATH_ENV, ""))
         with open(self._log_file, "ab") as log:
             self._log_start = log.tell()
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
