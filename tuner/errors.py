@@ -5,6 +5,7 @@
     │   ├── ConfigError             a config.pbtxt that does not parse or breaks a Triton rule
     │   ├── TrafficError            a traffic file that cannot be used
     │   ├── SettingsError           a study or nightly YAML that cannot be used
+    │   ├── ProfileError            a model profile (execution times) that cannot be used
     │   └── ServerSetupError        no server to talk to: unreachable, model missing, port in use,
     │                               config refused by Triton, binary not installable
     ├── ServerError                 the server died or misbehaved in the middle of the work
@@ -44,6 +45,10 @@ class SettingsError(InputError):
 
 
 class ServerSetupError(InputError):
+    pass
+
+
+class ProfileError(InputError):
     pass
 
 
