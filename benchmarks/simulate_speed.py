@@ -93,9 +93,8 @@ def main() -> int:
         sim = Simulator.for_study(study, traffic, profile)  # a fresh one: no cache carried over
         table = sim.rank(configs)
         wall = time.perf_counter() - started
-        steps = sum(len(s[0]) for s in sim._schedules.values())
         print(f"run {run}: {wall:.2f} s for {len(configs)} configurations ({wall / len(configs) * 1e3:.1f} ms each; "
-              f"{len(sim._schedules)} distinct step speeds, {steps} requests in them); load average "
+              f"{len(sim.speeds)} distinct step speeds, {sum(sim.speeds.values())} requests in them); load average "
               f"before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, after "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     cols = ["rank", "max_batch_size", "max_queue_delay_microseconds", "instance_count", "capacity_rps",

@@ -149,6 +149,10 @@ def test_two_instances_serialise_on_one_device_and_overlap_their_host_work():
     two_devices = linear_profile(host_ms_per_row=2.0, concurrent_executions=2)
     both = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), two_devices)
     assert latencies_ms(both, r) == [4.0, 4.0]  # the profile lets executions run together
+    per_execution = linear_profile(host_ms_per_execution=2.0)  # the same host time, per execution
+    run = simulate(reqs([0.0, 0.0, 0.0]), BatcherConfig(max_batch_size=2), per_execution)
+    # 2 rows: 1 + 3 + 1 = 5 ms; then 1 row from 5 ms: 1 + 2 + 1 = 4 ms
+    assert latencies_ms(run, reqs([0.0, 0.0, 0.0])) == [5.0, 5.0, 9.0]
 
 
 def test_the_instance_free_first_takes_the_next_batch():
@@ -201,6 +205,11 @@ def test_a_request_above_max_batch_size_is_refused():
     r = reqs([0.0, 1.0], rows=[1, 9])
     run = simulate(r, BatcherConfig(max_batch_size=8), linear_profile())
     assert run.status.tolist() == [OK, TOO_LARGE]
+
+
+def test_requests_out_of_order_are_refused():
+    with pytest.raises(TrafficError, match="request 2 is due at 0.001 s, before request 1 at 0.002 s"):
+        simulate(reqs([0.0, 2.0, 1.0]), BatcherConfig(max_batch_size=2), linear_profile())
 
 
 def test_config_checks_say_which_rule_broke():
@@ -282,13 +291,15 @@ def reference(requests: Requests, config: BatcherConfig, profile: Profile) -> tu
                 batch, queue = queue[:take], queue[take:]
                 k = min(idle, key=lambda x: free[x])
                 rows_, longest = sum(rows[i] for i in batch), max(lens[i] for i in batch)
-                ready = now + profile.host_ms_per_row * rows_ / 2 * MS
+                pre = (profile.host_ms_per_execution + profile.host_ms_per_row * rows_) / 2 * MS
+                ready = now + pre
                 d = min(range(len(device)), key=lambda x: device[x])
                 start = max(device[d], ready)
                 ok = not profile.fails(rows_, longest)
                 held = profile.device_ms(rows_, longest) * MS if ok else profile.oom_ms * MS
                 device[d] = start + held
-                free[k] = start + held + (profile.host_ms_per_row * rows_ / 2 * MS if ok else 0.0)
+                post = pre if ok else profile.host_ms_per_execution / 2 * MS
+                free[k] = start + held + post
                 for i in batch:
                     dispatch[i], done[i] = now, free[k] + profile.overhead_ms * MS
                     status[i] = OK if ok else OUT_OF_MEMORY
@@ -317,6 +328,7 @@ def test_the_simulation_agrees_with_a_plain_reference_implementation(seed):
                            preferred_batch_size=preferred or None, instance_count=int(rng.integers(1, 4)),
                            max_queue_size=int(rng.choice([0, 0, 5])))
     profile = linear_profile(host_ms_per_row=float(rng.choice([0.0, 0.3])), overhead_ms=0.2,
+                             host_ms_per_execution=float(rng.choice([0.0, 0.8])),
                              oom_tokens=int(rng.choice([1500, 100_000])), oom_ms=0.4,
                              concurrent_executions=int(rng.integers(1, 3)))
     run = simulate(r, config, profile)
@@ -362,7 +374,7 @@ def test_auto_basis_picks_tokens_when_padded_tokens_explain_the_points_and_grid_
 
 
 def test_profile_round_trips_through_csv(tmp_path):
-    p = linear_profile(host_ms_per_row=0.12, overhead_ms=0.3, oom_tokens=16385, oom_ms=3.0, max_length=512)
+    p = linear_profile(host_ms_per_row=0.12, host_ms_per_execution=0.4, overhead_ms=0.3, oom_tokens=16385, oom_ms=3.0, max_length=512)
     path = write_profile(p, tmp_path / "p.csv")
     assert path.read_text().startswith("# tuner profile v1\n")
     back = read_profile(path)

@@ -8,7 +8,8 @@ around it. Its parts, as the simulation (`tuner.simulate`) uses them:
   the count of repeats. Executions hold the device exclusively, `concurrent_executions` at a time
   (1: instances share one device and their executions serialise, as the emulated GPU's fcntl lock
   does in `model_repository_templates/encoder_sim`).
-- `host_ms_per_row`: host work per row (pre/post-processing) that occupies the model instance but
+- `host_ms_per_row`, `host_ms_per_execution`: host work per row (pre/post-processing) and per
+  execution (e.g. the Python backend's exchange with its stub) that occupies the model instance but
   not the device: half before the device part, half after it (so a second instance can use the
   device meanwhile).
 - `overhead_ms`: per-request latency outside the model instances (HTTP, queue and input/output
@@ -35,6 +36,7 @@ dominate small executions).
 
     # tuner profile v1
     # host_ms_per_row: 0.12
+    # host_ms_per_execution: 0
     # overhead_ms: 0.3
     # oom_tokens: 16896
     # oom_ms: 3
@@ -90,6 +92,7 @@ class Profile:
 
     points: tuple[ProfilePoint, ...]
     host_ms_per_row: float = 0.0
+    host_ms_per_execution: float = 0.0
     overhead_ms: float = 0.0
     oom_tokens: int | None = None
     oom_ms: float = 0.0
@@ -155,7 +158,8 @@ class Profile:
                 f"{k} {v:.1%}" for k, v in sorted(self._basis_errors.items())) + ")"
         oom = f"{self.oom_tokens} padded tokens" if self.oom_tokens is not None else "none seen"
         return (f"{len(self.points)} points (rows {rows[0]}..{rows[-1]}, lengths {lengths[0]}..{lengths[-1]}), "
-                f"basis {self._resolved}{why}; host {self.host_ms_per_row:g} ms/row, overhead "
+                f"basis {self._resolved}{why}; host {self.host_ms_per_row:g} ms/row + "
+                f"{self.host_ms_per_execution:g} ms/execution, overhead "
                 f"{self.overhead_ms:g} ms/request, out of memory at {oom}, "
                 f"{self.concurrent_executions} concurrent execution(s)")
 
@@ -182,14 +186,14 @@ class Profile:
 
 # --- checks ----------------------------------------------------------------------------------------
 
-_HEADER_KEYS = ("host_ms_per_row", "overhead_ms", "oom_tokens", "oom_ms", "max_length",
+_HEADER_KEYS = ("host_ms_per_row", "host_ms_per_execution", "overhead_ms", "oom_tokens", "oom_ms", "max_length",
                 "concurrent_executions", "basis", "model")
 
 
 def _check(p: Profile, where: str = "profile") -> None:
     if not p.points:
         raise ProfileError(f"{where}: no points (at least one measured execution size is needed)")
-    for key in ("host_ms_per_row", "overhead_ms", "oom_ms"):
+    for key in ("host_ms_per_row", "host_ms_per_execution", "overhead_ms", "oom_ms"):
         value = getattr(p, key)
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ProfileError(f"{where}: {key} must be a number >= 0, got {value!r}")

@@ -36,8 +36,9 @@ The rules, as Triton core implements them (triton-inference-server/core, `src/`)
   prefetching off: `PriorityQueue::PriorityQueue`). Not modelled: `InstanceQueue::Dequeue` merging
   two queued unsaturated payloads, priorities, timeouts, ordering and the response cache.
 - **Execution.** An execution of R rows whose longest request has L tokens holds its instance for
-  the host pre-processing (half of `host_ms_per_row` x R), then waits for the device, holds it for
-  `profile.device_ms(R, L)`, then does the host post-processing (the other half). The device runs
+  the host pre-processing (half of `host_ms_per_row` x R + `host_ms_per_execution`), then waits for
+  the device, holds it for `profile.device_ms(R, L)`, then does the host post-processing (the other
+  half). The device runs
   `profile.concurrent_executions` executions at a time, granted in dispatch order (1: instances
   serialise on it, as the emulated GPU's lock does). An execution of `profile.oom_tokens` padded
   tokens or more fails every request in it after `oom_ms` on the device. A request completes when
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.errors import SettingsError
+from tuner.errors import SettingsError, TrafficError
 from tuner.profile import Profile
 
 OK, QUEUE_FULL, OUT_OF_MEMORY, TOO_LARGE = 0, 1, 2, 3
@@ -128,6 +129,12 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
     """Run `requests` through the dynamic batcher of `config` on a model costed by `profile`.
 
     `device_cache` memoizes device seconds by (rows, length) across calls with the same profile."""
+    if len(requests) > 1 and (np.diff(requests.due_s) < 0).any():
+        first = int(np.argmax(np.diff(requests.due_s) < 0)) + 1
+        raise TrafficError(f"requests: due times must not decrease, but request {first} is due at "
+                           f"{requests.due_s[first]:g} s, before request {first - 1} at {requests.due_s[first - 1]:g} s")
+    if len(requests) and (requests.rows.min() < 1 or requests.length.min() < 1):
+        raise TrafficError("requests: rows and lengths must be >= 1")
     due = requests.due_s.tolist()
     rows = requests.rows.tolist()
     lens = [profile.length_of(n) for n in requests.length.tolist()]
@@ -138,6 +145,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
     max_preferred = max(preferred)
     qmax = config.max_queue_size
     host_half = profile.host_ms_per_row * 0.5e-3
+    exec_half = profile.host_ms_per_execution * 0.5e-3
     overhead = profile.overhead_ms * 1e-3
     oom = profile.oom_tokens if profile.oom_tokens is not None else math.inf
     oom_s = profile.oom_ms * 1e-3
@@ -225,7 +233,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             if lens[i] > longest:
                 longest = lens[i]
             dispatch[i] = now
-        ready = now + host_half * batch_rows
+        ready = now + exec_half + host_half * batch_rows
         d = min(range(len(device)), key=device.__getitem__)
         start = device[d] if device[d] > ready else ready
         ok = batch_rows * longest < oom
@@ -234,10 +242,10 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             held = cache.get(key)
             if held is None:
                 held = cache[key] = device_ms(batch_rows, longest) * 1e-3
-            finish = start + held + host_half * batch_rows
+            finish = start + held + exec_half + host_half * batch_rows
         else:
             held = oom_s
-            finish = start + held  # the model raises: no post-processing
+            finish = start + held + exec_half  # the model raises: no post-processing of its own
         device[d] = start + held
         free[k] = finish
         for x in range(head, head + take):

@@ -238,6 +238,11 @@ class Simulator:
                    warmup_s=settings.replay.warmup_s, load_speed=settings.traffic.speed,
                    price_per_hour=price, scoring=settings.scoring, length=length)
 
+    @property
+    def speeds(self) -> dict[float, int]:
+        """The step speeds simulated so far and the requests each step holds."""
+        return {speed: len(requests) for speed, (requests, _) in sorted(self._schedules.items())}
+
     # --- one step --------------------------------------------------------------------------------
 
     def schedule(self, speed: float) -> tuple[Requests, float]:
