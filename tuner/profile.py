@@ -156,11 +156,12 @@ class Profile:
         if self._basis_errors:
             why = " (leave-one-out error " + ", ".join(
                 f"{k} {v:.1%}" for k, v in sorted(self._basis_errors.items())) + ")"
-        oom = f"{self.oom_tokens} padded tokens" if self.oom_tokens is not None else "none seen"
+        oom = (f"out of memory at {self.oom_tokens} padded tokens" if self.oom_tokens is not None
+               else "no out-of-memory seen")
         return (f"{len(self.points)} points (rows {rows[0]}..{rows[-1]}, lengths {lengths[0]}..{lengths[-1]}), "
                 f"basis {self._resolved}{why}; host {self.host_ms_per_row:g} ms/row + "
                 f"{self.host_ms_per_execution:g} ms/execution, overhead "
-                f"{self.overhead_ms:g} ms/request, out of memory at {oom}, "
+                f"{self.overhead_ms:g} ms/request, {oom}, "
                 f"{self.concurrent_executions} concurrent execution(s)")
 
     def to_frame(self) -> pd.DataFrame:

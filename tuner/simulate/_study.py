@@ -197,7 +197,13 @@ class SimStep:
 
     @property
     def device_s(self) -> float:
+        """Device seconds of the executions the measurement counts."""
         return device_seconds(self.run, self.warmup_s)
+
+    @property
+    def latency_ms(self) -> np.ndarray:
+        """Every request's latency from its due time (NaN where it was refused), warm-up included."""
+        return (self.run.done_s - self.requests.due_s) * 1e3
 
 
 class Simulator:
