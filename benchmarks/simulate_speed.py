@@ -1,6 +1,7 @@
 """How long the simulator takes to rank the quick start's whole space, capacity bisection included.
 
     python benchmarks/simulate_speed.py [--study examples/quickstart.yaml] [--runs 2] [--grid all|half-octave]
+                                        [--tolerance T]
 
 The space: max_batch_size 1..64 (every integer: `all`, 64 values; or the half-octave grid 1, 2, 3, 4,
 6, 8, 11, 16, 23, 32, 45, 64), the study's queue delays (0..8000 us step 2000: 5 values) and
@@ -76,6 +77,8 @@ def main() -> int:
     parser.add_argument("--study", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--grid", choices=("all", "half-octave"), default="all")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="capacity bisection tolerance (default: the study's)")
     args = parser.parse_args()
 
     study = load_study(args.study)
@@ -83,15 +86,17 @@ def main() -> int:
     traffic = study_traffic(study)
     configs = space(study, args.grid)
     print(f"profile: {profile.describe()}")
-    print(f"traffic: {len(traffic)} requests; space: {len(configs)} configurations "
-          f"(max_batch_size {args.grid}, delays {study.search.max_queue_delay_microseconds}, instances 1..2); "
-          f"{os.cpu_count()} CPUs")
+    delays = study.search.max_queue_delay_microseconds
+    tolerance = args.tolerance or study.search.capacity.tolerance
+    print(f"traffic: {len(traffic)} requests; space: {len(configs)} configurations (max_batch_size "
+          f"{'1..64' if args.grid == 'all' else ','.join(map(str, HALF_OCTAVES))}, delays {delays.low}..{delays.high} "
+          f"step {delays.step} us, instances 1..2); capacity tolerance {tolerance:g}; {os.cpu_count()} CPUs")
     table = None
     for run in range(1, args.runs + 1):
         load_before = os.getloadavg()
         started = time.perf_counter()
         sim = Simulator.for_study(study, traffic, profile)  # a fresh one: no cache carried over
-        table = sim.rank(configs)
+        table = sim.rank(configs, tolerance=args.tolerance)
         wall = time.perf_counter() - started
         print(f"run {run}: {wall:.2f} s for {len(configs)} configurations ({wall / len(configs) * 1e3:.1f} ms each; "
               f"{len(sim.speeds)} distinct step speeds, {sum(sim.speeds.values())} requests in them); load average "
