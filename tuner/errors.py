@@ -7,6 +7,7 @@
     │   ├── SettingsError           a study or nightly YAML that cannot be used
     │   ├── OutputError             an output that cannot be written (a read-only or full file system,
     │   │                           a directory in the way, a name too long)
+    │   ├── ProfileError            a model profile (execution times) that cannot be used
     │   └── ServerSetupError        no server to talk to: unreachable, model missing, port in use,
     │                               config refused by Triton, binary not installable
     ├── ServerError                 the server died or misbehaved in the middle of the work
@@ -51,6 +52,10 @@ class ServerSetupError(InputError):
 
 
 class OutputError(InputError):
+    pass
+
+
+class ProfileError(InputError):
     pass
 
 

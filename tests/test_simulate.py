@@ -1,0 +1,547 @@
+"""The dynamic-batcher simulation against hand-computed cases, the profile, and `tuner simulate`.
+
+Pure and fast: no server. The profile used by most cases costs a device execution 1 ms + 1 ms per
+100 padded tokens (points at 100..800 tokens; flat below the first point), so a batch's time is
+easy to work out by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.cli import main
+from tuner.errors import ProfileError, SettingsError, TrafficError
+from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
+from tuner.score import check_sla, find_capacity
+from tuner.settings import CapacitySettings, SlaSettings
+from tuner.simulate import (
+    OK,
+    OUT_OF_MEMORY,
+    QUEUE_FULL,
+    TOO_LARGE,
+    BatcherConfig,
+    Requests,
+    Simulator,
+    batcher_config,
+    length_column,
+    measurement,
+    simulate,
+)
+
+MS = 1e-3
+
+
+def linear_profile(**settings) -> Profile:
+    """Device time 1 ms + tokens / 100 ms, measured at 1, 2, 4, 8 rows x 100 tokens."""
+    return Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8], lengths=[100],
+                                 **settings)
+
+
+def reqs(due_ms, rows=None, lengths=None) -> Requests:
+    n = len(due_ms)
+    return Requests(due_s=np.asarray(due_ms, dtype=float) * MS,
+                    rows=np.asarray(rows if rows is not None else [1] * n, dtype=np.int64),
+                    length=np.asarray(lengths if lengths is not None else [100] * n, dtype=np.int64))
+
+
+def latencies_ms(run, requests) -> list[float]:
+    return [round(x, 6) for x in (run.done_s - requests.due_s) / MS]
+
+
+# --- the batcher's rules, by hand -----------------------------------------------------------------
+
+
+def test_one_request_alone_pays_host_device_and_overhead():
+    profile = linear_profile(host_ms_per_row=0.2, overhead_ms=0.5)
+    r = reqs([500.0])
+    run = simulate(r, BatcherConfig(max_batch_size=8), profile)
+    # 0.1 ms host before + 2 ms device (100 tokens) + 0.1 ms host after + 0.5 ms overhead
+    assert latencies_ms(run, r) == [2.7]
+    assert run.exec_rows.tolist() == [1] and run.exec_device_s.tolist() == pytest.approx([2 * MS])
+    assert run.status.tolist() == [OK]
+
+
+def test_a_burst_larger_than_max_batch_size_splits_into_full_batches_in_arrival_order():
+    r = reqs([0.0] * 10)
+    run = simulate(r, BatcherConfig(max_batch_size=4), linear_profile())
+    assert run.exec_rows.tolist() == [4, 4, 2]
+    # 4 rows x 100 tokens = 5 ms, again 5 ms, then 2 rows = 3 ms; first in, first served
+    assert latencies_ms(run, r) == [5.0] * 4 + [10.0] * 4 + [13.0] * 2
+    assert run.dispatch_s.tolist() == pytest.approx([0.0] * 4 + [5 * MS] * 4 + [10 * MS] * 2)
+
+
+def test_a_request_that_does_not_fit_the_remaining_room_closes_the_batch_without_it():
+    r = reqs([0.0, 0.0, 0.0], rows=[3, 2, 1])
+    run = simulate(r, BatcherConfig(max_batch_size=4), linear_profile())
+    # 3 + 2 > 4: the 2-row request is not split and not skipped (the 1-row one does not jump ahead)
+    assert run.exec_rows.tolist() == [3, 3]
+    assert run.exec_requests.tolist() == [1, 2]
+
+
+def test_a_lone_request_waits_exactly_the_delay_then_runs():
+    r = reqs([10.0])
+    run = simulate(r, BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=3000), linear_profile())
+    assert run.dispatch_s.tolist() == pytest.approx([13 * MS])
+    assert latencies_ms(run, r) == [5.0]  # 3 ms delay + 2 ms execution
+
+
+def test_requests_arriving_within_the_delay_join_the_batch_dispatched_when_the_oldest_expires():
+    r = reqs([0.0, 1.0, 2.5, 4.0])
+    run = simulate(r, BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=3000), linear_profile())
+    # the first three go at 3 ms (oldest + delay) as 3 rows = 4 ms; the fourth waits its own 3 ms
+    # from 4 ms, by when the instance is free again (7 ms): it goes at 7 ms
+    assert run.exec_rows.tolist() == [3, 1]
+    assert run.dispatch_s.tolist() == pytest.approx([3 * MS, 3 * MS, 3 * MS, 7 * MS])
+
+
+def test_reaching_max_batch_size_dispatches_before_the_delay():
+    r = reqs([0.0, 1.0, 2.0, 3.0])
+    run = simulate(r, BatcherConfig(max_batch_size=4, max_queue_delay_microseconds=10_000), linear_profile())
+    assert run.exec_rows.tolist() == [4]
+    assert run.dispatch_s.tolist() == pytest.approx([3 * MS] * 4)  # not 10 ms: the batch is full
+
+
+def test_a_preferred_size_reached_dispatches_before_the_delay():
+    config = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=10_000, preferred_batch_size=(2, 4))
+    r = reqs([0.0, 1.0, 20.0])
+    run = simulate(r, config, linear_profile())
+    assert run.exec_rows.tolist() == [2, 1]
+    assert run.dispatch_s.tolist() == pytest.approx([1 * MS, 1 * MS, 30 * MS])  # the lone one waits 10 ms
+
+
+def test_the_largest_preferred_size_goes_first_and_the_rest_waits_for_its_delay():
+    config = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=10_000, preferred_batch_size=(2, 4))
+    r = reqs([0.0, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5])
+    run = simulate(r, config, linear_profile())
+    # 0 and 1 make a preferred 2 at 0.5 ms (3 ms, until 3.5 ms); the next five queue meanwhile: at
+    # 3.5 ms the largest preferred prefix (4) goes, and the last one, alone and not a preferred
+    # size, waits until its own delay expires (1.5 + 10 ms), although the instance is free at 8.5 ms
+    assert run.exec_rows.tolist() == [2, 4, 1]
+    assert run.dispatch_s.tolist() == pytest.approx([0.5 * MS] * 2 + [3.5 * MS] * 4 + [11.5 * MS])
+    # with 1 a preferred size too, nothing waits: every prefix is preferred
+    ones = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=10_000, preferred_batch_size=(1, 2, 4))
+    run = simulate(r, ones, linear_profile())
+    assert run.exec_rows.tolist() == [1, 4, 2]
+    assert run.dispatch_s.tolist() == pytest.approx([0.0] + [2 * MS] * 4 + [7 * MS] * 2)
+
+
+def test_with_delay_zero_a_free_instance_takes_what_is_queued():
+    r = reqs([0.0, 0.5, 1.0, 1.5, 2.5])
+    run = simulate(r, BatcherConfig(max_batch_size=8), linear_profile())
+    # request 0 runs alone (2 ms); 1-3 queued meanwhile go together at 2 ms (4 ms); 4 goes at 6 ms
+    assert run.exec_rows.tolist() == [1, 3, 1]
+    assert run.dispatch_s.tolist() == pytest.approx([0.0, 2 * MS, 2 * MS, 2 * MS, 6 * MS])
+
+
+def test_two_instances_serialise_on_one_device_and_overlap_their_host_work():
+    r = reqs([0.0, 0.0])
+    one_device = linear_profile(host_ms_per_row=2.0)  # 1 ms host before, 1 ms after the device
+    run = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), one_device)
+    # A: host 0-1, device 1-3, host 3-4; B: host 0-1, waits for the device until 3, 3-5, host 5-6
+    assert latencies_ms(run, r) == [4.0, 6.0]
+    single = simulate(r, BatcherConfig(max_batch_size=1, instance_count=1), one_device)
+    assert latencies_ms(single, r) == [4.0, 8.0]  # one instance: nothing overlaps
+    two_devices = linear_profile(host_ms_per_row=2.0, concurrent_executions=2)
+    both = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), two_devices)
+    assert latencies_ms(both, r) == [4.0, 4.0]  # the profile lets executions run together
+    per_execution = linear_profile(host_ms_per_execution=2.0)  # the same host time, per execution
+    run = simulate(reqs([0.0, 0.0, 0.0]), BatcherConfig(max_batch_size=2), per_execution)
+    # 2 rows: 1 + 3 + 1 = 5 ms; then 1 row from 5 ms: 1 + 2 + 1 = 4 ms
+    assert latencies_ms(run, reqs([0.0, 0.0, 0.0])) == [5.0, 5.0, 9.0]
+
+
+def test_the_instance_free_first_takes_the_next_batch():
+    r = reqs([0.0, 0.0, 0.5])
+    run = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), linear_profile(concurrent_executions=2))
+    # both instances busy until 2 ms; request 2 runs at 2 ms on whichever frees first
+    assert run.dispatch_s.tolist() == pytest.approx([0.0, 0.0, 2 * MS])
+
+
+def test_a_batch_pays_for_its_longest_request():
+    r = reqs([0.0, 0.0], lengths=[100, 300])
+    run = simulate(r, BatcherConfig(max_batch_size=2), linear_profile())
+    # 2 rows padded to 300 tokens = 600 tokens: 7 ms (not 1 + 4 = 5 ms for 400 real tokens)
+    assert run.exec_length.tolist() == [300]
+    assert latencies_ms(run, r) == [7.0, 7.0]
+
+
+def test_the_model_truncation_caps_length_padding_and_cost():
+    profile = linear_profile(max_length=200)
+    r = reqs([0.0, 0.0], lengths=[100, 5000])
+    run = simulate(r, BatcherConfig(max_batch_size=2), profile)
+    assert run.exec_length.tolist() == [200]
+    assert latencies_ms(run, r) == [5.0, 5.0]  # 2 x 200 = 400 tokens
+
+
+def test_out_of_memory_fails_every_request_of_the_batch():
+    profile = linear_profile(oom_tokens=500, oom_ms=0.5)
+    r = reqs([0.0, 0.0, 10.0], lengths=[100, 300, 300])
+    run = simulate(r, BatcherConfig(max_batch_size=2), profile)
+    # 2 x 300 = 600 >= 500 fails after 0.5 ms; the later one alone (300 tokens) runs
+    assert run.status.tolist() == [OUT_OF_MEMORY, OUT_OF_MEMORY, OK]
+    assert run.exec_ok.tolist() == [False, True]
+    assert latencies_ms(run, r) == [0.5, 0.5, 4.0]
+    m = measurement(run, r, speed=1.0, warmup_s=0.0, max_batch_size=2)
+    assert (m.requests, m.errors, m.execution_count) == (3, 2, 1)
+    assert m.latency_ms["p50"] == pytest.approx(4.0)
+
+
+def test_a_full_queue_refuses_arrivals():
+    r = reqs([0.0, 0.1, 0.2, 0.3, 0.4])
+    run = simulate(r, BatcherConfig(max_batch_size=1, max_queue_size=2), linear_profile())
+    # request 0 runs at once; 1 and 2 fill the queue; 3 and 4 are refused
+    assert run.status.tolist() == [OK, OK, OK, QUEUE_FULL, QUEUE_FULL]
+    assert np.isnan(run.done_s[3:]).all()
+    unbounded = simulate(r, BatcherConfig(max_batch_size=1), linear_profile())
+    assert (unbounded.status == OK).all()
+
+
+def test_a_request_above_max_batch_size_is_refused():
+    r = reqs([0.0, 1.0], rows=[1, 9])
+    run = simulate(r, BatcherConfig(max_batch_size=8), linear_profile())
+    assert run.status.tolist() == [OK, TOO_LARGE]
+
+
+def test_requests_out_of_order_are_refused():
+    with pytest.raises(TrafficError, match="request 2 is due at 0.001 s, before request 1 at 0.002 s"):
+        simulate(reqs([0.0, 2.0, 1.0]), BatcherConfig(max_batch_size=2), linear_profile())
+
+
+def test_config_checks_say_which_rule_broke():
+    with pytest.raises(SettingsError, match=r"size <= max_batch_size must hold, but got \(size=16, max_batch_size=8\)"):
+        BatcherConfig(max_batch_size=8, preferred_batch_size=(4, 16))
+    with pytest.raises(SettingsError, match="instance_count must be an integer >= 1, got 0"):
+        BatcherConfig(max_batch_size=8, instance_count=0)
+    with pytest.raises(SettingsError, match="max_queue_delay: unknown key"):
+        batcher_config({"max_batch_size": 4, "max_queue_delay": 5})
+    c = batcher_config({"max_batch_size": 8, "preferred_batch_size": "powers_of_two"})
+    assert c.preferred_batch_size == (1, 2, 4, 8)
+    assert batcher_config({"max_batch_size": 4}, base_preferred=(4, 16)).preferred_batch_size == (4,)
+
+
+# --- properties ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_more_delay_never_lowers_the_mean_batch_size(seed):
+    # With an instance always free, batching is greedy covering of the arrivals by windows that last
+    # at most the delay and hold at most max_batch_size rows; a longer delay admits every cover a
+    # shorter one does, and greedy covering is optimal, so executions can only get fewer.
+    # (Behind a busy instance this need not hold: the delay shifts the phase of later batches.)
+    rng = np.random.default_rng(seed)
+    n = 400
+    due = np.cumsum(rng.exponential(1.0 / rng.uniform(200, 1500), n)) * 1e3
+    r = reqs(due, rows=rng.integers(1, 3, n), lengths=rng.integers(10, 300, n))
+    profile = linear_profile(host_ms_per_row=0.05, concurrent_executions=n)
+    for mbs in (4, 16):
+        means = []
+        for delay in (0, 500, 1000, 2000, 4000, 8000):
+            config = BatcherConfig(max_batch_size=mbs, max_queue_delay_microseconds=delay, instance_count=n)
+            run = simulate(r, config, profile)
+            assert run.exec_requests.sum() == n  # every request served exactly once
+            means.append(run.exec_rows.mean())
+        assert all(b >= a - 1e-9 for a, b in zip(means, means[1:], strict=False)), (mbs, means)
+        assert means[-1] > means[0]
+
+
+def reference(requests: Requests, config: BatcherConfig, profile: Profile) -> tuple[list, list, list]:
+    """The same rules, written the slow and obvious way: at every event, rescan the whole queue."""
+    due, rows = requests.due_s.tolist(), requests.rows.tolist()
+    lens = [profile.length_of(x) for x in requests.length.tolist()]
+    n, mbs, delay = len(due), config.max_batch_size, config.max_queue_delay_microseconds * 1e-6
+    preferred = set(config.preferred)
+    status, dispatch, done = [OK] * n, [math.nan] * n, [math.nan] * n
+    free, device = [0.0] * config.instance_count, [0.0] * profile.concurrent_executions
+    queue, j, now = [], 0, 0.0
+    while True:
+        while j < n and due[j] <= now:
+            if rows[j] > mbs:
+                status[j] = TOO_LARGE
+            elif config.max_queue_size and len(queue) >= config.max_queue_size:
+                status[j] = QUEUE_FULL
+            else:
+                queue.append(j)
+            j += 1
+        idle = [k for k in range(len(free)) if free[k] <= now]
+        if queue and idle:
+            # scan the queue from its head (GetDynamicBatch)
+            cnt = cum = best = 0
+            full = False
+            for i in queue:
+                if cnt and cum + rows[i] > max(preferred) and best == 0:
+                    best = cnt
+                if cnt and cum + rows[i] > mbs:
+                    full = True
+                    break
+                cnt, cum = cnt + 1, cum + rows[i]
+                if cum in preferred:
+                    best = cnt
+            exceeded = delay > 0 and now >= due[queue[0]] + delay
+            take = 0
+            if best and not exceeded:
+                take = best
+            elif full or cum >= max(preferred) or exceeded or delay == 0:
+                take = cnt
+            if take:
+                batch, queue = queue[:take], queue[take:]
+                k = min(idle, key=lambda x: free[x])
+                rows_, longest = sum(rows[i] for i in batch), max(lens[i] for i in batch)
+                pre = (profile.host_ms_per_execution + profile.host_ms_per_row * rows_) / 2 * MS
+                ready = now + pre
+                d = min(range(len(device)), key=lambda x: device[x])
+                start = max(device[d], ready)
+                ok = not profile.fails(rows_, longest)
+                held = profile.device_ms(rows_, longest) * MS if ok else profile.oom_ms * MS
+                device[d] = start + held
+                post = pre if ok else profile.host_ms_per_execution / 2 * MS
+                free[k] = start + held + post
+                for i in batch:
+                    dispatch[i], done[i] = now, free[k] + profile.overhead_ms * MS
+                    status[i] = OK if ok else OUT_OF_MEMORY
+                continue
+        events = [due[j]] if j < n else []
+        if queue:
+            events += [f for f in free if f > now]
+            if idle and delay > 0:
+                events.append(due[queue[0]] + delay)
+        events = [e for e in events if e > now]
+        if not events:
+            return status, dispatch, done
+        now = min(events)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_simulation_agrees_with_a_plain_reference_implementation(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = 300
+    due = np.cumsum(rng.exponential(1.0 / rng.uniform(100, 3000), n)) * 1e3
+    r = reqs(due, rows=rng.integers(1, 4, n), lengths=rng.integers(10, 400, n))
+    mbs = int(rng.choice([1, 3, 8, 16]))
+    preferred = [None, (mbs,), tuple(sorted({max(1, mbs // 2), mbs})), (1, 2)][seed % 4]
+    preferred = tuple(p for p in preferred if p <= mbs) if preferred else None
+    config = BatcherConfig(max_batch_size=mbs, max_queue_delay_microseconds=int(rng.choice([0, 700, 3000])),
+                           preferred_batch_size=preferred or None, instance_count=int(rng.integers(1, 4)),
+                           max_queue_size=int(rng.choice([0, 0, 5])))
+    profile = linear_profile(host_ms_per_row=float(rng.choice([0.0, 0.3])), overhead_ms=0.2,
+                             host_ms_per_execution=float(rng.choice([0.0, 0.8])),
+                             oom_tokens=int(rng.choice([1500, 100_000])), oom_ms=0.4,
+                             concurrent_executions=int(rng.integers(1, 3)))
+    run = simulate(r, config, profile)
+    status, dispatch, done = reference(r, config, profile)
+    assert run.status.tolist() == status, config
+    np.testing.assert_allclose(run.dispatch_s, dispatch, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(run.done_s, done, rtol=0, atol=1e-12)
+
+
+def test_every_request_is_served_once_in_arrival_order_per_instance():
+    rng = np.random.default_rng(7)
+    due = np.cumsum(rng.exponential(0.5, 300))
+    r = reqs(due, rows=rng.integers(1, 4, 300), lengths=rng.integers(1, 200, 300))
+    run = simulate(r, BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=1500, instance_count=3),
+                   linear_profile(host_ms_per_row=0.3))
+    assert (run.status == OK).all()
+    assert run.exec_requests.sum() == 300 and (run.exec_rows <= 8).all()
+    assert (np.diff(run.dispatch_s) >= 0).all()  # FIFO: batches leave in arrival order
+    assert (run.dispatch_s >= r.due_s).all() and (run.done_s > run.dispatch_s).all()
+
+
+# --- the profile -----------------------------------------------------------------------------------
+
+
+def test_interpolation_is_linear_between_points_and_extrapolates_along_the_last_segment():
+    p = Profile(points=(ProfilePoint(1, 100, 2.0, 2.0, 2.0), ProfilePoint(4, 100, 5.0, 4.0, 6.0),
+                        ProfilePoint(8, 100, 9.0, 9.0, 9.0)), basis="tokens")
+    assert p.device_ms(2, 100) == pytest.approx(3.0)
+    assert p.device_ms(16, 100) == pytest.approx(17.0)  # along 4 -> 8 rows: 1 ms per 100 tokens
+    assert p.device_ms(1, 10) == pytest.approx(2.0)  # flat below the first point
+    assert p.device_ms(1, 400) == pytest.approx(5.0)  # tokens: 1 x 400 = 4 x 100
+
+
+def test_auto_basis_picks_tokens_when_padded_tokens_explain_the_points_and_grid_when_not():
+    tokens = Profile.from_function(lambda r, n: 1 + r * n / 100, rows=[1, 2, 4, 8], lengths=[50, 100, 200])
+    assert tokens.resolved_basis == "tokens"
+    # cost quadratic in length per row (attention-like): rows x length does not explain it
+    quadratic = Profile.from_function(lambda r, n: 1 + r * n * n / 1e4, rows=[1, 2, 4, 8, 16],
+                                      lengths=[50, 100, 200, 400])
+    assert quadratic.resolved_basis == "grid"
+    assert quadratic.basis_errors["grid"] < quadratic.basis_errors["tokens"]
+    assert quadratic.device_ms(4, 100) == pytest.approx(5.0)  # a measured point is reproduced
+
+
+def test_profile_round_trips_through_csv(tmp_path):
+    p = linear_profile(host_ms_per_row=0.12, host_ms_per_execution=0.4, overhead_ms=0.3, oom_tokens=16385, oom_ms=3.0, max_length=512)
+    path = write_profile(p, tmp_path / "p.csv")
+    assert path.read_text().startswith("# tuner profile v1\n")
+    back = read_profile(path)
+    assert back == p
+    assert pd.read_csv(path, comment="#").shape == (4, 6)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# tuner profile v1\nrows,length,median_ms\n", "no points"),
+    ("# tuner profile v1\n", "no points"),
+    ("rows,length,median_ms\n2,100,-1\n", r"p.csv:2: median_ms must be a number > 0, got -1"),
+    ("rows,length,median_ms\n2.5,100,1\n", r"p.csv:2: rows must be an integer >= 1, got 2.5"),
+    ("rows,median_ms\n2,1\n", "missing column 'length'"),
+    ("# host_ms: 1\nrows,length,median_ms\n1,1,1\n", r"p.csv:1: host_ms: unknown key"),
+    ("rows,length,median_ms,p10_ms,p90_ms\n1,1,2,3,4\n",
+     r"p10_ms <= median_ms <= p90_ms must hold, but got \(p10_ms=3, median_ms=2, p90_ms=4\)"),
+    ("# oom_tokens: 100\nrows,length,median_ms\n1,200,1\n", "at or above oom_tokens=100"),
+    ("rows,length,median_ms\n1,1,1\n1,1,2\n", "repeats point 1"),
+])
+def test_bad_profiles_are_refused_in_one_line(tmp_path, text, message):
+    path = tmp_path / "p.csv"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=message):
+        read_profile(path)
+
+
+def test_missing_profile_file_is_refused(tmp_path):
+    with pytest.raises(ProfileError, match="no such file"):
+        read_profile(tmp_path / "nope.csv")
+
+
+# --- steps, capacity, ranking ----------------------------------------------------------------------
+
+
+def poisson_traffic(rate: float = 50.0, seconds: float = 40.0, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    ts = np.cumsum(rng.exponential(1.0 / rate, int(rate * seconds)))
+    return pd.DataFrame({"timestamp": ts, "batch_size": 1, "seq_len": rng.integers(20, 200, len(ts))})
+
+
+def make_simulator(traffic=None, **kw) -> Simulator:
+    args = dict(sla=SlaSettings(latency_ms=50.0, percentile=99.0, max_error_rate=0.001),
+                capacity=CapacitySettings(tolerance=0.05, start_speed=1.0, max_speed=100.0, step_duration_s=3.0,
+                                          max_steps=12),
+                warmup_s=1.0, load_speed=1.0, price_per_hour=3.6)
+    args.update(kw)
+    return Simulator(traffic if traffic is not None else poisson_traffic(), linear_profile(host_ms_per_row=0.1),
+                     **args)
+
+
+def test_a_simulated_step_is_a_measurement_the_sla_check_reads():
+    sim = make_simulator()
+    m = sim.step(BatcherConfig(max_batch_size=8), 1.0)
+    assert m.valid and m.duration_s == pytest.approx(3.0, abs=0.1)
+    assert m.offered_rps == pytest.approx(50, rel=0.5)
+    assert 1 <= m.mean_batch_size <= 8 and m.fill_rate == pytest.approx(m.mean_batch_size / 8)
+    assert check_sla(m, sim.sla).ok and m.latency_ms["p99"] < 50
+    assert m.busy_s > 0 and sum(m.batch_histogram.values()) == m.execution_count
+
+
+def test_capacity_uses_the_real_bisection_and_batching_raises_it():
+    traffic = poisson_traffic()
+    sim = make_simulator(traffic)
+    one = sim.capacity(BatcherConfig(max_batch_size=1))
+    # the same bisection by hand: find_capacity over the simulator's steps
+    again = find_capacity(lambda s: sim.step(BatcherConfig(max_batch_size=1), s), sim.sla,
+                          sim.capacity_settings, start_speed=1.0, min_speed=1.0, rate=sim.rate)
+    assert one.capacity_rps == pytest.approx(again.capacity_rps)
+    assert one.converged and one.capacity_rps > 0
+    batched = sim.capacity(BatcherConfig(max_batch_size=16))
+    assert batched.capacity_rps > one.capacity_rps  # batching amortises the 1 ms fixed cost
+
+
+def test_trial_and_rank_score_both_ways_best_first():
+    sim = make_simulator()
+    result = sim.trial(BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=2000))
+    assert result.meets_sla and result.capacity_rps > 0
+    assert result.scores["capacity"] == pytest.approx(result.capacity_rps * 3600 / 3.6)
+    assert result.scores["utilization"] > 0 and result.note == "simulated"
+    configs = [{"max_batch_size": b, "max_queue_delay_microseconds": d} for b in (1, 4, 16) for d in (0, 4000)]
+    seen = []
+    table = sim.rank(configs, on_config=lambda done, total: seen.append((done, total)))
+    assert seen[-1] == (6, 6) and list(table["rank"]) == [1, 2, 3, 4, 5, 6]
+    assert table["value"].is_monotonic_decreasing
+    for col in ("capacity_rps", "latency_p99_ms", "fill_rate", "busy_s", "score_capacity", "score_utilization"):
+        assert col in table.columns
+    assert table.loc[0, "max_batch_size"] != 1
+
+
+def test_an_infeasible_configuration_scores_zero():
+    sim = make_simulator(sla=SlaSettings(latency_ms=1.0))  # below a single execution's time
+    result = sim.trial(BatcherConfig(max_batch_size=4))
+    assert not result.meets_sla and result.value("capacity") == 0.0 and result.capacity_rps == 0.0
+
+
+def test_length_column_is_the_one_input_dim_column_or_seq_len():
+    assert length_column(pd.DataFrame({"timestamp": [0.0], "seq_len": [3]})) == "seq_len"
+    assert length_column(pd.DataFrame({"timestamp": [0.0], "INPUT_IDS:0": [3], "seq_len": [3]})) == "INPUT_IDS:0"
+    assert length_column(pd.DataFrame({"timestamp": [0.0]})) is None
+    with pytest.raises(TrafficError, match="2 input dim columns"):
+        length_column(pd.DataFrame({"timestamp": [0.0], "A:0": [1], "B:0": [2]}))
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def study(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    poisson_traffic(rate=30, seconds=60).to_csv(tmp_path / "traffic.csv", index=False)
+    write_profile(linear_profile(host_ms_per_row=0.1, max_length=512), tmp_path / "profile.csv")
+    (tmp_path / "study.yaml").write_text(f"""
+name: sim
+model_repository: {root / "model_repository_templates"}
+model: encoder_sim
+traffic: {{path: traffic.csv, speed: 1}}
+replay: {{warmup_s: 1.0}}
+sla: {{latency_ms: 50, percentile: 99}}
+cost: {{price_per_hour: 3.6}}
+search:
+  max_batch_size: {{low: 1, high: 16, log: true}}
+  max_queue_delay_microseconds: {{low: 0, high: 4000, step: 2000}}
+  capacity: {{step_duration_s: 3.0, tolerance: 0.1, start_speed: 1, max_speed: 100}}
+""")
+    return tmp_path
+
+
+def test_cli_prints_the_ranked_table_and_answers_what_ifs(study, capsys):
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--top", "5", "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "capacity req/s" in out and "p99 ms at load" in out and "best" in out and "incumbent" in out
+    data = json.loads(out_json.read_text())
+    assert len(data["ranking"]) == 16 * 3 + 1  # every batch size 1..16 x 3 delays, and the incumbent (64)
+    best = data["ranking"][0]
+    # twice the traffic: the same capacity in req/s (the model did not change), at half the speed
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--traffic-scale", "2", "--price", "7.2", "--json", str(out_json)])
+    assert code == 0
+    doubled = json.loads(out_json.read_text())["ranking"]
+    same = next(r for r in doubled if r["max_batch_size"] == best["max_batch_size"]
+                and r["max_queue_delay_microseconds"] == best["max_queue_delay_microseconds"])
+    assert same["capacity_rps"] == pytest.approx(best["capacity_rps"], rel=0.25)
+    assert same["score_capacity"] == pytest.approx(same["capacity_rps"] * 3600 / 7.2)
+    # an SLA no configuration meets: exit 3
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--sla-ms", "0.5"])
+    assert code == 3
+
+
+def test_cli_refuses_a_bad_profile_in_one_line(study, capsys):
+    (study / "bad.csv").write_text("rows,length,median_ms\n")
+    for profile, message in ((study / "bad.csv", "no points"), (study / "missing.csv", "no such file")):
+        code = main(["simulate", str(study / "study.yaml"), "--profile", str(profile)])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert err.startswith("tuner: error: ") and message in err and len(err.strip().splitlines()) == 1
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--speed", "0"])
+    assert code == 2 and "--speed: must be > 0" in capsys.readouterr().err
+
+
+def test_simulated_latency_is_from_the_due_time():
+    r = reqs([0.0, 0.0, 0.0])
+    run = simulate(r, BatcherConfig(max_batch_size=1), linear_profile())
+    m = measurement(run, r, speed=1.0, warmup_s=0.0, max_batch_size=1)
+    assert sorted(m.latencies_ms.tolist()) == pytest.approx([2.0, 4.0, 6.0])  # queueing counts
+    assert m.latency_ms["max"] == pytest.approx(6.0) and not math.isnan(m.latency_ms["p99"])

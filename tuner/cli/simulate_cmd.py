@@ -1,0 +1,227 @@
+"""`tuner simulate STUDY.yaml --profile P`: rank the study's whole space in simulation, no server."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+
+from tuner.files import write_atomic
+
+SHOWN = {
+    "rank": "rank",
+    "tag": "",
+    "max_batch_size": "max_batch_size",
+    "max_queue_delay_microseconds": "delay_us",
+    "preferred_batch_size": "preferred",
+    "instance_count": "instances",
+    "capacity_rps": "capacity req/s",
+    "latency_sla_ms": "{pct} ms at load",
+    "fill_rate": "fill rate",
+    "busy_s": "busy s",
+    "score_capacity": "req/$ (capacity)",
+    "score_utilization": "req/$ (utilization)",
+    "vs_incumbent": "vs incumbent",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="rank every configuration of the study's space by simulating Triton's dynamic batcher",
+        description="Simulate Triton's dynamic batcher on the study's traffic with a profile of the "
+        "model's execution time (rows x padded length; see tuner/profile.py for the file format) and "
+        "rank the whole search space as the real search would score it: the step at the recorded load "
+        "(SLA, utilization score), then the capacity bisection on simulated steps (capacity score). "
+        "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
+        "--price, --speed. Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
+    )
+    p.add_argument("study", metavar="STUDY.yaml", help="the study file (traffic, SLA, cost, search space)")
+    p.add_argument("--profile", required=True, metavar="P", help="the model's profile CSV")
+    p.add_argument("--speed", type=float, default=None, metavar="S",
+                   help="the recorded load: the traffic S times faster (default: the study's traffic.speed)")
+    p.add_argument("--traffic-scale", type=float, default=None, metavar="X",
+                   help="what-if: compress the traffic's timestamps X times (2: twice the requests per second)")
+    p.add_argument("--sla-ms", type=float, default=None, metavar="L", help="what-if: another latency SLA (ms)")
+    p.add_argument("--price", type=float, default=None, metavar="P", help="what-if: another price per hour ($)")
+    p.add_argument("--tolerance", type=float, default=None, metavar="T",
+                   help="capacity bisection tolerance (default: the study's search.capacity.tolerance); "
+                   "simulation is cheap, a finer one (0.02) separates close configurations")
+    p.add_argument("--grid", action="store_true",
+                   help="only the grid sampler's points (search.grid_per_octave), not every batch size the "
+                   "search can sample")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows to print (default 10)")
+    p.add_argument("--json", metavar="OUT", help="also write the whole ranking as JSON to OUT")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+    from tqdm import tqdm
+
+    from tuner import space as knobs
+    from tuner.cost import price_for
+    from tuner.errors import SettingsError
+    from tuner.evaluate import base_config, study_traffic
+    from tuner.profile import read_profile
+    from tuner.settings import load_study, with_overrides
+    from tuner.simulate import Simulator
+    from tuner.traffic import scale_time
+
+    for name in ("speed", "traffic_scale", "sla_ms", "price", "tolerance"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise SettingsError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
+    if args.top < 1:
+        raise SettingsError(f"--top: must be >= 1, got {args.top}")
+    settings = load_study(args.study)
+    overrides = {}
+    if args.speed is not None:
+        overrides["traffic.speed"] = args.speed
+    if args.sla_ms is not None:
+        overrides["sla.latency_ms"] = args.sla_ms
+    if args.price is not None:
+        overrides["cost.price_per_hour"] = args.price
+    if overrides:
+        settings = with_overrides(settings, overrides)
+    profile = read_profile(args.profile)
+    traffic = study_traffic(settings)
+    if args.traffic_scale is not None:
+        traffic = scale_time(traffic, args.traffic_scale)
+    base = base_config(settings)
+    price = price_for(settings.cost).price_per_hour
+
+    space = settings.search
+    values = knobs.grid(space) if args.grid else _every_value(space)
+    names = list(values)
+    configs = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
+    incumbent = knobs.from_config(base, space)
+    defaults = {
+        "preferred": space.preferred_batch_size if space.preferred_batch_size != "search" else "none",
+        "base_preferred": tuple(base.dynamic_batching.preferred_batch_size) or None,
+        "instance_count": int(base.instance_group[0].count or 1) if len(base.instance_group) else 1,
+        "max_queue_size": int(base.dynamic_batching.default_queue_policy.max_queue_size),
+    }
+    sim = Simulator.for_study(settings, traffic, profile, price_per_hour=price)
+    pct = f"p{settings.sla.percentile:g}"
+    print(f"profile: {args.profile}: {profile.describe()}")
+    print(f"traffic: {settings.traffic.path} ({len(traffic)} requests"
+          + (f", timestamps compressed {args.traffic_scale:g}x" if args.traffic_scale else "")
+          + f"), load at speed {settings.traffic.speed:g} = {sim.rate * settings.traffic.speed:.1f} req/s mean, "
+          f"{sim.peak_rps:.0f} req/s peak")
+    print(f"SLA: {pct} <= {settings.sla.latency_ms:g} ms, errors <= {settings.sla.max_error_rate:.2%}; "
+          f"price ${price:g}/h; scoring: {settings.scoring}; space: {len(configs)} configurations "
+          f"({', '.join(f'{k} {_span(v)}' for k, v in values.items())})")
+    in_space = incumbent in configs
+    with tqdm(total=len(configs) + (not in_space), desc="simulate", unit="config", file=sys.stderr,
+              leave=False, dynamic_ncols=True) as bar:
+        table = sim.rank(configs, tolerance=args.tolerance, on_config=lambda done, total: bar.update(1),
+                         **defaults)
+        if not in_space:  # simulated for comparison, outside the space's ranking
+            extra = sim.rank([incumbent], tolerance=args.tolerance, **defaults)
+            extra["rank"] = 0
+            table = pd.concat([table, extra], ignore_index=True)
+            bar.update(1)
+
+    inc_mask = _matches(table, incumbent, defaults)
+    inc_value = float(table.loc[inc_mask, "value"].iloc[0]) if inc_mask.any() else 0.0
+    table["tag"] = ["incumbent" if m else "" for m in inc_mask]
+    if table.loc[0, "value"] > 0:
+        table.loc[0, "tag"] = "best, incumbent" if inc_mask.iloc[0] else "best"
+    table["vs_incumbent"] = table["value"] / inc_value - 1.0 if inc_value > 0 else math.nan
+    table["latency_sla_ms"] = table[f"latency_{pct}_ms"]
+    shown = table[(table["rank"] <= args.top) | (table["tag"] != "")]
+    print(_format(shown, pct, values))
+
+    best = table.iloc[0]
+    feasible = bool(best["value"] > 0 and best["rank"] > 0)
+    if feasible:
+        gain = f", {best['vs_incumbent']:+.1%} over the incumbent" if math.isfinite(best["vs_incumbent"]) else \
+            " (the incumbent misses the SLA)"
+        print(f"best: {_params(best)}: capacity {best['capacity_rps']:.1f} req/s, "
+              f"{best['value']:,.0f} requests per dollar ({settings.scoring}){gain}")
+    if args.json:
+        data = {"study": settings.source, "profile": str(args.profile), "scoring": settings.scoring,
+                "sla": {"latency_ms": settings.sla.latency_ms, "percentile": settings.sla.percentile,
+                        "max_error_rate": settings.sla.max_error_rate},
+                "price_per_hour": price, "load_speed": settings.traffic.speed,
+                "traffic_scale": args.traffic_scale or 1.0, "rate_rps_at_speed_1": sim.rate,
+                "incumbent": incumbent, "ranking": table.drop(columns=["latency_sla_ms"]).to_dict("records")}
+        write_atomic(args.json, json.dumps(_finite(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
+    if not feasible:
+        print(f"tuner: no configuration met the SLA in simulation (closest: {_params(best)}: "
+              f"{best['sla_reason']})", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _every_value(space) -> dict[str, list]:
+    """Every batch size and instance count the search can sample (each integer of the range, or its
+    step); queue delays as the grid walks them (a linear range's every step)."""
+    from tuner import space as knobs
+
+    values = knobs.grid(space)
+    values["max_batch_size"] = list(range(space.max_batch_size.low, space.max_batch_size.high + 1,
+                                          1 if space.max_batch_size.log else space.max_batch_size.step))
+    if space.instance_count is not None:
+        r = space.instance_count
+        values["instance_count"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
+    return values
+
+
+def _matches(table, params: dict, defaults: dict):
+    """Rows of `table` with the incumbent's parameters."""
+    from tuner.simulate import batcher_config
+
+    c = batcher_config(params, **defaults)
+    pref = "default" if not c.preferred_batch_size else ",".join(map(str, c.preferred_batch_size))
+    return ((table["max_batch_size"] == c.max_batch_size)
+            & (table["max_queue_delay_microseconds"] == c.max_queue_delay_microseconds)
+            & (table["preferred_batch_size"] == pref) & (table["instance_count"] == c.instance_count))
+
+
+def _format(table, pct: str, values: dict) -> str:
+    cols = [c for c in SHOWN if c in table.columns]
+    if "preferred_batch_size" not in values and table["preferred_batch_size"].nunique() <= 1:
+        cols.remove("preferred_batch_size")
+    if "instance_count" not in values and table["instance_count"].nunique() <= 1:
+        cols.remove("instance_count")
+    out = table[cols].rename(columns={c: SHOWN[c].format(pct=pct) for c in cols}).copy()
+    formats = {
+        "capacity req/s": "{:.1f}", f"{pct} ms at load": "{:.1f}", "fill rate": "{:.2f}", "busy s": "{:.2f}",
+        "req/$ (capacity)": "{:,.0f}", "req/$ (utilization)": "{:,.0f}", "vs incumbent": "{:+.1%}",
+    }
+    for col, fmt in formats.items():
+        if col in out.columns:
+            out[col] = [("-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v))
+                        for v in out[col]]
+    out["rank"] = ["-" if r == 0 else str(r) for r in out["rank"]]
+    return out.to_string(index=False)
+
+
+def _params(row) -> str:
+    text = f"max_batch_size {row['max_batch_size']}, delay {row['max_queue_delay_microseconds']} us"
+    if row["preferred_batch_size"] != "default":
+        text += f", preferred {row['preferred_batch_size']}"
+    return text + f", {row['instance_count']} instance(s)"
+
+
+def _span(values: list) -> str:
+    if all(isinstance(v, int) for v in values) and len(values) > 2:
+        return f"{values[0]}..{values[-1]} ({len(values)} values)"
+    return ",".join(map(str, values))
+
+
+def _finite(value):
+    """JSON has no NaN: an unmeasured figure becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return _finite(value.item())
+    return value

@@ -1,0 +1,57 @@
+"""Simulate Triton's dynamic batcher on recorded traffic with a model profile, and rank a space (pure).
+
+    simulate(requests, config, profile) -> BatchRun       one schedule through the batcher (_batcher)
+    Simulator(traffic, profile, ...) / .for_study(...)    a study's steps, trials and ranking (_study)
+        .step(config, speed) -> Measurement               what a real step at that speed measures
+        .capacity(config) -> Capacity                     tuner.score.find_capacity on simulated steps
+        .trial(config) -> TrialResult                     feasibility at load, capacity, both scores
+        .rank(configs) -> DataFrame                       a whole space, best first
+    batcher_config(params, ...) -> BatcherConfig          from trial parameters (dicts)
+
+The batcher's rules, with the Triton core functions they come from, are in `_batcher`'s docstring;
+the profile (execution time by rows and padded length) is `tuner.profile.Profile`.
+"""
+
+from tuner.simulate._batcher import (
+    OK,
+    OUT_OF_MEMORY,
+    QUEUE_FULL,
+    STATUS_NAMES,
+    TOO_LARGE,
+    BatcherConfig,
+    BatchRun,
+    Requests,
+    simulate,
+)
+from tuner.simulate._study import (
+    CONFIG_KEYS,
+    SimStep,
+    Simulator,
+    batcher_config,
+    device_seconds,
+    length_column,
+    measurement,
+    preferred_for,
+    requests_at,
+)
+
+__all__ = [
+    "CONFIG_KEYS",
+    "OK",
+    "OUT_OF_MEMORY",
+    "QUEUE_FULL",
+    "STATUS_NAMES",
+    "TOO_LARGE",
+    "BatchRun",
+    "BatcherConfig",
+    "Requests",
+    "SimStep",
+    "Simulator",
+    "batcher_config",
+    "device_seconds",
+    "length_column",
+    "measurement",
+    "preferred_for",
+    "requests_at",
+    "simulate",
+]

@@ -1,0 +1,374 @@
+"""A study's trials in simulation: the same steps, SLA check, capacity bisection and scores as the
+real search (`tuner.evaluate`), with each replay replaced by a simulated one (pure).
+
+A step at speed `s` simulates what the real step replays: `tuner.traffic.step_window(traffic, s,
+warmup_s, step_duration_s)` (the busiest stretch at that speed after a warm-up lead), cut to the
+requests due before warm-up + step, and measured like `tuner.measure.measure` measures a replay:
+requests due after the warm-up; latency from the due time over the successful ones; executions,
+fill rate and busy time over the executions that end after the warm-up (when the real replay takes
+its first statistics snapshot). Busy time is what Triton's `batch_stats` count (each execution's
+time on its instance: host work, waiting for the device, device time), as the utilization score
+reads it; the device time alone is kept beside it (`device_s`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tuner import space
+from tuner.cost import price_for
+from tuner.errors import SettingsError, TrafficError
+from tuner.measure import PERCENTILES, Measurement
+from tuner.profile import Profile
+from tuner.score import (
+    Capacity,
+    Step,
+    capacity_score,
+    check_sla,
+    find_capacity,
+    monthly_cost,
+    servers_needed,
+    utilization_score,
+)
+from tuner.settings import CapacitySettings, SlaSettings, StudySettings
+from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, simulate
+from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
+from tuner.traffic.io import TIMESTAMP
+from tuner.trial import Bracket, Figures, TrialRecord, to_attrs
+
+SEQ_LEN = "seq_len"
+CONFIG_KEYS = space.NAMES
+
+
+# --- traffic -> requests ---------------------------------------------------------------------------
+
+
+def length_column(traffic: pd.DataFrame) -> str | None:
+    """The column that gives each request's sequence length: the one `<INPUT>:<k>` column, else
+    `seq_len`, else none (every request has length 1)."""
+    dims = [c for c in shape_columns(traffic) if ":" in str(c)]
+    if len(dims) > 1:
+        raise TrafficError(f"traffic: {len(dims)} input dim columns ({', '.join(map(str, dims))}): the "
+                           f"simulation charges one sequence length per request; keep one of them")
+    if dims:
+        return str(dims[0])
+    return SEQ_LEN if SEQ_LEN in traffic.columns else None
+
+
+def requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None) -> Requests:
+    """The traffic's requests due at `speed` (seconds from its first request), rows and lengths."""
+    ts = traffic[TIMESTAMP].to_numpy(dtype=np.float64)
+    due = (ts - ts[0]) / speed if len(ts) else ts
+    rows = (traffic[BATCH_SIZE].to_numpy(dtype=np.int64) if BATCH_SIZE in traffic.columns
+            else np.ones(len(ts), dtype=np.int64))
+    lengths = (traffic[column].to_numpy(dtype=np.int64) if column is not None
+               else np.ones(len(ts), dtype=np.int64))
+    return Requests(due_s=due, rows=rows, length=lengths)
+
+
+# --- configurations --------------------------------------------------------------------------------
+
+
+def preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+    """Preferred sizes of a configuration, as `tuner.space.apply` writes them: a strategy name
+    (`none` keeps the base config's sizes that fit) or the sizes themselves."""
+    if strategy is not None and not isinstance(strategy, str):
+        return tuple(int(s) for s in strategy)
+    if strategy not in (None, *space.STRATEGIES):
+        raise SettingsError(f"preferred_batch_size: must be one of {', '.join(space.STRATEGIES)} "
+                            f"or a list of sizes, got {strategy!r}")
+    sizes = space.preferred_sizes(strategy or "none", max_batch_size)
+    if sizes is None:
+        sizes = tuple(s for s in (base or ()) if s <= max_batch_size)
+    return sizes or None
+
+
+def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "none",
+                   base_preferred: tuple[int, ...] | None = None, instance_count: int = 1,
+                   max_queue_size: int = 0) -> BatcherConfig:
+    """A `BatcherConfig` from trial parameters (keys as in CONFIG_KEYS); absent keys take the
+    keyword defaults (the base config's values)."""
+    unknown = sorted(set(params) - set(CONFIG_KEYS))
+    if unknown:
+        raise SettingsError(f"configuration: {unknown[0]}: unknown key (expected one of: {', '.join(CONFIG_KEYS)})")
+    if "max_batch_size" not in params:
+        raise SettingsError("configuration: max_batch_size: required key missing")
+    mbs = params["max_batch_size"]
+    if isinstance(mbs, bool) or not isinstance(mbs, int | np.integer) or mbs < 1:
+        raise SettingsError(f"configuration: max_batch_size must be an integer >= 1, got {mbs!r}")
+    return BatcherConfig(
+        max_batch_size=int(mbs),
+        max_queue_delay_microseconds=int(params.get("max_queue_delay_microseconds", 0)),
+        preferred_batch_size=preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
+        instance_count=int(params.get("instance_count", instance_count)),
+        max_queue_size=int(params.get("max_queue_size", max_queue_size)),
+    )
+
+
+# --- measuring a simulated replay ------------------------------------------------------------------
+
+
+def measurement(run: BatchRun, requests: Requests, *, speed: float, warmup_s: float, max_batch_size: int,
+                sla_percentile: float = 99.0) -> Measurement:
+    """The simulated replay's figures, defined as `tuner.measure.measure` defines the real ones."""
+    due = requests.due_s
+    end = float(due[-1]) if len(due) else 0.0
+    span = max(end - warmup_s, 0.0)
+    measured = due >= warmup_s
+    count = int(measured.sum())
+    good = measured & (run.status == OK)
+    served = int(good.sum())
+    latencies = (run.done_s[good] - due[good]) * 1e3
+    counted = run.exec_ok & (run.exec_end_s >= warmup_s)
+    executions = int(counted.sum())
+    inferences = int(run.exec_rows[counted].sum())
+    busy = float((run.exec_end_s[counted] - run.exec_start_s[counted]).sum())
+    sizes, freq = np.unique(run.exec_rows[counted], return_counts=True)
+    mean_batch = inferences / executions if executions else 0.0
+    queue = (run.dispatch_s[good] - due[good]) * 1e3
+    return Measurement(
+        speed=speed,
+        offered_rps=count / span if span > 0 else 0.0,
+        duration_s=span,
+        requests=count,
+        errors=count - served,
+        error_rate=(count - served) / count if count else 0.0,
+        throughput_rps=served / (float(run.done_s[good].max()) - warmup_s) if served else 0.0,
+        latency_ms=_percentiles(latencies, sla_percentile),
+        send_lag_ms={"p50": 0.0, "p99": 0.0, "max": 0.0},
+        valid=count > 0,
+        invalid_reason="" if count else f"no requests due in the measured window (after the {warmup_s:g} s warm-up)",
+        inference_count=inferences,
+        execution_count=executions,
+        fill_rate=mean_batch / max_batch_size,
+        mean_batch_size=mean_batch,
+        batch_histogram={int(s): int(c) for s, c in zip(sizes, freq, strict=True)},
+        queue_ms_mean=float(queue.mean()) if served else 0.0,
+        compute_ms_mean=busy / executions * 1e3 if executions else 0.0,
+        busy_s=busy,
+        max_batch_size=max_batch_size,
+        latencies_ms=latencies,
+    )
+
+
+def _percentiles(values: np.ndarray, sla_percentile: float) -> dict[str, float]:
+    qs = [float(q) for q in PERCENTILES]
+    if sla_percentile < 100 and sla_percentile not in qs:
+        qs.append(float(sla_percentile))
+    if not len(values):
+        out = {f"p{q:g}": math.nan for q in qs}
+        out["max"] = math.nan
+        return out
+    found = np.percentile(values, qs)
+    out = {f"p{q:g}": float(v) for q, v in zip(qs, found, strict=True)}
+    out["max"] = float(values.max())
+    return out
+
+
+def device_seconds(run: BatchRun, warmup_s: float) -> float:
+    """Device time of the successful executions that end after the warm-up."""
+    counted = run.exec_ok & (run.exec_end_s >= warmup_s)
+    return float(run.exec_device_s[counted].sum())
+
+
+# --- the simulator ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SimStep:
+    """One simulated step: its schedule, what happened, and the measurement of it."""
+
+    speed: float
+    warmup_s: float
+    requests: Requests
+    run: BatchRun
+    measurement: Measurement
+
+    @property
+    def device_s(self) -> float:
+        """Device seconds of the executions the measurement counts."""
+        return device_seconds(self.run, self.warmup_s)
+
+    @property
+    def latency_ms(self) -> np.ndarray:
+        """Every request's latency from its due time (NaN where it was refused), warm-up included."""
+        return (self.run.done_s - self.requests.due_s) * 1e3
+
+
+class Simulator:
+    """Simulates a study's trials on its traffic with a model profile. Each speed's step schedule is
+    cut once and reused by every configuration; device times are memoized by (rows, length)."""
+
+    def __init__(self, traffic: pd.DataFrame, profile: Profile, *, sla: SlaSettings,
+                 capacity: CapacitySettings, warmup_s: float, load_speed: float, price_per_hour: float,
+                 scoring: str = "capacity", length: str | None = None) -> None:
+        if len(traffic) == 0:
+            raise TrafficError("traffic: no requests to simulate")
+        if not price_per_hour > 0:
+            raise SettingsError(f"price per hour must be > 0, got {price_per_hour}")
+        if not load_speed > 0:
+            raise SettingsError(f"traffic.speed must be > 0, got {load_speed}")
+        self.traffic = traffic.reset_index(drop=True)
+        self.profile = profile
+        self.sla = sla
+        self.capacity_settings = capacity
+        self.warmup_s = float(warmup_s)
+        self.load_speed = float(load_speed)
+        self.price_per_hour = float(price_per_hour)
+        self.scoring = scoring
+        self.length = length if length is not None else length_column(traffic)
+        if self.length is not None and self.length not in traffic.columns:
+            raise TrafficError(f"traffic: no column {self.length!r} (columns: {', '.join(traffic.columns)})")
+        self.rate = mean_rps(self.traffic)
+        self.peak_rps = peak_rps(self.traffic, self.load_speed)
+        self._schedules: dict[float, tuple[Requests, float]] = {}
+        self._device: dict = {}
+
+    @classmethod
+    def for_study(cls, settings: StudySettings, traffic: pd.DataFrame, profile: Profile, *,
+                  price_per_hour: float | None = None, length: str | None = None) -> Simulator:
+        """A simulator with the study's SLA, capacity search, warm-up, load and price."""
+        price = price_per_hour if price_per_hour is not None else price_for(settings.cost).price_per_hour
+        return cls(traffic, profile, sla=settings.sla, capacity=settings.search.capacity,
+                   warmup_s=settings.replay.warmup_s, load_speed=settings.traffic.speed,
+                   price_per_hour=price, scoring=settings.scoring, length=length)
+
+    @property
+    def speeds(self) -> dict[float, int]:
+        """The step speeds simulated so far and the requests each step holds."""
+        return {speed: len(requests) for speed, (requests, _) in sorted(self._schedules.items())}
+
+    # --- one step --------------------------------------------------------------------------------
+
+    def schedule(self, speed: float) -> tuple[Requests, float]:
+        """What a real step at `speed` replays: the requests (due from the window's first) and the
+        warm-up in seconds."""
+        speed = float(speed)
+        cached = self._schedules.get(speed)
+        if cached is None:
+            step_s = self.capacity_settings.step_duration_s
+            part, warmup = step_window(self.traffic, speed, self.warmup_s, step_s)
+            requests = requests_at(part, speed, self.length)
+            keep = requests.due_s < warmup + step_s
+            if not keep.all():
+                requests = Requests(requests.due_s[keep], requests.rows[keep], requests.length[keep])
+            cached = self._schedules[speed] = (requests, warmup)
+        return cached
+
+    def run(self, config: BatcherConfig, speed: float) -> SimStep:
+        """Simulate the step at `speed` under `config`."""
+        requests, warmup = self.schedule(speed)
+        run = simulate(requests, config, self.profile, self._device)
+        m = measurement(run, requests, speed=float(speed), warmup_s=warmup, max_batch_size=config.max_batch_size,
+                        sla_percentile=self.sla.percentile)
+        return SimStep(float(speed), warmup, requests, run, m)
+
+    def step(self, config: BatcherConfig, speed: float) -> Measurement:
+        """The measurement of the step at `speed` (what `find_capacity` asks a replay for)."""
+        return self.run(config, speed).measurement
+
+    # --- one trial -------------------------------------------------------------------------------
+
+    def capacity(self, config: BatcherConfig, lower: Step | None = None,
+                 tolerance: float | None = None) -> Capacity:
+        """The capacity bisection of the real search (`tuner.score.find_capacity`) on simulated steps."""
+        cap = self.capacity_settings
+        if tolerance is not None:
+            cap = CapacitySettings(tolerance=tolerance, start_speed=cap.start_speed, max_speed=cap.max_speed,
+                                   step_duration_s=cap.step_duration_s, max_steps=cap.max_steps)
+        return find_capacity(lambda speed: self.step(config, speed), self.sla, cap,
+                             start_speed=max(cap.start_speed, self.load_speed), min_speed=self.load_speed,
+                             rate=self.rate, lower=lower)
+
+    def trial(self, config: BatcherConfig, *, capacity: bool = True,
+              tolerance: float | None = None) -> TrialRecord:
+        """A trial as the real search measures it: the step at the recorded load decides feasibility
+        and the utilization score; if the SLA holds there, the capacity bisection gives the capacity."""
+        return self._trial(config, capacity=capacity, tolerance=tolerance)[0]
+
+    def _trial(self, config: BatcherConfig, *, capacity: bool = True,
+               tolerance: float | None = None) -> tuple[TrialRecord, float]:
+        load_step = self.run(config, self.load_speed)
+        load = load_step.measurement
+        sla = check_sla(load, self.sla)
+        bracket, latencies = None, ()
+        if sla.ok and capacity:
+            found = self.capacity(config, lower=Step(self.load_speed, load, sla), tolerance=tolerance)
+            at_cap = found.at_capacity
+            bracket = Bracket(rps=found.capacity_rps, speed=found.speed, upper_rps=found.upper_rps,
+                              upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
+                              limited_by=found.limited_by,
+                              at_capacity=Figures.of(at_cap) if at_cap is not None else None)
+            latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
+        capacity_rps = bracket.rps if bracket else 0.0
+        servers = servers_needed(self.load_speed, bracket.speed) if bracket else None
+        scores = {
+            "capacity": capacity_score(capacity_rps, self.price_per_hour) if capacity_rps > 0 else None,
+            "utilization": utilization_score(load, self.price_per_hour) if sla.ok else None,
+        }
+        params = {"max_batch_size": config.max_batch_size,
+                  "max_queue_delay_microseconds": config.max_queue_delay_microseconds,
+                  "instance_count": config.instance_count}
+        return TrialRecord(params=params, at_load=Figures.of(load), sla_met=sla.ok, violation=sla.violation,
+                           sla_reason=sla.reason, capacity=bracket, scores=scores, servers_needed=servers,
+                           monthly_cost=monthly_cost(servers, self.price_per_hour),
+                           price_per_hour=self.price_per_hour, peak_rps=self.peak_rps,
+                           note="simulated", latencies_ms=latencies), load_step.device_s
+
+    # --- a whole space ---------------------------------------------------------------------------
+
+    def rank(self, configs: Iterable[BatcherConfig | dict], *, tolerance: float | None = None,
+             on_config: Callable[[int, int], None] | None = None, **defaults) -> pd.DataFrame:
+        """Every configuration's trial, best first under the study's scoring (then the other score,
+        then capacity). `configs`: BatcherConfig or parameter dicts (`batcher_config` keys; `defaults`
+        go to `batcher_config`). `on_config(done, total)` reports progress."""
+        configs = [c if isinstance(c, BatcherConfig) else batcher_config(c, **defaults) for c in configs]
+        pct = f"p{self.sla.percentile:g}"
+        other = "utilization" if self.scoring == "capacity" else "capacity"
+        rows = []
+        for done, config in enumerate(configs, start=1):
+            result, device_s = self._trial(config, tolerance=tolerance)
+            a = to_attrs(result)
+            rows.append({
+                "max_batch_size": config.max_batch_size,
+                "max_queue_delay_microseconds": config.max_queue_delay_microseconds,
+                "preferred_batch_size": _sizes(config.preferred_batch_size),
+                "instance_count": config.instance_count,
+                "max_queue_size": config.max_queue_size,
+                "feasible": result.meets_sla,
+                "capacity_rps": result.capacity_rps,
+                "capacity_speed": result.capacity_speed,
+                "latency_p50_ms": a.get("latency_p50_ms"),
+                "latency_p95_ms": a.get("latency_p95_ms"),
+                "latency_p99_ms": a.get("latency_p99_ms"),
+                f"latency_{pct}_ms": a.get(f"latency_{pct}_ms"),
+                "error_rate": a.get("error_rate"),
+                "fill_rate": a.get("fill_rate"),
+                "mean_batch_size": a.get("mean_batch_size"),
+                "busy_s": a.get("busy_s"),
+                "device_s": device_s,
+                "capacity_latency_ms": a.get(f"capacity_latency_{pct}_ms"),
+                "capacity_fill_rate": a.get("capacity_fill_rate"),
+                "score_capacity": result.scores["capacity"],
+                "score_utilization": result.scores["utilization"],
+                "value": result.value(self.scoring),
+                "sla_reason": a.get("sla_reason", ""),
+            })
+            if on_config is not None:
+                on_config(done, len(configs))
+        table = pd.DataFrame(rows)
+        if table.empty:
+            return table
+        table = table.sort_values(["value", f"score_{other}", "capacity_rps"], ascending=False,
+                                  na_position="last", kind="stable").reset_index(drop=True)
+        table.insert(0, "rank", np.arange(1, len(table) + 1))
+        return table
+
+
+def _sizes(sizes: tuple[int, ...] | None) -> str:
+    return "default" if not sizes else ",".join(str(s) for s in sizes)
