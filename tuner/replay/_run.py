@@ -142,13 +142,15 @@ def replay(
         before, after, t0 = _run_processes(tmp, roles, len(due), due[-1], warmup_s, stats, progress)
         records = pd.concat([pd.read_parquet(tmp / f"records-{k}.parquet") for k in range(workers)])
         summaries = [json.loads((tmp / f"summary-{k}.json").read_text()) for k in range(workers)]
+        locust = json.loads((tmp / "summary-locust.json").read_text())
     records = records.sort_values("row", kind="stable").reset_index(drop=True)
     wall = max(s["wall_s"] for s in summaries) or 1.0
     return ReplayResult(
         records=records, stats_before=before, stats_after=after, speed=speed, warmup_s=warmup_s,
         duration_s=float(due[-1]), mode="local" if workers == 1 else "distributed", workers=workers,
         reason=reason, load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
-        details={"processes": summaries, "t0_monotonic": t0, "plan_shapes": len(plan.shapes)},
+        details={"processes": summaries, "t0_monotonic": t0, "plan_shapes": len(plan.shapes),
+                 "locust": locust},
     )
 
 
