@@ -382,11 +382,11 @@ class Replayer:
         if self.in_flight:
             self.drained.clear()
             self.drained.wait(timeout=self.spec["request_timeout_s"] + 5.0)
+        self._report()  # what the gaps left: its cost is counted with the rest
         self.cpu_s = cpu_seconds() - cpu0
         self.wall_s = now() - t0
         progress.kill()
         self._print_progress()
-        self._report()
         self.share.frame(t0).to_parquet(self.spec["records"].format(index=share.index), index=False)
         self.finished.set()
 
