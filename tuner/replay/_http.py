@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Sequence
+from urllib.parse import quote
 
 import numpy as np
 
@@ -68,7 +69,7 @@ def infer_request(host: str, model: str, inputs: Sequence[tuple[str, str, Sequen
         "outputs": [{"name": name, "parameters": {"binary_data": True}} for name in outputs],
     }, separators=(",", ":")).encode()
     length = len(header) + sum(len(raw) for raw in data)
-    head = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\n"
+    head = (f"POST /v2/models/{quote(model)}/infer HTTP/1.1\r\nHost: {host}\r\n"
             f"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: {len(header)}\r\n"
             f"Content-Length: {length}\r\n\r\n").encode("latin-1")
     return [head + header, *data]

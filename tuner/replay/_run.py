@@ -50,6 +50,14 @@ class ReplayResult:
     details: dict = field(default_factory=dict)
     # this host's load-generator calibration (measured once per run when `workers` was 0)
     calibration: Calibration | None = None
+    peak_rps: float = 0.0       # the offered rate in the busiest second of the schedule
+
+    def generator_limited(self) -> bool:
+        """Whether the offered peak exceeded what these processes hold on this host (calibrated): a
+        send lag over budget then says more about the load generator than about the server."""
+        if self.calibration is None:
+            return False
+        return self.peak_rps > self.workers * self.calibration.per_process_rps
 
     def measured(self) -> pd.DataFrame:
         """The records of the measured part (due at or after the warm-up)."""
@@ -92,8 +100,9 @@ def replay(
     stats = _mid_replay(stats or (lambda: _plan.statistics(endpoints.http, model)))
     calibration = calibrate(settings.protocol) if settings.workers == 0 else cached_calibration(
         settings.protocol)
+    peak_rps = _plan.peak_rate(due)
     workers, reason = choose_workers(
-        settings.workers, _plan.peak_rate(due), cpus=available_cpus(),
+        settings.workers, peak_rps, cpus=available_cpus(),
         per_process_rps=calibration.per_process_rps if calibration else float("inf"))
 
     with owned_tempdir() as tmp:
@@ -112,7 +121,7 @@ def replay(
         load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
         details={"processes": summaries, "t0_monotonic": outcome.t0, "plan_shapes": len(plan.shapes),
                  "locust": outcome.locust},
-        calibration=calibration,
+        calibration=calibration, peak_rps=peak_rps,
     )
 
 
