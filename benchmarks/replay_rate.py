@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                         "errors": m.errors, "lg_cpu": round(m.load_generator_cpu, 2),
                         "lg_us_per_req": round(1e6 * sum(p["cpu_s"] for p in processes)
                                                / sum(p["requests"] for p in processes)),
+                        # how long before its first due time the latest process was walking (< 0: late)
+                        "slack_ms": round(min(p["slack_ms"] for p in processes)),
+                        "gc_max_ms": round(max(p["gc_max_ms"] for p in processes), 1),
                         "held": m.send_lag_ms["p99"] <= args.budget_ms and m.errors == 0,
                         "load_avg": round(os.getloadavg()[0], 2),  # the machine's own noise
                     })
