@@ -491,6 +491,11 @@ def _worker(spec: dict, env: Environment, replayer: Replayer) -> int:
     summary = replayer.summary() if not replayer.error else {"error": replayer.error}
     if not replayer.error:
         _write_summary(spec, str(summary["index"]), summary)
+    # Every request's statistics reach the master before "tuner_done" does (one ordered connection);
+    # the report Locust sends when told to quit may come after the master stopped listening.
+    report: dict = {}
+    env.events.report_to_master.fire(client_id=runner.client_id, data=report)
+    runner.send_message("stats", report)
     runner.send_message("tuner_done", summary)
     runner.greenlet.join(timeout=30)  # the master's quit ends it
     return 1 if replayer.error else 0
