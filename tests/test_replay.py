@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,8 @@ import pytest
 
 from tuner.errors import ServerSetupError, TrafficError
 from tuner.measure import measure
-from tuner.replay import choose_workers, peak_rate, plan_requests, replay
+from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
+from tuner.replay._tempdirs import OWNER_FILE, PREFIX, sweep_stale
 from tuner.server.base import Endpoints
 from tuner.server.local import LocalLauncher
 from tuner.settings import ReplaySettings
@@ -27,7 +29,7 @@ MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
 
 @pytest.fixture(scope="module")
 def server(triton_install):
-    with LocalLauncher(MODELS, models=["echo", "flaky"], install=triton_install) as launcher:
+    with LocalLauncher(MODELS, models=["echo", "flaky", "dtypes"], install=triton_install) as launcher:
         yield launcher
 
 
@@ -62,6 +64,8 @@ def test_replay_sends_every_request_on_time_and_keeps_a_record_of_each(server):
     assert m.requests == (recs["due_s"] >= 0.5).sum() and m.errors == 0
     assert m.throughput_rps == pytest.approx(200, rel=0.1)
     assert m.execution_count > 0 and m.busy_s > 0 and 0 < m.fill_rate <= 1
+    # Locust's own statistics counted every request too (its events are fired off the send path)
+    assert result.details["locust"] == {"requests": 300, "failures": 0}
 
 
 @pytest.mark.slow
@@ -77,6 +81,24 @@ def test_grpc_and_distributed_mode_replay_the_same_schedule(server):
     assert set(recs["worker"][::2]) == {0} and set(recs["worker"][1::2]) == {1}
     assert recs["send_lag_ms"].median() < 2.0
     assert len(spread.details["processes"]) == 2
+    # the master's statistics hold both workers' final reports
+    assert spread.details["locust"] == {"requests": 300, "failures": 0}
+    assert grpc.details["locust"] == {"requests": 300, "failures": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_every_datatype_goes_out_as_prepared_requests(server, protocol):
+    """The dtypes model takes FP16, FP32, INT64, UINT8, BOOL and STRING inputs, fixed and variable."""
+    traffic = uniform(100, 1.0, seq_len=None)
+    traffic["batch_size"] = np.arange(len(traffic)) % 3 + 1
+    traffic["seq_len"] = np.arange(len(traffic)) % 5 + 1
+    before = server.statistics("dtypes")["inference_count"]
+    result = replay(server.endpoints, "dtypes", traffic, 1.0, settings(protocol=protocol, warmup_s=0.0))
+    assert result.records["ok"].all(), result.records["error"].unique()
+    assert result.details["plan_shapes"] == 15  # 3 batch sizes x 5 lengths, each prepared once
+    after = server.statistics("dtypes")["inference_count"]
+    assert after - before == traffic["batch_size"].sum()  # every row of every batch
 
 
 @pytest.mark.slow
@@ -200,6 +222,7 @@ def test_a_missing_model_is_a_setup_error(server):
     (uniform(10, 1, seq_len=None), "variable dim 0 and the traffic has no 'seq_len' or 'INPUT_IDS:0'"),
     (uniform(10, 1, batch_size=64), "batch_size 64 exceeds model 'echo' max_batch_size 32"),
     (uniform(10, 1, seq_len=0), "seq_len=0 is not a positive integer"),
+    (uniform(10, 1, seq_len=10**12), r"traffic row 0 \(timestamp 100.0\): its request would carry 3.64 TiB"),
 ])
 def test_traffic_that_does_not_fit_the_model_is_a_traffic_error(server, traffic, message):
     with pytest.raises(TrafficError, match=message):
@@ -245,11 +268,73 @@ def test_peak_rate_is_the_busiest_second():
     assert peak_rate(np.array([])) == 0.0
 
 
-def test_workers_rule():
-    assert choose_workers(3, 10.0)[0] == 3
-    assert choose_workers(0, 100.0, cpus=8)[0] == 1
-    n, reason = choose_workers(0, 5000.0, cpus=8)
-    assert 2 <= n <= 8 and "req/s" in reason
-    assert choose_workers(0, 5000.0, cpus=2)[0] == 2
-    assert choose_workers(0, 5000.0, cpus=1)[0] == 1
-    assert choose_workers(0, 2000.0, cpus=16)[0] == 3
+def test_a_row_too_large_for_any_request_is_refused_naming_it_and_the_limit():
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.5, 1.0, 2.0], "batch_size": [1, 1, 2, 1],
+                            "seq_len": [5, 10**12, 10**12, 7]})
+    with pytest.raises(TrafficError) as info:
+        plan_requests({"name": "m"}, CONFIG, traffic)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("traffic row 1 (timestamp 0.5): its request would carry 18.19 TiB of tensor data "
+                              "(IDS [1, 1000000000000] INT32, MASK [1, 1000000000000, 4] FP32)")
+    assert message.endswith("above the replay's limit of 64 MiB per request for model 'm'")
+    # just under the limit is fine: 64 MiB of FP32 mask and INT32 ids, 20 bytes per token
+    fits = MAX_REQUEST_BYTES // 20
+    plan = plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [fits]}))
+    assert plan.shapes == [[[1, fits], [1, fits, 4]]]
+    with pytest.raises(TrafficError, match="traffic row 0"):
+        plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [fits + 1]}))
+    # dims so large that their product overflows 64-bit integers are still named, not wrapped around
+    with pytest.raises(TrafficError, match=r"traffic row 0 \(timestamp 0.0\).*PiB"):
+        plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [1e18]}))
+
+
+def test_a_stale_directory_goes_only_when_its_owner_is_gone(tmp_path):
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True)
+    dead, alive, unowned = (tmp_path / f"{PREFIX}{name}" for name in ("dead", "alive", "unowned"))
+    for path in (dead, alive, unowned):
+        path.mkdir()
+        (path / "records-0.parquet").write_bytes(b"x")
+    (dead / OWNER_FILE).write_text(finished.stdout.strip())
+    (alive / OWNER_FILE).write_text(str(os.getpid()))
+    assert sweep_stale(PREFIX, tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and unowned.exists()
+
+
+def owner(path: Path) -> str | None:
+    try:
+        return (path / OWNER_FILE).read_text()
+    except OSError:  # another replay's directory, gone meanwhile
+        return None
+
+
+@pytest.mark.slow
+def test_the_directory_of_a_killed_replay_is_removed_by_the_next_one(server, tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import numpy as np, pandas as pd\n"
+        "from tuner.replay import replay\n"
+        "from tuner.server.base import Endpoints\n"
+        "from tuner.settings import ReplaySettings\n"
+        f"ep = Endpoints({server.endpoints.http!r}, {server.endpoints.grpc!r}, '')\n"
+        "t = pd.DataFrame({'timestamp': np.arange(3000) / 100.0, 'seq_len': 8})\n"
+        "replay(ep, 'echo', t, 1.0, ReplaySettings(workers=1))\n")
+    root = str(Path(__file__).resolve().parent.parent)  # this checkout's tuner, whatever is installed
+    caller = subprocess.Popen([sys.executable, str(script)],
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                                  root, os.environ.get("PYTHONPATH")]))})
+    try:
+        deadline = time.monotonic() + 60
+        mine: list[Path] = []
+        while time.monotonic() < deadline and not mine:
+            time.sleep(0.2)
+            mine = [p for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*")
+                    if (p / "spec.json").exists() and owner(p) == str(caller.pid)]
+        assert mine, "the caller never started its replay"
+    finally:
+        caller.kill()
+        caller.wait()
+    assert mine[0].exists()  # SIGKILL left it behind
+    replay(server.endpoints, "echo", uniform(20, 0.5), 1.0, settings())
+    assert not mine[0].exists()

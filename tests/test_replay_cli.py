@@ -99,6 +99,14 @@ def test_traffic_that_does_not_fit_the_model_is_one_line_and_exit_2(server, tmp_
     assert_one_line_error(run, "INPUT_IDS", "seq_len")
 
 
+@pytest.mark.slow
+def test_a_row_no_request_can_carry_is_one_line_and_exit_2(server, tmp_path):
+    """A seq_len of 1e12 would be terabytes of tensor data: refused before the replay, naming the row."""
+    traffic = pd.DataFrame({"timestamp": np.arange(10) / 10.0, "seq_len": [8] * 7 + [10**12] + [8] * 2})
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)))
+    assert_one_line_error(run, "traffic row 7 (timestamp 0.7)", "3.64 TiB", "64 MiB per request")
+
+
 def test_a_bad_speed_is_one_line_and_exit_2(tmp_path):
     assert_one_line_error(tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--speed", "0"), "--speed")
 

@@ -12,8 +12,10 @@ import importlib
 _EXPORTS = {
     "replay": "tuner.replay._run",
     "ReplayResult": "tuner.replay._run",
-    "choose_workers": "tuner.replay._run",
-    "SINGLE_PROCESS_RPS": "tuner.replay._run",
+    "choose_workers": "tuner.replay._calibrate",
+    "calibrate": "tuner.replay._calibrate",
+    "Calibration": "tuner.replay._calibrate",
+    "MAX_REQUEST_BYTES": "tuner.replay._plan",
     "plan_requests": "tuner.replay._plan",
     "RequestPlan": "tuner.replay._plan",
     "peak_rate": "tuner.replay._plan",

@@ -8,7 +8,8 @@ Shape mapping rule (documented in the README and `tuner replay --help`):
   input;
 - otherwise a column `seq_len` gives every variable (-1) dim of every input;
 - a variable dim with neither column, a shape value that is not a positive integer, a column that
-  contradicts a fixed dim, or a batch larger than `max_batch_size` make the traffic unfit (TrafficError).
+  contradicts a fixed dim, a batch larger than `max_batch_size`, or a request carrying more than
+  MAX_REQUEST_BYTES of tensor data make the traffic unfit (TrafficError, naming the row).
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import ServerSetupError, TrafficError
+from tuner.replay._http import ITEMSIZE
 
 SEQ_LEN = "seq_len"
 # Datatypes the replay can make data for (Triton's names).
-SUPPORTED = {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
-             "FP16", "FP32", "FP64", "BYTES"}
+SUPPORTED = set(ITEMSIZE)
+# The most tensor data one request may carry: Triton's own default limit on an HTTP request's input
+# (--http-max-input-size, 64 MiB). A row above it is a shape no deployment takes, e.g. a seq_len of
+# 1e12 (the load generator would try to allocate terabytes); the replay refuses it up front.
+MAX_REQUEST_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -104,14 +109,15 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
     if "batch_size" in traffic.columns:
         batch = _positive_ints(traffic["batch_size"], "batch_size", traffic)
     else:
-        batch = np.ones(n, dtype=np.int64)
+        batch = np.ones(n)
     if n:
         worst = int(np.argmax(batch))
-        if not batched and batch[worst] != 1:
-            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {batch[worst]} but model "
+        biggest = int(batch[worst])
+        if not batched and biggest != 1:
+            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {biggest} but model "
                                f"'{model}' does not batch (max_batch_size 0)")
-        if batched and batch[worst] > max_batch:
-            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {batch[worst]} exceeds "
+        if batched and biggest > max_batch:
+            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {biggest} exceeds "
                                f"model '{model}' max_batch_size {max_batch}")
 
     inputs: list[InputPlan] = []
@@ -137,20 +143,22 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
                 raise TrafficError(f"model '{model}' input {name} has a variable dim {k} and the traffic "
                                    f"has no '{SEQ_LEN}' or '{own}' column to size it")
             if column is None:
-                dim_values.append(np.full(n, d, dtype=np.int64))
+                dim_values.append(np.full(n, float(d)))
             else:
                 values = _positive_ints(traffic[column], column, traffic)
                 if d != -1 and n and (values != d).any():
                     bad = int(np.argmax(values != d))
-                    raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={values[bad]} but "
+                    raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={int(values[bad])} but "
                                        f"model '{model}' input {name} dim {k} is fixed at {d}")
                 dim_values.append(values)
             columns.append(column)
         inputs.append(InputPlan(name, datatype, dims, tuple(columns)))
     outputs = tuple(o["name"] for o in config.get("output", []))
 
-    # One id per distinct combination of all dims, so tensors are made once per shape, not per request.
-    table = np.stack(dim_values, axis=1) if dim_values else np.zeros((n, 0), dtype=np.int64)
+    _check_request_sizes(model, batched, inputs, dim_values, traffic)
+
+    # One id per distinct combination of all dims, so requests are made once per shape, not per request.
+    table = np.stack(dim_values, axis=1).astype(np.int64) if dim_values else np.zeros((n, 0), dtype=np.int64)
     unique, shape_ids = np.unique(table, axis=0, return_inverse=True) if n else (table, np.zeros(0, int))
     shapes = []
     for row in unique.tolist():
@@ -173,11 +181,44 @@ def peak_rate(due_s: np.ndarray, window_s: float = 1.0) -> float:
     return float((ends - np.arange(len(due_s))).max()) / window_s
 
 
+def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], dim_values: list[np.ndarray],
+                         traffic: pd.DataFrame) -> None:
+    """Refuse the first row whose tensors add up to more than MAX_REQUEST_BYTES (sizes in floats: a
+    product of huge dims must not wrap around)."""
+    n = len(traffic)
+    pos = 1 if batched else 0
+    shapes, total = [], np.zeros(n)
+    for plan in inputs:
+        dims = ([dim_values[0]] if batched else []) + dim_values[pos:pos + len(plan.dims)]
+        pos += len(plan.dims)
+        shapes.append(dims)
+        total += np.prod(np.stack(dims), axis=0) * ITEMSIZE[plan.datatype] if dims else ITEMSIZE[plan.datatype]
+    over = total > MAX_REQUEST_BYTES
+    if not over.any():
+        return
+    i = int(np.argmax(over))
+    described = ", ".join(f"{plan.name} {[int(d[i]) for d in dims]} {plan.datatype}"
+                          for plan, dims in zip(inputs, shapes, strict=True))
+    stamp = f" (timestamp {traffic['timestamp'].iloc[i]})" if "timestamp" in traffic.columns else ""
+    raise TrafficError(f"traffic row {traffic.index[i]}{stamp}: its request would carry "
+                       f"{_bytes(total[i])} of tensor data ({described}), above the replay's limit of "
+                       f"{_bytes(MAX_REQUEST_BYTES)} per request for model '{model}'")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def _positive_ints(column: pd.Series, name: str, traffic: pd.DataFrame) -> np.ndarray:
+    """The column as floats holding positive integers (floats: sizes are checked before any cast)."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(values) | (values < 1) | (values != np.round(values))
     if bad.any():
         i = int(np.argmax(bad))
         raise TrafficError(f"traffic row {traffic.index[i]}: {name}={column.iloc[i]} is not a "
                            f"positive integer")
-    return values.astype(np.int64)
+    return values

@@ -7,9 +7,11 @@ imported by the rest of tuner: importing locust monkey-patches the whole process
 - master + workers: the master waits for N workers, picks a common start time, gives each worker its
   index, and spawns one user per worker; worker k sends the rows i with i % N == k.
 
-The user sleeps (gevent) until each row's due time and sends it from a greenlet pool, whatever earlier
-requests are doing. Every finished request fires Locust's `events.request` with its latency measured
-from the due time; a listener keeps the per-request record, which is written to Parquet at the end.
+The user sleeps (gevent) until each row's due time and sends it from a greenlet of its own, whatever
+earlier requests are doing: a request prepared as bytes before the start (`_http`, or a serialized
+gRPC request). Each request's send and end times go straight into preallocated arrays, written to
+Parquet at the end; Locust's `events.request` is fired for them in the walk's idle gaps (its latency
+measured from the due time), so its statistics count every request without slowing the sends.
 Progress goes to stdout as `START <t0>` (monotonic clock, system-wide on Linux) and `P <sent> <done>`.
 """
 
@@ -20,9 +22,11 @@ import locust  # noqa: F401  isort: skip
 from locust import User, task  # isort: skip
 
 import argparse
+import ctypes
 import gc
 import json
 import logging
+import math
 import os
 import resource
 import sys
@@ -30,34 +34,78 @@ import time
 
 import gevent
 import gevent.event
-import gevent.pool
 import numpy as np
 import pandas as pd
-from gevent import monkey
+from greenlet import greenlet
 from locust.env import Environment
 from locust.exception import StopUser
 
+from tuner.replay import _http
+
 LEAD_S = 0.5  # between picking the start time and the first due time: every process is waiting by then
 PROGRESS_EVERY_S = 0.5
-# Prebuilt request tensors are kept up to this many bytes; past it they are made per request.
-TENSOR_CACHE_BYTES = 256 << 20
-# gevent's timers wake up to ~1 ms late (epoll waits in whole milliseconds). So the walk sleeps on a
-# timer until SPIN_S before a due time, then alternates handling ready answers (gevent.sleep(0)) with
-# blocking naps of at most NAP_S, and sends by switching straight into the new request's greenlet
-# (a spawned one would wait behind every answer ready at that moment). Measured at 500 req/s on the
-# shared 2-core machine against the echo test model: send lag p50 0.10 ms,
-# p90 0.2-0.7 ms, against 0.65 / 1.2-1.4 ms with timers alone, at half the CPU of a pure spin.
-SPIN_S = 0.0012
-NAP_S = 0.0001
-# In the last FINAL_S before a due time only naps: answers wait (< FINAL_S) rather than the send.
-FINAL_S = 0.0003
-
-_NUMPY = {"BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-          "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-          "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_}
+# Requests are prepared before the start up to this many bytes in all; past it they are made per send.
+PREPARED_BYTES = 256 << 20
+JOIN_BYTES = 64 << 10  # a prepared HTTP request up to this size is one bytes object: one write
+PREOPEN = 16  # HTTP connections opened before the start (more are opened as requests need them)
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# Locust's request events are fired in the walk's gaps longer than REPORT_GAP_S, stopping
+# REPORT_MARGIN_S before the next due time; the clock is read every REPORT_CHUNK events.
+REPORT_GAP_S = 0.001
+REPORT_MARGIN_S = 0.0003
+REPORT_CHUNK = 8
+# gevent's own timers wake up to ~1 ms late: its event loop waits in whole milliseconds. The walk waits
+# for each due time on a Linux timerfd instead, armed at the due time (absolute, CLOCK_MONOTONIC, the
+# clock of time.monotonic): the loop's epoll wakes when the kernel fires it, to the microsecond, and
+# handles answers while it waits, without spinning. Elsewhere, gevent's timer (later by up to ~1 ms).
+CLOCK_MONOTONIC, TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
+PR_SET_TIMERSLACK = 29
+# Sends this close to their due time go out at once rather than through a wakeup.
+EARLY_S = 0.00002
 
 log = logging.getLogger("tuner.replay")
-_nap = monkey.get_original("time", "sleep")  # blocks the whole process: only for sub-ms naps
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class DueTimer:
+    """`wait_until(t)`: returns at monotonic time t, the gevent loop running meanwhile (timerfd)."""
+
+    def __init__(self) -> None:
+        self.hub = gevent.get_hub()
+        self.precise = False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)  # the kernel may otherwise add 50 us to each wakeup
+            fd = libc.timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "timerfd_create")
+        except (OSError, AttributeError) as exc:
+            log.warning("no timerfd (%s): sends may leave up to ~1 ms late", exc)
+            return
+        self.precise = True
+        self._settime = libc.timerfd_settime
+        self._spec = _Itimerspec()
+        self._spec_ref = ctypes.byref(self._spec)
+        self._fd = fd
+        self._watcher = self.hub.loop.io(fd, 1)
+
+    def wait_until(self, due: float) -> None:
+        if not self.precise:
+            gevent.sleep(max(0.0, due - time.monotonic()))
+            return
+        value = self._spec.it_value
+        value.tv_sec = sec = int(due)
+        value.tv_nsec = int((due - sec) * 1e9)
+        if self._settime(self._fd, TFD_TIMER_ABSTIME, self._spec_ref, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
+        self.hub.wait(self._watcher)
 
 
 class GcPauses:
@@ -85,84 +133,94 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class Dropped(Exception):
-    """A request the replay did not send because max_in_flight requests were open."""
+class RequestFailed(Exception):
+    """How a failed or dropped request reaches Locust's statistics (the text is the record's error)."""
 
 
 class Client:
-    """One protocol's client, the requested outputs, and the request tensors made once per shape."""
+    """One protocol's client and every distinct request of the plan, prepared as bytes before the start."""
 
     def __init__(self, spec: dict):
-        self.model = spec["plan"]["model"]
+        plan = spec["plan"]
+        self.model = plan["model"]
         self.timeout_s = spec["request_timeout_s"]
-        if spec["protocol"] == "grpc":
-            import grpc.experimental.gevent as grpc_gevent
-
-            grpc_gevent.init_gevent()
-            import tritonclient.grpc as tc
-
-            self.client = tc.InferenceServerClient(spec["url"])
-            self.outputs = [tc.InferRequestedOutput(name) for name in spec["plan"]["outputs"]]
-            self._infer = lambda inputs: self.client.infer(
-                self.model, inputs, outputs=self.outputs, client_timeout=self.timeout_s)
-        else:
-            import tritonclient.http as tc
-
-            # One connection per request in flight (HTTP/1.1 has no multiplexing).
-            self.client = tc.InferenceServerClient(
-                spec["url"], concurrency=spec["max_in_flight"], connection_timeout=self.timeout_s,
-                network_timeout=self.timeout_s)
-            self.outputs = [tc.InferRequestedOutput(name, binary_data=True)
-                            for name in spec["plan"]["outputs"]]
-            self._infer = lambda inputs: self.client.infer(self.model, inputs, outputs=self.outputs)
-        self.tc = tc
         self.http = spec["protocol"] != "grpc"
-        self.inputs = spec["plan"]["inputs"]
-        self.shapes = spec["plan"]["shapes"]
-        self.largest = [self._largest(k) for k in range(len(self.inputs))]
-        self.cache: dict[int, list] = {}
-        self.cached_bytes = 0
+        self.inputs = [(i["name"], i["datatype"]) for i in plan["inputs"]]
+        self.outputs = list(plan["outputs"])
+        self.shapes = plan["shapes"]
+        # One flat buffer per input, as long as the longest request needs: every request sends a prefix.
+        longest = [max((math.prod(shape[k]) for shape in self.shapes), default=0)
+                   for k in range(len(self.inputs))]
+        self.data = [memoryview(_http.tensor_data(datatype, n, seed=k))
+                     for k, ((_, datatype), n) in enumerate(zip(self.inputs, longest, strict=True))]
+        if self.http:
+            self.host = spec["url"]
+            self.connections = _http.Connections(spec["url"], timeout_s=self.timeout_s)
+            self.connections.open(min(PREOPEN, spec["max_in_flight"]))
+        else:
+            self._init_grpc(spec["url"])
+        self.prepared: list = [None] * len(self.shapes)
+        self.prepared_bytes = 0
         for shape_id in range(len(self.shapes)):  # made before the start, not at send time
-            self.inputs_for(shape_id)
+            self.prepared[shape_id] = self._keep(self._build(shape_id))
 
-    def _largest(self, k: int) -> np.ndarray:
-        """The biggest tensor any request needs for input k; requests take slices of it."""
-        dims = np.max([s[k] for s in self.shapes], axis=0).tolist() if self.shapes else []
-        datatype = self.inputs[k]["datatype"]
-        size = int(np.prod(dims)) if dims else 1
-        if datatype == "BYTES":
-            return np.full(size, b"0", dtype=np.object_).reshape(dims)
-        if datatype.startswith("FP"):
-            return np.random.default_rng(k).random(size).astype(_NUMPY[datatype]).reshape(dims)
-        if datatype == "BOOL":
-            return np.zeros(dims, dtype=np.bool_)
-        # Integers look like token ids: small, non-negative, varied along the last dim.
-        last = dims[-1] if dims else 1
-        row = (np.arange(last) % 100 + 1).astype(_NUMPY[datatype])
-        return np.broadcast_to(row, dims).copy() if dims else row[:1].reshape(())
+    def _init_grpc(self, url: str) -> None:
+        import grpc
+        import grpc.experimental.gevent as grpc_gevent
 
-    def inputs_for(self, shape_id: int) -> list:
-        cached = self.cache.get(shape_id)
-        if cached is not None:
-            return cached
-        built, nbytes = [], 0
-        for k, spec in enumerate(self.inputs):
-            shape = self.shapes[shape_id][k]
-            data = np.ascontiguousarray(self.largest[k][tuple(slice(0, d) for d in shape)])
-            tensor = self.tc.InferInput(spec["name"], shape, spec["datatype"])
-            if self.http:
-                tensor.set_data_from_numpy(data, binary_data=True)
-            else:
-                tensor.set_data_from_numpy(data)
-            built.append(tensor)
-            nbytes += data.nbytes
-        if self.cached_bytes + nbytes <= TENSOR_CACHE_BYTES:
-            self.cache[shape_id] = built
-            self.cached_bytes += nbytes
-        return built
+        grpc_gevent.init_gevent()
+        from tritonclient.grpc import service_pb2
 
-    def infer(self, shape_id: int) -> None:
-        self._infer(self.inputs_for(shape_id))
+        self.pb = service_pb2
+        # Prepared bytes in, raw bytes out: no protobuf work per request.
+        self.channel = grpc.insecure_channel(url, options=[
+            ("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)])
+        self.grpc_infer = self.channel.unary_unary(GRPC_INFER)
+        self.grpc_error = grpc.RpcError
+
+    def _parts(self, shape_id: int) -> tuple[list, list]:
+        """(name, datatype, shape) of each input for this shape id, and each input's bytes."""
+        inputs = [(name, datatype, shape)
+                  for (name, datatype), shape in zip(self.inputs, self.shapes[shape_id], strict=True)]
+        data = [buf[:math.prod(shape) * _http.ITEMSIZE[datatype]]
+                for buf, (_, datatype, shape) in zip(self.data, inputs, strict=True)]
+        return inputs, data
+
+    def _build(self, shape_id: int):
+        inputs, data = self._parts(shape_id)
+        if self.http:
+            parts = _http.infer_request(self.host, self.model, inputs, self.outputs, data)
+            # Small requests go out in one write; large ones as the head and views of the buffers.
+            return b"".join(parts) if sum(len(p) for p in parts) <= JOIN_BYTES else parts
+        request = self.pb.ModelInferRequest(model_name=self.model)
+        for name, datatype, shape in inputs:
+            tensor = request.inputs.add()
+            tensor.name, tensor.datatype = name, datatype
+            tensor.shape.extend(shape)
+        request.raw_input_contents.extend(bytes(d) for d in data)
+        for name in self.outputs:
+            request.outputs.add().name = name
+        return request.SerializeToString()
+
+    def _keep(self, request):
+        """The request itself while the prepared ones fit PREPARED_BYTES, else None (built per send)."""
+        size = len(request) if isinstance(request, bytes) else len(request[0])
+        if self.prepared_bytes + size > PREPARED_BYTES:
+            return None
+        self.prepared_bytes += size
+        return request
+
+    def infer(self, shape_id: int) -> str:
+        """Send one request of this shape and wait for the answer: "" when it succeeded, else the error."""
+        request = self.prepared[shape_id] or self._build(shape_id)
+        if self.http:
+            status, body = self.connections.post((request,) if isinstance(request, bytes) else request)
+            return "" if status == 200 else _http.error_text(status, body)
+        try:
+            self.grpc_infer(request, timeout=self.timeout_s)
+        except self.grpc_error as exc:
+            return exc.details() or str(exc.code())
+        return ""
 
 
 class Share:
@@ -172,19 +230,20 @@ class Share:
         mine = schedule.iloc[index::count]
         self.rows = mine["row"].to_numpy()
         self.due = mine["due_s"].to_numpy(dtype=float)
-        self.shape_id = mine["shape_id"].to_numpy()
+        self.shape_id = mine["shape_id"].to_numpy().tolist()  # Python ints: no numpy scalar per send
         n = len(self.rows)
         self.send = np.full(n, np.nan)
         self.end = np.full(n, np.nan)
         self.ok = np.zeros(n, dtype=bool)
         self.errors: dict[int, str] = {}
+        self.finished: list[int] = []  # in the order the requests ended, for Locust's statistics
         self.sent = 0
         self.done = 0
         self.index = index
 
     def frame(self, t0: float) -> pd.DataFrame:
         error = np.full(len(self.rows), "", dtype=object)
-        # Requests still open when the pool was given up on (request timeout + 5 s).
+        # Requests still open when the walk was given up on (request timeout + 5 s).
         error[np.isnan(self.end) & ~np.isnan(self.send)] = "no response before the replay ended"
         error[np.isnan(self.send)] = "never sent"
         for k, text in self.errors.items():
@@ -203,7 +262,12 @@ class Share:
 
 
 class Replayer:
-    """Walks a share of the schedule from t0; `run` returns once every request has finished."""
+    """Walks a share of the schedule from t0; `run` returns once every request has finished.
+
+    Each request is recorded straight into preallocated arrays by its sender; Locust's `request`
+    event is fired for it later, in the walk's idle gaps and at the end (`_report`), so Locust's
+    statistics count every request without the event costing anything at send time.
+    """
 
     def __init__(self, spec: dict, environment: Environment):
         self.spec = spec
@@ -214,50 +278,67 @@ class Replayer:
         self.t0 = 0.0
         self.started = gevent.event.Event()
         self.finished = gevent.event.Event()
+        self.drained = gevent.event.Event()
+        self.in_flight = 0
+        self.walking = False
+        self.reported = 0
         self.cpu_s = 0.0
         self.wall_s = 0.0
         self.walked = False
         self.error = ""
         self.gc = GcPauses()
-        environment.events.request.add_listener(self._record)
+        self.slack_ms = 0.0
+        # A full collection walks every object of locust, pandas, grpc...: one took 78 ms mid-replay,
+        # and one right at the start could eat the lead time. So it runs now, before this process
+        # reports ready; frozen objects are skipped, so collections during the walk only see what the
+        # walk makes.
+        gc.collect()
+        gc.freeze()
 
     def assign(self, index: int, count: int, t0: float) -> None:
         self.share = Share(self.schedule, index, count)
         self.t0 = t0
         self.started.set()
 
-    def _record(self, context: dict, exception: BaseException | None, **_kw) -> None:
-        k = context.get("k")
-        if k is None or self.share is None:
-            return
+    def _send(self, k: int, shape_id: int) -> None:
         share = self.share
-        share.send[k] = context["send"]
-        share.end[k] = context["end"]
-        share.ok[k] = exception is None
-        if exception is not None:
-            share.errors[k] = (str(exception) or type(exception).__name__).splitlines()[0][:300]
-        share.done += 1
-
-    def _send(self, k: int, due: float) -> None:
-        share = self.share
-        send = time.monotonic()
+        share.send[k] = time.monotonic()
         share.sent += 1
-        exception = None
         try:
-            self.client.infer(int(share.shape_id[k]))
-        except Exception as exc:  # the server's failures are data, not the load generator's
-            exception = exc
-        end = time.monotonic()
-        self.env.events.request.fire(
-            request_type="infer", name=self.client.model, response_time=(end - due) * 1000.0,
-            response_length=0, exception=exception, context={"k": k, "send": send, "end": end})
+            error = self.client.infer(shape_id)
+        except BaseException as exc:  # the server's failures are data, not the load generator's
+            error = (str(exc) or type(exc).__name__).splitlines()[0]
+        share.end[k] = time.monotonic()
+        if error:
+            share.errors[k] = error[:300]
+        else:
+            share.ok[k] = True
+        share.done += 1
+        share.finished.append(k)
+        self.in_flight -= 1
+        if not self.in_flight and not self.walking:
+            self.drained.set()
 
     def _drop(self, k: int) -> None:
-        self.env.events.request.fire(
-            request_type="infer", name=self.client.model, response_time=0.0, response_length=0,
-            exception=Dropped(f"not sent: {self.spec['max_in_flight']} requests already in flight "
-                              f"(replay.max_in_flight)"),
-            context={"k": k, "send": np.nan, "end": np.nan})
+        share = self.share
+        share.errors[k] = (f"not sent: {self.spec['max_in_flight']} requests already in flight "
+                           f"(replay.max_in_flight)")
+        share.done += 1
+        share.finished.append(k)
+
+    def _report(self, until: float = math.inf) -> None:
+        """Fire Locust's request event for requests that ended, until the clock reaches `until`."""
+        share, fire, now = self.share, self.env.events.request.fire, time.monotonic
+        finished, name, t0 = share.finished, self.client.model, self.t0
+        while self.reported < len(finished):
+            k = finished[self.reported]
+            self.reported += 1
+            failed = not share.ok[k]
+            fire(request_type="infer", name=name,
+                 response_time=0.0 if np.isnan(share.end[k]) else (share.end[k] - t0 - share.due[k]) * 1000.0,
+                 response_length=0, exception=RequestFailed(share.errors[k]) if failed else None, context={})
+            if not self.reported % REPORT_CHUNK and now() >= until:
+                return
 
     def fail(self, exc: BaseException) -> None:
         log.error("the replay failed: %s", exc, exc_info=exc)
@@ -269,43 +350,43 @@ class Replayer:
             return
         self.walked = True
         self.started.wait()
-        # A full collection walks every object of locust, pandas, grpc...: one took 78 ms mid-replay.
-        # Frozen objects are skipped, so collections during the walk only see what the walk makes.
-        gc.collect()
-        gc.freeze()
+        self.slack_ms = (self.t0 - time.monotonic()) * 1000.0  # negative: this walk started late
         self.gc.reset()
         share = self.share
-        pool = gevent.pool.Pool(self.spec["max_in_flight"])
+        limit = self.spec["max_in_flight"]
         progress = gevent.spawn(self._progress)
         cpu0 = cpu_seconds()
         t0 = self.t0
         now = time.monotonic
         hub = gevent.get_hub()
         walker = gevent.getcurrent()
-        for k, offset in enumerate(share.due):
+        run_callback = hub.loop.run_callback
+        shape_ids = share.shape_id
+        timer = DueTimer()
+        self.walking = True
+        for k, offset in enumerate(share.due.tolist()):
             due = t0 + offset
-            wait = due - now()
-            if wait > SPIN_S:
-                gevent.sleep(wait - SPIN_S)
-            while (wait := due - now()) > 0:
-                if wait > FINAL_S:
-                    gevent.sleep(0)  # let answers that arrived meanwhile be handled
-                if wait > 0.00005:
-                    _nap(min(wait, NAP_S))
-            # Open loop: spawn and move on. With max_in_flight requests already open the request is
+            if due - now() > EARLY_S:
+                if self.reported < len(share.finished) and due - now() > REPORT_GAP_S:
+                    self._report(until=due - REPORT_MARGIN_S)
+                timer.wait_until(due)
+            # Open loop: send and move on. With max_in_flight requests already open the request is
             # dropped and counted as an error (as k6 drops iterations): waiting for a free slot would
             # turn an overloaded server into send lag, and the trial into an invalid one.
-            if pool.full():
+            if self.in_flight >= limit:
                 self._drop(k)
             else:
                 # Run the sender now, up to its first wait on the network (the request is written
-                # by then); the hub resumes this walk from the callback queued first.
-                sender = gevent.Greenlet(self._send, k, due)
-                pool.add(sender)
-                hub.loop.run_callback(walker.switch)
-                sender.switch()
-        pool.join(timeout=self.spec["request_timeout_s"] + 5.0)
-        pool.kill(block=False)
+                # by then); the hub resumes this walk from the callback queued first. A plain
+                # greenlet under the hub: nothing links to it, nothing waits for it.
+                self.in_flight += 1
+                run_callback(walker.switch)
+                greenlet(self._send, hub).switch(k, shape_ids[k])
+        self.walking = False
+        if self.in_flight:
+            self.drained.clear()
+            self.drained.wait(timeout=self.spec["request_timeout_s"] + 5.0)
+        self._report()  # what the gaps left: its cost is counted with the rest
         self.cpu_s = cpu_seconds() - cpu0
         self.wall_s = now() - t0
         progress.kill()
@@ -327,7 +408,9 @@ class Replayer:
     def summary(self) -> dict:
         return {"index": self.share.index, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
                 "requests": len(self.share.rows), "gc_pauses": self.gc.count,
-                "gc_max_ms": self.gc.max_ms, "gc_total_ms": self.gc.total_ms}
+                "gc_max_ms": self.gc.max_ms, "gc_total_ms": self.gc.total_ms, "slack_ms": self.slack_ms,
+                "connections": self.client.connections.opened if self.client.http else 0,
+                "locust_events": self.reported}
 
 
 class ScheduleUser(User):
@@ -396,6 +479,7 @@ def _local(spec: dict, env: Environment, replayer: Replayer) -> int:
     if replayer.error:
         return 1
     _write_summary(spec, "0", replayer.summary())
+    _write_summary(spec, "locust", _locust_totals(env))
     return 0
 
 
@@ -407,6 +491,11 @@ def _worker(spec: dict, env: Environment, replayer: Replayer) -> int:
     summary = replayer.summary() if not replayer.error else {"error": replayer.error}
     if not replayer.error:
         _write_summary(spec, str(summary["index"]), summary)
+    # Every request's statistics reach the master before "tuner_done" does (one ordered connection);
+    # the report Locust sends when told to quit may come after the master stopped listening.
+    report: dict = {}
+    env.events.report_to_master.fire(client_id=runner.client_id, data=report)
+    runner.send_message("stats", report)
     runner.send_message("tuner_done", summary)
     runner.greenlet.join(timeout=30)  # the master's quit ends it
     return 1 if replayer.error else 0
@@ -444,7 +533,14 @@ def _master(spec: dict) -> int:
     if failed:
         print(f"a Locust worker failed: {failed[0]}", file=sys.stderr)
         return 1
+    _write_summary(spec, "locust", _locust_totals(env))
     return 0
+
+
+def _locust_totals(env: Environment) -> dict:
+    """What Locust's own statistics counted (the master's: every worker's final report included)."""
+    total = env.stats.total
+    return {"requests": total.num_requests, "failures": total.num_failures}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Start the load-generator processes (`python -m tuner.replay`) for one schedule and collect what they
+wrote: per-request records, one summary per process, Locust's own totals. Parent side, unpatched."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from tuner.errors import ReplayError
+
+Stats = Callable[[], dict]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the processes wrote, and the statistics snapshots taken around the measured part."""
+
+    records: pd.DataFrame   # one row per request of the schedule, in schedule order
+    summaries: list[dict]   # one per walking process: cpu_s, wall_s, requests, gc pauses, ...
+    locust: dict            # Locust's own statistics totals: requests, failures
+    stats_before: dict | None
+    stats_after: dict | None
+    t0: float               # the start of the schedule (time.monotonic, system-wide)
+
+
+def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: np.ndarray,
+                       shape_ids: np.ndarray, workers: int, max_in_flight: int, request_timeout_s: float,
+                       warmup_s: float, stats: Stats, progress: bool) -> Outcome:
+    """Walk the schedule `due` (seconds from the start; request i of shape `shape_ids[i]` of `plan`)
+    with `workers` processes (1: one local process; more: a master and that many workers)."""
+    pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "shape_id": shape_ids}).to_parquet(
+        tmp / "schedule.parquet", index=False)
+    spec = {
+        "protocol": protocol,
+        "url": url,
+        "plan": plan,
+        "schedule": str(tmp / "schedule.parquet"),
+        "records": str(tmp / "records-{index}.parquet"),
+        "summary": str(tmp / "summary-{name}.json"),
+        "max_in_flight": max_in_flight,
+        "request_timeout_s": request_timeout_s,
+        "workers": workers,
+        "master_port": _free_port() if workers > 1 else 0,
+    }
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    roles = ["local"] if workers == 1 else ["master"] + ["worker"] * workers
+    before, after, t0 = _run_processes(tmp, roles, len(due), warmup_s, stats, progress)
+    records = pd.concat([pd.read_parquet(tmp / f"records-{k}.parquet") for k in range(workers)])
+    return Outcome(
+        records=records.sort_values("row", kind="stable").reset_index(drop=True),
+        summaries=[json.loads((tmp / f"summary-{k}.json").read_text()) for k in range(workers)],
+        locust=json.loads((tmp / "summary-locust.json").read_text()),
+        stats_before=before, stats_after=after, t0=t0)
+
+
+def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, stats: Stats,
+                   progress: bool) -> tuple[dict | None, dict | None, float]:
+    lines: queue.Queue = queue.Queue()
+    procs, logs = [], []
+    # The load generator imports this very package, wherever the caller found it.
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    for k, role in enumerate(roles):
+        log = open(tmp / f"process-{k}.log", "w+")
+        logs.append(log)
+        proc = subprocess.Popen([sys.executable, "-m", "tuner.replay", str(tmp / "spec.json"), "--role", role],
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        procs.append(proc)
+        threading.Thread(target=_pump, args=(k, proc.stdout, lines), daemon=True).start()
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="req", desc="replay", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    done = [0] * len(roles)
+    t0 = None
+    before = None
+    try:
+        open_streams = len(roles)
+        while open_streams:
+            timeout = 0.2
+            if t0 is not None and before is None:
+                timeout = max(0.0, min(timeout, t0 + warmup_s - time.monotonic()))
+            try:
+                k, line = lines.get(timeout=timeout)
+            except queue.Empty:
+                k, line = None, ""
+            if k is not None and line is None:
+                open_streams -= 1
+            elif line.startswith("START "):
+                t0 = float(line.split()[1])
+            elif line.startswith("P "):
+                done[k] = int(line.split()[2])
+                bar.update(sum(done) - bar.n)
+            if t0 is not None and before is None and time.monotonic() >= t0 + warmup_s:
+                before = stats()
+            if any(p.poll() not in (None, 0) for p in procs):
+                break
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        failed = [k for k, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            k = failed[0]
+            logs[k].seek(0)
+            tail = [line for line in logs[k].read().splitlines() if line.strip()][-5:]
+            raise ReplayError(f"load generator process ({roles[k]}) exited with {procs[k].returncode}: "
+                              + " | ".join(tail))
+        if t0 is None:
+            raise ReplayError("load generator never started")
+        time.sleep(0.05)  # Triton updates its statistics just after the response leaves
+        after = stats()
+        if before is None:
+            before = after  # the schedule was shorter than the warm-up: nothing measured
+        return before, after, t0
+    finally:
+        bar.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+
+
+def _pump(k: int, stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put((k, line.strip()))
+    lines.put((k, None))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
