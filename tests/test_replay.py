@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 
 from tuner.errors import ServerSetupError, TrafficError
+from tuner.localhost import OWNER_FILE, sweep_owned
 from tuner.measure import measure
 from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
-from tuner.replay._tempdirs import OWNER_FILE, PREFIX, sweep_stale
+from tuner.replay._processes import REPLAY_PREFIX as PREFIX
 from tuner.server.base import Endpoints
 from tuner.server.local import LocalLauncher
 from tuner.settings import ReplaySettings
@@ -298,7 +299,7 @@ def test_a_stale_directory_goes_only_when_its_owner_is_gone(tmp_path):
         (path / "records-0.parquet").write_bytes(b"x")
     (dead / OWNER_FILE).write_text(finished.stdout.strip())
     (alive / OWNER_FILE).write_text(str(os.getpid()))
-    assert sweep_stale(PREFIX, tmp_path) == [dead]
+    assert sweep_owned(PREFIX, tmp_path) == [dead]
     assert not dead.exists() and alive.exists() and unowned.exists()
 
 

@@ -4,15 +4,18 @@ cleaning up (kill -9 skips every `finally`). Used by the launchers, the replay a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
 
-__all__ = ["OWNER_FILE", "check_port_free", "free_ports", "owned_tempdir", "pid_alive", "sweep_owned"]
+__all__ = ["OWNER_FILE", "check_port_free", "free_ports", "owned_temporary_dir", "owned_tempdir", "pid_alive",
+           "sweep_owned"]
 
 OWNER_FILE = "owner.pid"
 
@@ -66,11 +69,22 @@ def owned_tempdir(prefix: str) -> Path:
     return path
 
 
-def sweep_owned(prefix: str) -> list[Path]:
-    """Remove the `prefix*` directories whose recorded owner process is gone; returns them. A
-    directory without an owner file (being made, or not ours) is left alone."""
+@contextlib.contextmanager
+def owned_temporary_dir(prefix: str) -> Iterator[Path]:
+    """`owned_tempdir` for the length of a block, removed after it."""
+    path = owned_tempdir(prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def sweep_owned(prefix: str, directory: str | Path | None = None) -> list[Path]:
+    """Remove the `prefix*` directories (in the system temp dir, or `directory`) whose recorded owner
+    process is gone; returns them. A directory without an owner file (being made, or not ours) is
+    left alone."""
     removed = []
-    for path in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+    for path in Path(directory or tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
             owner = (path / OWNER_FILE).read_text().strip()
         except OSError:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tuner.replay._processes import run_load_generator
+from tuner.localhost import owned_temporary_dir
+from tuner.replay._processes import REPLAY_PREFIX, run_load_generator
 from tuner.replay._sink import sink
-from tuner.replay._tempdirs import owned_tempdir
 
 CALIBRATION_REQUESTS = 1500
 CALIBRATION_RPS = 2000.0
@@ -95,7 +95,7 @@ def available_cpus() -> int:
 def _measure(protocol: str) -> Calibration:
     start = time.monotonic()
     due = np.arange(CALIBRATION_REQUESTS) / CALIBRATION_RPS
-    with owned_tempdir() as tmp, sink(protocol) as address:
+    with owned_temporary_dir(REPLAY_PREFIX) as tmp, sink(protocol) as address:
         outcome = run_load_generator(
             tmp, protocol=protocol, url=address, plan=_PLAN, due=due,
             shape_ids=np.zeros(len(due), dtype=np.int64), workers=1, max_in_flight=1000,

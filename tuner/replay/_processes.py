@@ -20,6 +20,7 @@ import pandas as pd
 
 from tuner.errors import ReplayError
 
+REPLAY_PREFIX = "tuner-replay-"  # temporary directories of a replay (removed by the next when their owner died)
 Stats = Callable[[], dict]
 
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tuner.errors import InputError, ServerError, TrafficError
+from tuner.localhost import owned_temporary_dir
 from tuner.replay import _plan
 from tuner.replay._calibrate import Calibration, available_cpus, cached_calibration, calibrate, choose_workers
-from tuner.replay._processes import run_load_generator
-from tuner.replay._tempdirs import owned_tempdir
+from tuner.replay._processes import REPLAY_PREFIX, run_load_generator
 from tuner.server.base import Endpoints
 from tuner.settings import ReplaySettings
 from tuner.traffic import due_offsets
@@ -105,7 +105,7 @@ def replay(
         settings.workers, peak_rps, cpus=available_cpus(),
         per_process_rps=calibration.per_process_rps if calibration else float("inf"))
 
-    with owned_tempdir() as tmp:
+    with owned_temporary_dir(REPLAY_PREFIX) as tmp:
         outcome = run_load_generator(
             tmp, protocol=settings.protocol,
             url=endpoints.grpc if settings.protocol == "grpc" else endpoints.http,
