@@ -15,8 +15,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
-PY=${PYTHON:-$ROOT/.venv/bin/python}
-[[ -x $PY ]] || PY=python3
+PY=$ROOT/.venv/bin/python  # tuner's own environment knows where its tritonserver is
+[[ -x $PY ]] || PY=${PYTHON:-python3}
 CACHE=${TUNER_CACHE_DIR:-$HOME/.cache/tuner}/docker
 IMAGE=${TUNER_TEST_IMAGE:-tuner/tritonserver-cpu:2.51.0}
 BASE=tuner/debian:bookworm-minbase
