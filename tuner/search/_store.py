@@ -59,7 +59,10 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
                     heartbeat = {"heartbeat_interval": search.heartbeat_s, "grace_period": search.grace_period_s,
                                  "heartbeat_stale_trial_callback":
                                      optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
-                return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
+            if url.startswith("sqlite"):
+                _serialize_sqlite(storage.engine)
+            return storage
         except Exception as exc:  # noqa: BLE001  bad URL, missing driver, unreachable database, credentials
             # two processes (workers, hosts) creating the same new database race on its schema: again
             if "IntegrityError" in type(exc).__name__ + str(exc)[:200] and attempt + 1 < CREATE_TRIES:
@@ -67,6 +70,25 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
                 continue
             raise SettingsError(f"storage {safe_url(url)}: cannot open: {_first_line(exc)}") from None
     raise AssertionError("unreachable")
+
+
+def _serialize_sqlite(engine) -> None:
+    """Every SQLite transaction takes the write lock as it begins (BEGIN IMMEDIATE). Optuna pops a
+    waiting trial by reading it, then marking it running; PostgreSQL locks the row for that (SELECT ...
+    FOR UPDATE), SQLite ignores the hint, so two worker processes could both take the same trial. The
+    SQLAlchemy recipe for serializable SQLite transactions; the pool is emptied so that every
+    connection gets it."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits the BEGIN, below
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()
 
 
 def _engine_kwargs(url: str) -> dict:
