@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -93,7 +94,10 @@ def test_outputs_hold_every_named_key_and_the_config_changes_only_tuned_fields(t
     assert on_disk["incumbent"]["params"] == {"max_batch_size": 64, "max_queue_delay_microseconds": 0}
     assert on_disk["incumbent"]["feasible"] is False  # p99 5 + 25.6 ms > 30 ms
     assert on_disk["improvement"] is None and "incumbent did not meet" in on_disk["message"]
-    assert summary["best"]["repeats"]["values"] and summary["best"]["repeats"]["spread"] == pytest.approx(0.0)
+    repeats = summary["best"]["repeats"]
+    # identical repeats, but each capacity was a bracket 10 % wide: the uncertainty is never below it
+    assert repeats["values"] and repeats["observed_spread"] == pytest.approx(0.0)
+    assert repeats["spread"] == pytest.approx(0.1) and not re.search(r"(?<![0-9.])0%", export.closing_table(summary))
     # capacity scoring: latency and fill rate at the capacity found
     assert on_disk["best"]["latency_ms"]["p99"] == pytest.approx(27.0)
     assert on_disk["best"]["fill_rate"] == pytest.approx(0.8)
@@ -129,6 +133,11 @@ def test_improvement_is_best_over_incumbent_by_median(tmp_path):
     table = export.closing_table(summary)
     assert "incumbent" in table and "best" in table and f"{summary['improvement']:+.1%}" in table
     assert "p99 ms" in table and "fill rate" in table and "req/$" in table
+    # uncertainty: capacities as brackets, the improvement as a range that holds its point value
+    low, high = summary["improvement_range"]
+    assert low < summary["improvement"] < high and f"{low:+.1%}" in summary["message"]
+    cap = best["capacity_rps"]
+    assert f"{cap:.3g}-{cap * 1.1:.3g}" in table or f"{cap:,.0f}-{cap * 1.1:,.0f}" in table
 
 
 def test_without_remeasurement_the_best_trial_stands(tmp_path):

@@ -31,7 +31,7 @@ from tuner.measure import Measurement
 from tuner.score import Hints, check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
-from tuner.trial import UNMEASURED, TrialRecord, to_attrs
+from tuner.trial import NO_VERDICT, UNMEASURED, TrialRecord, to_attrs
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
@@ -39,7 +39,7 @@ LOW_FILL = 0.5      # fill rate at the recorded load below which max_batch_size 
 
 # exit codes of `tuner audit` (2: bad input, 1: anything else, as for every command)
 EXIT_HEALTHY = 0
-EXIT_UNMEASURED = 1  # the load generator could not replay the traffic on time: no verdict
+EXIT_UNMEASURED = 1  # the load generator could not replay the traffic on time, or the server never settled
 EXIT_SLA_BROKEN = 3
 EXIT_INEFFICIENT = 10
 
@@ -75,7 +75,7 @@ class AuditResult:
 
     @property
     def exit_code(self) -> int:
-        if self.result.outcome == UNMEASURED:
+        if self.result.outcome in NO_VERDICT:
             return EXIT_UNMEASURED
         if not self.result.meets_sla:
             return EXIT_SLA_BROKEN
@@ -159,6 +159,10 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
         return [Finding("SLA at the recorded load", "unmeasured", "broken",
                         f"{r.note}; raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed "
                         f"and audit again (no verdict on the deployment)")]
+    if r.outcome in NO_VERDICT:
+        return [Finding("SLA at the recorded load", r.outcome, "broken",
+                        f"{r.note} (no verdict on the deployment: audit it again, or raise "
+                        f"measurement.warmup_max_s)")]
     out = [Finding(
         "SLA at the recorded load",
         f"{pct} {_num(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "

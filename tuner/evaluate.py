@@ -6,7 +6,8 @@
     study_traffic(settings), base_config(settings)
 
 A trial: the base config with only the tuned fields changed (`tuner.space.apply`) is loaded on the
-server (read back and compared by the launcher), then
+server (read back and compared by the launcher) and warmed up to steady state (`tuner.warmup`: a server
+that never settles leaves the trial `unstable`), then
 1. the profile is replayed at the recorded load (`traffic.speed`) for one step (`tuner.probe`, with its
    retry policy): the SLA there decides feasibility, and Triton's execution time gives the utilization
    score. A replay the load generator could not keep on time even after the retries leaves the trial
@@ -43,7 +44,8 @@ from tuner.score import (
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.traffic import busiest_window, mean_rps, peak_rps, read_traffic, window
-from tuner.trial import CRASHED, UNMEASURED, Bracket, Figures, TrialRecord
+from tuner.trial import CRASHED, UNMEASURED, UNSTABLE, Bracket, Figures, TrialRecord
+from tuner.warmup import warm_up
 
 __all__ = ["Evaluate", "Measure", "base_config", "make_evaluate", "make_measure", "session", "study_traffic"]
 
@@ -118,12 +120,16 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
     windows = step_windows(traffic, settings)
 
     def measure_running(params: space.Params, hints: Hints) -> TrialRecord:
-        probe = make_probe(launcher, settings, windows, max_batch_size=int(params["max_batch_size"]),
-                           on_measure=on_measure)
+        mbs = int(params["max_batch_size"])
+        warm = warm_up(launcher, settings, traffic, max_batch_size=mbs) if settings.measurement.warmup else None
+        probe = make_probe(launcher, settings, windows, max_batch_size=mbs, on_measure=on_measure)
         load = probe(load_speed)
-        common = {"params": dict(params), "at_load": Figures.of(load), "price_per_hour": price, "peak_rps": peak}
+        common = {"params": dict(params), "at_load": Figures.of(load), "price_per_hour": price, "peak_rps": peak,
+                  "warmup": warm}
         if not load.valid:  # the load generator's limit, not the configuration's: no verdict
             return TrialRecord(outcome=UNMEASURED, note=load.invalid_reason, **common)
+        if warm is not None and not warm.stable:  # measured on a server still changing: no verdict either
+            return TrialRecord(outcome=UNSTABLE, note=warm.reason, **common)
         sla = check_sla(load, settings.sla)
         bracket, latencies, pruned = None, (), False
         if sla.ok and capacity:

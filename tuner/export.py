@@ -40,7 +40,7 @@ from tuner.search import (
     top_trials,
 )
 from tuner.settings import SearchSettings
-from tuner.trial import UNMEASURED, TrialRecord, from_attrs, is_feasible, record_of
+from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "SUMMARY", "TRIALS", "closing_table", "export", "recommended_config", "storage_of",
            "summarize", "trials_frame", "unmeasured_advice", "write_latency_records", "write_outputs"]
@@ -109,16 +109,34 @@ def _from_repeats(r: dict, scoring: str) -> dict:
     e["capacity_speed"] = r.get("capacity_speed")
     e["requests_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
     e["repeats"] = {"values": r.get("values"), "spread": r.get("spread"),
+                    "observed_spread": r.get("observed_spread"), "bracket_width": r.get("bracket_width"),
                     "feasible_runs": r.get("feasible_runs"), "unmeasured_runs": r.get("unmeasured_runs", 0)}
     return e
+
+
+def _range(entry: dict, scoring: str, price: float | None) -> tuple[float, float] | None:
+    """Where an entry's requests per dollar may really lie: under capacity scoring from the capacity
+    bracket (last passing, first failing speed); from the spread of its repeats; the union of both."""
+    value = entry.get("requests_per_dollar")
+    if not entry.get("feasible") or not value:
+        return None
+    low = high = float(value)
+    values = [v for v in (entry.get("repeats") or {}).get("values") or [] if v]
+    if values:
+        low, high = min(low, *values), max(high, *values)
+    bracket = entry.get("capacity_bracket") or {}
+    if scoring == "capacity" and price and bracket.get("upper_rps"):
+        width = bracket["upper_rps"] / bracket["lower_rps"] - 1.0 if bracket.get("lower_rps") else 0.0
+        high = max(high, float(value) * (1.0 + width))  # the capacity lies somewhere in its bracket
+    return low, high
 
 
 def _unmeasured(study: optuna.Study) -> list[dict]:
     out = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get("outcome") == UNMEASURED:
+        if t.user_attrs.get("outcome") in NO_VERDICT:
             record = record_of(t)
-            out.append({"trial": t.number, "params": config_of(t), "reason": record.note,
+            out.append({"trial": t.number, "params": config_of(t), "outcome": record.outcome, "reason": record.note,
                         "send_lag_p99_ms": record.at_load.send_lag_p99_ms if record.at_load else None,
                         "attempts": record.at_load.attempts if record.at_load else None})
     return out
@@ -143,9 +161,19 @@ def summarize(study: optuna.Study) -> dict:
         best = _from_trial(top[0], scoring) if top else None
         incumbent = _from_trial(inc_trial, scoring) if inc_trial else None
 
-    improvement = None
+    improvement = improvement_range = None
+    price = (meta.get("price") or {}).get("price_per_hour")
+    ranked_or_best = ranked or ([best] if best else [])
+    for entry in [*ranked_or_best, *([incumbent] if incumbent else [])]:
+        span = _range(entry, scoring, price)
+        entry["range"] = list(span) if span else None
     if best and incumbent and incumbent["feasible"] and (incumbent["requests_per_dollar"] or 0) > 0:
         improvement = best["requests_per_dollar"] / incumbent["requests_per_dollar"] - 1.0
+        if best.get("range") and incumbent.get("range"):
+            (b_low, b_high), (i_low, i_high) = best["range"], incumbent["range"]
+            improvement_range = [b_low / i_high - 1.0, b_high / i_low - 1.0]
+    indistinguishable = [e["trial"] for e in ranked_or_best[1:]
+                         if best and best.get("range") and e.get("range") and e["range"][1] >= best["range"][0]]
 
     summary: dict = {
         "tuner_version": __version__,
@@ -164,7 +192,9 @@ def summarize(study: optuna.Study) -> dict:
         "best": best,
         "incumbent": incumbent,
         "improvement": improvement,
-        "top": ranked or ([best] if best else []),
+        "improvement_range": improvement_range,  # low, high: the ranges of both sides, combined
+        "indistinguishable_from_best": indistinguishable,  # top trials whose range overlaps the best's
+        "top": ranked_or_best,
         "trials": counts(study),
         "unmeasured": _unmeasured(study),
     }
@@ -181,7 +211,11 @@ def summarize(study: optuna.Study) -> dict:
     elif improvement is None:
         summary["message"] = "the incumbent did not meet the SLA: the recommendation is the first that does"
     else:
-        summary["message"] = f"{improvement:+.1%} requests per dollar over the incumbent"
+        summary["message"] = f"{improvement:+.1%} requests per dollar over the incumbent" + (
+            f" (between {improvement_range[0]:+.1%} and {improvement_range[1]:+.1%})" if improvement_range else "")
+    if indistinguishable:
+        summary["message"] += (f"; trial(s) {', '.join(map(str, indistinguishable))} cannot be told apart from "
+                               f"the best within the measurements' uncertainty")
     if remeasured and not ranked and best is not None:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
@@ -189,13 +223,21 @@ def summarize(study: optuna.Study) -> dict:
 
 
 def unmeasured_advice(summary: dict) -> str:
-    """One line for a study none of whose trials could be measured: what to change."""
-    lags = [u["send_lag_p99_ms"] for u in summary.get("unmeasured") or [] if u.get("send_lag_p99_ms") is not None]
+    """One line for a study none of whose trials could be judged: what to change."""
+    listed = summary.get("unmeasured") or []
+    lags = [u["send_lag_p99_ms"] for u in listed if u.get("outcome", "unmeasured") == "unmeasured"
+            and u.get("send_lag_p99_ms") is not None]
+    unstable = sum(u.get("outcome") == "unstable" for u in listed)
     budget = summary.get("lag_budget_ms")
-    seen = f" (send lag p99 up to {max(lags):.2f} ms against a budget of {budget:g} ms)" if lags and budget else ""
-    return (f"no trial could be measured: the load generator could not send the requests on time{seen}; "
-            f"raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed (the summary lists "
-            f"the {len(summary.get('unmeasured') or [])} unmeasured trials)")
+    parts = []
+    if len(listed) > unstable:
+        seen = f" (send lag p99 up to {max(lags):.2f} ms against a budget of {budget:g} ms)" if lags and budget else ""
+        parts.append(f"the load generator could not send the requests on time{seen}: raise "
+                     f"replay.lag_budget_ms, set replay.workers, or lower traffic.speed")
+    if unstable:
+        parts.append(f"{unstable} never reached steady state after the load: raise measurement.warmup_max_s "
+                     f"or measurement.stability_pct")
+    return f"no trial could be measured: {'; '.join(parts)} (the summary lists the {len(listed)} trials)"
 
 
 def _is_incumbent(study: optuna.Study, number: int) -> bool:
@@ -291,31 +333,48 @@ def closing_table(summary: dict) -> str:
         tag = "incumbent" if inc and r.get("trial") == inc.get("trial") else (
             "best" if summary.get("best") and r.get("trial") == summary["best"].get("trial") else "")
         spread = (r.get("repeats") or {}).get("spread")
+        if not tag and r.get("trial") in (summary.get("indistinguishable_from_best") or []):
+            tag = "~ best"
+        bracket = r.get("capacity_bracket") or {}
+        capacity = _fmt(r.get("capacity_rps"))
+        if bracket.get("upper_rps") and r.get("capacity_rps"):
+            capacity = f"{_fmt(r['capacity_rps'])}-{_fmt(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
         table.append({
             "": tag,
             "trial": r.get("trial"),
             **{space.LABELS.get(k, k): ",".join(map(str, v)) if isinstance(v, list) else v
                for k, v in r["params"].items()},
-            "capacity req/s": _fmt(r.get("capacity_rps")),
+            "capacity req/s": capacity,
             f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
             "fill rate": _fmt(r.get("fill_rate")),
             "queue ms": _fmt(r.get("queue_ms")),
             "compute ms": _fmt(r.get("compute_ms")),
             "req/$": _fmt(r.get("requests_per_dollar")) if r["feasible"] else "SLA missed",
             "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
-            "vs incumbent": (f"{r['requests_per_dollar'] / base - 1:+.1%}"
-                             if base and r["feasible"] and r.get("requests_per_dollar") else ""),
+            "vs incumbent": _gain(r, inc, base),
         })
     text = pd.DataFrame(table).to_string(index=False) if table else "no trial met the SLA or was measured"
     unmeasured = summary.get("unmeasured") or []
     if unmeasured:
-        lines = [f"\nunmeasured: {len(unmeasured)} trial(s) the load generator could not replay on time "
-                 "(no verdict on these configurations):"]
+        lines = [f"\nunmeasured: {len(unmeasured)} trial(s) with no verdict (the load generator could not replay "
+                 "on time, or the server never settled after the load):"]
         for u in unmeasured[:5]:
-            lines.append(f"  trial {u['trial']} {space.describe(u['params'])}: {u['reason']}")
+            lines.append(f"  trial {u['trial']} {space.describe(u['params'])}: {u.get('outcome', 'unmeasured')}: "
+                         f"{u['reason']}")
         if len(unmeasured) > 5:
             lines.append(f"  ... and {len(unmeasured) - 5} more (summary.json lists them)")
         text += "\n".join(lines)
+    return text
+
+
+def _gain(r: dict, inc: dict | None, base: float | None) -> str:
+    """The gain over the incumbent and, where both have a range, the range it may really have."""
+    if not base or not r["feasible"] or not r.get("requests_per_dollar"):
+        return ""
+    text = f"{r['requests_per_dollar'] / base - 1:+.1%}"
+    if r.get("range") and inc and inc.get("range") and r is not inc:
+        (low, high), (i_low, i_high) = r["range"], inc["range"]
+        text += f" ({low / i_high - 1:+.0%}..{high / i_low - 1:+.0%})"
     return text
 
 

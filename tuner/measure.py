@@ -50,6 +50,7 @@ class Measurement:
     load_generator_cpu: float = 0.0  # CPU seconds used by the load generator per wall second
     workers: int = 1                 # Locust processes used
     attempts: int = 1                # replays run for this measurement (retries after a broken lag budget)
+    repeats: int = 1                 # valid replays it took near the SLA's limit (the median one is this)
     # every successful request's latency in the measured window (for CDFs); not part of the figures
     latencies_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
@@ -59,6 +60,18 @@ class Measurement:
         if key not in self.latency_ms:
             raise KeyError(f"latency percentile {key} was not measured")
         return self.latency_ms[key]
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What a warm-up after a load did, and whether the server reached steady state (tuner.warmup)."""
+
+    seconds: float = 0.0
+    sweep_requests: int = 0
+    sweep_errors: int = 0
+    windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
+    stable: bool = True
+    reason: str = ""
 
 
 PERCENTILES = (50, 90, 95, 99)
@@ -172,11 +185,12 @@ def stat_deltas(before: dict | None, after: dict | None) -> dict:
         return out
 
     bb, ab = batches(b), batches(a)
-    histogram, busy_ns = {}, 0
+    histogram, histogram_ns, busy_ns = {}, {}, 0
     for size, (count, ns) in sorted(ab.items()):
         count0, ns0 = bb.get(size, (0, 0))
         if count - count0 > 0:
             histogram[size] = count - count0
+            histogram_ns[size] = ns - ns0
         busy_ns += ns - ns0
     return {
         "inference_count": get(a, "inference_count") - get(b, "inference_count"),
@@ -185,5 +199,6 @@ def stat_deltas(before: dict | None, after: dict | None) -> dict:
         "queue_count": (get(a, "inference_stats", "queue", "count")
                         - get(b, "inference_stats", "queue", "count")),
         "busy_ns": busy_ns,
-        "histogram": histogram,
+        "histogram": histogram,           # batch size -> executions
+        "histogram_ns": histogram_ns,     # batch size -> their compute time (input + infer + output)
     }

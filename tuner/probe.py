@@ -10,12 +10,16 @@ The retry policy: a replay whose send lag broke `replay.lag_budget_ms` says noth
 so it is run again with one more load-generator process (leaving a core to the server), `tries` times
 in all. The last measurement is returned, valid or not, with the attempts it took: what an invalid
 one means is the caller's to say (a capacity step: the search stops there; the replay at the recorded
-load: the trial is unmeasured).
+load: the trial is unmeasured). The repeat policy: a measurement whose SLA percentile lies close to
+the limit (`measurement.repeat_near_sla`) decides a close call, so it is repeated on the same window
+until two in a row agree within `measurement.stability_pct` (as perf_analyzer repeats its windows),
+and the median one stands.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable
 
@@ -23,11 +27,11 @@ import pandas as pd
 
 from tuner.measure import Measurement, measure
 from tuner.server import Launcher
-from tuner.settings import StudySettings
+from tuner.settings import SlaSettings, StudySettings
 from tuner.traffic import step_window
 
 __all__ = ["TRIES", "Probe", "Windows", "make_probe", "retry_workers", "step_windows", "whole_traffic",
-           "with_retries"]
+           "with_repeats", "with_retries"]
 
 TRIES = 3
 Probe = Callable[[float], Measurement]
@@ -76,8 +80,33 @@ def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES
     return probe
 
 
+def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: int, pct: float) -> Probe:
+    """A measurement that decides a close call, repeated on the same window: when its SLA percentile
+    is within `near` (a share) of the limit, again until two in a row agree within `pct` percent or
+    `max_repeats` ran; the median one (by that percentile) stands, with the repeats it took."""
+
+    def repeated(speed: float) -> Measurement:
+        runs = [probe(speed)]
+        first = runs[0]
+        latency = first.latency(sla.percentile) if first.valid else math.nan
+        if not (math.isfinite(latency) and abs(latency / sla.latency_ms - 1.0) <= near):
+            return first
+        while len(runs) < max_repeats:
+            m = probe(speed)
+            if not m.valid:
+                break
+            runs.append(m)
+            a, b = runs[-2].latency(sla.percentile), runs[-1].latency(sla.percentile)
+            if abs(a - b) <= pct / 100 * max(a, b):
+                break
+        ranked = sorted(runs, key=lambda r: r.latency(sla.percentile))
+        return dataclasses.replace(ranked[(len(ranked) - 1) // 2], repeats=len(runs))
+
+    return repeated
+
+
 def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, max_batch_size: int,
-               tries: int = TRIES, progress: bool = False,
+               tries: int = TRIES, repeats: bool = True, progress: bool = False,
                on_measure: Callable[[Measurement], None] | None = None) -> Probe:
     """Measure the configuration the server runs now at a speed (`max_batch_size` is that
     configuration's, for the fill rate). `on_measure` sees every replay's measurement."""
@@ -99,4 +128,9 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
                        load_generator_cpu=result.load_generator_cpu, workers=result.workers,
                        duration_s=result.duration_s)
 
-    return with_retries(run, tries=tries, on_measure=on_measure)
+    probe = with_retries(run, tries=tries, on_measure=on_measure)
+    if not repeats or settings.measurement.max_repeats <= 1:
+        return probe
+    m = settings.measurement
+    return with_repeats(probe, sla=settings.sla, near=m.repeat_near_sla, max_repeats=m.max_repeats,
+                        pct=m.stability_pct)

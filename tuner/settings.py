@@ -68,6 +68,24 @@ class ReplaySettings:
 
 
 @dataclass(frozen=True)
+class MeasurementSettings:
+    # after every load: one request of each (rows, padded length) the traffic forms, rows 1 up to
+    # max_batch_size, then the traffic at its load in windows until `stable_windows` in a row agree on
+    # Triton's compute time per execution within `stability_pct` (perf_analyzer's rule), or
+    # `warmup_max_s` passes and the configuration is `unstable`
+    warmup: bool = True
+    shape_sweep: bool = True
+    window_s: float = 1.0
+    stable_windows: int = 3
+    stability_pct: float = 10.0
+    warmup_max_s: float = 30.0
+    # a measurement whose SLA percentile is within this share of the limit decides a close call: it is
+    # repeated until two in a row agree within stability_pct (at most max_repeats), the median counts
+    repeat_near_sla: float = 0.15
+    max_repeats: int = 3
+
+
+@dataclass(frozen=True)
 class SlaSettings:
     latency_ms: float = 100.0
     percentile: float = 99.0
@@ -130,6 +148,7 @@ class StudySettings:
     traffic: TrafficSettings
     server: ServerSettings = field(default_factory=ServerSettings)
     replay: ReplaySettings = field(default_factory=ReplaySettings)
+    measurement: MeasurementSettings = field(default_factory=MeasurementSettings)
     sla: SlaSettings = field(default_factory=SlaSettings)
     cost: CostSettings = field(default_factory=CostSettings)
     scoring: str = "capacity"
@@ -358,11 +377,14 @@ def _check(s: StudySettings, source: str) -> None:
                 "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
                 "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
                 "search.trials", "search.top_k", "search.remeasure_repeats", "search.grid_per_octave",
-                "search.heartbeat_s", "search.grace_period_s",
+                "search.heartbeat_s", "search.grace_period_s", "measurement.window_s",
+                "measurement.stable_windows", "measurement.stability_pct", "measurement.warmup_max_s",
+                "measurement.max_repeats",
                 "cost.price_per_hour",
                 "traffic.duration_s", "traffic.busiest_s", "search.timeout_s"):
         positive(key)
-    for key in ("replay.warmup_s", "replay.workers", "traffic.start_s", "sla.max_error_rate"):
+    for key in ("replay.warmup_s", "replay.workers", "traffic.start_s", "sla.max_error_rate",
+                "measurement.repeat_near_sla"):
         positive(key, allow_zero=True)
     if not 0 < s.sla.percentile <= 100:
         raise SettingsError(f"{source}: sla.percentile: must be in (0, 100], got {s.sla.percentile}")

@@ -10,7 +10,9 @@
 
 Outcomes: `measured` (the SLA check at the recorded load is the configuration's), `unmeasured` (the
 load generator could not keep its send-lag budget even after retries: neither feasible nor
-infeasible, never scored), `crashed` (the configuration brought the server down: infeasible).
+infeasible, never scored), `unstable` (the server never reached steady state after the load: its
+figures are kept, it is never recommended), `crashed` (the configuration brought the server down:
+infeasible).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
-from tuner.measure import Measurement
+from tuner.measure import Measurement, Warmup
 from tuner.space import Params
 
-__all__ = ["MEASURED", "UNMEASURED", "CRASHED", "Bracket", "Figures", "TrialRecord", "from_attrs",
+__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Figures", "TrialRecord", "from_attrs",
            "is_feasible", "record_of", "to_attrs"]
 
-MEASURED, UNMEASURED, CRASHED = "measured", "unmeasured", "crashed"
+MEASURED, UNMEASURED, UNSTABLE, CRASHED = "measured", "unmeasured", "unstable", "crashed"
+NO_VERDICT = (UNMEASURED, UNSTABLE)  # outcomes that say nothing for or against the configuration
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
 
 
@@ -54,6 +57,7 @@ class Figures:
     valid: bool = True
     invalid_reason: str = ""
     attempts: int = 1                  # replays run to get a valid one (the retry policy's count)
+    repeats: int = 1                   # valid replays near the SLA's limit; the figures are the median one's
     workers: int = 1                   # load-generator processes of the last attempt
 
     @classmethod
@@ -66,7 +70,7 @@ class Figures:
             mean_batch_size=m.mean_batch_size, queue_ms=_num(m.queue_ms_mean), compute_ms=_num(m.compute_ms_mean),
             busy_s=m.busy_s, send_lag_p99_ms=_num(m.send_lag_ms.get("p99")),
             batch_histogram=dict(m.batch_histogram), valid=m.valid, invalid_reason=m.invalid_reason,
-            attempts=m.attempts, workers=m.workers,
+            attempts=m.attempts, repeats=m.repeats, workers=m.workers,
         )
 
 
@@ -105,7 +109,8 @@ class TrialRecord:
     peak_rps: float = 0.0
     servers_needed: int | None = None
     monthly_cost: float | None = None
-    note: str = ""                     # why unmeasured, or what the crash left in the server log
+    note: str = ""                     # why unmeasured or unstable, or what the crash left in the server log
+    warmup: Warmup | None = None       # the warm-up after the configuration's load
     # every request's latency at capacity (for CDFs): kept in memory, not in the storage
     latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
@@ -142,6 +147,11 @@ def to_attrs(record: TrialRecord) -> dict[str, object]:
                               "sla_met": record.sla_met, "violation": _num(record.violation)}
     out.update({name: getattr(record, name) for name in _SCALARS})
     out.update({f"score_{name}": _num(value) for name, value in record.scores.items()})
+    if record.warmup is not None:
+        w = record.warmup
+        out.update(warmup_seconds=w.seconds, warmup_sweep_requests=w.sweep_requests,
+                   warmup_sweep_errors=w.sweep_errors, warmup_stable=w.stable, warmup_reason=w.reason,
+                   warmup_windows_ms=",".join(f"{v:.3f}" for v in w.windows_ms))
     if record.at_load is not None:
         out.update(_flat_figures(record.at_load, ""))
     b = record.capacity
@@ -168,8 +178,15 @@ def from_attrs(attrs: dict) -> TrialRecord:
                               if f"capacity_{name}" in attrs})
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in (attrs.get("config") or {}).items()}
     violation = attrs.get("violation")
+    warmup = None
+    if "warmup_seconds" in attrs:
+        windows = str(attrs.get("warmup_windows_ms") or "")
+        warmup = Warmup(seconds=float(attrs["warmup_seconds"]), sweep_requests=int(attrs.get("warmup_sweep_requests") or 0),
+                        sweep_errors=int(attrs.get("warmup_sweep_errors") or 0),
+                        windows_ms=tuple(float(v) for v in windows.split(",") if v),
+                        stable=bool(attrs.get("warmup_stable", True)), reason=str(attrs.get("warmup_reason") or ""))
     return TrialRecord(
-        params=params, at_load=at_load, capacity=capacity,
+        params=params, at_load=at_load, capacity=capacity, warmup=warmup,
         sla_met=bool(attrs.get("sla_met", attrs.get("feasible", False))),
         violation=math.inf if violation is None else float(violation),
         scores={name[len("score_"):]: attrs.get(name) for name in attrs if name.startswith("score_")},

@@ -166,7 +166,7 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     except TunerError as exc:  # the study's outputs stand without the report; say why it is missing
         summary["report_error"] = str(exc)
     counts = summary["trials"]
-    if counts["unmeasured"] and not counts["complete"] and not counts["pruned"]:
+    if counts["unmeasured"] + counts["unstable"] and not counts["complete"] and not counts["pruned"]:
         raise UnmeasuredError(export.unmeasured_advice(summary))
     return summary
 

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 
 from tuner import space
 from tuner.errors import SettingsError
@@ -46,6 +47,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tuner.evaluate import base_config, study_traffic
     from tuner.probe import make_probe, whole_traffic
     from tuner.server import make_launcher
+    from tuner.warmup import warm_up
 
     settings = load_study(args.study)
     speed = settings.traffic.speed if args.speed is None else args.speed
@@ -70,6 +72,11 @@ def _replay(args: argparse.Namespace) -> int:
     with make_launcher(settings) as launcher:
         running = launcher.apply_config(settings.model, config) if config is not None else \
             launcher.model_config(settings.model)
+        warm = None
+        if settings.measurement.warmup:  # as a trial is measured: on a server at steady state
+            warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
+            print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
+                  + ("steady" if warm.stable else f"NOT steady: {warm.reason}"), file=sys.stderr)
         probe = make_probe(launcher, settings, whole_traffic(traffic, settings.replay.warmup_s, args.duration),
                            max_batch_size=int(running.max_batch_size), progress=True, on_measure=say.append)
         m = probe(speed)
@@ -79,6 +86,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.json:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
+                "warmup": dataclasses.asdict(warm) if warm is not None else None,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(_finite(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0

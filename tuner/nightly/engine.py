@@ -28,7 +28,7 @@ from tuner.score import Hints
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.traffic import read_traffic
-from tuner.trial import UNMEASURED, TrialRecord
+from tuner.trial import NO_VERDICT, TrialRecord
 
 LoadReplay = Callable[[dict], TrialRecord]
 
@@ -81,7 +81,7 @@ def to_arm(record: TrialRecord, arm: str, scoring: str, percentile: float) -> Ar
     load = record.at_load
     latency = load.latency_ms.get(f"p{percentile:g}") if load is not None else None
     score = record.scores.get(scoring)
-    valid = record.outcome != UNMEASURED
+    valid = record.outcome not in NO_VERDICT
     return ArmResult(arm, record.meets_sla, None if score is None or not valid else float(score),
                      latency_ms=float(latency) if latency is not None else float("nan"),
                      error_rate=load.error_rate if load is not None else 0.0, valid=valid,

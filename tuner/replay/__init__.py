@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
+    "send_one_by_one": "tuner.replay._sequential",
+    "check_fits": "tuner.replay._sequential",
+    "Sent": "tuner.replay._sequential",
     "replay": "tuner.replay._run",
     "ReplayResult": "tuner.replay._run",
     "choose_workers": "tuner.replay._calibrate",

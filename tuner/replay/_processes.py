@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import ReplayError
+from tuner.localhost import free_ports
 
 REPLAY_PREFIX = "tuner-replay-"  # temporary directories of a replay (removed by the next when their owner died)
 Stats = Callable[[], dict]
@@ -34,13 +34,19 @@ class Outcome:
     stats_before: dict | None
     stats_after: dict | None
     t0: float               # the start of the schedule (time.monotonic, system-wide)
+    stopped: bool = False   # `watch` ended it early: no records
+
+
+Watch = Callable[[float], bool]  # seconds since the start -> stop now?
 
 
 def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: np.ndarray,
                        shape_ids: np.ndarray, workers: int, max_in_flight: int, request_timeout_s: float,
-                       warmup_s: float, stats: Stats, progress: bool) -> Outcome:
+                       warmup_s: float, stats: Stats, progress: bool, watch: Watch | None = None,
+                       watch_every_s: float = 1.0) -> Outcome:
     """Walk the schedule `due` (seconds from the start; request i of shape `shape_ids[i]` of `plan`)
-    with `workers` processes (1: one local process; more: a master and that many workers)."""
+    with `workers` processes (1: one local process; more: a master and that many workers). `watch`,
+    called every `watch_every_s` from the start, may end the walk early (then nothing is recorded)."""
     pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "shape_id": shape_ids}).to_parquet(
         tmp / "schedule.parquet", index=False)
     spec = {
@@ -53,11 +59,15 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
         "max_in_flight": max_in_flight,
         "request_timeout_s": request_timeout_s,
         "workers": workers,
-        "master_port": _free_port() if workers > 1 else 0,
+        "master_port": free_ports(1)[0] if workers > 1 else 0,
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     roles = ["local"] if workers == 1 else ["master"] + ["worker"] * workers
-    before, after, t0 = _run_processes(tmp, roles, len(due), warmup_s, stats, progress)
+    before, after, t0, stopped = _run_processes(tmp, roles, len(due), warmup_s, stats, progress, watch,
+                                                watch_every_s)
+    if stopped:
+        return Outcome(records=pd.DataFrame(), summaries=[], locust={}, stats_before=before, stats_after=after,
+                       t0=t0, stopped=True)
     records = pd.concat([pd.read_parquet(tmp / f"records-{k}.parquet") for k in range(workers)])
     return Outcome(
         records=records.sort_values("row", kind="stable").reset_index(drop=True),
@@ -67,7 +77,8 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
 
 
 def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, stats: Stats,
-                   progress: bool) -> tuple[dict | None, dict | None, float]:
+                   progress: bool, watch: Watch | None, watch_every_s: float
+                   ) -> tuple[dict | None, dict | None, float, bool]:
     lines: queue.Queue = queue.Queue()
     procs, logs = [], []
     # The load generator imports this very package, wherever the caller found it.
@@ -88,12 +99,15 @@ def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, sta
     done = [0] * len(roles)
     t0 = None
     before = None
+    watched = 0
     try:
         open_streams = len(roles)
         while open_streams:
             timeout = 0.2
             if t0 is not None and before is None:
                 timeout = max(0.0, min(timeout, t0 + warmup_s - time.monotonic()))
+            if t0 is not None and watch is not None:
+                timeout = max(0.0, min(timeout, t0 + (watched + 1) * watch_every_s - time.monotonic()))
             try:
                 k, line = lines.get(timeout=timeout)
             except queue.Empty:
@@ -107,6 +121,10 @@ def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, sta
                 bar.update(sum(done) - bar.n)
             if t0 is not None and before is None and time.monotonic() >= t0 + warmup_s:
                 before = stats()
+            if t0 is not None and watch is not None and time.monotonic() >= t0 + (watched + 1) * watch_every_s:
+                watched += 1
+                if watch(time.monotonic() - t0):
+                    return before, stats(), t0, True  # the processes are ended below
             if any(p.poll() not in (None, 0) for p in procs):
                 break
         for p in procs:
@@ -128,7 +146,7 @@ def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, sta
         after = stats()
         if before is None:
             before = after  # the schedule was shorter than the warm-up: nothing measured
-        return before, after, t0
+        return before, after, t0, False
     finally:
         bar.close()
         for p in procs:
@@ -143,9 +161,3 @@ def _pump(k: int, stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put((k, line.strip()))
     lines.put((k, None))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -23,7 +23,7 @@ from tuner.errors import InputError, ServerError, TrafficError
 from tuner.localhost import owned_temporary_dir
 from tuner.replay import _plan
 from tuner.replay._calibrate import Calibration, available_cpus, cached_calibration, calibrate, choose_workers
-from tuner.replay._processes import REPLAY_PREFIX, run_load_generator
+from tuner.replay._processes import REPLAY_PREFIX, Watch, run_load_generator
 from tuner.server.base import Endpoints
 from tuner.settings import ReplaySettings
 from tuner.traffic import due_offsets
@@ -51,6 +51,7 @@ class ReplayResult:
     # this host's load-generator calibration (measured once per run when `workers` was 0)
     calibration: Calibration | None = None
     peak_rps: float = 0.0       # the offered rate in the busiest second of the schedule
+    stopped: bool = False       # ended early by `watch`: no records
 
     def generator_limited(self) -> bool:
         """Whether the offered peak exceeded what these processes hold on this host (calibrated): a
@@ -75,12 +76,16 @@ def replay(
     duration_s: float | None = None,
     stats: Stats | None = None,
     progress: bool = False,
+    watch: Watch | None = None,
+    watch_every_s: float = 1.0,
 ) -> ReplayResult:
     """Replay `traffic` against `model` at `speed`, open loop, and return the per-request records.
 
     `duration_s` cuts the schedule to requests due within that many seconds (warm-up included);
     `warmup_s` defaults to `settings.warmup_s`; `stats` returns the model's Triton statistics
-    (default: `v2/models/<model>/stats` over HTTP). Raises ServerSetupError (unreachable server,
+    (default: `v2/models/<model>/stats` over HTTP). `watch(seconds since the start) -> stop?` is called
+    every `watch_every_s` and may end the replay early (`stopped`: no records; the warm-up uses it to
+    stop once the server is steady). Raises ServerSetupError (unreachable server,
     model not loaded), TrafficError (shapes that do not fit the model), ReplayError (the load
     generator failed).
     """
@@ -111,9 +116,9 @@ def replay(
             url=endpoints.grpc if settings.protocol == "grpc" else endpoints.http,
             plan=plan.to_json(), due=due, shape_ids=plan.shape_ids, workers=workers,
             max_in_flight=settings.max_in_flight, request_timeout_s=settings.request_timeout_s,
-            warmup_s=warmup_s, stats=stats, progress=progress)
+            warmup_s=warmup_s, stats=stats, progress=progress, watch=watch, watch_every_s=watch_every_s)
     summaries = outcome.summaries
-    wall = max(s["wall_s"] for s in summaries) or 1.0
+    wall = max((s["wall_s"] for s in summaries), default=0.0) or 1.0
     return ReplayResult(
         records=outcome.records, stats_before=outcome.stats_before, stats_after=outcome.stats_after,
         speed=speed, warmup_s=warmup_s, duration_s=float(due[-1]),
@@ -121,7 +126,7 @@ def replay(
         load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
         details={"processes": summaries, "t0_monotonic": outcome.t0, "plan_shapes": len(plan.shapes),
                  "locust": outcome.locust},
-        calibration=calibration, peak_rps=peak_rps,
+        calibration=calibration, peak_rps=peak_rps, stopped=outcome.stopped,
     )
 
 

@@ -3,8 +3,9 @@ around it, readable top to bottom in `run_trials`:
 
 - each trial's configuration is drawn by `tuner.space.suggest`, measured by the injected `Evaluate`,
   and recorded (`tuner.trial.to_attrs`); its SLA violation at the recorded load is its constraint;
-- a trial whose measurement the load generator could not keep on time is FAIL and `unmeasured` (no
-  score, not infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
+- a trial whose measurement the load generator could not keep on time (`unmeasured`), or whose server
+  never reached steady state after the load (`unstable`), is FAIL with its reason (no score, not
+  infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
   failing several trials in a row (no server to talk to) stops it;
 - the capacity search starts at the best capacity so far and is pruned once measurably below it;
 - a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes; a trial
@@ -34,7 +35,7 @@ from tuner.score import Hints
 from tuner.search._results import best_trial
 from tuner.search._store import fail_dead_local_trials, is_journal, open_storage
 from tuner.settings import SearchSettings, StudySettings
-from tuner.trial import UNMEASURED, TrialRecord, to_attrs
+from tuner.trial import NO_VERDICT, TrialRecord, to_attrs
 
 Evaluate = Callable[[space.Params, Hints], TrialRecord]
 OnTrial = Callable[[optuna.trial.FrozenTrial], None]
@@ -153,7 +154,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
         ran += 1
         for key, value in to_attrs(record).items():
             trial.set_user_attr(key, value)
-        if record.outcome == UNMEASURED:
+        if record.outcome in NO_VERDICT:  # unmeasured or unstable: no score, no constraint, the study goes on
             raise _TrialFailed(record.note)
         trial.set_constraint("sla", record.violation)
         if record.pruned:

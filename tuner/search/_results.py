@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 from tuner import space
 from tuner.score import Hints
 from tuner.settings import StudySettings
-from tuner.trial import UNMEASURED, TrialRecord, is_feasible, record_of, to_attrs
+from tuner.trial import NO_VERDICT, UNMEASURED, UNSTABLE, TrialRecord, is_feasible, record_of, to_attrs
 
 Evaluate = Callable[[space.Params, Hints], TrialRecord]
 
@@ -63,10 +63,11 @@ def counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
     unmeasured = sum(t.user_attrs.get("outcome") == UNMEASURED for t in trials)
+    unstable = sum(t.user_attrs.get("outcome") == UNSTABLE for t in trials)
     return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
-            "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured,
-            "failed": states.count(TrialState.FAIL) - unmeasured, "pruned": states.count(TrialState.PRUNED),
-            "running": states.count(TrialState.RUNNING)}
+            "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured, "unstable": unstable,
+            "failed": states.count(TrialState.FAIL) - unmeasured - unstable,
+            "pruned": states.count(TrialState.PRUNED), "running": states.count(TrialState.RUNNING)}
 
 
 def finished_count(study: optuna.Study) -> int:
@@ -93,8 +94,8 @@ class Repeats:
 
     @property
     def measured(self) -> tuple[TrialRecord, ...]:
-        """The repeats the load generator kept on time (an unmeasured one says nothing)."""
-        return tuple(r for r in self.records if r.outcome != UNMEASURED)
+        """The repeats that say something (an unmeasured or unstable one does not)."""
+        return tuple(r for r in self.records if r.outcome not in NO_VERDICT)
 
     @property
     def median(self) -> float:
@@ -102,10 +103,23 @@ class Repeats:
         return statistics.median(values) if values else 0.0
 
     @property
-    def spread(self) -> float:
+    def observed_spread(self) -> float:
         """(max - min) / median of the repeats' requests per dollar."""
         v = self.values()
         return (max(v) - min(v)) / self.median if v and self.median > 0 else math.inf
+
+    @property
+    def bracket_width(self) -> float | None:
+        """How wide the capacity search's bracket was (upper / lower - 1, median over the repeats):
+        a capacity is known no better than that, however alike the repeats came out."""
+        return self.median_of(lambda r: r.capacity.width if r.capacity else None)
+
+    @property
+    def spread(self) -> float:
+        """The uncertainty of the median: the repeats' spread, never less than the bracket's width
+        under capacity scoring (repeated bisections land on the same points: their spread is 0)."""
+        width = self.bracket_width if self.scoring == "capacity" else None
+        return max(self.observed_spread, width or 0.0)
 
     def median_of(self, pick: Callable[[TrialRecord], float | None]) -> float | None:
         values = [x for x in (pick(r) for r in self.measured) if x is not None]
@@ -157,6 +171,8 @@ def repeats_as_dict(r: Repeats) -> dict:
         "values": r.values(),
         "median": r.median,
         "spread": r.spread if math.isfinite(r.spread) else None,
+        "observed_spread": r.observed_spread if math.isfinite(r.observed_spread) else None,
+        "bracket_width": r.bracket_width,
         "feasible_runs": sum(x.meets_sla for x in r.measured),
         "unmeasured_runs": len(r.records) - len(r.measured),
         "capacity_rps": r.median_of(lambda x: x.capacity_rps or None),

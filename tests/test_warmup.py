@@ -1,0 +1,199 @@
+"""Steady state before a measurement (tuner/warmup.py) and repeats near the SLA's limit (tuner/probe.py):
+the pure rules on synthetic windows, then a real server whose emulated GPU starts cold, and one whose
+compute time never settles."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tuner import modelconfig, space
+from tuner.cli import main
+from tuner.measure import Measurement
+from tuner.probe import with_repeats
+from tuner.server.local import LocalLauncher
+from tuner.settings import MeasurementSettings, SlaSettings, load_study
+from tuner.traffic import read_traffic
+from tuner.warmup import fixed_mix_ms, shape_sweep, steady, warm_up
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
+
+
+# --- the shape sweep ---------------------------------------------------------------------------------
+
+
+def test_the_sweep_covers_every_batch_size_up_to_max_batch_size_at_the_lengths_batches_take():
+    traffic = read_traffic(PROFILE)
+    sweep = shape_sweep(traffic, 16)
+    assert sorted(sweep["batch_size"].unique()) == list(range(1, 17))
+    lengths = traffic["seq_len"]
+    assert sweep["seq_len"].between(lengths.min(), lengths.max()).all()
+    # a batch is as long as its longest request: the padded lengths grow with the rows
+    by_rows = sweep.groupby("batch_size")["seq_len"].median()
+    assert by_rows.loc[16] >= by_rows.loc[1]
+    assert 16 <= len(sweep) <= 3 * 16 and sweep["timestamp"].is_monotonic_increasing
+    no_lengths = shape_sweep(pd.DataFrame({"timestamp": [0.0, 1.0]}), 4)
+    assert no_lengths["batch_size"].tolist() == [1, 2, 3, 4] and "seq_len" not in no_lengths
+
+
+# --- the stability rule ------------------------------------------------------------------------------
+
+
+def window(ms_by_size: dict[int, float], counts: dict[int, int] | None = None) -> dict[int, tuple[int, int]]:
+    counts = counts or {size: 10 for size in ms_by_size}
+    return {size: (counts[size], int(counts[size] * ms * 1e6)) for size, ms in ms_by_size.items()}
+
+
+def test_steady_windows_agree_and_a_changing_batch_mix_alone_does_not_break_it():
+    # the same time per batch size, but one window ran mostly small batches and another mostly large
+    windows = [window({1: 2.0, 8: 10.0}, {1: 30, 8: 2}), window({1: 2.0, 8: 10.0}, {1: 2, 8: 30}),
+               window({1: 2.1, 8: 9.9}, {1: 15, 8: 15})]
+    assert steady(windows, k=3, pct=10)
+    values = fixed_mix_ms(windows)
+    assert max(values) / min(values) - 1 < 0.05  # valued at one mix, not at each window's own
+
+
+def test_drifting_windows_are_not_steady_and_noisy_ones_only_within_the_percentage():
+    drifting = [window({4: 5.0 * 1.06 ** k}) for k in range(6)]
+    assert not steady(drifting, k=3, pct=10)
+    rng = np.random.default_rng(0)
+    noisy = [window({4: 5.0 * (1 + rng.uniform(-0.15, 0.15))}) for _ in range(3)]
+    quiet = [window({4: 5.0 * (1 + rng.uniform(-0.02, 0.02))}) for _ in range(3)]
+    assert not steady(noisy, k=3, pct=5) and steady(quiet, k=3, pct=5)
+    assert not steady(quiet[:2], k=3, pct=10)  # too few windows
+    assert not steady([*quiet[:2], {}], k=3, pct=10)  # a window with no execution says nothing
+
+
+# --- repeats near the limit --------------------------------------------------------------------------
+
+
+def m(p99: float, valid: bool = True) -> Measurement:
+    return Measurement(speed=1.0, offered_rps=10, duration_s=1, requests=10, errors=0, error_rate=0.0,
+                       throughput_rps=10, latency_ms={"p50": p99 / 2, "p99": p99}, send_lag_ms={"p99": 0.1},
+                       valid=valid)
+
+
+def test_a_close_call_is_repeated_until_two_agree_and_the_median_stands():
+    sla = SlaSettings(latency_ms=100.0)
+    draws = iter([95.0, 130.0, 104.0, 105.0])
+    calls = []
+
+    def probe(speed):
+        calls.append(speed)
+        return m(next(draws))
+
+    result = with_repeats(probe, sla=sla, near=0.15, max_repeats=4, pct=10)(2.0)
+    assert len(calls) == 4 and result.repeats == 4  # 130 vs 95 and 104 vs 130 disagreed; 105 vs 104 agreed
+    assert result.latency_ms["p99"] in (104.0, 105.0)  # the median of 95, 104, 105, 130
+    far = with_repeats(lambda s: m(40.0), sla=sla, near=0.15, max_repeats=4, pct=10)(2.0)
+    assert far.repeats == 1  # far from the limit: one measurement decides
+
+
+# --- on a real server ----------------------------------------------------------------------------------
+
+
+H200 = {"cold_start_factor": "21", "new_shape_ms": "4"}
+
+
+def repository(tmp: Path, **parameters: str) -> Path:
+    repo = tmp / "models"
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
+    path = repo / "encoder_sim" / "config.pbtxt"
+    config = modelconfig.load(path)
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
+    path.write_text(modelconfig.to_text(config))
+    return repo
+
+
+def write_study(tmp: Path, repo: Path, name: str = "warm", **measurement) -> Path:
+    study = {
+        "name": name, "model_repository": str(repo), "model": "encoder_sim",
+        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
+        "measurement": {"window_s": 0.5, "warmup_max_s": 15, **measurement},
+        "sla": {"latency_ms": 100, "percentile": 99},
+        "cost": {"gpu": "a100-40gb"},
+        "search": {"sampler": "grid", "max_batch_size": {"low": 8, "high": 8},
+                   "max_queue_delay_microseconds": {"low": 0, "high": 0},
+                   "capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 3},
+                   "top_k": 1, "remeasure_repeats": 1},
+        "output": str(tmp / name),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def _compute_ms(server) -> float:
+    s = server.statistics("encoder_sim")
+    return sum(int(b["compute_infer"]["ns"]) for b in s.get("batch_stats", [])) / max(
+        1, sum(int(b["compute_infer"]["count"]) for b in s.get("batch_stats", []))) / 1e6
+
+
+@pytest.mark.slow
+def test_after_the_warm_up_a_cold_server_computes_as_fast_as_a_warm_one(tmp_path, triton_install):
+    settings = load_study(write_study(tmp_path, repository(tmp_path, **H200)))
+    traffic = read_traffic(PROFILE)
+    base = modelconfig.load(Path(settings.model_repository) / "encoder_sim" / "config.pbtxt")
+    with LocalLauncher(settings.model_repository, models=["encoder_sim"], install=triton_install) as server:
+        server.apply_config("encoder_sim", space.apply(base, {"max_batch_size": 8, "max_queue_delay_microseconds": 0}))
+        cold_first = _compute_ms(server)  # nothing ran yet
+        warm = warm_up(server, settings, traffic, max_batch_size=8)
+        assert cold_first == 0 and warm.stable, warm
+        assert warm.sweep_requests >= 8 and warm.sweep_errors == 0 and len(warm.windows_ms) == 3
+        values = warm.windows_ms
+        assert max(values) / min(values) - 1 <= 0.10
+        # the sweep ran every row count up to 8: Triton counted executions of each batch size
+        sizes = {int(b["batch_size"]) for b in server.statistics("encoder_sim")["batch_stats"]}
+        assert set(range(1, 9)) <= sizes
+
+
+@pytest.mark.slow
+def test_a_server_that_never_settles_is_unstable_not_recommended_and_the_run_finishes(tmp_path, capsys):
+    # every execution 3 % slower than the one before: no three windows ever agree within 10 %
+    repo = repository(tmp_path, compute_drift_per_execution="0.03")
+    study = write_study(tmp_path, repo, name="drift", warmup_max_s=6)
+    code = main(["tune", str(study), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out + captured.err
+    summary = json.loads((tmp_path / "drift" / "summary.json").read_text())
+    assert summary["best"] is None and summary["trials"]["unstable"] == 2  # the incumbent and batch 8
+    assert all(u["outcome"] == "unstable" and "did not settle" in u["reason"] for u in summary["unmeasured"])
+    assert "never reached steady state" in captured.err and "measurement.warmup_max_s" in captured.err
+    assert not (tmp_path / "drift" / "recommended" / "config.pbtxt").exists()
+    trials = pd.read_csv(tmp_path / "drift" / "trials.csv")
+    assert (trials["outcome"] == "unstable").all() and (trials["warmup_stable"] == False).all()  # noqa: E712
+
+
+def test_the_measurement_section_is_checked_by_name(tmp_path):
+    from tuner.errors import SettingsError
+    from tuner.settings import study_from_dict
+
+    base = {"name": "x", "model_repository": ".", "model": "m", "traffic": {"path": "t.csv"}}
+    with pytest.raises(SettingsError, match="measurement.stability_pct: must be > 0"):
+        study_from_dict({**base, "measurement": {"stability_pct": 0}})
+    with pytest.raises(SettingsError, match="measurement.windoe_s: unknown key"):
+        study_from_dict({**base, "measurement": {"windoe_s": 1}})
+    assert dataclasses.asdict(study_from_dict(base).measurement) == dataclasses.asdict(MeasurementSettings())
+
+
+def test_every_window_replays_the_same_busiest_stretch():
+    from tuner.traffic import busiest_window
+    from tuner.warmup import repeated_stretch
+
+    traffic = read_traffic(PROFILE)
+    rep = repeated_stretch(traffic, speed=0.5, window_s=2.0, times=3)
+    one = len(rep) // 3
+    assert len(rep) == 3 * one and one == busiest_window(traffic, 1.0)[1]  # 2 s at speed 0.5: 1 s recorded
+    t = rep["timestamp"].to_numpy()
+    assert (t[one:2 * one] - t[:one] == pytest.approx(1.0)) and rep["timestamp"].is_monotonic_increasing
+    assert (rep["seq_len"].to_numpy()[:one] == rep["seq_len"].to_numpy()[one:2 * one]).all()
