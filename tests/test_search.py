@@ -352,7 +352,8 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
     order = [p["max_batch_size"] for p, _ in noisy.calls]
     assert order == [32, 16, 4] * 3  # top 2 and the incumbent, interleaved
     best = search.recommend(remeasured)
-    assert best.params["max_batch_size"] == 16 and best.spread == pytest.approx(0.0)
+    assert best.params["max_batch_size"] == 16 and best.observed_spread == pytest.approx(0.0)
+    assert best.spread == pytest.approx(0.1)  # never below the capacity bracket (10 % wide in the fake)
     worst = next(r for r in remeasured if r.params["max_batch_size"] == 32)
     assert worst.spread == pytest.approx((3.0 - 0.5) / 0.5)
     assert next(r for r in remeasured if r.incumbent).params == INCUMBENT

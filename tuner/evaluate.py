@@ -141,6 +141,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             bracket = Bracket(rps=found.capacity_rps, speed=found.speed, upper_rps=found.upper_rps,
                               upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
                               limited_by=found.limited_by, lag_retries=sum(s.attempts - 1 for s in found.steps),
+                              peak_rps=peak_rps(traffic, found.speed) if found.speed > 0 else None,
                               at_capacity=Figures.of(at_cap) if at_cap is not None else None)
             latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
             pruned = found.pruned

@@ -82,7 +82,7 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, feasible: bool)
         "capacity_rps": record.capacity_rps or None,
         "capacity_speed": record.capacity_speed or None,  # the replay speed of the recorded traffic at capacity
         "capacity_bracket": ({"lower_rps": b.rps, "upper_rps": b.upper_rps, "converged": b.converged,
-                              "limited_by": b.limited_by} if b is not None and b.rps else None),
+                              "limited_by": b.limited_by, "peak_rps": b.peak_rps} if b is not None and b.rps else None),
         "requests_per_dollar": record.scores.get(scoring),
         "scores": {"capacity": record.scores.get("capacity"), "utilization": record.scores.get("utilization")},
         "latency_ms": point["latency_ms"],
@@ -339,6 +339,8 @@ def closing_table(summary: dict) -> str:
         capacity = _fmt(r.get("capacity_rps"))
         if bracket.get("upper_rps") and r.get("capacity_rps"):
             capacity = f"{_fmt(r['capacity_rps'])}-{_fmt(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
+        if bracket.get("limited_by") == "load_generator":
+            capacity += " *"  # the load generator, not the server, could not go faster
         table.append({
             "": tag,
             "trial": r.get("trial"),
@@ -354,6 +356,17 @@ def closing_table(summary: dict) -> str:
             "vs incumbent": _gain(r, inc, base),
         })
     text = pd.DataFrame(table).to_string(index=False) if table else "no trial met the SLA or was measured"
+    best = summary.get("best") or {}
+    traffic = summary.get("traffic") or {}
+    if best.get("capacity_speed") and traffic.get("mean_rps"):
+        peak = (best.get("capacity_bracket") or {}).get("peak_rps")
+        text += (f"\ncapacity: the recording's mean rate at the fastest replay that met the SLA: the best serves it "
+                 f"{best['capacity_speed']:.3g}x as fast (mean {best['capacity_rps']:.1f} req/s"
+                 + (f", its busiest second {peak:.0f} req/s" if peak else "") + "); a range is the last passing "
+                 "and the first failing speed")
+    if any((r.get("capacity_bracket") or {}).get("limited_by") == "load_generator" for r in rows):
+        text += ("\n* limited by the load generator: above this speed its send lag broke the budget even with "
+                 "more processes, so the server may serve more (raise replay.lag_budget_ms or replay.workers)")
     unmeasured = summary.get("unmeasured") or []
     if unmeasured:
         lines = [f"\nunmeasured: {len(unmeasured)} trial(s) with no verdict (the load generator could not replay "

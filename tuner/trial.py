@@ -86,6 +86,7 @@ class Bracket:
     converged: bool = False            # the bracket is within the tolerance
     limited_by: str = ""               # "", max_speed, min_speed, max_steps, load_generator
     lag_retries: int = 0               # replays run again because the send lag broke its budget
+    peak_rps: float | None = None      # the recording's busiest second, replayed at the capacity speed
     at_capacity: Figures | None = None
 
     @property
@@ -137,7 +138,7 @@ class TrialRecord:
 
 _SCALARS = ("outcome", "sla_reason", "pruned", "price_per_hour", "peak_rps", "servers_needed", "monthly_cost",
             "note")
-_BRACKET = ("upper_rps", "upper_speed", "steps", "converged", "limited_by", "lag_retries")
+_BRACKET = ("upper_rps", "upper_speed", "steps", "converged", "limited_by", "lag_retries", "peak_rps")
 
 
 def to_attrs(record: TrialRecord) -> dict[str, object]:

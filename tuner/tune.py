@@ -142,6 +142,10 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
                               incumbent=space.from_config(p.base, s.search), metadata=metadata,
                               identity=identity(p))
     search.requeue_interrupted(study)
+    if s.replay.workers == 0:  # the load generator's processes follow from this host's own limit
+        from tuner.replay import calibrate
+
+        progress.note(f"load generator: {calibrate(s.replay.protocol).describe()}")
     total = trials if s.search.sampler != "grid" else min(trials, space.grid_size(s.search) + 1)
     open_evaluation = functools.partial(evaluate.session, s, str(Path(s.output) / "server"))
     try:
