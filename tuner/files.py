@@ -37,11 +37,24 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
     return path
 
 
-def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+def check_output_dir(path: str | os.PathLike, what: str, *, create: bool = True) -> Path:
     """Make the directory (and its parents) and prove a file can be written in it; OutputError
-    naming `what` (e.g. `output directory`) otherwise."""
+    naming `what` (e.g. `output directory`) otherwise. Without `create` nothing is made: the nearest
+    directory that exists must take a new file."""
     path = Path(path)
     label = f"{what} {path}"
+    if not create:
+        existing = path
+        while not existing.exists() and existing.parent != existing:
+            existing = existing.parent
+        if existing.exists() and not existing.is_dir():
+            raise OutputError(f"{label}: {existing} exists and is not a directory")
+        if len(os.fsencode(path.name)) > _name_max(existing):
+            raise OutputError(f"{label}: cannot write there (File name too long)")
+        fd, probe = _make_temp(path / "x", existing, ".probe", label, OutputError)
+        os.close(fd)
+        os.unlink(probe)
+        return path
     try:
         if path.exists() and not path.is_dir():
             raise OutputError(f"{label}: exists and is not a directory")

@@ -21,7 +21,7 @@ from tuner.report import write_report
 from tuner.settings import StudySettings
 from tuner.traffic import mean_rps, peak_rps
 
-__all__ = ["Prepared", "Progress", "prepare", "tune"]
+__all__ = ["Prepared", "Progress", "check_table", "prepare", "tune"]
 
 
 class Progress:
@@ -57,10 +57,10 @@ class Prepared:
     notes: tuple[str, ...] = ()
 
 
-def prepare(settings: StudySettings, storage: str | None = None) -> Prepared:
+def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: bool = False) -> Prepared:
     """Check everything the study needs before a server starts (bad input: exit 2 here, with
-    nothing written but the output directory): the model's config, the traffic, the space, the
-    output directory, the storage."""
+    nothing written but the output directory, and not even that in a `dry_run`): the model's config,
+    the traffic, the space, the output directory, the storage."""
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = evaluate.base_config(settings)
     modelconfig.validate(base, str(base_path))
@@ -82,10 +82,42 @@ def prepare(settings: StudySettings, storage: str | None = None) -> Prepared:
     if off:
         notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "
                      f"baseline, the search does not explore around it")
-    check_output_dir(settings.output, "output directory")
+    check_output_dir(settings.output, "output directory", create=not dry_run)
     url = search.storage_url(settings, storage)
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
     return Prepared(settings, base, traffic, url, tuple(notes))
+
+
+def check_table(p: Prepared) -> list[tuple[str, str]]:
+    """What a study would do, as (what, value) rows: the dry run's answer (nothing is started)."""
+    s = p.settings
+    price = price_for(s.cost)
+    knobs = [f"{k.name} {_span(k.range_of(s.search))}" for k in space.tuned(s.search)]
+    server = s.server.launcher + (f" {s.server.image}" if s.server.launcher == "docker" else "") + (
+        f" {s.server.url}" if s.server.launcher == "remote" else "")
+    span = float(p.traffic["timestamp"].iloc[-1] - p.traffic["timestamp"].iloc[0]) if len(p.traffic) > 1 else 0.0
+    return [
+        ("model", f"{s.model} in {s.model_repository} (max_batch_size {p.base.max_batch_size})"),
+        ("incumbent", space.describe(space.from_config(p.base, s.search))),
+        ("traffic", f"{s.traffic.path}: {len(p.traffic)} requests over {span:,.0f} s, at speed "
+                    f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
+                    f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
+        ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
+        ("search", f"{s.search.sampler}, {s.search.trials} trials, top {s.search.top_k} re-measured "
+                   f"{s.search.remeasure_repeats}x"),
+        ("SLA", f"p{s.sla.percentile:g} <= {s.sla.latency_ms:g} ms, errors <= {s.sla.max_error_rate:.2%}"),
+        ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}"),
+        ("server", server),
+        ("storage", search.safe_url(p.storage)),
+        ("output", s.output),
+        *[("note", note) for note in p.notes[1:]],
+    ]
+
+
+def _span(r) -> str:
+    if dataclasses.is_dataclass(r):
+        return f"{r.low}..{r.high}" + (" (log)" if r.log else f" step {r.step}" if r.step != 1 else "")
+    return "|".join(r)
 
 
 def _largest_request(traffic: pd.DataFrame) -> tuple[int, str]:

@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("nightly", metavar="NIGHTLY.yaml",
                    help="the nightly settings (or, with --history, its output directory)")
     p.add_argument("--history", action="store_true", help="show the history of past nights as a table")
+    p.add_argument("--check", action="store_true", help="a dry run: check the nightly settings, its study, "
+                   "production's config, tonight's traffic and the output directory; start nothing")
     p.set_defaults(func=run)
 
 
@@ -31,6 +33,14 @@ def run(args: argparse.Namespace) -> int:
         print(format_history(read_history(output)))
         return 0
     settings = load_nightly(args.nightly)
+    if args.check:
+        from tuner.nightly.job import check_night
+
+        rows = check_night(settings)
+        width = max(len(what) for what, _ in rows)
+        print("\n".join(f"{what:<{width}}  {value}" for what, value in rows))
+        print(f"\n{args.nightly}: ok (nothing was started)")
+        return 0
     from tuner.nightly.engine import real_engine
     from tuner.nightly.job import run_night
 

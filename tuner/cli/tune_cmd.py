@@ -13,7 +13,7 @@ from tqdm import tqdm
 from tuner import export, search
 from tuner.errors import NoFeasibleConfigError, SettingsError, UnmeasuredError
 from tuner.settings import load_study
-from tuner.tune import Progress, tune
+from tuner.tune import Progress, check_table, prepare, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes on this machine, each with its own server (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--check", action="store_true",
+                        help="a dry run: check the study (settings, model config, traffic, space, output, "
+                        "storage), print what it would do, start nothing")
     parser.set_defaults(func=run)
 
 
@@ -46,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--trials", args.trials), ("--workers", args.workers), ("--timeout", args.timeout)):
         if value is not None and value <= 0:
             raise SettingsError(f"{flag}: must be > 0, got {value}")
+    if args.check:
+        prepared = prepare(settings, args.storage, dry_run=True)
+        rows = check_table(prepared)
+        width = max(len(what) for what, _ in rows)
+        print("\n".join(f"{what:<{width}}  {value}" for what, value in rows))
+        print(f"\n{settings.source or 'the study'}: ok (nothing was started)")
+        return 0
     bars = _Bars(enabled=not args.quiet)
     try:
         summary = tune(settings, trials=args.trials or settings.search.trials, timeout_s=args.timeout,

@@ -23,6 +23,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from tuner import modelconfig, space
+from tuner.files import check_output_dir
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, rundir
@@ -39,7 +40,7 @@ from tuner.nightly.rule import (
 from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
-from tuner.traffic import write_traffic
+from tuner.traffic import TIMESTAMP, write_traffic
 
 TRAFFIC_FILE = "traffic.parquet"
 
@@ -126,6 +127,31 @@ def _previous_traffic(output: Path, previous: dict | None) -> pd.DataFrame | Non
         return pd.read_parquet(path)
     except (OSError, ValueError):
         return None  # a previous run directory removed by hand: no drift baseline tonight
+
+
+def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
+    """The dry run of a night, as (what, value) rows: the study with its overrides, production's
+    config, tonight's traffic and the output directory, checked; nothing is started or written."""
+    study = load_study_for(settings)
+    prod_path = production_config_path(settings, study)
+    production_cfg = modelconfig.load(prod_path)
+    modelconfig.validate(production_cfg, str(prod_path))
+    space.check_tunable(production_cfg, str(prod_path))
+    traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
+                                    settings.traffic.pattern)
+    check_output_dir(settings.output, "output", create=False)
+    span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
+    server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
+    return [
+        ("study", f"{settings.study} (model {study.model}, scoring {study.scoring})"),
+        ("production", f"{prod_path}: {space.describe(space.from_config(production_cfg, study.search))}"),
+        ("traffic", f"{len(traffic)} requests over {span:,.0f} s (the last {settings.traffic.hours:g} h) "
+                    f"from {len(files)} file(s) in {settings.traffic.path}"),
+        ("search", f"{settings.search.trials} trials after last night's best and production's"),
+        ("confirm", f"{settings.confirm.pairs} pairs, margin {settings.confirm.margin:.0%}, rule {settings.confirm.rule}"),
+        ("server", server),
+        ("output", settings.output),
+    ]
 
 
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
