@@ -63,10 +63,12 @@ def counts(study: optuna.Study) -> dict[str, int]:
     trials = study.get_trials(deepcopy=False)
     states = [t.state for t in trials]
     unmeasured = sum(t.user_attrs.get("outcome") == UNMEASURED for t in trials)
+    # a grid point two hosts drew at once: the second trial measured nothing (not a failure)
+    duplicate = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == "duplicate" for t in trials)
     return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
             "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured,
-            "failed": states.count(TrialState.FAIL) - unmeasured, "pruned": states.count(TrialState.PRUNED),
-            "running": states.count(TrialState.RUNNING)}
+            "failed": states.count(TrialState.FAIL) - unmeasured - duplicate, "pruned": states.count(TrialState.PRUNED),
+            "running": states.count(TrialState.RUNNING), "duplicate": duplicate}
 
 
 def finished_count(study: optuna.Study) -> int:
