@@ -3,7 +3,7 @@
 
 Debian's `postgresql` package provides the binaries (scripts/run-tests.sh installs it as root). As
 root, `initdb` refuses to run: the cluster then runs as Debian's unprivileged `postgres` user (its
-directory given to that user); as anyone else, as that user. Without the binaries, the driver
+directory given to that user); as anyone else, as the current user. Without the binaries, the driver
 (`pip install -e '.[postgres]'`) or, as root, a `postgres` user, the tests that need it skip saying
 why, unless TUNER_REQUIRE_POSTGRES=1 or TUNER_REQUIRE_ALL=1 (CI), where they fail instead.
 
@@ -115,21 +115,31 @@ def sweep(binaries: Path, run_as: str | None) -> list[Path]:
     return removed
 
 
+def _run_as() -> str | None:
+    # initdb refuses root: the server then runs as Debian's unprivileged user
+    return pwd.getpwnam("postgres").pw_name if os.geteuid() == 0 else None
+
+
+def missing() -> str | None:
+    """Why a private cluster cannot be started here (None: it can)."""
+    if find_binaries() is None:
+        return ("PostgreSQL's initdb and pg_ctl are not installed (as root: apt-get install postgresql; "
+                "scripts/run-tests.sh does it)")
+    if importlib.util.find_spec("psycopg") is None:
+        return "the PostgreSQL driver is not installed: pip install -e '.[postgres]'"
+    try:
+        _run_as()
+    except KeyError:
+        return "running as root, and there is no unprivileged `postgres` user to run the cluster as"
+    return None
+
+
 @contextlib.contextmanager
 def private_cluster() -> Iterator[Cluster]:
-    """Start a private cluster (skipping the test, or failing it in CI, when that cannot be done)."""
+    """Start a private cluster (see `missing` first); RuntimeError, with the server's log, when it
+    does not start."""
     binaries = find_binaries()
-    if binaries is None:
-        unavailable("PostgreSQL's initdb and pg_ctl are not installed (as root: apt-get install postgresql; "
-                    "scripts/run-tests.sh does it)")
-    if importlib.util.find_spec("psycopg") is None:
-        unavailable("the PostgreSQL driver is not installed: pip install -e '.[postgres]'")
-    run_as = None
-    if os.geteuid() == 0:  # initdb refuses root: the server runs as Debian's unprivileged user
-        try:
-            run_as = pwd.getpwnam("postgres").pw_name
-        except KeyError:
-            unavailable("running as root, and there is no unprivileged `postgres` user to run the cluster as")
+    run_as = _run_as()
     sweep(binaries, run_as)
     directory = Path(tempfile.mkdtemp(prefix=PREFIX))
     (directory / OWNER_FILE).write_text(str(os.getpid()))
@@ -153,7 +163,7 @@ def private_cluster() -> Iterator[Cluster]:
         log = directory / "server.log"
         tail = log.read_text()[-1500:] if log.is_file() else ""
         _stop(directory, binaries, run_as, mode="immediate")
-        pytest.fail(f"the private PostgreSQL cluster did not start: {exc}\n{tail}", pytrace=False)
+        raise RuntimeError(f"the private PostgreSQL cluster did not start: {exc}\n{tail}") from None
     try:
         yield Cluster(port, password, directory, binaries, run_as)
     finally:

@@ -313,7 +313,7 @@ def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.slow
 def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_same_command(tmp_path):
-    study_file = write_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 8, "high": 16, "log": True},
+    study_file = write_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
                                                     "search.max_queue_delay_microseconds": {"low": 0, "high": 0}})
     output = tmp_path / "single"
     db = f"sqlite:///{output / 'study.db'}"
@@ -343,9 +343,34 @@ def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_sam
     assert again.returncode == 0, log
     trials = study_in(db, "single").get_trials()
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert measured(trials) == [(("max_batch_size", 8), ("max_queue_delay_microseconds", 0)),
-                                (("max_batch_size", 16), ("max_queue_delay_microseconds", 0))]
-    assert len(done) == 3 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert measured(trials) == [(("max_batch_size", 16), ("max_queue_delay_microseconds", 0))]
+    assert len(done) == 2 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["storage"] == db and summary["remeasured_on"]["pid"] == again.pid
     assert (output / "report.html").is_file() and "outputs:" in log
+
+
+# --- the deployment example -------------------------------------------------------------------------
+
+
+def test_the_parallel_job_runs_tuner_tune_on_every_pod_against_one_database_with_no_password_in_sight():
+    import yaml
+
+    from tuner.cli import build_parser
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "deploy" / "parallel-tune.yaml").read_text())}
+    job, service = docs["Job"], docs["Service"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] >= 2
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["command"][1:])
+    assert args.command == "tune" and args.func.__module__ == "tuner.cli.tune_cmd"
+    assert args.storage == f"postgresql://tuner@{service['metadata']['name']}:5432/tuner"  # the service, no secret
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "tuner-postgres"
+    # one pod per GPU node, all of one GPU type
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["labelSelector"]["matchLabels"] == job["spec"]["template"]["metadata"]["labels"]
+    assert "nvidia.com/gpu.product" in pod["nodeSelector"] and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
