@@ -38,6 +38,7 @@ from tuner import export, search
 from tuner.cli import main
 from tuner.localhost import GPU_TYPE_ENV, free_ports
 from tuner.score import Hints
+from tuner.settings import IntRange
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = {"search.max_batch_size": {"low": 4, "high": 16, "log": True},  # 4, 8, 16
@@ -158,6 +159,58 @@ def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(
     remeasured = json.loads((again / "summary.json").read_text())
     assert remeasured["remeasured_on"]["pid"] == done.pid and remeasured["best"]["repeats"]["values"]
     assert study_in(url, "shared").user_attrs["remeasured_on"]["pid"] == done.pid
+
+
+_WORKER = """
+import pickle, sys, optuna
+sys.path.insert(0, sys.argv[3])
+from test_search import SlowFakeEvaluation
+from tuner import search
+s = pickle.loads(open(sys.argv[1], "rb").read())
+study = optuna.load_study(study_name=s.name, storage=search.open_storage(sys.argv[2], s.search),
+                          sampler=search.make_sampler(s.search))
+search.run_trials(study, s, SlowFakeEvaluation(), 100)
+"""
+
+
+def test_a_host_killed_measuring_an_incumbent_outside_the_ranges_has_it_measured_elsewhere(tmp_path, postgres):
+    # the incumbent (the model's own config) may lie outside the search: Optuna's retry of a stale
+    # trial copies its values into the ranges' distributions, which refuse them
+    import pickle
+
+    url = postgres.create_database("stale_incumbent")
+    s = fake_settings(tmp_path, sampler="grid", trials=100)
+    s = dataclasses.replace(s, search=dataclasses.replace(
+        s.search, max_batch_size=IntRange(1, 2, log=True), max_queue_delay_microseconds=IntRange(0, 0),
+        heartbeat_s=1, grace_period_s=2))
+    incumbent = {"max_batch_size": 64, "max_queue_delay_microseconds": 0}
+    study = search.open_study(s, url, sampler=search.make_sampler(s.search), incumbent=incumbent)
+    (tmp_path / "settings.pickle").write_bytes(pickle.dumps(s))
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path / "settings.pickle"), url,
+                               str(Path(__file__).parent)], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not [t for t in study.get_trials(states=(TrialState.RUNNING,))
+                                                   if t.params == incumbent]:
+            time.sleep(0.05)
+        worker.kill()
+        worker.wait()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    (killed,) = [t for t in study.get_trials() if t.params == incumbent]
+    search.run_trials(study, s, FakeEvaluation(), 100)  # another host: waits out the grace period, retries it
+    trials = study.get_trials()
+    assert study.trials[killed.number].state == TrialState.FAIL
+    again = [t for t in trials if t.params == incumbent and t.number != killed.number]
+    assert len(again) == 1 and again[0].state == TrialState.COMPLETE and again[0].user_attrs["incumbent"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        assert optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(again[0]) == killed.number
+    assert measured(trials) == [(("max_batch_size", 1), ("max_queue_delay_microseconds", 0)),
+                                (("max_batch_size", 2), ("max_queue_delay_microseconds", 0))]
+    assert search.incumbent_trial(study).number == again[0].number
 
 
 # --- GPU types ------------------------------------------------------------------------------------

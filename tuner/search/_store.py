@@ -59,8 +59,7 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 if search is not None:
                     heartbeat = {"heartbeat_interval": search.heartbeat_s, "grace_period": search.grace_period_s,
-                                 "heartbeat_stale_trial_callback":
-                                     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+                                 "heartbeat_stale_trial_callback": RetryStaleTrial()}
                 return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
         except Exception as exc:  # noqa: BLE001  bad URL, missing driver, unreachable database, credentials
             # two processes (workers, hosts) creating the same new database race on its schema: again
@@ -69,6 +68,29 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
                 continue
             raise SettingsError(f"storage {safe_url(url)}: cannot open: {first_line(exc, url)}") from None
     raise AssertionError("unreachable")
+
+
+class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a trial whose worker died (once), also for a trial whose parameters lie
+    outside the search's ranges: an incumbent, enqueued with them. Optuna's copy would validate them
+    against the ranges and refuse (ValueError, out of the trial loop); it is enqueued again the way
+    it was, by its fixed parameters."""
+
+    def __init__(self) -> None:
+        super().__init__(max_retry=1)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        try:
+            super().__call__(study, trial)
+        except ValueError:
+            if "fixed_params" not in trial.system_attrs:
+                raise
+            history = [*trial.system_attrs.get("retry_history", []), trial.number]
+            if len(history) > 1:  # retried once already
+                return
+            study.add_trial(optuna.trial.create_trial(
+                state=TrialState.WAITING, user_attrs=trial.user_attrs,
+                system_attrs={"failed_trial": trial.number, **trial.system_attrs, "retry_history": history}))
 
 
 def _engine_kwargs(url: str) -> dict:
