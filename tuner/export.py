@@ -39,6 +39,7 @@ from tuner.search import (
     incumbent_trial,
     load_study,
     top_trials,
+    without_password,
 )
 from tuner.settings import SearchSettings
 from tuner.trial import UNMEASURED, TrialRecord, from_attrs, is_feasible, record_of
@@ -156,7 +157,7 @@ def summarize(study: optuna.Study) -> dict:
         "tuner_version": __version__,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "study_name": study.study_name,
-        "storage": meta.get("storage"),
+        "storage": without_password(meta["storage"]) if meta.get("storage") else None,
         "study_file": meta.get("study_file"),
         "model": meta.get("model"),
         "scoring": scoring,

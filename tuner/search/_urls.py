@@ -9,23 +9,35 @@ def is_journal(url: str) -> bool:
     return "://" not in url
 
 
+def _credentials(url: str) -> tuple[str, str, str] | None:
+    """(scheme, user[:password], host and the rest) of a URL whose host part names a user."""
+    if "://" not in url:
+        return None
+    scheme, rest = url.split("://", 1)
+    netloc, slash, path = rest.partition("/")  # credentials live before the path (a path may hold "@")
+    if "@" not in netloc:
+        return None
+    credentials, host = netloc.rsplit("@", 1)
+    return scheme, credentials, f"{host}{slash}{path}"
+
+
 def safe_url(url: str) -> str:
     """The URL with its password masked (what may be printed)."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
-    return url
+    parts = _credentials(url)
+    if parts is None or ":" not in parts[1]:
+        return url
+    scheme, credentials, rest = parts
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{rest}"
 
 
 def without_password(url: str) -> str:
     """The URL with no password at all (what is written into the study and its summary): PostgreSQL's
     client then takes it from $PGPASSWORD or ~/.pgpass, as on any host that may read the study."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}@{host}"
-    return url
+    parts = _credentials(url)
+    if parts is None:
+        return url
+    scheme, credentials, rest = parts
+    return f"{scheme}://{credentials.split(':', 1)[0]}@{rest}"
 
 
 def first_line(exc: BaseException, url: str = "") -> str:
