@@ -8,8 +8,8 @@ and what must be decided once for all of them:
   the search over (no trial running anywhere), so that the medians it compares come from one GPU.
 
 Each decision reads and writes the study's user attributes under `exclusive`: a PostgreSQL advisory
-lock (held by a database session: a host that dies lets it go), a file lock for SQLite and journal
-files (held by the process: the kernel lets it go).
+lock (held by a database session: a host that dies lets it go), a lock on the directory of a SQLite
+or journal file (held by the process: the kernel lets it go).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def this_host() -> Host:
 def exclusive(url: str, name: str) -> Iterator[None]:
     """Hold study `name`'s lock in storage `url`: one process at a time, on any host, until the block
     ends (or the process dies). PostgreSQL: an advisory lock; SQLite and journal files: a lock on the
-    file; another database: no lock (two hosts may then both re-measure)."""
+    file's directory; another database: no lock (two hosts may then both re-measure)."""
     if url.startswith(("postgresql", "postgres://")):
         import sqlalchemy
 
@@ -77,10 +77,14 @@ def exclusive(url: str, name: str) -> Iterator[None]:
     if path is None or str(path) in ("", ".", ":memory:"):
         yield
         return
+    # the file's directory, not the file: the storage file appears only with the study, whole
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as held:  # SQLite's own locks are of another kind (fcntl): no interference
+    held = os.open(path.parent, os.O_RDONLY)
+    try:
         fcntl.flock(held, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(held)  # lets the lock go
 
 
 def check_gpu(study: optuna.Study, settings: StudySettings, storage: str, host: Host) -> None:
