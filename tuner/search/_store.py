@@ -105,6 +105,8 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     incumbent as its first trial (in a mixed-GPU study each GPU type measures its own: see
     `claim_incumbent`) and remembers `identity` and `host`'s GPU type, which a later one must match.
     Several hosts starting at once: hold `exclusive` around this."""
+    if not create and storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        raise SettingsError(f"{storage}: no such database file")
     backend = open_storage(storage, settings.search)
     if not create:
         names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
