@@ -4,9 +4,10 @@
 # - a virtual environment in .venv with tuner and its dev/report/torch extras (PyTorch as a CPU build)
 # - the tritonserver binary from the nvidia-pytriton wheel (a user cache; `tuner server install`)
 # - as root on Debian: chromium (report test), docker.io + debootstrap (docker launcher tests), a
-#   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end
-# Elsewhere the docker and browser tests skip with a reason, unless TUNER_REQUIRE_ALL=1 (CI sets it),
-# which makes them fail instead.
+#   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end;
+#   postgresql (its binaries: the tests start a private cluster of their own, as the postgres user)
+# Elsewhere the docker, browser and PostgreSQL tests skip with a reason, unless TUNER_REQUIRE_ALL=1 (CI
+# sets it), which makes them fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/python -m pip install -q --no-deps --no-index torch 2>/dev/null \
         || .venv/bin/python -m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch
 fi
-.venv/bin/python -m pip install -q -e '.[dev,report,torch]'
+.venv/bin/python -m pip install -q -e '.[dev,report,torch,postgres]'
 
 step "tritonserver binary (nvidia-pytriton wheel, cached)"
 .venv/bin/tuner server install
@@ -43,10 +44,19 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     command -v chromium >/dev/null || missing+=(chromium)
     command -v dockerd >/dev/null || missing+=(docker.io)
     command -v debootstrap >/dev/null || missing+=(debootstrap)
+    if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+        missing+=(postgresql)
+        # only the binaries: no system-wide cluster created (nor started) by the package
+        if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+            mkdir -p /etc/postgresql-common
+            echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
+        fi
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         step "Debian packages: ${missing[*]}"
         apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
     fi
 fi
 

@@ -55,3 +55,16 @@ def restore_template_config(local_server, templates_dir):
     yield
     for model in TEMPLATE_MODELS:
         local_server.apply_config(model, template_config(templates_dir, model))
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL cluster on 127.0.0.1 for the session (tests/pg_cluster.py); skips saying
+    why without the binaries or the driver, fails instead in CI (TUNER_REQUIRE_ALL=1)."""
+    from pg_cluster import missing, private_cluster, unavailable
+
+    reason = missing()
+    if reason:
+        unavailable(reason)
+    with private_cluster() as cluster:
+        yield cluster

@@ -5,6 +5,7 @@
     summarize(study) -> dict                   the summary (best, incumbent, improvement, ...)
     recommended_config(study, summary) -> str  the user's config with only the tuned fields changed
     closing_table(summary) -> str              the terminal's closing table
+    hosts(study) -> list[dict]                 who measured the study: host, GPU type, trials each
     export(storage, name, output)              for `tuner export`
     write_latency_records(repeats, dir)        records/<trial_N|incumbent>.parquet: the re-measured
                                                configurations' per-request latencies at capacity
@@ -38,12 +39,14 @@ from tuner.search import (
     incumbent_trial,
     load_study,
     top_trials,
+    without_password,
 )
 from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
-__all__ = ["RECOMMENDED", "SUMMARY", "TRIALS", "closing_table", "export", "recommended_config", "storage_of",
-           "summarize", "trials_frame", "unmeasured_advice", "write_latency_records", "write_outputs"]
+__all__ = ["RECOMMENDED", "SUMMARY", "TRIALS", "closing_table", "export", "hosts", "hosts_table",
+           "recommended_config", "storage_of", "summarize", "trials_frame", "unmeasured_advice",
+           "write_latency_records", "write_outputs"]
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
@@ -98,10 +101,12 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, feasible: bool)
 
 
 def _from_trial(t: optuna.trial.FrozenTrial, scoring: str) -> dict:
-    return _entry(record_of(t) or TrialRecord(params=dict(t.params)), scoring, t.number, is_feasible(t))
+    e = _entry(record_of(t) or TrialRecord(params=dict(t.params)), scoring, t.number, is_feasible(t))
+    e["host"], e["gpu"] = t.user_attrs.get("host"), t.user_attrs.get("gpu")  # where it was measured
+    return e
 
 
-def _from_repeats(r: dict, scoring: str) -> dict:
+def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
     record = from_attrs({**r.get("attrs", {}), "config": r["params"], "outcome": "measured"})
     record = dataclasses.replace(record, scores=r.get("scores", {}))
     e = _entry(record, scoring, r.get("trial"), r.get("feasible_runs", 0) > 0 and (r.get("median") or 0) > 0)
@@ -111,6 +116,7 @@ def _from_repeats(r: dict, scoring: str) -> dict:
     e["repeats"] = {"values": r.get("values"), "spread": r.get("spread"),
                     "observed_spread": r.get("observed_spread"), "bracket_width": r.get("bracket_width"),
                     "feasible_runs": r.get("feasible_runs"), "unmeasured_runs": r.get("unmeasured_runs", 0)}
+    e["host"], e["gpu"] = (on or {}).get("host"), (on or {}).get("gpu")  # every repeat on one host
     return e
 
 
@@ -148,7 +154,7 @@ def summarize(study: optuna.Study) -> dict:
     meta = study.user_attrs
     scoring = meta.get("scoring", "capacity")
     sla = meta.get("sla") or {}
-    remeasured = [_from_repeats(r, scoring) for r in meta.get("remeasured") or []]
+    remeasured = [_from_repeats(r, scoring, meta.get("remeasured_on")) for r in meta.get("remeasured") or []]
     ranked = sorted((r for r in remeasured if r["feasible"]), key=lambda r: r["requests_per_dollar"] or 0,
                     reverse=True)
     inc_trial = incumbent_trial(study)
@@ -179,7 +185,7 @@ def summarize(study: optuna.Study) -> dict:
         "tuner_version": __version__,
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "study_name": study.study_name,
-        "storage": meta.get("storage"),
+        "storage": without_password(meta["storage"]) if meta.get("storage") else None,
         "study_file": meta.get("study_file"),
         "model": meta.get("model"),
         "scoring": scoring,
@@ -197,6 +203,8 @@ def summarize(study: optuna.Study) -> dict:
         "top": ranked_or_best,
         "trials": counts(study),
         "unmeasured": _unmeasured(study),
+        "hosts": hosts(study),
+        "remeasured_on": meta.get("remeasured_on"),
     }
     if best is None:
         closest = _closest(study, scoring)
@@ -238,6 +246,27 @@ def unmeasured_advice(summary: dict) -> str:
         parts.append(f"{unstable} never reached steady state after the load: raise measurement.warmup_max_s "
                      f"or measurement.stability_pct")
     return f"no trial could be measured: {'; '.join(parts)} (the summary lists the {len(listed)} trials)"
+
+
+def hosts(study: optuna.Study) -> list[dict]:
+    """Who measured the study's trials: one row per process (host, pid) and GPU type, with its trials
+    by state."""
+    rows: dict[tuple, dict] = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state == optuna.trial.TrialState.WAITING or "host" not in t.user_attrs:
+            continue
+        key = (t.user_attrs.get("host"), t.user_attrs.get("pid"), t.user_attrs.get("gpu") or "unknown")
+        row = rows.setdefault(key, {"host": key[0], "pid": key[1], "gpu": key[2], "trials": 0, "complete": 0,
+                                    "pruned": 0, "failed": 0, "running": 0})
+        row["trials"] += 1
+        state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}.get(t.state.name, "running")
+        row[state] += 1
+    return sorted(rows.values(), key=lambda r: (str(r["host"]), str(r["pid"]), str(r["gpu"])))
+
+
+def hosts_table(rows: list[dict]) -> str:
+    """The hosts that measured a study, as a table (empty when none)."""
+    return pd.DataFrame(rows).to_string(index=False) if rows else ""
 
 
 def _is_incumbent(study: optuna.Study, number: int) -> bool:
@@ -301,7 +330,7 @@ def _header(summary: dict, base, config) -> str:
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial: parameters, measurements (the record's attributes), state."""
-    skip = {"host", "pid", "config"}
+    skip = {"config"}  # host, pid and gpu say where each trial was measured
     scoring = study.user_attrs.get("scoring", "capacity")
     rows = []
     for t in study.get_trials(deepcopy=False):
@@ -377,6 +406,11 @@ def closing_table(summary: dict) -> str:
         if len(unmeasured) > 5:
             lines.append(f"  ... and {len(unmeasured) - 5} more (summary.json lists them)")
         text += "\n".join(lines)
+    measured_by = summary.get("hosts") or []
+    if len(measured_by) > 1:  # a study several hosts (or GPU types) shared: who measured what
+        on = summary.get("remeasured_on") or {}
+        text += ("\n\nmeasured by:\n" + hosts_table(measured_by)
+                 + (f"\nre-measured on {on.get('host')} (pid {on.get('pid')}, {on.get('gpu')})" if on else ""))
     return text
 
 

@@ -1,23 +1,27 @@
-"""This machine's small shared facts: free loopback ports, whether a process lives, and temporary
+"""This machine's small shared facts: free loopback ports, whether a process lives, temporary
 directories that record their owner, so that a later run can remove those of an owner killed without
-cleaning up (kill -9 skips every `finally`). Used by the launchers, the replay and the search."""
+cleaning up (kill -9 skips every `finally`), and the GPU type a measurement ran on. Used by the
+launchers, the replay and the search."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
 
-__all__ = ["OWNER_FILE", "check_port_free", "free_ports", "owned_temporary_dir", "owned_tempdir", "pid_alive",
-           "sweep_owned"]
+__all__ = ["GPU_TYPE_ENV", "OWNER_FILE", "check_port_free", "free_ports", "gpu_type", "owned_temporary_dir",
+           "owned_tempdir", "pid_alive", "sweep_owned"]
 
 OWNER_FILE = "owner.pid"
+GPU_TYPE_ENV = "TUNER_GPU_TYPE"  # says the GPU type where nvidia-smi cannot (a remote server, a MIG slice)
 
 
 def free_ports(n: int) -> tuple[int, ...]:
@@ -93,3 +97,19 @@ def sweep_owned(prefix: str, directory: str | Path | None = None) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+@functools.cache
+def gpu_type() -> str:
+    """This host's GPU type: `nvidia-smi --query-gpu=name` (distinct names joined by ", "), "cpu" where
+    there is no NVIDIA GPU; $TUNER_GPU_TYPE, when set, says it instead."""
+    told = os.environ.get(GPU_TYPE_ENV, "").strip()
+    if told:
+        return told
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):  # no driver, no GPU, a hung driver: measured on the CPU
+        return "cpu"
+    names = list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
+    return ", ".join(names) or "cpu"

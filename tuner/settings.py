@@ -138,6 +138,8 @@ class SearchSettings:
     # for grace_period_s (its host died) is failed and run again by another worker
     heartbeat_s: int = 10
     grace_period_s: int = 60
+    # hosts sharing the study (--storage) must have the first one's GPU type, unless this allows others
+    mixed_gpus: bool = False
 
 
 @dataclass(frozen=True)

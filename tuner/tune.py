@@ -1,6 +1,11 @@
 """`tuner tune` as a library call: check the inputs, run the study, re-measure the best, write the
 outputs and the report. The one place the whole flow is wired: evaluation (server + replay) ->
 search -> export -> report. Progress goes to a `Progress` the caller gives (the CLI draws bars).
+
+Several hosts may run `tune` on one study (a shared database): each measures trials on its own
+server; the one that finds the search over first re-measures the top configurations and writes the
+outputs, the others return `Handover` saying who does. `finish` re-measures on demand (`tuner
+finish`), `outputs_from_storage` writes the outputs of a finished study on any machine.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from tuner.cost import price_for
 from tuner.errors import ConfigError, TunerError, UnmeasuredError
 from tuner.files import check_output_dir
 from tuner.report import write_report
+from tuner.score import Hints
 from tuner.settings import StudySettings
 from tuner.traffic import mean_rps, peak_rps
 
-__all__ = ["Prepared", "Progress", "check_table", "prepare", "tune"]
+__all__ = ["Handover", "Prepared", "Progress", "check_table", "finish", "outputs_from_storage", "prepare", "tune"]
 
 
 class Progress:
@@ -44,6 +50,28 @@ class Progress:
 
     def close(self) -> None:
         """The work is over (also on an error)."""
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a host that does not re-measure returns: who does (or which trial another host still
+    measures), the trials measured here, and each host's share of the study."""
+
+    study_name: str
+    storage: str            # printable (password masked)
+    by: dict                # host, pid, gpu; `running`: the trial another host still measures
+    ran_here: int
+    hosts: list = field(default_factory=list)   # export.hosts(study)
+
+    def message(self) -> str:
+        """One line for the terminal."""
+        who = f"{self.by.get('host')} (pid {self.by.get('pid')}, {self.by.get('gpu')})"
+        if "running" in self.by:
+            return (f"{who} still measures trial {self.by['running']}: the last host to finish re-measures the "
+                    f"top configurations and writes the outputs; this host measured {self.ran_here} trial(s)")
+        return (f"{who} re-measures the top configurations and writes the outputs (since {self.by.get('since')}); "
+                f"this host measured {self.ran_here} trial(s). If it stops, run: tuner finish STUDY.yaml "
+                f"--storage URL")
 
 
 @dataclass(frozen=True)
@@ -147,20 +175,13 @@ def identity(p: Prepared) -> dict:
     }
 
 
-def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None, storage: str | None = None,
-         workers: int = 1, progress: Progress | None = None) -> dict:
-    """Run the study (resuming it if its storage holds it), re-measure the best, write the outputs;
-    returns the summary. UnmeasuredError after writing them when no trial could be measured."""
-    progress = progress or Progress()
-    p = prepare(settings, storage)
-    for note in p.notes:
-        progress.note(note)
+def _metadata(p: Prepared) -> dict:
     s = p.settings
-    metadata = {
+    return {
         "scoring": s.scoring,
         "model": s.model,
         "study_file": s.source,
-        "storage": p.storage,
+        "storage": search.without_password(p.storage),  # written into the summary: no secret
         "base_config": modelconfig.to_text(p.base),
         "base_config_source": (Path(s.model_repository) / s.model / "config.pbtxt").read_text(),
         "preferred_batch_size": s.search.preferred_batch_size,
@@ -170,30 +191,73 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
                     "peak_rps": peak_rps(p.traffic, s.traffic.speed), "mean_rps": mean_rps(p.traffic)},
         "price": price_for(s.cost).as_dict(),
     }
-    study = search.open_study(s, p.storage, sampler=search.make_sampler(s.search),
-                              incumbent=space.from_config(p.base, s.search), metadata=metadata,
-                              identity=identity(p))
-    search.requeue_interrupted(study)
+
+
+def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None, storage: str | None = None,
+         workers: int = 1, progress: Progress | None = None) -> dict | Handover:
+    """Run the study (resuming it if its storage holds it, joining it if other hosts run it), then,
+    on the host that finds the search over first, re-measure the best and write the outputs; returns
+    the summary, or on the other hosts a `Handover`. UnmeasuredError after writing the outputs when
+    no trial could be measured."""
+    progress = progress or Progress()
+    p = prepare(settings, storage)
+    for note in p.notes:
+        progress.note(note)
+    s = p.settings
+    host = search.this_host()
+    incumbent = space.from_config(p.base, s.search)
+    with search.exclusive(p.storage, s.name):  # hosts starting at once: one creates, each checks
+        study = search.open_study(s, p.storage, sampler=search.make_sampler(s.search), incumbent=incumbent,
+                                  metadata=_metadata(p), identity=identity(p), host=host)
+        search.requeue_interrupted(study)
+        own_incumbent = s.search.mixed_gpus and search.claim_incumbent(study, host)
     if s.replay.workers == 0:  # the load generator's processes follow from this host's own limit
         from tuner.replay import calibrate
 
         progress.note(f"load generator: {calibrate(s.replay.protocol).describe()}")
     total = trials if s.search.sampler != "grid" else min(trials, space.grid_size(s.search) + 1)
     open_evaluation = functools.partial(evaluate.session, s, str(Path(s.output) / "server"))
+    ran = 0
+    handover = None
     try:
         progress.trials(study, total)
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
-                search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s,
-                                  on_trial=lambda _t: progress.trial_done(study))
-                repeats = _remeasure(study, evaluate_trial, s, progress)
+                if own_incumbent:
+                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
+                ran = search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
+                                        on_trial=lambda _t: progress.trial_done(study))
+                handover = _claim(study, p, host)
+                repeats = None if handover else _remeasure(study, evaluate_trial, s, progress)
         else:
+            if own_incumbent:
+                with open_evaluation() as evaluate_trial:
+                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
+            before = {t.number for t in study.get_trials(deepcopy=False)}
             search.run_workers(s, open_evaluation, p.storage, trials, workers=workers, timeout_s=timeout_s,
                                poll=lambda: progress.trial_done(study))
-            with open_evaluation() as evaluate_trial:
-                repeats = _remeasure(study, evaluate_trial, s, progress)
+            ran = sum(t.number not in before and t.user_attrs.get("host") == host.name
+                      for t in study.get_trials(deepcopy=False))
+            handover = _claim(study, p, host)
+            if not handover:
+                with open_evaluation() as evaluate_trial:
+                    repeats = _remeasure(study, evaluate_trial, s, progress)
     finally:
         progress.close()
+    if handover:
+        return dataclasses.replace(handover, ran_here=ran)
+    return _write(study, s, repeats)
+
+
+def _claim(study: optuna.Study, p: Prepared, host: search.Host) -> Handover | None:
+    with search.exclusive(p.storage, p.settings.name):
+        by = search.claim_finish(study, host)
+    if by is None:
+        return None
+    return Handover(study.study_name, search.safe_url(p.storage), by, 0, export.hosts(study))
+
+
+def _write(study: optuna.Study, s: StudySettings, repeats) -> dict:
     summary = export.write_outputs(study, s.output)
     if repeats is not None:  # None: a resumed study had nothing new, the records of its last run stand
         export.write_latency_records(repeats, s.output)
@@ -207,9 +271,44 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     return summary
 
 
-def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, progress: Progress):
-    # a study run again with no new trial keeps its re-measurement
-    if (study.user_attrs.get("remeasured_at") == search.finished_count(study)
+def finish(settings: StudySettings, *, storage: str | None = None, progress: Progress | None = None) -> dict:
+    """Re-measure the top configurations of a study other hosts searched, on this host's server, and
+    write the outputs (`tuner finish`): for a study whose finishing host stopped, or to re-measure on
+    a chosen host. The study must exist and match the study file (and this host's GPU type)."""
+    progress = progress or Progress()
+    p = prepare(settings, storage)
+    s = p.settings
+    host = search.this_host()
+    with search.exclusive(p.storage, s.name):
+        study = search.open_study(s, p.storage, sampler=search.make_sampler(s.search), identity=identity(p),
+                                  host=host, create=False)
+        search.claim_finish(study, host, force=True)
+    try:
+        with evaluate.session(s, str(Path(s.output) / "server")) as evaluate_trial:
+            repeats = _remeasure(study, evaluate_trial, s, progress, again=True)
+    finally:
+        progress.close()
+    return _write(study, s, repeats)
+
+
+def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> dict:
+    """Write the outputs of a study from its storage alone, on any machine that reaches it (no
+    server): recommended config, summary, trials table and report. The per-request latencies of the
+    re-measurement stay with the host that measured them (the report goes without their CDFs)."""
+    check_output_dir(output, "output directory")
+    study = search.load_study(storage, name)
+    summary = export.write_outputs(study, output)
+    try:
+        summary["report"] = str(write_report(output))
+    except TunerError as exc:
+        summary["report_error"] = str(exc)
+    return summary
+
+
+def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, progress: Progress, *,
+               again: bool = False):
+    # a study run again with no new trial keeps its re-measurement (unless asked `again`)
+    if (not again and study.user_attrs.get("remeasured_at") == search.finished_count(study)
             and "remeasured" in study.user_attrs):
         return None
     top = search.top_trials(study, settings.search.top_k)
@@ -217,6 +316,8 @@ def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, pro
     n = len(top) + (1 if top and incumbent and all(t.params != incumbent.params for t in top) else 0)
     progress.remeasure(n * settings.search.remeasure_repeats)
     repeats = search.remeasure(study, evaluate_trial, settings, progress=progress.remeasured_one)
+    host = search.this_host()
     study.set_user_attr("remeasured", [search.repeats_as_dict(r) for r in repeats])
     study.set_user_attr("remeasured_at", search.finished_count(study))
+    study.set_user_attr("remeasured_on", host.as_dict())
     return repeats

@@ -16,6 +16,7 @@ from tuner.errors import Terminated, TunerError, sigterm_as_interrupt
 # Command-group modules, in the order `tuner --help` lists them (one that fails to import is an error).
 COMMAND_MODULES = (
     "tuner.cli.tune_cmd",
+    "tuner.cli.finish_cmd",
     "tuner.cli.replay_cmd",
     "tuner.cli.export_cmd",
     "tuner.cli.report_cmd",

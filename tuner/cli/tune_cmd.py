@@ -13,7 +13,7 @@ from tqdm import tqdm
 from tuner import export, search
 from tuner.errors import NoFeasibleConfigError, SettingsError, UnmeasuredError
 from tuner.settings import load_study
-from tuner.tune import Progress, check_table, prepare, tune
+from tuner.tune import Handover, Progress, check_table, prepare, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--trials", type=int, metavar="N", help="trials in all (default: search.trials)")
     parser.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S seconds")
     parser.add_argument("--output", metavar="DIR", help="output directory (default: the study's output)")
-    parser.add_argument("--storage", metavar="URL", help="Optuna storage URL, e.g. postgresql://... for "
-                        "workers on several hosts (default: sqlite:///DIR/study.db)")
+    parser.add_argument("--storage", metavar="URL", help="Optuna storage URL, e.g. postgresql://user@db/tuner "
+                        "for hosts sharing the study (the password from $PGPASSWORD) (default: "
+                        "sqlite:///DIR/study.db)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes on this machine, each with its own server (default 1)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -56,13 +57,18 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"{what:<{width}}  {value}" for what, value in rows))
         print(f"\n{settings.source or 'the study'}: ok (nothing was started)")
         return 0
-    bars = _Bars(enabled=not args.quiet)
+    bars = Bars(enabled=not args.quiet)
     try:
         summary = tune(settings, trials=args.trials or settings.search.trials, timeout_s=args.timeout,
                        storage=args.storage, workers=args.workers, progress=bars)
     except UnmeasuredError:
         print(f"outputs: {settings.output}", file=sys.stderr)
         raise
+    if isinstance(summary, Handover):  # another host re-measures and writes the outputs
+        if summary.hosts:
+            print(export.hosts_table(summary.hosts))
+        print(f"\nstudy {summary.study_name!r} in {summary.storage}: {summary.message()}")
+        return 0
     print(export.closing_table(summary))
     print(f"\n{summary['message']}\noutputs: {settings.output}")
     if summary.get("report"):
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Bars(Progress):
+class Bars(Progress):
     """tqdm bars on stderr: the trials (with the best so far), then the re-measurement."""
 
     def __init__(self, enabled: bool):

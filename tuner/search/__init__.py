@@ -1,8 +1,10 @@
-"""The Optuna study: its storage, the trial loop, the worker processes, and what it found.
+"""The Optuna study: its storage, the trial loop, the worker processes, the hosts sharing it, and
+what it found.
 
-    open_study / storage_url / open_storage / load_study     _storage: where a study lives
-    run_trials / make_sampler / hints / spent                _loop: Optuna's optimize, with heartbeats
+    open_study / storage_url / open_storage / load_study     _store: where a study lives
+    run_trials / make_sampler / hints / spent / add_incumbent _loop: Optuna's optimize, with heartbeats
     run_workers                                              _workers: processes on this machine
+    Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
     best_trial / top_trials / incumbent_trial / counts       _results: what the study found
     remeasure / recommend / Repeats / repeats_as_dict        ... and its re-measurement
 
@@ -10,8 +12,10 @@ The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.eva
 one, which drives a Triton server and a Locust replay).
 """
 
+from tuner.search._hosts import Host, check_gpu, claim_finish, claim_incumbent, exclusive, this_host
 from tuner.search._loop import (
     Evaluate,
+    add_incumbent,
     hints,
     make_sampler,
     requeue_interrupted,
@@ -34,18 +38,19 @@ from tuner.search._results import (
 from tuner.search._store import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
-    is_journal,
     load_study,
     open_storage,
     open_study,
-    safe_url,
     storage_url,
 )
+from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
-    "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "OpenEvaluation", "Repeats", "best_trial", "config_of", "counts", "feasible_trials",
-    "finished_count", "hints", "incumbent_trial", "is_journal", "load_study", "make_sampler", "open_storage",
-    "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted", "run_trials",
-    "run_workers", "safe_url", "spent", "storage_url", "top_trials",
+    "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
+    "best_trial", "check_gpu", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
+    "feasible_trials", "finished_count", "hints", "incumbent_trial", "is_journal", "load_study", "make_sampler",
+    "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
+    "run_trials", "run_workers", "safe_url", "spent", "storage_url", "this_host", "top_trials",
+    "without_password",
 ]

@@ -13,13 +13,15 @@ around it, readable top to bottom in `run_trials`:
   enqueued again by `RetryHeartbeatStaleTrialCallback`, so the remaining workers measure it;
 - the loop ends when the study holds `n_trials` trials (all workers together), the grid is used up,
   or the timeout passes; a worker then waits for trials still running elsewhere, so that a stale one
-  is not left behind.
+  is not left behind;
+- every trial records where it was measured: host, process and GPU type (`_hosts.Host`). In a study
+  open to several GPU types, each type's incumbent is measured by the host that claimed it, outside
+  the queue (`add_incumbent`), since any host may take a queued trial.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import socket
 import time
 import warnings
@@ -32,8 +34,10 @@ from tuner import space
 from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerError
 from tuner.localhost import pid_alive
 from tuner.score import Hints
+from tuner.search._hosts import Host, this_host
 from tuner.search._results import best_trial
-from tuner.search._store import fail_dead_local_trials, is_journal, open_storage
+from tuner.search._store import fail_dead_local_trials, open_storage
+from tuner.search._urls import is_journal
 from tuner.settings import SearchSettings, StudySettings
 from tuner.trial import NO_VERDICT, TrialRecord, to_attrs
 
@@ -42,6 +46,7 @@ OnTrial = Callable[[optuna.trial.FrozenTrial], None]
 
 MAX_FAILURES_IN_A_ROW = 3
 INTERRUPTED = "interrupted"
+DUPLICATE = "duplicate"  # a grid point another trial measures or measured: not measured again
 
 
 class _TrialFailed(Exception):
@@ -88,11 +93,13 @@ def hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
 
 def spent(study: optuna.Study) -> int:
     """Trials that count against the budget, all workers together: every trial begun, except those
-    failed and enqueued again (an interruption, a dead worker: their retry counts instead)."""
+    failed and enqueued again (an interruption, a dead worker: their retry counts instead) and the
+    duplicates a grid study skipped."""
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
-    return sum(t.state != TrialState.WAITING and t.number not in retried for t in trials)
+    return sum(t.state != TrialState.WAITING and t.number not in retried
+               and t.user_attrs.get("error_kind") != DUPLICATE for t in trials)
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
@@ -120,22 +127,40 @@ def is_journal_study(study: optuna.Study) -> bool:
     return is_journal(str(study.user_attrs.get("storage") or "://"))
 
 
+def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRecord, host: Host) -> None:
+    """Record the incumbent measured on `host` (a mixed-GPU study: one per GPU type) as a finished
+    trial, its configuration in its attributes (it may lie outside the search's ranges)."""
+    measured = record.outcome not in NO_VERDICT
+    trial = optuna.trial.create_trial(
+        state=TrialState.COMPLETE if measured else TrialState.FAIL,
+        value=record.value(settings.scoring) if measured else None,
+        user_attrs={**to_attrs(record), "incumbent": True, **host.as_dict()})
+    if measured:
+        trial.set_constraint("sla", record.violation)
+    study.add_trial(trial)
+
+
 def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, n_trials: int, *,
-               timeout_s: float | None = None, on_trial: OnTrial | None = None) -> int:
+               timeout_s: float | None = None, on_trial: OnTrial | None = None, host: Host | None = None) -> int:
     """Run trials until the study holds `n_trials` (all workers together), the grid is used up, or
     `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    host, pid = socket.gethostname(), os.getpid()
+    host = host or this_host()
     ran = 0
     failures = 0  # setup failures in a row
 
     def objective(trial: optuna.Trial) -> float:
         nonlocal failures, ran
-        trial.set_user_attr("host", host)
-        trial.set_user_attr("pid", pid)
+        for key, value in host.as_dict().items():
+            trial.set_user_attr(key, value)
         with warnings.catch_warnings():  # an incumbent outside the ranges: tuner says so itself
             warnings.filterwarnings("ignore", message="Fixed parameter")
             params = space.suggest(trial, settings.search)
+        twin = _twin(study, trial.number, trial.params) if isinstance(study.sampler, _GridSampler) else None
+        if twin is not None:  # two hosts drew one grid point at once: the earlier trial measures it
+            trial.set_user_attr("error", f"trial {twin} measures this configuration")
+            trial.set_user_attr("error_kind", DUPLICATE)
+            raise _TrialFailed(DUPLICATE)
         try:
             record = evaluate(params, hints(study, settings.scoring))
         except KeyboardInterrupt:
@@ -164,7 +189,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
     def stop_at_budget(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if on_trial is not None:
             on_trial(trial)
-        if spent(study) >= n_trials or _grid_used_up(study):
+        if spent(study) >= n_trials or _grid_used_up(study, settings):
             study.stop()
 
     verbosity = optuna.logging.get_verbosity()
@@ -174,7 +199,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             while True:
                 waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-                if waiting or (spent(study) < n_trials and not _grid_used_up(study)):
+                if waiting or (spent(study) < n_trials and not _grid_used_up(study, settings)):
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
@@ -193,6 +218,20 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
     return ran
 
 
-def _grid_used_up(study: optuna.Study) -> bool:
-    sampler = study.sampler
-    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+def _grid_used_up(study: optuna.Study, settings: StudySettings) -> bool:
+    """Every grid point begun: measured, or being measured (by any worker, on any host). Optuna's own
+    test waits for the running ones, and meanwhile a free worker would draw a running point again."""
+    if not isinstance(study.sampler, optuna.samplers.GridSampler):
+        return False
+    begun = {t.system_attrs["grid_id"] for t in study.get_trials(deepcopy=False)
+             if t.state != TrialState.WAITING and "grid_id" in t.system_attrs}
+    return len(begun) >= space.grid_size(settings.search)
+
+
+def _twin(study: optuna.Study, number: int, params: dict) -> int | None:
+    """A trial that measured these parameters, or an earlier one measuring them now (the earlier of
+    two drawn at once keeps it, whichever looks first)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
+        if t.number != number and t.params == params and (t.state != TrialState.RUNNING or t.number < number):
+            return t.number
+    return None

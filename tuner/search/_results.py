@@ -64,10 +64,13 @@ def counts(study: optuna.Study) -> dict[str, int]:
     states = [t.state for t in trials]
     unmeasured = sum(t.user_attrs.get("outcome") == UNMEASURED for t in trials)
     unstable = sum(t.user_attrs.get("outcome") == UNSTABLE for t in trials)
+    # a grid point two hosts drew at once: the second trial measured nothing (not a failure)
+    duplicate = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == "duplicate" for t in trials)
     return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
             "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured, "unstable": unstable,
-            "failed": states.count(TrialState.FAIL) - unmeasured - unstable,
-            "pruned": states.count(TrialState.PRUNED), "running": states.count(TrialState.RUNNING)}
+            "failed": states.count(TrialState.FAIL) - unmeasured - unstable - duplicate,
+            "pruned": states.count(TrialState.PRUNED), "running": states.count(TrialState.RUNNING),
+            "duplicate": duplicate}
 
 
 def finished_count(study: optuna.Study) -> int:

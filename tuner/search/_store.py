@@ -3,7 +3,11 @@ heartbeats, so that a trial whose worker died is failed after a grace period and
 (`RetryHeartbeatStaleTrialCallback`); a journal file of an earlier tuner is still opened to resume.
 
 A study remembers what it measured against (`identity`: model, base config, traffic, SLA, price,
-space, scoring); resuming it with any of those changed would mix incomparable trials, so it is refused.
+space, scoring) and the GPU type of the host that made it; resuming it with any of those changed, or
+joining it from a host with another GPU type (unless `search.mixed_gpus`), would mix incomparable
+trials, so it is refused.
+
+Several hosts starting on one study at once hold its lock around `open_study` (`_hosts.exclusive`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import SettingsError
+from tuner.search._hosts import Host, check_gpu
+from tuner.search._urls import first_line, is_journal, safe_url
 from tuner.settings import SearchSettings, StudySettings
 
 DEFAULT_STORAGE_FILE = "study.db"
@@ -32,10 +38,6 @@ def storage_url(settings: StudySettings, override: str | None = None) -> str:
     if journal.is_file():
         return str(journal)
     return f"sqlite:///{Path(settings.output) / DEFAULT_STORAGE_FILE}"
-
-
-def is_journal(url: str) -> bool:
-    return "://" not in url
 
 
 def open_storage(url: str, search: SearchSettings | None = None) -> optuna.storages.BaseStorage:
@@ -57,8 +59,7 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 if search is not None:
                     heartbeat = {"heartbeat_interval": search.heartbeat_s, "grace_period": search.grace_period_s,
-                                 "heartbeat_stale_trial_callback":
-                                     optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)}
+                                 "heartbeat_stale_trial_callback": RetryStaleTrial()}
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
             if url.startswith("sqlite"):
                 _serialize_sqlite(storage.engine)
@@ -68,7 +69,7 @@ def open_storage(url: str, search: SearchSettings | None = None) -> optuna.stora
             if "IntegrityError" in type(exc).__name__ + str(exc)[:200] and attempt + 1 < CREATE_TRIES:
                 time.sleep(0.2 * (attempt + 1))
                 continue
-            raise SettingsError(f"storage {safe_url(url)}: cannot open: {_first_line(exc)}") from None
+            raise SettingsError(f"storage {safe_url(url)}: cannot open: {first_line(exc, url)}") from None
     raise AssertionError("unreachable")
 
 
@@ -91,45 +92,63 @@ def _serialize_sqlite(engine) -> None:
     engine.dispose()
 
 
+class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
+    """Optuna's retry of a trial whose worker died (once), also for a trial whose parameters lie
+    outside the search's ranges: an incumbent, enqueued with them. Optuna's copy would validate them
+    against the ranges and refuse (ValueError, out of the trial loop); it is enqueued again the way
+    it was, by its fixed parameters."""
+
+    def __init__(self) -> None:
+        super().__init__(max_retry=1)
+
+    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        try:
+            super().__call__(study, trial)
+        except ValueError:
+            if "fixed_params" not in trial.system_attrs:
+                raise
+            history = [*trial.system_attrs.get("retry_history", []), trial.number]
+            if len(history) > 1:  # retried once already
+                return
+            study.add_trial(optuna.trial.create_trial(
+                state=TrialState.WAITING, user_attrs=trial.user_attrs,
+                system_attrs={"failed_trial": trial.number, **trial.system_attrs, "retry_history": history}))
+
+
 def _engine_kwargs(url: str) -> dict:
     # SQLite with several writers (workers, their heartbeats): wait for the lock instead of failing at once
     return {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
 
 
-def safe_url(url: str) -> str:
-    """The URL without its password (what may be printed)."""
-    if "://" in url and "@" in url:
-        scheme, rest = url.split("://", 1)
-        credentials, host = rest.rsplit("@", 1)
-        return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
-    return url
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, ModuleNotFoundError) or "No module named" in text:
-        return f"{text.splitlines()[0]} (install the database driver: pip install 'tuner[postgres]')"
-    for line in text.splitlines():  # SQLAlchemy wraps the driver's message: keep its first real line
-        line = line.strip()
-        if line and not line.startswith("(Background on this error"):
-            return line.removeprefix("(psycopg2.OperationalError) ").removeprefix("(sqlite3.OperationalError) ")
-    return text
-
-
 def open_study(settings: StudySettings, storage: str, *, sampler: optuna.samplers.BaseSampler,
                incumbent: dict | None = None, metadata: dict | None = None,
-               identity: dict | None = None) -> optuna.Study:
-    """Create the study, or load it to resume; a new one gets the incumbent as its first trial and
-    remembers `identity`, which a resumed one must match."""
+               identity: dict | None = None, host: Host | None = None, create: bool = True) -> optuna.Study:
+    """Create the study, or load it to resume or to join it from another host; a new one gets the
+    incumbent as its first trial (in a mixed-GPU study each GPU type measures its own: see
+    `claim_incumbent`) and remembers `identity` and `host`'s GPU type, which a later one must match.
+    Several hosts starting at once: hold `exclusive` around this."""
+    if not create and storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
+        raise SettingsError(f"{storage}: no such database file")
     backend = open_storage(storage, settings.search)
+    if not create:
+        names = [s.study_name for s in optuna.get_all_study_summaries(backend)]
+        if settings.name not in names:
+            raise SettingsError(f"{safe_url(storage)}: no study named {settings.name!r} "
+                                f"(it holds: {', '.join(names) or 'none'})")
     study = optuna.create_study(study_name=settings.name, storage=backend, sampler=sampler,
                                 direction="maximize", load_if_exists=True)
     if study.user_attrs.get("created"):
         _check_same_study(study, settings, storage, identity)
+        if host is not None:
+            check_gpu(study, settings, storage, host)
+        # resumed, or joined from another host: the seed would draw the first process's configurations again
+        study.sampler.reseed_rng()
         return study
     for key, value in {**(metadata or {}), "identity": identity}.items():
         study.set_user_attr(key, value)
-    if incumbent is not None and not study.trials:
+    if host is not None:
+        study.set_user_attr("gpu", {"type": host.gpu, "host": host.name})
+    if incumbent is not None and not study.trials and not settings.search.mixed_gpus:
         study.enqueue_trial(incumbent, user_attrs={"incumbent": True})
     study.set_user_attr("created", True)
     return study

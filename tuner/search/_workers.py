@@ -20,6 +20,7 @@ def _worker(settings: StudySettings, open_evaluation: OpenEvaluation, storage: s
             timeout_s: float | None) -> None:
     study = optuna.load_study(study_name=settings.name, storage=open_storage(storage, settings.search),
                               sampler=make_sampler(settings.search))
+    study.sampler.reseed_rng()  # one seed in every worker would draw the same configurations in each
     try:
         with sigterm_as_interrupt(), open_evaluation() as evaluate:
             run_trials(study, settings, evaluate, n_trials, timeout_s=timeout_s)

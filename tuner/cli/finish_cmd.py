@@ -1,0 +1,68 @@
+"""`tuner finish STUDY.yaml --storage URL`: re-measure the top configurations of a study other hosts
+searched, on this host's server, and write the outputs; with `--no-remeasure`, write the outputs of a
+finished study from its storage alone (on any machine that reaches it)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import optuna
+
+from tuner import export, search
+from tuner.cli.tune_cmd import Bars
+from tuner.errors import NoFeasibleConfigError, SettingsError
+from tuner.settings import load_study
+from tuner.tune import finish, outputs_from_storage
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "finish",
+        help="re-measure the best of a study several hosts searched, and write its outputs",
+        description="The host that finds a shared study's search over re-measures its top configurations "
+        "and writes the outputs by itself; `tuner finish` does it on this host instead (if that host "
+        "stopped, or to re-measure on a chosen one): the top configurations and the incumbent are measured "
+        "again on this host's server, then recommended/config.pbtxt, summary.json, trials.csv and "
+        "report.html are written. With --no-remeasure no server starts: the outputs are written from the "
+        "storage (the re-measurement's per-request latencies stay on the host that measured them). "
+        "Exit codes: 0 done, 2 bad input, 3 no configuration met the SLA, 1 anything else.",
+    )
+    parser.add_argument("study", nargs="?", metavar="STUDY.yaml", help="the study file (needed to re-measure)")
+    parser.add_argument("--storage", metavar="URL", help="the study's storage (default: the study file's)")
+    parser.add_argument("--study", dest="name", metavar="NAME",
+                        help="the study's name, without STUDY.yaml (needed if the storage holds several)")
+    parser.add_argument("--output", metavar="DIR", help="output directory (default: the study's output)")
+    parser.add_argument("--no-remeasure", action="store_true",
+                        help="write the outputs from the storage alone, starting no server")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.study is None and not (args.no_remeasure and args.storage and args.output):
+        raise SettingsError("give STUDY.yaml, or --storage URL --output DIR --no-remeasure (the outputs "
+                            "from the storage alone)")
+    if args.study is not None and args.name is not None:
+        raise SettingsError("--study names the study only without STUDY.yaml (the file names it)")
+    settings = load_study(args.study) if args.study is not None else None
+    if settings is not None and args.output:
+        settings = dataclasses.replace(settings, output=str(Path(args.output).resolve()))
+    if args.no_remeasure:
+        storage = args.storage or search.storage_url(settings)
+        output = args.output or settings.output
+        summary = outputs_from_storage(storage, settings.name if settings else args.name, output)
+    else:
+        summary = finish(settings, storage=args.storage, progress=Bars(enabled=not args.quiet))
+        output = settings.output
+    print(export.closing_table(summary))
+    print(f"\n{summary['message']}\noutputs: {output}")
+    if summary.get("report"):
+        print(f"report:  {summary['report']}")
+    elif summary.get("report_error"):
+        print(f"report:  not written ({summary['report_error']})")
+    if not summary["feasible"]:
+        raise NoFeasibleConfigError(summary["message"])
+    return 0

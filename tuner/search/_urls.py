@@ -1,0 +1,56 @@
+"""Storage URLs: which kind of storage, what may be printed, what may be written down, and one line
+for an error from opening one."""
+
+from __future__ import annotations
+
+
+def is_journal(url: str) -> bool:
+    """Whether `url` is a journal file's path (an earlier tuner's storage), not an Optuna URL."""
+    return "://" not in url
+
+
+def _credentials(url: str) -> tuple[str, str, str] | None:
+    """(scheme, user[:password], host and the rest) of a URL whose host part names a user."""
+    if "://" not in url:
+        return None
+    scheme, rest = url.split("://", 1)
+    netloc, slash, path = rest.partition("/")  # credentials live before the path (a path may hold "@")
+    if "@" not in netloc:
+        return None
+    credentials, host = netloc.rsplit("@", 1)
+    return scheme, credentials, f"{host}{slash}{path}"
+
+
+def safe_url(url: str) -> str:
+    """The URL with its password masked (what may be printed)."""
+    parts = _credentials(url)
+    if parts is None or ":" not in parts[1]:
+        return url
+    scheme, credentials, rest = parts
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{rest}"
+
+
+def without_password(url: str) -> str:
+    """The URL with no password at all (what is written into the study and its summary): PostgreSQL's
+    client then takes it from $PGPASSWORD or ~/.pgpass, as on any host that may read the study."""
+    parts = _credentials(url)
+    if parts is None:
+        return url
+    scheme, credentials, rest = parts
+    return f"{scheme}://{credentials.split(':', 1)[0]}@{rest}"
+
+
+def first_line(exc: BaseException, url: str = "") -> str:
+    """The line of a storage error worth showing (the driver's own), with what to do for a missing driver."""
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, ImportError) or "No module named" in text or "Failed to import DB access module" in text:
+        install = ("pip install 'tuner[postgres]'" if url.startswith("postgres")
+                   else "install the driver SQLAlchemy names for this URL")
+        return f"its database driver is not installed ({text.splitlines()[0]}): {install}"
+    for line in text.splitlines():  # SQLAlchemy wraps the driver's message: keep its first real line
+        line = line.strip()
+        if line and not line.startswith("(Background on this error"):
+            for driver in ("psycopg", "psycopg2", "sqlite3"):
+                line = line.removeprefix(f"({driver}.OperationalError) ")
+            return line
+    return text
