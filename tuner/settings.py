@@ -21,6 +21,7 @@ from tuner.errors import SettingsError
 LAUNCHERS = ("local", "docker", "remote")
 PROTOCOLS = ("http", "grpc")
 SAMPLERS = ("tpe", "gp", "random", "grid")
+STRATEGIES = ("measure", "model")  # measure every trial the sampler draws | rank in simulation, measure the top
 SCORINGS = ("capacity", "utilization")
 PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice
 
@@ -134,6 +135,12 @@ class SearchSettings:
     top_k: int = 3
     remeasure_repeats: int = 3
     grid_per_octave: int = 1  # grid sampler: points per doubling on a log-scale range (1: powers of two)
+    # model: profile the model (or read `profile`), simulate the whole space, measure the incumbent and
+    # the simulation's `model_top`; past a median error of `model_error` the sampler searches on
+    strategy: str = "measure"
+    profile: str | None = None
+    model_top: int = 3
+    model_error: float = 0.2
     # a worker's trial is alive while its heartbeat reaches the storage every heartbeat_s; one silent
     # for grace_period_s (its host died) is failed and run again by another worker
     heartbeat_s: int = 10
@@ -211,10 +218,11 @@ _CHOICES = {
     "server.network": ("host", "published"),
     "replay.protocol": PROTOCOLS,
     "search.sampler": SAMPLERS,
+    "search.strategy": STRATEGIES,
     "scoring": SCORINGS,
     "search.preferred_batch_size": PREFERRED_STRATEGIES,
 }
-_PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir")
+_PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir", "search.profile")
 
 
 def load_study(path: str | Path) -> StudySettings:
@@ -351,12 +359,14 @@ def _resolve_paths(settings: StudySettings, base: Path) -> StudySettings:
 
     traffic = dataclasses.replace(settings.traffic, path=resolve(settings.traffic.path))
     server = dataclasses.replace(settings.server, install_dir=resolve(settings.server.install_dir))
+    search = dataclasses.replace(settings.search, profile=resolve(settings.search.profile))
     return dataclasses.replace(
         settings,
         model_repository=resolve(settings.model_repository),
         output=resolve(settings.output),
         traffic=traffic,
         server=server,
+        search=search,
     )
 
 
@@ -379,7 +389,8 @@ def _check(s: StudySettings, source: str) -> None:
                 "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
                 "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
                 "search.trials", "search.top_k", "search.remeasure_repeats", "search.grid_per_octave",
-                "search.heartbeat_s", "search.grace_period_s", "measurement.window_s",
+                "search.heartbeat_s", "search.grace_period_s", "search.model_top", "search.model_error",
+                "measurement.window_s",
                 "measurement.stable_windows", "measurement.stability_pct", "measurement.warmup_max_s",
                 "measurement.max_repeats",
                 "cost.price_per_hour",

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
 import pandas as pd
+from optuna.trial import TrialState
 
 from tuner import evaluate, export, modelconfig, search, space
 from tuner.cost import price_for
-from tuner.errors import ConfigError, TunerError, UnmeasuredError
-from tuner.files import check_output_dir
+from tuner.errors import ConfigError, SettingsError, TunerError, UnmeasuredError
+from tuner.files import check_output_dir, write_atomic
 from tuner.report import write_report
 from tuner.score import Hints
 from tuner.settings import StudySettings
@@ -219,14 +221,22 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     open_evaluation = functools.partial(evaluate.session, s, str(Path(s.output) / "server"))
     ran = 0
     handover = None
+    model_based = s.search.strategy == "model"
+    if model_based and workers > 1:
+        raise SettingsError("search.strategy model measures a handful of configurations on one server: "
+                            "--workers must be 1")
+    ranking = _simulate(p, progress) if model_based else None
     try:
         progress.trials(study, total)
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
                 if own_incumbent:
                     search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
-                ran = search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
-                                        on_trial=lambda _t: progress.trial_done(study))
+                if model_based:
+                    ran = _model_search(study, s, ranking, evaluate_trial, trials, host, progress, timeout_s)
+                else:
+                    ran = search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
+                                            on_trial=lambda _t: progress.trial_done(study))
                 handover = _claim(study, p, host)
                 repeats = None if handover else _remeasure(study, evaluate_trial, s, progress)
         else:
@@ -247,6 +257,61 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     if handover:
         return dataclasses.replace(handover, ran_here=ran)
     return _write(study, s, repeats)
+
+
+def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
+    """The model-based strategy's first half: the profile (the study's file, else measured now on a
+    server of its own and kept in OUTPUT/profile.csv) and the whole space simulated and ranked
+    (OUTPUT/simulation.csv, which the report draws)."""
+    from tuner.profile import read_profile, write_profile
+
+    s = p.settings
+    out = Path(s.output)
+    if s.search.profile:
+        profile = read_profile(s.search.profile)
+        progress.note(f"profile: {s.search.profile}: {profile.describe()}")
+    else:
+        from tuner.profiling import measure_profile
+        from tuner.server import make_launcher
+        from tuner.simulate import length_column
+
+        started = time.monotonic()
+        with make_launcher(s, log_dir=str(out / "server" / "profile")) as launcher:
+            run = measure_profile(launcher, s, p.traffic, p.base, length_column=length_column(p.traffic))
+        profile = run.profile
+        write_profile(profile, out / "profile.csv")
+        progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / 'profile.csv'}: "
+                      f"{profile.describe()}")
+    started = time.monotonic()
+    ranking = search.rank_space(s, p.base, p.traffic, profile)
+    write_atomic(out / "simulation.csv", ranking.to_csv(index=False))
+    progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
+    return ranking
+
+
+def _model_search(study: optuna.Study, s: StudySettings, ranking: pd.DataFrame, evaluate_trial, trials: int,
+                  host, progress: Progress, timeout_s: float | None) -> int:
+    """Measure the incumbent and the simulation's top configurations; if the simulation's error on
+    them is above `search.model_error`, search on with the sampler (the next-ranked enqueued first)."""
+    on_trial = lambda _t: progress.trial_done(study)  # noqa: E731
+    search.enqueue_ranked(study, ranking, s, s.search.model_top)
+    first = min(trials, search.spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
+    ran = search.run_trials(study, s, evaluate_trial, first, timeout_s=timeout_s, host=host, on_trial=on_trial)
+    errors = search.simulation_errors(study, ranking, s)
+    column = "capacity_error" if s.scoring == "capacity" else "value_error"
+    median = float(errors[column].abs().median()) if not errors.empty and errors[column].notna().any() else None
+    fallback = median is None or median > s.search.model_error
+    study.set_user_attr("model_search", {
+        "simulated": len(ranking), "measured": errors.to_dict("records"), "median_error": median,
+        "threshold": s.search.model_error, "fallback": fallback})
+    if median is not None:
+        progress.note(f"simulation error on the {len(errors)} measured configurations: median {median:.1%} "
+                      f"({'above' if fallback else 'within'} search.model_error {s.search.model_error:.0%})")
+    if fallback and trials > search.spent(study):
+        search.enqueue_ranked(study, ranking, s, s.search.model_top)
+        ran += search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
+                                 on_trial=on_trial)
+    return ran
 
 
 def _claim(study: optuna.Study, p: Prepared, host: search.Host) -> Handover | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -67,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.evaluate import base_config, study_traffic
     from tuner.profile import read_profile
     from tuner.settings import load_study, with_overrides
-    from tuner.simulate import Simulator
+    from tuner.simulate import Simulator, study_space
     from tuner.traffic import scale_time
 
     for name in ("speed", "traffic_scale", "sla_ms", "price", "tolerance"):
@@ -94,16 +93,9 @@ def run(args: argparse.Namespace) -> int:
     price = price_for(settings.cost).price_per_hour
 
     space = settings.search
-    values = knobs.grid(space) if args.grid else _every_value(space)
-    names = list(values)
-    configs = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
+    configs, defaults = study_space(settings, base, every_batch_size=not args.grid)
+    values = {k: sorted({c[k] for c in configs}) for k in configs[0]}
     incumbent = knobs.from_config(base, space)
-    defaults = {
-        "preferred": space.preferred_batch_size if space.preferred_batch_size != "search" else "none",
-        "base_preferred": tuple(base.dynamic_batching.preferred_batch_size) or None,
-        "instance_count": int(base.instance_group[0].count or 1) if len(base.instance_group) else 1,
-        "max_queue_size": int(base.dynamic_batching.default_queue_policy.max_queue_size),
-    }
     sim = Simulator.for_study(settings, traffic, profile, price_per_hour=price)
     pct = f"p{settings.sla.percentile:g}"
     print(f"profile: {args.profile}: {profile.describe()}")
@@ -155,20 +147,6 @@ def run(args: argparse.Namespace) -> int:
               f"{best['sla_reason']})", file=sys.stderr)
         return 3
     return 0
-
-
-def _every_value(space) -> dict[str, list]:
-    """Every batch size and instance count the search can sample (each integer of the range, or its
-    step); queue delays as the grid walks them (a linear range's every step)."""
-    from tuner import space as knobs
-
-    values = knobs.grid(space)
-    values["max_batch_size"] = list(range(space.max_batch_size.low, space.max_batch_size.high + 1,
-                                          1 if space.max_batch_size.log else space.max_batch_size.step))
-    if space.instance_count is not None:
-        r = space.instance_count
-        values["instance_count"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
-    return values
 
 
 def _matches(table, params: dict, defaults: dict):

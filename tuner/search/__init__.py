@@ -22,6 +22,7 @@ from tuner.search._loop import (
     run_trials,
     spent,
 )
+from tuner.search._model import enqueue_ranked, rank_space, simulation_errors
 from tuner.search._results import (
     Repeats,
     best_trial,
@@ -47,6 +48,7 @@ from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
+    "enqueue_ranked", "rank_space", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "hints", "incumbent_trial", "is_journal", "load_study", "make_sampler",

@@ -97,7 +97,9 @@ def spent(study: optuna.Study) -> int:
     duplicates a grid study skipped."""
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
-    retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
+    with warnings.catch_warnings():  # marked experimental in Optuna
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return sum(t.state != TrialState.WAITING and t.number not in retried
                and t.user_attrs.get("error_kind") != DUPLICATE for t in trials)
 

@@ -33,6 +33,7 @@ from tuner.simulate._study import (
     measurement,
     preferred_for,
     requests_at,
+    study_space,
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "length_column",
     "measurement",
     "preferred_for",
+    "study_space",
     "requests_at",
     "simulate",
 ]

@@ -13,6 +13,7 @@ reads it; the device time alone is kept beside it (`device_s`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -372,3 +373,29 @@ class Simulator:
 
 def _sizes(sizes: tuple[int, ...] | None) -> str:
     return "default" if not sizes else ",".join(str(s) for s in sizes)
+
+
+# --- a study's space, as the search sees it ----------------------------------------------------------
+
+
+def study_space(settings: StudySettings, base, *, every_batch_size: bool = True) -> tuple[list[dict], dict]:
+    """The configurations of the study's space and the defaults `batcher_config` needs for the knobs
+    the study does not tune (the base config's own). `every_batch_size`: each integer batch size the
+    search can sample (else the grid's points)."""
+    search = settings.search
+    values = space.grid(search)
+    if every_batch_size:
+        r = search.max_batch_size
+        values["max_batch_size"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
+        if search.instance_count is not None:
+            r = search.instance_count
+            values["instance_count"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
+    names = list(values)
+    configs = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
+    defaults = {
+        "preferred": search.preferred_batch_size if search.preferred_batch_size != "search" else "none",
+        "base_preferred": tuple(base.dynamic_batching.preferred_batch_size) or None,
+        "instance_count": int(base.instance_group[0].count or 1) if len(base.instance_group) else 1,
+        "max_queue_size": int(base.dynamic_batching.default_queue_policy.max_queue_size),
+    }
+    return configs, defaults

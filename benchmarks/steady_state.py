@@ -1,0 +1,110 @@
+"""Does the warm-up measure the steady state? Capacity of three configurations, each freshly loaded, by:
+
+  (a) the old way: measured right after the load, no warm-up, one measurement per step;
+  (b) tuner's way: the warm-up to steady state after the load, and repeats near the SLA's limit;
+  (c) the steady-state truth: after a long warm-up, a bisection whose every step is a long replay
+      at a constant speed (`--truth-step`, at least 60 s), started around (b)'s bracket.
+
+    python benchmarks/steady_state.py [examples/quickstart.yaml] [--configs 16:2000,8:0,32:4000]
+                                      [--truth-step 60] [--model encoder_sim]
+
+Goal: (b) within 5 % of (c) for all three; (a)'s error is printed beside it. encoder_sim emulates a
+GPU's cold start (on by default in its config.pbtxt): the first executions after a load are ~11x slower.
+With a GPU and PyTorch (`--model encoder_torch`, its own study), the same comparison on a real model.
+Every load is made cold: another configuration is loaded first, so Triton starts new instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from tuner import evaluate, space
+from tuner.score import Hints
+from tuner.server import make_launcher
+from tuner.settings import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "quickstart.yaml"))
+    parser.add_argument("--configs", default="16:2000,8:0,32:4000", help="max_batch_size:delay_us, ...")
+    parser.add_argument("--truth-step", type=float, default=60.0, help="seconds per step of the truth (c)")
+    parser.add_argument("--truth-tolerance", type=float, default=0.05)
+    args = parser.parse_args()
+
+    settings = load_study(args.study)
+    configs = [dict(zip(("max_batch_size", "max_queue_delay_microseconds"), map(int, c.split(":")), strict=True))
+               for c in args.configs.split(",")]
+    base = evaluate.base_config(settings)
+    traffic = evaluate.study_traffic(settings)
+    old_way = dataclasses.replace(settings, measurement=dataclasses.replace(
+        settings.measurement, warmup=False, max_repeats=1))
+    print(f"study {args.study}: {settings.model}, traffic {Path(settings.traffic.path).name} at speed "
+          f"{settings.traffic.speed:g}, SLA p{settings.sla.percentile:g} <= {settings.sla.latency_ms:g} ms; "
+          f"load {os.getloadavg()[0]:.2f}", flush=True)
+    rows = []
+    with make_launcher(settings) as launcher:
+        def cold(params: dict) -> None:
+            other = {**params, "max_queue_delay_microseconds": params["max_queue_delay_microseconds"] + 1}
+            launcher.apply_config(settings.model, space.apply(base, other, settings.search))
+            launcher.apply_config(settings.model, space.apply(base, params, settings.search))
+
+        for params in configs:
+            label = space.describe(params)
+            t0 = time.monotonic()
+            cold(params)
+            a = evaluate.make_measure(launcher, old_way, traffic)(params, Hints())
+            ta = time.monotonic() - t0
+            t0 = time.monotonic()
+            cold(params)
+            b = evaluate.make_measure(launcher, settings, traffic)(params, Hints())
+            tb = time.monotonic() - t0
+            # (c): warm for long, then bisect with long steps from around (b)'s bracket
+            long_run = dataclasses.replace(settings, search=dataclasses.replace(
+                settings.search, capacity=dataclasses.replace(
+                    settings.search.capacity, step_duration_s=args.truth_step, tolerance=args.truth_tolerance,
+                    max_steps=6)),
+                measurement=dataclasses.replace(settings.measurement, warmup_max_s=120.0, max_repeats=1))
+            t0 = time.monotonic()
+            cold(params)
+            start = (b.capacity_speed or settings.search.capacity.start_speed) * 0.9
+            c = evaluate.make_measure(launcher, long_run, traffic)(params, Hints(start_speed=start))
+            tc = time.monotonic() - t0
+            truth = c.capacity_rps
+            row = {
+                "config": label,
+                "(a) old way": a.capacity_rps, "(a) error": _err(a.capacity_rps, truth),
+                "(b) warm-up": b.capacity_rps,
+                "(b) bracket": f"{b.capacity_rps:.1f}-{b.capacity.upper_rps:.1f}" if b.capacity and b.capacity.upper_rps
+                else "-",
+                "(b) error": _err(b.capacity_rps, truth), "(b) warm-up s": b.warmup.seconds if b.warmup else None,
+                "(c) truth": truth,
+                "(c) bracket": f"{c.capacity_rps:.1f}-{c.capacity.upper_rps:.1f}" if c.capacity and c.capacity.upper_rps
+                else "-",
+                "wall (a/b/c) s": f"{ta:.0f}/{tb:.0f}/{tc:.0f}",
+            }
+            rows.append(row)
+            print(pd.DataFrame([row]).to_string(index=False), flush=True)
+    table = pd.DataFrame(rows)
+    print("\n" + table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    within = [abs(r["(b) error"]) <= 0.05 for r in rows if r["(b) error"] is not None]
+    print(f"\n(b) within 5 % of the steady-state truth for {sum(within)} of {len(rows)} configurations; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def _err(value: float, truth: float) -> float | None:
+    return value / truth - 1.0 if truth else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

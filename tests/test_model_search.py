@@ -1,0 +1,100 @@
+"""search.strategy: model on a real server: the space ranked in simulation, only its top measured, and
+the fallback to a measured search when the simulation is wrong (a profile that lies)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from tuner.cli import main
+from tuner.profile import Profile, write_profile
+from tuner.search import open_storage
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "model_repository_templates" / "encoder_sim"
+PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
+
+pytestmark = pytest.mark.slow
+
+
+def encoder_profile(slower: float = 1.0) -> Profile:
+    """encoder_sim's own execution time (its README's formula, through its model.py), `slower` times."""
+    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec = importlib.util.spec_from_file_location("encoder_sim_model", TEMPLATE / "1" / "model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    params = {"time_scale": 6.0, "tokens_ms": model.parse_table(
+        "128:0.58,256:0.62,384:1.15,768:1.33,1536:1.69,3072:2.22,4608:3.36,6144:4.10,9216:5.80,12288:7.74,"
+        "24576:15.16,49152:29.34")}
+    tokens, ms = params["tokens_ms"]
+
+    def device_ms(rows: int, length: int) -> float:
+        return slower * 6.0 * model.execute_ms(rows * min(length, 512), tokens, ms, 8192, 2.5)
+
+    return Profile.from_function(device_ms, rows=[1, 2, 4, 8, 16, 32, 64], lengths=[64, 128, 256, 512],
+                                 host_ms_per_row=0.12, oom_tokens=16385, oom_ms=3.0, max_length=512)
+
+
+def write_study(tmp: Path, profile: Path, *, name: str, model_error: float, trials: int = 6) -> Path:
+    study = {
+        "name": name, "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
+        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
+        "measurement": {"window_s": 0.5, "warmup_max_s": 10},
+        "sla": {"latency_ms": 100, "percentile": 99},
+        "cost": {"gpu": "a100-40gb"},
+        "search": {"strategy": "model", "profile": str(profile), "model_top": 2, "model_error": model_error,
+                   "trials": trials, "sampler": "random",
+                   "max_batch_size": {"low": 1, "high": 32, "log": True},
+                   "max_queue_delay_microseconds": {"low": 0, "high": 2000, "step": 1000},
+                   "capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 3},
+                   "top_k": 1, "remeasure_repeats": 1},
+        "output": str(tmp / name),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+def load(output: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{output / 'study.db'}"))
+
+
+def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path, capsys):
+    profile = write_profile(encoder_profile(), tmp_path / "profile.csv")
+    assert main(["tune", str(write_study(tmp_path, profile, name="model", model_error=1.0)), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    study = load(tmp_path / "model", "model")
+    measured = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("retry_of")]
+    assert len(measured) == 3  # the incumbent and the simulation's top 2, of a 18-point space
+    ranks = sorted(t.user_attrs["simulated_rank"] for t in measured if "simulated_rank" in t.user_attrs)
+    assert ranks == [1, 2]
+    info = study.user_attrs["model_search"]
+    assert info["simulated"] == 32 * 3 and not info["fallback"] and len(info["measured"]) >= 2
+    assert "simulation: 96 configurations ranked" in err and "simulation error on the" in err
+    ranking = pd.read_csv(tmp_path / "model" / "simulation.csv")
+    assert len(ranking) == 96 and ranking["value"].is_monotonic_decreasing
+    summary = json.loads((tmp_path / "model" / "summary.json").read_text())
+    assert summary["feasible"]
+
+
+def test_a_profile_that_lies_falls_back_to_a_measured_search(tmp_path, capsys):
+    # every execution 20x slower than the emulated GPU's: the simulation ranks nothing as it measures
+    profile = write_profile(encoder_profile(slower=20.0), tmp_path / "lying.csv")
+    code = main(["tune", str(write_study(tmp_path, profile, name="lie", model_error=0.2, trials=5)), "--quiet"])
+    err = capsys.readouterr().err
+    assert code in (0, 3), err
+    study = load(tmp_path / "lie", "lie")
+    info = study.user_attrs["model_search"]
+    assert info["fallback"] and (info["median_error"] is None or info["median_error"] > 0.2)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) == 5  # the sampler searched on to the trial budget
+    assert "above search.model_error" in err or info["median_error"] is None
