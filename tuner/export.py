@@ -416,7 +416,7 @@ def closing_table(summary: dict) -> str:
 
 def _gain(r: dict, inc: dict | None, base: float | None) -> str:
     """The gain over the incumbent and, where both have a range, the range it may really have."""
-    if not base or not r["feasible"] or not r.get("requests_per_dollar"):
+    if not base or not r["feasible"] or not r.get("requests_per_dollar") or r is inc:
         return ""
     text = f"{r['requests_per_dollar'] / base - 1:+.1%}"
     if r.get("range") and inc and inc.get("range") and r is not inc:
