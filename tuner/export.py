@@ -389,10 +389,10 @@ def closing_table(summary: dict) -> str:
     traffic = summary.get("traffic") or {}
     if best.get("capacity_speed") and traffic.get("mean_rps"):
         peak = (best.get("capacity_bracket") or {}).get("peak_rps")
-        text += (f"\ncapacity: the recording's mean rate at the fastest replay that met the SLA: the best serves it "
-                 f"{best['capacity_speed']:.3g}x as fast (mean {best['capacity_rps']:.1f} req/s"
-                 + (f", its busiest second {peak:.0f} req/s" if peak else "") + "); a range is the last passing "
-                 "and the first failing speed")
+        text += (f"\ncapacity: the fastest replay of the recording that met the SLA, as its mean rate: the best met "
+                 f"it at {best['capacity_speed']:.3g}x the recorded speed (mean {best['capacity_rps']:.1f} req/s"
+                 + (f", busiest second {peak:.0f} req/s" if peak else "") + "); a range runs from the last passing "
+                 "to the first failing speed")
     if any((r.get("capacity_bracket") or {}).get("limited_by") == "load_generator" for r in rows):
         text += ("\n* limited by the load generator: above this speed its send lag broke the budget even with "
                  "more processes, so the server may serve more (raise replay.lag_budget_ms or replay.workers)")
