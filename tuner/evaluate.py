@@ -31,20 +31,11 @@ from tuner.errors import ServerError
 from tuner.measure import Measurement
 from tuner.modelconfig import ModelConfig
 from tuner.probe import make_probe, step_windows
-from tuner.score import (
-    Hints,
-    Step,
-    capacity_score,
-    check_sla,
-    find_capacity,
-    monthly_cost,
-    servers_needed,
-    utilization_score,
-)
+from tuner.score import Capacity, Hints, Step, find_capacity
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.traffic import busiest_window, mean_rps, peak_rps, read_traffic, window
-from tuner.trial import CRASHED, UNMEASURED, UNSTABLE, Bracket, Figures, TrialRecord
+from tuner.trial import CRASHED, UNMEASURED, UNSTABLE, Figures, TrialRecord, assess
 from tuner.warmup import warm_up
 
 __all__ = ["Evaluate", "Measure", "base_config", "make_evaluate", "make_measure", "session", "study_traffic"]
@@ -130,29 +121,14 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             return TrialRecord(outcome=UNMEASURED, note=load.invalid_reason, **common)
         if warm is not None and not warm.stable:  # measured on a server still changing: no verdict either
             return TrialRecord(outcome=UNSTABLE, note=warm.reason, **common)
-        sla = check_sla(load, settings.sla)
-        bracket, latencies, pruned = None, (), False
-        if sla.ok and capacity:
+        def capacity_search(lower: Step) -> Capacity:
             start = hints.start_speed or max(cap.start_speed, load_speed)
-            found = find_capacity(probe, settings.sla, cap, start_speed=start, beat_rps=hints.beat_rps,
-                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
-                                  rate=rate, lower=Step(load_speed, load, sla))
-            at_cap = found.at_capacity
-            bracket = Bracket(rps=found.capacity_rps, speed=found.speed, upper_rps=found.upper_rps,
-                              upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
-                              limited_by=found.limited_by, lag_retries=sum(s.attempts - 1 for s in found.steps),
-                              peak_rps=peak_rps(traffic, found.speed) if found.speed > 0 else None,
-                              at_capacity=Figures.of(at_cap) if at_cap is not None else None)
-            latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
-            pruned = found.pruned
-        capacity_rps = bracket.rps if bracket else 0.0
-        # at its capacity speed the server holds the profile's peaks scaled alike
-        servers = servers_needed(load_speed, bracket.speed) if bracket else None
-        scores = {"capacity": capacity_score(capacity_rps, price) if capacity_rps > 0 else None,
-                  "utilization": utilization_score(load, price) if sla.ok else None}
-        return TrialRecord(sla_met=sla.ok, violation=sla.violation, sla_reason=sla.reason, capacity=bracket,
-                           scores=scores, pruned=pruned, servers_needed=servers,
-                           monthly_cost=monthly_cost(servers, price), latencies_ms=latencies, **common)
+            return find_capacity(probe, settings.sla, cap, start_speed=start, beat_rps=hints.beat_rps,
+                                 min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
+                                 rate=rate, lower=lower)
+
+        return assess(params, load, settings.sla, capacity_search if capacity else None, price_per_hour=price,
+                      load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm)
 
     return measure_running
 

@@ -218,6 +218,8 @@ def summarize(study: optuna.Study) -> dict:
         )
     elif improvement is None:
         summary["message"] = "the incumbent did not meet the SLA: the recommendation is the first that does"
+    elif incumbent is not None and best.get("trial") == incumbent.get("trial"):
+        summary["message"] = "the incumbent is the best configuration measured: keep it"
     else:
         summary["message"] = f"{improvement:+.1%} requests per dollar over the incumbent" + (
             f" (between {improvement_range[0]:+.1%} and {improvement_range[1]:+.1%})" if improvement_range else "")

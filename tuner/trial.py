@@ -20,16 +20,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.measure import Measurement, Warmup
+from tuner.score import (
+    Capacity,
+    Step,
+    capacity_score,
+    check_sla,
+    monthly_cost,
+    servers_needed,
+    utilization_score,
+)
+from tuner.settings import SlaSettings
 from tuner.space import Params
 
-__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Figures", "TrialRecord", "from_attrs",
-           "is_feasible", "record_of", "to_attrs"]
+__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Figures", "TrialRecord", "assess",
+           "from_attrs", "is_feasible", "record_of", "to_attrs"]
 
 MEASURED, UNMEASURED, UNSTABLE, CRASHED = "measured", "unmeasured", "unstable", "crashed"
 NO_VERDICT = (UNMEASURED, UNSTABLE)  # outcomes that say nothing for or against the configuration
@@ -132,6 +143,35 @@ class TrialRecord:
         """The objective under the study's scoring; 0 when the configuration does not qualify."""
         score = self.scores.get(scoring)
         return float(score) if self.meets_sla and score is not None else 0.0
+
+
+def assess(params: Params, load: Measurement, sla: SlaSettings, capacity: Callable[[Step], Capacity] | None, *,
+           price_per_hour: float, load_speed: float, peak_rps: float,
+           peak_at: Callable[[float], float] | None = None, **extra) -> TrialRecord:
+    """A measured trial's record from its replay at the recorded load: the SLA there, then (if it
+    held and `capacity` is given: the capacity search, from that replay as its lower bound) the
+    bracket, both scores and the servers the peak needs. The one assessment the real search and the
+    simulation share; `extra` goes to the record (warm-up, note)."""
+    check = check_sla(load, sla)
+    bracket, latencies, pruned = None, (), False
+    if check.ok and capacity is not None:
+        found = capacity(Step(load_speed, load, check))
+        at_cap = found.at_capacity
+        bracket = Bracket(rps=found.capacity_rps, speed=found.speed, upper_rps=found.upper_rps,
+                          upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
+                          limited_by=found.limited_by, lag_retries=sum(s.attempts - 1 for s in found.steps),
+                          peak_rps=peak_at(found.speed) if peak_at is not None and found.speed > 0 else None,
+                          at_capacity=Figures.of(at_cap) if at_cap is not None else None)
+        latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
+        pruned = found.pruned
+    capacity_rps = bracket.rps if bracket else 0.0
+    servers = servers_needed(load_speed, bracket.speed) if bracket else None  # peaks scale with the speed
+    scores = {"capacity": capacity_score(capacity_rps, price_per_hour) if capacity_rps > 0 else None,
+              "utilization": utilization_score(load, price_per_hour) if check.ok else None}
+    return TrialRecord(params=dict(params), at_load=Figures.of(load), sla_met=check.ok, violation=check.violation,
+                       sla_reason=check.reason, capacity=bracket, scores=scores, pruned=pruned,
+                       servers_needed=servers, monthly_cost=monthly_cost(servers, price_per_hour),
+                       price_per_hour=price_per_hour, peak_rps=peak_rps, latencies_ms=latencies, **extra)
 
 
 # --- the record as Optuna attributes: written here, read here ----------------------------------------

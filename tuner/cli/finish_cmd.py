@@ -10,9 +10,10 @@ from pathlib import Path
 
 import optuna
 
-from tuner import export, search
+from tuner import search
+from tuner.cli._common import print_outcome
 from tuner.cli.tune_cmd import Bars
-from tuner.errors import NoFeasibleConfigError, SettingsError
+from tuner.errors import SettingsError
 from tuner.settings import load_study
 from tuner.tune import finish, outputs_from_storage
 
@@ -57,12 +58,4 @@ def run(args: argparse.Namespace) -> int:
     else:
         summary = finish(settings, storage=args.storage, progress=Bars(enabled=not args.quiet))
         output = settings.output
-    print(export.closing_table(summary))
-    print(f"\n{summary['message']}\noutputs: {output}")
-    if summary.get("report"):
-        print(f"report:  {summary['report']}")
-    elif summary.get("report_error"):
-        print(f"report:  not written ({summary['report_error']})")
-    if not summary["feasible"]:
-        raise NoFeasibleConfigError(summary["message"])
-    return 0
+    return print_outcome(summary, output)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 
 from tuner import space
+from tuner.cli._common import finite
 from tuner.errors import SettingsError
 from tuner.files import check_writable, write_atomic
 from tuner.measure import Measurement
@@ -88,7 +88,7 @@ def _replay(args: argparse.Namespace) -> int:
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
-        write_atomic(args.json, json.dumps(_finite(data), indent=2) + "\n", label=f"--json {args.json}")
+        write_atomic(args.json, json.dumps(finite(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
 
 
@@ -110,15 +110,3 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
-
-
-def _finite(value):
-    """JSON has no NaN: an unmeasured figure becomes null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-

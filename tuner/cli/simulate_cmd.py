@@ -7,6 +7,7 @@ import json
 import math
 import sys
 
+from tuner.cli._common import finite
 from tuner.files import write_atomic
 
 SHOWN = {
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 "price_per_hour": price, "load_speed": settings.traffic.speed,
                 "traffic_scale": args.traffic_scale or 1.0, "rate_rps_at_speed_1": sim.rate,
                 "incumbent": incumbent, "ranking": table.drop(columns=["latency_sla_ms"]).to_dict("records")}
-        write_atomic(args.json, json.dumps(_finite(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
+        write_atomic(args.json, json.dumps(finite(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
     if not feasible:
         print(f"tuner: no configuration met the SLA in simulation (closest: {_params(best)}: "
               f"{best['sla_reason']})", file=sys.stderr)
@@ -190,16 +191,3 @@ def _span(values: list) -> str:
     if all(isinstance(v, int) for v in values) and len(values) > 2:
         return f"{values[0]}..{values[-1]} ({len(values)} values)"
     return ",".join(map(str, values))
-
-
-def _finite(value):
-    """JSON has no NaN: an unmeasured figure becomes null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    if hasattr(value, "item"):  # numpy scalars
-        return _finite(value.item())
-    return value

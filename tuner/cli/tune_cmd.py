@@ -11,7 +11,8 @@ import optuna
 from tqdm import tqdm
 
 from tuner import export, search
-from tuner.errors import NoFeasibleConfigError, SettingsError, UnmeasuredError
+from tuner.cli._common import print_outcome
+from tuner.errors import SettingsError, UnmeasuredError
 from tuner.settings import load_study
 from tuner.tune import Handover, Progress, check_table, prepare, tune
 
@@ -69,15 +70,7 @@ def run(args: argparse.Namespace) -> int:
             print(export.hosts_table(summary.hosts))
         print(f"\nstudy {summary.study_name!r} in {summary.storage}: {summary.message()}")
         return 0
-    print(export.closing_table(summary))
-    print(f"\n{summary['message']}\noutputs: {settings.output}")
-    if summary.get("report"):
-        print(f"report:  {summary['report']}")
-    elif summary.get("report_error"):
-        print(f"report:  not written ({summary['report_error']})")
-    if not summary["feasible"]:
-        raise NoFeasibleConfigError(summary["message"])
-    return 0
+    return print_outcome(summary, settings.output)
 
 
 class Bars(Progress):

@@ -8,6 +8,8 @@ always stops it. Implementations: `local.LocalLauncher`, `remote.RemoteLauncher`
 from __future__ import annotations
 
 import abc
+import atexit
+import contextlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -86,6 +88,18 @@ class Launcher(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# Launchers started by this process and not yet stopped: stopped at interpreter exit even when the
+# caller forgot the context manager (a crash that escapes every `with`).
+LIVE: set[Launcher] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for launcher in list(LIVE):
+        with contextlib.suppress(Exception):
+            launcher.stop()
 
 
 def check_repository(repository: Path, models: Sequence[str] | None) -> list[str]:

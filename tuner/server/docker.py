@@ -10,7 +10,6 @@ whose owning process on this host is gone (a run killed with SIGKILL).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import re
@@ -30,7 +29,7 @@ from tqdm import tqdm
 from tuner.errors import ServerError, ServerSetupError
 from tuner.localhost import check_port_free, free_ports, pid_alive
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import Endpoints, Launcher, check_repository, copy_models
+from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import TritonHttp, apply_and_verify
 from tuner.settings import ServerSettings
 
@@ -89,7 +88,7 @@ class DockerLauncher(Launcher):
             for port in self._ports:
                 check_port_free(port)
         http_port, grpc_port, metrics_port = self._ports or free_ports(3)
-        _live.add(self)
+        LIVE.add(self)
         try:
             self._run(client, image, models, (http_port, grpc_port, metrics_port))
         except BaseException:  # also Ctrl-C in the middle of creating the container
@@ -172,7 +171,7 @@ class DockerLauncher(Launcher):
             shutil.rmtree(self._repo_copy.parent, ignore_errors=True)
             self._repo_copy = None
         self._http = None
-        _live.discard(self)  # last: a second Ctrl-C during the removal leaves it to the atexit hook
+        LIVE.discard(self)  # last: a second Ctrl-C during the removal leaves it to the atexit hook
 
     def is_alive(self) -> bool:
         if self._container is None or self._http is None:
@@ -431,16 +430,3 @@ def _short(exc: Exception) -> str:
     explanation = getattr(exc, "explanation", None)
     text = explanation.decode(errors="replace") if isinstance(explanation, bytes) else explanation
     return str(text or exc).strip().splitlines()[0] if str(text or exc).strip() else type(exc).__name__
-
-
-# Launchers started by this process and not yet stopped: removed at interpreter exit even when the
-# caller forgot the context manager (a crash that escapes every `with`).
-_live: set[DockerLauncher] = set()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for launcher in list(_live):
-        with contextlib.suppress(Exception):
-            launcher.stop()
-

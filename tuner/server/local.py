@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 from tuner.errors import ServerError, ServerSetupError
 from tuner.localhost import check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import Endpoints, Launcher, check_repository, copy_models
+from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
 from tuner.server.install import TritonInstall, find_tritonserver, model_pythonpath
 
@@ -90,7 +89,7 @@ class LocalLauncher(Launcher):
                 check_port_free(port)
         # a private copy that records its owner: the next start removes one whose owner was killed
         self._workdir = owned_tempdir(WORKDIR_PREFIX)
-        _LIVE.add(self)
+        LIVE.add(self)
         try:
             repo = copy_models(self.model_repository, models, self._workdir / "models")
             self._log_file = self.log_path or self._workdir / "tritonserver.log"
@@ -165,7 +164,7 @@ class LocalLauncher(Launcher):
                 if self._workdir is not None:
                     shutil.rmtree(self._workdir, ignore_errors=True)
                     self._workdir = None
-                _LIVE.discard(self)
+                LIVE.discard(self)
 
     def is_alive(self) -> bool:
         if self._proc is None or self._proc.poll() is not None or self._http is None:
@@ -238,15 +237,6 @@ class LocalLauncher(Launcher):
 
 
 # --- process plumbing ------------------------------------------------------------------------------
-
-_LIVE: set[LocalLauncher] = set()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for launcher in list(_LIVE):
-        with contextlib.suppress(Exception):
-            launcher.stop()
 
 
 def _end_group(proc: subprocess.Popen) -> None:

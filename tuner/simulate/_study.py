@@ -29,18 +29,13 @@ from tuner.profile import Profile
 from tuner.score import (
     Capacity,
     Step,
-    capacity_score,
-    check_sla,
     find_capacity,
-    monthly_cost,
-    servers_needed,
-    utilization_score,
 )
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, simulate
 from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
-from tuner.trial import Bracket, Figures, TrialRecord, to_attrs
+from tuner.trial import TrialRecord, assess, to_attrs
 
 SEQ_LEN = "seq_len"
 CONFIG_KEYS = space.NAMES
@@ -295,31 +290,13 @@ class Simulator:
     def _trial(self, config: BatcherConfig, *, capacity: bool = True,
                tolerance: float | None = None) -> tuple[TrialRecord, float]:
         load_step = self.run(config, self.load_speed)
-        load = load_step.measurement
-        sla = check_sla(load, self.sla)
-        bracket, latencies = None, ()
-        if sla.ok and capacity:
-            found = self.capacity(config, lower=Step(self.load_speed, load, sla), tolerance=tolerance)
-            at_cap = found.at_capacity
-            bracket = Bracket(rps=found.capacity_rps, speed=found.speed, upper_rps=found.upper_rps,
-                              upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
-                              limited_by=found.limited_by,
-                              at_capacity=Figures.of(at_cap) if at_cap is not None else None)
-            latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
-        capacity_rps = bracket.rps if bracket else 0.0
-        servers = servers_needed(self.load_speed, bracket.speed) if bracket else None
-        scores = {
-            "capacity": capacity_score(capacity_rps, self.price_per_hour) if capacity_rps > 0 else None,
-            "utilization": utilization_score(load, self.price_per_hour) if sla.ok else None,
-        }
         params = {"max_batch_size": config.max_batch_size,
                   "max_queue_delay_microseconds": config.max_queue_delay_microseconds,
                   "instance_count": config.instance_count}
-        return TrialRecord(params=params, at_load=Figures.of(load), sla_met=sla.ok, violation=sla.violation,
-                           sla_reason=sla.reason, capacity=bracket, scores=scores, servers_needed=servers,
-                           monthly_cost=monthly_cost(servers, self.price_per_hour),
-                           price_per_hour=self.price_per_hour, peak_rps=self.peak_rps,
-                           note="simulated", latencies_ms=latencies), load_step.device_s
+        search = (lambda lower: self.capacity(config, lower=lower, tolerance=tolerance)) if capacity else None
+        record = assess(params, load_step.measurement, self.sla, search, price_per_hour=self.price_per_hour,
+                        load_speed=self.load_speed, peak_rps=self.peak_rps, note="simulated")
+        return record, load_step.device_s
 
     # --- a whole space ---------------------------------------------------------------------------
 

@@ -1,0 +1,36 @@
+"""What several commands print or write alike."""
+
+from __future__ import annotations
+
+import math
+
+from tuner import export
+from tuner.errors import NoFeasibleConfigError
+
+
+def print_outcome(summary: dict, output: str) -> int:
+    """A finished study's closing table, its one-line verdict and where its outputs are; exit 3
+    (NoFeasibleConfigError) when nothing met the SLA."""
+    print(export.closing_table(summary))
+    print(f"\n{summary['message']}\noutputs: {output}")
+    if summary.get("report"):
+        print(f"report:  {summary['report']}")
+    elif summary.get("report_error"):
+        print(f"report:  not written ({summary['report_error']})")
+    if not summary["feasible"]:
+        raise NoFeasibleConfigError(summary["message"])
+    return 0
+
+
+def finite(value):
+    """A value JSON can hold: NaN and infinity (an unmeasured figure) become null, numpy scalars
+    plain numbers, mapping keys text."""
+    if hasattr(value, "item") and not isinstance(value, (dict, list, tuple)):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
