@@ -361,8 +361,9 @@ def closing_table(summary: dict) -> str:
     base = inc["requests_per_dollar"] if inc and inc["feasible"] and inc["requests_per_dollar"] else None
     table = []
     for r in rows:
-        tag = "incumbent" if inc and r.get("trial") == inc.get("trial") else (
-            "best" if summary.get("best") and r.get("trial") == summary["best"].get("trial") else "")
+        is_best = bool(summary.get("best")) and r.get("trial") == summary["best"].get("trial")
+        tag = ("best, incumbent" if is_best else "incumbent") if inc and r.get("trial") == inc.get("trial") else (
+            "best" if is_best else "")
         spread = (r.get("repeats") or {}).get("spread")
         if not tag and r.get("trial") in (summary.get("indistinguishable_from_best") or []):
             tag = "~ best"
