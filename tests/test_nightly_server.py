@@ -27,6 +27,7 @@ from tuner.cli import main
 from tuner.nightly import history
 from tuner.nightly.engine import real_engine
 from tuner.nightly.job import run_night
+from tuner.nightly.rule import pair_gains
 from tuner.nightly.settings import load_nightly
 from tuner.server.local import LocalLauncher
 from tuner.traffic import synth_bursty, synth_poisson, write_traffic
@@ -183,4 +184,7 @@ def test_a_candidate_slowed_during_confirmation_is_not_proposed(server, template
     assert slowed == ["candidate"] * 3
     assert result.decision.decision == "keep" and result.exit_code in (0, 3), result.decision.reason
     assert not (result.run_dir / "proposed").exists()
-    assert any(not c.meets_sla or g < 0.05 for (_, c), g in zip(result.pairs, result.decision.gains, strict=True))
+    # kept because a slowed replay broke the SLA or the margin, or could not be measured at all (the
+    # stopped server held requests past the load generator's lag budget): any one is enough to keep
+    gains = pair_gains(result.pairs)
+    assert any(g is None or not c.meets_sla or g < 0.05 for (_, c), g in zip(result.pairs, gains, strict=True))

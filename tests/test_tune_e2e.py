@@ -214,7 +214,13 @@ def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(1.0)
-        if (output / "study.db").exists() and ready([t.state for t in load(output, name).get_trials()]):
+        if not (output / "study.db").exists():
+            continue
+        try:
+            states = [t.state for t in load(output, name).get_trials()]
+        except KeyError:  # the file is there before the study's row is
+            continue
+        if ready(states):
             return
     pytest.fail(f"not in {timeout_s:g} s: {what}")
 

@@ -82,11 +82,13 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             if launcher.is_alive():
                 raise
             # the configuration brought the server down (as an out-of-memory can on a GPU): that is
-            # the configuration's result, not a failed trial
+            # the configuration's result, not a failed trial. The note keeps the server's last log
+            # lines, read here: the error may be a refused connection that names no cause
+            first_line = str(exc).splitlines()[0]
+            note = f"{first_line}\nlast log lines:\n{launcher.logs(20)}"
             _restart(launcher)
             return TrialRecord(params=dict(params), outcome=CRASHED, violation=CRASHED_VIOLATION,
-                               sla_reason=f"the server crashed: {str(exc).splitlines()[0]}",
-                               note=str(exc), price_per_hour=price,  # the note has the server's last log lines
+                               sla_reason=f"the server crashed: {first_line}", note=note, price_per_hour=price,
                                peak_rps=peak_rps(traffic, settings.traffic.speed))
 
     return evaluate
