@@ -3,9 +3,13 @@
     python benchmarks/simulator_fidelity.py [examples/grid.yaml] [--grid DIR] [--profile P]
                                             [--output runs/fidelity] [--landscape]
 
-1. The measured grid: every configuration of the study's space measured on a real local Triton
-   (`tuner tune STUDY --output OUTPUT/grid`, about 30-60 minutes on 2 cores for examples/grid.yaml's 60
-   points), or an existing `tuner tune` output directory of that study (`--grid DIR`: its trials.csv).
+1. The measured grid: every configuration of the study's space measured on a real local Triton by
+   `tuner tune` on a copy of the study scored by utilization (OUTPUT/grid; about 45-60 minutes on 2
+   cores for examples/grid.yaml's 60 points): a utilization-scored search never prunes, so every
+   configuration gets its full capacity search, and both scores are measured either way. Or an
+   existing `tuner tune` output directory of the study (`--grid DIR`, its trials.csv): a capacity-scored
+   one prunes, and a pruned trial's capacity is only a bracket (the last passing and the first failing
+   speed); those are checked against their bracket and left out of the capacity figures.
 2. The profile: `tuner profile STUDY -o OUTPUT/profile.csv` (about a minute), or `--profile P`.
 3. Every measured configuration simulated as a trial is measured (`tuner.simulate.Simulator.trial`: the
    step at the recorded load, then the same capacity bisection, with the study's tolerance).
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy.stats import spearmanr
 
 from tuner import space as knobs
@@ -56,12 +61,32 @@ def tuner(*args: str) -> None:
         sys.exit(f"tuner {args[0]} failed with exit code {result.returncode}")
 
 
+def unpruned_copy(study: Path, out: Path) -> Path:
+    """The study file scored by utilization (which never prunes), its paths made absolute, with a
+    minimal final re-measurement (it decides nothing here)."""
+    data = yaml.safe_load(study.read_text())
+    here = study.resolve().parent
+    data["model_repository"] = str((here / data["model_repository"]).resolve())
+    data["traffic"]["path"] = str((here / data["traffic"]["path"]).resolve())
+    data["scoring"] = "utilization"
+    data["search"].update(top_k=1, remeasure_repeats=1)
+    data["output"] = str((out / "grid").resolve())
+    data["name"] = f"{data.get('name', 'grid')}-unpruned"
+    path = out / "grid-unpruned.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def measured_points(grid: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The grid's measured trials (parameters, feasibility, capacity, latency at load, fill rate,
-    scores), and those left out: no verdict (unstable, unmeasured, crashed, failed)."""
+    """The grid's measured trials (parameters, the SLA verdict at load, capacity, latency at load,
+    fill rate, scores), and those left out: no verdict (unstable, unmeasured, crashed, failed)."""
     trials = pd.read_csv(grid / "trials.csv")
     keep = trials["state"].isin(("COMPLETE", "PRUNED")) & trials["latency_p99_ms"].notna()
-    return trials[keep].reset_index(drop=True), trials[~keep].reset_index(drop=True)
+    measured = trials[keep].reset_index(drop=True)
+    # a pruned trial met the SLA at load (it was pruned in its capacity search): `feasible` says no
+    measured["feasible"] = measured["sla_met"].astype(str).str.lower().eq("true") if "sla_met" in measured \
+        else measured["feasible"]
+    return measured, trials[~keep].reset_index(drop=True)
 
 
 def defaults(settings) -> dict:
@@ -100,6 +125,8 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
             "feasible_measured": feasible,
             "feasible_simulated": bool(record.meets_sla),
             "capacity_measured": float(m["capacity_rps"]) if feasible and pd.notna(m["capacity_rps"]) else 0.0,
+            "capacity_upper_measured": float(m["capacity_upper_rps"]) if feasible
+            and pd.notna(m.get("capacity_upper_rps")) else math.nan,
             "capacity_simulated": float(record.capacity_rps or 0.0),
             "latency_measured": float(m[pct] if pct in m else m["latency_p99_ms"]),
             "latency_simulated": float(s_load.latency_ms.get(f"p{settings.sla.percentile:g}", math.nan)),
@@ -113,7 +140,12 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
             if record.meets_sla else 0.0,
         })
     table = pd.DataFrame(rows)
-    both = table["capacity_measured"].gt(0) & table["capacity_simulated"].gt(0)
+    # a pruned trial's capacity lies in its bracket: the simulation is as right as the bracket can say
+    # when it falls inside, else off by the distance to the nearer edge
+    lo, hi, sim_cap = table["capacity_measured"], table["capacity_upper_measured"], table["capacity_simulated"]
+    table["in_bracket"] = table["pruned"] & sim_cap.ge(lo) & (sim_cap.le(hi) | hi.isna())
+    table.loc[table["pruned"], "capacity_score_measured"] = np.nan  # a lower bound, not a score
+    both = table["capacity_measured"].gt(0) & table["capacity_simulated"].gt(0) & ~table["pruned"]
     table["capacity_error"] = np.where(both, table["capacity_simulated"] / table["capacity_measured"].where(both) - 1,
                                        np.nan)
     table["latency_error"] = table["latency_simulated"] / table["latency_measured"] - 1
@@ -130,20 +162,24 @@ def figures(table: pd.DataFrame) -> dict:
            "feasible_measured": int(table["feasible_measured"].sum()),
            "feasible_simulated": int(table["feasible_simulated"].sum()),
            "sla_verdicts_agree": int((table["feasible_measured"] == table["feasible_simulated"]).sum())}
+    pruned = table["pruned"]
+    out["pruned"] = int(pruned.sum())
+    out["pruned_in_bracket"] = int(table["in_bracket"].sum())
     for name, score, error in (("capacity", "capacity_score", "capacity_error"),
                                ("utilization", "utilization", "utilization_error")):
-        errors = table[error].dropna().abs()
-        rho = (spearmanr(table[f"{score}_measured"], table[f"{score}_simulated"]).statistic
-               if table[f"{score}_measured"].nunique() > 1 and table[f"{score}_simulated"].nunique() > 1 else math.nan)
-        both = table[f"{score}_measured"].gt(0) & table[f"{score}_simulated"].gt(0)
-        rho_both = (spearmanr(table.loc[both, f"{score}_measured"], table.loc[both, f"{score}_simulated"]).statistic
+        known = table[table[f"{score}_measured"].notna()]  # capacity: the unpruned points
+        errors = known[error].dropna().abs()
+        rho = (spearmanr(known[f"{score}_measured"], known[f"{score}_simulated"]).statistic
+               if known[f"{score}_measured"].nunique() > 1 and known[f"{score}_simulated"].nunique() > 1 else math.nan)
+        both = known[f"{score}_measured"].gt(0) & known[f"{score}_simulated"].gt(0)
+        rho_both = (spearmanr(known.loc[both, f"{score}_measured"], known.loc[both, f"{score}_simulated"]).statistic
                     if both.sum() >= 3 else math.nan)
-        pick = table.loc[table[f"{score}_simulated"].idxmax()]
-        best = table[f"{score}_measured"].max()
+        pick = known.loc[known[f"{score}_simulated"].idxmax()]
+        best = known[f"{score}_measured"].max()
         out[name] = {
             "median_abs_error": float(errors.median()) if len(errors) else math.nan,
             "p90_abs_error": float(errors.quantile(0.9)) if len(errors) else math.nan,
-            "compared": int(len(errors)),
+            "compared": int(len(errors)), "ranked": int(len(known)),
             "spearman": float(rho), "spearman_feasible_in_both": float(rho_both),
             "simulation_pick": {k: int(pick[k]) for k in ("max_batch_size", "max_queue_delay_microseconds")
                                 if k in pick},
@@ -161,7 +197,10 @@ def print_table(table: pd.DataFrame, pct: str) -> None:
                          for a, b in zip(table["feasible_measured"], table["feasible_simulated"], strict=True)],
         "cap meas": table["capacity_measured"].map("{:.1f}".format),
         "cap sim": table["capacity_simulated"].map("{:.1f}".format),
-        "cap err": table["capacity_error"].map(lambda v: "-" if pd.isna(v) else f"{v:+.1%}"),
+        "cap err": [("in bracket" if b else f"bracket {lo:.1f}-{hi:.1f}") if p else ("-" if pd.isna(v) else f"{v:+.1%}")
+                    for v, p, b, lo, hi in zip(table["capacity_error"], table["pruned"], table["in_bracket"],
+                                               table["capacity_measured"], table["capacity_upper_measured"],
+                                               strict=True)],
         f"{pct} meas": table["latency_measured"].map("{:.0f}".format),
         f"{pct} sim": table["latency_simulated"].map("{:.0f}".format),
         "fill meas": table["fill_measured"].map("{:.2f}".format),
@@ -180,13 +219,13 @@ def print_figures(f: dict) -> None:
         ("capacity: median absolute error (feasible in both)", f"{c['median_abs_error']:.1%} over {c['compared']}",
          f"<= {GOAL_ERROR:.0%}: {'met' if ok_err else 'MISSED'}"),
         ("capacity: p90 absolute error", f"{c['p90_abs_error']:.1%}", ""),
-        ("capacity scoring: Spearman, every point (infeasible = 0)", f"{c['spearman']:.3f}",
+        ("capacity scoring: Spearman, every point (infeasible = 0)", f"{c['spearman']:.3f} over {c['ranked']}",
          f">= {GOAL_SPEARMAN}: {'met' if ok_rho else 'MISSED'}"),
         ("capacity scoring: Spearman, feasible in both", f"{c['spearman_feasible_in_both']:.3f}", ""),
         ("capacity scoring: the simulation's pick, measured / measured optimum",
          f"{c['pick_measured_over_optimum']:.3f} {c['simulation_pick']}", ""),
         ("utilization score: median absolute error", f"{u['median_abs_error']:.1%} over {u['compared']}", ""),
-        ("utilization scoring: Spearman, every point", f"{u['spearman']:.3f}", ""),
+        ("utilization scoring: Spearman, every point", f"{u['spearman']:.3f} over {u['ranked']}", ""),
         ("utilization scoring: Spearman, feasible in both", f"{u['spearman_feasible_in_both']:.3f}", ""),
         ("utilization scoring: the simulation's pick, measured / measured optimum",
          f"{u['pick_measured_over_optimum']:.3f} {u['simulation_pick']}", ""),
@@ -194,6 +233,9 @@ def print_figures(f: dict) -> None:
          f"(feasible: measured {f['feasible_measured']}, simulated {f['feasible_simulated']})", ""),
         ("latency percentile at load: median absolute error", f"{f['latency_median_abs_error']:.1%}", ""),
     ]
+    if f["pruned"]:
+        rows.append(("pruned trials (capacity a bracket; left out of the capacity figures): simulated "
+                     "capacity inside the bracket", f"{f['pruned_in_bracket']} of {f['pruned']}", ""))
     print(pd.DataFrame(rows, columns=["figure", "value", "goal"]).to_string(index=False))
 
 
@@ -217,13 +259,14 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "fidelity")
     parser.add_argument("--landscape", action="store_true", help="also rank the whole space as simulation.csv")
     args = parser.parse_args()
+    args.output = args.output.resolve()
     args.output.mkdir(parents=True, exist_ok=True)
     settings = load_study(args.study)
     started = time.monotonic()
     grid = args.grid
     if grid is None:
         grid = args.output / "grid"
-        tuner("tune", str(args.study), "--output", str(grid))
+        tuner("tune", str(unpruned_copy(Path(args.study), args.output)))
     grid_s = time.monotonic() - started
     profile_path = args.profile
     if profile_path is None:
