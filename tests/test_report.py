@@ -12,6 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -364,3 +365,87 @@ def test_report_renders_in_chromium_without_console_errors(report: Path, chromiu
     png.write_bytes(base64.b64decode(shot))
     assert png.stat().st_size > 100_000  # a page of plots, not a blank one
     print(f"screenshot: {png}")
+
+
+# --- the simulated landscape (simulation.csv beside the study) -----------------------------------------
+
+
+def _simulated(out_dir: Path, *, capacity: float = 1.1, latency: float = 0.9, infeasible: int | None = None
+               ) -> pd.DataFrame:
+    """A synthetic simulation.csv over the fake study's whole space (max_batch_size 1..64 x delays
+    0..20 ms by 0.5 ms): a measured configuration gets its measurement times `capacity` (and its
+    latency times `latency`), the rest a smooth made-up curve; trial `infeasible` misses the SLA."""
+    trials = pd.read_csv(out_dir / "trials.csv")
+    measured = {(int(r.max_batch_size), int(r.max_queue_delay_microseconds)): r
+                for r in trials[trials["state"] == "COMPLETE"].itertuples()}
+    rows = []
+    for mbs in range(1, 65):
+        for delay in range(0, 20001, 500):
+            r = measured.get((mbs, delay))
+            cap = r.capacity_rps * capacity if r is not None and r.feasible else 40.0 * mbs ** 0.5
+            feasible = r.feasible if r is not None else True
+            if r is not None and r.number == infeasible:
+                feasible = False
+            rows.append({"rank": 0, "max_batch_size": mbs, "max_queue_delay_microseconds": delay,
+                         "preferred_batch_size": "default", "instance_count": 1, "max_queue_size": 0,
+                         "feasible": feasible, "capacity_rps": cap if feasible else 0.0,
+                         "latency_p99_ms": (r.latency_p99_ms if r is not None else 50.0) * latency,
+                         "fill_rate": r.fill_rate if r is not None else 0.5,
+                         "score_capacity": cap * 3600 / 2.5 if feasible else None,
+                         "score_utilization": cap * 7200 / 2.5 if feasible else None})
+    frame = pd.DataFrame(rows)
+    frame.to_csv(out_dir / "simulation.csv", index=False)
+    return frame
+
+
+def test_a_simulation_beside_the_study_adds_its_landscape_and_simulated_vs_measured(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path,
+) -> None:
+    from tuner.report import simulation_line, simulation_table
+
+    plain = fake_output(tmp_path_factory, 24)
+    text = write_report(_copy(plain, tmp_path / "plain", ("summary.json", "trials.csv", "study.db"))).read_text()
+    assert "Simulated landscape" not in text and "simulation.csv" not in text  # without the file: as before
+
+    copy = shutil.copytree(plain, tmp_path / "simulated")
+    trials = pd.read_csv(copy / "trials.csv")
+    complete = trials[trials["state"] == "COMPLETE"]
+    wrong = int(complete[complete["feasible"]]["number"].iloc[0])
+    _simulated(copy, infeasible=wrong)
+    out = load_output(copy)
+    assert out.simulation is not None and len(out.simulation) == 64 * 41
+
+    fig = figures.simulated_landscape(out)
+    heat, marks = fig.data[0], fig.data[1]
+    assert heat.type == "heatmap" and np.asarray(heat.z).shape == (41, 64)
+    assert len(marks.x) == len(complete)  # every measured trial is on the map
+    table = simulation_table(out)
+    assert len(table) == len(complete)
+    both = table[table["feasible (measured / simulated)"] == "yes / yes"]
+    assert len(both) and (both["capacity error"] == "+10.0%").all()
+    assert (table["p99 error"] == "-10.0%").all() and (table["fill rate error"] == "+0.0%").all()
+    assert table.loc[wrong, "feasible (measured / simulated)"] == "yes / no"
+    assert table.loc[wrong, "capacity error"] == "n/a"
+    line = simulation_line(out)
+    assert f"capacity within 10.0% (median absolute error over the {len(both)} feasible in both)" in line
+    assert f"the SLA verdict agrees on {len(complete) - 1} of {len(complete)}" in line
+
+    text = write_report(copy).read_text()
+    assert "<h2>Simulated landscape</h2>" in text and "<h2>Simulated vs measured</h2>" in text
+    assert text.index("Parameters tried") < text.index("Simulated landscape") < text.index("Latency at capacity")
+    assert text.count("plotly.js v") == 1 and html_escape(line) in text
+
+
+def test_a_simulation_csv_the_report_cannot_use_is_a_note(tmp_path_factory: pytest.TempPathFactory,
+                                                         tmp_path: Path) -> None:
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "bad")
+    _simulated(copy).drop(columns=["capacity_rps"]).to_csv(copy / "simulation.csv", index=False)
+    text = write_report(copy).read_text()
+    assert "Simulated landscape" not in text
+    assert "simulation.csv: no column &#x27;capacity_rps&#x27;" in text
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)

@@ -63,6 +63,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import ProfileError
+from tuner.files import write_atomic
 
 BASES = ("auto", "tokens", "grid")
 FORMAT_LINE = "# tuner profile v1"
@@ -389,21 +390,20 @@ def read_profile(path: str | os.PathLike) -> Profile:
         raise ProfileError(str(exc).replace("profile: ", f"{path}: ", 1)) from None
 
 
-def write_profile(profile: Profile, path: str | os.PathLike) -> Path:
-    """Write `profile` as CSV with its header keys; returns the path."""
-    path = Path(path)
+def profile_text(profile: Profile) -> str:
+    """The profile as the CSV file's text: the header keys, then the points."""
     lines = [FORMAT_LINE]
     for key in _HEADER_KEYS:
         value = getattr(profile, key)
         if value is None or (key == "model" and not value):
             continue
         lines.append(f"# {key}: {value}")
-    body = profile.to_frame().to_csv(index=False, float_format="%.6g")
-    try:
-        path.write_text("\n".join(lines) + "\n" + body)
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    return path
+    return "\n".join(lines) + "\n" + profile.to_frame().to_csv(index=False, float_format="%.6g")
+
+
+def write_profile(profile: Profile, path: str | os.PathLike) -> Path:
+    """Write `profile` as CSV with its header keys, whole or not at all; returns the path."""
+    return write_atomic(path, profile_text(profile), label=f"profile {path}", error=ProfileError)
 
 
 def _header_value(key: str, value: str, path: Path):

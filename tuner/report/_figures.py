@@ -14,7 +14,7 @@ import optuna
 import pandas as pd
 import plotly.graph_objects as go
 
-from tuner.report._load import StudyOutput, _dig, traffic_rate
+from tuner.report._load import StudyOutput, _dig, simulated_vs_measured, traffic_rate
 from tuner.traffic import busiest_window
 from tuner.traffic.windows import offsets
 
@@ -283,4 +283,53 @@ def monthly_cost(out: StudyOutput) -> go.Figure | None:
     at = f" (busiest second: {peak:,.0f} requests/s)" if peak is not None else ""
     fig.update_layout(title=f"Servers needed at the peak rate and their monthly cost{at}",
                       yaxis_title="dollars per month", **LAYOUT)
+    return fig
+
+
+def simulated_landscape(out: StudyOutput) -> go.Figure | None:
+    """The simulation's requests per dollar (the study's scoring) over max_batch_size x queue delay,
+    best per cell where the simulation varied more knobs, with the measured trials on it."""
+    sim = out.simulation
+    if sim is None:
+        return None
+    scoring = out.summary.get("scoring") or "capacity"
+    x, y, z = "max_batch_size", "max_queue_delay_microseconds", f"score_{scoring}"
+    cells = sim[[x, y, z]].copy()
+    cells[z] = pd.to_numeric(cells[z], errors="coerce").where(lambda v: v > 0)  # infeasible: no colour
+    varied = len(cells) > len(cells.drop_duplicates([x, y]))
+    grid = cells.groupby([y, x])[z].max().unstack(x).sort_index()
+    fig = go.Figure(go.Heatmap(
+        x=grid.columns.to_numpy(), y=grid.index.to_numpy() / 1000, z=grid.to_numpy(), colorscale="Viridis",
+        colorbar={"title": "req/$ (simulated)"}, hoverongaps=False,
+        hovertemplate="max_batch_size %{x}<br>delay %{y} ms<br>%{z:,.0f} requests per dollar<extra>simulated</extra>"))
+    matched = simulated_vs_measured(out)
+    trials = out.trials.dropna(subset=[x, y])
+    trials = trials[trials["state"].isin(("COMPLETE", "PRUNED"))]
+    if len(trials):
+        sim_of = {int(r["number"]): r for _, r in matched.iterrows()}
+        text = []
+        for _, r in trials.iterrows():
+            line = f"trial {int(r['number'])}: measured " + (
+                f"{r['requests_per_dollar']:,.0f} req/$" if r["feasible"] and pd.notna(r["requests_per_dollar"])
+                else "infeasible")
+            m = sim_of.get(int(r["number"]))
+            if m is not None:
+                line += f", simulated {m['simulated_requests_per_dollar']:,.0f}"
+            text.append(line)
+        fig.add_trace(go.Scatter(
+            x=trials[x], y=trials[y] / 1000, mode="markers", name="measured trials (x: missed the SLA)", text=text, hoverinfo="text",
+            marker={"size": 10, "symbol": np.where(trials["feasible"], "circle", "x").tolist(),
+                    "color": "white", "line": {"width": 1.5, "color": "black"}}))
+    best = _dig(out.summary, "best.params") or {}
+    if x in best and y in best:
+        fig.add_trace(go.Scatter(x=[best[x]], y=[best[y] / 1000], mode="markers", name="recommended",
+                                 marker={"size": 16, "symbol": "star", "color": WINNER, "line": {"width": 1}}))
+    sizes = sorted({int(v) for v in grid.columns} | {int(v) for v in trials[x]})
+    ticks = sizes if len(sizes) <= 16 else [v for v in sizes if v & (v - 1) == 0 or v == sizes[-1]]
+    fig.update_xaxes(type="log", tickvals=ticks)
+    title = f"Simulated requests per dollar ({scoring} scoring) over the space"
+    if varied:
+        title += ": each cell the best of its other knobs"
+    fig.update_layout(title=title + " (blank: misses the SLA)", xaxis_title=x,
+                      yaxis_title="max_queue_delay (ms)", legend={"orientation": "h", "y": -0.2}, **LAYOUT)
     return fig

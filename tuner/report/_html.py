@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
-from tuner.report._load import StudyOutput, _dig, config_text, load_output
+from tuner.report._load import StudyOutput, _dig, config_text, load_output, simulated_vs_measured
 
 REPORT = "report.html"
 
@@ -99,6 +99,71 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _error(simulated: float, measured: float) -> str:
+    if not (pd.notna(simulated) and pd.notna(measured)) or measured <= 0:
+        return "n/a"
+    return f"{simulated / measured - 1:+.1%}"
+
+
+def simulation_table(out: StudyOutput) -> pd.DataFrame:
+    """Simulated vs measured for every measured configuration the simulation has: capacity, the
+    SLA's percentile at the recorded load, fill rate, requests per dollar, each with its error
+    (simulated / measured - 1)."""
+    m = simulated_vs_measured(out)
+    if m.empty:
+        return m
+    q = f"p{out.sla['percentile']:g}"
+    rows = []
+    for _, r in m.iterrows():
+        both = r["measured_feasible"] and r["simulated_feasible"]
+        rows.append({
+            "trial": int(r["number"]), **{p: r[p] for p in out.params if p in r},
+            "feasible (measured / simulated)": f"{'yes' if r['measured_feasible'] else 'no'} / "
+                                               f"{'yes' if r['simulated_feasible'] else 'no'}",
+            "capacity measured (req/s)": _num(r["measured_capacity_rps"] or None),
+            "capacity simulated (req/s)": _num(r["simulated_capacity_rps"] or None),
+            "capacity error": _error(r["simulated_capacity_rps"], r["measured_capacity_rps"]) if both else "n/a",
+            f"{q} at load measured (ms)": _num(r["measured_latency_ms"]),
+            f"{q} at load simulated (ms)": _num(r["simulated_latency_ms"]),
+            f"{q} error": _error(r["simulated_latency_ms"], r["measured_latency_ms"]),
+            "fill rate measured": _num(r["measured_fill_rate"], 2),
+            "fill rate simulated": _num(r["simulated_fill_rate"], 2),
+            "fill rate error": _error(r["simulated_fill_rate"], r["measured_fill_rate"]),
+        })
+    return pd.DataFrame(rows).set_index("trial")
+
+
+def simulation_line(out: StudyOutput) -> str:
+    """One line: how far the simulation was from the measurements (median absolute capacity error,
+    rank correlation of requests per dollar, agreement on the SLA)."""
+    m = simulated_vs_measured(out)
+    if m.empty:
+        return "No measured trial is in the simulation: nothing to compare."
+    both = m[m["measured_feasible"] & m["simulated_feasible"] & (m["measured_capacity_rps"] > 0)]
+    parts = [f"{len(m)} measured configurations in the simulation"]
+    if len(both):
+        error = (both["simulated_capacity_rps"] / both["measured_capacity_rps"] - 1).abs().median()
+        parts.append(f"capacity within {error:.1%} (median absolute error over the {len(both)} feasible in both)")
+    if len(m) >= 3 and m["measured_requests_per_dollar"].nunique() > 1 and m["simulated_requests_per_dollar"].nunique() > 1:
+        rho = m["measured_requests_per_dollar"].rank().corr(m["simulated_requests_per_dollar"].rank())
+        parts.append(f"requests per dollar ranked alike: Spearman {rho:.2f}")
+    agree = int((m["measured_feasible"] == m["simulated_feasible"]).sum())
+    parts.append(f"the SLA verdict agrees on {agree} of {len(m)}")
+    return "Simulated vs measured: " + "; ".join(parts) + "."
+
+
+def simulation_section(out: StudyOutput, plotlyjs: bool | str) -> str:
+    """The simulated landscape and the simulated-vs-measured table; empty without simulation.csv."""
+    fig = figures.simulated_landscape(out)
+    if fig is None:
+        return ""
+    table = simulation_table(out)
+    return ("<h2>Simulated landscape</h2>"
+            + fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False})
+            + f"<h2>Simulated vs measured</h2><p class='facts'>{html.escape(simulation_line(out))}</p>"
+            + (table.to_html(classes="simulation") if not table.empty else ""))
+
+
 def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
     columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, "fill_rate"]
     return out.top_trials(k)[columns].round(2).set_index("number")
@@ -138,11 +203,15 @@ def render(out: StudyOutput) -> str:
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if fig is None:
             parts.append("<p class='notes'>Not available (see the notes at the end).</p>")
-            continue
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False}))
-        plotlyjs = False
-        if build is figures.monthly_cost:
-            parts.append(comparison_table(out).to_html(classes="comparison"))
+        else:
+            parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False}))
+            plotlyjs = False
+            if build is figures.monthly_cost:
+                parts.append(comparison_table(out).to_html(classes="comparison"))
+        if build is figures.param_map:  # the simulation, where there is one, beside where the search went
+            section = simulation_section(out, plotlyjs)
+            parts.append(section)
+            plotlyjs = plotlyjs and not section
     name = out.study.study_name if out.study is not None else out.path.name
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(out.notes))
     return f"""<!DOCTYPE html>

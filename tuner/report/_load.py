@@ -6,7 +6,10 @@ turns its section into a one-line note instead of failing:
 - `incumbent/config.pbtxt`, else the model's config in the study's model repository: the diff;
 - `records/<name>.{parquet,csv}` with a `latency_ms` column (`incumbent`, `trial_<n>`): latency CDFs,
   else the measured percentiles stand in for them;
-- the traffic profile (summary `traffic.path`, else the study YAML's): rate over time, peak, servers.
+- the traffic profile (summary `traffic.path`, else the study YAML's): rate over time, peak, servers;
+- `simulation.csv`, the simulated ranking of the whole space (the columns `tuner.simulate.Simulator.rank`
+  and `tuner simulate --json` give): the simulated landscape and simulated vs measured. Without it the
+  report has no such section (and no note: most studies have no simulation).
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ from tuner.traffic.windows import offsets
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
+SIMULATION = "simulation.csv"
+# the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
+SIMULATION_COLUMNS = ("max_batch_size", "max_queue_delay_microseconds", "capacity_rps", "score_capacity",
+                      "score_utilization")
 HOURS_PER_MONTH = 730.0
 
 # The columns the report reads, each with the names the tuner's trials.csv may give it
@@ -69,6 +76,7 @@ class StudyOutput:
     traffic: pd.DataFrame | None = None  # the recorded traffic table (tuner.traffic.read_traffic)
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
+    simulation: pd.DataFrame | None = None  # simulation.csv: the simulated ranking of the whole space
     notes: list[str] = field(default_factory=list)  # what was missing, said once each
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -183,6 +191,7 @@ def load_output(path: str | Path) -> StudyOutput:
     out.incumbent_config = _incumbent_config(path, summary, out.notes)
     out.traffic, out.traffic_path = _traffic(path, summary, out.notes)
     out.latency_records = _latency_records(path, out)
+    out.simulation = _simulation(path / SIMULATION, out.notes)
     return out
 
 
@@ -367,6 +376,87 @@ def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
                 out.notes.append(f"{file}: cannot read latencies: {exc}")
             break
     return records
+
+
+def preferred_label(value: Any, max_batch_size: int) -> str:
+    """A trial's preferred_batch_size (a strategy name or sizes) as the simulation writes it:
+    `default` for none, else the sizes joined by commas."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value in ("none", "default", ""):
+        return "default"
+    if isinstance(value, str) and value in space.STRATEGIES:
+        sizes = space.preferred_sizes(value, int(max_batch_size))
+        return ",".join(map(str, sizes)) if sizes else "default"
+    text = str(value).strip("()[] ")
+    return ",".join(part.strip() for part in text.split(",") if part.strip()) or "default"
+
+
+def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
+    """One row per measured trial that the simulation has (same max_batch_size and delay, and the same
+    instance count, queue size and preferred sizes where both tell them): trial number, parameters, and
+    capacity, the SLA's latency percentile at the recorded load, fill rate and the scoring's requests
+    per dollar, `measured_*` beside `simulated_*`."""
+    sim, t = out.simulation, out.trials
+    if sim is None:
+        return pd.DataFrame()
+    scoring = out.summary.get("scoring") or "capacity"
+    pct = f"latency_p{out.sla['percentile']:g}_ms"
+    sim_latency = pct if pct in sim.columns else "latency_p99_ms"
+    measured = t[t["state"].isin(("COMPLETE", "PRUNED")) & t[out.latency_column].notna()]
+    keys = [k for k in ("instance_count", "max_queue_size") if k in measured.columns and k in sim.columns]
+    rows = []
+    for _, trial in measured.iterrows():
+        mbs, delay = trial.get("max_batch_size"), trial.get("max_queue_delay_microseconds")
+        if pd.isna(mbs) or pd.isna(delay):
+            continue
+        match = sim[(sim["max_batch_size"] == int(mbs)) & (sim["max_queue_delay_microseconds"] == int(delay))]
+        for key in keys:
+            match = match[match[key] == trial[key]]
+        if "preferred_batch_size" in match.columns and len(match) > 1:
+            label = preferred_label(trial.get("preferred_batch_size"), int(mbs))
+            same = match[match["preferred_batch_size"].astype(str) == label]
+            match = same if len(same) else match
+        if match.empty:
+            continue
+        order = [c for c in ("instance_count", "max_queue_size") if c in match.columns]
+        s = match.sort_values(order).iloc[0] if order else match.iloc[0]  # else Triton's defaults first
+        feasible = bool(trial["feasible"])
+        rows.append({
+            "number": int(trial["number"]),
+            **{p: trial[p] for p in out.params},
+            "measured_feasible": feasible,
+            "simulated_feasible": bool(s["feasible"]) if "feasible" in s and pd.notna(s["feasible"])
+            else bool(pd.notna(s[f"score_{scoring}"]) and s[f"score_{scoring}"] > 0),
+            "measured_capacity_rps": float(trial["capacity_rps"]) if feasible and pd.notna(trial["capacity_rps"]) else 0.0,
+            "simulated_capacity_rps": float(s["capacity_rps"]) if pd.notna(s["capacity_rps"]) else 0.0,
+            "measured_latency_ms": float(trial[out.latency_column]),
+            "simulated_latency_ms": float(s[sim_latency]) if sim_latency in s and pd.notna(s[sim_latency]) else math.nan,
+            "measured_fill_rate": float(trial["fill_rate"]) if pd.notna(trial["fill_rate"]) else math.nan,
+            "simulated_fill_rate": float(s["fill_rate"]) if "fill_rate" in s and pd.notna(s["fill_rate"]) else math.nan,
+            "measured_requests_per_dollar": float(trial[f"score_{scoring}"]) if feasible
+            and pd.notna(trial[f"score_{scoring}"]) else 0.0,
+            "simulated_requests_per_dollar": float(s[f"score_{scoring}"]) if pd.notna(s[f"score_{scoring}"]) else 0.0,
+        })
+    return pd.DataFrame(rows)
+
+
+def _simulation(path: Path, notes: list[str]) -> pd.DataFrame | None:
+    """simulation.csv when the directory has one (None, and a note if it cannot be used)."""
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+        notes.append(f"{path}: cannot read as CSV ({str(exc).splitlines()[0]}): no simulated landscape")
+        return None
+    missing = [c for c in SIMULATION_COLUMNS if c not in frame.columns]
+    if missing:
+        notes.append(f"{path}: no column {missing[0]!r} (expected the columns of tuner simulate's ranking): "
+                     f"no simulated landscape")
+        return None
+    if frame.empty:
+        notes.append(f"{path}: no configurations: no simulated landscape")
+        return None
+    return frame
 
 
 def config_text(text: str) -> str:

@@ -1,0 +1,107 @@
+"""`tuner profile STUDY.yaml [-o profile.csv]`: measure the model's execution time by rows and padded
+length on the study's server, for `tuner simulate`."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+PROFILE = "profile.csv"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="measure the model's execution time by rows x padded length (the profile tuner simulate uses)",
+        description="Start the study's server, load the model with the space's largest max_batch_size, no "
+        "queue delay and one instance, warm it up as a trial is, then send one request of each (rows, padded "
+        "length) alone, a few times, and read each execution's time from Triton's statistics: device time "
+        "(compute_infer, median and p10-p90), host time (compute_input + compute_output), the per-request "
+        "overhead outside the model, and where the model runs out of memory. Prints the table and writes "
+        "the profile CSV (format: tuner/profile.py). Exit codes: 0 done, 2 bad input.",
+    )
+    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, server, traffic, search space)")
+    p.add_argument("-o", "--output", metavar="PROFILE.csv", default=None,
+                   help=f"where to write the profile (default: the study's output directory/{PROFILE})")
+    p.add_argument("--max-batch-size", type=int, default=None, metavar="N",
+                   help="the largest rows to measure (default: the space's largest, search.max_batch_size.high)")
+    p.add_argument("--max-length", type=int, default=None, metavar="N",
+                   help="the model truncates inputs to N tokens (default: its config's max_sequence_length "
+                   "parameter if it has one, else no truncation)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="measured requests per point, after one that is not measured (default 7)")
+    p.add_argument("--concurrent-executions", type=int, default=1, metavar="N",
+                   help="executions the device runs at once (default 1: instances share one device and "
+                   "take turns on it, as a GPU shared by instances does; N for N devices or a device that "
+                   "truly runs N at once)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from tuner.errors import SettingsError
+    from tuner.evaluate import base_config, study_traffic
+    from tuner.files import check_output_dir, check_writable, write_atomic
+    from tuner.profile import profile_text
+    from tuner.profiling import REPEATS, describe_split, measure_profile, table
+    from tuner.server import make_launcher
+    from tuner.settings import load_study
+    from tuner.simulate import length_column
+
+    for name in ("max_batch_size", "max_length", "repeats", "concurrent_executions"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise SettingsError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    settings = load_study(args.study)
+    output = Path(args.output) if args.output else Path(settings.output) / PROFILE
+    check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
+    check_writable(output, label=f"profile {output}")
+    traffic = study_traffic(settings)
+    base = base_config(settings)
+    column = length_column(traffic)
+    mbs = args.max_batch_size or settings.search.max_batch_size.high
+    print(f"profile: {settings.model} on the {settings.server.launcher} server, rows up to {mbs}"
+          + (f", lengths from the traffic's {column!r}" if column else ", no length column"), file=sys.stderr)
+    m = settings.measurement
+    bars: dict = {}
+    bar_style = {"file": sys.stderr, "leave": False, "dynamic_ncols": True}
+
+    def window(_ms: float) -> None:  # the warm-up's windows, at most warmup_max_s of them
+        if "warm-up" not in bars:
+            bars["warm-up"] = tqdm(total=math.ceil(m.warmup_max_s / m.window_s), desc="warm-up", unit="window",
+                                   **bar_style)
+        bars["warm-up"].update(1)
+
+    def progress(done: int, total: int, what: str) -> None:
+        if "warm-up" in bars:
+            bars.pop("warm-up").close()
+        if "profile" not in bars:
+            bars["profile"] = tqdm(total=total, desc="profile", unit="point", **bar_style)
+        bar = bars["profile"]
+        bar.total = total  # grows while the out-of-memory boundary is bisected
+        bar.update(done - bar.n)
+        bar.set_postfix_str(what)
+
+    try:
+        with make_launcher(settings) as launcher:
+            result = measure_profile(launcher, settings, traffic, base, length_column=column,
+                                     max_batch_size=args.max_batch_size, max_length=args.max_length,
+                                     repeats=args.repeats or REPEATS,
+                                     concurrent_executions=args.concurrent_executions,
+                                     on_progress=progress, on_window=window)
+    finally:
+        for bar in bars.values():
+            bar.close()
+    print(f"device time per execution (Triton's compute_infer), ms: median (p10-p90) of "
+          f"{args.repeats or REPEATS} requests; OOM: out of memory")
+    print(table(result))
+    for line in describe_split(result):
+        print(line)
+    for note in result.notes:
+        print(f"note: {note}")
+    write_atomic(output, profile_text(result.profile), label=f"profile {output}")
+    print(f"wrote {output}: {result.profile.describe()} ({result.seconds:.0f} s)")
+    return 0

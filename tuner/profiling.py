@@ -1,0 +1,399 @@
+"""Measure a model's execution-time profile through Triton (`tuner profile`): the IO side of
+`tuner.profile.Profile`, which the dynamic-batcher simulation (`tuner.simulate`) charges executions by.
+
+    measure_profile(launcher, settings, traffic, base, length_column=...) -> ProfileRun
+    row_grid(max_batch_size), length_buckets(traffic, column, max_length)   the sizes measured
+    summarize(samples, ...) -> (Profile, notes)                              the samples as a profile (pure)
+    table(run) -> str                                                        rows x lengths, ms
+
+**How.** The server loads the model with `max_batch_size` = the space's largest, no queue delay and one
+instance (the profile is per execution: how instances share the device is the profile's
+`concurrent_executions`, 1 by default, as for the emulated GPU, whose instances serialise on one lock;
+a device that runs several executions at once, e.g. separate GPUs per instance, is set with
+`--concurrent-executions N` or the CSV's `# concurrent_executions:` line). The configuration is warmed
+up as a trial is (`tuner.warmup.warm_up`: the shape sweep, then the traffic until steady). Then each
+point of the grid, rows (`row_grid`: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to the largest
+max_batch_size) x padded length (`length_buckets`: quantiles of the traffic's length column, capped at
+the model's maximum length), is sent closed loop: one request of `rows` rows x `length` tokens, alone
+on the server (`tuner.replay.send_one_by_one`), so it is one execution of exactly that size; the first
+request of a point is not measured (a shape's first run pays compilation/autotuning on a GPU, and
+`encoder_sim` emulates that), then `repeats` are. Each request's execution is read from Triton's
+statistics before and after it (`batch_stats` of its batch size).
+
+**What maps to what.** Triton times an execution in three parts (`batch_stats`): `compute_input`
+(Triton hands the requests' inputs to the backend), `compute_infer` (the backend's execute: for the
+Python backend the whole `execute()` of the model) and `compute_output` (the outputs handed back).
+- **Device time** of a point = `compute_infer`: median, p10 and p90 over the repeats. Triton cannot see
+  inside the model's execute, so host work the model does there (tokenizing, copies, `encoder_sim`'s
+  `host_us_per_request` x `time_scale` = 0.12 ms per row) is counted as device time: with one instance
+  this changes nothing (host and device time follow each other on the instance either way); with
+  several instances on one device it makes the simulation slightly pessimistic (that host work could
+  overlap another instance's device time).
+- **Host time** `host_ms_per_row`, `host_ms_per_execution` = a least-squares line of `compute_input` +
+  `compute_output` per execution against its rows (over the points' medians, never negative): the
+  instance is busy with it, the device is not. Measured on `encoder_sim` this is ~0.15 ms per execution
+  and ~0 per row (the Python backend's shared-memory exchange).
+- **Overhead** `overhead_ms` = the client's latency of a 1-row request minus its execution's three
+  parts (median): HTTP, Triton's scheduling (queue time of a request that found the instance idle) and
+  the response, which add to every request's latency but occupy no instance.
+- **Out of memory**: a request failing with an out-of-memory error (`OOM_ERROR`; `encoder_sim`: "CUDA
+  out of memory (emulated)") makes its point fail; the rows between the last size that ran and the
+  failing one are bisected, so `oom_tokens` is the smallest failing rows x length (at that length's
+  resolution, one row), and rows stop growing at that length. `oom_ms` = the failing executions'
+  `compute_infer` (median). Any other error stops the profile with the model's message.
+- **Maximum length**: the model truncates longer inputs to `max_length` tokens when it says so (the
+  config's `max_sequence_length` parameter, as `encoder_sim`'s) or `--max-length` is given; lengths are
+  measured up to it, and the simulation truncates lengths alike.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tuner import space
+from tuner.errors import ProfileError, SettingsError, TrafficError
+from tuner.measure import Warmup
+from tuner.modelconfig import ModelConfig
+from tuner.profile import Profile, ProfilePoint
+from tuner.server import Launcher
+from tuner.settings import StudySettings
+from tuner.warmup import warm_up
+
+__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "describe_split", "length_buckets",
+           "measure_profile", "model_max_length", "row_grid", "summarize", "table"]
+
+REPEATS = 7                      # measured requests per point, after one that is not measured
+LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
+MERGE_LENGTHS = 0.15             # a length within 15 % below the next one is measured as that one
+OOM_ERROR = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
+STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
+_PARTS = ("compute_input", "compute_infer", "compute_output")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request of `rows` x `length` sent alone, and Triton's timing of its execution (ms)."""
+
+    rows: int
+    length: int
+    ok: bool
+    client_ms: float
+    input_ms: float = 0.0
+    infer_ms: float = 0.0
+    output_ms: float = 0.0
+    queue_ms: float = 0.0
+    measured: bool = True       # False: the point's first request (a shape's first run)
+    error: str = ""
+
+    @property
+    def execution_ms(self) -> float:
+        """The execution's time on its instance: input + infer + output."""
+        return self.input_ms + self.infer_ms + self.output_ms
+
+    @property
+    def out_of_memory(self) -> bool:
+        return not self.ok and bool(OOM_ERROR.search(self.error))
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """A measured profile with what it came from: every sample, the grid, the warm-up, the time taken."""
+
+    profile: Profile
+    samples: tuple[Sample, ...]
+    rows: tuple[int, ...]
+    lengths: tuple[int, ...]
+    max_batch_size: int
+    warmup: Warmup | None
+    seconds: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --- the grid --------------------------------------------------------------------------------------
+
+
+def row_grid(max_batch_size: int) -> tuple[int, ...]:
+    """Rows to measure: 1, 2, 4, 8, then steps of x1.5 and x4/3 (12, 16, 24, 32, 48, 64, 96, ...),
+    up to and including `max_batch_size`."""
+    if max_batch_size < 1:
+        raise SettingsError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    rows, r = [], 1
+    while r < max_batch_size:
+        rows.append(r)
+        r = r * 2 if r < 8 else (r * 3 // 2 if (r & (r - 1)) == 0 else r * 4 // 3)
+    return (*rows, max_batch_size)
+
+
+def length_buckets(traffic: pd.DataFrame, column: str | None, max_length: int | None = None,
+                   quantiles: tuple[float, ...] = LENGTH_QUANTILES) -> tuple[int, ...]:
+    """Padded lengths to measure: quantiles of the traffic's `column` (each capped at `max_length`),
+    a length within `MERGE_LENGTHS` below the next measured as that one; (1,) without a column."""
+    if column is None:
+        return (1,)
+    if column not in traffic.columns:
+        raise TrafficError(f"traffic: no column {column!r} (columns: {', '.join(map(str, traffic.columns))})")
+    values = traffic[column].to_numpy(dtype=np.int64)
+    if not len(values):
+        raise TrafficError("traffic: no requests to take lengths from")
+    if max_length is not None:
+        values = np.minimum(values, max_length)
+    found = sorted({max(int(np.quantile(values, q, method="higher")), 1) for q in quantiles})
+    kept: list[int] = []
+    for length in reversed(found):  # longest first: a near neighbour below it is dropped
+        if not kept or length < kept[-1] * (1 - MERGE_LENGTHS):
+            kept.append(length)
+    return tuple(sorted(kept))
+
+
+def model_max_length(config: ModelConfig) -> int | None:
+    """The tokens the model truncates inputs to, when its config says (a `max_sequence_length`
+    parameter); None otherwise."""
+    if "max_sequence_length" not in config.parameters:
+        return None
+    text = config.parameters["max_sequence_length"].string_value.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise ProfileError(f"{config.name or 'model'}: parameters.max_sequence_length must be an integer, "
+                           f"got {text!r}") from None
+    return value if value >= 1 else None
+
+
+# --- from samples to a profile (pure) --------------------------------------------------------------
+
+
+def summarize(samples: list[Sample] | tuple[Sample, ...], *, max_length: int | None = None,
+              concurrent_executions: int = 1, model: str = "") -> tuple[Profile, list[str]]:
+    """The profile the samples give (see the module docstring for each field), and notes on what
+    was left out."""
+    notes: list[str] = []
+    failing = {(s.rows, s.length) for s in samples if s.out_of_memory}
+
+    def effective(rows: int, length: int) -> int:
+        return rows * (length if max_length is None else min(length, max_length))
+
+    oom_tokens = min((effective(r, n) for r, n in failing), default=None)
+    oom_runs = [s.infer_ms for s in samples if s.out_of_memory and s.infer_ms > 0]
+    by_point: dict[tuple[int, int], list[Sample]] = {}
+    for s in samples:
+        if s.ok and s.measured and (s.rows, s.length) not in failing:
+            by_point.setdefault((s.rows, s.length), []).append(s)
+    points, host = [], []
+    for (rows, length), group in sorted(by_point.items()):
+        if oom_tokens is not None and effective(rows, length) >= oom_tokens:
+            notes.append(f"{rows} rows x {length} ran although {oom_tokens} padded tokens failed elsewhere: "
+                         f"the model's memory limit is not a padded-token count; the point is left out")
+            continue
+        infer = np.array([s.infer_ms for s in group])
+        p10, median, p90 = (float(v) for v in np.percentile(infer, [10, 50, 90]))
+        points.append(ProfilePoint(rows, length, median, min(p10, median), max(p90, median), len(group)))
+        host.append((rows, statistics.median(s.input_ms + s.output_ms for s in group)))
+    if not points:
+        raise ProfileError(f"{model or 'the model'}: no execution ran without an error (the smallest, "
+                           f"{min((s.rows for s in samples), default=1)} row(s), failed too): nothing to profile")
+    per_row, per_execution = _host_line(host)
+    singles = [s.client_ms - s.execution_ms for s in samples
+               if s.ok and s.measured and s.rows == min(p.rows for p in points)]
+    overhead = max(statistics.median(singles), 0.0) if singles else 0.0
+    profile = Profile(points=tuple(points), host_ms_per_row=round(per_row, 6),
+                      host_ms_per_execution=round(per_execution, 6), overhead_ms=round(overhead, 6),
+                      oom_tokens=oom_tokens, oom_ms=round(statistics.median(oom_runs), 6) if oom_runs else 0.0,
+                      max_length=max_length, concurrent_executions=concurrent_executions, model=model)
+    return profile, notes
+
+
+def _host_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(ms per row, ms per execution): least squares through (rows, host ms), neither negative."""
+    x = np.array([r for r, _ in points], dtype=float)
+    y = np.array([ms for _, ms in points], dtype=float)
+    if len(set(x.tolist())) < 2:
+        return 0.0, float(max(np.median(y), 0.0))
+    slope, intercept = np.polyfit(x, y, 1)
+    if slope < 0:  # host work does not shrink with rows: a constant
+        return 0.0, float(max(np.median(y), 0.0))
+    if intercept < 0:  # through the origin
+        return float(max((x @ y) / (x @ x), 0.0)), 0.0
+    return float(slope), float(intercept)
+
+
+# --- measuring -------------------------------------------------------------------------------------
+
+
+def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, base: ModelConfig, *,
+                    length_column: str | None, max_batch_size: int | None = None, max_length: int | None = None,
+                    repeats: int = REPEATS, concurrent_executions: int = 1,
+                    on_progress: Callable[[int, int, str], None] | None = None,
+                    on_window: Callable[[float], None] | None = None) -> ProfileRun:
+    """Profile the study's model on a started server (see the module docstring). `length_column`:
+    the traffic's sequence-length column (`tuner.simulate.length_column`), None for none;
+    `on_window(ms)` after each warm-up window; `on_progress(done, total, what)` after each point."""
+    started = time.monotonic()
+    model = settings.model
+    mbs = int(max_batch_size if max_batch_size is not None else settings.search.max_batch_size.high)
+    if mbs < 1:
+        raise SettingsError(f"--max-batch-size: must be >= 1, got {mbs}")
+    if base.max_batch_size < 1:
+        raise ProfileError(f"{model}: max_batch_size is 0 in its config.pbtxt: the model does not batch, "
+                           f"there is no batch size to profile")
+    if repeats < 1:
+        raise SettingsError(f"--repeats: must be >= 1, got {repeats}")
+    if max_length is None:
+        max_length = model_max_length(base)
+    rows_grid, lengths = row_grid(mbs), length_buckets(traffic, length_column, max_length)
+    config = space.apply(base, {"max_batch_size": mbs, "max_queue_delay_microseconds": 0, "instance_count": 1})
+    launcher.apply_config(model, config)
+    warm = None
+    if settings.measurement.warmup:
+        warm = warm_up(launcher, settings, traffic, max_batch_size=mbs, on_window=on_window)
+    sender = _Sender(launcher, model, length_column, timeout_s=settings.replay.request_timeout_s)
+    samples: list[Sample] = []
+    total = len(rows_grid) * len(lengths)
+    done = 0
+
+    def point(rows: int, length: int) -> bool:
+        """Measure one point; True when it ran, False when it ran out of memory."""
+        nonlocal done
+        got = [sender.send(rows, length, measured=False)]
+        while got[-1].ok and len(got) <= repeats:
+            got.append(sender.send(rows, length))
+        samples.extend(got)
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, f"{rows} x {length}")
+        bad = next((s for s in got if not s.ok), None)
+        if bad is None:
+            return True
+        if bad.out_of_memory:
+            return False
+        raise ProfileError(f"{model}: a request of {rows} rows x {length} failed with an error that is not an "
+                           f"out-of-memory: {bad.error}")
+
+    for length in lengths:
+        last_ok = 0
+        for k, rows in enumerate(rows_grid):
+            if point(rows, length):
+                last_ok = rows
+                continue
+            total -= len(rows_grid) - k - 1  # rows stop growing at this length
+            high = rows
+            while high - last_ok > 1:  # the smallest failing rows, one row apart
+                middle = (high + last_ok) // 2
+                total += 1
+                if point(middle, length):
+                    last_ok = middle
+                else:
+                    high = middle
+            break
+    profile, notes = summarize(samples, max_length=max_length, concurrent_executions=concurrent_executions,
+                               model=model)
+    if warm is not None and not warm.stable:
+        notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "
+                        f"server still warming up")
+    return ProfileRun(profile=profile, samples=tuple(samples), rows=rows_grid, lengths=lengths, max_batch_size=mbs,
+                      warmup=warm, seconds=time.monotonic() - started, notes=tuple(notes))
+
+
+class _Sender:
+    """Sends one request alone and reads its execution from Triton's statistics."""
+
+    def __init__(self, launcher: Launcher, model: str, length_column: str | None, *, timeout_s: float) -> None:
+        self.launcher, self.model, self.column, self.timeout_s = launcher, model, length_column, timeout_s
+
+    def send(self, rows: int, length: int, *, measured: bool = True) -> Sample:
+        from tuner.replay import send_one_by_one  # the replay package loads lazily
+
+        frame = pd.DataFrame({"timestamp": [0.0], "batch_size": [rows]})
+        if self.column is not None:
+            frame[self.column] = [length]
+        before = self.launcher.statistics(self.model)
+        sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
+        after = self._after(before)
+        parts = _batch_parts(before, after, rows)
+        queue = _delta(before, after, "inference_stats", "queue", "ns") / 1e6
+        return Sample(rows=rows, length=length, ok=sent.errors == 0, client_ms=sent.seconds * 1e3,
+                      input_ms=parts["compute_input"], infer_ms=parts["compute_infer"],
+                      output_ms=parts["compute_output"], queue_ms=queue if sent.errors == 0 else 0.0,
+                      measured=measured, error=sent.first_error)
+
+    def _after(self, before: dict) -> dict:
+        """The statistics once Triton has counted the execution (it does so just after answering)."""
+        deadline = time.monotonic() + STATS_WAIT_S
+        while True:
+            after = self.launcher.statistics(self.model)
+            if _delta(before, after, "execution_count") >= 1 or time.monotonic() >= deadline:
+                return after
+            time.sleep(0.002)
+
+
+def _delta(before: dict, after: dict, *path: str) -> int:
+    def get(entry: dict) -> int:
+        node = entry
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                return 0
+            node = node[part]
+        return int(node)
+
+    return get(after) - get(before)
+
+
+def _batch_parts(before: dict, after: dict, rows: int) -> dict[str, float]:
+    """ms of each execution part at batch size `rows` between two snapshots (0 when none ran)."""
+
+    def of(stats: dict) -> dict[str, int]:
+        for item in stats.get("batch_stats", []) or []:
+            if int(item.get("batch_size", 0)) == rows:
+                return {p: int((item.get(p) or {}).get("ns", 0)) for p in _PARTS}
+        return dict.fromkeys(_PARTS, 0)
+
+    b, a = of(before), of(after)
+    return {p: (a[p] - b[p]) / 1e6 for p in _PARTS}
+
+
+# --- printing --------------------------------------------------------------------------------------
+
+
+def table(run: ProfileRun) -> str:
+    """Device time per execution (ms): rows down, padded lengths across; median and p10-p90; OOM where
+    the point ran out of memory."""
+    profile = run.profile
+    by_point = {(p.rows, p.length): p for p in profile.points}
+    failed = {(s.rows, s.length) for s in run.samples if s.out_of_memory}
+    rows = sorted({r for r, _ in by_point} | {r for r, _ in failed})
+    lengths = sorted({n for _, n in by_point} | {n for _, n in failed})
+    cells = []
+    for r in rows:
+        line = {"rows": r}
+        for n in lengths:
+            p = by_point.get((r, n))
+            line[f"len {n}"] = ("OOM" if (r, n) in failed else "" if p is None
+                                else f"{p.median_ms:.2f} ({p.p10_ms:.2f}-{p.p90_ms:.2f})")
+        cells.append(line)
+    return pd.DataFrame(cells).to_string(index=False)
+
+
+def describe_split(run: ProfileRun) -> list[str]:
+    """Lines on the costs around the device time, for people."""
+    p = run.profile
+    lines = [f"host (Triton's compute_input + compute_output): {p.host_ms_per_row:.3f} ms/row + "
+             f"{p.host_ms_per_execution:.3f} ms/execution; overhead outside the instance (HTTP, scheduling): "
+             f"{p.overhead_ms:.3f} ms/request"]
+    if p.oom_tokens is not None:
+        lines.append(f"out of memory from {p.oom_tokens} padded tokens (rows x length; a failing execution took "
+                     f"{p.oom_ms:.2f} ms)")
+    else:
+        lines.append("no out-of-memory up to the largest size measured")
+    if p.max_length is not None:
+        lines.append(f"the model truncates inputs to {p.max_length} tokens")
+    w = run.warmup
+    if w is not None:
+        lines.append(f"warm-up: {w.seconds:.1f} s, {w.sweep_requests} shape-sweep requests, "
+                     + ("steady" if w.stable else "NOT steady"))
+    return lines
