@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "tuner.cli.nightly_cmd",
     "tuner.cli.audit_cmd",
     "tuner.cli.simulate_cmd",
+    "tuner.cli.soak_cmd",
 )
 
 
