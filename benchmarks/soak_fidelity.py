@@ -16,7 +16,7 @@ errors <= 0.1 %. Each soak is a real `python -m tuner soak` (capacity at the sta
 What the emulation implies (its pure functions `fragmentation` and `first_failing_execution`, read from
 encoder_sim/1/model.py), from the executions the soak measured: n(t) = n0 + E t, a straight line fitted
 to Triton's execution count since the load against the hours of traffic:
-- the largest batch still succeeding: floor(budget(n) / 512) at the start of the soak's last three
+- the largest batch still succeeding: floor(budget(n) / 512) at the start of the soak's last two
   windows (the soak names the largest batch that succeeded in them), and the batch size that stops
   succeeding, one more;
 - when each size stops succeeding: n*(r x 512), in hours of traffic;
@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner import modelconfig  # noqa: E402
+from tuner.soaking import LAST_WINDOWS  # noqa: E402
 from tuner.traffic import SizeSpec, synth_diurnal, write_traffic  # noqa: E402
 
 TEMPLATE = ROOT / "model_repository_templates" / "encoder_sim"
@@ -127,12 +128,12 @@ def implied(folder: Path, m) -> dict:
     def hours(n: float) -> float:
         return (n - n0) / slope
 
-    last3 = windows.sort_values("window").tail(3)
-    n_last3 = n0 + slope * float(last3["start_hours"].iloc[0])
+    recent = windows.sort_values("window").tail(LAST_WINDOWS)  # where the soak reads its batch limits
+    n_recent = n0 + slope * float(recent["start_hours"].iloc[0])
     n_end = n0 + slope * float(windows["end_hours"].max())
     out = {"executions_per_hour": slope, "n0": n0, "n_end": n_end,
            "window_hours": {int(r.window): (r.start_hours, r.end_hours) for r in windows.itertuples()},
-           "largest_recent": math.floor(budget(n_last3) / LENGTH),
+           "largest_recent": math.floor(budget(n_recent) / LENGTH),
            "largest_at_end": math.floor(budget(n_end) / LENGTH),
            "stops": {r: hours(m.first_failing_execution(r * LENGTH, **frag)) for r in range(1, MAX_BATCH + 1)}}
     cap = meta.get("capacity") or {}
@@ -168,7 +169,7 @@ def judged(found: dict, want: dict) -> list[tuple[str, str, str, str]]:
     rows.append(("compute per request at a fixed batch mix, drift per hour of traffic",
                  f"{100 * (compute.get('relative_per_hour') or math.nan):+.2f} %",
                  f"{100 * KAPPA * RHO * want['executions_per_hour'] / 1000:+.2f} % (of the emulated GPU time)", "-"))
-    rows.append(("largest batch still succeeding (last 3 windows)", str(batches.get("largest_recent")),
+    rows.append((f"largest batch still succeeding (last {LAST_WINDOWS} windows)", str(batches.get("largest_recent")),
                  str(want["largest_recent"]), close(batches.get("largest_recent"), want["largest_recent"])))
     rows.append(("batch size that stops succeeding", str(batches.get("smallest_failing")),
                  f"{want['largest_recent'] + 1} (at the very end {want['largest_at_end']} rows fit)",

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours)
     config, source = soak_config(settings, output, args.assignments, config_path=args.config)
 
-    knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items())
+    knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
     print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
           f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "
           f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), about "

@@ -26,13 +26,14 @@ from tuner.soaking._files import (
     read_windows,
     soak_dir,
 )
-from tuner.soaking._findings import SoakFindings, analyze_soak, observed_break, summary_lines
+from tuner.soaking._findings import LAST_WINDOWS, SoakFindings, analyze_soak, observed_break, summary_lines
 from tuner.soaking._plan import MIN_WINDOWS, SoakPlan, cycle_length, make_plan, window_traffic
 from tuner.soaking._run import SoakResult, run_soak
 from tuner.soaking._windows import CAPACITY_FIGURE, TREND_FIGURES, fixed_mix, latency_column, split_failures
 
 __all__ = [
     "CAPACITY_FIGURE",
+    "LAST_WINDOWS",
     "MIN_WINDOWS",
     "TIME_AXIS",
     "TREND_FIGURES",

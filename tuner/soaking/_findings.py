@@ -40,6 +40,9 @@ from tuner.soaking._windows import CAPACITY_FIGURE, TREND_FIGURES, latency_colum
 
 TIME = "age_hours"
 LOAD = "offered_rps"
+# the batch limits are read from the last windows: two, because a window of a few minutes holds thousands
+# of executions (one quiet window may form no large batch; more would count a size that just stopped)
+LAST_WINDOWS = 2
 
 
 @dataclass(frozen=True)
@@ -59,13 +62,23 @@ class SoakFindings:
         """The analysis's verdict, or why there is none."""
         return self.analysis.verdict if self.analysis is not None else "not analysed"
 
+    @property
+    def restart_from_observed(self) -> bool:
+        """True when the restart advice is taken from the observed break (earlier than any projection)."""
+        return self.restart is not None and self.observed is not None and self.restart.breach is self.observed
+
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables a person reads, by name (the restart advice the final one)."""
         out = dict(self.analysis.tables()) if self.analysis is not None else {}
         if self.observed is not None:
             out["observed SLA break"] = self.observed.table()
         if self.restart is not None:
-            out["restart"] = self.restart.table()
+            table = self.restart.table()
+            if self.restart_from_observed:  # the advice's table words its breach as projected
+                o = self.observed
+                table.loc[table["what"] == "projected breach", ["what", "value"]] = [
+                    "observed breach", f"{o.figure} > {o.limit:.6g} from {o.hours:.3g} h on ({o.note})"]
+            out["restart"] = table
         return out
 
     def text(self) -> str:
@@ -130,7 +143,7 @@ def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
         analysis = analyze(
             usable, figures=figures, time=TIME, load=LOAD, limits=limits,
             compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,
-            executions=_oldest_segment(executions, usable), traffic=traffic,
+            executions=_oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
             restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
             step_s=float(quiet.get("step_s", 1.0)), margin=margin)
     except SoakDataError as exc:
