@@ -31,6 +31,7 @@ from tuner.measure import Measurement
 from tuner.score import Hints, check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
+from tuner.soaking import last_soak
 from tuner.trial import NO_VERDICT, UNMEASURED, TrialRecord, to_attrs
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
@@ -196,7 +197,17 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
     elif a.baseline is None:
         out.append(Finding("throughput ratio", "no baseline", "info",
                            "run `tuner tune` on the same study and pass its output with --baseline"))
-    return out
+    return out + soak_findings(settings.output)
+
+
+def soak_findings(output: str | Path) -> list[Finding]:
+    """The last `tuner soak` of the study's output, when there is one: its verdict and advice."""
+    lines = last_soak(output)
+    if not lines:
+        return []
+    verdict = "watch" if ": drift" in lines[0] else "info"
+    why = "over a long run the configuration drifts: see the soak's restart advice" if verdict == "watch" else ""
+    return [Finding("last soak", lines[0], verdict, why)] + [Finding("", line, "info") for line in lines[1:]]
 
 
 def format_audit(a: AuditResult) -> str:

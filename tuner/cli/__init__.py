@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "tuner.cli.audit_cmd",
     "tuner.cli.profile_cmd",
     "tuner.cli.simulate_cmd",
+    "tuner.cli.soak_cmd",
 )
 
 

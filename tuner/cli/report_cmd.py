@@ -8,13 +8,16 @@ import argparse
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="write report.html (plots) for a tuner tune output directory",
                                    description="Write OUTPUT_DIR/report.html: the recommendation, every trial, "
-                                   "the search, latency and batch plots, the config diff and the cost.")
-    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="the directory `tuner tune` wrote")
+                                   "the search, latency and batch plots, the config diff and the cost; and, "
+                                   "when OUTPUT_DIR/soak/ holds a `tuner soak`, OUTPUT_DIR/soak/report.html: "
+                                   "its windows over time with the fitted trends and the breach.")
+    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="the directory `tuner tune` (or `tuner soak`) wrote")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuner.report import write_report  # plotly and optuna load only for this command
+    from tuner.report import write_reports  # plotly and optuna load only for this command
 
-    print(write_report(args.output_dir))
+    for path in write_reports(args.output_dir):
+        print(path)
     return 0

@@ -40,6 +40,7 @@ from tuner.nightly.rule import (
 from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
+from tuner.soaking import last_soak
 from tuner.traffic import TIMESTAMP, write_traffic
 
 TRAFFIC_FILE = "traffic.parquet"
@@ -199,12 +200,13 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             (staging / "proposed" / "config.diff").write_text(diff)
 
         sla = f"p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms, errors <= {study.sla.max_error_rate:.2%}"
+        soak = last_soak(study.output)
         drift.to_csv(staging / "drift.csv", index=False)
         (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
         _write_pairs(staging / "confirmation.csv", pairs)
         (staging / "summary.md").write_text(markdown_summary(
             stamp=stamp, model=study.model, decision=decision, production=production,
-            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, diff=diff))
+            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, diff=diff, soak=soak))
         rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
         entry = {
             "night": stamp,
@@ -223,6 +225,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "rate_rps": rate,
             "requests": int(len(traffic)),
             "drifted": drift_mod.drifted(drift),
+            "last_soak": soak,
             "traffic_files": [str(f) for f in files],
             "production_config": str(prod_path),
             "duration_s": round(time.monotonic() - t_start, 1),

@@ -44,6 +44,7 @@ def markdown_summary(
     sla: str,
     scoring: str,
     diff: str = "",
+    soak: list[str] | tuple[str, ...] = (),
 ) -> str:
     title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
     out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
@@ -56,6 +57,7 @@ def markdown_summary(
                    f"worst pair {_gain(decision.min_gain)}")
     moved = drift_mod.drifted(drift)
     out.append(f"- traffic drift: {', '.join(moved) if moved else 'none above the threshold'}")
+    out.extend(f"- {line}" for line in soak)  # the last `tuner soak` of the study, when there is one
     if pairs:
         out += ["", "### Confirmation (production and candidate alternated on tonight's traffic)", "",
                 confirmation_table(pairs)]

@@ -1,6 +1,8 @@
 """The study report: one self-contained HTML file with plots, from a `tuner tune` output directory.
 
     write_report(output_dir) -> Path      report.html in that directory
+    write_soak_report(output_dir) -> Path soak/report.html: a soak's windows over time (tuner soak)
+    write_reports(output_dir) -> [Path]   both, as far as the directory holds a study and a soak
     load_output(output_dir) -> StudyOutput  the same data, for notebooks
     figures.<name>(StudyOutput) -> plotly Figure | None   each of the report's plots
     simulation_table(StudyOutput)         simulated vs measured, when the directory has simulation.csv
@@ -17,18 +19,24 @@ from tuner.report._html import (
     write_report,
 )
 from tuner.report._load import StudyOutput, load_output, simulated_vs_measured, traffic_rate
+from tuner.report._soak import SoakView, load_soak, render_soak, write_reports, write_soak_report
 
 __all__ = [
+    "SoakView",
     "StudyOutput",
     "comparison_table",
     "figures",
     "load_output",
+    "load_soak",
     "recommendation_line",
     "render",
+    "render_soak",
     "simulated_vs_measured",
     "simulation_line",
     "simulation_table",
     "top_table",
     "traffic_rate",
     "write_report",
+    "write_reports",
+    "write_soak_report",
 ]

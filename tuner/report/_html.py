@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, config_text, load_output, simulated_vs_measured
+from tuner.soaking import has_soak, last_soak
 
 REPORT = "report.html"
 
@@ -221,12 +222,21 @@ def render(out: StudyOutput) -> str:
 <p class="recommendation" id="recommendation">{html.escape(recommendation_line(out))}</p>
 <p class="facts">{html.escape(_facts(out))}</p>
 {''.join(parts)}
-<h2>Top trials</h2>{top_table(out).to_html()}
+{_soak_section(out)}<h2>Top trials</h2>{top_table(out).to_html()}
 <h2>config.pbtxt: incumbent → recommended</h2>{config_diff(out)}
 <h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
 <p class="notes">Written by tuner {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {html.escape(str(out.path))}.</p>
 </body></html>
 """
+
+
+def _soak_section(out: StudyOutput) -> str:
+    """The last soak's findings in a line or two, linking to its page, when the directory holds one."""
+    if not has_soak(out.path):
+        return ""
+    lines = "".join(f"<li>{html.escape(line)}</li>" for line in last_soak(out.path))
+    return (f"<h2>Long run (tuner soak)</h2><ul class='facts'>{lines}</ul>"
+            f"<p class='facts'><a href='soak/report.html'>the soak's page: every window over time</a></p>")
 
 
 def write_report(output_dir: str | Path) -> Path:

@@ -1,0 +1,106 @@
+"""`tuner soak STUDY.yaml`: a long replay of the recorded traffic against one configuration, to find
+capacity drift and say when to restart."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from tuner.errors import SettingsError
+
+EXIT_NO_DRIFT = 0
+EXIT_DRIFT = 10
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "soak",
+        help="replay hours of the recorded traffic against one configuration: drift, breach, restart advice",
+        description="Replay a long stretch of the study's recorded traffic (compressed by --speed, the "
+        "recording repeated if shorter) against one configuration: the study's recommendation "
+        "(OUTPUT/recommended/config.pbtxt) if there is one, else the model's config.pbtxt, with the --set "
+        "fields changed. The capacity is measured first on the fresh server; then each window is replayed "
+        "and its figures (throughput, latency, fill rate, Triton's compute time per execution and per "
+        "request, largest batch, errors and out-of-memory errors, the server's memory) appended to "
+        "OUTPUT/soak/windows.csv as it ends. At the end (or at Ctrl-C) a trend test per figure with the "
+        "offered load as covariate, the projected SLA breach, the largest batch still succeeding, the "
+        "recording's quietest stretch per day and the restart advice go to OUTPUT/soak/findings.json and "
+        "the terminal. Hours are hours of recorded traffic. Exit codes: 0 no drift detected, 10 drift "
+        "detected, 2 bad input, 1 error, 130 interrupted (the finished windows are kept).",
+    )
+    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, server, traffic, SLA)")
+    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                   help="change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
+    p.add_argument("--config", metavar="PATH", help="soak this config.pbtxt instead of the recommendation")
+    p.add_argument("--hours", type=float, default=12.0, metavar="H",
+                   help="hours of recorded traffic to replay (default 12)")
+    p.add_argument("--speed", type=float, default=None, metavar="S",
+                   help="replay speed: H hours take H/S hours of wall time (default: the study's traffic.speed)")
+    p.add_argument("--window", type=float, default=3.0, metavar="M",
+                   help="minutes of wall time per window (default 3)")
+    p.add_argument("--output", metavar="DIR", help="output directory (default: the study's output); "
+                   "the soak goes to DIR/soak/")
+    p.add_argument("--restart-at", type=float, default=None, metavar="H",
+                   help="restart the server after H hours of traffic; the windows after it show the recovery")
+    p.add_argument("--restart-minutes", type=float, default=5.0, metavar="M",
+                   help="length of a restart: the quiet window searched in each day (default 5)")
+    p.add_argument("--day-hours", type=float, default=None, metavar="H",
+                   help="hours of the recording that make a day (default 24, or the whole recording when "
+                   "shorter: it is repeated)")
+    p.add_argument("--margin", type=float, default=0.2, metavar="F",
+                   help="restart this fraction before the projected breach (default 0.2)")
+    p.add_argument("--no-capacity", action="store_true",
+                   help="skip the capacity measurement at the start (no capacity projection)")
+    p.add_argument("--replace", action="store_true", help="overwrite an earlier soak in OUTPUT/soak/")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: `tuner --help` need not load the server and traffic stacks.
+    from tuner import space
+    from tuner.evaluate import study_traffic
+    from tuner.settings import load_study
+    from tuner.soaking import make_plan, run_soak
+    from tuner.soaking._findings import quiet_line
+    from tuner.soaking._inputs import restart_windows, soak_config
+
+    settings = load_study(args.study)
+    output = Path(args.output).resolve() if args.output else Path(settings.output)
+    settings = dataclasses.replace(settings, output=str(output))
+    if not (0 <= args.margin < 1):
+        raise SettingsError(f"--margin: must be a fraction in [0, 1), got {args.margin}")
+    if args.restart_at is not None and settings.server.launcher == "remote":
+        raise SettingsError("--restart-at: a remote server cannot be restarted by tuner (use the local or "
+                            "docker launcher)")
+    traffic = study_traffic(settings)
+    speed = settings.traffic.speed if args.speed is None else args.speed
+    plan = make_plan(traffic, hours=args.hours, speed=speed, window_minutes=args.window,
+                     restart_at_hours=args.restart_at)
+    quiet = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours)
+    config, source = soak_config(settings, output, args.assignments, config_path=args.config)
+
+    knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
+    print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
+          f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "
+          f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), about "
+          f"{_duration(plan.wall_s)} of replay"
+          + (f"; restart after {plan.restart_at_hours:g} h" if plan.restart_at_hours is not None else "")
+          + (f"\n  note: the soak offers {plan.speed / settings.traffic.speed:.3g}x the study's recorded load "
+             f"(traffic.speed {settings.traffic.speed:g})" if plan.speed != settings.traffic.speed else "")
+          + f"\n  restart window: {quiet_line(quiet)}", flush=True)
+    result = run_soak(settings, config, plan, traffic, output=output, quiet=quiet, config_source=source,
+                      measure_capacity=not args.no_capacity, replace=args.replace, margin=args.margin,
+                      progress=not args.quiet)
+    print()
+    print(result.findings.text())
+    print(f"\nsoak: {result.folder} (windows.csv, executions.csv, findings.json); "
+          f"`tuner report {output}` draws it")
+    return EXIT_DRIFT if result.findings.verdict == "drift" else EXIT_NO_DRIFT
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

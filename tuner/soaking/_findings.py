@@ -1,0 +1,246 @@
+"""A soak's findings from its windows (pure): the trend test and everything `tuner.soak.analyze`
+reads from them, on the soak's own columns, plus the SLA breaks the windows saw.
+
+Time is the server's age: `age_hours`, hours of recorded traffic since the server's last start (a
+soak with `--restart-at` starts the clock again at the restart, so the windows after it are young
+again). Only valid windows count (the load generator kept its send-lag budget and requests were
+due). The projected breach is where a trend reaches its limit: the SLA's latency percentile, and the
+capacity (measured at the start, projected by the compute time per request at a fixed batch mix:
+see `_windows`) falling below the recorded load. Errors are a trend figure but not projected:
+out-of-memory failures begin when the budget falls below a batch the traffic forms, a step rather
+than a line. An SLA break the soak saw
+(errors or latency) is reported as observed when it persists: the first window whose SLA broke and
+the window after it too (or it is the last); a single bad window is a blip, not a breach. The
+restart advice is taken from the earlier of the projected and the observed breach.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from tuner.soak import (
+    ABOVE,
+    DAY_S,
+    Crossing,
+    Limit,
+    QuietWindows,
+    RestartAdvice,
+    SoakAnalysis,
+    SoakDataError,
+    analyze,
+    restart_advice,
+)
+from tuner.soaking._files import TIME_AXIS
+from tuner.soaking._plan import MIN_WINDOWS
+from tuner.soaking._windows import CAPACITY_FIGURE, TREND_FIGURES, latency_column
+
+TIME = "age_hours"
+LOAD = "offered_rps"
+# the batch limits are read from the last windows: two, because a window of a few minutes holds thousands
+# of executions (one quiet window may form no large batch; more would count a size that just stopped)
+LAST_WINDOWS = 2
+
+
+@dataclass(frozen=True)
+class SoakFindings:
+    """The analysis of a soak's windows, the observed SLA break and the restart advice."""
+
+    analysis: SoakAnalysis | None
+    restart: RestartAdvice | None
+    observed: Crossing | None = None
+    windows: int = 0               # windows the analysis used
+    left_out: int = 0              # finished windows it did not (invalid, or no requests)
+    error: str = ""                # why there is no analysis
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def verdict(self) -> str:
+        """The analysis's verdict, or why there is none."""
+        return self.analysis.verdict if self.analysis is not None else "not analysed"
+
+    @property
+    def restart_from_observed(self) -> bool:
+        """True when the restart advice is taken from the observed break (earlier than any projection)."""
+        return self.restart is not None and self.observed is not None and self.restart.breach is self.observed
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables a person reads, by name (the restart advice the final one)."""
+        out = dict(self.analysis.tables()) if self.analysis is not None else {}
+        if self.observed is not None:
+            out["observed SLA break"] = self.observed.table()
+        if self.restart is not None:
+            table = self.restart.table()
+            if self.restart_from_observed:  # the advice's table words its breach as projected
+                o = self.observed
+                table.loc[table["what"] == "projected breach", ["what", "value"]] = [
+                    "observed breach", f"{o.figure} > {o.limit:.6g} from {o.hours:.3g} h on ({o.note})"]
+            out["restart"] = table
+        return out
+
+    def text(self) -> str:
+        """Every table as text, under a line saying what the hours are."""
+        head = (f"soak findings: {self.windows} window(s) analysed"
+                + (f", {self.left_out} left out (invalid or empty)" if self.left_out else "")
+                + f"; verdict: {self.verdict}. Times (h) are {TIME_AXIS} since the server's start.")
+        parts = [head]
+        if self.error:
+            parts.append(f"no analysis: {self.error}")
+        for name, table in self.tables().items():
+            parts.append(f"{name}\n{_text(table)}")
+        if self.analysis is not None and self.analysis.quiet is not None:
+            parts.append(f"restart window: {quiet_line(self.analysis.quiet)}")
+        parts.extend(f"note: {n}" for n in self.notes)
+        return "\n\n".join(parts)
+
+    def as_dict(self) -> dict:
+        """The findings as JSON-ready values (findings.json)."""
+        base = self.analysis.as_dict() if self.analysis is not None else {"verdict": self.verdict}
+        return {
+            **base,
+            "time_axis": f"{TIME_AXIS} since the server's start ({TIME})",
+            "restart": None if self.restart is None else self.restart.as_dict(),
+            "observed_breach": None if self.observed is None else self.observed.as_dict(),
+            "windows_analysed": self.windows,
+            "windows_left_out": self.left_out,
+            "error": self.error or None,
+            "notes": list(self.notes),
+        }
+
+
+def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
+                 traffic: pd.DataFrame | None = None, margin: float = 0.2) -> SoakFindings:
+    """The findings of a soak from its tables and soak.json (`traffic`: the recording, for the
+    quiet windows)."""
+    if windows.empty:
+        return SoakFindings(None, None, error="no window finished")
+    usable = windows[windows["valid"] & (windows["requests"] > 0)] if "valid" in windows else windows
+    usable = usable.sort_values("window").reset_index(drop=True)
+    left_out = len(windows) - len(usable)
+    sla = meta.get("sla") or {}
+    latency = latency_column(float(sla.get("percentile", 99)))
+    figures = [f for f in dict.fromkeys((*TREND_FIGURES, latency))
+               if f in usable.columns and np.isfinite(pd.to_numeric(usable[f], errors="coerce")).sum() >= MIN_WINDOWS]
+    notes = []
+    limits = {}
+    if latency in figures and sla.get("latency_ms") is not None:
+        limits[latency] = Limit(float(sla["latency_ms"]), bad=ABOVE)
+    capacity = meta.get("capacity") or {}
+    cap_rps, rate_rps = capacity.get("capacity_rps"), capacity.get("rate_rps")
+    if not (cap_rps and rate_rps and CAPACITY_FIGURE in figures):
+        cap_rps = rate_rps = None
+        notes.append("no capacity at the start: the capacity projection is left out")
+    quiet = meta.get("quiet") or {}
+    observed = observed_break(usable, sla, window_hours=float(meta.get("window_hours") or 0.0))
+    try:
+        if len(usable) < MIN_WINDOWS:
+            raise SoakDataError(f"{len(usable)} usable window(s); the trend test needs at least {MIN_WINDOWS}")
+        if not figures:
+            raise SoakDataError("no figure was measured in enough windows")
+        analysis = analyze(
+            usable, figures=figures, time=TIME, load=LOAD, limits=limits,
+            compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,
+            executions=_oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
+            restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
+            step_s=float(quiet.get("step_s", 1.0)), margin=margin)
+    except SoakDataError as exc:
+        return SoakFindings(None, None, observed=observed, windows=len(usable), left_out=left_out,
+                            error=str(exc), notes=tuple(notes))
+    restart = analysis.restart
+    if observed is not None and (analysis.breach is None or observed.hours < analysis.breach.hours):
+        restart = restart_advice(observed, analysis.quiet, margin=margin)
+        # the advice's words are for a projection: this breach was seen
+        restart = replace(restart, reason=restart.reason.replace("is projected to break", "broke").replace(
+            "the projected breach", "the observed breach"))
+    return SoakFindings(analysis, restart, observed=observed, windows=len(usable), left_out=left_out,
+                        notes=tuple(notes))
+
+
+def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float) -> Crossing | None:
+    """The first window from which the SLA stays broken (it and the next), as a crossing at the
+    start of that window's age; None when the SLA held."""
+    if "sla_ok" not in windows.columns or windows.empty:
+        return None
+    broken = ~windows["sla_ok"].to_numpy(dtype=bool)
+    for k in np.flatnonzero(broken):
+        if k + 1 < len(broken) and not broken[k + 1]:
+            continue
+        row = windows.iloc[k]
+        max_errors = float(sla.get("max_error_rate", 0.0))
+        if float(row.get("error_rate", 0.0)) > max_errors:
+            figure, limit = "error_rate", max_errors
+        else:
+            figure, limit = latency_column(float(sla.get("percentile", 99))), float(sla.get("latency_ms", math.nan))
+        first = float(windows[figure].iloc[0]) if figure in windows else math.nan
+        start = max(float(row[TIME]) - window_hours / 2, 0.0)
+        return Crossing(figure, limit, ABOVE, first, start, start, start, 1.0, already=start == 0.0,
+                        note=f"observed: the SLA broke in window {int(row['window'])} "
+                             f"({float(row[figure]):.4g}) and stayed broken")
+    return None
+
+
+def _oldest_segment(executions: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame | None:
+    """The executions of the windows of the run that reached the greatest age (before a restart,
+    usually): the batch limits are read where the server was oldest."""
+    if executions.empty or "segment" not in windows.columns:
+        return executions if not executions.empty else None
+    oldest = windows.loc[windows[TIME].idxmax(), "segment"]
+    keep = windows.loc[windows["segment"] == oldest, "window"]
+    part = executions[executions["window"].isin(keep)]
+    return part if not part.empty else None
+
+
+def summary_lines(findings: dict, meta: dict) -> list[str]:
+    """One or two lines on a soak's findings (findings.json and soak.json as read), for the audit and
+    the nightly summary."""
+    plan = meta.get("plan") or {}
+    head = (f"last soak ({str(meta.get('started_utc', '?'))[:16]}, {plan.get('hours', '?')} h of recorded "
+            f"traffic at speed {plan.get('speed', '?')}, {findings.get('windows_analysed', 0)} windows"
+            + (", interrupted" if meta.get("interrupted") else "") + f"): {findings.get('verdict', '?')}")
+    drifting = [t for t in findings.get("trends") or [] if t.get("verdict") == "drift"]
+    if drifting:
+        head += " in " + ", ".join(f"{t['figure']} {_pct(t.get('relative_per_hour'))}/h" for t in drifting)
+    second = []
+    breach = findings.get("observed_breach") or findings.get("breach")
+    if breach:
+        kind = "broke" if findings.get("observed_breach") else "projected to break"
+        second.append(f"SLA {kind} after {_hours(breach.get('hours'))} h ({breach.get('figure')})")
+    batches = findings.get("batches") or {}
+    if batches.get("smallest_failing") is not None:
+        second.append(f"largest batch still succeeding {batches.get('largest_recent')}, "
+                      f"{batches.get('smallest_failing')} and up failed")
+    restart = findings.get("restart") or {}
+    if restart.get("reason"):
+        second.append(restart["reason"])
+    if findings.get("error"):
+        second.append(f"no analysis: {findings['error']}")
+    return [head] + (["; ".join(second)] if second else [])
+
+
+def quiet_line(quiet: QuietWindows) -> str:
+    """The daily restart slot in one line (its start also in seconds of the day, for scripts)."""
+    day_rps = float(np.mean([w.day_rps for w in quiet.windows])) if quiet.windows else math.nan
+    return (f"the recording's quietest {quiet.length_s / 60:g} min of each {quiet.period_s / 3600:.4g} h day "
+            f"start {_hms(quiet.slot_offset_s)} into the day (at {quiet.slot_offset_s:g} s): "
+            f"{quiet.slot_requests / quiet.length_s:.3g} req/s there against {day_rps:.3g} req/s on average "
+            f"({quiet.slot_days} day(s))")
+
+
+def _hms(seconds: float) -> str:
+    whole = int(round(seconds))
+    return f"{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+
+
+def _pct(value) -> str:
+    return "?" if value is None else f"{100 * float(value):+.2g}%"
+
+
+def _hours(value) -> str:
+    return "?" if value is None else f"{float(value):.3g}"
+
+
+def _text(table: pd.DataFrame) -> str:
+    return table.to_string(index=False, float_format=lambda x: f"{x:.4g}")
