@@ -12,17 +12,19 @@ import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import optuna
 import pandas as pd
 import pytest
 import yaml
+from nbclient import NotebookClient
 
 from tuner.report import figures, load_output, recommendation_line, write_report
 from tuner.report._figures import pareto_front
 
 ROOT = Path(__file__).resolve().parents[1]
-_OUTPUTS: dict[str, Path] = {}  # made once per test session, shared with test_notebook.py
+_OUTPUTS: dict[str, Path] = {}  # made once per test session
 
 # A small real study: the emulated-GPU template on a real local Triton, the shipped bursty profile
 # replayed by Locust, a grid of four configurations after the incumbent, short capacity steps.
@@ -32,6 +34,7 @@ STUDY = {
     "model": "encoder_sim",
     "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv"), "busiest_s": 6, "speed": 0.25},
     "replay": {"warmup_s": 0.3, "lag_budget_ms": 25},
+    "measurement": {"window_s": 0.5, "warmup_max_s": 10},
     "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
     "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
     "search": {
@@ -449,3 +452,28 @@ def html_escape(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+# --- notebooks/analyze_study.ipynb runs top to bottom against the same study ---------------------------
+
+NOTEBOOK = ROOT / "notebooks" / "analyze_study.ipynb"
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+@pytest.mark.slow
+def test_analyze_study_notebook_runs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                                     tmp_path: Path, triton_install) -> None:
+    output_dir = tuned_output(tmp_path_factory)  # the real `tuner tune` study the report tests read
+    monkeypatch.setenv("TUNER_STUDY_DIR", str(output_dir))  # the kernel inherits the environment
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"study output: {output_dir.resolve()}" in text
+    assert "Recommended: max_batch_size=" in text
+    plots = [o for o in outputs if o.output_type == "display_data" and PLOTLY in o.get("data", {})]
+    assert len(plots) >= 6
+    tables = [o for o in outputs if "text/html" in o.get("data", {}) and "<table" in o["data"]["text/html"]]
+    assert len(tables) >= 5

@@ -59,7 +59,7 @@ import pandas as pd
 
 from tuner import space
 from tuner.errors import ProfileError, SettingsError, TrafficError
-from tuner.measure import Warmup
+from tuner.measure import Warmup, stat_deltas
 from tuner.modelconfig import ModelConfig
 from tuner.profile import Profile, ProfilePoint
 from tuner.server import Launcher
@@ -316,7 +316,7 @@ class _Sender:
         sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
         after = self._after(before)
         parts = _batch_parts(before, after, rows)
-        queue = _delta(before, after, "inference_stats", "queue", "ns") / 1e6
+        queue = stat_deltas(before, after)["queue_ns"] / 1e6
         return Sample(rows=rows, length=length, ok=sent.errors == 0, client_ms=sent.seconds * 1e3,
                       input_ms=parts["compute_input"], infer_ms=parts["compute_infer"],
                       output_ms=parts["compute_output"], queue_ms=queue if sent.errors == 0 else 0.0,
@@ -327,21 +327,9 @@ class _Sender:
         deadline = time.monotonic() + STATS_WAIT_S
         while True:
             after = self.launcher.statistics(self.model)
-            if _delta(before, after, "execution_count") >= 1 or time.monotonic() >= deadline:
+            if stat_deltas(before, after)["execution_count"] >= 1 or time.monotonic() >= deadline:
                 return after
             time.sleep(0.002)
-
-
-def _delta(before: dict, after: dict, *path: str) -> int:
-    def get(entry: dict) -> int:
-        node = entry
-        for part in path:
-            if not isinstance(node, dict) or part not in node:
-                return 0
-            node = node[part]
-        return int(node)
-
-    return get(after) - get(before)
 
 
 def _batch_parts(before: dict, after: dict, rows: int) -> dict[str, float]:
