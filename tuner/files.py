@@ -7,6 +7,7 @@ a traffic file or a config), which is renamed over it once complete."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import secrets
 import stat
@@ -15,7 +16,21 @@ from pathlib import Path
 
 from tuner.errors import InputError, OutputError
 
-__all__ = ["check_output_dir", "check_writable", "os_reason", "replacing", "write_atomic"]
+__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "replacing", "write_atomic"]
+
+
+def json_safe(value):
+    """A value JSON can hold: NaN and infinity (an unmeasured figure) become null, numpy scalars
+    plain numbers, mapping keys text."""
+    if hasattr(value, "item") and not isinstance(value, (dict, list, tuple)):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def os_reason(exc: OSError) -> str:

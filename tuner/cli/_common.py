@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from tuner import export
 from tuner.errors import NoFeasibleConfigError
 
@@ -22,15 +20,3 @@ def print_outcome(summary: dict, output: str) -> int:
     return 0
 
 
-def finite(value):
-    """A value JSON can hold: NaN and infinity (an unmeasured figure) become null, numpy scalars
-    plain numbers, mapping keys text."""
-    if hasattr(value, "item") and not isinstance(value, (dict, list, tuple)):  # numpy scalars
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value

@@ -8,9 +8,8 @@ import json
 import sys
 
 from tuner import space
-from tuner.cli._common import finite
 from tuner.errors import SettingsError
-from tuner.files import check_writable, write_atomic
+from tuner.files import check_writable, json_safe, write_atomic
 from tuner.measure import Measurement
 from tuner.settings import load_study
 
@@ -88,7 +87,7 @@ def _replay(args: argparse.Namespace) -> int:
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
-        write_atomic(args.json, json.dumps(finite(data), indent=2) + "\n", label=f"--json {args.json}")
+        write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
 
 

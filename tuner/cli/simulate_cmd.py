@@ -7,8 +7,7 @@ import json
 import math
 import sys
 
-from tuner.cli._common import finite
-from tuner.files import write_atomic
+from tuner.files import json_safe, write_atomic
 
 SHOWN = {
     "rank": "rank",
@@ -142,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                 "price_per_hour": price, "load_speed": settings.traffic.speed,
                 "traffic_scale": args.traffic_scale or 1.0, "rate_rps_at_speed_1": sim.rate,
                 "incumbent": incumbent, "ranking": table.drop(columns=["latency_sla_ms"]).to_dict("records")}
-        write_atomic(args.json, json.dumps(finite(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
+        write_atomic(args.json, json.dumps(json_safe(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
     if not feasible:
         print(f"tuner: no configuration met the SLA in simulation (closest: {_params(best)}: "
               f"{best['sla_reason']})", file=sys.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import InputError, OutputError
-from tuner.files import check_output_dir, os_reason, write_atomic
+from tuner.files import check_output_dir, json_safe, os_reason, write_atomic
 
 SOAK_DIR = "soak"
 META = "soak.json"
@@ -67,7 +67,7 @@ def prepare(output: str | os.PathLike, *, replace: bool) -> Path:
 
 def write_json(path: Path, data: dict) -> Path:
     """`data` as JSON, whole or not at all (NaN and infinities become null)."""
-    return write_atomic(path, json.dumps(_finite(data), indent=2, default=str) + "\n")
+    return write_atomic(path, json.dumps(json_safe(data), indent=2, default=str) + "\n")
 
 
 def append_rows(path: Path, rows: list[dict], columns: list[str]) -> None:
@@ -137,11 +137,3 @@ def _cell(value):
     return value
 
 
-def _finite(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
