@@ -68,10 +68,10 @@ if [ -f docker/start-engine.sh ] && command -v dockerd >/dev/null && [ "$(id -u)
 fi
 
 step "test suite"
-# Most of the suite waits on servers and replays, not on the CPU: three pytest workers (pytest-xdist) cut
-# the wall time on 2 cores by half or more. Each test file stays on one worker (its module-scoped servers are shared
+# Most of the suite waits on servers and replays, not on the CPU: two pytest workers (pytest-xdist) halve
+# the wall time on 2 cores (three overload them: timing tests fail). Each test file stays on one worker (its module-scoped servers are shared
 # within it). TUNER_TEST_WORKERS=0 runs it in this process.
-workers=${TUNER_TEST_WORKERS:-3}
+workers=${TUNER_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile)
 set +e
