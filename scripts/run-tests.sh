@@ -68,12 +68,12 @@ if [ -f docker/start-engine.sh ] && command -v dockerd >/dev/null && [ "$(id -u)
 fi
 
 step "test suite"
-# Most of the suite waits on servers and replays, not on the CPU: two pytest workers (pytest-xdist) halve
-# the wall time on 2 cores (three overload them: timing tests fail). Each test file stays on one worker (its module-scoped servers are shared
-# within it). TUNER_TEST_WORKERS=0 runs it in this process.
+# Most of the suite waits on servers and replays, not on the CPU: two pytest workers (pytest-xdist) nearly
+# halve the wall time on 2 cores (three overload them: timing tests fail). Each test file stays on one
+# worker (tests/conftest.py groups them). TUNER_TEST_WORKERS=0 runs it in this process.
 workers=${TUNER_TEST_WORKERS:-2}
 parallel=()
-[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile)
+[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadgroup)
 set +e
 .venv/bin/python -m pytest "${parallel[@]}" "$@"
 status=$?
