@@ -70,10 +70,10 @@ fi
 step "test suite"
 # Most of the suite waits on servers and replays, not on the CPU: two pytest workers (pytest-xdist) nearly
 # halve the wall time on 2 cores (three overload them: timing tests fail). Each test file stays on one
-# worker (tests/conftest.py groups them). TUNER_TEST_WORKERS=0 runs it in this process.
+# worker, the slowest first (tests/conftest.py orders them). TUNER_TEST_WORKERS=0 runs it in this process.
 workers=${TUNER_TEST_WORKERS:-2}
 parallel=()
-[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadgroup)
+[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 set +e
 .venv/bin/python -m pytest "${parallel[@]}" "$@"
 status=$?

@@ -70,20 +70,16 @@ def postgres():
         yield cluster
 
 
-# The slowest files first (each minutes of real tuning): with pytest workers (scripts/run-tests.sh runs
-# the suite on two, `--dist loadgroup`), the longest ones start at once and the short ones fill in around
-# them, instead of one worker finishing a long file alone at the end. Order only: nothing is left out.
-SLOWEST_FIRST = ("test_tune_e2e.py", "test_postgres.py", "test_nightly_server.py", "test_report.py",
+# The slowest files first (each minutes of real tuning). scripts/run-tests.sh runs the suite on two
+# workers, a file per worker, in this order (`--no-loadscope-reorder`); each worker starts with two files:
+# the first and third go to one, the second and fourth to the other. The two multi-process study files
+# (several `tuner tune` processes with their own servers, timed kills and heartbeats) are first and third,
+# so they run one after the other: side by side they overload two cores and miss their timing.
+SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py", "test_report.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
                  "test_warmup.py", "test_audit.py", "test_profiling.py", "test_replay_cli.py")
-# Each file runs on one worker (its module-scoped servers are shared within it). These two run several
-# `tuner tune` processes with their own servers and time their kills and heartbeats: side by side they
-# overload two cores and miss their timing, so they share a worker and run one after the other.
-SAME_WORKER = {"test_tune_e2e.py": "multi-process studies", "test_postgres.py": "multi-process studies"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-    for item in items:  # pytest-xdist's loadgroup keeps a group on one worker
-        item.add_marker(pytest.mark.xdist_group(SAME_WORKER.get(item.path.name, item.path.name)))
