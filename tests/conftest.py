@@ -7,6 +7,7 @@ changes a model's configuration on it must put the template's configuration back
 
 from __future__ import annotations
 
+import fcntl
 import signal
 from pathlib import Path
 
@@ -70,11 +71,8 @@ def postgres():
         yield cluster
 
 
-# The slowest files first (each minutes of real tuning). scripts/run-tests.sh runs the suite on two
-# workers, a file per worker, in this order (`--no-loadscope-reorder`); each worker starts with two files:
-# the first and third go to one, the second and fourth to the other. The two multi-process study files
-# (several `tuner tune` processes with their own servers, timed kills and heartbeats) are first and third,
-# so they run one after the other: side by side they overload two cores and miss their timing.
+# The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on two
+# workers, a file per worker, in this order (`--no-loadscope-reorder`), so the long files start at once.
 SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py", "test_report.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
                  "test_warmup.py", "test_audit.py", "test_profiling.py", "test_replay_cli.py")
@@ -83,3 +81,15 @@ SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture
+def one_multi_process_study_at_a_time(tmp_path_factory):
+    """For a test that runs several `tuner tune` processes, each with its own server, and times their
+    kills and heartbeats: two such tests side by side (one per pytest worker) overload two cores and
+    miss their timing, so they take turns (a lock file shared by the session's workers)."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if root.name.startswith("popen-gw") else root  # the workers' common directory
+    with open(root / "multi-process-study.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

@@ -68,6 +68,7 @@ def measured(trials) -> list[tuple]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(tmp_path, postgres):
     url = postgres.create_database("three_hosts")
     study_file = write_study(tmp_path, "shared", **GRID)
@@ -366,6 +367,7 @@ def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_same_command(tmp_path):
     study_file = write_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
                                                     "search.max_queue_delay_microseconds": {"low": 0, "high": 0}})

@@ -227,6 +227,7 @@ def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float 
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_path):
     study_file, output, first = run_two_worker_study(tmp_path, "resume")
     try:
@@ -263,6 +264,7 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_the_trials(tmp_path):
     # a scheduler (a Kubernetes CronJob, systemd) stops the job with SIGTERM to its main process only
     import psutil
@@ -402,6 +404,7 @@ def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the_change(tmp_path, capsys):
     study = write_study(tmp_path, "same", **{"search.remeasure_repeats": 1})
     assert main(["tune", str(study), "--quiet", "--trials", "1"]) in (0, 3)
