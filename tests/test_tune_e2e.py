@@ -104,7 +104,6 @@ def write_study(tmp: Path, name: str, repo: Path | None = None, **over) -> Path:
         # the busiest 8 s of the recording, so `tuner replay` and the search judge the same stretch
         "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
         "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
-        "measurement": {"window_s": 0.5, "warmup_max_s": 10},  # short warm-up windows: a short test
         "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
         "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
         "search": {
