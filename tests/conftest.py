@@ -73,12 +73,9 @@ def postgres():
 
 # The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on two
 # workers, a file per worker, in this order (`--no-loadscope-reorder`), so the long files start at once.
-SLOWEST_FIRST = ("test_tune_e2e.py", "test_postgres.py", "test_nightly_server.py", "test_report.py",
+SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py", "test_report.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
                  "test_warmup.py", "test_audit.py", "test_profiling.py", "test_replay_cli.py")
-# The files with tests that run several `tuner tune` processes at once (`one_multi_process_study_at_a_time`):
-# one worker runs them, one file after the other, so the other worker never idles waiting for their lock.
-MULTI_PROCESS_FILES = ("test_tune_e2e.py", "test_postgres.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -86,29 +83,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile` with MULTI_PROCESS_FILES as one unit of work (None: xdist's own scheduler)."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class MultiProcessFilesTogether(LoadFileScheduling):
-        # pytest-xdist has no public way to choose its units of work: its own schedulers override
-        # `_split_scope` (a test id -> its unit), and so does this one.
-        def _split_scope(self, nodeid: str) -> str:
-            file = super()._split_scope(nodeid)
-            return "multi-process studies" if Path(file).name in MULTI_PROCESS_FILES else file
-
-    return MultiProcessFilesTogether(config, log)
-
-
 @pytest.fixture
 def one_multi_process_study_at_a_time(tmp_path_factory):
     """For a test that runs several `tuner tune` processes, each with its own server, and times their
     kills and heartbeats: two such tests side by side (one per pytest worker) overload two cores and
-    miss their timing, so they take turns (a lock file shared by the session's workers; with
-    scripts/run-tests.sh's `--dist loadfile` one worker runs them all anyway)."""
+    miss their timing, so they take turns (a lock file shared by the session's workers)."""
     root = tmp_path_factory.getbasetemp()
     root = root.parent if root.name.startswith("popen-gw") else root  # the workers' common directory
     with open(root / "multi-process-study.lock", "w") as lock:

@@ -48,7 +48,7 @@ def write_study(tmp: Path, profile: Path, *, name: str, model_error: float, tria
         "name": name, "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
         "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
         "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
-        "measurement": {"window_s": 0.5, "warmup_max_s": 10},
+        "measurement": {"window_s": 0.5, "warmup_max_s": 30},
         "sla": {"latency_ms": 100, "percentile": 99},
         "cost": {"gpu": "a100-40gb"},
         "search": {"strategy": "model", "profile": str(profile), "model_top": 2, "model_error": model_error,

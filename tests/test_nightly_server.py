@@ -68,7 +68,7 @@ def _setup(tmp_path: Path, templates_dir: Path, trials: int = 1) -> Path:
         traffic: {{path: traffic}}
         # the send-lag budget is wide: other test suites share this machine's two cores
         replay: {{warmup_s: 0.5, lag_budget_ms: 200}}
-        measurement: {{window_s: 0.5, warmup_max_s: 10}}
+        measurement: {{window_s: 0.5, warmup_max_s: 30}}
         sla: {{latency_ms: 3000, max_error_rate: 0.01}}
         scoring: utilization
         # a one-point space keeps the test short and its candidate known (batching, 16); production

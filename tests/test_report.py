@@ -34,7 +34,7 @@ STUDY = {
     "model": "encoder_sim",
     "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv"), "busiest_s": 6, "speed": 0.25},
     "replay": {"warmup_s": 0.3, "lag_budget_ms": 25},
-    "measurement": {"window_s": 0.5, "warmup_max_s": 10},
+    "measurement": {"window_s": 0.5, "warmup_max_s": 30},
     "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
     "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
     "search": {
