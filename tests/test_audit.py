@@ -146,7 +146,7 @@ def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deploy
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "summary.json not found"),
+    ("missing", "summary.json: not found (give the output directory of a `tuner tune`)"),
     ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
     ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),

@@ -17,7 +17,6 @@ The verdicts (the audit ratios of the design):
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import pandas as pd
 from tuner import evaluate, space
 from tuner.cost import price_for
 from tuner.errors import InputError
+from tuner.files import read_json_object
 from tuner.measure import Measurement
 from tuner.score import Hints, check_sla
 from tuner.server import make_launcher
@@ -104,13 +104,9 @@ def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
     refused when it was tuned for another SLA or other traffic: the capacities would not compare."""
     path = Path(path)
     summary_path = path if path.suffix == ".json" else path / "summary.json"
-    try:
-        summary = json.loads(summary_path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"--baseline: {summary_path} not found (give the output directory of a `tuner tune`)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"--baseline: {summary_path}: not a tuner summary ({exc})") from None
-    if not isinstance(summary, dict) or "sla" not in summary:
+    summary = read_json_object(summary_path, label=f"--baseline: {summary_path}",
+                               missing="not found (give the output directory of a `tuner tune`)")
+    if "sla" not in summary:
         raise InputError(f"--baseline: {summary_path}: not a tuner summary (no 'sla')")
     best = summary.get("best")
     if not best or not best.get("capacity_rps"):

@@ -29,7 +29,7 @@ import pandas as pd
 
 from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
-from tuner.files import check_writable, os_reason, write_atomic
+from tuner.files import check_writable, os_reason, read_json_object, write_atomic
 from tuner.search import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
@@ -488,11 +488,8 @@ def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
         raise SettingsError(f"{out}: no such output directory")
     summary_path = out / SUMMARY
     if summary_path.is_file():
-        try:
-            summary = json.loads(summary_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SettingsError(f"{summary_path}: not JSON: {exc}") from None
-        if isinstance(summary, dict) and summary.get("storage"):
+        summary = read_json_object(summary_path, error=SettingsError)
+        if summary.get("storage"):
             return summary["storage"], summary.get("study_name")
     if (out / DEFAULT_STORAGE_FILE).is_file():
         return f"sqlite:///{(out / DEFAULT_STORAGE_FILE).resolve()}", None

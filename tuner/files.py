@@ -7,6 +7,7 @@ a traffic file or a config), which is renamed over it once complete."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from tuner.errors import InputError, OutputError
 
-__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "replacing", "write_atomic"]
+__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "read_json_object", "replacing",
+           "write_atomic"]
 
 
 def json_safe(value):
@@ -31,6 +33,24 @@ def json_safe(value):
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def read_json_object(path: str | os.PathLike, *, label: str | None = None, missing: str = "not found",
+                     error: type[InputError] = InputError) -> dict:
+    """A JSON file whose top level is an object. A file that is missing, unreadable, not JSON or not an
+    object is one `error` line starting with `label` (default: the path); `missing` says what a
+    missing file means to the reader."""
+    label = label or str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise error(f"{label}: {missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        reason = os_reason(exc) if isinstance(exc, OSError) else exc
+        raise error(f"{label}: not valid JSON ({reason})") from None
+    if not isinstance(data, dict):
+        raise error(f"{label}: expected a JSON object at the top level")
+    return data
 
 
 def os_reason(exc: OSError) -> str:

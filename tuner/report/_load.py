@@ -14,7 +14,6 @@ turns its section into a one-line note instead of failing:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import InputError, TunerError
+from tuner.files import read_json_object
 from tuner.search import open_storage
 from tuner.traffic import busiest_window, read_traffic
 from tuner.traffic.windows import offsets
@@ -221,12 +221,7 @@ def _dig(data: dict[str, Any], dotted: str) -> Any:
 
 
 def _read_summary(path: Path) -> dict[str, Any]:
-    try:
-        summary = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(summary, dict):
-        raise InputError(f"{path}: expected a JSON object at the top level")
+    summary = read_json_object(path)
     # best is null when no configuration met the SLA: still a study worth a report
     for key in ("best", "incumbent"):
         if key not in summary or not isinstance(summary[key], (dict, type(None))):

@@ -7,18 +7,10 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from tuner.soak import _projection as projection
 from tuner.soak._batches import BatchLimits, batch_limits
 from tuner.soak._common import SoakDataError
-from tuner.soak._projection import (
-    ABOVE,
-    BELOW,
-    CapacityTrend,
-    Crossing,
-    Limit,
-    capacity_crossing,
-    capacity_trend,
-    crossing_time,
-)
+from tuner.soak._projection import ABOVE, BELOW, CapacityTrend, Crossing, Limit
 from tuner.soak._restart import DAY_S, QuietWindows, RestartAdvice, quiet_windows, restart_advice
 from tuner.soak._trend import DRIFT, NO_DRIFT, Trend, fit_trend
 
@@ -153,7 +145,7 @@ def analyze(
         if figure not in by_figure:
             raise SoakDataError(f"limit on {figure!r}: no such figure (figures: {', '.join(by_figure)})")
         labels[figure] = _limit_label(by_figure[figure], limit)
-        c = crossing_time(by_figure[figure], limit)
+        c = projection.crossing_time(by_figure[figure], limit)
         if c is not None:
             crossings.append(c)
     capacity = None
@@ -163,9 +155,9 @@ def analyze(
     if capacity_rps is not None:
         if compute not in by_figure:
             raise SoakDataError(f"capacity drift: no trend of {compute!r} (figures: {', '.join(by_figure)})")
-        capacity = capacity_trend(by_figure[compute], capacity_rps)
+        capacity = projection.capacity_trend(by_figure[compute], capacity_rps)
         labels["capacity_rps"] = f"< {float(rate_rps):.6g}"
-        c = capacity_crossing(by_figure[compute], capacity_rps=capacity_rps, rate_rps=rate_rps)
+        c = projection.capacity_crossing(by_figure[compute], capacity_rps=capacity_rps, rate_rps=rate_rps)
         if c is not None:
             crossings.append(c)
     breach = min(crossings, key=lambda c: c.hours) if crossings else None

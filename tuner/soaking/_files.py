@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import InputError, OutputError
-from tuner.files import check_output_dir, json_safe, os_reason, write_atomic
+from tuner.files import check_output_dir, json_safe, os_reason, read_json_object, write_atomic
 
 SOAK_DIR = "soak"
 META = "soak.json"
@@ -120,15 +120,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SoakFileError(f"{path}: not found (not a soak directory)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SoakFileError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise SoakFileError(f"{path}: expected a JSON object at the top level")
-    return data
+    return read_json_object(path, missing="not found (not a soak directory)", error=SoakFileError)
 
 
 def _cell(value):
