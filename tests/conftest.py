@@ -79,8 +79,16 @@ SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest files first; in a file, the tests that take `one_multi_process_study_at_a_time`
+    first: they are done within minutes of the start, before the other worker reaches the other file
+    of such tests (its worker would otherwise idle for minutes on the lock)."""
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+    def key(item: pytest.Item) -> tuple[int, bool]:
+        takes_lock = "one_multi_process_study_at_a_time" in getattr(item, "fixturenames", ())
+        return rank.get(item.path.name, len(rank)), not takes_lock
+
+    items.sort(key=key)  # stable: the rest keep their order
 
 
 @pytest.fixture
