@@ -14,9 +14,13 @@ tuner=${TUNER:-tuner}
 
 # In the background, with SIGTERM/SIGINT passed on: a scheduler stops the job by signalling this
 # script (PID 1 in a container), and tuner needs the signal itself to stop its server and container.
+# The trap is set before tuner starts: a signal that arrives while it starts is passed on too.
+child=
+stopping=
+trap 'stopping=1; [ -n "$child" ] && kill -TERM "$child" 2>/dev/null' TERM INT
 "$tuner" nightly "$nightly" &
 child=$!
-trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+[ -n "$stopping" ] && kill -TERM "$child" 2>/dev/null
 wait "$child"
 code=$?
 while kill -0 "$child" 2>/dev/null; do  # `wait` returned early for a signal: wait for tuner's own exit
