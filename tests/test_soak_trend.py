@@ -12,8 +12,11 @@ import pytest
 
 from tuner.errors import InputError
 from tuner.soak import (
+    DOWN,
     DRIFT,
+    IMPROVING,
     NO_DRIFT,
+    UP,
     Limit,
     SoakDataError,
     analyze,
@@ -85,6 +88,24 @@ def test_a_drift_is_detected_and_its_interval_holds_the_true_slope():
     assert one.relative_per_hour == pytest.approx(0.03, abs=0.005)
     assert one.relative_low < one.relative_per_hour < one.relative_high
     assert one.p_value < 1e-6
+
+
+def test_a_figure_getting_better_with_age_is_improving_not_a_drift():
+    # a compute time that falls 3 %/h (a server still warming up): an alarm only where down is worse
+    falling = _windows(24, seed=2, drift_per_hour=-0.03)
+    either = fit_trend(falling, "compute_ms_per_request", load="offered_rps")
+    assert either.verdict == DRIFT and either.direction == "down"
+    better = fit_trend(falling, "compute_ms_per_request", load="offered_rps", worse=UP)
+    assert better.verdict == IMPROVING and not better.drifting and better.direction == ""
+    assert better.relative_per_hour == pytest.approx(-0.03, abs=0.005)
+    assert fit_trend(falling, "compute_ms_per_request", load="offered_rps", worse=DOWN).verdict == DRIFT
+    rising = fit_trend(_windows(24, seed=2, drift_per_hour=0.03), "compute_ms_per_request",
+                       load="offered_rps", worse=UP)
+    assert rising.verdict == DRIFT and rising.as_dict()["worse"] == UP
+    # an improving figure projects no breach of its limit
+    assert crossing_time(better, Limit(5.0, bad="below")) is None
+    with pytest.raises(SoakDataError, match="worse must be 'up', 'down' or None, got 'higher'"):
+        fit_trend(falling, "compute_ms_per_request", worse="higher")
 
 
 def test_a_drift_below_the_practical_threshold_is_not_called_drift():

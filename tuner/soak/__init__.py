@@ -25,14 +25,17 @@ from tuner.soak._projection import (
     crossing_time,
 )
 from tuner.soak._restart import DAY_S, QuietWindow, QuietWindows, RestartAdvice, quiet_windows, restart_advice
-from tuner.soak._trend import DRIFT, NO_DRIFT, Trend, fit_trend, huber_fit
+from tuner.soak._trend import DOWN, DRIFT, IMPROVING, NO_DRIFT, UP, Trend, fit_trend, huber_fit
 
 __all__ = [
     "ABOVE",
     "BELOW",
     "DAY_S",
+    "DOWN",
     "DRIFT",
+    "IMPROVING",
     "NO_DRIFT",
+    "UP",
     "BatchLimits",
     "CapacityTrend",
     "Crossing",

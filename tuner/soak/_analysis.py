@@ -95,6 +95,7 @@ def analyze(
     load: str | None = "offered_rps",
     confidence: float = 0.95,
     min_drift_per_hour: float = 0.01,
+    worse: Mapping[str, str] | None = None,
     limits: Mapping[str, float | Limit] | None = None,
     compute: str = "compute_ms_per_request",
     capacity_rps: float | None = None,
@@ -111,7 +112,8 @@ def analyze(
     """A soak's analysis from its windows (one row each: `time` in hours since load, `load`, figures).
 
     Each figure (default: every numeric column but `time`, `load` and `window`) gets a trend with the
-    load as covariate when that column exists; each `limits` entry a crossing; with `capacity_rps`
+    load as covariate when that column exists (`worse`: figure -> UP or DOWN, the direction that is a
+    drift; a figure not named drifts either way); each `limits` entry a crossing; with `capacity_rps`
     (measured on a fresh server) and `rate_rps` (the rate to serve, e.g. the recorded peak), the
     `compute` figure's trend gives the capacity trend and when it drops below the rate. `executions`
     (per-window batch histograms) gives the batch limits, `traffic` the quiet windows; with either a
@@ -134,7 +136,7 @@ def analyze(
     trends = []
     for figure in figures:
         t = fit_trend(windows, figure, time=time, load=covariate, confidence=confidence,
-                      min_drift_per_hour=min_drift_per_hour)
+                      min_drift_per_hour=min_drift_per_hour, worse=(worse or {}).get(figure))
         if load is not None and covariate is None:
             t = _with_note(t, f"no column {load!r}: fitted without the load")
         trends.append(t)

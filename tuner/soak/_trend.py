@@ -18,14 +18,18 @@ reweighted least squares), chosen over Theil-Sen because it takes the covariate:
 by a pause or a hiccup gets a small weight instead of pulling the slope. The slope's interval uses
 Huber's covariance (his "H1" correction, which is ordinary least squares' when no window is
 down-weighted) with Student's t on n - p degrees of freedom; on flat synthetic series (normal or
-heavy-tailed noise, 6 to 48 windows) it excludes zero in 4-6 % of runs at 95 %. Windows are taken as
-independent given the model; the practical threshold below keeps a slowly wandering series from
-being called drift.
+heavy-tailed noise, 6 to 48 windows) it excludes zero in 4-6 % of runs at 95 %. Windows are taken as independent given the model (allowing for autocorrelated
+residuals instead would also hide a real drift that starts midway, which a straight line underfits);
+the practical threshold below keeps a slowly wandering series from being called drift.
 
-The verdict is `drift` only when the interval excludes zero AND the relative drift
-(slope / level, per hour) is at least `min_drift_per_hour` (1 % by default); otherwise
-`no drift detected`, a valid result. A figure whose level at 0 h is not positive (a count of errors
-that starts at zero) has no relative drift; its slope is compared with its mean over the windows.
+A drift is a figure getting worse with the server's age: `worse` names the direction that is (`up`
+for a compute time, a latency, an error rate or memory; `down` for a capacity). A significant trend
+the other way is `improving` (a server still warming up, caches filling), reported but not an alarm.
+The verdict is `drift` only when the interval excludes zero, the trend goes the `worse` way (either
+way when `worse` is not given) AND the relative drift (slope / level, per hour) is at least
+`min_drift_per_hour` (1 % by default); otherwise `no drift detected`, a valid result. A figure whose
+level at 0 h is not positive (a count of errors that starts at zero) has no relative drift; its
+slope is compared with its mean over the windows.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from tuner.soak._common import SoakDataError, json_number
 
 DRIFT = "drift"
 NO_DRIFT = "no drift detected"
+IMPROVING = "improving"
+UP, DOWN = "up", "down"  # the direction in which a figure gets worse
 HUBER_K = 1.345          # 95 % efficiency under normal noise
 _MAD_TO_SIGMA = 0.6744897501960817  # the normal distribution's 3/4 quantile
 _MIN_DOF = 3             # windows beyond the parameters fitted, so that an interval means something
@@ -64,11 +70,12 @@ class Trend:
     relative_low: float
     relative_high: float
     min_drift_per_hour: float
-    verdict: str                  # DRIFT or NO_DRIFT
+    verdict: str                  # DRIFT, IMPROVING or NO_DRIFT
     load: str | None = None       # the covariate's column, when used
     load_ref: float | None = None  # the load at which `level` is given
     load_slope: float | None = None  # the figure's change per unit of load
     downweighted: int = 0         # windows the robust fit gave less than full weight
+    worse: str | None = None      # UP or DOWN: the direction that is a drift (None: either)
     notes: tuple[str, ...] = ()
 
     @property
@@ -129,6 +136,7 @@ class Trend:
             "load_ref": json_number(self.load_ref),
             "load_slope": json_number(self.load_slope),
             "downweighted": self.downweighted,
+            "worse": self.worse,
             "method": f"huber (k={HUBER_K})",
             "notes": list(self.notes),
         }
@@ -142,10 +150,14 @@ def fit_trend(
     load: str | None = None,
     confidence: float = 0.95,
     min_drift_per_hour: float = 0.01,
+    worse: str | None = None,
 ) -> Trend:
     """The trend of column `figure` over column `time` (hours since load), with column `load` as a
-    covariate when given. Windows missing the figure (or the load) are left out."""
+    covariate when given, and its verdict (`worse`: UP or DOWN, the direction that is a drift).
+    Windows missing the figure (or the load) are left out."""
     _check_parameters(confidence, min_drift_per_hour)
+    if worse not in (None, UP, DOWN):
+        raise SoakDataError(f"trend of {figure!r}: worse must be {UP!r}, {DOWN!r} or None, got {worse!r}")
     _require_columns(windows, [time, figure] + ([load] if load else []))
     used = [time, figure] + ([load] if load else [])
     data = windows[used].apply(pd.to_numeric, errors="coerce")
@@ -204,6 +216,10 @@ def fit_trend(
         notes.append(f"the level at 0 h is not positive: no relative drift; the threshold is taken against "
                      f"the mean of {figure} ({typical:.4g})")
     excludes_zero = low > 0 or high < 0
+    if excludes_zero and practical and worse is not None and (slope > 0) != (worse == UP):
+        verdict = IMPROVING
+    else:
+        verdict = DRIFT if excludes_zero and practical else NO_DRIFT
     downweighted = int(np.count_nonzero(weights < 1.0))
     return Trend(
         figure=figure,
@@ -219,11 +235,12 @@ def fit_trend(
         relative_low=rel_low,
         relative_high=rel_high,
         min_drift_per_hour=min_drift_per_hour,
-        verdict=DRIFT if excludes_zero and practical else NO_DRIFT,
+        verdict=verdict,
         load=load,
         load_ref=load_ref,
         load_slope=float(beta[2]) if load else None,
         downweighted=downweighted,
+        worse=worse,
         notes=tuple(notes),
     )
 

@@ -25,6 +25,7 @@ import pandas as pd
 from tuner.soak import (
     ABOVE,
     DAY_S,
+    UP,
     Crossing,
     Limit,
     QuietWindows,
@@ -142,6 +143,7 @@ def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
             raise SoakDataError("no figure was measured in enough windows")
         analysis = analyze(
             usable, figures=figures, time=TIME, load=LOAD, limits=limits,
+            worse=dict.fromkeys(figures, UP),  # every figure measured is worse when it grows
             compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,
             executions=_oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
             restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
