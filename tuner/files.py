@@ -1,4 +1,5 @@
-"""Writing what a person keeps: whole files or nothing, and a check before minutes of work that the
+"""Reading what a person gives, in one line when it cannot be read (`read_text`, `read_json_object`),
+and writing what a person keeps: whole files or nothing, and a check before minutes of work that the
 place can be written at all. A write that fails (a full disk, a read-only file system or /proc, a
 name too long, a directory in the way) says which file and why in one line, and leaves no partial
 file behind: the data goes to a temporary file beside the target (`.tuner-<hex>.tmp`, never taken for
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from tuner.errors import InputError, OutputError
 
-__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "read_json_object", "replacing",
-           "write_atomic"]
+__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "read_json_object", "read_text",
+           "replacing", "write_atomic"]
 
 
 def json_safe(value):
@@ -33,6 +34,16 @@ def json_safe(value):
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+def read_text(path: str | os.PathLike, *, error: type[InputError]) -> str:
+    """The file's text; `error` (`<path>: no such file` or `<path>: cannot read: <why>`) otherwise."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read: {exc}") from None
 
 
 def read_json_object(path: str | os.PathLike, *, label: str | None = None, missing: str = "not found",

@@ -63,7 +63,7 @@ from pathlib import Path
 import pandas as pd
 
 from tuner.errors import ProfileError
-from tuner.files import write_atomic
+from tuner.files import read_text, write_atomic
 
 BASES = ("auto", "tokens", "grid")
 FORMAT_LINE = "# tuner profile v1"
@@ -72,19 +72,25 @@ REQUIRED_COLUMNS = ("rows", "length", "median_ms")
 
 
 @dataclass(frozen=True)
-class ProfilePoint:
-    """One measured execution size: device time of `rows` rows padded to `length` tokens."""
+class ExecutionSize:
+    """The size of one execution: `rows` rows padded to `length` tokens."""
 
     rows: int
     length: int
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    count: int = 1
 
     @property
     def tokens(self) -> int:
         return self.rows * self.length
+
+
+@dataclass(frozen=True)
+class ProfilePoint(ExecutionSize):
+    """One measured execution size: device time of `rows` rows padded to `length` tokens."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    count: int = 1
 
 
 @dataclass(frozen=True)
@@ -329,12 +335,7 @@ def _cross_validate(points: list[tuple[int, int, float]]) -> dict[str, float]:
 def read_profile(path: str | os.PathLike) -> Profile:
     """Read and check a profile CSV (see the module docstring for the format)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"{path}: cannot read: {exc}") from None
+    text = read_text(path, error=ProfileError)
     header: dict[str, str] = {}
     body: list[str] = []
     body_lines: list[int] = []
@@ -425,26 +426,28 @@ def _header_value(key: str, value: str, path: Path):
 
 
 def _int(value, name: str, default: int | None = None) -> int:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        if default is not None:
-            return default
-        raise ProfileError(f"{name}: a value is required")
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return int(value)
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ProfileError(f"{name} must be an integer >= 1, got {value!r}") from None
+    return _cell(value, name, parse=_whole, want="an integer >= 1", default=default)
 
 
 def _float(value, name: str, default: float | None = None) -> float:
+    return _cell(value, name, parse=float, want="a number > 0", default=default)
+
+
+def _cell(value, name: str, *, parse: Callable, want: str, default):
+    """One CSV cell as `parse` reads it; an empty cell (NaN) or absent column is `default`, if any."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         if default is not None:
             return default
         raise ProfileError(f"{name}: a value is required")
     try:
-        return float(value)
+        return parse(value)
     except (TypeError, ValueError):
-        raise ProfileError(f"{name} must be a number > 0, got {value!r}") from None
+        raise ProfileError(f"{name} must be {want}, got {value!r}") from None
+
+
+def _whole(value) -> int:
+    if isinstance(value, float) and value.is_integer():  # a column with an empty cell reads as floats
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return int(str(value).strip())  # 4.5, True and text are refused

@@ -61,7 +61,7 @@ from tuner import space
 from tuner.errors import ProfileError, SettingsError, TrafficError
 from tuner.measure import Warmup, stat_deltas
 from tuner.modelconfig import ModelConfig
-from tuner.profile import Profile, ProfilePoint
+from tuner.profile import ExecutionSize, Profile, ProfilePoint
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.warmup import warm_up
@@ -78,11 +78,9 @@ _PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
 @dataclass(frozen=True)
-class Sample:
+class Sample(ExecutionSize):
     """One request of `rows` x `length` sent alone, and Triton's timing of its execution (ms)."""
 
-    rows: int
-    length: int
     ok: bool
     client_ms: float
     input_ms: float = 0.0

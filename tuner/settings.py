@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from tuner.errors import SettingsError
+from tuner.files import read_text
 
 LAUNCHERS = ("local", "docker", "remote")
 PROTOCOLS = ("http", "grpc")
@@ -28,6 +29,8 @@ PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a t
 
 @dataclass(frozen=True)
 class ServerSettings:
+    """Which Triton serves the trials (`server:`): a container, a local process or one already running."""
+
     launcher: str = "local"
     # remote: the running server's HTTP address (host:port) and optional gRPC address
     url: str | None = None
@@ -46,6 +49,8 @@ class ServerSettings:
 
 @dataclass(frozen=True)
 class TrafficSettings:
+    """The recorded traffic (`traffic:`): its file, the part of it to use and the speed of its real load."""
+
     path: str = ""
     # optional window of the profile: start/duration in seconds from its first request, or the
     # busiest window of this many seconds
@@ -58,6 +63,8 @@ class TrafficSettings:
 
 @dataclass(frozen=True)
 class ReplaySettings:
+    """How the load generator replays the traffic (`replay:`)."""
+
     protocol: str = "http"
     warmup_s: float = 2.0
     # send lag p99 above this makes a replay invalid (the load generator was the bottleneck)
@@ -70,6 +77,8 @@ class ReplaySettings:
 
 @dataclass(frozen=True)
 class MeasurementSettings:
+    """How a configuration is measured once loaded (`measurement:`): warm-up and repeats."""
+
     # after every load: one request of each (rows, padded length) the traffic forms, rows 1 up to
     # max_batch_size, then the traffic at its load in windows until `stable_windows` in a row agree on
     # Triton's compute time per execution within `stability_pct` (perf_analyzer's rule), or
@@ -88,6 +97,8 @@ class MeasurementSettings:
 
 @dataclass(frozen=True)
 class SlaSettings:
+    """The latency SLA (`sla:`): a percentile's limit and the share of errors allowed."""
+
     latency_ms: float = 100.0
     percentile: float = 99.0
     max_error_rate: float = 0.001
@@ -95,6 +106,8 @@ class SlaSettings:
 
 @dataclass(frozen=True)
 class CostSettings:
+    """What a server costs (`cost:`): the GPU and cloud of the price table, or a price per hour."""
+
     gpu: str = "cpu"
     cloud: str | None = None
     price_per_hour: float | None = None  # overrides the price table
@@ -103,6 +116,8 @@ class CostSettings:
 
 @dataclass(frozen=True)
 class IntRange:
+    """An integer range of the search space: low and high, on a log scale or in steps."""
+
     low: int
     high: int
     log: bool = False
@@ -111,6 +126,8 @@ class IntRange:
 
 @dataclass(frozen=True)
 class CapacitySettings:
+    """The capacity search (`search.capacity:`): where it starts, how far it goes, when it stops."""
+
     tolerance: float = 0.1  # relative width of the final bracket
     start_speed: float = 1.0
     max_speed: float = 1000.0
@@ -120,6 +137,8 @@ class CapacitySettings:
 
 @dataclass(frozen=True)
 class SearchSettings:
+    """The search (`search:`): the sampler, the budget and the space of each tuned parameter."""
+
     sampler: str = "tpe"
     trials: int = 20
     timeout_s: float | None = None
@@ -151,6 +170,8 @@ class SearchSettings:
 
 @dataclass(frozen=True)
 class StudySettings:
+    """A study as its YAML file says it: the model, its traffic, the SLA, the cost, the search."""
+
     name: str
     model_repository: str
     model: str
@@ -259,12 +280,7 @@ def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> Stu
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SettingsError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"{path}: cannot read: {exc}") from None
+    text = read_text(path, error=SettingsError)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

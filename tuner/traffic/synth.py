@@ -12,7 +12,7 @@ table, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,24 +161,29 @@ def _nonempty(times: np.ndarray, what: str) -> np.ndarray:
     return times
 
 
-def synth_poisson(rate: float, duration_s: float, seed: int = 0, sizes: Sizes = None) -> pd.DataFrame:
+def _needs(ok: bool, rule: str, **got: float) -> None:
+    """Refuse shape parameters that break `rule`, naming each one's value."""
+    if not ok:
+        raise TrafficError(f"{rule}, got " + ", ".join(f"{name}={value}" for name, value in got.items()))
+
+
+def _draw(what: str, arrivals: Callable[[np.random.Generator], np.ndarray], *, seed: int,
+          sizes: Sizes) -> pd.DataFrame:
+    """The table of `arrivals(rng)` and its sizes, from one generator seeded with `seed`."""
+    rng = np.random.default_rng(seed)  # arrivals draw first, then sizes: the order fixes the result
+    return _table(_nonempty(arrivals(rng), what), rng, sizes)
+
+
+def synth_poisson(rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes = None) -> pd.DataFrame:
     """Poisson arrivals at `rate` requests/s for `duration_s` seconds (inter-arrival CV 1)."""
     _check(rate, duration_s)
     _fits("poisson", rate, duration_s)
-    rng = np.random.default_rng(seed)
-    times = _nonempty(_poisson_times(rng, rate, 0.0, duration_s), "poisson")
-    return _table(times, rng, sizes)
+    return _draw("poisson", lambda rng: _poisson_times(rng, rate, 0.0, duration_s), seed=seed, sizes=sizes)
 
 
-def synth_diurnal(
-    mean_rate: float,
-    duration_s: float,
-    seed: int = 0,
-    sizes: Sizes = None,
-    period_s: float = 86400.0,
-    amplitude: float = 0.6,
-    peak_at_s: float | None = None,
-) -> pd.DataFrame:
+def synth_diurnal(mean_rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes = None,
+                  period_s: float = 86400.0, amplitude: float = 0.6, peak_at_s: float | None = None
+                  ) -> pd.DataFrame:
     """A day's sinusoidal rate: `mean_rate * (1 + amplitude * cos(2 pi (t - peak_at_s) / period_s))`.
 
     `period_s` compresses the day (600 plays a day in ten minutes); the peak defaults to 14:00.
@@ -188,15 +193,14 @@ def synth_diurnal(
         raise TrafficError(f"diurnal amplitude must be in [0, 1], got {amplitude}")
     if not period_s > 0:
         raise TrafficError(f"diurnal period must be > 0 s, got {period_s}")
-    _fits("diurnal", mean_rate * (1 + amplitude), duration_s, at_peak=True)
+    peak = mean_rate * (1 + amplitude)
+    _fits("diurnal", peak, duration_s, at_peak=True)
     peak_at = period_s * 14 / 24 if peak_at_s is None else float(peak_at_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
         return mean_rate * (1 + amplitude * np.cos(2 * np.pi * (t - peak_at) / period_s))
 
-    rng = np.random.default_rng(seed)
-    times = _nonempty(_thinned(rng, rate_at, mean_rate * (1 + amplitude), duration_s), "diurnal")
-    return _table(times, rng, sizes)
+    return _draw("diurnal", lambda rng: _thinned(rng, rate_at, peak, duration_s), seed=seed, sizes=sizes)
 
 
 def bursty_rates(mean_rate: float, on_fraction: float, off_ratio: float) -> tuple[float, float]:
@@ -206,15 +210,8 @@ def bursty_rates(mean_rate: float, on_fraction: float, off_ratio: float) -> tupl
     return rate_on, rate_off
 
 
-def synth_bursty(
-    mean_rate: float,
-    duration_s: float,
-    seed: int = 0,
-    sizes: Sizes = None,
-    on_fraction: float = 0.2,
-    mean_on_s: float = 0.5,
-    off_ratio: float = 0.05,
-) -> pd.DataFrame:
+def synth_bursty(mean_rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes = None,
+                 on_fraction: float = 0.2, mean_on_s: float = 0.5, off_ratio: float = 0.05) -> pd.DataFrame:
     """On/off Markov-modulated Poisson arrivals averaging `mean_rate`.
 
     The process spends `on_fraction` of the time in bursts lasting `mean_on_s` on average
@@ -222,24 +219,36 @@ def synth_bursty(
     rate makes up the mean. The defaults give an inter-arrival CV well above 2.
     """
     _check(mean_rate, duration_s)
-    if not (0 < on_fraction < 1 and mean_on_s > 0 and 0 <= off_ratio < 1):
-        raise TrafficError(
-            "bursty needs 0 < on_fraction < 1, mean_on_s > 0 and 0 <= off_ratio < 1, got "
-            f"on_fraction={on_fraction}, mean_on_s={mean_on_s}, off_ratio={off_ratio}"
-        )
+    _needs(0 < on_fraction < 1 and mean_on_s > 0 and 0 <= off_ratio < 1,
+           "bursty needs 0 < on_fraction < 1, mean_on_s > 0 and 0 <= off_ratio < 1",
+           on_fraction=on_fraction, mean_on_s=mean_on_s, off_ratio=off_ratio)
     _fits("bursty", mean_rate, duration_s)
-    rate_on, rate_off = bursty_rates(mean_rate, on_fraction, off_ratio)
-    mean_off_s = mean_on_s * (1 - on_fraction) / on_fraction
-    periods = 2 * duration_s / (mean_on_s + mean_off_s)
+    rates = bursty_rates(mean_rate, on_fraction, off_ratio)
+    sojourns = (mean_on_s, mean_on_s * (1 - on_fraction) / on_fraction)  # mean on, mean off
+    _fits_periods(duration_s, sojourns)
+
+    def arrivals(rng: np.random.Generator) -> np.ndarray:
+        start_on = rng.uniform() < on_fraction  # weighted by the time spent in each state
+        return _on_off_times(rng, duration_s, start_on=start_on, sojourns=sojourns, rates=rates)
+
+    return _draw("bursty", arrivals, seed=seed, sizes=sizes)
+
+
+def _fits_periods(duration_s: float, sojourns: tuple[float, float]) -> None:
+    """Refuse more than MAX_ROWS on/off periods (tiny bursts over a long time) before drawing them."""
+    periods = 2 * duration_s / sum(sojourns)
     if periods > MAX_ROWS:
         raise TrafficError(
-            f"bursty: bursts of {mean_on_s:g} s on average for {duration_s:g} s would make about "
+            f"bursty: bursts of {sojourns[0]:g} s on average for {duration_s:g} s would make about "
             f"{_about(periods)} on/off periods, above the limit of {MAX_ROWS:,}; lengthen the bursts "
             "or shorten the duration"
         )
-    rng = np.random.default_rng(seed)
-    # alternate off/on sojourns; start in a random state weighted by the time spent in each
-    start_on = rng.uniform() < on_fraction
+
+
+def _on_off_times(rng: np.random.Generator, duration_s: float, *, start_on: bool,
+                  sojourns: tuple[float, float], rates: tuple[float, float]) -> np.ndarray:
+    """Arrivals of alternating exponential on/off sojourns, Poisson at each state's rate within it."""
+    (mean_on_s, mean_off_s), (rate_on, rate_off) = sojourns, rates
     cycles = int(duration_s / (mean_on_s + mean_off_s) * 1.5) + 16
     while True:
         on = rng.exponential(mean_on_s, size=cycles)
@@ -254,30 +263,20 @@ def synth_bursty(
     lengths = np.minimum(ends[:n_seg], duration_s) - starts
     is_on = (np.arange(n_seg) % 2 == 0) == start_on
     counts = rng.poisson(np.where(is_on, rate_on, rate_off) * lengths)
-    times = np.repeat(starts, counts) + rng.uniform(0.0, 1.0, size=counts.sum()) * np.repeat(lengths, counts)
-    return _table(_nonempty(times, "bursty"), rng, sizes)
+    return np.repeat(starts, counts) + rng.uniform(0.0, 1.0, size=counts.sum()) * np.repeat(lengths, counts)
 
 
-def synth_flash_crowd(
-    base_rate: float,
-    duration_s: float,
-    seed: int = 0,
-    sizes: Sizes = None,
-    peak_factor: float = 10.0,
-    spike_at_s: float | None = None,
-    ramp_s: float = 5.0,
-    hold_s: float = 10.0,
-    decay_s: float = 10.0,
-) -> pd.DataFrame:
+def synth_flash_crowd(base_rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes = None,
+                      peak_factor: float = 10.0, spike_at_s: float | None = None, ramp_s: float = 5.0,
+                      hold_s: float = 10.0, decay_s: float = 10.0) -> pd.DataFrame:
     """A steady `base_rate` that ramps linearly to `peak_factor` times itself at `spike_at_s`,
     holds for `hold_s`, then decays back exponentially with time constant `decay_s`."""
     _check(base_rate, duration_s)
-    if not (peak_factor >= 1 and ramp_s >= 0 and hold_s >= 0 and decay_s > 0):
-        raise TrafficError(
-            "flash crowd needs peak_factor >= 1, ramp_s >= 0, hold_s >= 0 and decay_s > 0, got "
-            f"peak_factor={peak_factor}, ramp_s={ramp_s}, hold_s={hold_s}, decay_s={decay_s}"
-        )
-    _fits("flash crowd", base_rate * peak_factor, duration_s, at_peak=True)
+    _needs(peak_factor >= 1 and ramp_s >= 0 and hold_s >= 0 and decay_s > 0,
+           "flash crowd needs peak_factor >= 1, ramp_s >= 0, hold_s >= 0 and decay_s > 0",
+           peak_factor=peak_factor, ramp_s=ramp_s, hold_s=hold_s, decay_s=decay_s)
+    peak = base_rate * peak_factor
+    _fits("flash crowd", peak, duration_s, at_peak=True)
     spike = duration_s / 3 if spike_at_s is None else float(spike_at_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
@@ -286,6 +285,4 @@ def synth_flash_crowd(
         level = np.where(t < spike + ramp_s + hold_s, rising, np.exp(-after / decay_s))
         return base_rate * (1 + (peak_factor - 1) * level)
 
-    rng = np.random.default_rng(seed)
-    times = _thinned(rng, rate_at, base_rate * peak_factor, duration_s)
-    return _table(_nonempty(times, "flash crowd"), rng, sizes)
+    return _draw("flash crowd", lambda rng: _thinned(rng, rate_at, peak, duration_s), seed=seed, sizes=sizes)
