@@ -6,10 +6,14 @@ import argparse
 import json
 from pathlib import Path
 
+from tuner.cli._args import add_command, add_flag, add_json, add_study
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "audit",
+        run=run,
         help="measure a running deployment the way tune measures a trial, and say what it wastes",
         description="Read the model's configuration from the running server (attached read-only: "
         "nothing is loaded, unloaded or changed), replay the study's traffic at its recorded load "
@@ -19,14 +23,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(> 0.75 healthy, < 0.60 inefficient) and the recoverable budget. Exit codes: 0 healthy, "
         "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error.",
     )
-    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, traffic, SLA, cost, server)")
+    add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
                    help="the deployment's Triton HTTP endpoint (default: the study's server section)")
     p.add_argument("--baseline", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
-    p.add_argument("--at-load-only", action="store_true",
-                   help="replay only at the recorded load: no capacity search, no throughput ratio")
-    p.add_argument("--json", metavar="OUT", help="also write the audit as JSON to OUT")
-    p.set_defaults(func=run)
+    add_flag(p, "--at-load-only", "replay only at the recorded load: no capacity search, no throughput ratio")
+    add_json(p, "the audit")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,64 +8,45 @@ import sys
 from pathlib import Path
 
 from tuner import modelconfig, space
+from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_output_file
 from tuner.errors import ConfigError, InputError
 from tuner.files import write_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "config",
-        help="check, change or show a model's config.pbtxt",
+    sub = add_group(
+        subparsers, "config", help="check, change or show a model's config.pbtxt",
         description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling rules "
         "Triton enforces, change the tuned fields, or show them.",
+        metavar="SUBCOMMAND",
     )
-    parser.set_defaults(func=lambda args: _print_help(parser))
-    sub = parser.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
 
-    check = sub.add_parser(
-        "check",
-        help="check config.pbtxt files (exit 2 if any is invalid)",
+    check = add_command(
+        sub, "check", run=_check, help="check config.pbtxt files (exit 2 if any is invalid)",
         description="Parse each config.pbtxt and check Triton's rules on its scheduling fields. "
         "Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
         "PATH: message for a broken rule) and exits 2 if any is invalid.",
     )
     check.add_argument("paths", nargs="+", metavar="PATH", help="config.pbtxt files")
-    check.set_defaults(func=_check)
 
-    set_ = sub.add_parser(
-        "set",
-        help="change the tuned fields of a config.pbtxt",
+    set_ = add_command(
+        sub, "set", run=_set, help="change the tuned fields of a config.pbtxt",
         description="Change only the named scheduling fields and print the new config (or write it "
         f"to -o OUT). Keys: {', '.join(space.NAMES)} (or their config.pbtxt paths, e.g. "
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
     )
     set_.add_argument("path", metavar="PATH", help="the config.pbtxt to start from")
-    set_.add_argument(
-        "--set",
-        dest="assignments",
-        action="append",
-        required=True,
-        metavar="KEY=VALUE",
-        help="a field to change; repeat for several",
-    )
-    set_.add_argument("-o", "--output", metavar="OUT", help="write the new config here instead of stdout")
-    set_.add_argument("--in-place", action="store_true", help="overwrite PATH with the new config")
-    set_.set_defaults(func=_set)
+    add_assignments(set_, "a field to change; repeat for several", required=True)
+    add_output_file(set_, metavar="OUT", help="write the new config here instead of stdout")
+    add_flag(set_, "--in-place", "overwrite PATH with the new config")
 
-    show = sub.add_parser(
-        "show",
-        help="show the scheduling fields of a config.pbtxt",
+    show = add_command(
+        sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
         "its settings, instance groups) as an aligned table.",
     )
     show.add_argument("path", metavar="PATH", help="a config.pbtxt")
-    show.set_defaults(func=_show)
-
-
-def _print_help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -6,24 +6,26 @@ import argparse
 from pathlib import Path
 
 from tuner import export
+from tuner.cli._args import add_command, add_output_file, add_storage, add_tune_output
 from tuner.errors import SettingsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "export",
+        run=run,
         help="write the recommended config.pbtxt of a finished study",
         description="Write the recommended config.pbtxt (the study's base config with only the tuned "
         "fields changed, under a comment header) from a `tuner tune` output directory or from any "
         "Optuna storage holding a study made by `tuner tune`. Exit 3 if no configuration met the SLA.",
     )
-    parser.add_argument("output_dir", nargs="?", metavar="OUTPUT_DIR", help="a `tuner tune` output directory")
-    parser.add_argument("--storage", metavar="URL", help="an Optuna storage URL or journal file")
+    add_tune_output(parser, "a `tuner tune` output directory", optional=True)
+    add_storage(parser, "an Optuna storage URL or journal file")
     parser.add_argument("--study", metavar="NAME", help="the study's name (needed if the storage holds several)")
-    parser.add_argument("-o", "--output", metavar="FILE",
-                        help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, or stdout "
-                        "with --storage)")
-    parser.set_defaults(func=run)
+    add_output_file(parser, metavar="FILE",
+                    help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, or stdout "
+                    "with --storage)")
 
 
 def run(args: argparse.Namespace) -> int:

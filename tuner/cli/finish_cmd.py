@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 
 from tuner import search
+from tuner.cli._args import add_command, add_flag, add_output_dir, add_quiet, add_storage, add_study
 from tuner.cli._common import print_outcome
 from tuner.cli.tune_cmd import Bars
 from tuner.errors import SettingsError
@@ -19,8 +20,10 @@ from tuner.tune import finish, outputs_from_storage
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "finish",
+        run=run,
         help="re-measure the best of a study several hosts searched, and write its outputs",
         description="The host that finds a shared study's search over re-measures its top configurations "
         "and writes the outputs by itself; `tuner finish` does it on this host instead (if that host "
@@ -30,15 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "storage (the re-measurement's per-request latencies stay on the host that measured them). "
         "Exit codes: 0 done, 2 bad input, 3 no configuration met the SLA, 1 anything else.",
     )
-    parser.add_argument("study", nargs="?", metavar="STUDY.yaml", help="the study file (needed to re-measure)")
-    parser.add_argument("--storage", metavar="URL", help="the study's storage (default: the study file's)")
+    add_study(parser, "the study file (needed to re-measure)", optional=True)
+    add_storage(parser, "the study's storage (default: the study file's)")
     parser.add_argument("--study", dest="name", metavar="NAME",
                         help="the study's name, without STUDY.yaml (needed if the storage holds several)")
-    parser.add_argument("--output", metavar="DIR", help="output directory (default: the study's output)")
-    parser.add_argument("--no-remeasure", action="store_true",
-                        help="write the outputs from the storage alone, starting no server")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.set_defaults(func=run)
+    add_output_dir(parser)
+    add_flag(parser, "--no-remeasure", "write the outputs from the storage alone, starting no server")
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tuner.cli._args import add_command, add_flag
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "nightly",
+        run=run,
         help="retune on the newest traffic and propose a change only when an A/B confirmation shows it",
         description="Take the newest traffic, compare it with the previous run's (drift table), run a "
         "search warm-started from the previous night, confirm the best candidate against production "
@@ -18,10 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("nightly", metavar="NIGHTLY.yaml",
                    help="the nightly settings (or, with --history, its output directory)")
-    p.add_argument("--history", action="store_true", help="show the history of past nights as a table")
-    p.add_argument("--check", action="store_true", help="a dry run: check the nightly settings, its study, "
-                   "production's config, tonight's traffic and the output directory; start nothing")
-    p.set_defaults(func=run)
+    add_flag(p, "--history", "show the history of past nights as a table")
+    add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
+             "traffic and the output directory; start nothing")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,12 +8,28 @@ import math
 import sys
 from pathlib import Path
 
+from tuner.cli._args import Number, add_command, add_numbers, add_output_file, add_study
+
 PROFILE = "profile.csv"
+
+# The profile's limits and counts; run() checks each is >= 1 when given.
+COUNTS = (
+    Number("--max-batch-size", "N",
+           "the largest rows to measure (default: the space's largest, search.max_batch_size.high)"),
+    Number("--max-length", "N", "the model truncates inputs to N tokens (default: its config's "
+           "max_sequence_length parameter if it has one, else no truncation)"),
+    Number("--repeats", "N", "measured requests per point, after one that is not measured (default 7)"),
+    Number("--concurrent-executions", "N", "executions the device runs at once (default 1: instances share "
+           "one device and take turns on it, as a GPU shared by instances does; N for N devices or a device "
+           "that truly runs N at once)", default=1),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "profile",
+        run=run,
         help="measure the model's execution time by rows x padded length (the profile tuner simulate uses)",
         description="Start the study's server, load the model with the space's largest max_batch_size, no "
         "queue delay and one instance, warm it up as a trial is, then send one request of each (rows, padded "
@@ -22,21 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "overhead outside the model, and where the model runs out of memory. Prints the table and writes "
         "the profile CSV (format: tuner/profile.py). Exit codes: 0 done, 2 bad input.",
     )
-    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, server, traffic, search space)")
-    p.add_argument("-o", "--output", metavar="PROFILE.csv", default=None,
-                   help=f"where to write the profile (default: the study's output directory/{PROFILE})")
-    p.add_argument("--max-batch-size", type=int, default=None, metavar="N",
-                   help="the largest rows to measure (default: the space's largest, search.max_batch_size.high)")
-    p.add_argument("--max-length", type=int, default=None, metavar="N",
-                   help="the model truncates inputs to N tokens (default: its config's max_sequence_length "
-                   "parameter if it has one, else no truncation)")
-    p.add_argument("--repeats", type=int, default=None, metavar="N",
-                   help="measured requests per point, after one that is not measured (default 7)")
-    p.add_argument("--concurrent-executions", type=int, default=1, metavar="N",
-                   help="executions the device runs at once (default 1: instances share one device and "
-                   "take turns on it, as a GPU shared by instances does; N for N devices or a device that "
-                   "truly runs N at once)")
-    p.set_defaults(func=run)
+    add_study(p, "the study file (model, server, traffic, search space)")
+    add_output_file(p, metavar="PROFILE.csv",
+                    help=f"where to write the profile (default: the study's output directory/{PROFILE})")
+    add_numbers(p, COUNTS, type=int)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,10 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from tuner.settings import load_study
     from tuner.simulate import length_column
 
-    for name in ("max_batch_size", "max_length", "repeats", "concurrent_executions"):
-        value = getattr(args, name)
+    for count in COUNTS:
+        value = getattr(args, count.dest)
         if value is not None and value < 1:
-            raise SettingsError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+            raise SettingsError(f"{count.flag}: must be >= 1, got {value}")
     settings = load_study(args.study)
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after

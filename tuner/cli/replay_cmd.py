@@ -8,6 +8,7 @@ import json
 import sys
 
 from tuner import space
+from tuner.cli._args import Number, add_assignments, add_command, add_json, add_numbers, add_study
 from tuner.errors import SettingsError
 from tuner.files import check_writable, json_safe, write_atomic
 from tuner.measure import Measurement
@@ -15,8 +16,10 @@ from tuner.settings import load_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "replay",
+        run=_replay,
         help="replay the study's traffic against one configuration and print the measurement",
         description="Start (or attach to) the study's Triton server, load the model's config.pbtxt "
         "from the repository with the --set fields changed, replay the study's traffic open loop "
@@ -26,19 +29,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
         "variable dim.",
     )
-    p.add_argument("study", metavar="STUDY.yaml", help="the study file (server, model, traffic, replay)")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="change a config field for this replay, e.g. --set max_batch_size=8 "
-                   "--set max_queue_delay_microseconds=2000 (repeatable)")
-    p.add_argument("--speed", type=float, default=None, metavar="S",
-                   help="replay speed (default: the study's traffic.speed); 2 = twice the recorded rate")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="measure only S seconds of the replayed schedule (after the warm-up)")
+    add_study(p, "the study file (server, model, traffic, replay)")
+    add_assignments(p, "change a config field for this replay, e.g. --set max_batch_size=8 "
+                    "--set max_queue_delay_microseconds=2000 (repeatable)")
+    add_numbers(p, (
+        Number("--speed", "S",
+               "replay speed (default: the study's traffic.speed); 2 = twice the recorded rate"),
+        Number("--duration", "S", "measure only S seconds of the replayed schedule (after the warm-up)"),
+    ))
     p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
-    p.add_argument("--json", metavar="OUT", help="also write the measurement as JSON to OUT")
-    p.set_defaults(func=_replay)
+    add_json(p, "the measurement")
 
 
 def _replay(args: argparse.Namespace) -> int:

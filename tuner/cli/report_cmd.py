@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from tuner.cli._args import add_command, add_tune_output
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("report", help="write report.html (plots) for a tuner tune output directory",
-                                   description="Write OUTPUT_DIR/report.html: the recommendation, every trial, "
-                                   "the search, latency and batch plots, the config diff and the cost; and, "
-                                   "when OUTPUT_DIR/soak/ holds a `tuner soak`, OUTPUT_DIR/soak/report.html: "
-                                   "its windows over time with the fitted trends and the breach.")
-    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="the directory `tuner tune` (or `tuner soak`) wrote")
-    parser.set_defaults(func=run)
+    parser = add_command(subparsers, "report", run=run,
+                         help="write report.html (plots) for a tuner tune output directory",
+                         description="Write OUTPUT_DIR/report.html: the recommendation, every trial, "
+                         "the search, latency and batch plots, the config diff and the cost; and, "
+                         "when OUTPUT_DIR/soak/ holds a `tuner soak`, OUTPUT_DIR/soak/report.html: "
+                         "its windows over time with the fitted trends and the breach.")
+    add_tune_output(parser, "the directory `tuner tune` (or `tuner soak`) wrote")
 
 
 def run(args: argparse.Namespace) -> int:

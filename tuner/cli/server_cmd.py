@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tuner.cli._args import add_command
 from tuner.server.install import find_tritonserver
 
 
@@ -13,14 +14,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="The tritonserver binary the local launcher runs (from the nvidia-pytriton wheel, "
         "installed outside the project's environment).")
     commands = parser.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
-    install = commands.add_parser(
-        "install", help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
+    install = add_command(
+        commands, "install", run=_install,
+        help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
         description="Install the tritonserver binary bundled in the nvidia-pytriton wheel into DIR "
         "(default: $TUNER_TRITON_HOME or ~/.cache/tuner/triton/...), outside the project's environment, "
         "and print where it is.")
     install.add_argument("--dir", metavar="DIR", default=None,
                          help="install directory (default: $TUNER_TRITON_HOME, else the user cache)")
-    install.set_defaults(func=_install)
 
 
 def _install(args: argparse.Namespace) -> int:

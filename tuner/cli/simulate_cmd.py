@@ -7,6 +7,7 @@ import json
 import math
 import sys
 
+from tuner.cli._args import Number, add_command, add_flag, add_json, add_numbers, add_study
 from tuner.files import json_safe, write_atomic
 
 SHOWN = {
@@ -26,9 +27,24 @@ SHOWN = {
 }
 
 
+# The study's settings a simulation can override; run() checks each is finite and > 0 when given.
+FIGURES = (
+    Number("--speed", "S",
+           "the recorded load: the traffic S times faster (default: the study's traffic.speed)"),
+    Number("--traffic-scale", "X",
+           "what-if: compress the traffic's timestamps X times (2: twice the requests per second)"),
+    Number("--sla-ms", "L", "what-if: another latency SLA (ms)"),
+    Number("--price", "P", "what-if: another price per hour ($)"),
+    Number("--tolerance", "T", "capacity bisection tolerance (default: the study's search.capacity."
+           "tolerance); simulation is cheap, a finer one (0.02) separates close configurations"),
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "simulate",
+        run=run,
         help="rank every configuration of the study's space by simulating Triton's dynamic batcher",
         description="Simulate Triton's dynamic batcher on the study's traffic with a profile of the "
         "model's execution time (rows x padded length; see tuner/profile.py for the file format) and "
@@ -37,23 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
         "--price, --speed. Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
     )
-    p.add_argument("study", metavar="STUDY.yaml", help="the study file (traffic, SLA, cost, search space)")
+    add_study(p, "the study file (traffic, SLA, cost, search space)")
     p.add_argument("--profile", required=True, metavar="P", help="the model's profile CSV")
-    p.add_argument("--speed", type=float, default=None, metavar="S",
-                   help="the recorded load: the traffic S times faster (default: the study's traffic.speed)")
-    p.add_argument("--traffic-scale", type=float, default=None, metavar="X",
-                   help="what-if: compress the traffic's timestamps X times (2: twice the requests per second)")
-    p.add_argument("--sla-ms", type=float, default=None, metavar="L", help="what-if: another latency SLA (ms)")
-    p.add_argument("--price", type=float, default=None, metavar="P", help="what-if: another price per hour ($)")
-    p.add_argument("--tolerance", type=float, default=None, metavar="T",
-                   help="capacity bisection tolerance (default: the study's search.capacity.tolerance); "
-                   "simulation is cheap, a finer one (0.02) separates close configurations")
-    p.add_argument("--grid", action="store_true",
-                   help="only the grid sampler's points (search.grid_per_octave), not every batch size the "
-                   "search can sample")
+    add_numbers(p, FIGURES)
+    add_flag(p, "--grid", "only the grid sampler's points (search.grid_per_octave), not every batch size the "
+             "search can sample")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows to print (default 10)")
-    p.add_argument("--json", metavar="OUT", help="also write the whole ranking as JSON to OUT")
-    p.set_defaults(func=run)
+    add_json(p, "the whole ranking")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
     from tuner.simulate import Simulator, study_space
     from tuner.traffic import scale_time
 
-    for name in ("speed", "traffic_scale", "sla_ms", "price", "tolerance"):
-        value = getattr(args, name)
+    for figure in FIGURES:
+        value = getattr(args, figure.dest)
         if value is not None and not (math.isfinite(value) and value > 0):
-            raise SettingsError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
+            raise SettingsError(f"{figure.flag}: must be > 0, got {value:g}")
     if args.top < 1:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
     settings = load_study(args.study)

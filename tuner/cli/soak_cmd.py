@@ -7,15 +7,46 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from tuner.cli._args import (
+    Number,
+    add_assignments,
+    add_command,
+    add_flag,
+    add_numbers,
+    add_output_dir,
+    add_quiet,
+    add_study,
+)
 from tuner.errors import SettingsError
 
 EXIT_NO_DRIFT = 0
 EXIT_DRIFT = 10
 
 
+# How much recorded traffic the soak replays, how fast, in windows of how many minutes.
+PACE = (
+    Number("--hours", "H", "hours of recorded traffic to replay (default 12)", default=12.0),
+    Number("--speed", "S",
+           "replay speed: H hours take H/S hours of wall time (default: the study's traffic.speed)"),
+    Number("--window", "M", "minutes of wall time per window (default 3)", default=3.0),
+)
+# When to restart the server, and how the restart advice is found.
+RESTART = (
+    Number("--restart-at", "H",
+           "restart the server after H hours of traffic; the windows after it show the recovery"),
+    Number("--restart-minutes", "M", "length of a restart: the quiet window searched in each day (default 5)",
+           default=5.0),
+    Number("--day-hours", "H", "hours of the recording that make a day (default 24, or the whole recording "
+           "when shorter: it is repeated)"),
+    Number("--margin", "F", "restart this fraction before the projected breach (default 0.2)", default=0.2),
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
+    p = add_command(
+        subparsers,
         "soak",
+        run=run,
         help="replay hours of the recorded traffic against one configuration: drift, breach, restart advice",
         description="Replay a long stretch of the study's recorded traffic (compressed by --speed, the "
         "recording repeated if shorter) against one configuration: the study's recommendation "
@@ -29,32 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the terminal. Hours are hours of recorded traffic. Exit codes: 0 no drift detected, 10 drift "
         "detected, 2 bad input, 1 error, 130 interrupted (the finished windows are kept).",
     )
-    p.add_argument("study", metavar="STUDY.yaml", help="the study file (model, server, traffic, SLA)")
-    p.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                   help="change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
+    add_study(p, "the study file (model, server, traffic, SLA)")
+    add_assignments(p, "change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
     p.add_argument("--config", metavar="PATH", help="soak this config.pbtxt instead of the recommendation")
-    p.add_argument("--hours", type=float, default=12.0, metavar="H",
-                   help="hours of recorded traffic to replay (default 12)")
-    p.add_argument("--speed", type=float, default=None, metavar="S",
-                   help="replay speed: H hours take H/S hours of wall time (default: the study's traffic.speed)")
-    p.add_argument("--window", type=float, default=3.0, metavar="M",
-                   help="minutes of wall time per window (default 3)")
-    p.add_argument("--output", metavar="DIR", help="output directory (default: the study's output); "
-                   "the soak goes to DIR/soak/")
-    p.add_argument("--restart-at", type=float, default=None, metavar="H",
-                   help="restart the server after H hours of traffic; the windows after it show the recovery")
-    p.add_argument("--restart-minutes", type=float, default=5.0, metavar="M",
-                   help="length of a restart: the quiet window searched in each day (default 5)")
-    p.add_argument("--day-hours", type=float, default=None, metavar="H",
-                   help="hours of the recording that make a day (default 24, or the whole recording when "
-                   "shorter: it is repeated)")
-    p.add_argument("--margin", type=float, default=0.2, metavar="F",
-                   help="restart this fraction before the projected breach (default 0.2)")
-    p.add_argument("--no-capacity", action="store_true",
-                   help="skip the capacity measurement at the start (no capacity projection)")
-    p.add_argument("--replace", action="store_true", help="overwrite an earlier soak in OUTPUT/soak/")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    add_numbers(p, PACE)
+    add_output_dir(p, note="the soak goes to DIR/soak/")
+    add_numbers(p, RESTART)
+    add_flag(p, "--no-capacity", "skip the capacity measurement at the start (no capacity projection)")
+    add_flag(p, "--replace", "overwrite an earlier soak in OUTPUT/soak/")
+    add_quiet(p, help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,46 +4,100 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NamedTuple
 
 from tuner import traffic
+from tuner.cli._args import Run, add_command, add_flag, add_group, add_output_file
 from tuner.errors import TrafficError
 
 SYNTH_KINDS = ("poisson", "diurnal", "bursty", "flash-crowd")
 IMPORT_KINDS = ("triton", "azure", "csv")
 
 
+class SynthParam(NamedTuple):
+    """An option of `traffic synth` that one kind of traffic takes, passed on to its synth_* function."""
+
+    flag: str
+    kind: str
+    default: str | float | None
+    help: str
+    duration: bool = False  # given as D (e.g. 5m), passed in seconds, as <name>_s
+
+    def declare(self, parser: argparse.ArgumentParser) -> None:
+        """Add the option to `parser`."""
+        if self.duration:
+            parser.add_argument(self.flag, default=self.default, metavar="D", help=self.help)
+        else:
+            parser.add_argument(self.flag, type=float, default=self.default, help=self.help)
+
+    def value(self, args: argparse.Namespace) -> tuple[str, float | None]:
+        """The synth_* keyword and its value from the parsed arguments."""
+        name = self.flag.removeprefix("--").replace("-", "_")
+        given = getattr(args, name)
+        if not self.duration:
+            return name, given
+        return f"{name}_s", None if given is None else traffic.parse_duration(given, self.flag)
+
+
+SYNTH_PARAMS = (
+    SynthParam("--period", "diurnal", "1d", "diurnal: length of a day (default 1d)", duration=True),
+    SynthParam("--amplitude", "diurnal", 0.6, "diurnal: relative swing, 0..1 (default 0.6)"),
+    SynthParam("--on-fraction", "bursty", 0.2, "bursty: share of time in bursts (0.2)"),
+    SynthParam("--mean-on", "bursty", "0.5", "bursty: mean burst length (0.5s)", duration=True),
+    SynthParam("--off-ratio", "bursty", 0.05, "bursty: quiet rate / mean rate (0.05)"),
+    SynthParam("--peak-factor", "flash-crowd", 10.0, "flash-crowd: peak / base rate (10)"),
+    SynthParam("--spike-at", "flash-crowd", None, "flash-crowd: ramp start (a third in)", duration=True),
+    SynthParam("--ramp", "flash-crowd", "5", "flash-crowd: ramp length (5s)", duration=True),
+    SynthParam("--hold", "flash-crowd", "10", "flash-crowd: time at the peak (10s)", duration=True),
+    SynthParam("--decay", "flash-crowd", "10", "flash-crowd: decay time constant (10s)", duration=True),
+)
+
+TRAFFIC_FILE = "traffic file to write (.csv or .parquet)"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    group = subparsers.add_parser(
-        "traffic",
-        help="inspect, import, synthesize and cut recorded traffic profiles",
+    sub = add_group(
+        subparsers, "traffic", help="inspect, import, synthesize and cut recorded traffic profiles",
         description="Recorded traffic profiles: one row per request (timestamp, batch_size, shape "
         "columns such as seq_len, optional model), as CSV or Parquet.",
     )
-    group.set_defaults(func=lambda args: _help(group))
-    sub = group.add_subparsers(dest="traffic_command", metavar="COMMAND")
+    for declare in (_stats_command, _import_command, _synth_command, _window_command, _scale_command,
+                    _convert_command):
+        declare(sub)
 
-    p = sub.add_parser(
-        "stats",
-        help="summary statistics of a profile",
+
+def _file_command(
+    sub: argparse._SubParsersAction, name: str, *, run: Run, help: str, description: str,
+    input_help: str | None = None,
+) -> argparse.ArgumentParser:
+    """Subcommand `name`, which reads one traffic file, INPUT (`args.input`)."""
+    p = add_command(sub, name, run=run, help=help, description=description)
+    p.add_argument("input", help=input_help)
+    return p
+
+
+def _stats_command(sub: argparse._SubParsersAction) -> None:
+    p = _file_command(
+        sub, "stats", run=_stats, help="summary statistics of a profile",
         description="Requests, duration, mean and peak rates, inter-arrival CV, size "
         "percentiles and the busiest window of a traffic profile, as a table.",
+        input_help="traffic file (.csv or .parquet)",
     )
-    p.add_argument("input", help="traffic file (.csv or .parquet)")
     p.add_argument("--busiest", default="60", metavar="D", help="busiest-window length (default 60s)")
     p.add_argument(
         "--plot", metavar="FILE.png", help="also draw the rate over time and the inter-arrival histogram"
     )
-    p.set_defaults(func=_stats)
 
-    p = sub.add_parser(
-        "import",
-        help="turn other records into a traffic profile",
+
+def _import_command(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "import", run=_import, help="turn other records into a traffic profile",
         description="Import a Triton trace file (level=TIMESTAMPS), the Azure LLM trace "
         "CSV, or any CSV/Parquet table with a column mapping.",
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
     p.add_argument("input", help="the file to import")
-    p.add_argument("-o", "--output", required=True, help="traffic file to write (.csv or .parquet)")
+    add_output_file(p, required=True, help=TRAFFIC_FILE)
     p.add_argument(
         "--map",
         action="append",
@@ -57,16 +111,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=sorted(traffic.importers.TIME_UNITS),
         help="csv: unit of numeric times (default s)",
     )
-    p.add_argument(
-        "--include-children",
-        action="store_true",
-        help="triton: keep requests sent by ensembles / BLS models too",
-    )
-    p.set_defaults(func=_import)
+    add_flag(p, "--include-children", "triton: keep requests sent by ensembles / BLS models too")
 
-    p = sub.add_parser(
-        "synth",
-        help="make a synthetic traffic profile (seeded)",
+
+def _synth_command(sub: argparse._SubParsersAction) -> None:
+    p = add_command(
+        sub, "synth", run=_synth, help="make a synthetic traffic profile (seeded)",
         description="Synthetic arrivals (poisson, diurnal, bursty on/off, flash-crowd) with "
         "constant, Zipf or lognormal sizes; the same arguments and seed give the same file.",
     )
@@ -87,57 +137,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="size of a column: constant:N | zipf:a=A,max=M | lognormal:median=M,sigma=S,max=X[,min=Y] "
         "(e.g. --size seq_len=lognormal:median=200,sigma=0.7,max=512; batch_size defaults to constant:1)",
     )
-    p.add_argument("--period", default="1d", metavar="D", help="diurnal: length of a day (default 1d)")
-    p.add_argument("--amplitude", type=float, default=0.6, help="diurnal: relative swing, 0..1 (default 0.6)")
-    p.add_argument("--on-fraction", type=float, default=0.2, help="bursty: share of time in bursts (0.2)")
-    p.add_argument("--mean-on", default="0.5", metavar="D", help="bursty: mean burst length (0.5s)")
-    p.add_argument("--off-ratio", type=float, default=0.05, help="bursty: quiet rate / mean rate (0.05)")
-    p.add_argument("--peak-factor", type=float, default=10.0, help="flash-crowd: peak / base rate (10)")
-    p.add_argument("--spike-at", default=None, metavar="D", help="flash-crowd: ramp start (a third in)")
-    p.add_argument("--ramp", default="5", metavar="D", help="flash-crowd: ramp length (5s)")
-    p.add_argument("--hold", default="10", metavar="D", help="flash-crowd: time at the peak (10s)")
-    p.add_argument("--decay", default="10", metavar="D", help="flash-crowd: decay time constant (10s)")
-    p.add_argument("-o", "--output", required=True, help="traffic file to write (.csv or .parquet)")
-    p.set_defaults(func=_synth)
+    for param in SYNTH_PARAMS:
+        param.declare(p)
+    add_output_file(p, required=True, help=TRAFFIC_FILE)
 
-    p = sub.add_parser(
-        "window",
-        help="cut a time window out of a profile",
+
+def _window_command(sub: argparse._SubParsersAction) -> None:
+    p = _file_command(
+        sub, "window", run=_window, help="cut a time window out of a profile",
         description="Keep the requests of one window: from --start for --duration (seconds "
         "from the first request), or the busiest window of a given length.",
     )
-    p.add_argument("input")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--start", metavar="T", help="window start, from the first request (e.g. 300, 5m)")
     how.add_argument("--busiest", metavar="D", help="the busiest window of this length")
     p.add_argument("--duration", metavar="D", help="window length (with --start; default: to the end)")
-    p.add_argument("-o", "--output", required=True)
-    p.set_defaults(func=_window)
+    add_output_file(p, required=True)
 
-    p = sub.add_parser(
-        "scale",
-        help="compress or stretch a profile in time",
+
+def _scale_command(sub: argparse._SubParsersAction) -> None:
+    p = _file_command(
+        sub, "scale", run=_scale, help="compress or stretch a profile in time",
         description="Replay-speed scaling written to a file: request i moves to t0 + (t_i - t0) / speed.",
     )
-    p.add_argument("input")
     p.add_argument("--speed", type=float, required=True, help="> 1 compresses, < 1 stretches")
-    p.add_argument("-o", "--output", required=True)
-    p.set_defaults(func=_scale)
+    add_output_file(p, required=True)
 
-    p = sub.add_parser(
-        "convert",
-        help="validate a profile and write it as CSV or Parquet",
+
+def _convert_command(sub: argparse._SubParsersAction) -> None:
+    p = _file_command(
+        sub, "convert", run=_convert, help="validate a profile and write it as CSV or Parquet",
         description="Read, validate and normalise a traffic file, and write it in the "
         "format its output suffix names (.csv or .parquet).",
     )
-    p.add_argument("input")
-    p.add_argument("-o", "--output", required=True)
-    p.set_defaults(func=_convert)
-
-
-def _help(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2
+    add_output_file(p, required=True)
 
 
 def _write(df, args: argparse.Namespace) -> int:
@@ -191,34 +224,11 @@ def _synth(args: argparse.Namespace) -> int:
         if not eq or not col.strip():
             raise TrafficError(f"--size {item!r}: expected COLUMN=SPEC, e.g. --size seq_len=constant:128")
         sizes[col.strip()] = traffic.SizeSpec.parse(spec)
-    d = traffic.parse_duration
-    duration = d(args.duration, "--duration")
+    duration = traffic.parse_duration(args.duration, "--duration")
     common = {"duration_s": duration, "seed": args.seed, "sizes": sizes}
-    if args.kind == "poisson":
-        df = traffic.synth_poisson(args.rate, **common)
-    elif args.kind == "diurnal":
-        df = traffic.synth_diurnal(
-            args.rate, period_s=d(args.period, "--period"), amplitude=args.amplitude, **common
-        )
-    elif args.kind == "bursty":
-        df = traffic.synth_bursty(
-            args.rate,
-            on_fraction=args.on_fraction,
-            mean_on_s=d(args.mean_on, "--mean-on"),
-            off_ratio=args.off_ratio,
-            **common,
-        )
-    else:
-        spike = None if args.spike_at is None else d(args.spike_at, "--spike-at")
-        df = traffic.synth_flash_crowd(
-            args.rate,
-            peak_factor=args.peak_factor,
-            spike_at_s=spike,
-            ramp_s=d(args.ramp, "--ramp"),
-            hold_s=d(args.hold, "--hold"),
-            decay_s=d(args.decay, "--decay"),
-            **common,
-        )
+    shape = dict(param.value(args) for param in SYNTH_PARAMS if param.kind == args.kind)
+    synth = getattr(traffic, f"synth_{args.kind.replace('-', '_')}")  # e.g. flash-crowd: synth_flash_crowd
+    df = synth(args.rate, **shape, **common)
     args.input = None
     return _write(df, args)
 

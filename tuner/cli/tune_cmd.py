@@ -11,6 +11,7 @@ import optuna
 from tqdm import tqdm
 
 from tuner import export, search
+from tuner.cli._args import add_command, add_flag, add_output_dir, add_quiet, add_storage, add_study
 from tuner.cli._common import print_outcome
 from tuner.errors import SettingsError, UnmeasuredError
 from tuner.settings import load_study
@@ -18,8 +19,10 @@ from tuner.tune import Handover, Progress, check_table, prepare, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "tune",
+        run=run,
         help="find the dynamic-batching configuration with the most requests per dollar under the SLA",
         description="Run the study: replay the recorded traffic against each trial configuration on a "
         "real Triton, find its capacity under the SLA, let Optuna choose the next one, re-measure the "
@@ -27,20 +30,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "directory. Running the same command again resumes the study. Exit codes: 0 done, 2 bad input, "
         "3 no configuration met the SLA, 1 anything else.",
     )
-    parser.add_argument("study", metavar="STUDY.yaml", help="the study file")
+    add_study(parser, "the study file")
     parser.add_argument("--trials", type=int, metavar="N", help="trials in all (default: search.trials)")
     parser.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S seconds")
-    parser.add_argument("--output", metavar="DIR", help="output directory (default: the study's output)")
-    parser.add_argument("--storage", metavar="URL", help="Optuna storage URL, e.g. postgresql://user@db/tuner "
-                        "for hosts sharing the study (the password from $PGPASSWORD) (default: "
-                        "sqlite:///DIR/study.db)")
+    add_output_dir(parser)
+    add_storage(parser, "Optuna storage URL, e.g. postgresql://user@db/tuner for hosts sharing the study "
+                "(the password from $PGPASSWORD) (default: sqlite:///DIR/study.db)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes on this machine, each with its own server (default 1)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    parser.add_argument("--check", action="store_true",
-                        help="a dry run: check the study (settings, model config, traffic, space, output, "
-                        "storage), print what it would do, start nothing")
-    parser.set_defaults(func=run)
+    add_quiet(parser)
+    add_flag(parser, "--check", "a dry run: check the study (settings, model config, traffic, space, output, "
+             "storage), print what it would do, start nothing")
 
 
 def run(args: argparse.Namespace) -> int:

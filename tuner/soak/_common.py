@@ -1,16 +1,29 @@
-"""What every soak module shares: the error for an unusable table, and JSON-safe numbers."""
+"""What every soak module shares: the error for an unusable table, JSON-safe numbers, one-row tables."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import pandas as pd
 
 from tuner.errors import InputError
 
 
 class SoakDataError(InputError):
     """A soak's windows, batch histograms or limits that cannot be analysed (said in one line)."""
+
+
+class OneRow:
+    """A finding a person reads as one row of a table (a trend, a crossing): `row()` gives it."""
+
+    def row(self) -> dict:
+        """The finding's row, as a person reads it."""
+        raise NotImplementedError
+
+    def table(self) -> pd.DataFrame:
+        """The finding as a one-row table."""
+        return pd.DataFrame([self.row()])
 
 
 def json_number(value: float | int | None) -> float | int | None:

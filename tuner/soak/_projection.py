@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.soak._common import SoakDataError, json_number
+from tuner.soak._common import OneRow, SoakDataError, json_number
 from tuner.soak._trend import Trend
 
 ABOVE = "above"  # the limit is broken when the figure rises past it (p99 over the SLA)
@@ -38,7 +38,7 @@ class Limit:
 
 
 @dataclass(frozen=True)
-class Crossing:
+class Crossing(OneRow):
     """When a figure reaches its limit if its trend continues, in hours since the server's load."""
 
     figure: str
@@ -63,10 +63,6 @@ class Crossing:
             f"{self.confidence:.0%} high h": self.high_hours,
             "note": self.note,
         }
-
-    def table(self) -> pd.DataFrame:
-        """The crossing as a one-row table."""
-        return pd.DataFrame([self.row()])
 
     def as_dict(self) -> dict:
         """The crossing as JSON-ready values (an infinite late end becomes null)."""

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tuner.soak._common import SoakDataError, json_number
+from tuner.soak._common import OneRow, SoakDataError, json_number
 
 DRIFT = "drift"
 NO_DRIFT = "no drift detected"
@@ -54,7 +54,7 @@ _MIN_DOF = 3             # windows beyond the parameters fitted, so that an inte
 
 
 @dataclass(frozen=True)
-class Trend:
+class Trend(OneRow):
     """A figure's fitted drift per hour since the server's load, its interval and the verdict."""
 
     figure: str
@@ -111,10 +111,6 @@ class Trend:
             "p": self.p_value,
             "verdict": self.verdict,
         }
-
-    def table(self) -> pd.DataFrame:
-        """The trend as a one-row table."""
-        return pd.DataFrame([self.row()])
 
     def as_dict(self) -> dict:
         """The trend as JSON-ready values (NaN and infinities become null)."""
