@@ -27,6 +27,19 @@ SCORINGS = ("capacity", "utilization")
 PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice
 
 
+_RULE = "tuner.rule"  # a field's metadata: the bound its number must keep when it is set
+
+
+def positive(default: float | int | None) -> typing.Any:
+    """A field whose value, when set, must be > 0 (checked as the study loads)."""
+    return field(default=default, metadata={_RULE: "> 0"})
+
+
+def at_least_zero(default: float | int | None) -> typing.Any:
+    """A field whose value, when set, must be >= 0 (checked as the study loads)."""
+    return field(default=default, metadata={_RULE: ">= 0"})
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Which Triton serves the trials (`server:`): a container, a local process or one already running."""
@@ -42,7 +55,7 @@ class ServerSettings:
     network: str = "host"  # host (server bound to 127.0.0.1) | published (ports on 127.0.0.1)
     environment: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
-    startup_timeout_s: float = 120.0
+    startup_timeout_s: float = positive(120.0)
     # local: where the tritonserver from the nvidia-pytriton wheel lives (default: a user cache)
     install_dir: str | None = None
 
@@ -54,11 +67,11 @@ class TrafficSettings:
     path: str = ""
     # optional window of the profile: start/duration in seconds from its first request, or the
     # busiest window of this many seconds
-    start_s: float | None = None
-    duration_s: float | None = None
-    busiest_s: float | None = None
+    start_s: float | None = at_least_zero(None)
+    duration_s: float | None = positive(None)
+    busiest_s: float | None = positive(None)
     # the speed that stands for "the load the traffic really has" (utilization scoring)
-    speed: float = 1.0
+    speed: float = positive(1.0)
 
 
 @dataclass(frozen=True)
@@ -66,13 +79,13 @@ class ReplaySettings:
     """How the load generator replays the traffic (`replay:`)."""
 
     protocol: str = "http"
-    warmup_s: float = 2.0
+    warmup_s: float = at_least_zero(2.0)
     # send lag p99 above this makes a replay invalid (the load generator was the bottleneck)
-    lag_budget_ms: float = 5.0
+    lag_budget_ms: float = positive(5.0)
     # Locust worker processes: 0 = decide from the offered rate
-    workers: int = 0
-    max_in_flight: int = 1000
-    request_timeout_s: float = 30.0
+    workers: int = at_least_zero(0)
+    max_in_flight: int = positive(1000)
+    request_timeout_s: float = positive(30.0)
 
 
 @dataclass(frozen=True)
@@ -85,23 +98,23 @@ class MeasurementSettings:
     # `warmup_max_s` passes and the configuration is `unstable`
     warmup: bool = True
     shape_sweep: bool = True
-    window_s: float = 1.0
-    stable_windows: int = 3
-    stability_pct: float = 10.0
-    warmup_max_s: float = 30.0
+    window_s: float = positive(1.0)
+    stable_windows: int = positive(3)
+    stability_pct: float = positive(10.0)
+    warmup_max_s: float = positive(30.0)
     # a measurement whose SLA percentile is within this share of the limit decides a close call: it is
     # repeated until two in a row agree within stability_pct (at most max_repeats), the median counts
-    repeat_near_sla: float = 0.15
-    max_repeats: int = 3
+    repeat_near_sla: float = at_least_zero(0.15)
+    max_repeats: int = positive(3)
 
 
 @dataclass(frozen=True)
 class SlaSettings:
     """The latency SLA (`sla:`): a percentile's limit and the share of errors allowed."""
 
-    latency_ms: float = 100.0
+    latency_ms: float = positive(100.0)
     percentile: float = 99.0
-    max_error_rate: float = 0.001
+    max_error_rate: float = at_least_zero(0.001)
 
 
 @dataclass(frozen=True)
@@ -110,8 +123,8 @@ class CostSettings:
 
     gpu: str = "cpu"
     cloud: str | None = None
-    price_per_hour: float | None = None  # overrides the price table
-    gpus_per_server: int = 1
+    price_per_hour: float | None = positive(None)  # overrides the price table
+    gpus_per_server: int = positive(1)
 
 
 @dataclass(frozen=True)
@@ -128,10 +141,10 @@ class IntRange:
 class CapacitySettings:
     """The capacity search (`search.capacity:`): where it starts, how far it goes, when it stops."""
 
-    tolerance: float = 0.1  # relative width of the final bracket
-    start_speed: float = 1.0
-    max_speed: float = 1000.0
-    step_duration_s: float = 10.0  # length of each bisection replay (a window of the profile)
+    tolerance: float = positive(0.1)  # relative width of the final bracket
+    start_speed: float = positive(1.0)
+    max_speed: float = positive(1000.0)
+    step_duration_s: float = positive(10.0)  # length of each bisection replay (a window of the profile)
     max_steps: int = 8
 
 
@@ -140,8 +153,8 @@ class SearchSettings:
     """The search (`search:`): the sampler, the budget and the space of each tuned parameter."""
 
     sampler: str = "tpe"
-    trials: int = 20
-    timeout_s: float | None = None
+    trials: int = positive(20)
+    timeout_s: float | None = positive(None)
     seed: int = 0
     max_batch_size: IntRange = field(default_factory=lambda: IntRange(1, 64, log=True))
     max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
@@ -151,19 +164,19 @@ class SearchSettings:
     # requests instead of letting latency grow: tuned only when given a range
     max_queue_size: IntRange | None = None
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
-    top_k: int = 3
-    remeasure_repeats: int = 3
-    grid_per_octave: int = 1  # grid sampler: points per doubling on a log-scale range (1: powers of two)
+    top_k: int = positive(3)
+    remeasure_repeats: int = positive(3)
+    grid_per_octave: int = positive(1)  # grid sampler: points per doubling on a log-scale range (1: powers of two)
     # model: profile the model (or read `profile`), simulate the whole space, measure the incumbent and
     # the simulation's `model_top`; past a median error of `model_error` the sampler searches on
     strategy: str = "measure"
     profile: str | None = None
-    model_top: int = 3
-    model_error: float = 0.2
+    model_top: int = positive(3)
+    model_error: float = positive(0.2)
     # a worker's trial is alive while its heartbeat reaches the storage every heartbeat_s; one silent
     # for grace_period_s (its host died) is failed and run again by another worker
-    heartbeat_s: int = 10
-    grace_period_s: int = 60
+    heartbeat_s: int = positive(10)
+    grace_period_s: int = positive(60)
     # hosts sharing the study (--storage) must have the first one's GPU type, unless this allows others
     mixed_gpus: bool = False
 
@@ -386,35 +399,25 @@ def _resolve_paths(settings: StudySettings, base: Path) -> StudySettings:
     )
 
 
+def _bounded(node, prefix: str = ""):
+    """(dotted key, rule, value) of every field with a bound, the sections walked in their order."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if _RULE in f.metadata:
+            yield prefix + f.name, f.metadata[_RULE], value
+        elif dataclasses.is_dataclass(value):
+            yield from _bounded(value, f"{prefix}{f.name}.")
+
+
 def _check(s: StudySettings, source: str) -> None:
     for key, choices in _CHOICES.items():
         value = _get(s, key)
         if value not in choices:
             raise SettingsError(f"{source}: {key}: must be one of {', '.join(choices)}, got {value!r}")
 
-    def positive(key: str, allow_zero: bool = False):
-        value = _get(s, key)
-        if value is None:
-            return
-        if value < 0 or (value == 0 and not allow_zero):
-            rule = ">= 0" if allow_zero else "> 0"
+    for key, rule, value in _bounded(s):
+        if value is not None and (value < 0 or (value == 0 and rule == "> 0")):
             raise SettingsError(f"{source}: {key}: must be {rule}, got {value!r}")
-
-    for key in ("sla.latency_ms", "traffic.speed", "search.capacity.tolerance",
-                "search.capacity.start_speed", "search.capacity.max_speed",
-                "search.capacity.step_duration_s", "replay.lag_budget_ms", "replay.max_in_flight",
-                "replay.request_timeout_s", "cost.gpus_per_server", "server.startup_timeout_s",
-                "search.trials", "search.top_k", "search.remeasure_repeats", "search.grid_per_octave",
-                "search.heartbeat_s", "search.grace_period_s", "search.model_top", "search.model_error",
-                "measurement.window_s",
-                "measurement.stable_windows", "measurement.stability_pct", "measurement.warmup_max_s",
-                "measurement.max_repeats",
-                "cost.price_per_hour",
-                "traffic.duration_s", "traffic.busiest_s", "search.timeout_s"):
-        positive(key)
-    for key in ("replay.warmup_s", "replay.workers", "traffic.start_s", "sla.max_error_rate",
-                "measurement.repeat_near_sla"):
-        positive(key, allow_zero=True)
     if not 0 < s.sla.percentile <= 100:
         raise SettingsError(f"{source}: sla.percentile: must be in (0, 100], got {s.sla.percentile}")
     if s.sla.max_error_rate > 1:
