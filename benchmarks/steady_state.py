@@ -3,7 +3,10 @@
   (a) the old way: measured right after the load, no warm-up, one measurement per step;
   (b) tuner's way: the warm-up to steady state after the load, and repeats near the SLA's limit;
   (c) the steady-state truth: after a long warm-up, a bisection whose every step is a long replay
-      at a constant speed (`--truth-step`, at least 60 s), started around (b)'s bracket.
+      at a constant speed (`--truth-step`, at least 60 s), started around (b)'s bracket, of the same
+      traffic a step of (b) judges: the profile's busiest stretch of `search.capacity.step_duration_s`,
+      played again and again back to back (a 60-s stretch of the profile instead would judge a
+      calmer stretch than (b) does: a different capacity, not a truer one).
 
     python benchmarks/steady_state.py [examples/quickstart.yaml] [--configs 16:2000,8:0,32:4000]
                                       [--truth-step 60] [--model encoder_sim]
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -26,9 +30,12 @@ from pathlib import Path
 import pandas as pd
 
 from tuner import evaluate, space
-from tuner.score import Hints
+from tuner.probe import Windows, make_probe
+from tuner.score import Hints, find_capacity
 from tuner.server import make_launcher
-from tuner.settings import load_study
+from tuner.settings import StudySettings, load_study
+from tuner.traffic import mean_rps, step_window
+from tuner.warmup import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,16 +75,12 @@ def main() -> int:
             cold(params)
             b = evaluate.make_measure(launcher, settings, traffic)(params, Hints())
             tb = time.monotonic() - t0
-            # (c): warm for long, then bisect with long steps from around (b)'s bracket
-            long_run = dataclasses.replace(settings, search=dataclasses.replace(
-                settings.search, capacity=dataclasses.replace(
-                    settings.search.capacity, step_duration_s=args.truth_step, tolerance=args.truth_tolerance,
-                    max_steps=6)),
-                measurement=dataclasses.replace(settings.measurement, warmup_max_s=120.0, max_repeats=1))
+            # (c): warm for long, then bisect with long steps of the same stretch from around (b)'s bracket
             t0 = time.monotonic()
             cold(params)
             start = (b.capacity_speed or settings.search.capacity.start_speed) * 0.9
-            c = evaluate.make_measure(launcher, long_run, traffic)(params, Hints(start_speed=start))
+            c = _truth(launcher, settings, traffic, params, start_speed=start, step_s=args.truth_step,
+                       tolerance=args.truth_tolerance)
             tc = time.monotonic() - t0
             truth = c.capacity_rps
             row = {
@@ -88,8 +91,7 @@ def main() -> int:
                 else "-",
                 "(b) error": _err(b.capacity_rps, truth), "(b) warm-up s": b.warmup.seconds if b.warmup else None,
                 "(c) truth": truth,
-                "(c) bracket": f"{c.capacity_rps:.1f}-{c.capacity.upper_rps:.1f}" if c.capacity and c.capacity.upper_rps
-                else "-",
+                "(c) bracket": f"{c.capacity_rps:.1f}-{c.upper_rps:.1f}" if c.upper_rps else "-",
                 "wall (a/b/c) s": f"{ta:.0f}/{tb:.0f}/{tc:.0f}",
             }
             rows.append(row)
@@ -100,6 +102,38 @@ def main() -> int:
     print(f"\n(b) within 5 % of the steady-state truth for {sum(within)} of {len(rows)} configurations; "
           f"load average {os.getloadavg()[0]:.2f}")
     return 0
+
+
+def repeated_step_windows(traffic: pd.DataFrame, settings: StudySettings, total_s: float) -> Windows:
+    """What a step of the capacity search replays at each speed (see `tuner.probe.step_windows`), its
+    measured stretch played again back to back until it lasts `total_s` wall seconds."""
+    measured_s = settings.search.capacity.step_duration_s
+    repeats = max(1, math.ceil(total_s / measured_s))
+
+    def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s)
+        first = float(part["timestamp"].iloc[0])
+        stretch_start = first + warmup * speed  # recorded seconds: where the measured stretch starts
+        stretch = part[part["timestamp"] >= stretch_start]
+        span = measured_s * speed
+        tiles = [part] + [stretch.assign(timestamp=stretch["timestamp"] + k * span) for k in range(1, repeats)]
+        return pd.concat(tiles, ignore_index=True), warmup, warmup + repeats * measured_s
+
+    return windows
+
+
+def _truth(launcher, settings: StudySettings, traffic: pd.DataFrame, params: dict, *, start_speed: float,
+           step_s: float, tolerance: float):
+    """The steady-state capacity: a long warm-up, then the bisection with every step `step_s` long."""
+    mbs = int(params["max_batch_size"])
+    long_warm = dataclasses.replace(settings, measurement=dataclasses.replace(settings.measurement,
+                                                                              warmup_max_s=120.0))
+    warm_up(launcher, long_warm, traffic, max_batch_size=mbs)
+    probe = make_probe(launcher, settings, repeated_step_windows(traffic, settings, step_s), max_batch_size=mbs,
+                       repeats=False)
+    cap = dataclasses.replace(settings.search.capacity, tolerance=tolerance, max_steps=6)
+    return find_capacity(probe, settings.sla, cap, start_speed=start_speed, min_speed=settings.traffic.speed,
+                         growth=evaluate.INFORMED_GROWTH, rate=mean_rps(traffic))
 
 
 def _err(value: float, truth: float) -> float | None:
