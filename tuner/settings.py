@@ -20,6 +20,7 @@ from tuner.errors import SettingsError
 from tuner.files import read_text
 
 LAUNCHERS = ("local", "docker", "remote")
+NETWORKS = ("host", "published")
 PROTOCOLS = ("http", "grpc")
 SAMPLERS = ("tpe", "gp", "random", "grid")
 STRATEGIES = ("measure", "model")  # measure every trial the sampler draws | rank in simulation, measure the top
@@ -27,7 +28,7 @@ SCORINGS = ("capacity", "utilization")
 PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice
 
 
-_RULE = "tuner.rule"  # a field's metadata: the bound its number must keep when it is set
+_RULE = "tuner.rule"  # a field's metadata: the bound its number keeps when set, or its choices
 
 
 def positive(default: float | int | None) -> typing.Any:
@@ -40,11 +41,16 @@ def at_least_zero(default: float | int | None) -> typing.Any:
     return field(default=default, metadata={_RULE: ">= 0"})
 
 
+def one_of(choices: tuple[str, ...], default: str) -> typing.Any:
+    """A field whose value must be one of `choices` (checked as the study loads)."""
+    return field(default=default, metadata={_RULE: choices})
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """Which Triton serves the trials (`server:`): a container, a local process or one already running."""
 
-    launcher: str = "local"
+    launcher: str = one_of(LAUNCHERS, "local")
     # remote: the running server's HTTP address (host:port) and optional gRPC address
     url: str | None = None
     grpc_url: str | None = None
@@ -52,7 +58,7 @@ class ServerSettings:
     image: str = "nvcr.io/nvidia/tritonserver:25.10-py3"
     gpus: str | int | list[int] | None = None
     shm_size: str = "256m"
-    network: str = "host"  # host (server bound to 127.0.0.1) | published (ports on 127.0.0.1)
+    network: str = one_of(NETWORKS, "host")  # host (server bound to 127.0.0.1) | published (ports on 127.0.0.1)
     environment: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = positive(120.0)
@@ -78,7 +84,6 @@ class TrafficSettings:
 class ReplaySettings:
     """How the load generator replays the traffic (`replay:`)."""
 
-    protocol: str = "http"
     warmup_s: float = at_least_zero(2.0)
     # send lag p99 above this makes a replay invalid (the load generator was the bottleneck)
     lag_budget_ms: float = positive(5.0)
@@ -86,6 +91,7 @@ class ReplaySettings:
     workers: int = at_least_zero(0)
     max_in_flight: int = positive(1000)
     request_timeout_s: float = positive(30.0)
+    protocol: str = one_of(PROTOCOLS, "http")  # tritonclient's HTTP or gRPC
 
 
 @dataclass(frozen=True)
@@ -152,13 +158,13 @@ class CapacitySettings:
 class SearchSettings:
     """The search (`search:`): the sampler, the budget and the space of each tuned parameter."""
 
-    sampler: str = "tpe"
+    sampler: str = one_of(SAMPLERS, "tpe")
     trials: int = positive(20)
     timeout_s: float | None = positive(None)
     seed: int = 0
     max_batch_size: IntRange = field(default_factory=lambda: IntRange(1, 64, log=True))
     max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
-    preferred_batch_size: str = "none"
+    preferred_batch_size: str = one_of(PREFERRED_STRATEGIES, "none")
     instance_count: IntRange | None = None
     # a bounded queue (dynamic_batching.default_queue_policy.max_queue_size; 0 = unbounded) rejects
     # requests instead of letting latency grow: tuned only when given a range
@@ -169,7 +175,7 @@ class SearchSettings:
     grid_per_octave: int = positive(1)  # grid sampler: points per doubling on a log-scale range (1: powers of two)
     # model: profile the model (or read `profile`), simulate the whole space, measure the incumbent and
     # the simulation's `model_top`; past a median error of `model_error` the sampler searches on
-    strategy: str = "measure"
+    strategy: str = one_of(STRATEGIES, "measure")
     profile: str | None = None
     model_top: int = positive(3)
     model_error: float = positive(0.2)
@@ -194,7 +200,7 @@ class StudySettings:
     measurement: MeasurementSettings = field(default_factory=MeasurementSettings)
     sla: SlaSettings = field(default_factory=SlaSettings)
     cost: CostSettings = field(default_factory=CostSettings)
-    scoring: str = "capacity"
+    scoring: str = one_of(SCORINGS, "capacity")
     search: SearchSettings = field(default_factory=SearchSettings)
     output: str = "runs/study"
     storage: str | None = None
@@ -247,15 +253,6 @@ def parse_host_port(text: str, *, where: str, schemes: tuple[str, ...] = ("http"
 
 # --- loading -------------------------------------------------------------------------------------
 
-_CHOICES = {
-    "server.launcher": LAUNCHERS,
-    "server.network": ("host", "published"),
-    "replay.protocol": PROTOCOLS,
-    "search.sampler": SAMPLERS,
-    "search.strategy": STRATEGIES,
-    "scoring": SCORINGS,
-    "search.preferred_batch_size": PREFERRED_STRATEGIES,
-}
 _PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir", "search.profile")
 
 
@@ -399,24 +396,23 @@ def _resolve_paths(settings: StudySettings, base: Path) -> StudySettings:
     )
 
 
-def _bounded(node, prefix: str = ""):
-    """(dotted key, rule, value) of every field with a bound, the sections walked in their order."""
+def _ruled(node, prefix: str = ""):
+    """(dotted key, rule, value) of every field with a rule (a bound or its choices), the sections
+    walked in their order."""
     for f in dataclasses.fields(node):
         value = getattr(node, f.name)
         if _RULE in f.metadata:
             yield prefix + f.name, f.metadata[_RULE], value
         elif dataclasses.is_dataclass(value):
-            yield from _bounded(value, f"{prefix}{f.name}.")
+            yield from _ruled(value, f"{prefix}{f.name}.")
 
 
 def _check(s: StudySettings, source: str) -> None:
-    for key, choices in _CHOICES.items():
-        value = _get(s, key)
-        if value not in choices:
-            raise SettingsError(f"{source}: {key}: must be one of {', '.join(choices)}, got {value!r}")
-
-    for key, rule, value in _bounded(s):
-        if value is not None and (value < 0 or (value == 0 and rule == "> 0")):
+    for key, rule, value in _ruled(s):
+        if isinstance(rule, tuple):
+            if value not in rule:
+                raise SettingsError(f"{source}: {key}: must be one of {', '.join(rule)}, got {value!r}")
+        elif value is not None and (value < 0 or (value == 0 and rule == "> 0")):
             raise SettingsError(f"{source}: {key}: must be {rule}, got {value!r}")
     if not 0 < s.sla.percentile <= 100:
         raise SettingsError(f"{source}: sla.percentile: must be in (0, 100], got {s.sla.percentile}")

@@ -72,10 +72,8 @@ class BatchLimits:
     def as_dict(self) -> dict:
         """The limits as JSON-ready values."""
         return {
-            "largest_recent": self.largest_recent,
-            "largest_ever": self.largest_ever,
-            "smallest_failing": self.smallest_failing,
-            "last_windows": self.last,
+            "largest_recent": self.largest_recent, "largest_ever": self.largest_ever,
+            "smallest_failing": self.smallest_failing, "last_windows": self.last,
             "recent_windows": [_plain(w) for w in self.recent_windows],
             "first_failures": {str(k): _plain(v) for k, v in self.first_failures.items()},
             "sizes": [{"size": s.size, "successes": s.successes, "failures": s.failures,

@@ -85,10 +85,7 @@ class QuietWindows:
     def as_dict(self) -> dict:
         """The quiet windows as JSON-ready values."""
         return {
-            "period_s": self.period_s,
-            "length_s": self.length_s,
-            "step_s": self.step_s,
-            "weight": self.weight,
+            "period_s": self.period_s, "length_s": self.length_s, "step_s": self.step_s, "weight": self.weight,
             "days": [{"day": w.day, "start_s": w.start_s, "offset_in_day_s": w.offset_s,
                       "start_timestamp": w.start_timestamp, "requests": json_number(w.requests),
                       "rps": json_number(w.rps), "day_rps": json_number(w.day_rps)} for w in self.windows],

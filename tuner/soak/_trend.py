@@ -216,28 +216,13 @@ def fit_trend(
         verdict = IMPROVING
     else:
         verdict = DRIFT if excludes_zero and practical else NO_DRIFT
-    downweighted = int(np.count_nonzero(weights < 1.0))
     return Trend(
-        figure=figure,
-        windows=n,
-        span_hours=(float(t.min()), float(t.max())),
-        level=level,
-        slope_per_hour=slope,
-        slope_low=low,
-        slope_high=high,
-        confidence=confidence,
-        p_value=p_value,
-        relative_per_hour=rel,
-        relative_low=rel_low,
-        relative_high=rel_high,
-        min_drift_per_hour=min_drift_per_hour,
-        verdict=verdict,
-        load=load,
-        load_ref=load_ref,
-        load_slope=float(beta[2]) if load else None,
-        downweighted=downweighted,
-        worse=worse,
-        notes=tuple(notes),
+        figure=figure, windows=n, span_hours=(float(t.min()), float(t.max())), level=level,
+        slope_per_hour=slope, slope_low=low, slope_high=high, confidence=confidence, p_value=p_value,
+        relative_per_hour=rel, relative_low=rel_low, relative_high=rel_high,
+        min_drift_per_hour=min_drift_per_hour, verdict=verdict, worse=worse,
+        load=load, load_ref=load_ref, load_slope=float(beta[2]) if load else None,
+        downweighted=int(np.count_nonzero(weights < 1.0)), notes=tuple(notes),
     )
 
 
