@@ -212,6 +212,43 @@ def test_interrupted_trial_is_failed_then_retried_and_no_finished_trial_is_lost(
     assert search.requeue_interrupted(again) == []  # retried once only
 
 
+class InterruptInsideAsk(optuna.samplers.RandomSampler):
+    """Signals this process from inside `study.ask()` of trial `at`: after Optuna has written the
+    trial's RUNNING row, before the objective runs (where a Ctrl-C used to leave the trial RUNNING)."""
+
+    def __init__(self, at: int, signum: int):
+        super().__init__(seed=1)
+        self.at, self.signum = at, signum
+
+    def before_trial(self, study, trial):
+        super().before_trial(study, trial)
+        if trial.number == self.at:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("at", [0, 2])  # the enqueued incumbent; a trial the sampler draws
+def test_an_interrupt_inside_optunas_bookkeeping_fails_its_trial_and_the_study_resumes(tmp_path, signum, at):
+    from tuner.errors import Terminated, sigterm_as_interrupt
+
+    s = settings(tmp_path, trials=5)
+    study = new_study(s)
+    study.sampler = InterruptInsideAsk(at, signum)
+    with pytest.raises(Terminated if signum == signal.SIGTERM else KeyboardInterrupt), sigterm_as_interrupt():
+        search.run_trials(study, s, FakeEvaluation(), n_trials=5)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * at + [TrialState.FAIL]
+    assert trials[at].user_attrs["error_kind"] == "interrupted"
+
+    again = new_study(s)
+    assert search.requeue_interrupted(again) == ([at] if at == 0 else [])  # the incumbent is measured again
+    fake = FakeEvaluation()
+    search.run_trials(again, s, fake, n_trials=5)
+    measured = [t for t in again.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(measured) == 5 and not again.get_trials(states=(TrialState.RUNNING,))
+    assert INCUMBENT in [t.params for t in measured]
+
+
 def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_retried(tmp_path):
     s = settings(tmp_path, trials=3)
     journal = tmp_path / "out" / "study.journal"

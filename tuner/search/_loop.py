@@ -8,7 +8,8 @@ around it, readable top to bottom in `run_trials`:
   infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
   failing several trials in a row (no server to talk to) stops it;
 - the capacity search starts at the best capacity so far and is pruned once measurably below it;
-- a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes; a trial
+- a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes (an
+  interrupt is held back while Optuna creates or records a trial: `_interrupts`); a trial
   whose worker died (kill -9, a host lost) is found by Optuna's heartbeat after the grace period and
   enqueued again by `RetryHeartbeatStaleTrialCallback`, so the remaining workers measure it;
 - the loop ends when the study holds `n_trials` trials (all workers together), the grid is used up,
@@ -35,6 +36,7 @@ from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerErro
 from tuner.localhost import pid_alive
 from tuner.score import Hints
 from tuner.search._hosts import Host, this_host
+from tuner.search._interrupts import InterruptGuard
 from tuner.search._results import best_trial
 from tuner.search._store import fail_dead_local_trials, open_storage
 from tuner.search._urls import is_journal
@@ -93,15 +95,16 @@ def hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
 
 def spent(study: optuna.Study) -> int:
     """Trials that count against the budget, all workers together: every trial begun, except those
-    failed and enqueued again (an interruption, a dead worker: their retry counts instead) and the
-    duplicates a grid study skipped."""
+    failed and enqueued again (an interruption, a dead worker: their retry counts instead), those
+    interrupted before a configuration was drawn, and the duplicates a grid study skipped."""
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     with warnings.catch_warnings():  # marked experimental in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return sum(t.state != TrialState.WAITING and t.number not in retried
-               and t.user_attrs.get("error_kind") != DUPLICATE for t in trials)
+               and t.user_attrs.get("error_kind") != DUPLICATE
+               and not (t.user_attrs.get("error_kind") == INTERRUPTED and not drawn(t)) for t in trials)
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
@@ -115,14 +118,22 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     retried = {t.user_attrs.get("retry_of") for t in trials}
     again = []
     for t in trials:
-        if t.state != TrialState.FAIL or t.number in retried or not t.params:
+        params = drawn(t)
+        if t.state != TrialState.FAIL or t.number in retried or not params:
             continue
         if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
             continue
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number,
+        study.enqueue_trial(params, user_attrs={"retry_of": t.number,
                                                   **({"incumbent": True} if t.user_attrs.get("incumbent") else {})})
         again.append(t.number)
     return again
+
+
+def drawn(trial: optuna.trial.FrozenTrial) -> dict:
+    """The configuration a trial measured or was to measure: its parameters, or those it was enqueued
+    with (the incumbent, a retry) when it was interrupted before asking for them. Empty for a trial
+    interrupted before the sampler drew anything: it measured nothing, and there is nothing to retry."""
+    return trial.params or dict(trial.system_attrs.get("fixed_params") or {})
 
 
 def is_journal_study(study: optuna.Study) -> bool:
@@ -151,7 +162,19 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
     ran = 0
     failures = 0  # setup failures in a row
 
+    guard = InterruptGuard()
+
     def objective(trial: optuna.Trial) -> float:
+        try:
+            with guard.open():
+                return measured(trial)
+        except KeyboardInterrupt:
+            if "error_kind" not in trial.user_attrs:
+                trial.set_user_attr("error", INTERRUPTED)
+                trial.set_user_attr("error_kind", INTERRUPTED)
+            raise
+
+    def measured(trial: optuna.Trial) -> float:
         nonlocal failures, ran
         for key, value in host.as_dict().items():
             trial.set_user_attr(key, value)
@@ -165,10 +188,6 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             raise _TrialFailed(DUPLICATE)
         try:
             record = evaluate(params, hints(study, settings.scoring))
-        except KeyboardInterrupt:
-            trial.set_user_attr("error", INTERRUPTED)
-            trial.set_user_attr("error_kind", INTERRUPTED)
-            raise
         except TunerError as exc:
             trial.set_user_attr("error", str(exc)[:500])
             trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))
@@ -189,15 +208,16 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
         return record.value(settings.scoring)
 
     def stop_at_budget(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if on_trial is not None:
-            on_trial(trial)
+        with guard.open():
+            if on_trial is not None:
+                on_trial(trial)
         if spent(study) >= n_trials or _grid_used_up(study, settings):
             study.stop()
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial is said by tuner, in one line
     try:
-        with warnings.catch_warnings():
+        with guard, warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             while True:
                 waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -214,7 +234,8 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break
-                time.sleep(min(settings.search.heartbeat_s, 5))  # another worker's trial: alive or stale?
+                with guard.open():
+                    time.sleep(min(settings.search.heartbeat_s, 5))  # another worker's trial: alive or stale?
     finally:
         optuna.logging.set_verbosity(verbosity)
     return ran
