@@ -56,6 +56,8 @@ class Baseline:
 
 @dataclass(frozen=True)
 class Finding:
+    """One check of an audit: what was checked, the value found, its verdict and why."""
+
     check: str
     value: str
     verdict: str  # ok | watch | inefficient | broken | info
@@ -64,6 +66,8 @@ class Finding:
 
 @dataclass(frozen=True)
 class AuditResult:
+    """What an audit found: the deployed config's figures, the baseline it is compared with, the findings."""
+
     model: str
     server: str
     params: dict  # the deployed values of the tuned fields
@@ -76,6 +80,7 @@ class AuditResult:
 
     @property
     def exit_code(self) -> int:
+        """The exit code of `tuner audit`: unmeasured, SLA broken, inefficient or healthy."""
         if self.result.outcome in NO_VERDICT:
             return EXIT_UNMEASURED
         if not self.result.meets_sla:
@@ -85,6 +90,7 @@ class AuditResult:
         return EXIT_HEALTHY
 
     def as_dict(self) -> dict:
+        """The result as a plain, JSON-able dict (what `tuner audit --json` writes)."""
         return {
             "model": self.model, "server": self.server, "params": self.params,
             "outcome": self.result.outcome,
@@ -150,6 +156,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
 
 
 def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> list[Finding]:
+    """The audit's findings: the SLA and fill rate at the recorded load, the capacity, the ratio, the soak."""
     r, load = a.result, a.result.at_load
     pct = f"p{settings.sla.percentile:g}"
     if r.outcome == UNMEASURED:

@@ -42,15 +42,18 @@ class Price:
 
 @lru_cache(maxsize=1)
 def price_table() -> dict:
+    """The shipped price table (tuner/data/prices.yaml), read once."""
     text = resources.files("tuner").joinpath("data/prices.yaml").read_text()
     return yaml.safe_load(text)
 
 
 def gpu_names() -> list[str]:
+    """The GPU names `cost.gpu` accepts: `cpu` and every GPU of the price table."""
     return ["cpu", *price_table()["gpus"]]
 
 
 def price_for(cost: CostSettings) -> Price:
+    """One server's price under the study's `cost` section (see the module doc for the rules)."""
     n = cost.gpus_per_server
     if cost.price_per_hour is not None:
         # `gpu` defaults to "cpu": beside a price of the user's own it names nothing the user said

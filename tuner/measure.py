@@ -25,6 +25,8 @@ import pandas as pd
 
 @dataclass(frozen=True)
 class Measurement:
+    """One replay's figures over its measured window, with Triton's statistics deltas over it."""
+
     # offered load and what came back, over the measured window (warm-up excluded)
     speed: float                    # replay speed s
     offered_rps: float              # requests due per second in the measured window

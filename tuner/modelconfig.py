@@ -39,6 +39,7 @@ def parse(text: str, source: str = "<config>") -> ModelConfig:
 
 
 def load(path: str | Path) -> ModelConfig:
+    """The config.pbtxt at `path`, parsed; ConfigError when it cannot be read or parsed."""
     path = Path(path)
     try:
         text = path.read_text()

@@ -80,6 +80,7 @@ class ExecutionSize:
 
     @property
     def tokens(self) -> int:
+        """The execution's padded tokens: rows x length."""
         return self.rows * self.length
 
 

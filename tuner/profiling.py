@@ -97,6 +97,7 @@ class Sample(ExecutionSize):
 
     @property
     def out_of_memory(self) -> bool:
+        """Whether the request failed because the server ran out of memory."""
         return not self.ok and bool(OOM_ERROR.search(self.error))
 
 

@@ -23,6 +23,8 @@ Probe = Callable[[float], Measurement]
 
 @dataclass(frozen=True)
 class SlaCheck:
+    """The SLA check of one measurement: whether it holds, the latency, the error rate and the violation."""
+
     ok: bool
     latency_ms: float  # at the SLA's percentile
     error_rate: float
@@ -33,6 +35,7 @@ class SlaCheck:
 
 
 def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:
+    """Whether `m` meets the SLA: its latency at the SLA's percentile, its error rate and the violation."""
     latency = m.latency(sla.percentile)
     over_latency = latency / sla.latency_ms - 1.0
     # an error budget of 0 allows no errors at all: any error breaks it by 1 (100%)
@@ -69,12 +72,14 @@ def utilization_score(m: Measurement, price_per_hour: float) -> float | None:
 
 
 def servers_needed(peak_rps: float, capacity_rps: float) -> int | None:
+    """Servers of `capacity_rps` each that serve `peak_rps` (at least 1; None without a capacity)."""
     if capacity_rps <= 0:
         return None
     return max(1, math.ceil(peak_rps / capacity_rps - 1e-9))
 
 
 def monthly_cost(servers: int | None, price_per_hour: float) -> float | None:
+    """What `servers` servers cost per month (None when the number of servers is unknown)."""
     return None if servers is None else servers * price_per_hour * HOURS_PER_MONTH
 
 
@@ -83,11 +88,14 @@ def monthly_cost(servers: int | None, price_per_hour: float) -> float | None:
 
 @dataclass(frozen=True)
 class Step:
+    """One step of the capacity search: the speed replayed, its measurement and its SLA check."""
+
     speed: float
     measurement: Measurement
     sla: SlaCheck
     @property
     def valid(self) -> bool:
+        """Whether the step's replay kept its send-lag budget (if not, it says nothing of the server)."""
         return self.measurement.valid
 
     @property
@@ -98,6 +106,8 @@ class Step:
 
 @dataclass(frozen=True)
 class Capacity:
+    """Where the capacity search ended: the highest passing speed and its rate, the lowest failing one."""
+
     speed: float                 # highest speed that met the SLA (0 when none did)
     capacity_rps: float          # offered rate at that speed
     upper_speed: float | None    # lowest speed that broke the SLA (None: none did)
@@ -109,6 +119,7 @@ class Capacity:
 
     @property
     def at_capacity(self) -> Measurement | None:
+        """The measurement at the capacity speed that met the SLA (None when no step passed)."""
         passing = [s for s in self.steps if s.valid and s.sla.ok and s.speed == self.speed]
         return passing[-1].measurement if passing else None
 

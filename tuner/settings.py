@@ -257,6 +257,7 @@ _PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir"
 
 
 def load_study(path: str | Path) -> StudySettings:
+    """The study YAML at `path`, validated, its relative paths resolved against its folder."""
     path = Path(path)
     data = _read_yaml(path)
     settings = _build(StudySettings, data, str(path), "")
@@ -266,6 +267,7 @@ def load_study(path: str | Path) -> StudySettings:
 
 
 def study_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<study>") -> StudySettings:
+    """The study of already-parsed YAML `data`, validated, its relative paths resolved against `base_dir`."""
     settings = _resolve_paths(_build(StudySettings, data, source, ""), Path(base_dir))
     _check(settings, source)
     return settings

@@ -108,6 +108,8 @@ class Bracket:
 
 @dataclass(frozen=True)
 class TrialRecord:
+    """What a trial measured: its figures at the recorded load, capacity bracket, scores and outcome."""
+
     params: Params
     outcome: str = MEASURED
     at_load: Figures | None = None
@@ -128,10 +130,12 @@ class TrialRecord:
 
     @property
     def capacity_rps(self) -> float:
+        """The trial's capacity, as requests/s (0 when it was not searched)."""
         return self.capacity.rps if self.capacity else 0.0
 
     @property
     def capacity_speed(self) -> float:
+        """The replay speed at the trial's capacity (0 when it was not searched)."""
         return self.capacity.speed if self.capacity else 0.0
 
     @property

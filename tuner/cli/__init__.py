@@ -32,6 +32,7 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `tuner` argument parser, every command group registered on it."""
     parser = argparse.ArgumentParser(
         prog="tuner",
         description="Find the Triton dynamic-batching configuration that serves recorded traffic "
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `tuner` command in `argv` (default: sys.argv); its exit code (an error: one line on stderr)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

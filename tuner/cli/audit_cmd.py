@@ -10,6 +10,7 @@ from tuner.cli._args import add_command, add_flag, add_json, add_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner audit` to `subparsers`."""
     p = add_command(
         subparsers,
         "audit",
@@ -32,6 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Audit the study's deployment and print the findings; the audit's exit code."""
     from tuner.audit import audit, format_audit, load_baseline
     from tuner.settings import load_study, parse_host_port, with_overrides
 

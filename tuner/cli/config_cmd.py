@@ -14,6 +14,7 @@ from tuner.files import write_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner config check|set|show` to `subparsers`."""
     sub = add_group(
         subparsers, "config", help="check, change or show a model's config.pbtxt",
         description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling rules "

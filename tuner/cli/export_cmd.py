@@ -11,6 +11,7 @@ from tuner.errors import SettingsError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner export` to `subparsers`."""
     parser = add_command(
         subparsers,
         "export",
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write (or, from a storage without -o, print) a finished study's recommended config.pbtxt; exit 0."""
     if bool(args.output_dir) == bool(args.storage):
         raise SettingsError("give either OUTPUT_DIR or --storage URL (not both)")
     if args.output_dir:

@@ -20,6 +20,7 @@ from tuner.tune import finish, outputs_from_storage
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner finish` to `subparsers`."""
     parser = add_command(
         subparsers,
         "finish",
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Re-measure a shared study's best here (or only read its storage), write the outputs; the exit code."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.study is None and not (args.no_remeasure and args.storage and args.output):
         raise SettingsError("give STUDY.yaml, or --storage URL --output DIR --no-remeasure (the outputs "

@@ -9,6 +9,7 @@ from tuner.cli._args import add_command, add_flag
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner nightly` to `subparsers`."""
     p = add_command(
         subparsers,
         "nightly",
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run one night (or show the history, or check the settings) and print it; the night's exit code."""
     from tuner.nightly import format_history, load_nightly, read_history
 
     if args.history:

@@ -26,6 +26,7 @@ COUNTS = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner profile` to `subparsers`."""
     p = add_command(
         subparsers,
         "profile",
@@ -45,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Measure the model's profile on the study's server, print it and write the profile CSV; exit 0."""
     from tqdm import tqdm
 
     from tuner.errors import SettingsError

@@ -16,6 +16,7 @@ from tuner.settings import load_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner replay` to `subparsers`."""
     p = add_command(
         subparsers,
         "replay",

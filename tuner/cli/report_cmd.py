@@ -8,6 +8,7 @@ from tuner.cli._args import add_command, add_tune_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner report` to `subparsers`."""
     parser = add_command(subparsers, "report", run=run,
                          help="write report.html (plots) for a tuner tune output directory",
                          description="Write OUTPUT_DIR/report.html: the recommendation, every trial, "
@@ -18,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Write the output directory's HTML reports and print their paths; exit 0."""
     from tuner.report import write_reports  # plotly and optuna load only for this command
 
     for path in write_reports(args.output_dir):

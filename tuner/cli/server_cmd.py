@@ -9,6 +9,7 @@ from tuner.server.install import find_tritonserver
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner server install` to `subparsers`."""
     parser = subparsers.add_parser(
         "server", help="manage the local Triton server binary",
         description="The tritonserver binary the local launcher runs (from the nvidia-pytriton wheel, "

@@ -41,6 +41,7 @@ FIGURES = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner simulate` to `subparsers`."""
     p = add_command(
         subparsers,
         "simulate",
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Rank the study's space in simulation and print the top rows; exit 0, or 3 when none met the SLA."""
     import pandas as pd
     from tqdm import tqdm
 

@@ -43,6 +43,7 @@ RESTART = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner soak` to `subparsers`."""
     p = add_command(
         subparsers,
         "soak",
@@ -72,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Soak one configuration and print the findings; exit 10 when drift was detected, else 0."""
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner import space
     from tuner.evaluate import study_traffic

@@ -56,6 +56,7 @@ TRAFFIC_FILE = "traffic file to write (.csv or .parquet)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner traffic` and its subcommands to `subparsers`."""
     sub = add_group(
         subparsers, "traffic", help="inspect, import, synthesize and cut recorded traffic profiles",
         description="Recorded traffic profiles: one row per request (timestamp, batch_size, shape "

@@ -19,6 +19,7 @@ from tuner.tune import Handover, Progress, check_table, prepare, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `tuner tune` to `subparsers`."""
     parser = add_command(
         subparsers,
         "tune",
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the study (or only check it, with --check) and print its outcome; the exit code."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says what matters
     settings = load_study(args.study)
     if args.output:

@@ -33,6 +33,7 @@ def profile(df: pd.DataFrame) -> dict[str, float]:
 
 
 def size_columns(df: pd.DataFrame) -> list[str]:
+    """The traffic's size columns: `batch_size` and every shape column."""
     return [BATCH_SIZE, *shape_columns(df)]
 
 
@@ -75,6 +76,7 @@ def drift_table(previous: pd.DataFrame | None, current: pd.DataFrame, threshold:
 
 
 def drifted(table: pd.DataFrame) -> list[str]:
+    """The names of the figures the drift table flags as drifted."""
     return [str(m) for m in table.loc[table["drift"], "metric"]]
 
 
@@ -89,6 +91,7 @@ def format_drift(table: pd.DataFrame) -> str:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
+    """The drift table as a Markdown table, drifted figures in bold."""
     lines = ["| metric | previous | current | change | drift |", "|---|---:|---:|---:|---|"]
     for r in table.itertuples(index=False):
         change = "" if r.change != r.change else f"{r.change:+.0%}"

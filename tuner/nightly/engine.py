@@ -44,6 +44,7 @@ class RealEngine:
         self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
 
     def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
+        """The search's best and production's own trial, after the enqueued trials and `trials` more."""
         workdir.mkdir(parents=True, exist_ok=True)
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
         storage = f"sqlite:///{workdir / 'study.db'}"
@@ -69,6 +70,7 @@ class RealEngine:
         return SearchResult(search.config_of(feasible[0]), float(feasible[0].value), done, len(feasible), prod_value)
 
     def replay(self, params: dict, arm: str) -> ArmResult:
+        """One confirmation replay of `params` as the rule reads it, as arm `arm`."""
         if self.load_replay is not None:
             record = self.load_replay(dict(params))
         else:

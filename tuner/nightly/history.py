@@ -21,10 +21,12 @@ HISTORY_NAME = "history.jsonl"
 
 
 def history_path(output: str | Path) -> Path:
+    """Where the history lives: `<output>/history.jsonl`."""
     return Path(output) / HISTORY_NAME
 
 
 def append_night(output: str | Path, entry: dict) -> Path:
+    """The history file, with `entry` appended as one JSON line (after a torn last line, on a new one)."""
     path = history_path(output)
     line = json.dumps(entry, sort_keys=True, default=_plain) + "\n"
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -66,6 +68,7 @@ def _params(p: dict | None) -> str:
 
 
 def history_table(nights: list[dict]) -> pd.DataFrame:
+    """One row per night: the decision, both configurations, the gain, the rate, the drift and why."""
     rows = []
     for n in nights:
         gain = n.get("gain")
@@ -87,6 +90,7 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
 
 
 def format_history(nights: list[dict]) -> str:
+    """The nights as an aligned text table (a line saying so when there are none)."""
     if not nights:
         return "no nights recorded yet"
     return history_table(nights).to_string(index=False)

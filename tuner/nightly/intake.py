@@ -20,6 +20,7 @@ TRACE_SUFFIXES = (".json",)
 
 
 def traffic_files(path: str | Path, pattern: str = "*") -> list[Path]:
+    """The traffic files at `path`: the file itself, or a directory's tables and traces matching `pattern`."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -34,6 +35,7 @@ def traffic_files(path: str | Path, pattern: str = "*") -> list[Path]:
 
 
 def read_any(path: Path) -> pd.DataFrame:
+    """One traffic file as a table: a Triton trace imported, a recorded table read."""
     if path.suffix.lower() in TRACE_SUFFIXES:
         return import_triton_trace(path)
     return read_traffic(path)

@@ -48,6 +48,8 @@ TRAFFIC_FILE = "traffic.parquet"
 
 @dataclass(frozen=True)
 class SearchResult:
+    """What tonight's search found: the best feasible parameters and score, the counts, production's score."""
+
     best: dict | None                 # parameters of the best feasible trial; None: none met the SLA
     best_requests_per_dollar: float | None = None
     trials: int = 0
@@ -57,6 +59,8 @@ class SearchResult:
 
 
 class Engine(Protocol):
+    """How a night reaches the server: a warm-started search and single replays of a configuration."""
+
     def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
         """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
         the best and production's own trial."""
@@ -71,6 +75,8 @@ EngineFactory = Callable[[StudySettings, ModelConfig, Path, Path], AbstractConte
 
 @dataclass(frozen=True)
 class NightResult:
+    """What a night did: the decision, its run directory, both configurations, the pairs, the history line."""
+
     decision: Decision
     run_dir: Path
     production: dict
@@ -80,10 +86,12 @@ class NightResult:
 
     @property
     def exit_code(self) -> int:
+        """The exit code of the night's decision."""
         return self.decision.exit_code
 
 
 def config_diff(production: ModelConfig, proposed: ModelConfig, prod_name: str) -> str:
+    """A unified diff from production's config.pbtxt to the proposed one."""
     return "".join(difflib.unified_diff(
         modelconfig.to_text(production).splitlines(keepends=True),
         modelconfig.to_text(proposed).splitlines(keepends=True),
@@ -157,6 +165,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
 
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
               now: datetime | None = None) -> NightResult:
+    """What one nightly run decided, after it has written its run directory and its history line."""
     study = load_study_for(settings)
     prod_path = production_config_path(settings, study)
     production_cfg = modelconfig.load(prod_path)

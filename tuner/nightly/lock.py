@@ -23,6 +23,7 @@ class LockedError(TunerError):
 
 @contextmanager
 def run_lock(output: str | Path):
+    """Hold `<output>/nightly.lock` for the block (yields its path); LockedError if another run holds it."""
     root = Path(output)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_NAME

@@ -47,6 +47,8 @@ class ArmResult:
 
 @dataclass(frozen=True)
 class Decision:
+    """What the rule decided: change or keep, why, the exit code and the gain of each pair."""
+
     decision: str            # "change" or "keep"
     reason: str
     exit_code: int
@@ -54,10 +56,12 @@ class Decision:
 
     @property
     def min_gain(self) -> float | None:
+        """The worst pair's gain (None without gains)."""
         return min(self.gains) if self.gains else None
 
     @property
     def median_gain(self) -> float | None:
+        """The median of the pairs' gains (None without gains)."""
         if not self.gains:
             return None
         g = sorted(self.gains)
@@ -66,10 +70,12 @@ class Decision:
 
 
 def keep(reason: str, exit_code: int = EXIT_KEEP, gains: tuple[float, ...] = ()) -> Decision:
+    """A decision to keep production, for `reason`."""
     return Decision("keep", reason, exit_code, gains)
 
 
 def pair_gain(production: ArmResult, candidate: ArmResult) -> float:
+    """Candidate / production requests per dollar - 1 (-1: no candidate score; inf: no production score)."""
     c, p = candidate.requests_per_dollar, production.requests_per_dollar
     if c is None or not c > 0:
         return -1.0

@@ -34,6 +34,7 @@ def clear_stale_staging(output: str | Path) -> list[Path]:
 
 
 def staging_dir(output: str | Path, stamp: str) -> Path:
+    """A new staging directory for the night `stamp`, named with this process's pid."""
     d = Path(output) / f"{STAGING_PREFIX}{stamp}-{os.getpid()}"
     d.mkdir(parents=True)
     return d
@@ -59,5 +60,6 @@ def publish(staging: Path, output: str | Path, stamp: str) -> Path:
 
 
 def run_dirs(output: str | Path) -> list[Path]:
+    """The published run directories under `<output>/runs`, oldest first."""
     runs = Path(output) / RUNS
     return sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []

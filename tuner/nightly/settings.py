@@ -20,6 +20,8 @@ from tuner.settings import StudySettings, _build, _read_yaml, load_study, with_o
 
 @dataclass(frozen=True)
 class NightTraffic:
+    """Tonight's traffic (`traffic:`): its file or directory, the hours kept, the glob of the files read."""
+
     # a traffic file (.csv/.parquet), a Triton trace (.json), or a directory of them
     path: str
     hours: float = 24.0          # keep the last N hours by timestamp
@@ -28,12 +30,16 @@ class NightTraffic:
 
 @dataclass(frozen=True)
 class NightSearch:
+    """The nightly search (`search:`): its trial budget and optional time limit."""
+
     trials: int = 8              # trials after the enqueued ones (previous best, production)
     timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
 class Confirm:
+    """The confirmation (`confirm:`): the production/candidate pairs replayed, the margin and the rule."""
+
     pairs: int = 3               # production/candidate replays, alternated A/B/A/B...
     margin: float = 0.05         # the candidate must beat production's requests per dollar by this
     rule: str = "all_replays"    # all_replays | every_pair (see tuner/nightly/rule.py)
@@ -41,11 +47,15 @@ class Confirm:
 
 @dataclass(frozen=True)
 class Drift:
+    """The drift check (`drift:`): the relative change above which a traffic figure has drifted."""
+
     threshold: float = 0.2       # a relative change above this is flagged as drift
 
 
 @dataclass(frozen=True)
 class NightlySettings:
+    """A nightly YAML: its study, tonight's traffic, production's config, the search, confirmation, drift."""
+
     study: str                    # the study YAML
     traffic: NightTraffic
     # dotted study keys replaced for the nightly run, e.g. {"server.launcher": "docker"}
@@ -59,6 +69,7 @@ class NightlySettings:
 
 
 def load_nightly(path: str | Path) -> NightlySettings:
+    """The nightly YAML at `path`, validated, its relative paths resolved against its folder."""
     path = Path(path)
     data = _read_yaml(path)
     if "source" in data:
@@ -83,6 +94,7 @@ def load_study_for(settings: NightlySettings) -> StudySettings:
 
 
 def production_config_path(settings: NightlySettings, study: StudySettings) -> Path:
+    """Production's config.pbtxt: the nightly YAML's `production`, else the study model's own."""
     if settings.production:
         return Path(settings.production)
     return Path(study.model_repository) / study.model / "config.pbtxt"
@@ -105,6 +117,7 @@ def _resolve(s: NightlySettings, base: Path) -> NightlySettings:
 
 
 def check(s: NightlySettings, source: str) -> None:
+    """Raise SettingsError for a value a night cannot run with (paths, budgets, the confirmation)."""
     if not s.study:
         raise SettingsError(f"{source}: study: must name a study YAML")
     if not s.traffic.path:

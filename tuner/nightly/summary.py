@@ -11,12 +11,14 @@ from tuner.nightly.rule import ArmResult, Decision, pair_gains
 
 
 def params_text(params: dict | None) -> str:
+    """The parameters as `key=value` code spans, by name (`-` for none)."""
     if not params:
         return "-"
     return ", ".join(f"`{k}={v}`" for k, v in sorted(params.items()))
 
 
 def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: float = 99.0) -> str:
+    """The confirmation pairs as a Markdown table: each arm's requests per dollar and latency, the gain."""
     q = f"p{percentile:g}"
     lines = [f"| pair | production req/$ | candidate req/$ | gain | production {q} ms | "
              f"candidate {q} ms | candidate SLA |",
@@ -46,6 +48,7 @@ def markdown_summary(
     diff: str = "",
     soak: list[str] | tuple[str, ...] = (),
 ) -> str:
+    """The night as Markdown: the decision, both configs, the confirmation, the drift, the diff."""
     title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
     out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
            f"**Decision: {decision.decision}** (exit {decision.exit_code}): {decision.reason}.", "",

@@ -102,6 +102,7 @@ class Connections:
         self._idle.extend(self._connect() for _ in range(count))
 
     def close(self) -> None:
+        """Close every idle connection."""
         while self._idle:
             self._idle.pop().close()
 

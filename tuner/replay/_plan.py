@@ -36,6 +36,8 @@ MAX_REQUEST_BYTES = 64 << 20
 
 @dataclass(frozen=True)
 class InputPlan:
+    """One model input as the replay sends it: name, datatype, dims and the traffic column of each dim."""
+
     name: str
     datatype: str
     dims: tuple[int, ...]  # without the batch dim; -1 = variable
@@ -55,6 +57,7 @@ class RequestPlan:
     shape_ids: np.ndarray
 
     def to_json(self) -> dict:
+        """The plan as the load generator's spec reads it: model, inputs, outputs and shapes."""
         return {
             "model": self.model,
             "inputs": [{"name": i.name, "datatype": i.datatype} for i in self.inputs],
@@ -102,6 +105,7 @@ def statistics(http: str, model: str) -> dict:
 
 
 def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> RequestPlan:
+    """The tensors of every traffic row for this model (see the module doc); TrafficError if unfit."""
     model = metadata.get("name") or config.get("name", "?")
     max_batch = int(config.get("max_batch_size", 0))
     batched = max_batch > 0

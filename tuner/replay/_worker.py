@@ -97,6 +97,7 @@ class DueTimer:
         self._watcher = self.hub.loop.io(fd, 1)
 
     def wait_until(self, due: float) -> None:
+        """Return at monotonic time `due`, the gevent loop running meanwhile."""
         if not self.precise:
             gevent.sleep(max(0.0, due - time.monotonic()))
             return
@@ -125,10 +126,12 @@ class GcPauses:
         self.max_ms = max(self.max_ms, pause)
 
     def reset(self) -> None:
+        """Forget the pauses counted so far."""
         self.count, self.max_ms, self.total_ms = 0, 0.0, 0.0
 
 
 def cpu_seconds() -> float:
+    """The CPU seconds, user and system, this process has used."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
@@ -242,6 +245,7 @@ class Share:
         self.index = index
 
     def frame(self, t0: float) -> pd.DataFrame:
+        """The share's records, one row per request, times from `t0` (unsent or unanswered: an error)."""
         error = np.full(len(self.rows), "", dtype=object)
         # Requests still open when the walk was given up on (request timeout + 5 s).
         error[np.isnan(self.end) & ~np.isnan(self.send)] = "no response before the replay ended"
@@ -296,6 +300,7 @@ class Replayer:
         gc.freeze()
 
     def assign(self, index: int, count: int, t0: float) -> None:
+        """Take rows `index`, `index + count`, ... of the schedule and start the walk at `t0`."""
         self.share = Share(self.schedule, index, count)
         self.t0 = t0
         self.started.set()
@@ -341,11 +346,13 @@ class Replayer:
                 return
 
     def fail(self, exc: BaseException) -> None:
+        """Record the walk's failure and let the process finish."""
         log.error("the replay failed: %s", exc, exc_info=exc)
         self.error = f"{type(exc).__name__}: {exc}"
         self.finished.set()
 
     def run(self) -> None:
+        """Walk the share from t0, wait for the requests in flight and write the records (once)."""
         if self.walked:
             return
         self.walked = True
@@ -406,6 +413,7 @@ class Replayer:
             gevent.sleep(PROGRESS_EVERY_S)
 
     def summary(self) -> dict:
+        """What the walk cost and met: CPU and wall time, GC pauses, slack, connections, events."""
         return {"index": self.share.index, "cpu_s": self.cpu_s, "wall_s": self.wall_s,
                 "requests": len(self.share.rows), "gc_pauses": self.gc.count,
                 "gc_max_ms": self.gc.max_ms, "gc_total_ms": self.gc.total_ms, "slack_ms": self.slack_ms,
@@ -420,6 +428,7 @@ class ScheduleUser(User):
 
     @task
     def walk(self) -> None:
+        """Walk this process's share of the schedule once, then stop the user."""
         # Locust runs a task again after an exception: a failed walk must stop, not restart.
         try:
             self.replayer.run()
@@ -429,6 +438,7 @@ class ScheduleUser(User):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the load generator in `argv`'s role on its spec; the process's exit code."""
     parser = argparse.ArgumentParser(prog="python -m tuner.replay")
     parser.add_argument("spec")
     parser.add_argument("--role", choices=("local", "master", "worker"), default="local")

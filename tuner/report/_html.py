@@ -166,11 +166,13 @@ def simulation_section(out: StudyOutput, plotlyjs: bool | str) -> str:
 
 
 def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
+    """The `k` best feasible trials as a table: parameters, capacity, score, latency, fill rate."""
     columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, "fill_rate"]
     return out.top_trials(k)[columns].round(2).set_index("number")
 
 
 def config_diff(out: StudyOutput) -> str:
+    """The incumbent-to-recommended config.pbtxt diff as HTML (a note when a config is missing)."""
     if out.incumbent_config is None or not out.recommended_config:
         return "<p class='notes'>No diff: a config.pbtxt is missing (see the notes at the end).</p>"
     lines = difflib.unified_diff(config_text(out.incumbent_config).splitlines(),
@@ -197,6 +199,7 @@ SECTIONS: list[tuple[str, Callable[[StudyOutput], go.Figure | None]]] = [
 
 
 def render(out: StudyOutput) -> str:
+    """The study's report as one HTML page: the recommendation, the figures, top trials, the diff, notes."""
     parts = []
     plotlyjs: bool | str = True  # the first figure carries plotly.js, the others reuse it
     for title, build in SECTIONS:

@@ -83,10 +83,12 @@ class StudyOutput:
     # --- the numbers the report leads with --------------------------------------------------
     @property
     def sla(self) -> dict[str, float]:
+        """The study's SLA from the summary: latency_ms, percentile and max_error_rate."""
         return sla_of(self.summary)
 
     @property
     def price_per_hour(self) -> float | None:
+        """One server's price per hour, from the summary (None when it has none)."""
         value = self.summary.get("price_per_hour")
         return float(value) if value is not None else None
 
@@ -154,6 +156,7 @@ class StudyOutput:
 
 
 def sla_of(summary: dict[str, Any]) -> dict[str, float]:
+    """A summary's SLA as latency_ms, percentile and max_error_rate (defaults for what it lacks)."""
     sla = summary.get("sla") or {}
     if not isinstance(sla, dict):
         sla = {}

@@ -58,6 +58,7 @@ class SoakView:
 
     @property
     def latency(self) -> str:
+        """The windows.csv column of the latency at the soak's SLA percentile."""
         return latency_column(float((self.meta.get("sla") or {}).get("percentile", 99)))
 
 

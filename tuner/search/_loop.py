@@ -137,6 +137,7 @@ def drawn(trial: optuna.trial.FrozenTrial) -> dict:
 
 
 def is_journal_study(study: optuna.Study) -> bool:
+    """Whether the study's storage is a journal file (an earlier tuner's), not an Optuna URL."""
     return is_journal(str(study.user_attrs.get("storage") or "://"))
 
 

@@ -74,6 +74,7 @@ def counts(study: optuna.Study) -> dict[str, int]:
 
 
 def finished_count(study: optuna.Study) -> int:
+    """How many of the study's trials finished: complete, pruned or failed."""
     return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
                for t in study.get_trials(deepcopy=False))
 
@@ -102,6 +103,7 @@ class Repeats:
 
     @property
     def median(self) -> float:
+        """The median requests per dollar of the measured repeats (0 when none was measured)."""
         values = self.values()
         return statistics.median(values) if values else 0.0
 
@@ -125,6 +127,7 @@ class Repeats:
         return max(self.observed_spread, width or 0.0)
 
     def median_of(self, pick: Callable[[TrialRecord], float | None]) -> float | None:
+        """The median of what `pick` reads from each measured repeat (None when it reads nothing)."""
         values = [x for x in (pick(r) for r in self.measured) if x is not None]
         return statistics.median(values) if values else None
 

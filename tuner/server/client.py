@@ -35,6 +35,7 @@ class TritonHttp:
 
     def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
                 url: str | None = None) -> bytes:
+        """The body of the answer to `method` on `path` (or `url`); HttpError on an error status."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url or f"{self.base}/{path.lstrip('/')}", data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data else {})
@@ -53,13 +54,16 @@ class TritonHttp:
             raise ServerError(f"Triton at {self.base} did not answer {method} /{path.lstrip('/')}: {reason}") from None
 
     def get_json(self, path: str, timeout_s: float | None = None) -> dict:
+        """The JSON answer to a GET of `path` (an empty dict for an empty body)."""
         return json.loads(self.request("GET", path, timeout_s=timeout_s) or b"{}")
 
     def post_json(self, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict:
+        """The JSON answer to a POST of `body` to `path` (an empty dict for an empty body)."""
         raw = self.request("POST", path, body=body if body is not None else {}, timeout_s=timeout_s)
         return json.loads(raw) if raw.strip() else {}
 
     def ok(self, path: str, timeout_s: float = 1.0) -> bool:
+        """Whether a GET of `path` succeeds within `timeout_s`."""
         try:
             self.request("GET", path, timeout_s=timeout_s)
             return True
@@ -69,12 +73,14 @@ class TritonHttp:
     # --- the calls every launcher makes ------------------------------------------------------------
 
     def model_config(self, model: str) -> ModelConfig:
+        """The configuration the server runs for `model`; ServerSetupError when it has none."""
         try:
             return modelconfig.from_json(self.get_json(f"v2/models/{model}/config"))
         except HttpError as exc:
             raise ServerSetupError(f"model '{model}': the server has no configuration for it: {exc.message}") from None
 
     def statistics(self, model: str) -> dict:
+        """The model's entry of `v2/models/<model>/stats`; ServerSetupError when it has none."""
         try:
             stats = self.get_json(f"v2/models/{model}/stats").get("model_stats", [])
         except HttpError as exc:
@@ -85,6 +91,7 @@ class TritonHttp:
         raise ServerSetupError(f"model '{model}': no statistics (is it loaded?)")
 
     def metrics(self, url: str) -> dict[str, float]:
+        """The Prometheus metrics at `url`, summed by name."""
         return parse_prometheus(self.request("GET", "metrics", url=url).decode(errors="replace"))
 
     def load(self, model: str, config: ModelConfig | None, timeout_s: float) -> None:

@@ -48,6 +48,8 @@ _NO_GPU_RUNTIME = re.compile(r"could not select device driver|nvidia-container-c
 
 
 class DockerLauncher(Launcher):
+    """A Triton server in a Docker container of our own, serving a private copy of the models."""
+
     name = "docker"
 
     def __init__(self, settings: ServerSettings, model_repository: str | Path,

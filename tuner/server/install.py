@@ -39,6 +39,8 @@ _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64",
 
 @dataclass(frozen=True)
 class TritonInstall:
+    """A Triton install from the nvidia-pytriton wheel: its binary, libraries, backends and models' numpy."""
+
     root: Path  # the pip --target directory
     binary: Path  # .../pytriton/tritonserver/bin/tritonserver
     lib_dir: Path  # the wheel's bundled shared libraries (LD_LIBRARY_PATH)
@@ -49,6 +51,7 @@ class TritonInstall:
 
 
 def install_dir_for(install_dir: str | Path | None = None) -> Path:
+    """Where the Triton install lives: `install_dir`, else $TUNER_TRITON_HOME, else the user cache."""
     chosen = install_dir or os.environ.get("TUNER_TRITON_HOME") or DEFAULT_DIR
     return Path(chosen).expanduser().resolve()
 
@@ -81,6 +84,7 @@ def model_pythonpath(install: TritonInstall, user_path: str = "") -> str:
 
 
 def check_platform() -> None:
+    """Raise ServerSetupError unless this machine can run the wheel's tritonserver (x86_64, glibc >= 2.35)."""
     machine = platform.machine()
     if machine not in ("x86_64", "AMD64"):
         raise ServerSetupError(f"the nvidia-pytriton wheel's tritonserver needs x86_64, but this machine is {machine}")
@@ -202,6 +206,7 @@ def choose_stub_python(stubs_dir: Path) -> str:
 
 
 def system_libpython(version: str) -> Path | None:
+    """The system's libpython of `version` in the loader's usual directories (None when absent)."""
     name = f"libpython{version}.so.1.0"
     for d in _LIB_DIRS:
         if (Path(d) / name).exists():

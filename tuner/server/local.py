@@ -70,6 +70,7 @@ class LocalLauncher(Launcher):
 
     @property
     def pid(self) -> int | None:
+        """The server process's id (None when it is not running)."""
         return self._proc.pid if self._proc else None
 
     @property

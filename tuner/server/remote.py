@@ -23,6 +23,8 @@ _NOT_EXPLICIT = "explicit model load / unload is not allowed"
 
 
 class RemoteLauncher(Launcher):
+    """A Triton server someone else runs, attached by URL; what a trial changed is put back."""
+
     name = "remote"
 
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),

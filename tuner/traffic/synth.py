@@ -70,6 +70,7 @@ class SizeSpec:
         return spec
 
     def check(self, label: str) -> None:
+        """Check the spec's parameters are usable; TrafficError naming `label` if not."""
         if self.kind == "constant" and self.value < 1:
             raise TrafficError(f"size {label!r}: a constant size must be >= 1, got {self.value}")
         if self.kind == "zipf" and (self.a <= 0 or self.max < 1):
@@ -87,6 +88,7 @@ class SizeSpec:
             )
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """`n` sizes drawn from the spec with `rng`, as int64."""
         if self.kind == "constant":
             return np.full(n, self.value, dtype=np.int64)
         if self.kind == "zipf":
