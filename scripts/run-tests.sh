@@ -68,10 +68,12 @@ if [ -f docker/start-engine.sh ] && command -v dockerd >/dev/null && [ "$(id -u)
 fi
 
 step "test suite"
-# Most of the suite waits on servers and replays, not on the CPU: two pytest workers (pytest-xdist) nearly
-# halve the wall time on 2 cores (three overload them: timing tests fail). Each test file stays on one
-# worker, the slowest first (tests/conftest.py orders them). TUNER_TEST_WORKERS=0 runs it in this process.
-workers=${TUNER_TEST_WORKERS:-2}
+# Most of the suite waits on servers and replays in real time, not on the CPU (two cores ~40 % busy
+# on average with three workers): three pytest workers (pytest-xdist) take about 17 minutes where two
+# took 21. The multi-process study tests, which time kills and heartbeats, take turns on a lock
+# (tests/conftest.py). Each test file stays on one worker, the slowest first (tests/conftest.py orders
+# them). TUNER_TEST_WORKERS=0 runs it in this process.
+workers=${TUNER_TEST_WORKERS:-3}
 parallel=()
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 set +e

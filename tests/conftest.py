@@ -71,9 +71,11 @@ def postgres():
         yield cluster
 
 
-# The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on two
+# The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on three
 # workers, a file per worker, in this order (`--no-loadscope-reorder`), so the long files start at once.
-SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_postgres.py", "test_report.py",
+# The two files of multi-process studies (test_tune_e2e, test_postgres) take turns on a lock: the
+# second starts only when a worker is done with the third file, by when the first has let it go.
+SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_report.py", "test_postgres.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
                  "test_warmup.py", "test_audit.py", "test_profiling.py", "test_replay_cli.py")
 
