@@ -87,6 +87,16 @@ def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path):
     assert_one_line_error(tuner("replay", str(study(tmp_path, f"127.0.0.1:{port}"))), f"127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize("where,why", [("proc", "the directory /proc takes no new file"),
+                                       ("long", "File name too long"), ("dir", "it is a directory")])
+def test_a_json_output_that_cannot_be_written_is_refused_before_the_replay(server, tmp_path, where, why):
+    target = {"proc": Path("/proc/tuner-replay.json"), "long": tmp_path / ("j" * 300 + ".json"),
+              "dir": tmp_path}[where]
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--json", str(target))
+    assert_one_line_error(run, "--json", why)
+    assert "replay:" not in run.stderr and run.stdout == ""  # nothing was replayed
+
+
 @pytest.mark.slow
 def test_a_missing_model_is_one_line_and_exit_2(server, tmp_path):
     assert_one_line_error(tuner("replay", str(study(tmp_path, server.endpoints.http, model="nope"))), "nope")
