@@ -1,6 +1,6 @@
 """Read a `tuner tune` output directory into one value the report and the notebook share.
 
-The directory (DESIGN.md §3) holds `summary.json`, `trials.csv`, `recommended/config.pbtxt` and the
+The directory (README.md, "Outputs") holds `summary.json`, `trials.csv`, `recommended/config.pbtxt` and the
 Optuna storage. Optional extras make the report richer and are looked for by name; a missing extra
 turns its section into a one-line note instead of failing:
 - `incumbent/config.pbtxt`, else the model's config in the study's model repository: the diff;
