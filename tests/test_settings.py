@@ -21,7 +21,9 @@ def test_the_tuning_examples_load_with_paths_resolved(name):
     assert Path(s.model_repository) == ROOT / "model_repository_templates"
     assert Path(s.traffic.path).is_file()
     assert (Path(s.model_repository) / s.model / "config.pbtxt").is_file()
-    assert s.search.capacity.step_duration_s > 0 and s.search.remeasure_repeats >= 3
+    # Re-measured more than once, so the recommendation carries a spread (the quick start uses 2
+    # to stay under ten minutes; the default is 3).
+    assert s.search.capacity.step_duration_s > 0 and s.search.remeasure_repeats >= 2
 
 
 def test_defaults_and_the_search_section():
