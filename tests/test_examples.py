@@ -22,7 +22,8 @@ LOCAL = [p for p in STUDIES if (yaml.safe_load(p.read_text()).get("server") or {
 
 
 def test_there_are_examples_of_each_kind():
-    assert {p.name for p in LOCAL} >= {"quickstart.yaml", "encoder_sim_bursty.yaml", "encoder_sim_flash_crowd.yaml"}
+    assert {p.name for p in LOCAL} >= {"quickstart.yaml", "quickstart_model.yaml", "encoder_sim_bursty.yaml",
+                                       "encoder_sim_flash_crowd.yaml"}
     assert [p.name for p in NIGHTLY] == ["nightly.yaml"] and "gpu_study.yaml" in {p.name for p in STUDIES}
 
 
@@ -35,6 +36,13 @@ def test_the_dry_run_of_every_study_passes_and_starts_nothing(example, capsys, t
     assert main(["tune", str(example), "--check", "--output", str(output)]) == 0
     out = capsys.readouterr().out
     assert "ok (nothing was started)" in out and not output.exists()
+
+
+def test_the_dry_run_of_the_model_strategy_says_what_it_will_measure(capsys, tmp_path):
+    assert main(["tune", str(EXAMPLES / "quickstart_model.yaml"), "--check", "--output", str(tmp_path / "o")]) == 0
+    search = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("search"))
+    assert "model: profile measured first" in search and "top 3 measured" in search, search
+    assert "tpe up to 8 trials" in search and "top 2 re-measured 2x" in search, search
 
 
 @pytest.mark.parametrize("example", NIGHTLY, ids=lambda p: p.name)

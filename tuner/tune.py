@@ -133,8 +133,7 @@ def check_table(p: Prepared) -> list[tuple[str, str]]:
                     f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
-        ("search", f"{s.search.sampler}, {s.search.trials} trials, top {s.search.top_k} re-measured "
-                   f"{s.search.remeasure_repeats}x"),
+        ("search", _describe_search(s.search)),
         ("SLA", f"p{s.sla.percentile:g} <= {s.sla.latency_ms:g} ms, errors <= {s.sla.max_error_rate:.2%}"),
         ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}"),
         ("server", server),
@@ -142,6 +141,16 @@ def check_table(p: Prepared) -> list[tuple[str, str]]:
         ("output", s.output),
         *[("note", note) for note in p.notes[1:]],
     ]
+
+
+def _describe_search(search_settings) -> str:
+    remeasure = f"top {search_settings.top_k} re-measured {search_settings.remeasure_repeats}x"
+    if search_settings.strategy != "model":
+        return f"{search_settings.sampler}, {search_settings.trials} trials, {remeasure}"
+    profile = search_settings.profile or "measured first (OUTPUT/profile.csv)"
+    return (f"model: profile {profile}; the whole space simulated, the incumbent and the simulation's top "
+            f"{search_settings.model_top} measured; past a median error of {search_settings.model_error:.0%}, "
+            f"{search_settings.sampler} up to {search_settings.trials} trials; {remeasure}")
 
 
 def _span(r) -> str:
