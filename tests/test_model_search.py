@@ -98,3 +98,12 @@ def test_a_profile_that_lies_falls_back_to_a_measured_search(tmp_path, capsys):
     finished = [t for t in study.trials if t.state.is_finished()]
     assert len(finished) == 5  # the sampler searched on to the trial budget
     assert "above search.model_error" in err or info["median_error"] is None
+
+
+def test_a_trial_budget_below_the_simulations_top_caps_what_is_measured(tmp_path, capsys):
+    profile = write_profile(encoder_profile(), tmp_path / "profile.csv")
+    study_file = write_study(tmp_path, profile, name="budget", model_error=1.0, trials=2)  # model_top 2: 3 wanted
+    assert main(["tune", str(study_file), "--quiet"]) == 0, capsys.readouterr().err
+    study = load(tmp_path / "budget", "budget")
+    assert [t.state.is_finished() for t in study.trials] == [True, True]  # the incumbent and the top 1, no more
+    assert [t.user_attrs.get("simulated_rank") for t in study.trials] == [None, 1]

@@ -40,6 +40,8 @@ def _params(row: pd.Series, settings: StudySettings) -> dict:
 def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, count: int) -> list[dict]:
     """Enqueue the `count` best simulated configurations the study has not measured or queued yet
     (only those that met the SLA in simulation); returns them."""
+    if count <= 0:
+        return []
     known = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
     out = []
     for _, row in ranking[ranking["value"] > 0].iterrows():
