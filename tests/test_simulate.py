@@ -545,3 +545,19 @@ def test_simulated_latency_is_from_the_due_time():
     m = measurement(run, r, speed=1.0, warmup_s=0.0, max_batch_size=1)
     assert sorted(m.latencies_ms.tolist()) == pytest.approx([2.0, 4.0, 6.0])  # queueing counts
     assert m.latency_ms["max"] == pytest.approx(6.0) and not math.isnan(m.latency_ms["p99"])
+
+
+def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
+    from tuner import evaluate, search
+    from tuner.profile import read_profile
+    from tuner.settings import load_study
+
+    settings = load_study(study / "study.yaml")  # capacity tolerance 0.1
+    base, traffic = evaluate.base_config(settings), evaluate.study_traffic(settings)
+    ranking = search.rank_space(settings, base, traffic, read_profile(study / "profile.csv"))
+    assert list(ranking["rank"]) == list(range(1, len(ranking) + 1))
+    feasible = ranking[ranking["value"] > 0]
+    # the order: capacity bisected to 1 %, best first; the figures: the study's 10 % bisection
+    assert feasible["ranking_capacity_rps"].is_monotonic_decreasing
+    assert feasible["capacity_rps"].nunique() < feasible["ranking_capacity_rps"].nunique()
+    assert (feasible["capacity_rps"] <= feasible["ranking_capacity_rps"] * 1.001).all()

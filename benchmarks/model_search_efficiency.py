@@ -1,0 +1,284 @@
+"""Search efficiency of `search.strategy: model`: how close does it get to the exhaustive grid's optimum,
+measuring how little, beside TPE at the same budget?
+
+    python benchmarks/model_search_efficiency.py [examples/grid.yaml] --grid DIR [--runs 10]
+           [--profiles DIR] [--repeats 3] [--tpe-seeds 100] [--output runs/model-efficiency]
+
+1. The ground truth: a measured grid of the study (`--grid DIR`: a `tuner tune` output of the whole grid,
+   scored by utilization so that nothing was pruned; `simulator_fidelity.py` writes one as OUTPUT/grid).
+2. Each run is what the model strategy does before it measures anything: a profile measured afresh on
+   the real server (`tuner profile`, about 30 s; `--profiles DIR` reuses DIR/profile-*.csv), then the
+   study's whole space simulated and ranked under each scoring (`tuner.search.rank_space`: every batch
+   size x the delays).
+   The strategy then measures the incumbent and the simulation's top `search.model_top` (3): 4 of the
+   grid's 60 configurations. The profile is the only measured input of the simulation, so it is where
+   one run differs from the next.
+3. One final round on the real server, interleaved like the tool's re-measurement (A B C ... A B C ...),
+   `--repeats` times: every configuration any run would measure, for both scorings, and the grid's top 3
+   of each scoring (by its single measurements). The optimum is the grid points' best median; a run's
+   pick is the best median among its own 4 configurations (the tool's rule: the recommendation is by
+   re-measurement). Runs share the round's measurements: what differs between runs is what the
+   simulation chose, not the luck of their measurements.
+4. Per scoring: each run's pick and pick / optimum; the runs reaching 98 % of the optimum with <= 10 % of
+   the grid measured (goal: 9 of 10). Beside it, on the grid's single measurements (no re-measurement,
+   for both): the model strategy's picks, and TPE with the same budget (and with 10 % of the grid) over
+   `--tpe-seeds` seeds, replayed on the grid as `sampler_on_grid.py` does.
+
+Results: OUTPUT/efficiency.json, OUTPUT/runs.csv, OUTPUT/final_round.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+
+from tuner import evaluate, search
+from tuner import space as tuner_space
+from tuner.profile import read_profile
+from tuner.score import Hints
+from tuner.settings import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ("max_batch_size", "max_queue_delay_microseconds")
+SCORINGS = ("capacity", "utilization")
+GOAL_RATIO, GOAL_SHARE, GOAL_RUNS = 0.98, 0.10, 0.9
+
+
+def _sibling(name: str):
+    """Another script of benchmarks/ as a module (they are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def grid_tables(grid: Path) -> tuple[dict[str, dict[tuple[int, int], float]], dict[tuple[int, int], float]]:
+    """Per scoring, each grid point's requests per dollar (0 where it missed the SLA), and each point's
+    capacity speed (where its bisection ended: a start for the final round's)."""
+    trials = pd.read_csv(grid / "trials.csv")
+    # the incumbent (trial 0) is its own grid point: the grid's copy of it is skipped as a duplicate
+    done = trials[trials["state"] == "COMPLETE"]
+    tables: dict[str, dict] = {s: {} for s in SCORINGS}
+    speeds = {}
+    for _, row in done.iterrows():
+        key = (int(row[KEYS[0]]), int(row[KEYS[1]]))
+        feasible = str(row["feasible"]).lower() == "true"
+        for s in SCORINGS:
+            value = row[f"score_{s}"]
+            tables[s][key] = float(value) if feasible and pd.notna(value) else 0.0
+        if pd.notna(row.get("capacity_speed")) and row["capacity_speed"] > 0:
+            speeds[key] = float(row["capacity_speed"])
+    return tables, speeds
+
+
+def measure_profile(study: str, path: Path) -> float:
+    """`tuner profile` on the real server; its wall time."""
+    command = [sys.executable, "-m", "tuner", "profile", study, "-o", str(path)]
+    print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if result.returncode != 0:
+        sys.exit(f"tuner profile failed with exit code {result.returncode}")
+    return time.monotonic() - started
+
+
+def model_picks(ranking: pd.DataFrame, incumbent: tuple[int, int], top: int) -> list[tuple[int, int]]:
+    """What the strategy measures: the incumbent, then the ranking's `top` best configurations that met
+    the SLA in simulation (as `tuner.search.enqueue_ranked` picks them)."""
+    picks = [incumbent]
+    for _, row in ranking[ranking["value"] > 0].iterrows():
+        key = (int(row[KEYS[0]]), int(row[KEYS[1]]))
+        if key not in picks:
+            picks.append(key)
+        if len(picks) == top + 1:
+            break
+    return picks
+
+
+def final_round(settings, candidates: dict[tuple[int, int], float | None], repeats: int, log_dir: Path
+                ) -> dict[tuple[int, int], dict[str, list[float]]]:
+    """Every candidate measured `repeats` times, interleaved, unpruned; both scores of each."""
+    from tqdm import tqdm
+
+    runs = {k: {s: [] for s in SCORINGS} for k in candidates}
+    with evaluate.session(settings, log_dir=str(log_dir)) as evaluate_fn, \
+            tqdm(total=repeats * len(candidates), desc="final round", unit="trial", file=sys.stderr) as bar:
+        for _ in range(repeats):
+            for key, speed in candidates.items():
+                result = evaluate_fn(dict(zip(KEYS, key, strict=True)), Hints(start_speed=speed))
+                for s in SCORINGS:
+                    runs[key][s].append(result.value(s))
+                bar.update(1)
+    return runs
+
+
+def tpe_on_grid(settings, table: dict, incumbent: dict, budget: int, seeds: int) -> np.ndarray:
+    """TPE's best / the grid's optimum, `seeds` times, on the grid's single measurements."""
+    on_grid = _sibling("sampler_on_grid")
+    optimum = max(table.values())
+    ratios = []
+    for seed in range(seeds):
+        space = dataclasses.replace(settings.search, sampler="tpe", seed=seed, trials=budget)
+        ratios.append(on_grid.run_once(space, table, incumbent, budget, optimum))
+    return np.array(ratios)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
+    parser.add_argument("--grid", type=Path, required=True, help="a measured grid: a `tuner tune` output (trials.csv)")
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--profiles", type=Path, help="reuse DIR/profile-1.csv ... instead of profiling")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats in the final round")
+    parser.add_argument("--tpe-seeds", type=int, default=100)
+    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "model-efficiency")
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore", category=UserWarning)  # the incumbent may lie outside the bounds
+    out = args.output.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    settings = dataclasses.replace(load_study(args.study), output=str(out))
+    base = evaluate.base_config(settings)
+    incumbent_params = tuner_space.from_config(base, settings.search)
+    incumbent = tuple(int(incumbent_params[k]) for k in KEYS)
+    traffic = evaluate.study_traffic(settings)
+    size = tuner_space.grid_size(settings.search)
+    top = settings.search.model_top
+    tables, speeds = grid_tables(args.grid)
+    missing = [k for k in itertools.product(*tuner_space.grid(settings.search).values()) if k not in tables["capacity"]]
+    if len(missing) > size // 10:
+        sys.exit(f"{args.grid}: {size - len(missing)} measured grid points of the study's {size}")
+    for key in missing:  # no verdict (the server never settled): a configuration the tool cannot recommend
+        for s in SCORINGS:
+            tables[s][tuple(key)] = 0.0
+    if missing:
+        print(f"grid points without a verdict, counted as missing the SLA: {', '.join(map(str, missing))}")
+    print(f"grid: {args.grid}, {size} configurations; the model strategy measures {top + 1} "
+          f"({(top + 1) / size:.0%}); goal >= {GOAL_RATIO:.0%} of the optimum with <= {GOAL_SHARE:.0%} "
+          f"of the grid in {GOAL_RUNS:.0%} of runs", flush=True)
+
+    runs = []
+    for i in range(1, args.runs + 1):
+        path = (args.profiles or out) / f"profile-{i}.csv"
+        profile_s = None if args.profiles else measure_profile(args.study, path)
+        run = {"run": i, "profile": str(path), "profile_s": profile_s}
+        for s in SCORINGS:  # the study under each scoring, ranked as `tuner tune` ranks it
+            started = time.monotonic()
+            ranking = search.rank_space(dataclasses.replace(settings, scoring=s), base, traffic, read_profile(path))
+            run["simulate_s"] = time.monotonic() - started
+            run["simulated"] = len(ranking)
+            run[f"{s}_measures"] = model_picks(ranking, incumbent, top)
+        runs.append(run)
+        print(f"run {i}: profile {'reused' if profile_s is None else f'{profile_s:.0f} s'}, "
+              f"{run['simulated']} configurations simulated in {run['simulate_s']:.1f} s; measures "
+              + "; ".join(f"{s}: {run[f'{s}_measures']}" for s in SCORINGS), flush=True)
+
+    candidates: dict[tuple[int, int], float | None] = {}
+    for s in SCORINGS:
+        for key in sorted(tables[s], key=tables[s].get, reverse=True)[:3]:
+            candidates.setdefault(key, speeds.get(key))
+    for run in runs:
+        for s in SCORINGS:
+            for key in run[f"{s}_measures"]:
+                candidates.setdefault(key, speeds.get(key))
+    print(f"final round: {len(candidates)} configurations x {args.repeats} repeats", flush=True)
+    started = time.monotonic()
+    measured = final_round(settings, candidates, args.repeats, out / "server")
+    final_s = time.monotonic() - started
+    medians = {k: {s: statistics.median(v[s]) for s in SCORINGS} for k, v in measured.items()}
+    pd.DataFrame([{KEYS[0]: k[0], KEYS[1]: k[1], "in_grid": k in tables["capacity"],
+                   **{f"{s}_{j + 1}": v[s][j] for s in SCORINGS for j in range(args.repeats)},
+                   **{f"{s}_median": medians[k][s] for s in SCORINGS}} for k, v in measured.items()]
+                 ).to_csv(out / "final_round.csv", index=False)
+
+    on_grid = _sibling("sampler_on_grid")
+    results = {"study": args.study, "grid": str(args.grid), "grid_size": size, "measured_per_run": top + 1,
+               "repeats": args.repeats, "final_round_s": final_s, "loadavg": os.getloadavg(), "scorings": {}}
+    rows = []
+    for s in SCORINGS:
+        grid_points = [k for k in medians if k in tables[s]]
+        optimum_key = max(grid_points, key=lambda k: medians[k][s])
+        optimum = medians[optimum_key][s]
+        single_optimum = max(tables[s].values())
+        ratios, single = [], []
+        for run in runs:
+            own = run[f"{s}_measures"]
+            pick = max(own, key=lambda k: medians[k][s])
+            ratio = medians[pick][s] / optimum if optimum > 0 else 0.0
+            by_grid = max(on_grid.score(tables[s], *k) for k in own) / single_optimum
+            ratios.append(ratio)
+            single.append(by_grid)
+            rows.append({"scoring": s, "run": run["run"], "measured": ", ".join(map(str, own)), "pick": str(pick),
+                         "pick median": medians[pick][s], "optimum median": optimum, "pick / optimum": ratio,
+                         "on the grid's single measurements": by_grid})
+        ratios_a = np.array(ratios)
+        passes = int(((ratios_a >= GOAL_RATIO) & ((top + 1) / size <= GOAL_SHARE + 1e-9)).sum())
+        tpe_same = tpe_on_grid(settings, tables[s], incumbent_params, top + 1, args.tpe_seeds)
+        tpe_tenth = tpe_on_grid(settings, tables[s], incumbent_params, max(2, math.floor(GOAL_SHARE * size)),
+                                args.tpe_seeds)
+        results["scorings"][s] = {
+            "optimum": {"params": optimum_key, "median": optimum},
+            "ratios": ratios, "passes": passes, "runs": len(runs), "goal_met": passes >= GOAL_RUNS * len(runs),
+            "model_on_single_measurements": single,
+            "tpe_same_budget": {"budget": top + 1, "mean": float(tpe_same.mean()),
+                                "share_at_98": float((tpe_same >= GOAL_RATIO).mean()),
+                                "share_at_95": float((tpe_same >= 0.95).mean())},
+            "tpe_tenth_of_grid": {"budget": max(2, math.floor(GOAL_SHARE * size)), "mean": float(tpe_tenth.mean()),
+                                  "share_at_98": float((tpe_tenth >= GOAL_RATIO).mean()),
+                                  "share_at_95": float((tpe_tenth >= 0.95).mean())},
+        }
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "runs.csv", index=False)
+
+    print("\nfinal round: medians of requests per dollar")
+    shown = pd.DataFrame([{"config": str(k), "in grid": "y" if k in tables["capacity"] else "n",
+                           **{f"{s} median": f"{medians[k][s]:,.0f}" for s in SCORINGS},
+                           **{f"{s} spread": f"{(max(v[s]) - min(v[s])) / max(statistics.median(v[s]), 1e-9):.0%}"
+                              for s in SCORINGS}} for k, v in measured.items()])
+    print(shown.to_string(index=False))
+    print("\nper run")
+    print(table.to_string(index=False, float_format=lambda x: f"{x:,.3f}" if abs(x) < 10 else f"{x:,.0f}"))
+    print()
+    summary = []
+    for s in SCORINGS:
+        r = results["scorings"][s]
+        single = np.array(r["model_on_single_measurements"])
+        summary.append({"scoring": s, "optimum (grid, median)": f"{r['optimum']['params']} {r['optimum']['median']:,.0f}",
+                        f"model: runs >= {GOAL_RATIO:.0%} (re-measured)": f"{r['passes']} of {r['runs']}"
+                        f" ({'met' if r['goal_met'] else 'MISSED'})",
+                        "model: pick / optimum, min-median": f"{min(r['ratios']):.3f}-{np.median(r['ratios']):.3f}",
+                        "model: on single grid measurements, >= 98 %": f"{(single >= GOAL_RATIO).mean():.0%}",
+                        f"TPE {r['tpe_same_budget']['budget']} trials: >= 98 % / >= 95 %":
+                            f"{r['tpe_same_budget']['share_at_98']:.0%} / {r['tpe_same_budget']['share_at_95']:.0%}",
+                        f"TPE {r['tpe_tenth_of_grid']['budget']} trials: >= 98 % / >= 95 %":
+                            f"{r['tpe_tenth_of_grid']['share_at_98']:.0%} / {r['tpe_tenth_of_grid']['share_at_95']:.0%}"})
+    print(pd.DataFrame(summary).T.to_string(header=False))
+    profile_times = [r["profile_s"] for r in runs if r["profile_s"] is not None]
+    print(f"\nmeasured {top + 1} of {size} configurations per run ({(top + 1) / size:.0%}); "
+          + (f"profile {min(profile_times):.0f}-{max(profile_times):.0f} s; " if profile_times else "")
+          + f"simulation {min(r['simulate_s'] for r in runs):.1f}-{max(r['simulate_s'] for r in runs):.1f} s; "
+          f"final round {final_s / 60:.1f} min; TPE over {args.tpe_seeds} seeds on the grid's single measurements")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; results: {out}")
+    results["runs"] = [{k: (str(v) if isinstance(v, list) else v) for k, v in r.items()} for r in runs]
+    (out / "efficiency.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
