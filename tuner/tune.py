@@ -303,7 +303,7 @@ def _model_search(study: optuna.Study, s: StudySettings, ranking: pd.DataFrame, 
     """Measure the incumbent and the simulation's top configurations; if the simulation's error on
     them is above `search.model_error`, search on with the sampler (the next-ranked enqueued first)."""
     on_trial = lambda _t: progress.trial_done(study)  # noqa: E731
-    search.enqueue_ranked(study, ranking, s, min(s.search.model_top, _room(study, trials)))
+    _enqueue_ranked_within(study, ranking, s, trials)
     first = min(trials, search.spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
     ran = search.run_trials(study, s, evaluate_trial, first, timeout_s=timeout_s, host=host, on_trial=on_trial)
     errors = search.simulation_errors(study, ranking, s)
@@ -317,17 +317,18 @@ def _model_search(study: optuna.Study, s: StudySettings, ranking: pd.DataFrame, 
         progress.note(f"simulation error on the {len(errors)} measured configurations: median {median:.1%} "
                       f"({'above' if fallback else 'within'} search.model_error {s.search.model_error:.0%})")
     if fallback and trials > search.spent(study):
-        search.enqueue_ranked(study, ranking, s, min(s.search.model_top, _room(study, trials)))
+        _enqueue_ranked_within(study, ranking, s, trials)
         ran += search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
                                  on_trial=on_trial)
     return ran
 
 
-def _room(study: optuna.Study, trials: int) -> int:
-    """How many more trials the budget allows beyond those begun and those already queued (a queued
-    trial always runs: `run_trials` empties the queue whatever the budget)."""
+def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, trials: int) -> None:
+    """Enqueue the simulation's next `model_top`, no more than the budget has room for beyond the trials
+    begun and those queued (a queued trial always runs: `run_trials` empties the queue)."""
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    return max(0, trials - search.spent(study) - waiting)
+    room = max(0, trials - search.spent(study) - waiting)
+    search.enqueue_ranked(study, ranking, s, min(s.search.model_top, room))
 
 
 def _claim(study: optuna.Study, p: Prepared, host: search.Host) -> Handover | None:

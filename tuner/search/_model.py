@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner import space
 from tuner.profile import Profile
 from tuner.settings import StudySettings
-from tuner.simulate import Simulator, study_space
+from tuner.simulate import CONFIG_KEYS, Simulator, study_space
 from tuner.trial import is_feasible, record_of
 
 __all__ = ["RANKING_TOLERANCE", "enqueue_ranked", "rank_space", "simulation_errors"]
@@ -32,7 +32,6 @@ __all__ = ["RANKING_TOLERANCE", "enqueue_ranked", "rank_space", "simulation_erro
 # milliseconds, so the order comes from a finer bisection; the figures beside it (capacity, scores)
 # stay those of the study's tolerance, like for like with what the real server measures.
 RANKING_TOLERANCE = 0.01
-_KEYS = ["max_batch_size", "max_queue_delay_microseconds", "preferred_batch_size", "instance_count", "max_queue_size"]
 
 
 def rank_space(settings: StudySettings, base, traffic: pd.DataFrame, profile: Profile, *,
@@ -44,9 +43,9 @@ def rank_space(settings: StudySettings, base, traffic: pd.DataFrame, profile: Pr
     table = simulator.rank(configs, on_config=on_config, **defaults)
     if table.empty or settings.search.capacity.tolerance <= RANKING_TOLERANCE:
         return table
-    order = simulator.rank(configs, tolerance=RANKING_TOLERANCE, **defaults)[[*_KEYS, "capacity_rps"]]
+    order = simulator.rank(configs, tolerance=RANKING_TOLERANCE, **defaults)[[*CONFIG_KEYS, "capacity_rps"]]
     order = order.rename(columns={"capacity_rps": "ranking_capacity_rps"})
-    ranked = order.merge(table.drop(columns="rank"), on=_KEYS, how="left", validate="one_to_one")
+    ranked = order.merge(table.drop(columns="rank"), on=list(CONFIG_KEYS), how="left", validate="one_to_one")
     ranked.insert(0, "rank", range(1, len(ranked) + 1))
     return ranked[[*table.columns, "ranking_capacity_rps"]]
 
