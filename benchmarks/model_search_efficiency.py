@@ -37,7 +37,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -50,7 +49,6 @@ import pandas as pd
 from tuner import evaluate, search
 from tuner import space as tuner_space
 from tuner.profile import read_profile
-from tuner.score import Hints
 from tuner.settings import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,44 +85,29 @@ def grid_tables(grid: Path) -> tuple[dict[str, dict[tuple[int, int], float]], di
 
 
 def measure_profile(study: str, path: Path) -> float:
-    """`tuner profile` on the real server; its wall time."""
-    command = [sys.executable, "-m", "tuner", "profile", study, "-o", str(path)]
-    print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
+    """`tuner profile` on the real server (as `simulator_fidelity.py` runs it); its wall time."""
     started = time.monotonic()
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if result.returncode != 0:
-        sys.exit(f"tuner profile failed with exit code {result.returncode}")
+    _sibling("simulator_fidelity").tuner("profile", study, "-o", str(path))
     return time.monotonic() - started
 
 
-def model_picks(ranking: pd.DataFrame, incumbent: tuple[int, int], top: int) -> list[tuple[int, int]]:
-    """What the strategy measures: the incumbent, then the ranking's `top` best configurations that met
-    the SLA in simulation (as `tuner.search.enqueue_ranked` picks them)."""
-    picks = [incumbent]
-    for _, row in ranking[ranking["value"] > 0].iterrows():
-        key = (int(row[KEYS[0]]), int(row[KEYS[1]]))
-        if key not in picks:
-            picks.append(key)
-        if len(picks) == top + 1:
-            break
-    return picks
+def model_picks(settings, ranking: pd.DataFrame, incumbent: dict, top: int) -> list[tuple[int, int]]:
+    """What the strategy measures: the incumbent (trial 0), then what `tuner.search.enqueue_ranked`
+    enqueues from the ranking (its `top` best that met the SLA in simulation), on an in-memory study."""
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial(incumbent)
+    picked = search.enqueue_ranked(study, ranking, settings, top)
+    return [tuple(int(p[k]) for k in KEYS) for p in (incumbent, *picked)]
 
 
 def final_round(settings, candidates: dict[tuple[int, int], float | None], repeats: int, log_dir: Path
                 ) -> dict[tuple[int, int], dict[str, list[float]]]:
-    """Every candidate measured `repeats` times, interleaved, unpruned; both scores of each."""
-    from tqdm import tqdm
-
-    runs = {k: {s: [] for s in SCORINGS} for k in candidates}
-    with evaluate.session(settings, log_dir=str(log_dir)) as evaluate_fn, \
-            tqdm(total=repeats * len(candidates), desc="final round", unit="trial", file=sys.stderr) as bar:
-        for _ in range(repeats):
-            for key, speed in candidates.items():
-                result = evaluate_fn(dict(zip(KEYS, key, strict=True)), Hints(start_speed=speed))
-                for s in SCORINGS:
-                    runs[key][s].append(result.value(s))
-                bar.update(1)
-    return runs
+    """Every candidate measured `repeats` times, interleaved, unpruned, both scores of each
+    (`search_ground_truth.py`'s final round, on a server of its own)."""
+    as_params = {tuple(zip(KEYS, key, strict=True)): speed for key, speed in candidates.items()}
+    with evaluate.session(settings, log_dir=str(log_dir)) as evaluate_fn:
+        runs = _sibling("search_ground_truth").final_round(evaluate_fn, as_params, repeats)
+    return {tuple(v for _, v in key): values for key, values in runs.items()}
 
 
 def tpe_on_grid(settings, table: dict, incumbent: dict, budget: int, seeds: int) -> np.ndarray:
@@ -156,7 +139,6 @@ def main() -> int:
     settings = dataclasses.replace(load_study(args.study), output=str(out))
     base = evaluate.base_config(settings)
     incumbent_params = tuner_space.from_config(base, settings.search)
-    incumbent = tuple(int(incumbent_params[k]) for k in KEYS)
     traffic = evaluate.study_traffic(settings)
     size = tuner_space.grid_size(settings.search)
     top = settings.search.model_top
@@ -183,7 +165,7 @@ def main() -> int:
             ranking = search.rank_space(dataclasses.replace(settings, scoring=s), base, traffic, read_profile(path))
             run["simulate_s"] = time.monotonic() - started
             run["simulated"] = len(ranking)
-            run[f"{s}_measures"] = model_picks(ranking, incumbent, top)
+            run[f"{s}_measures"] = model_picks(settings, ranking, incumbent_params, top)
         runs.append(run)
         print(f"run {i}: profile {'reused' if profile_s is None else f'{profile_s:.0f} s'}, "
               f"{run['simulated']} configurations simulated in {run['simulate_s']:.1f} s; measures "

@@ -68,22 +68,21 @@ def row(name: str, summary: dict, wall_s: float, profile_s: float | None) -> dic
 
 
 def cross_check(configs: dict[str, dict], repeats: int, output: Path) -> pd.DataFrame:
-    """Each configuration measured `repeats` times, interleaved, on one server: medians of both scores."""
-    from tqdm import tqdm
+    """Each configuration measured `repeats` times, interleaved, on one server (`search_ground_truth.py`'s
+    final round): the medians of the quick start's scoring."""
+    import importlib.util
 
     from tuner import evaluate
-    from tuner.score import Hints
     from tuner.settings import load_study
 
-    settings = load_study(STUDIES["measured (TPE)"])
-    settings = dataclasses.replace(settings, output=str(output))
-    values = {name: [] for name in configs}
-    with evaluate.session(settings, log_dir=str(output / "server")) as evaluate_fn, \
-            tqdm(total=repeats * len(configs), desc="cross-check", unit="trial", file=sys.stderr) as bar:
-        for _ in range(repeats):
-            for name, params in configs.items():
-                values[name].append(evaluate_fn(params, Hints()).value(settings.scoring))
-                bar.update(1)
+    spec = importlib.util.spec_from_file_location("search_ground_truth", Path(__file__).with_name("search_ground_truth.py"))
+    ground_truth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ground_truth)
+    settings = dataclasses.replace(load_study(STUDIES["measured (TPE)"]), output=str(output))
+    keys = {name: tuple(params.items()) for name, params in configs.items()}
+    with evaluate.session(settings, log_dir=str(output / "server")) as evaluate_fn:
+        runs = ground_truth.final_round(evaluate_fn, dict.fromkeys(keys.values()), repeats)
+    values = {name: runs[key][settings.scoring] for name, key in keys.items()}
     return pd.DataFrame([{"configuration": name, "params": str(tuple(configs[name].values())),
                           "median requests/$": f"{statistics.median(v):,.0f}",
                           "runs": ", ".join(f"{x:,.0f}" for x in v)} for name, v in values.items()])
