@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import yaml
 from tuner import modelconfig
 from tuner.audit import AuditResult, Baseline, findings, load_baseline
 from tuner.cli import main
-from tuner.errors import InputError, ServerSetupError
+from tuner.errors import InputError, OutputError, ServerSetupError
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher
 from tuner.settings import load_study
@@ -177,6 +178,45 @@ def test_a_bad_url_flag_is_one_line_naming_the_flag(tmp_path, capsys, url, why):
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("tuner: error: --url: expected host:port") and f"({why})" in err, err
     assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port,what", [("metrics", "(GET /v2: an empty answer, not JSON)"),
+                                       ("grpc", "(GET /v2: an HTTP/2 frame")])
+def test_a_url_at_another_triton_port_is_refused_before_anything(local_server, tmp_path, capsys, port, what):
+    ep = local_server.endpoints
+    address = urllib.parse.urlsplit(ep.metrics).netloc if port == "metrics" else ep.grpc
+    code = main(["audit", str(write_study(tmp_path)), "--url", address, "--at-load-only"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert err.startswith(f"tuner: error: {address} answers but is not Triton's HTTP endpoint {what}"), err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["proc", "directory"])
+def test_a_json_it_cannot_write_is_refused_before_measuring(local_server, tmp_path, capsys, where):
+    target = "/proc/a.json" if where == "proc" else str(tmp_path)  # an existing directory
+    before = int(local_server.statistics("encoder_sim")["inference_count"])
+    code = main(["audit", str(write_study(tmp_path)), "--url", local_server.endpoints.http, "--at-load-only",
+                 "--json", target])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert err.startswith("tuner: error: ") and f"--json {target}" in err, err  # whichever check said it
+    assert int(local_server.statistics("encoder_sim")["inference_count"]) == before  # nothing replayed
+
+
+@pytest.mark.slow
+def test_the_command_itself_checks_its_json_before_measuring(local_server, tmp_path, capsys):
+    """Whatever the parser checks: the command refuses the output before the work, on its own."""
+    from tuner.cli import build_parser
+
+    before = int(local_server.statistics("encoder_sim")["inference_count"])
+    args = build_parser().parse_args(["audit", str(write_study(tmp_path)), "--url", local_server.endpoints.http,
+                                      "--at-load-only", "--json", str(tmp_path)])
+    with pytest.raises(OutputError, match=f"^--json {tmp_path}: cannot write"):
+        args.func(args)
+    assert capsys.readouterr() == ("", "")
+    assert int(local_server.statistics("encoder_sim")["inference_count"]) == before
 
 
 def test_a_read_only_remote_never_applies_a_config():

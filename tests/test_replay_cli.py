@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from tuner.cli.replay_cmd import format_measurement
+from tuner.measure import Measurement
 from tuner.server.local import LocalLauncher
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,6 +99,28 @@ def test_a_json_output_that_cannot_be_written_is_refused_before_the_replay(serve
     run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--json", str(target))
     assert_one_line_error(run, "--json", why)
     assert "replay:" not in run.stderr and run.stdout == ""  # nothing was replayed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("port,what", [("metrics", "(GET /v2: an empty answer, not JSON)"),
+                                       ("grpc", "(GET /v2: an HTTP/2 frame")])
+def test_a_url_at_another_triton_port_is_one_line_and_exit_2(server, tmp_path, port, what):
+    ep = server.endpoints
+    address = urllib.parse.urlsplit(ep.metrics).netloc if port == "metrics" else ep.grpc
+    run = tuner("replay", str(study(tmp_path, address)))
+    assert_one_line_error(run, f"{address} answers but is not Triton's HTTP endpoint {what}")
+    assert run.stdout == ""
+
+
+def test_a_model_without_batching_has_no_fill_rate():
+    m = Measurement(speed=1.0, offered_rps=10.0, duration_s=1.0, requests=10, errors=0, error_rate=0.0,
+                    throughput_rps=10.0, latency_ms={"p99": 1.0}, send_lag_ms={"p99": 0.1}, valid=True,
+                    inference_count=10, execution_count=10, mean_batch_size=1.0, fill_rate=1.0,
+                    max_batch_size=0)
+    line = next(row for row in format_measurement(m).splitlines() if row.startswith("batch size"))
+    assert "no batching (max_batch_size 0)" in line and "no fill rate" in line and "1.00" not in line, line
+    batching = format_measurement(dataclasses.replace(m, max_batch_size=4, mean_batch_size=2.0, fill_rate=0.5))
+    assert "mean 2.00 of max 4 (fill rate 0.50)" in batching
 
 
 @pytest.mark.slow

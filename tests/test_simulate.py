@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from tuner.cli import main
-from tuner.errors import ProfileError, SettingsError, TrafficError
+from tuner.errors import OutputError, ProfileError, SettingsError, TrafficError
 from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
 from tuner.score import check_sla, find_capacity
 from tuner.settings import CapacitySettings, SlaSettings
@@ -561,3 +561,46 @@ def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_stud
     assert feasible["ranking_capacity_rps"].is_monotonic_decreasing
     assert feasible["capacity_rps"].nunique() < feasible["ranking_capacity_rps"].nunique()
     assert (feasible["capacity_rps"] <= feasible["ranking_capacity_rps"] * 1.001).all()
+
+
+def _refused(capsys, code: int, *words: str) -> str:
+    """The one error line of a refusal that printed nothing before it (no ranking, no header)."""
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out + err
+    assert err.startswith("tuner: error: ") and len(err.strip().splitlines()) == 1, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+@pytest.mark.parametrize("where", ["proc", "directory"])
+def test_cli_refuses_a_json_it_cannot_write_before_ranking_anything(study, capsys, where):
+    target = "/proc/a.json" if where == "proc" else str(study)  # an existing directory
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--json", target])
+    _refused(capsys, code, f"--json {target}")
+
+
+def test_the_command_itself_checks_its_json_before_ranking(study, capsys):
+    """Whatever the parser checks: the command refuses the output before the work, on its own."""
+    from tuner.cli import build_parser
+
+    args = build_parser().parse_args(["simulate", str(study / "study.yaml"), "--profile",
+                                      str(study / "profile.csv"), "--json", str(study)])
+    with pytest.raises(OutputError, match=f"^--json {study}: cannot write"):
+        args.func(args)
+    assert capsys.readouterr().out == ""
+
+
+def test_cli_refuses_a_profile_measured_on_another_model(study, capsys):
+    write_profile(linear_profile(host_ms_per_row=0.1, model="matmul_cpu"), study / "other.csv")
+    assert "# model: matmul_cpu" in (study / "other.csv").read_text()
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "other.csv")])
+    _refused(capsys, code, str(study / "other.csv"), "matmul_cpu", "encoder_sim")
+
+
+@pytest.mark.parametrize("tolerance", ["5", "1", "0"])
+def test_cli_refuses_a_tolerance_that_is_not_a_fraction(study, capsys, tolerance):
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--tolerance", tolerance])
+    _refused(capsys, code, "--tolerance: must be")

@@ -226,8 +226,10 @@ def _say_step(settings: StudySettings):
 
     def say(m: Measurement) -> None:
         verdict = "ok" if check_sla(m, settings.sla).ok else "over the SLA"
+        # a model without batching (max_batch_size 0) has no batch to fill
+        fill = f", fill rate {m.fill_rate:.2f}" if m.max_batch_size > 0 else ""
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, p{pct:g} "
-              f"{m.latency(pct):.1f} ms, fill rate {m.fill_rate:.2f}: {verdict}", file=sys.stderr, flush=True)
+              f"{m.latency(pct):.1f} ms{fill}: {verdict}", file=sys.stderr, flush=True)
 
     return say
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from tuner.cli._args import add_command, add_flag, add_json, add_study
 
@@ -35,15 +34,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Audit the study's deployment and print the findings; the audit's exit code."""
     from tuner.audit import audit, format_audit, load_baseline
+    from tuner.files import check_writable, json_safe, write_atomic
+    from tuner.server.remote import check_triton
     from tuner.settings import load_study, parse_host_port, with_overrides
 
     settings = load_study(args.study)
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
+    if args.json:
+        check_writable(args.json, label=f"--json {args.json}")  # before the measuring, not after
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
+    if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
+        check_triton(settings.server.url, where="--url" if args.url is not None else "server.url")
     result = audit(settings, baseline, at_load_only=args.at_load_only)
     print(format_audit(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2, default=str) + "\n")
+        write_atomic(args.json, json.dumps(json_safe(result.as_dict()), indent=2, default=str) + "\n",
+                     label=f"--json {args.json}")
     return result.exit_code

@@ -49,6 +49,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tuner.evaluate import base_config, study_traffic
     from tuner.probe import make_probe, whole_traffic
     from tuner.server import make_launcher
+    from tuner.server.remote import check_triton
     from tuner.warmup import warm_up
 
     settings = load_study(args.study)
@@ -68,6 +69,8 @@ def _replay(args: argparse.Namespace) -> int:
     ))
     params = space.parse_assignments(args.assignments)
     config = space.apply(base_config(settings), params) if params else None
+    if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
+        check_triton(settings.server.url)
     traffic = study_traffic(settings)
     say = []
 
@@ -87,6 +90,8 @@ def _replay(args: argparse.Namespace) -> int:
     print(format_measurement(m, settings.sla.percentile))
     if args.json:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
+        if m.max_batch_size <= 0:
+            figures["fill_rate"] = None  # not 1.0: a model without batching has no fill rate
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
@@ -104,7 +109,7 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
         ("executions", f"{m.execution_count} for {m.inference_count} inferences"),
-        ("batch size", f"mean {m.mean_batch_size:.2f} of max {m.max_batch_size} (fill rate {m.fill_rate:.2f})"),
+        ("batch size", _batch_sizes(m)),
         ("histogram", " ".join(f"{size}:{count}" for size, count in sorted(m.batch_histogram.items())) or "-"),
         ("queue", f"{m.queue_ms_mean:.2f} ms per request (mean)"),
         ("compute", f"{m.compute_ms_mean:.2f} ms per execution (mean); busy {m.busy_s:.2f} s"),
@@ -112,3 +117,9 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _batch_sizes(m: Measurement) -> str:
+    if m.max_batch_size <= 0:  # each request runs alone: there is no batch to fill
+        return f"no batching (max_batch_size {m.max_batch_size}): one request per execution, no fill rate"
+    return f"mean {m.mean_batch_size:.2f} of max {m.max_batch_size} (fill rate {m.fill_rate:.2f})"

@@ -27,7 +27,8 @@ SHOWN = {
 }
 
 
-# The study's settings a simulation can override; run() checks each is finite and > 0 when given.
+# The study's settings a simulation can override; run() checks each is finite and > 0 when given,
+# and those in FRACTIONS below 1 too.
 FIGURES = (
     Number("--speed", "S",
            "the recorded load: the traffic S times faster (default: the study's traffic.speed)"),
@@ -36,8 +37,10 @@ FIGURES = (
     Number("--sla-ms", "L", "what-if: another latency SLA (ms)"),
     Number("--price", "P", "what-if: another price per hour ($)"),
     Number("--tolerance", "T", "capacity bisection tolerance (default: the study's search.capacity."
-           "tolerance); simulation is cheap, a finer one (0.02) separates close configurations"),
+           "tolerance, a fraction in (0, 1)); simulation is cheap, a finer one (0.02) separates close "
+           "configurations"),
 )
+FRACTIONS = ("--tolerance",)  # the bisection's relative width: 5 would be a 500 % bracket
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.cost import price_for
     from tuner.errors import SettingsError
     from tuner.evaluate import base_config, study_traffic
+    from tuner.files import check_writable
     from tuner.profile import read_profile
     from tuner.settings import load_study, with_overrides
     from tuner.simulate import Simulator, study_space
@@ -79,10 +83,16 @@ def run(args: argparse.Namespace) -> int:
 
     for figure in FIGURES:
         value = getattr(args, figure.dest)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value > 0):
             raise SettingsError(f"{figure.flag}: must be > 0, got {value:g}")
+        if figure.flag in FRACTIONS and value >= 1:
+            raise SettingsError(f"{figure.flag}: must be a fraction between 0 and 1 (e.g. 0.05), got {value:g}")
     if args.top < 1:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
+    if args.json:
+        check_writable(args.json, label=f"--json {args.json}")  # before the ranking is printed, not after
     settings = load_study(args.study)
     overrides = {}
     if args.speed is not None:
@@ -93,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["cost.price_per_hour"] = args.price
     if overrides:
         settings = with_overrides(settings, overrides)
-    profile = read_profile(args.profile)
+    profile = read_profile(args.profile, model=settings.model)  # another model's times would rank nothing
     traffic = study_traffic(settings)
     if args.traffic_scale is not None:
         traffic = scale_time(traffic, args.traffic_scale)

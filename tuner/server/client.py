@@ -6,6 +6,7 @@ OS threads; these calls are few and small, so blocking stdlib HTTP with short ti
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -25,8 +26,21 @@ class HttpError(Exception):
         self.message = message
 
 
+class NotTritonError(ServerError):
+    """Something answered, but not as Triton's HTTP endpoint does: a body that is not JSON, a status
+    line that is not HTTP/1.x (a gRPC or other HTTP/2-only port), a connection reset or closed
+    without an answer. `what` says what came back; `call` is the request (`GET /v2`)."""
+
+    def __init__(self, base: str, call: str, what: str):
+        super().__init__(f"Triton at {base}: {call}: {what}")
+        self.base = base
+        self.call = call
+        self.what = what
+
+
 class TritonHttp:
-    """Blocking JSON calls against `http://host:port`. Connection problems raise ServerError."""
+    """Blocking JSON calls against `http://host:port`. Connection problems raise ServerError, an
+    answer that is not Triton's NotTritonError (a ServerError too)."""
 
     def __init__(self, address: str, timeout_s: float = 5.0):
         self.base = address if address.startswith(("http://", "https://")) else f"http://{address}"
@@ -39,6 +53,7 @@ class TritonHttp:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url or f"{self.base}/{path.lstrip('/')}", data=data, method=method,
                                      headers={"Content-Type": "application/json"} if data else {})
+        call = f"{method} /{path.lstrip('/')}"
         try:
             with urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s) as resp:
                 return resp.read()
@@ -49,18 +64,25 @@ class TritonHttp:
             except (ValueError, AttributeError):
                 message = raw
             raise HttpError(exc.code, message or exc.reason) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        except (http.client.HTTPException, ConnectionResetError) as exc:
+            # something listens there but does not speak HTTP/1.1 back (BadStatusLine, UnknownProtocol, ...)
+            raise NotTritonError(self.base, call, _what_answered(exc)) from None
+        except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ServerError(f"Triton at {self.base} did not answer {method} /{path.lstrip('/')}: {reason}") from None
+            if isinstance(reason, ConnectionResetError):  # reset while the request was sent
+                raise NotTritonError(self.base, call, _what_answered(reason)) from None
+            raise ServerError(f"Triton at {self.base} did not answer {call}: {reason}") from None
 
     def get_json(self, path: str, timeout_s: float | None = None) -> dict:
-        """The JSON answer to a GET of `path` (an empty dict for an empty body)."""
-        return json.loads(self.request("GET", path, timeout_s=timeout_s) or b"{}")
+        """The JSON object Triton answers to a GET of `path` (every GET it answers in JSON gives an
+        object, never an empty body); NotTritonError otherwise."""
+        return _json_object(self.request("GET", path, timeout_s=timeout_s), self.base, f"GET /{path.lstrip('/')}")
 
     def post_json(self, path: str, body: dict | None = None, timeout_s: float | None = None) -> dict:
-        """The JSON answer to a POST of `body` to `path` (an empty dict for an empty body)."""
+        """The JSON answer to a POST of `body` to `path` (an empty dict for an empty body: a load or
+        an unload answers nothing)."""
         raw = self.request("POST", path, body=body if body is not None else {}, timeout_s=timeout_s)
-        return json.loads(raw) if raw.strip() else {}
+        return _json_object(raw, self.base, f"POST /{path.lstrip('/')}") if raw.strip() else {}
 
     def ok(self, path: str, timeout_s: float = 1.0) -> bool:
         """Whether a GET of `path` succeeds within `timeout_s`."""
@@ -98,6 +120,47 @@ class TritonHttp:
         """Repository load with `config` as the override (HttpError if Triton refuses)."""
         body = {"parameters": {"config": modelconfig.to_json(config)}} if config is not None else {}
         self.post_json(f"v2/repository/models/{model}/load", body, timeout_s=timeout_s)
+
+
+def _json_object(raw: bytes, base: str, call: str) -> dict:
+    """`raw` as a JSON object; NotTritonError saying what it was instead."""
+    if not raw.strip():
+        raise NotTritonError(base, call, "an empty answer, not JSON")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise NotTritonError(base, call, f"not JSON: {_excerpt(raw)}") from None
+    if not isinstance(data, dict):
+        raise NotTritonError(base, call, f"JSON but not an object: {_excerpt(raw)}")
+    return data
+
+
+def _what_answered(exc: Exception) -> str:
+    """What a peer that broke HTTP/1.1 sent, in words."""
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return "the connection was closed without an answer"
+    if isinstance(exc, ConnectionResetError):
+        return "the connection was reset without an answer"
+    if isinstance(exc, http.client.UnknownProtocol):
+        return f"an answer in {exc.args[0] if exc.args else 'another protocol'}, not HTTP/1.1"
+    if isinstance(exc, http.client.BadStatusLine):
+        line = str(exc.args[0] if exc.args else "")
+        if _is_http2_frame(line.encode("latin-1", errors="replace")):
+            return "an HTTP/2 frame, as a gRPC port sends, not HTTP/1.1"
+        return f"not an HTTP status line: {_excerpt(line.encode('latin-1', errors='replace'))}"
+    return f"a broken HTTP answer ({type(exc).__name__}: {_excerpt(str(exc).encode())})"
+
+
+def _is_http2_frame(head: bytes) -> bool:
+    """Whether `head` starts like the first frame an HTTP/2 server sends: SETTINGS or GOAWAY on
+    stream 0 (the 9-byte frame header: 3 bytes of length, the type, the flags, the stream)."""
+    return len(head) >= 9 and head[3] in (0x04, 0x07) and head[5:9] == b"\0\0\0\0"
+
+
+def _excerpt(raw: bytes, limit: int = 40) -> str:
+    """The start of an answer, quoted, short enough for a one-line error."""
+    text = raw[:limit].decode("utf-8", errors="replace").strip()
+    return repr(text) + ("..." if len(raw) > limit else "")
 
 
 def apply_and_verify(http: TritonHttp, model: str, config: ModelConfig, timeout_s: float,

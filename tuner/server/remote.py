@@ -4,6 +4,10 @@ The server must run in explicit model-control mode (`--model-control-mode=explic
 are applied with the repository load API and a config override. `start()` records each model's
 configuration; `stop()` reloads the models it changed with that original configuration and leaves the
 server running. A `read_only` one (for `tuner audit`) changes nothing and works in any control mode.
+
+`check_triton(url)` is the first thing `start()` does, and what a command calls before any other work
+to refuse a URL where nothing answers, or where something other than Triton's HTTP endpoint does (its
+metrics or gRPC port, another web server), in one line.
 """
 
 from __future__ import annotations
@@ -13,13 +17,43 @@ from collections.abc import Sequence
 from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
-from tuner.server.client import HttpError, TritonHttp, apply_and_verify
+from tuner.server.client import HttpError, NotTritonError, TritonHttp, apply_and_verify
 from tuner.settings import parse_host_port
 
 CONTROL_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
 # Triton's answer to a load/unload when model control is not explicit
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
+
+
+def check_triton(url: str, *, where: str = "server.url") -> None:
+    """Refuse `url` unless Triton's HTTP endpoint answers there: ServerSetupError in one line naming
+    the URL and what answered (or that nothing did). `where` names the key or flag of a malformed URL."""
+    host, port = parse_host_port(url, where=where, error=ServerSetupError)
+    _check_endpoint(TritonHttp(f"{host}:{port}", timeout_s=CONTROL_TIMEOUT_S), url)
+
+
+def _check_endpoint(http: TritonHttp, url: str) -> None:
+    """GET /v2, Triton's server metadata, must be a JSON object naming the server and its version:
+    Triton's metrics port answers any path with an empty 200, its gRPC port in HTTP/2."""
+    try:
+        meta = http.get_json("v2")
+    except NotTritonError as exc:
+        raise ServerSetupError(f"{url} answers but is not Triton's HTTP endpoint ({exc.call}: {exc.what})") from None
+    except HttpError as exc:
+        raise ServerSetupError(f"{url} answers but is not Triton's HTTP endpoint (GET /v2: HTTP {exc.status}: "
+                               f"{_short(exc.message)})") from None
+    except ServerError as exc:
+        raise ServerSetupError(f"cannot reach a Triton server at {url}: {exc}") from None
+    missing = [key for key in ("name", "version") if not isinstance(meta.get(key), str)]
+    if missing:
+        raise ServerSetupError(f"{url} answers but is not Triton's HTTP endpoint (GET /v2: a JSON object "
+                               f"without {' or '.join(repr(k) for k in missing)})")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(str(text).split())  # one line, whatever the answer held
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class RemoteLauncher(Launcher):
@@ -57,10 +91,7 @@ class RemoteLauncher(Launcher):
     def start(self) -> None:
         if self._started:
             return
-        try:
-            self._http.get_json("v2")
-        except (ServerError, HttpError) as exc:
-            raise ServerSetupError(f"cannot reach a Triton server at {self.url}: {exc}") from None
+        _check_endpoint(self._http, self.url)
         if not self.read_only:
             self._check_explicit_mode()
         for model in self.models:
