@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from pathlib import Path
 
@@ -146,7 +148,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(command, ca
     argv = ["traffic", *[str(missing) if a == "IN" else a for a in command], "-o", str(out)]
     assert main(argv) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.startswith(f"tuner: error: {out}: cannot write"), captured.err
+    # the command line's own check names the option (`-o PATH`), the traffic writer the path alone
+    assert captured.out == "" and re.match(rf"tuner: error: (-o )?{re.escape(str(out))}: cannot write",
+                                           captured.err), captured.err
     assert captured.err.count("\n") == 1 and expected in captured.err, captured.err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
@@ -194,4 +198,45 @@ def test_synth_refuses_a_table_that_cannot_fit_before_making_it(kind, extra, row
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"tuner: error: {kind.replace('-', ' ')}: "), err
     assert f"would make about {rows} rows, above the limit of 100,000,000 rows" in err, err
+    assert not out.exists()
+
+
+# --- an input the OS refuses: every traffic command that reads one says so in one line --------------
+
+def _bad_input(case: str, tmp_path: Path, suffix: str) -> tuple[Path, str]:
+    if case == "a name too long":
+        return tmp_path / ("t" * 300 + suffix), "cannot read (File name too long)"
+    if case == "a symbolic-link loop":
+        (tmp_path / f"a{suffix}").symlink_to(tmp_path / f"b{suffix}")
+        (tmp_path / f"b{suffix}").symlink_to(tmp_path / f"a{suffix}")
+        return tmp_path / f"a{suffix}", "cannot read (Too many levels of symbolic links)"
+    if case == "a file in the way":
+        (tmp_path / "f").write_text("x")
+        return tmp_path / "f" / f"t{suffix}", "cannot read (Not a directory)"
+    if case == "a FIFO":  # opening it would wait for a writer forever
+        os.mkfifo(tmp_path / f"pipe{suffix}")
+        return tmp_path / f"pipe{suffix}", "not a regular file"
+    # a write-only sysfs attribute: no process can open it for reading, root included
+    (tmp_path / f"t{suffix}").symlink_to(sorted(Path("/sys/bus").glob("*/drivers_probe"))[0])
+    return tmp_path / f"t{suffix}", "cannot read (Permission denied)"
+
+
+INPUT_CASES = ["a name too long", "a symbolic-link loop", "a file in the way", "a FIFO", "unreadable"]
+
+
+@pytest.mark.parametrize("case", INPUT_CASES)
+@pytest.mark.parametrize("command,suffix", [
+    (["stats", "IN"], ".csv"), (["convert", "IN", "-o", "OUT"], ".parquet"),
+    (["scale", "IN", "--speed", "2", "-o", "OUT"], ".csv"), (["window", "IN", "--start", "0", "-o", "OUT"], ".csv"),
+    (["import", "csv", "IN", "-o", "OUT"], ".parquet"), (["import", "azure", "IN", "-o", "OUT"], ".csv"),
+    (["import", "triton", "IN", "-o", "OUT"], ".json"),
+])
+def test_every_traffic_input_the_os_refuses_is_one_line(command, suffix, case, tmp_path, capsys):
+    path, expected = _bad_input(case, tmp_path, suffix)
+    out = tmp_path / "out.csv"
+    argv = ["traffic", *[{"IN": str(path), "OUT": str(out)}.get(a, a) for a in command]]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"tuner: error: {path}: {expected}\n", captured.err
     assert not out.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,11 +187,27 @@ def _unreadable(case: str, tmp_path) -> tuple:
     if case == "a directory without a suffix":
         (tmp_path / "profiles").mkdir()
         return tmp_path / "profiles", "is a directory, not a traffic file"
+    if case == "a symbolic-link loop":
+        (tmp_path / "a.csv").symlink_to(tmp_path / "b.csv")
+        (tmp_path / "b.csv").symlink_to(tmp_path / "a.csv")
+        return tmp_path / "a.csv", "cannot read (Too many levels of symbolic links)"
+    if case == "a FIFO":  # opening it would wait for a writer forever
+        os.mkfifo(tmp_path / "pipe.csv")
+        return tmp_path / "pipe.csv", "not a regular file"
+    if case == "unreadable":
+        (tmp_path / "t.parquet").symlink_to(write_only_file())
+        return tmp_path / "t.parquet", "cannot read (Permission denied)"
     (tmp_path / "f").write_text("timestamp\n1\n")
     return tmp_path / "f" / "t.csv", "cannot read (Not a directory)"
 
 
-READ_CASES = ["a name too long", "a directory", "a directory without a suffix", "a file in the way"]
+def write_only_file() -> Path:
+    """A file no process can read, root included: a write-only sysfs attribute (EACCES on open)."""
+    return sorted(Path("/sys/bus").glob("*/drivers_probe"))[0]
+
+
+READ_CASES = ["a name too long", "a directory", "a directory without a suffix", "a file in the way",
+              "a symbolic-link loop", "a FIFO", "unreadable"]
 
 
 @pytest.mark.parametrize("case", READ_CASES)
@@ -240,3 +257,73 @@ def test_a_write_leaves_only_the_file_it_names(tmp_path):
         write_traffic(_table().iloc[:10], tmp_path / name)  # over an existing one
         assert len(read_traffic(tmp_path / name)) == 10
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv", "t.parquet"]
+
+
+# --- cells that are not one value (a Parquet list or struct column) -------------------------------
+
+@pytest.mark.parametrize("column,cells,shown", [
+    ("seq_len", [[1, 2], [3]], "a list ([1, 2])"),
+    ("timestamp", [[0.0], [1.0]], "a list ([0.0])"),
+    ("model", [["a"], ["b"]], "a list (['a'])"),
+    ("batch_size", [{"n": 1}, {"n": 2}], "a mapping ({'n': 1})"),
+])
+def test_a_parquet_column_of_lists_is_refused_naming_it(column, cells, shown, tmp_path, capsys):
+    path = tmp_path / "nested.parquet"
+    table = {"timestamp": [0.0, 1.0], column: cells}
+    pd.DataFrame(table).to_parquet(path)
+    expected = f"{path}: row 1, column {column!r}: {shown}, not one value per request"
+    with pytest.raises(TrafficError) as exc:
+        read_traffic(path)
+    assert str(exc.value) == expected
+    assert main(["traffic", "stats", str(path)]) == 2
+    assert capsys.readouterr().err == f"tuner: error: {expected}\n"
+
+
+def test_a_list_after_plain_values_is_named_by_its_row():
+    df = pd.DataFrame({"timestamp": [0.0, 1.0, 2.0], "seq_len": pd.Series([4, 5, (6, 7)], dtype=object)})
+    with pytest.raises(TrafficError, match=r"^frame: row 3, column 'seq_len': a tuple \(\(6, 7\)\), not one"):
+        validate_traffic(df, "frame")
+
+
+def test_an_arrow_list_column_is_refused():
+    import pyarrow as pa
+
+    lists = pd.Series([None, [2, 3]], dtype=pd.ArrowDtype(pa.list_(pa.int64())))
+    with pytest.raises(TrafficError, match=r"^frame: row 2, column 'seq_len': a list \(\[2, 3\]\)"):
+        validate_traffic(pd.DataFrame({"timestamp": [0.0, 1.0], "seq_len": lists}), "frame")
+
+
+# --- text encodings: Excel's "CSV UTF-8" starts with a byte-order mark -----------------------------
+
+@pytest.mark.parametrize("head", [
+    b"\xef\xbb\xbftimestamp,seq_len\r\n",  # Excel's CSV UTF-8: a BOM and CRLF lines
+    b'\xef\xbb\xbf"timestamp","seq_len"\r\n',
+    b"\xef\xbb\xbf\xef\xbb\xbftimestamp,seq_len \n",  # marked twice (a BOM saved again), a trailing space
+])
+def test_a_csv_with_a_byte_order_mark_reads_as_without(head, tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(head + b"1.5,7\r\n2.5,9\r\n")
+    df = read_traffic(path)
+    assert list(df.columns) == ["timestamp", "batch_size", "seq_len"]
+    assert df["timestamp"].tolist() == [1.5, 2.5] and df["seq_len"].tolist() == [7, 9]
+
+
+def test_utf16_text_is_named_as_such(tmp_path, capsys):
+    path = tmp_path / "unicode.csv"
+    path.write_bytes("timestamp,seq_len\n1,7\n".encode("utf-16"))  # Excel's "Unicode Text"
+    assert main(["traffic", "stats", str(path)]) == 2
+    assert capsys.readouterr().err == (f"tuner: error: {path}: not a readable CSV table "
+                                       "(UTF-16 text; save it as UTF-8 CSV)\n")
+
+
+def test_a_column_name_with_a_character_that_does_not_show_is_quoted(tmp_path):
+    path = tmp_path / "zw.csv"
+    path.write_text("\u200btimestamp,seq_len\n1,7\n")  # a zero-width space before the name
+    with pytest.raises(TrafficError, match=r"no 'timestamp' column \(columns found: '\\u200btimestamp', seq_len\)"):
+        read_traffic(path)
+
+
+def test_a_parquet_binary_model_column_reads_as_the_names(tmp_path):
+    path = tmp_path / "binary.parquet"
+    pd.DataFrame({"timestamp": [1.0, 2.0], "model": [b"bert", b"resnet"]}).to_parquet(path)
+    assert read_traffic(path)["model"].tolist() == ["bert", "resnet"]

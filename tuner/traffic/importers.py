@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pandas as pd
 
 from tuner.errors import TrafficError
 from tuner.files import os_reason
-from tuner.traffic.io import MODEL, TIMESTAMP, read_raw, validate_traffic
+from tuner.traffic.io import MODEL, TIMESTAMP, column_names, open_input, read_raw, validate_traffic
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
@@ -42,8 +41,8 @@ def import_csv(
     mapping.setdefault(TIMESTAMP, TIMESTAMP)
     for ours, theirs in mapping.items():
         if theirs not in raw.columns:
-            cols = ", ".join(map(str, raw.columns))
-            raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} (columns found: {cols})")
+            raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} "
+                               f"(columns found: {column_names(raw)})")
     keep = {ours: raw[theirs] for ours, theirs in mapping.items()}
     for col in ("batch_size", MODEL):
         if col not in keep and col in raw.columns:
@@ -62,52 +61,92 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     `model`. Times are Triton's steady clock in seconds (not wall-clock). Requests that a parent
     (an ensemble or BLS model) sent are left out unless `include_children`. With `rate` > 1 Triton
     traces only every rate-th request, so the table is a sample. With `log-frequency` N > 0 Triton
-    writes F.0, F.1, ...: give F and all the parts are read.
+    writes F.0, F.1, ...: give F and all the parts are read. An entry whose id, model_name,
+    parent_id or arrival time has the wrong type is refused, naming its part and entry.
     """
     path = Path(path)
-    entries = [entry for part in _trace_parts(path) for entry in _trace_entries(part)]
-    frame = pd.DataFrame(entries)
-    if "id" not in frame or "model_name" not in frame or "timestamps" not in frame:
+    models: dict[int, str] = {}  # trace id -> model, for the requests kept
+    arrivals: dict[int, tuple[int, int]] = {}  # trace id -> (preference rank, ns)
+    seen = set()
+    for part in _trace_parts(path):
+        for n, entry in enumerate(_trace_entries(part), start=1):
+            where = f"{part}: entry {n}"
+            seen.update(k for k in ("id", "model_name", "timestamps") if k in entry)
+            if entry.get("model_name") is not None:
+                _trace_head(entry, where, models, include_children)
+            if entry.get("timestamps") is not None:
+                _trace_arrival(entry, where, arrivals)
+    if len(seen) < 3:
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
-
-    heads = frame.loc[frame["model_name"].notna(), ["id", "model_name"]].copy()
-    if "parent_id" in frame and not include_children:
-        parents = frame.loc[frame["model_name"].notna(), "parent_id"]
-        heads = heads[parents.isna() | (parents == 0)]
-    heads = heads.drop_duplicates("id")
-
-    stamps = frame.loc[frame["timestamps"].notna(), ["id", "timestamps"]].explode("timestamps")
-    stamps = stamps[stamps["timestamps"].map(lambda s: isinstance(s, dict))]
-    names = stamps["timestamps"].str.get("name")
-    ns = pd.to_numeric(stamps["timestamps"].str.get("ns"), errors="coerce")
-    points = pd.DataFrame({"id": stamps["id"].to_numpy(), "name": names.to_numpy(), "ns": ns.to_numpy()})
-    points = points[points["name"].isin(TRITON_ARRIVAL) & points["ns"].notna()]
-    # per trace id, the arrival marker of the highest preference present
-    points["rank"] = points["name"].map({n: i for i, n in enumerate(TRITON_ARRIVAL)})
-    arrival = points.sort_values(["id", "rank"], kind="stable").drop_duplicates("id")
-    table = heads.merge(arrival[["id", "ns"]], on="id", how="inner")
-    if table.empty:
+    ids = [i for i in models if i in arrivals]
+    if not ids:
         raise TrafficError(
             f"{path}: no traced requests with an arrival time ({', '.join(TRITON_ARRIVAL)}); "
             "was the server started with --trace-config level=TIMESTAMPS?"
         )
-    ns_int = table["ns"].astype(np.int64).to_numpy()
-    seconds = (ns_int // 1_000_000_000).astype(np.float64) + (ns_int % 1_000_000_000) / 1e9
-    out = pd.DataFrame({TIMESTAMP: seconds, MODEL: table["model_name"].astype(str).to_numpy()})
+    ns = np.array([arrivals[i][1] for i in ids], dtype=np.int64)
+    # split whole and fractional seconds so the float is rounded once, not twice
+    seconds = (ns // 1_000_000_000).astype(np.float64) + (ns % 1_000_000_000) / 1e9
+    out = pd.DataFrame({TIMESTAMP: seconds, MODEL: [models[i] for i in ids]})
     return validate_traffic(out, str(path))
+
+
+def _trace_head(entry: dict, where: str, models: dict[int, str], include_children: bool) -> None:
+    """Record the model of a request's first entry; children of an ensemble or BLS model are left
+    out unless `include_children`."""
+    trace_id = _trace_int(entry, "id", where)
+    model = entry["model_name"]
+    if not isinstance(model, str) or not model.strip():
+        raise TrafficError(f"{where}: 'model_name' must be a model's name, got {_short(model)}")
+    parent = entry.get("parent_id")
+    if parent is not None:
+        parent = _trace_int(entry, "parent_id", where)
+    if (include_children or not parent) and trace_id not in models:
+        models[trace_id] = model
+
+
+def _trace_arrival(entry: dict, where: str, arrivals: dict[int, tuple[int, int]]) -> None:
+    """Keep a request's arrival: its most preferred marker of TRITON_ARRIVAL, the first if repeated."""
+    trace_id = _trace_int(entry, "id", where)
+    stamps = entry["timestamps"]
+    if not isinstance(stamps, list) or not all(isinstance(t, dict) for t in stamps):
+        raise TrafficError(f"{where}: 'timestamps' must be a list of {{name, ns}} objects, got {_short(stamps)}")
+    for stamp in stamps:
+        name = stamp.get("name")
+        if not isinstance(name, str) or name not in TRITON_ARRIVAL:
+            continue
+        ns = stamp.get("ns")
+        if isinstance(ns, float) and ns.is_integer():
+            ns = int(ns)  # a trace rewritten by a tool that keeps numbers as doubles
+        if isinstance(ns, bool) or not isinstance(ns, int) or not 0 <= ns < 2**63:
+            raise TrafficError(f"{where}: {name} 'ns' must be a time in nanoseconds (an integer from 0), "
+                               f"got {_short(ns)}")
+        rank = TRITON_ARRIVAL.index(name)
+        if trace_id not in arrivals or rank < arrivals[trace_id][0]:
+            arrivals[trace_id] = (rank, ns)
+
+
+def _trace_int(entry: dict, key: str, where: str) -> int:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrafficError(f"{where}: {key!r} must be an integer, got {_short(value)}")
+    return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _trace_parts(path: Path) -> list[Path]:
     """F itself, or the F.0, F.1, ... that Triton writes with log-frequency > 0, in order."""
     try:
-        mode = path.stat().st_mode
+        path.stat()
     except FileNotFoundError:
-        mode = None
+        pass
     except OSError as exc:
         raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
-    if mode is not None and stat.S_ISDIR(mode):
-        raise TrafficError(f"{path}: is a directory, not a Triton trace file")
-    if mode is not None:
+    else:
         return [path]
     parts = (
         [p for p in path.parent.glob(path.name + ".*") if p.suffix[1:].isdigit()]
@@ -120,12 +159,14 @@ def _trace_parts(path: Path) -> list[Path]:
 
 
 def _trace_entries(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise TrafficError(f"{path}: cannot read ({exc})") from None
+    with open_input(path, "a Triton trace file") as fh:
+        try:
+            # utf-8-sig: a trace saved by an editor that marks UTF-8 with a byte-order mark
+            text = fh.read().decode("utf-8-sig")
+        except OSError as exc:
+            raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+        except UnicodeDecodeError as exc:
+            raise TrafficError(f"{path}: cannot read ({exc})") from None
     if not text.strip():
         raise TrafficError(f"{path}: empty file")
     try:
@@ -134,6 +175,10 @@ def _trace_entries(path: Path) -> list[dict]:
         raise TrafficError(
             f"{path}: not a Triton trace (invalid JSON at line {exc.lineno}: {exc.msg})"
         ) from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+    if not isinstance(entries, list):
         raise TrafficError(f"{path}: not a Triton trace (expected a JSON list of objects)")
+    bad = next((n for n, e in enumerate(entries, start=1) if not isinstance(e, dict)), None)
+    if bad is not None:
+        raise TrafficError(f"{path}: not a Triton trace (entry {bad} is {_short(entries[bad - 1])}, "
+                           "not an object)")
     return entries

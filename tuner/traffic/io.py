@@ -3,14 +3,18 @@
 One row per request: `timestamp` (float64 seconds; ISO-8601 or datetime input becomes seconds since
 the Unix epoch, naive times taken as UTC), `batch_size` (int64, 1 when absent), shape columns such as
 `seq_len` (int64), and an optional `model` (str). Every check is vectorised and the first bad row is
-named with its file, row and column, so a 10-million-row file fails in one clear line.
+named with its file, row and column, so a 10-million-row file fails in one clear line. A CSV is
+UTF-8, with or without the byte-order mark Excel writes; each cell holds one value (a Parquet list or
+struct column is refused).
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -25,6 +29,7 @@ RESERVED = (TIMESTAMP, BATCH_SIZE, MODEL)
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _PANDAS_MAJOR = int(pd.__version__.split(".")[0])
+_BLANKS = " \t\ufeff"
 
 
 def shape_columns(df: pd.DataFrame) -> list[str]:
@@ -46,26 +51,58 @@ def _kind(path: Path) -> str:
 def read_raw(path: str | os.PathLike) -> tuple[pd.DataFrame, int | None]:
     """The file as pandas reads it, unvalidated, and the file line of data row 0 (None for Parquet)."""
     path = Path(path)
-    size = _input_size(path, "a traffic file")
-    kind = _kind(path)
-    if size == 0:
-        raise TrafficError(f"{path}: empty file")
-    if kind == "parquet":
-        try:
-            return pd.read_parquet(path), None
-        except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
-            raise TrafficError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    with open_input(path, "a traffic file") as fh:
+        kind = _kind(path)
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise TrafficError(f"{path}: empty file")
+        if kind == "parquet":
+            return _read_parquet(fh, path), None
+        return _read_csv(fh, path), 2
+
+
+def open_input(path: str | os.PathLike, what: str) -> BinaryIO:
+    """The file at `path`, open for reading in binary; otherwise one TrafficError naming the path and
+    why: no such file, a directory, not a regular file (a FIFO would block the read), or the OS's
+    reason (a name too long, a symbolic-link loop, no permission)."""
+    path = Path(path)
     try:
-        # a float written by write_traffic must read back bit for bit: pandas 3 does so by default,
-        # pandas 2 only with round_trip
-        extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
-        return pd.read_csv(path, skipinitialspace=True, **extra), 2
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise TrafficError(f"{path}: is a directory, not {what}")
+        if not stat.S_ISREG(mode):
+            raise TrafficError(f"{path}: not a regular file")
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise TrafficError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
+
+
+def _read_parquet(fh: BinaryIO, path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(fh)
+    except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
+        raise TrafficError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+
+
+def _read_csv(fh: BinaryIO, path: Path) -> pd.DataFrame:
+    """A CSV in UTF-8, with or without the byte-order mark that Excel's "CSV UTF-8" writes."""
+    if fh.peek(2)[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        raise TrafficError(f"{path}: not a readable CSV table (UTF-16 text; save it as UTF-8 CSV)")
+    # a float written by write_traffic must read back bit for bit: pandas 3 does so by default,
+    # pandas 2 only with round_trip
+    extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
+    try:
+        table = pd.read_csv(fh, encoding="utf-8-sig", skipinitialspace=True, **extra)
     except pd.errors.EmptyDataError:
         raise TrafficError(f"{path}: empty file (no header, no rows)") from None
     except OSError as exc:
         raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+    # a header's spaces and stray byte-order marks (a file marked twice) are no part of its names
+    table.columns = [c.strip(_BLANKS) if isinstance(c, str) else c for c in table.columns]
+    return table
 
 
 def read_traffic(path: str | os.PathLike) -> pd.DataFrame:
@@ -107,21 +144,6 @@ def replacing(path: str | os.PathLike):
     return files.replacing(path, error=TrafficError)
 
 
-def _input_size(path: Path, what: str) -> int:
-    """The size of the file at `path`; a TrafficError naming it unless it is a regular file."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise TrafficError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise TrafficError(f"{path}: is a directory, not {what}")
-    if not stat.S_ISREG(st.st_mode):
-        raise TrafficError(f"{path}: not a regular file")
-    return st.st_size
-
-
 def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = None) -> pd.DataFrame:
     """Check a raw table and return it normalised (dtypes, column order, stable sort by time).
 
@@ -133,10 +155,11 @@ def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = Non
         dup = df.columns[df.columns.duplicated()][0]
         raise TrafficError(f"{source}: column {dup!r} appears twice")
     if TIMESTAMP not in df.columns:
-        cols = ", ".join(map(str, df.columns)) or "none"
-        raise TrafficError(f"{source}: no {TIMESTAMP!r} column (columns found: {cols})")
+        raise TrafficError(f"{source}: no {TIMESTAMP!r} column (columns found: {column_names(df)})")
     if len(df) == 0:
         raise TrafficError(f"{source}: no requests (a header but no rows)")
+    for col in df.columns:
+        _one_value_per_cell(df[col], str(col), where)
 
     out = {TIMESTAMP: _seconds(df[TIMESTAMP], where)}
     out[BATCH_SIZE] = (
@@ -153,6 +176,45 @@ def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = Non
     if len(ts) > 1 and not (np.diff(ts) >= 0).all():
         table = table.sort_values(TIMESTAMP, kind="stable", ignore_index=True)
     return table
+
+
+def column_names(df: pd.DataFrame) -> str:
+    """The table's column names for a message: as written, or quoted where a character would not
+    show (a byte-order mark, a trailing space)."""
+    names = [str(c) for c in df.columns]
+    shown = [n if n.isprintable() and n == n.strip() and n else repr(n) for n in names]
+    return ", ".join(shown) or "none"
+
+
+# what pandas infers for a column of single values only ("mixed" or "mixed-integer" may hide a list)
+_SCALAR_KINDS = frozenset({
+    "string", "bytes", "floating", "integer", "mixed-integer-float", "decimal", "complex",
+    "boolean", "datetime64", "datetime", "date", "timedelta64", "timedelta", "time", "period", "empty",
+})
+
+
+def _one_value_per_cell(col: pd.Series, name: str, where: _Where) -> None:
+    """Refuse a column whose cells hold lists, arrays or mappings (a Parquet list or struct column):
+    a request has one value per column."""
+    nested = isinstance(col.dtype, pd.ArrowDtype) and _is_nested(col.dtype.pyarrow_dtype)
+    if not nested and (col.dtype != object or pd.api.types.infer_dtype(col, skipna=True) in _SCALAR_KINDS):
+        return
+    bad = _first_bad(~col.map(pd.api.types.is_scalar).to_numpy(dtype=bool))
+    if bad is None:
+        return
+    value = col.iloc[bad]
+    value = value.tolist() if hasattr(value, "tolist") else value
+    what = "a mapping" if isinstance(value, dict) else f"a {type(value).__name__}"
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    raise where.fail(bad, name, f"{what} ({text}), not one value per request")
+
+
+def _is_nested(dtype) -> bool:
+    """Whether a pyarrow type holds several values (list, struct, map)."""
+    import pyarrow as pa
+
+    return pa.types.is_nested(dtype)
 
 
 class _Where:
@@ -240,7 +302,12 @@ def _positive_int(col: pd.Series, name: str, where: _Where, shape: bool = False)
         bad = _first_bad(~np.isfinite(numbers))
         if bad is not None:
             raw = col.iloc[bad]
-            problem = "empty (NaN)" if pd.isna(raw) else f"not a number: {_show(raw)}{hint}"
+            if pd.isna(raw):
+                problem = "empty (NaN)"
+            elif isinstance(raw, (float, np.floating)):
+                problem = f"not a finite number: {_show(raw)}"
+            else:
+                problem = f"not a number: {_show(raw)}{hint}"
             raise where.fail(bad, name, problem)
         bad = _first_bad(numbers != np.floor(numbers))
         if bad is not None:
@@ -256,6 +323,8 @@ def _positive_int(col: pd.Series, name: str, where: _Where, shape: bool = False)
 
 
 def _model(col: pd.Series, where: _Where) -> pd.Series:
+    if col.dtype == object and pd.api.types.infer_dtype(col, skipna=True) == "bytes":
+        col = col.str.decode("utf-8", errors="replace")  # a Parquet binary column: the names, not "b'...'"
     text = col.astype("str")
     empty = (col.isna() | (text.str.strip() == "")).to_numpy()
     bad = _first_bad(empty)
