@@ -49,3 +49,78 @@ def test_no_command_prints_help_and_exit_2(capsys):
 def test_module_entry_point_runs():
     out = subprocess.run([sys.executable, "-m", "tuner", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("tuner ")
+
+
+# --- argparse's own errors, numbers that are not finite, the interruption's message -------------------
+
+@pytest.mark.parametrize("argv,words", [
+    (["tune"], "the following arguments are required: STUDY.yaml"),
+    (["tune", "s.yaml", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["traffic", "synth", "nope"], "argument kind: invalid choice: 'nope'"),
+])
+def test_argparse_errors_are_one_line_and_exit_2(capsys, argv, words):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and err.startswith("tuner: error: ") and words in err, err
+
+
+@pytest.mark.parametrize("argv,flag,value", [
+    (["replay", "STUDY", "--speed", "nan"], "--speed", "nan"),
+    (["replay", "STUDY", "--duration", "inf"], "--duration", "inf"),
+    (["soak", "STUDY", "--hours", "NaN"], "--hours", "NaN"),
+    (["simulate", "STUDY", "--profile", "p.csv", "--sla-ms=-inf"], "--sla-ms", "-inf"),
+])
+def test_a_number_that_is_not_finite_is_refused_before_anything_starts(tmp_path, capsys, argv, flag, value):
+    study = tmp_path / "study.yaml"
+    study.write_text("not: read\n")
+    with pytest.raises(SystemExit) as exc:
+        main([str(study) if a == "STUDY" else a for a in argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1, err
+    assert f"argument {flag}: expected a finite number, got {value!r}" in err
+
+
+def _interrupted(monkeypatch, capsys, module, name: str, argv: list[str]) -> str:
+    from tuner.errors import Terminated
+
+    def stop(args):
+        raise Terminated()
+
+    monkeypatch.setattr(module, name, stop)  # registered again by main, so the command is this one
+    assert main(argv) == 143
+    return capsys.readouterr().err
+
+
+def test_sigterm_says_resume_only_where_running_again_resumes(tmp_path, monkeypatch, capsys):
+    import tuner.cli
+    from tuner.cli import _args, replay_cmd
+
+    study = tmp_path / "study.yaml"
+    study.write_text("x: 1\n")
+    err = _interrupted(monkeypatch, capsys, replay_cmd, "_replay", ["replay", str(study)])
+    assert err == "tuner: terminated (SIGTERM)\n"  # a replay measures again from the start
+
+    def resumable(subparsers):
+        _args.add_command(subparsers, "resumes", run=lambda args: replay_cmd._replay(args), help="h",
+                          resumable=True)
+
+    module = type(sys)("tuner.cli.resumes_cmd")
+    module.register = resumable
+    monkeypatch.setitem(sys.modules, "tuner.cli.resumes_cmd", module)
+    monkeypatch.setattr(tuner.cli, "COMMAND_MODULES", (*tuner.cli.COMMAND_MODULES, "tuner.cli.resumes_cmd"))
+    err = _interrupted(monkeypatch, capsys, replay_cmd, "_replay", ["resumes"])
+    assert err == "tuner: terminated (SIGTERM); run the same command again to resume\n"
+
+
+# (command, dest) of numbers still read with plain float, which takes "nan" and "inf": each is a
+# one-line change to `type=finite_float` (tuner/cli/_args.py); one changed must leave this list
+NOT_YET_FINITE = {("tune", "timeout"), ("traffic synth", "rate"), ("traffic synth", "amplitude"),
+                  ("traffic synth", "on_fraction"), ("traffic synth", "off_ratio"),
+                  ("traffic synth", "peak_factor"), ("traffic scale", "speed")}
+
+
+def test_every_number_on_the_command_line_is_read_as_a_finite_number():
+    plain = {(" ".join(path), a.dest) for path, sub in COMMANDS for a in sub._actions if a.type is float}
+    assert plain - NOT_YET_FINITE == set(), "read these with finite_float (tuner/cli/_args.py)"
+    assert NOT_YET_FINITE - plain == set(), "these are finite now: remove them from NOT_YET_FINITE"

@@ -21,6 +21,7 @@ from tuner import modelconfig
 from tuner.cli import main
 
 ALL = FILES or [MISSING]
+ROOT_CONFIG = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 
 
@@ -98,6 +99,27 @@ def test_check_unreadable_inputs_are_one_line_each(tmp_path):
     assert lines[0].endswith("no such file") and "directory" in lines[1] and "not a text file" in lines[2]
     assert re.match(re.escape(f"{tmp_path / 'syntax'}") + r":3:\d+: Expected \"}\"", lines[4]), lines[4]
     assert done.stdout == "6 configs checked, 5 invalid\n"
+
+
+def test_check_names_each_path_the_os_refuses_and_goes_on(tmp_path, capsys):
+    good = ROOT_CONFIG
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "f").write_text("x")
+    bad = [tmp_path / "loop", tmp_path / ("c" * 300), tmp_path / "f" / "config.pbtxt"]
+    code, out, err = run(capsys, "config", "check", str(good), *map(str, bad))
+    assert code == 2 and out == "4 configs checked, 3 invalid\n"
+    reasons = ["Too many levels of symbolic links", "File name too long", "Not a directory"]
+    assert err.splitlines() == [f"{path}: cannot read ({why})" for path, why in zip(bad, reasons, strict=True)]
+
+
+@pytest.mark.parametrize("argv", [["set", "{loop}", "--set", "max_batch_size=8"], ["show", "{loop}"],
+                                  ["set", "{good}", "--set", "max_batch_size=8", "-o", "{loop}"]])
+def test_set_and_show_refuse_a_path_the_os_refuses_in_one_line(tmp_path, capsys, argv):
+    (tmp_path / "loop").symlink_to("loop")
+    argv = [a.format(loop=tmp_path / "loop", good=ROOT_CONFIG) for a in argv]
+    code, out, err = run(capsys, "config", *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{tmp_path / 'loop'}: cannot " in err and "Too many levels of symbolic links" in err, err
 
 
 def test_config_without_subcommand_prints_help_and_exit_2(capsys):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 
-from tuner.errors import InputError, SettingsError
-from tuner.files import json_safe, read_json_object
+from tuner.errors import InputError, OutputError, SettingsError
+from tuner.files import check_output_dir, json_safe, read_json_object, read_text
 
 
 def test_json_safe_turns_unmeasured_figures_into_null_and_numpy_into_plain_numbers():
@@ -46,3 +47,35 @@ def test_a_json_object_is_read_and_the_label_defaults_to_the_path(tmp_path):
     assert read_json_object(path) == {"best": None}
     with pytest.raises(InputError, match=f"^{tmp_path / 'missing.json'}: not found$"):
         read_json_object(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("loop", "Too many levels of symbolic links"),
+    ("long", "File name too long"),
+    ("under a file", "Not a directory"),
+])
+def test_read_text_of_a_name_the_os_refuses_is_one_line(tmp_path, case, reason):
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "f").write_text("x")
+    path = {"loop": tmp_path / "loop", "long": tmp_path / ("y" * 300), "under a file": tmp_path / "f" / "x"}[case]
+    with pytest.raises(SettingsError, match=rf"^{re.escape(str(path))}: cannot read \({reason}\)$"):
+        read_text(path, error=SettingsError)
+
+
+def test_read_text_refuses_a_file_past_its_limit_by_size_and_a_stream_past_it_by_what_it_read(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("a: 1\n" * 1000)
+    assert read_text(path, error=SettingsError, max_bytes=5000) == "a: 1\n" * 1000
+    with pytest.raises(SettingsError, match=r"big.yaml: too large \(5,000 bytes; at most 4,999 bytes is read\)$"):
+        read_text(path, error=SettingsError, max_bytes=4999)
+    with pytest.raises(SettingsError, match=r"/proc/self/status: too large \(over 10 bytes; at most 10 bytes is read\)$"):
+        read_text("/proc/self/status", error=SettingsError, max_bytes=10)  # stat says 0 bytes
+
+
+def test_an_output_directory_check_refuses_a_symbolic_link_loop_and_makes_nothing(tmp_path):
+    (tmp_path / "loop").symlink_to("loop")
+    for create in (False, True):
+        with pytest.raises(OutputError, match=r"^output directory .*/loop: cannot write there \(Too many levels"):
+            check_output_dir(tmp_path / "loop", "output directory", create=create)
+    check_output_dir(tmp_path / "new" / "out", "output directory", create=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]

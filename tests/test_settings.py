@@ -3,13 +3,14 @@ choices are checked."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tuner.errors import SettingsError
-from tuner.settings import load_study, parse_host_port, study_from_dict
+from tuner.settings import load_study, parse_host_port, parse_yaml, study_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = {"name": "s", "model_repository": "models", "model": "m", "traffic": {"path": "t.csv"}}
@@ -103,3 +104,128 @@ def test_a_tune_with_a_bad_url_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: server.url: "), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+# --- values no range check sees, keys given twice, files too large, paths the OS refuses -------------
+
+def _study_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text("name: s\nmodel_repository: models\nmodel: m\ntraffic: {path: t.csv}\n" + text)
+    return path
+
+
+@pytest.mark.parametrize("text,key,value", [
+    ("sla: {latency_ms: .nan}", "sla.latency_ms", "nan"),
+    ("search: {model_error: .nan}", "search.model_error", "nan"),
+    ("search: {timeout_s: .inf}", "search.timeout_s", "inf"),
+    ("replay: {warmup_s: -.inf}", "replay.warmup_s", "-inf"),
+    ("sla: {percentile: .nan}", "sla.percentile", "nan"),
+    ("cost: {price_per_hour: 1.0e+400}", "cost.price_per_hour", "inf"),
+])
+def test_nan_and_infinity_are_refused_naming_the_key(tmp_path, text, key, value):
+    with pytest.raises(SettingsError) as exc:
+        load_study(_study_file(tmp_path, text + "\n"))
+    assert str(exc.value) == f"{tmp_path / 'study.yaml'}: {key}: expected a finite number, got {value}"
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**40])
+def test_a_seed_optuna_would_refuse_is_refused_at_load(seed):
+    with pytest.raises(SettingsError, match=rf"^study.yaml: search.seed: must be in 0..4294967295, got {seed}$"):
+        study_from_dict({**MINIMAL, "search": {"seed": seed}}, source="study.yaml")
+    assert study_from_dict({**MINIMAL, "search": {"seed": 2**32 - 1}}).search.seed == 2**32 - 1
+
+
+@pytest.mark.parametrize("text,where,key,first", [
+    ("sla: {latency_ms: 200}\nsla: {latency_ms: 7}\n", "6:1", "sla", 5),
+    ("sla: {latency_ms: 200, latency_ms: 7}\n", "5:24", "latency_ms", 5),
+    ("search:\n  trials: 5\n  capacity: {tolerance: 0.1}\n  trials: 50\n", "8:3", "trials", 6),
+])
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, where, key, first):
+    path = _study_file(tmp_path, text)
+    with pytest.raises(SettingsError) as exc:
+        load_study(path)
+    assert str(exc.value) == f"{path}:{where}: invalid YAML: duplicate key {key!r} (first on line {first})"
+
+
+def test_a_merge_may_still_override_a_key():
+    text = "base: &sla {latency_ms: 200, percentile: 95}\nsla: {<<: *sla, latency_ms: 50}\n"
+    assert parse_yaml(text, "study.yaml")["sla"] == {"latency_ms": 50, "percentile": 95}
+
+
+def test_a_huge_yaml_is_refused_by_its_size_before_it_is_parsed(tmp_path):
+    import time
+
+    path = tmp_path / "study.yaml"
+    with open(path, "wb") as fh:
+        fh.truncate(50 * 2**20)  # 50 MiB, sparse
+    started = time.monotonic()
+    with pytest.raises(SettingsError, match=r"study.yaml: too large \(50.0 MiB; at most 1.0 MiB is read\)$"):
+        load_study(path)
+    assert time.monotonic() - started < 1.0
+
+
+def _bad_path(tmp_path: Path, case: str) -> Path:
+    if case == "a symbolic-link loop":
+        (tmp_path / "loop.csv").symlink_to("loop.csv")
+        return tmp_path / "loop.csv"
+    if case == "a name too long":
+        return tmp_path / ("t" * 300 + ".csv")
+    (tmp_path / "a-file").write_text("x")
+    return tmp_path / "a-file" / "t.csv"
+
+
+CASES = ["a symbolic-link loop", "a name too long", "a file where a directory is expected"]
+REASONS = {"a symbolic-link loop": "Too many levels of symbolic links", "a name too long": "File name too long",
+           "a file where a directory is expected": "Not a directory"}
+
+
+@pytest.mark.parametrize("key", ["traffic.path", "model_repository", "search.profile", "output"])
+@pytest.mark.parametrize("case", CASES)
+def test_a_path_in_the_study_the_os_refuses_is_one_line_naming_the_key(tmp_path, key, case):
+    bad = _bad_path(tmp_path, case)
+    section, _, name = key.rpartition(".")
+    data = {**MINIMAL, section: {**MINIMAL.get(section, {}), name: bad.name if case != "a file where a " \
+            "directory is expected" else "a-file/t.csv"}} if section else {**MINIMAL, key: str(bad)}
+    with pytest.raises(SettingsError) as exc:
+        study_from_dict(data, base_dir=tmp_path, source="study.yaml")
+    assert str(exc.value).startswith(f"study.yaml: {key}: {bad}: {REASONS[case]}"), exc.value
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tune_of_a_study_whose_traffic_the_os_refuses_is_one_line(tmp_path, capsys, case):
+    from tuner.cli import main
+
+    bad = _bad_path(tmp_path, case)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({**MINIMAL, "traffic": {"path": str(bad)}, "output": "out"}))
+    for argv in (["tune", str(study)], ["tune", str(study), "--check"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: traffic.path: {bad}: "), err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_study_file_the_os_refuses_is_one_line(tmp_path, case):
+    bad = _bad_path(tmp_path, case).with_suffix(".yaml")
+    if case == "a symbolic-link loop":
+        bad.symlink_to(bad.name)
+    with pytest.raises(SettingsError, match=rf"^{re.escape(str(bad))}: cannot read \({REASONS[case]}\)"):
+        load_study(bad)
+
+
+def test_the_nightly_settings_refuse_keys_given_twice_nan_and_paths_the_os_refuses(tmp_path):
+    from tuner.nightly.settings import load_nightly
+
+    nightly = tmp_path / "nightly.yaml"
+    (tmp_path / "loop").symlink_to("loop")
+    for text, message in (
+        ("study: s.yaml\ntraffic: {path: t}\nstudy: t.yaml\n", ":3:1: invalid YAML: duplicate key 'study' "
+         "(first on line 1)"),
+        ("study: s.yaml\ntraffic: {path: t, hours: .nan}\n", ": traffic.hours: expected a finite number, got nan"),
+        ("study: loop\ntraffic: {path: t}\n", f": study: {tmp_path / 'loop'}: Too many levels of symbolic links"),
+    ):
+        nightly.write_text(text)
+        with pytest.raises(SettingsError) as exc:
+            load_nightly(nightly)
+        assert str(exc.value) == f"{nightly}{message}"

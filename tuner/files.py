@@ -3,7 +3,8 @@ and writing what a person keeps: whole files or nothing, and a check before minu
 place can be written at all. A write that fails (a full disk, a read-only file system or /proc, a
 name too long, a directory in the way) says which file and why in one line, and leaves no partial
 file behind: the data goes to a temporary file beside the target (`.tuner-<hex>.tmp`, never taken for
-a traffic file or a config), which is renamed over it once complete."""
+a traffic file or a config), which is renamed over it once complete. The checks of a path a person
+gave (can it be read, can a file or a directory be made there) are in tuner.paths."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import contextlib
 import json
 import math
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from tuner.errors import InputError, OutputError
+from tuner.paths import make_temp, os_reason, writable_dir
 
 __all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "read_json_object", "read_text",
            "replacing", "write_atomic"]
@@ -36,14 +37,29 @@ def json_safe(value):
     return value
 
 
-def read_text(path: str | os.PathLike, *, error: type[InputError]) -> str:
-    """The file's text; `error` (`<path>: no such file` or `<path>: cannot read: <why>`) otherwise."""
+def read_text(path: str | os.PathLike, *, error: type[InputError], max_bytes: int | None = None) -> str:
+    """The file's text; `error` (`<path>: no such file`, `<path>: cannot read (<why>)`, or, past
+    `max_bytes`, `<path>: too large (<size>; ...)`, said before it is read) otherwise."""
     try:
-        return Path(path).read_text()
+        with open(path) as fh:
+            if max_bytes is None:
+                return fh.read()
+            size = os.fstat(fh.fileno()).st_size
+            text = fh.read(max_bytes + 1) if size <= max_bytes else None
+            if text is None or len(text) > max_bytes:  # a pipe or /proc file has no size to stat
+                shown = _in_words(size) if size > max_bytes else f"over {_in_words(max_bytes)}"
+                raise error(f"{path}: too large ({shown}; at most {_in_words(max_bytes)} is read)")
+            return text
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({os_reason(exc)})") from None
+    except UnicodeDecodeError as exc:
         raise error(f"{path}: cannot read: {exc}") from None
+
+
+def _in_words(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size:,} bytes"
 
 
 def read_json_object(path: str | os.PathLike, *, label: str | None = None, missing: str = "not found",
@@ -64,12 +80,6 @@ def read_json_object(path: str | os.PathLike, *, label: str | None = None, missi
     return data
 
 
-def os_reason(exc: OSError) -> str:
-    """The OS's words for an OSError (`File name too long`), without the path it repeats."""
-    text = str(exc).strip()
-    return exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
-
-
 def check_writable(path: str | os.PathLike, *, label: str | None = None,
                    error: type[InputError] = OutputError) -> Path:
     """The path, once a new file can be made there (its directory exists and takes a new file, the
@@ -77,7 +87,7 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
     `error` starting with `label` (default: the path)."""
     path = Path(path)
     _check_target(path, label or str(path), error)
-    fd, probe = _make_temp(path, path.parent, ".probe", label or str(path), error)
+    fd, probe = make_temp(path.parent, ".probe", label or str(path), error)
     os.close(fd)
     os.unlink(probe)
     return path
@@ -86,33 +96,8 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
 def check_output_dir(path: str | os.PathLike, what: str, *, create: bool = True) -> Path:
     """Make the directory (and its parents) and prove a file can be written in it; OutputError
     naming `what` (e.g. `output directory`) otherwise. Without `create` nothing is made: the nearest
-    directory that exists must take a new file."""
-    path = Path(path)
-    label = f"{what} {path}"
-    if not create:
-        existing = path
-        while not existing.exists() and existing.parent != existing:
-            existing = existing.parent
-        if existing.exists() and not existing.is_dir():
-            raise OutputError(f"{label}: {existing} exists and is not a directory")
-        if len(os.fsencode(path.name)) > _name_max(existing):
-            raise OutputError(f"{label}: cannot write there (File name too long)")
-        fd, probe = _make_temp(path / "x", existing, ".probe", label, OutputError)
-        os.close(fd)
-        os.unlink(probe)
-        return path
-    try:
-        if path.exists() and not path.is_dir():
-            raise OutputError(f"{label}: exists and is not a directory")
-        if len(os.fsencode(path.name)) > _name_max(path.parent):
-            raise OSError(36, os.strerror(36))  # said before any parent is made for it
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{label}: cannot write there ({os_reason(exc)})") from None
-    fd, probe = _make_temp(path / "x", path, ".probe", label, OutputError)
-    os.close(fd)
-    os.unlink(probe)
-    return path
+    directory that exists must take a new file (tuner.paths.writable_dir)."""
+    return writable_dir(path, label=f"{what} {path}", create=create)
 
 
 @contextlib.contextmanager
@@ -125,7 +110,7 @@ def replacing(path: str | os.PathLike, *, label: str | None = None,
     label = label or str(path)
     _check_target(path, label, error)
     real = Path(os.path.realpath(path))
-    fd, tmp = _make_temp(path, real.parent, ".tmp", label, error)
+    fd, tmp = make_temp(real.parent, ".tmp", label, error)
     os.close(fd)
     try:
         with contextlib.suppress(FileNotFoundError):
@@ -185,13 +170,3 @@ def _check_target(path: Path, label: str, error: type[InputError]) -> None:
         pass
     except OSError as exc:
         raise error(f"{label}: cannot write ({os_reason(exc)})") from None
-
-
-def _make_temp(path: Path, folder: Path, suffix: str, label: str, error: type[InputError]) -> tuple[int, str]:
-    """A new empty file in `folder` for writing `path`, mode 0666 less the umask."""
-    # a short name, so that a target whose own name is near the limit still has a temporary beside it
-    name = os.path.join(folder, f".tuner-{secrets.token_hex(6)}{suffix}")
-    try:
-        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
-    except OSError as exc:
-        raise error(f"{label}: cannot write: the directory {folder} takes no new file ({os_reason(exc)})") from None

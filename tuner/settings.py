@@ -8,6 +8,7 @@ and a value of the wrong type names its key. Relative paths are resolved against
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -18,6 +19,7 @@ import yaml
 
 from tuner.errors import SettingsError
 from tuner.files import read_text
+from tuner.paths import nameable
 
 LAUNCHERS = ("local", "docker", "remote")
 NETWORKS = ("host", "published")
@@ -44,6 +46,22 @@ def at_least_zero(default: float | int | None) -> typing.Any:
 def one_of(choices: tuple[str, ...], default: str) -> typing.Any:
     """A field whose value must be one of `choices` (checked as the study loads)."""
     return field(default=default, metadata={_RULE: choices})
+
+
+@dataclass(frozen=True)
+class Between:
+    """The rule of a field whose value must lie in low..high, both included."""
+
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return f"in {self.low}..{self.high}"
+
+
+def between(low: int, high: int, default: int) -> typing.Any:
+    """A field whose value must be in low..high (checked as the study loads)."""
+    return field(default=default, metadata={_RULE: Between(low, high)})
 
 
 @dataclass(frozen=True)
@@ -161,7 +179,7 @@ class SearchSettings:
     sampler: str = one_of(SAMPLERS, "tpe")
     trials: int = positive(20)
     timeout_s: float | None = positive(None)
-    seed: int = 0
+    seed: int = between(0, 2**32 - 1, 0)  # what Optuna's samplers (numpy's RandomState) take
     max_batch_size: IntRange = field(default_factory=lambda: IntRange(1, 64, log=True))
     max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
     preferred_batch_size: str = one_of(PREFERRED_STRATEGIES, "none")
@@ -261,14 +279,14 @@ def load_study(path: str | Path) -> StudySettings:
     path = Path(path)
     data = _read_yaml(path)
     settings = _build(StudySettings, data, str(path), "")
-    settings = _resolve_paths(settings, path.parent)
+    settings = _resolve_paths(settings, path.parent, str(path))
     _check(settings, str(path))
     return dataclasses.replace(settings, source=str(path))
 
 
 def study_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<study>") -> StudySettings:
     """The study of already-parsed YAML `data`, validated, its relative paths resolved against `base_dir`."""
-    settings = _resolve_paths(_build(StudySettings, data, source, ""), Path(base_dir))
+    settings = _resolve_paths(_build(StudySettings, data, source, ""), Path(base_dir), source)
     _check(settings, source)
     return settings
 
@@ -291,15 +309,45 @@ def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> Stu
     return built
 
 
-def _read_yaml(path: Path) -> dict:
-    text = read_text(path, error=SettingsError)
+# A study or nightly file is a page of settings; past this it is not one, and is refused unparsed.
+MAX_YAML_BYTES = 2**20
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that gives a key twice (where the last would silently
+    win) with the key and the lines of both. A merge (`<<: *base`) may still override a key."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """The mapping of `node`, once no key is given twice in it."""
+        first: dict = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in first:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first[key].start_mark.line + 1})",
+                    key_node.start_mark)
+            first[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str):
+    """The data of YAML `text` (the safe loader, no key given twice); SettingsError
+    `<source>:<line>:<column>: invalid YAML: <problem>` otherwise."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
         raise SettingsError(f"{where}: invalid YAML: {problem}") from None
+
+
+def _read_yaml(path: Path) -> dict:
+    data = parse_yaml(read_text(path, error=SettingsError, max_bytes=MAX_YAML_BYTES), str(path))
     if not isinstance(data, dict):
         raise SettingsError(f"{path}: expected a mapping of settings at the top level")
     return data
@@ -363,7 +411,13 @@ def _convert(hint, value, source: str, key: str):
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SettingsError(f"{source}: {key}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past any float
+            number = math.inf
+        if not math.isfinite(number):  # NaN passes every range check; no setting means infinity
+            raise SettingsError(f"{source}: {key}: expected a finite number, got {value!r}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise SettingsError(f"{source}: {key}: expected a string, got {value!r}")
@@ -378,24 +432,34 @@ def _get(settings, dotted: str):
     return node
 
 
-def _resolve_paths(settings: StudySettings, base: Path) -> StudySettings:
-    def resolve(value):
-        if value in (None, ""):
-            return value
-        p = Path(value).expanduser()
-        return str(p if p.is_absolute() else (base / p).resolve())
+def resolve_path(value: str | None, base: Path, *, key: str, source: str) -> str | None:
+    """`value` (a path a settings file gives) made absolute against the file's folder `base`; a
+    SettingsError naming `key` when no file could ever have that name (tuner.paths.nameable)."""
+    if value in (None, ""):
+        return value
+    try:
+        given = Path(value).expanduser()
+    except RuntimeError as exc:  # ~user of no such user
+        raise SettingsError(f"{source}: {key}: {value}: {exc}") from None
+    if given.is_absolute():
+        return str(nameable(given, label=f"{source}: {key}: {given}", error=SettingsError))
+    joined = base / given
+    nameable(joined, label=f"{source}: {key}: {joined}", error=SettingsError)  # before resolve() meets a loop
+    return str(joined.resolve())
 
-    traffic = dataclasses.replace(settings.traffic, path=resolve(settings.traffic.path))
-    server = dataclasses.replace(settings.server, install_dir=resolve(settings.server.install_dir))
-    search = dataclasses.replace(settings.search, profile=resolve(settings.search.profile))
-    return dataclasses.replace(
-        settings,
-        model_repository=resolve(settings.model_repository),
-        output=resolve(settings.output),
-        traffic=traffic,
-        server=server,
-        search=search,
-    )
+
+def _resolve_paths(settings: StudySettings, base: Path, source: str) -> StudySettings:
+    for key in _PATH_KEYS:
+        settings = _replace(settings, key, resolve_path(_get(settings, key), base, key=key, source=source))
+    return settings
+
+
+def _replace(node, dotted: str, value):
+    """`node` with the field at the dotted key replaced by `value`."""
+    name, _, rest = dotted.partition(".")
+    if rest:
+        value = _replace(getattr(node, name), rest, value)
+    return dataclasses.replace(node, **{name: value})
 
 
 def _ruled(node, prefix: str = ""):
@@ -414,6 +478,9 @@ def _check(s: StudySettings, source: str) -> None:
         if isinstance(rule, tuple):
             if value not in rule:
                 raise SettingsError(f"{source}: {key}: must be one of {', '.join(rule)}, got {value!r}")
+        elif isinstance(rule, Between):
+            if not rule.low <= value <= rule.high:
+                raise SettingsError(f"{source}: {key}: must be {rule}, got {value!r}")
         elif value is not None and (value < 0 or (value == 0 and rule == "> 0")):
             raise SettingsError(f"{source}: {key}: must be {rule}, got {value!r}")
     if not 0 < s.sla.percentile <= 100:

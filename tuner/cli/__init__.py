@@ -1,7 +1,8 @@
 """The `tuner` command line: argument parsing and printing only.
 
 Each command group lives in its own module here and exposes `register(subparsers)`; every command
-sets `func(args) -> int`. The library does the work; errors become one line and an exit code.
+sets `func(args) -> int`. The library does the work; errors become one line and an exit code. The
+paths a command line names are checked (tuner/cli/_args.py: check_paths) before the command runs.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import sys
 
 from tuner import __version__
+from tuner.cli._args import Parser, check_paths
 from tuner.errors import Terminated, TunerError, sigterm_as_interrupt
 
 # Command-group modules, in the order `tuner --help` lists them (one that fails to import is an error).
@@ -33,7 +35,7 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The `tuner` argument parser, every command group registered on it."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tuner",
         description="Find the Triton dynamic-batching configuration that serves recorded traffic "
         "at the highest throughput per dollar under a latency SLA.",
@@ -54,16 +56,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with sigterm_as_interrupt():
+            check_paths(parser, args)
             return int(args.func(args) or 0)
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Terminated:
-        print("tuner: terminated (SIGTERM); run the same command again to resume", file=sys.stderr)
+        print(f"tuner: terminated (SIGTERM){_resume(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
         print("tuner: interrupted", file=sys.stderr)
         return 130
+
+
+def _resume(args: argparse.Namespace) -> str:
+    """What the SIGTERM message adds: how to resume, for a command that does (`resumable`)."""
+    return "; run the same command again to resume" if getattr(args, "resumable", False) else ""
 
 
 if __name__ == "__main__":

@@ -1,22 +1,110 @@
-"""What several commands declare alike: their parsers, and the arguments they share, each declared once."""
+"""What several commands declare alike: their parsers, and the arguments they share, each declared once.
+
+A path a person gives is declared with a `PathArg` type (`add_study`, `add_output_file`, `add_input`,
+...): parsing refuses only an empty path, and `check_paths` (run by tuner.cli.main once the command
+line parses, before the command starts) checks each with tuner.paths, outputs first: a name too long,
+a symbolic-link loop, a directory where a file is expected or the reverse, a place that takes no new
+file are one line and exit 2 before any work. Parsing itself touches no file.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
+import math
+import typing
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
+
+from tuner import paths
 
 Run = Callable[[argparse.Namespace], int]
 
 OUTPUT_DIR_HELP = "output directory (default: the study's output)"
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (`tuner: error: ...`) and exit 2, as every other
+    error of tuner is; its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print `message` in one line with where to find the usage, and exit 2."""
+        self.exit(2, f"tuner: error: {message} (see `{self.prog} --help`)\n")
+
+
+class PathArg:
+    """The `type` of an argument that names a path: what it must be (`kind`, one of KINDS) and how its
+    errors name it (`label`, a format of `path`). Parsing only refuses an empty path; `check` does the
+    rest. With `each`, the command checks every path itself (to say one line per bad one)."""
+
+    KINDS = {"file": paths.readable_file, "directory": paths.readable_dir, "file or directory": paths.readable,
+             "output file": paths.writable_file, "output directory": paths.writable_dir}
+
+    def __init__(self, kind: str, label: str = "{path}", *, what: str = "a file", each: bool = False):
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown path kind {kind!r}")
+        self.kind, self.label, self.what, self.each = kind, label, what, each
+        self.__name__ = kind  # argparse names a type by it
+
+    def __call__(self, text: str) -> str:
+        if text == "":
+            article = "an" if self.kind.startswith("o") else "a"
+            raise argparse.ArgumentTypeError(f"an empty path (name {article} {self.kind}; '.' is this directory)")
+        return text
+
+    @property
+    def writes(self) -> bool:
+        """True for an output: checked before the inputs, so no input is read for nothing."""
+        return self.kind.startswith("output")
+
+    def check(self, path: str) -> None:
+        """Raise InputError (OutputError for an output) naming the path unless it is fit for its kind."""
+        extra = {"what": self.what} if self.kind in ("file", "directory") else {}
+        self.KINDS[self.kind](path, label=self.label.format(path=path), **extra)
+
+    def __repr__(self) -> str:
+        return f"PathArg({self.kind!r}, {self.label!r})"
+
+
+def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check every path `args` holds for the command it chose (outputs first): InputError otherwise."""
+    typed = [a for a in _chosen_actions(parser, args) if isinstance(a.type, PathArg) and not a.type.each]
+    for action in sorted(typed, key=lambda a: not a.type.writes):
+        value = getattr(args, action.dest, None)
+        for path in value if isinstance(value, list) else [value]:
+            if path is not None:
+                action.type.check(path)
+
+
+def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:
+    """The actions of `parser` and of the subcommands `args` chose."""
+    for action in parser._actions:  # argparse has no public list of a parser's arguments
+        yield action
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                yield from _chosen_actions(chosen, args)
+
+
+def finite_float(text: str) -> float:
+    """A number from the command line that is finite: NaN passes every range check, so it is refused
+    here, as infinity is."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def add_command(
-    subparsers: argparse._SubParsersAction, name: str, *, run: Run, help: str, description: str | None = None
+    subparsers: argparse._SubParsersAction, name: str, *, run: Run, help: str, description: str | None = None,
+    resumable: bool = False,
 ) -> argparse.ArgumentParser:
-    """The parser of command `name`, which calls `run(args)`."""
+    """The parser of command `name`, which calls `run(args)`; `resumable` when running it again after a
+    Ctrl-C or SIGTERM resumes where it stopped (what the interruption's message then says)."""
     parser = subparsers.add_parser(name, help=help, description=description)
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, resumable=resumable)
     return parser
 
 
@@ -36,13 +124,28 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def add_study(parser: argparse.ArgumentParser, help: str, *, optional: bool = False) -> None:
-    """The STUDY.yaml positional, as `args.study`."""
-    parser.add_argument("study", nargs="?" if optional else None, metavar="STUDY.yaml", help=help)
+    """The STUDY.yaml positional, as `args.study`: a file to read."""
+    parser.add_argument("study", nargs="?" if optional else None, metavar="STUDY.yaml", type=PathArg("file"),
+                        help=help)
 
 
 def add_tune_output(parser: argparse.ArgumentParser, help: str, *, optional: bool = False) -> None:
     """The OUTPUT_DIR positional, a directory `tuner tune` wrote, as `args.output_dir`."""
-    parser.add_argument("output_dir", nargs="?" if optional else None, metavar="OUTPUT_DIR", help=help)
+    parser.add_argument("output_dir", nargs="?" if optional else None, metavar="OUTPUT_DIR",
+                        type=PathArg("directory"), help=help)
+
+
+def add_input(parser: argparse.ArgumentParser, flag: str, *, kind: str = "file", what: str = "a file",
+              metavar: str | None = None, help: str | None = None, required: bool = False, each: bool = False,
+              nargs: str | None = None) -> None:
+    """A path to read: an option `--flag` (its errors start `--flag PATH`) or a positional `flag` (they
+    start with the path). `kind`: "file", "directory" or "file or directory"; `what` names the file a
+    directory is not (e.g. "a traffic file"); `each`: the command checks each path itself (PathArg)."""
+    option = flag.startswith("-")
+    label = f"{flag} {{path}}" if option else "{path}"
+    extra = {"required": required} if option else {}
+    parser.add_argument(flag, type=PathArg(kind, label, what=what, each=each), metavar=metavar, help=help,
+                        nargs=nargs, **extra)
 
 
 def add_storage(parser: argparse.ArgumentParser, help: str) -> None:
@@ -50,23 +153,29 @@ def add_storage(parser: argparse.ArgumentParser, help: str) -> None:
     parser.add_argument("--storage", metavar="URL", help=help)
 
 
-def add_output_dir(parser: argparse.ArgumentParser, *, note: str | None = None) -> None:
-    """`--output DIR`: where a study's outputs go instead of its `output`; `note` adds to the help."""
-    help = f"{OUTPUT_DIR_HELP}; {note}" if note else OUTPUT_DIR_HELP
-    parser.add_argument("--output", metavar="DIR", help=help)
+def add_output_dir(parser: argparse.ArgumentParser, *, note: str | None = None, flag: str = "--output",
+                   help: str | None = None, label: str = "output directory {path}") -> None:
+    """`--output DIR`: where a study's outputs go instead of its `output`; `note` adds to the help (or
+    `help` replaces it, for another `flag`). It must be (or be able to become) a directory that takes a
+    new file; the check makes nothing. Its errors start with `label`, a format of `path`."""
+    help = help or (f"{OUTPUT_DIR_HELP}; {note}" if note else OUTPUT_DIR_HELP)
+    parser.add_argument(flag, metavar="DIR", type=PathArg("output directory", label), help=help)
 
 
 def add_output_file(
     parser: argparse.ArgumentParser, *, metavar: str | None = None, help: str | None = None,
-    required: bool = False,
+    required: bool = False, flags: tuple[str, ...] = ("-o", "--output"), label: str | None = None,
 ) -> None:
-    """`-o/--output`: the one file a command writes."""
-    parser.add_argument("-o", "--output", required=required, metavar=metavar, help=help)
+    """`-o/--output`: the one file a command writes (its errors start with the path, or with `label`, a
+    format of `path`, e.g. "-o {path}"). It must be a place a file can be written; the check makes nothing."""
+    parser.add_argument(*flags, required=required, metavar=metavar, type=PathArg("output file", label or "{path}"),
+                        help=help)
 
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--json OUT`: also write `what` as JSON."""
-    parser.add_argument("--json", metavar="OUT", help=f"also write {what} as JSON to OUT")
+    """`--json OUT`: also write `what` as JSON (checked as an output file before the work)."""
+    parser.add_argument("--json", metavar="OUT", type=PathArg("output file", "--json {path}"),
+                        help=f"also write {what} as JSON to OUT")
 
 
 def add_assignments(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
@@ -101,9 +210,9 @@ class Number(NamedTuple):
 
 
 def add_numbers(
-    parser: argparse.ArgumentParser, numbers: Iterable[Number], *, type: Callable[[str], float] = float
+    parser: argparse.ArgumentParser, numbers: Iterable[Number], *, type: Callable[[str], float] = finite_float
 ) -> None:
-    """Declare `numbers`, in order, each read with `type`."""
+    """Declare `numbers`, in order, each read with `type` (default: a finite float)."""
     for number in numbers:
         parser.add_argument(number.flag, type=type, default=number.default, metavar=number.metavar,
                             help=number.help)

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from tuner import modelconfig, space
-from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_output_file
+from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_input, add_output_file
 from tuner.errors import ConfigError, InputError
 from tuner.files import write_atomic
+from tuner.paths import readable_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
         "PATH: message for a broken rule) and exits 2 if any is invalid.",
     )
-    check.add_argument("paths", nargs="+", metavar="PATH", help="config.pbtxt files")
+    # each path is checked as it comes, so that every bad one has its line
+    add_input(check, "paths", nargs="+", metavar="PATH", help="config.pbtxt files", each=True)
 
     set_ = add_command(
         sub, "set", run=_set, help="change the tuned fields of a config.pbtxt",
@@ -37,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
     )
-    set_.add_argument("path", metavar="PATH", help="the config.pbtxt to start from")
+    add_input(set_, "path", metavar="PATH", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
     add_output_file(set_, metavar="OUT", help="write the new config here instead of stdout")
     add_flag(set_, "--in-place", "overwrite PATH with the new config")
@@ -47,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
         "its settings, instance groups) as an aligned table.",
     )
-    show.add_argument("path", metavar="PATH", help="a config.pbtxt")
+    add_input(show, "path", metavar="PATH", help="a config.pbtxt")
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -56,6 +58,7 @@ def _check(args: argparse.Namespace) -> int:
     invalid = 0
     for path in args.paths:
         try:
+            readable_file(path, what="a config.pbtxt", error=ConfigError)
             modelconfig.validate(modelconfig.load(path), path)
         except ConfigError as exc:
             invalid += 1

@@ -11,11 +11,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from tuner.errors import SettingsError
 from tuner.nightly.rule import RULES
-from tuner.settings import StudySettings, _build, _read_yaml, load_study, with_overrides
+from tuner.settings import (
+    StudySettings,
+    _build,
+    _read_yaml,
+    load_study,
+    parse_yaml,
+    resolve_path,
+    with_overrides,
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def load_nightly(path: str | Path) -> NightlySettings:
     if "source" in data:
         raise SettingsError(f"{path}: source: unknown key")
     settings = _build(NightlySettings, data, str(path), "")
-    settings = _resolve(settings, path.parent)
+    settings = _resolve(settings, path.parent, str(path))
     check(settings, str(path))
     return dataclasses.replace(settings, source=str(path))
 
@@ -86,7 +92,8 @@ def load_study_for(settings: NightlySettings) -> StudySettings:
     if not settings.study_overrides:
         return study
     # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
-    values = {k: yaml.safe_load(v) for k, v in settings.study_overrides.items()}
+    values = {k: parse_yaml(v, f"{settings.source}: study_overrides.{k}")
+              for k, v in settings.study_overrides.items()}
     try:
         return with_overrides(study, values)
     except SettingsError as exc:
@@ -100,19 +107,16 @@ def production_config_path(settings: NightlySettings, study: StudySettings) -> P
     return Path(study.model_repository) / study.model / "config.pbtxt"
 
 
-def _resolve(s: NightlySettings, base: Path) -> NightlySettings:
-    def resolve(value: str | None) -> str | None:
-        if value in (None, ""):
-            return value
-        p = Path(value).expanduser()
-        return str(p if p.is_absolute() else (base / p).resolve())
+def _resolve(s: NightlySettings, base: Path, source: str) -> NightlySettings:
+    def resolve(key: str, value: str | None) -> str | None:
+        return resolve_path(value, base, key=key, source=source)
 
     return dataclasses.replace(
         s,
-        study=resolve(s.study),
-        output=resolve(s.output),
-        production=resolve(s.production),
-        traffic=dataclasses.replace(s.traffic, path=resolve(s.traffic.path)),
+        study=resolve("study", s.study),
+        output=resolve("output", s.output),
+        production=resolve("production", s.production),
+        traffic=dataclasses.replace(s.traffic, path=resolve("traffic.path", s.traffic.path)),
     )
 
 
