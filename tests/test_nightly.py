@@ -4,6 +4,7 @@ one night in order over an injected engine (the real server and replay: test_nig
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -155,6 +156,61 @@ def test_history_appends_and_skips_a_torn_line(tmp_path):
     table = history.format_history(nights)
     assert "+12.0%" in table and "batch 8" in table and "rate_rps" in table
     assert history.format_history([]) == "no nights recorded yet"
+
+
+def test_corrupt_history_lines_are_skipped_and_said_with_their_line_numbers(tmp_path, capsys):
+    history.append_night(tmp_path, {"night": "n1", "decision": "keep"})
+    with open(history.history_path(tmp_path), "a") as f:
+        f.write("not json\n[1, 2]\n")  # an edit, and a line that is JSON but not a night
+    history.append_night(tmp_path, {"night": "n2", "decision": "keep"})
+    assert [n["night"] for n in history.read_history(tmp_path)] == ["n1", "n2"]
+    err = capsys.readouterr().err
+    assert err == (f"tuner: warning: {history.history_path(tmp_path)}: skipped 2 line(s) that are not a night's "
+                   "JSON record (line 2, 3: torn by a killed run, or edited); read 2 night(s)\n")
+    # the history table says it too, and a clean history says nothing
+    nightly = _write_setup(tmp_path / "setup")
+    out = tmp_path / "setup" / "out"
+    out.mkdir()
+    history.history_path(out).write_text(history.history_path(tmp_path).read_text())
+    assert main(["nightly", "--history", str(nightly)]) == 0
+    assert "skipped 2 line(s)" in capsys.readouterr().err
+    history.history_path(out).write_text('{"night": "n1"}\n')
+    assert history.read_history(out) == [{"night": "n1"}] and capsys.readouterr().err == ""
+
+
+def test_the_nightly_search_does_not_print_optunas_info_line(tmp_path):
+    import optuna
+
+    from tuner.nightly.engine import RealEngine
+    from tuner.settings import load_study
+    from tuner.trial import MEASURED, TrialRecord
+
+    _write_setup(tmp_path)
+    write_traffic(synth_poisson(20, 60, seed=0), tmp_path / "traffic" / "night.csv")
+    study = load_study(tmp_path / "study.yaml")
+
+    def evaluate(params, hints):
+        return TrialRecord(params=dict(params), outcome=MEASURED, sla_met=True, violation=-1.0,
+                           scores={"capacity": 10.0, "utilization": None})
+
+    class Lines(logging.Handler):  # what Optuna's own stderr handler would print
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    seen = Lines()
+    logging.getLogger("optuna").addHandler(seen)
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        found = RealEngine(study, evaluate).search([PROD], 1, tmp_path / "work", PROD)
+    finally:
+        logging.getLogger("optuna").removeHandler(seen)
+    assert found.trials == 2
+    assert not [line for line in seen.lines if "A new study created" in line], seen.lines
+    assert optuna.logging.get_verbosity() == verbosity  # restored after
 
 
 def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):

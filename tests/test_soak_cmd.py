@@ -166,6 +166,76 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert err.startswith("tuner: error: ") and message in err and "Traceback" not in err, err
 
 
+def test_a_soak_longer_than_a_month_of_wall_time_is_refused(tmp_path, capsys):
+    traffic = read_traffic(DIURNAL)
+    with pytest.raises(SettingsError, match=r"--hours 1e\+09 at --speed 1 is .* days of replay; a soak is at most "
+                                            r"31 days of wall time \(--hours 744 at this speed\)"):
+        make_plan(traffic, hours=1e9, speed=1.0, window_minutes=3)
+    assert make_plan(traffic, hours=744 * 10, speed=10.0, window_minutes=3).wall_s == 31 * 24 * 3600
+    # refused before anything else is read or started (the --config below is never reached)
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    assert main(["soak", str(study), "--hours", "1e9", "--config", str(tmp_path / "absent.pbtxt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error: --hours 1e+09") and "at most 31 days" in err and err.count("\n") == 1
+
+
+def _short_recording(tmp: Path) -> Path:
+    """A study whose recording spans one minute: shorter than the default 5-min restart."""
+    path = tmp / "short.csv"
+    pd.DataFrame({"timestamp": np.arange(121) * 0.5, "seq_len": 16}).to_csv(path, index=False)
+    study = yaml.safe_load(write_study(tmp, ROOT / "model_repository_templates").read_text())
+    study["traffic"]["path"] = str(path)
+    (tmp / "study.yaml").write_text(yaml.safe_dump(study))
+    return tmp / "study.yaml"
+
+
+def test_a_short_recording_blames_restart_minutes_only_when_given(tmp_path, capsys):
+    study = _short_recording(tmp_path)
+    args = ["soak", str(study), "--hours", "0.1", "--window", "0.05", "--speed", "10"]
+    # the flag not given: the real error is reached and named, not the default restart length
+    assert main([*args, "--set", "max_batch_sise=8"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'max_batch_sise'" in err and "--restart-minutes" not in err, err
+    # given: the flag is named, with the recording's real length
+    assert main([*args, "--restart-minutes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error: --restart-minutes 2: the restart window must fit") and "short.csv spans 1 min" in err
+
+
+def test_a_recording_shorter_than_the_default_restart_has_no_restart_window():
+    from tuner.soaking._inputs import restart_windows
+
+    traffic = pd.DataFrame({"timestamp": np.arange(121) * 0.5, "seq_len": 16})
+    quiet, line = restart_windows(traffic, minutes=None, recording="the recording t.csv")
+    assert quiet is None and line.startswith("none: the recording t.csv spans 1 min, shorter than the default 5-min")
+    quiet, line = restart_windows(traffic, minutes=0.5)
+    assert quiet is not None and quiet.length_s == 30 and line.startswith("the recording's quietest 0.5 min")
+    # its soak's findings have no quiet windows, and say why
+    meta = {"sla": {"latency_ms": 200, "percentile": 99, "max_error_rate": 0.001}, "window_hours": 1.0,
+            "quiet": None}
+    findings = analyze_soak(_synthetic_windows(), pd.DataFrame(), meta, traffic=traffic)
+    assert findings.analysis.quiet is None and "no restart window: the recording is shorter than the restart" in \
+        findings.notes
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("loop", "cannot read (Too many levels of symbolic links)"),
+    ("long", "cannot read (File name too long)"),
+    ("directory", "a directory, not a config.pbtxt"),
+    ("missing", "cannot read (No such file or directory)"),
+])
+def test_an_unreadable_config_names_the_path_and_the_os_reason(tmp_path, capsys, kind, reason):
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    path = {"loop": tmp_path / "loop", "long": tmp_path / ("c" * 300), "directory": tmp_path,
+            "missing": tmp_path / "absent.pbtxt"}[kind]
+    if kind == "loop":
+        path.symlink_to(path)
+    assert main(["soak", str(study), "--hours", "0.2", "--window", "0.5", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tuner: error: --config {path}: {reason}\n"
+    assert not (tmp_path / "out").exists()  # nothing started or written
+
+
 def test_an_earlier_soak_is_kept_unless_replaced(tmp_path, capsys):
     study = write_study(tmp_path, ROOT / "model_repository_templates")
     folder = soak_dir(tmp_path / "out")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from tuner.errors import ServerError, ServerSetupError
@@ -191,3 +192,42 @@ def test_a_port_taken_after_it_was_chosen_is_retried(triton_install, templates_d
             assert len(calls) == 2
             assert server.endpoints.http == f"127.0.0.1:{calls[1][0]}"
             assert server.is_alive()
+
+
+def test_a_killed_servers_log_tail_is_only_what_it_wrote_for_the_current_config(triton_install, templates_dir,
+                                                                                tmp_path):
+    log = tmp_path / "tritonserver.log"
+    server = LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install, log_path=log)
+    with server:
+        server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), 4, 500))  # the previous trial
+        before = log.read_bytes()
+        server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), 8, 100))  # the current one
+        os.kill(server.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        since = log.read_bytes()[len(before):].decode(errors="replace").splitlines()
+        quoted = server.logs(500)
+    # only the current configuration's lines (or a line saying there are none): not the earlier trial's
+    assert quoted == ("\n".join(since) if since else
+                      "(the server wrote nothing to its log since this configuration was applied)")
+    assert "successfully loaded" in before.decode()
+    assert not any(line in quoted for line in before.decode().splitlines()[:3] if line.strip())
+
+
+def test_a_killed_servers_shared_memory_is_removed_and_no_one_elses(triton_install, templates_dir):
+    shm = Path("/dev/shm")
+    other = shm / f"tunerother{os.getpid()}_{os.urandom(4).hex()}"  # a region this launcher did not start
+    other.write_bytes(b"x")
+    try:
+        server = LocalLauncher(templates_dir, models=["matmul_cpu"], install=triton_install)
+        with server:
+            stub = [p for p in psutil.Process(server.pid).children(recursive=True)
+                    if "triton_python_backend_stub" in " ".join(p.cmdline())]
+            ours = {arg for p in stub for arg in p.cmdline() if "/" not in arg and (shm / arg).is_file()}
+            assert ours  # the stub is handed its region's name
+            os.kill(server.pid, signal.SIGKILL)
+            time.sleep(0.5)
+            assert all((shm / name).exists() for name in ours)  # the killed server could not remove them
+        assert not any((shm / name).exists() for name in ours)
+        assert other.exists()
+    finally:
+        other.unlink(missing_ok=True)

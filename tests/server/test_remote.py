@@ -93,13 +93,14 @@ def test_server_not_in_explicit_mode_is_refused(triton_install, templates_dir, t
 
     shutil.copytree(templates_dir / "matmul_cpu", tmp_path / "repo" / "matmul_cpu")
     http, grpc, metrics = free_ports(3)
+    prefix = f"tunerpoll{os.getpid()}_{os.urandom(4).hex()}_"  # this server's own shared-memory regions
     env = dict(os.environ, LD_LIBRARY_PATH=str(triton_install.lib_dir),
                TUNER_MODEL_PYTHONPATH=str(triton_install.model_pythonpath))
     cmd = [str(triton_install.binary), "--model-repository", str(tmp_path / "repo"),
            "--backend-directory", str(triton_install.backends_dir), "--model-control-mode=poll",
            "--repository-poll-secs=3600", "--http-address=127.0.0.1", f"--http-port={http}",
            "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", "--metrics-address=127.0.0.1",
-           f"--metrics-port={metrics}", f"--backend-config=python,shm-region-prefix-name=tunerpoll{os.getpid()}_"]
+           f"--metrics-port={metrics}", f"--backend-config=python,shm-region-prefix-name={prefix}"]
     with open(tmp_path / "log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -113,3 +114,6 @@ def test_server_not_in_explicit_mode_is_refused(triton_install, templates_dir, t
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        for name in os.listdir("/dev/shm"):  # a killed server leaves its regions: remove ours, by prefix
+            if name.startswith(prefix):
+                os.unlink(os.path.join("/dev/shm", name))

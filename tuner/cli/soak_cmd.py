@@ -25,7 +25,8 @@ EXIT_DRIFT = 10
 
 # How much recorded traffic the soak replays, how fast, in windows of how many minutes.
 PACE = (
-    Number("--hours", "H", "hours of recorded traffic to replay (default 12)", default=12.0),
+    Number("--hours", "H", "hours of recorded traffic to replay (default 12; at most 31 days of wall time: "
+           "H/S <= 744)", default=12.0),
     Number("--speed", "S",
            "replay speed: H hours take H/S hours of wall time (default: the study's traffic.speed)"),
     Number("--window", "M", "minutes of wall time per window (default 3)", default=3.0),
@@ -34,8 +35,9 @@ PACE = (
 RESTART = (
     Number("--restart-at", "H",
            "restart the server after H hours of traffic; the windows after it show the recovery"),
-    Number("--restart-minutes", "M", "length of a restart: the quiet window searched in each day (default 5)",
-           default=5.0),
+    # no default here: a recording too short for the default is not the flag's fault (soaking._inputs)
+    Number("--restart-minutes", "M", "length of a restart: the quiet window searched in each day (default 5; "
+           "none when the recording is shorter)"),
     Number("--day-hours", "H", "hours of the recording that make a day (default 24, or the whole recording "
            "when shorter: it is repeated)"),
     Number("--margin", "F", "restart this fraction before the projected breach (default 0.2)", default=0.2),
@@ -79,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
     from tuner.evaluate import study_traffic
     from tuner.settings import load_study
     from tuner.soaking import make_plan, run_soak
-    from tuner.soaking._findings import quiet_line
     from tuner.soaking._inputs import restart_windows, soak_config
 
     settings = load_study(args.study)
@@ -94,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     speed = settings.traffic.speed if args.speed is None else args.speed
     plan = make_plan(traffic, hours=args.hours, speed=speed, window_minutes=args.window,
                      restart_at_hours=args.restart_at)
-    quiet = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours)
+    quiet, quiet_text = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours,
+                                        recording=f"the recording {settings.traffic.path}")
     config, source = soak_config(settings, output, args.assignments, config_path=args.config)
 
     knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
           + (f"; restart after {plan.restart_at_hours:g} h" if plan.restart_at_hours is not None else "")
           + (f"\n  note: the soak offers {plan.speed / settings.traffic.speed:.3g}x the study's recorded load "
              f"(traffic.speed {settings.traffic.speed:g})" if plan.speed != settings.traffic.speed else "")
-          + f"\n  restart window: {quiet_line(quiet)}", flush=True)
+          + f"\n  restart window: {quiet_text}", flush=True)
     result = run_soak(settings, config, plan, traffic, output=output, quiet=quiet, config_source=source,
                       measure_capacity=not args.no_capacity, replace=args.replace, margin=args.margin,
                       progress=not args.quiet)

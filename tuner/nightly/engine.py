@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import optuna
 import pandas as pd
 from optuna.trial import TrialState
 from tqdm import tqdm
@@ -49,8 +50,9 @@ class RealEngine:
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
         storage = f"sqlite:///{workdir / 'study.db'}"
         settings = dataclasses.replace(self.study, output=str(workdir), storage=storage)
-        study = search.open_study(settings, storage, sampler=search.make_sampler(settings.search),
-                                  metadata={"scoring": settings.scoring, "nightly": True, "storage": storage})
+        with _optuna_quiet():  # Optuna's "A new study created" INFO line is not the night's to print
+            study = search.open_study(settings, storage, sampler=search.make_sampler(settings.search),
+                                      metadata={"scoring": settings.scoring, "nightly": True, "storage": storage})
         for k, params in enumerate(enqueue):
             study.enqueue_trial(params, user_attrs={"enqueued": k, "incumbent": k == len(enqueue) - 1})
         total = len(enqueue) + trials
@@ -93,6 +95,17 @@ def to_arm(record: TrialRecord, arm: str, scoring: str, percentile: float) -> Ar
                                                ("busy_s", load.busy_s if load else 0.0),
                                                ("mean_batch_size", load.mean_batch_size if load else 0.0))
                              if v is not None})
+
+
+@contextmanager
+def _optuna_quiet() -> Iterator[None]:
+    """Optuna's logging at WARNING inside, restored after (as `tuner.search` runs its trials)."""
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def _key(params: dict) -> tuple:

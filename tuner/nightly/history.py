@@ -2,20 +2,24 @@
 
 A night is appended last, after its run directory is in place, with one `write` of one line on a file
 opened for appending; a run killed before that leaves the history as it was. A torn last line (a
-crash inside the write) is skipped when reading and never glued to the next night's line.
+crash inside the write) is never glued to the next night's line; reading skips it, and any other
+line that is not a night's record, and says so on stderr.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from tuner import space
 from tuner.errors import TunerError
+from tuner.files import os_reason
 
 HISTORY_NAME = "history.jsonl"
 
@@ -41,26 +45,45 @@ def append_night(output: str | Path, entry: dict) -> Path:
     return path
 
 
-def read_history(output: str | Path) -> list[dict]:
-    """Every complete night, oldest first."""
+def read_history(output: str | Path, *, warn: Callable[[str], None] | None = None) -> list[dict]:
+    """Every complete night, oldest first. A line that is not a night's JSON object (torn by a killed
+    run, or edited) is skipped and said, with its line number, through `warn` (default: one line on
+    stderr): the night still runs, but the previous night it warm-starts from and compares with may
+    be an older one than the user expects."""
     path = history_path(output)
     try:
         text = path.read_text()
     except FileNotFoundError:
         return []
-    except OSError as exc:
-        raise TunerError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    nights = []
-    for line in text.splitlines():
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = os_reason(exc) if isinstance(exc, OSError) else f"not UTF-8 text at byte {exc.start}"
+        raise TunerError(f"{path}: cannot read ({reason})") from None
+    nights, skipped = [], []
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line torn by a killed run
+            entry = None
         if isinstance(entry, dict):
             nights.append(entry)
+        else:
+            skipped.append(number)
+    if skipped:
+        (warn or _warn)(f"{path}: skipped {len(skipped)} line(s) that are not a night's JSON record "
+                        f"(line {_numbers(skipped)}: torn by a killed run, or edited); read {len(nights)} night(s)")
     return nights
+
+
+def _warn(text: str) -> None:
+    print(f"tuner: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _numbers(numbers: list[int], shown: int = 5) -> str:
+    """`3, 7, 9` (the first `shown`, then how many more)."""
+    head = ", ".join(map(str, numbers[:shown]))
+    return head + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
 
 
 def _params(p: dict | None) -> str:

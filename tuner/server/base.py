@@ -67,7 +67,9 @@ class Launcher(abc.ABC):
 
     @abc.abstractmethod
     def logs(self, tail: int = 40) -> str:
-        """The last `tail` lines of the server log (empty for a server we do not own)."""
+        """The last `tail` lines of the server log (empty for a server we do not own); the local
+        launcher's only those written since the last `apply_config` (or the start), so that a server
+        killed without a word is not quoted with an earlier configuration's lines."""
 
     @abc.abstractmethod
     def is_alive(self) -> bool:

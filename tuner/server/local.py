@@ -27,6 +27,7 @@ WORKDIR_PREFIX = "tuner-triton-"
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
+SHM_DIR = Path("/dev/shm")  # where the Python backend's shared-memory regions live (POSIX shm on Linux)
 
 
 class LocalLauncher(Launcher):
@@ -54,7 +55,10 @@ class LocalLauncher(Launcher):
         self._proc: subprocess.Popen | None = None
         self._workdir: Path | None = None
         self._log_file: Path | None = None
-        self._log_start = 0
+        self._log_start = 0      # where this server's own lines begin in the (maybe shared) log file
+        self._log_mark = 0       # where the current configuration's lines begin: logs() quotes from here
+        self._mark_what = "the server started"
+        self._shm_prefixes: list[str] = []  # the shm-region prefix of every server this launcher started
         self._spawn_args: tuple | None = None
         self._endpoints: Endpoints | None = None
         self._http: TritonHttp | None = None
@@ -103,6 +107,9 @@ class LocalLauncher(Launcher):
 
     def _spawn(self, install: TritonInstall, repo: Path, models: list[str]) -> None:
         http, grpc, metrics = self.ports or free_ports(3)
+        # a prefix of this server's own: the regions it leaves behind are found by it (_remove_regions)
+        prefix = f"tuner{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self._shm_prefixes.append(prefix)
         self._endpoints = Endpoints(http=f"127.0.0.1:{http}", grpc=f"127.0.0.1:{grpc}",
                                     metrics=f"http://127.0.0.1:{metrics}/metrics")
         self._http = TritonHttp(self._endpoints.http, timeout_s=CONTROL_TIMEOUT_S)
@@ -115,7 +122,7 @@ class LocalLauncher(Launcher):
                "--allow-metrics", "true", "--allow-gpu-metrics", "false", "--allow-cpu-metrics", "false",
                "--exit-timeout-secs", "5",
                # a unique shared-memory prefix, so servers running side by side do not collide
-               f"--backend-config=python,shm-region-prefix-name=tuner{os.getpid()}_{uuid.uuid4().hex[:8]}_",
+               f"--backend-config=python,shm-region-prefix-name={prefix}",
                *[f"--load-model={m}" for m in models], *self.extra_args]
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -123,7 +130,8 @@ class LocalLauncher(Launcher):
         env[GPU_LOCK_ENV] = str(self._workdir / "emulated-gpu.lock")
         env[MODEL_PYTHONPATH_ENV] = model_pythonpath(install, env.get(MODEL_PYTHONPATH_ENV, ""))
         with open(self._log_file, "ab") as log:
-            self._log_start = log.tell()
+            self._log_start = self._log_mark = log.tell()
+            self._mark_what = "the server started"
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           env=env, cwd=self._workdir, start_new_session=True,
                                           preexec_fn=_die_with_parent if _in_main_thread() else None)
@@ -162,6 +170,9 @@ class LocalLauncher(Launcher):
                 if proc is not None:
                     _end_group(proc)
             finally:
+                # after the group is gone: a killed server (kill -9) leaves its regions in /dev/shm
+                if proc is None or proc.poll() is not None:
+                    self._remove_regions()
                 if self._workdir is not None:
                     shutil.rmtree(self._workdir, ignore_errors=True)
                     self._workdir = None
@@ -180,6 +191,7 @@ class LocalLauncher(Launcher):
             raise ServerSetupError(f"model '{model}' is not in the served repository "
                                    f"(copied from {self.model_repository})")
         offset = self._log_size()
+        self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
             return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s,
                                     explain_refusal=lambda msg: self._refusal(msg, offset))
@@ -201,9 +213,15 @@ class LocalLauncher(Launcher):
             raise ServerError(f"metrics at {self.endpoints.metrics}: {exc}") from None
 
     def logs(self, tail: int = 40) -> str:
+        """The last `tail` lines the server wrote since it started or, once a configuration was
+        applied, since then: a server that died without a word (kill -9) is not quoted saying what it
+        said about an earlier configuration."""
         if self._log_file is None or not self._log_file.exists():
             return ""
-        return "\n".join(_tail_lines(self._log_file, tail))
+        lines = _read_from(self._log_file, self._log_mark, max_bytes=64 * 1024)
+        if not lines:
+            return f"(the server wrote nothing to its log since {self._mark_what})"
+        return "\n".join(lines[-tail:])
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -216,6 +234,21 @@ class LocalLauncher(Launcher):
             raise ServerError(f"tritonserver (pid {self._proc.pid}) exited with code {code}; "
                               f"last log lines:\n{self.logs(10)}")
         return self._http
+
+    def _remove_regions(self) -> None:
+        """Remove the shared-memory regions of the servers this launcher started, whose names begin
+        with the prefix it gave each (nobody else's: the prefix holds our pid and a random part)."""
+        prefixes, self._shm_prefixes = self._shm_prefixes, []
+        if not prefixes:
+            return
+        try:
+            names = os.listdir(SHM_DIR)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(tuple(prefixes)):
+                with contextlib.suppress(OSError):
+                    (SHM_DIR / name).unlink()
 
     def _first_error(self) -> str:
         """': <the log's last error line>' (Triton prints its usage text before the reason), or ''."""
@@ -269,17 +302,12 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _tail_lines(path: Path, count: int) -> list[str]:
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - 64 * 1024))
-        return fh.read().decode(errors="replace").splitlines()[-count:]
-
-
-def _read_from(path: Path, offset: int) -> list[str]:
+def _read_from(path: Path, offset: int, *, max_bytes: int | None = None) -> list[str]:
+    """The log's lines from byte `offset` on (only the last `max_bytes` of them when given)."""
     try:
         with open(path, "rb") as fh:
+            if max_bytes is not None:
+                offset = max(offset, fh.seek(0, os.SEEK_END) - max_bytes)
             fh.seek(offset)
             return fh.read().decode(errors="replace").splitlines()
     except OSError:

@@ -134,6 +134,9 @@ def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
     if not (cap_rps and rate_rps and CAPACITY_FIGURE in figures):
         cap_rps = rate_rps = None
         notes.append("no capacity at the start: the capacity projection is left out")
+    if "quiet" in meta and meta["quiet"] is None:
+        traffic = None  # the soak found the recording too short for a restart window: none to search
+        notes.append("no restart window: the recording is shorter than the restart")
     quiet = meta.get("quiet") or {}
     observed = observed_break(usable, sla, window_hours=float(meta.get("window_hours") or 0.0))
     try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -11,12 +13,16 @@ import pandas as pd
 from tuner import modelconfig, space
 from tuner.errors import SettingsError
 from tuner.evaluate import base_config
+from tuner.files import os_reason
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak import DAY_S, QuietWindows, quiet_windows
+from tuner.soaking._findings import quiet_line
 from tuner.soaking._plan import cycle_length
+from tuner.traffic import TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"
+DEFAULT_RESTART_MINUTES = 5.0
 
 
 def soak_config(settings: StudySettings, output: str | Path, assignments: Iterable[str] = (), *,
@@ -26,9 +32,7 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
     config.pbtxt; with the `--set` assignments applied."""
     if config_path is not None:
         path = Path(config_path)
-        if not path.is_file():
-            raise SettingsError(f"--config {path}: no such file")
-        config, source = modelconfig.load(path), str(path)
+        config, source = modelconfig.parse(_read_config(path), str(path)), str(path)
     elif (Path(output) / RECOMMENDED).is_file():
         path = Path(output) / RECOMMENDED
         config, source = modelconfig.load(path), f"{path} (the study's recommendation)"
@@ -43,16 +47,44 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
     return config, source
 
 
-def restart_windows(traffic: pd.DataFrame, *, minutes: float, day_hours: float | None = None) -> QuietWindows:
-    """The recording's quietest stretch of `minutes` per day. A day is `day_hours` of the recording
-    (default 24 h, or the whole recording when it is shorter: the soak repeats it, so it is the cycle)."""
+def _read_config(path: Path) -> str:
+    """The text of the --config file; SettingsError naming it and the OS's reason (a symlink loop, a
+    name too long, a directory, a FIFO that would block) otherwise."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            what = "a directory" if path.is_dir() else "not a regular file"
+            raise SettingsError(f"--config {path}: {what}, not a config.pbtxt")
+        return path.read_text()
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"--config {path}: not a text file (byte {exc.start} is not UTF-8)") from None
+    except OSError as exc:
+        raise SettingsError(f"--config {path}: cannot read ({os_reason(exc)})") from None
+
+
+def restart_windows(traffic: pd.DataFrame, *, minutes: float | None, day_hours: float | None = None,
+                    recording: str = "the recording") -> tuple[QuietWindows | None, str]:
+    """The recording's quietest stretch of `minutes` per day, and the line that says it. A day is
+    `day_hours` of the recording (default 24 h, or the whole recording when it is shorter: the soak
+    repeats it, so it is the cycle). `minutes` None is the default length, DEFAULT_RESTART_MINUTES:
+    a `recording` too short for it gets no restart window (None, and the line says why) rather than a
+    refusal of a flag the user never gave."""
+    given = minutes is not None
+    minutes = minutes if given else DEFAULT_RESTART_MINUTES
     if not (math.isfinite(minutes) and minutes > 0):
         raise SettingsError(f"--restart-minutes: must be a positive number, got {minutes!r}")
     if day_hours is not None and not (math.isfinite(day_hours) and day_hours > 0):
         raise SettingsError(f"--day-hours: must be a positive number, got {day_hours!r}")
     period = day_hours * 3600.0 if day_hours is not None else min(DAY_S, cycle_length(traffic))
+    ts = traffic[TIMESTAMP].to_numpy(dtype=float)
+    room = min(period, float(ts.max() - ts.min()))  # a window must fit in a day and in the recording
     length = minutes * 60.0
-    if length > period:
-        raise SettingsError(f"--restart-minutes: the restart window must fit in a day of the recording, but "
-                            f"got {minutes:g} min against a day of {period / 60:g} min")
-    return quiet_windows(traffic, length_s=length, period_s=period, step_s=min(1.0, length / 10))
+    if length > room:
+        what = (f"a day of the recording is {period / 60:.3g} min" if room == period
+                else f"{recording} spans {room / 60:.3g} min")
+        if given:
+            raise SettingsError(f"--restart-minutes {minutes:g}: the restart window must fit in a day of the "
+                                f"recording, but {what}")
+        return None, (f"none: {what}, shorter than the default {minutes:g}-min restart "
+                      f"(--restart-minutes M below {room / 60:.3g} searches a shorter one)")
+    quiet = quiet_windows(traffic, length_s=length, period_s=period, step_s=min(1.0, length / 10))
+    return quiet, quiet_line(quiet)

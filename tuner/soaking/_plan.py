@@ -20,6 +20,9 @@ from tuner.errors import SettingsError, TrafficError
 from tuner.traffic import TIMESTAMP
 
 MIN_WINDOWS = 6  # the trend test fits three coefficients (level, slope, load) and needs three more windows
+# The longest soak planned, in wall time: a month watches a server longer than releases and reboots
+# usually leave it up; a longer --hours is a typo (1e9) sooner than a plan, and would start anyway.
+MAX_WALL_DAYS = 31
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def make_plan(traffic: pd.DataFrame, *, hours: float, speed: float, window_minut
     for flag, value in (("--hours", hours), ("--speed", speed), ("--window", window_minutes)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
             raise SettingsError(f"{flag}: must be a positive number, got {value!r}")
+    _check_length(hours, speed)
     plan = SoakPlan(hours=float(hours), speed=float(speed), window_wall_s=float(window_minutes) * 60.0,
                     cycle_s=cycle_length(traffic), restart_at_hours=restart_at_hours)
     if plan.windows < MIN_WINDOWS:
@@ -95,6 +99,15 @@ def make_plan(traffic: pd.DataFrame, *, hours: float, speed: float, window_minut
             raise SettingsError(f"--restart-at {restart_at_hours:g}: falls in the last window (windows of "
                                 f"{plan.window_s / 3600:.3g} h of traffic): no window would show the recovery")
     return plan
+
+
+def _check_length(hours: float, speed: float) -> None:
+    """SettingsError when the soak would replay for longer than MAX_WALL_DAYS of wall time."""
+    wall_days = hours / speed / 24.0
+    if wall_days > MAX_WALL_DAYS:
+        raise SettingsError(
+            f"--hours {hours:g} at --speed {speed:g} is {wall_days:.4g} days of replay; a soak is at most "
+            f"{MAX_WALL_DAYS} days of wall time (--hours {MAX_WALL_DAYS * 24 * speed:g} at this speed)")
 
 
 def window_traffic(traffic: pd.DataFrame, start_s: float, end_s: float, cycle_s: float) -> pd.DataFrame:

@@ -66,7 +66,7 @@ class SoakResult:
 
 
 def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traffic: pd.DataFrame, *,
-             output: str | Path, quiet: QuietWindows, config_source: str, measure_capacity: bool = True,
+             output: str | Path, quiet: QuietWindows | None, config_source: str, measure_capacity: bool = True,
              replace: bool = False, margin: float = 0.2, progress: bool = True,
              launcher_factory: Callable[[StudySettings], Launcher] = make_launcher) -> SoakResult:
     """Soak `config` on the study's server for `plan` and write `OUTPUT/soak/` (see `tuner.soaking`).
@@ -84,8 +84,9 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
         "window_hours": plan.window_s / 3600.0,
         "time_axis": _files.TIME_AXIS,
         "sla": dataclasses.asdict(settings.sla),
-        "quiet": {"length_s": quiet.length_s, "period_s": quiet.period_s, "step_s": quiet.step_s,
-                  "slot_offset_s": quiet.slot_offset_s},
+        # None: the recording is too short for a restart window (no quiet windows in the findings)
+        "quiet": None if quiet is None else {"length_s": quiet.length_s, "period_s": quiet.period_s,
+                                             "step_s": quiet.step_s, "slot_offset_s": quiet.slot_offset_s},
         "margin": margin, "started_utc": _now(), "interrupted": False, "capacity": None,
     }
     interrupted, failure = False, None
