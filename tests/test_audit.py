@@ -147,7 +147,8 @@ def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deploy
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "summary.json: not found (give the output directory of a `tuner tune`)"),
+    ("missing", "nowhere: no such directory"),
+    ("empty", "summary.json: not found (give the output directory of a `tuner tune`)"),
     ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
     ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),
@@ -156,6 +157,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     args = ["audit", str(write_study(tmp_path))]
     if case == "missing":
         args += ["--baseline", str(tmp_path / "nowhere")]
+    elif case == "empty":
+        (tmp_path / "empty").mkdir()
+        args += ["--baseline", str(tmp_path / "empty")]
     elif case == "other sla":
         args += ["--baseline", str(write_baseline(tmp_path, 100.0, latency_ms=50.0))]
     elif case == "other traffic":

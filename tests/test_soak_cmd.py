@@ -172,9 +172,10 @@ def test_a_soak_longer_than_a_month_of_wall_time_is_refused(tmp_path, capsys):
                                             r"31 days of wall time \(--hours 744 at this speed\)"):
         make_plan(traffic, hours=1e9, speed=1.0, window_minutes=3)
     assert make_plan(traffic, hours=744 * 10, speed=10.0, window_minutes=3).wall_s == 31 * 24 * 3600
-    # refused before anything else is read or started (the --config below is never reached)
+    # refused before anything else is read or started (the --config below, not a config, is never parsed)
     study = write_study(tmp_path, ROOT / "model_repository_templates")
-    assert main(["soak", str(study), "--hours", "1e9", "--config", str(tmp_path / "absent.pbtxt")]) == 2
+    (tmp_path / "garbage.pbtxt").write_text("not a config {")
+    assert main(["soak", str(study), "--hours", "1e9", "--config", str(tmp_path / "garbage.pbtxt")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tuner: error: --hours 1e+09") and "at most 31 days" in err and err.count("\n") == 1
 
@@ -221,8 +222,8 @@ def test_a_recording_shorter_than_the_default_restart_has_no_restart_window():
 @pytest.mark.parametrize("kind, reason", [
     ("loop", "cannot read (Too many levels of symbolic links)"),
     ("long", "cannot read (File name too long)"),
-    ("directory", "a directory, not a config.pbtxt"),
-    ("missing", "cannot read (No such file or directory)"),
+    ("directory", "is a directory, not a config.pbtxt"),
+    ("missing", "no such file"),
 ])
 def test_an_unreadable_config_names_the_path_and_the_os_reason(tmp_path, capsys, kind, reason):
     study = write_study(tmp_path, ROOT / "model_repository_templates")

@@ -54,7 +54,7 @@ def readable_dir(path: str | os.PathLike, *, label: str | None = None, what: str
     path, label = _given(path, label, error)
     st = _stat(path, label, "cannot read", error)
     if st is None:
-        raise error(f"{label}: not a directory (No such file or directory)")
+        raise error(f"{label}: no such directory")
     if not stat.S_ISDIR(st.st_mode):
         raise error(f"{label}: is {what}, not a directory")
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from tuner.cli._args import add_command, add_flag, add_json, add_study
+from tuner.cli._args import add_command, add_flag, add_input, add_json, add_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
                    help="the deployment's Triton HTTP endpoint (default: the study's server section)")
-    p.add_argument("--baseline", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
+    add_input(p, "--baseline", kind="directory", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
     add_flag(p, "--at-load-only", "replay only at the recorded load: no capacity search, no throughput ratio")
     add_json(p, "the audit")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.cli._args import add_command, add_flag
+from tuner.cli._args import add_command, add_flag, add_input
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,8 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a Markdown summary and a history line into a dated run directory. Exit codes: 0 keep, 10 change "
         "proposed, 3 SLA unmeetable, 2 bad input, 1 error (another run holds the lock, server failure).",
     )
-    p.add_argument("nightly", metavar="NIGHTLY.yaml",
-                   help="the nightly settings (or, with --history, its output directory)")
+    add_input(p, "nightly", kind="file or directory", metavar="NIGHTLY.yaml",
+              help="the nightly settings (or, with --history, its output directory)")
     add_flag(p, "--history", "show the history of past nights as a table")
     add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
              "traffic and the output directory; start nothing")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.cli._args import add_command
-from tuner.server.install import find_tritonserver
+from tuner.cli._args import add_command, add_output_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,11 +20,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Install the tritonserver binary bundled in the nvidia-pytriton wheel into DIR "
         "(default: $TUNER_TRITON_HOME or ~/.cache/tuner/triton/...), outside the project's environment, "
         "and print where it is.")
-    install.add_argument("--dir", metavar="DIR", default=None,
-                         help="install directory (default: $TUNER_TRITON_HOME, else the user cache)")
+    add_output_dir(install, flag="--dir", label="install directory {path}",
+                   help="install directory (default: $TUNER_TRITON_HOME, else the user cache)")
 
 
 def _install(args: argparse.Namespace) -> int:
+    from tuner.server.install import find_tritonserver  # imported when it runs: `tuner --help` starts fast
+
     found = find_tritonserver(args.dir)
     print(f"tritonserver {found.version}: {found.binary}")
     print(f"backends:    {found.backends_dir} (Python {found.python_version} stub)")

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from tuner.cli._args import Number, add_command, add_flag, add_json, add_numbers, add_study
+from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
 from tuner.files import json_safe, write_atomic
 
 SHOWN = {
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--price, --speed. Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
     )
     add_study(p, "the study file (traffic, SLA, cost, search space)")
-    p.add_argument("--profile", required=True, metavar="P", help="the model's profile CSV")
+    add_input(p, "--profile", required=True, metavar="P", help="the model's profile CSV")
     add_numbers(p, FIGURES)
     add_flag(p, "--grid", "only the grid sampler's points (search.grid_per_octave), not every batch size the "
              "search can sample")

@@ -12,6 +12,7 @@ from tuner.cli._args import (
     add_assignments,
     add_command,
     add_flag,
+    add_input,
     add_numbers,
     add_output_dir,
     add_quiet,
@@ -65,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_study(p, "the study file (model, server, traffic, SLA)")
     add_assignments(p, "change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
-    p.add_argument("--config", metavar="PATH", help="soak this config.pbtxt instead of the recommendation")
+    add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
+              help="soak this config.pbtxt instead of the recommendation")
     add_numbers(p, PACE)
     add_output_dir(p, note="the soak goes to DIR/soak/")
     add_numbers(p, RESTART)

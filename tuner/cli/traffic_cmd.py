@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tuner import traffic
-from tuner.cli._args import Run, add_command, add_flag, add_group, add_output_file
+from tuner.cli._args import Run, add_command, add_flag, add_group, add_input, add_output_file, finite_float
 from tuner.errors import TrafficError
 
 SYNTH_KINDS = ("poisson", "diurnal", "bursty", "flash-crowd")
@@ -28,7 +28,7 @@ class SynthParam(NamedTuple):
         if self.duration:
             parser.add_argument(self.flag, default=self.default, metavar="D", help=self.help)
         else:
-            parser.add_argument(self.flag, type=float, default=self.default, help=self.help)
+            parser.add_argument(self.flag, type=finite_float, default=self.default, help=self.help)
 
     def value(self, args: argparse.Namespace) -> tuple[str, float | None]:
         """The synth_* keyword and its value from the parsed arguments."""
@@ -73,7 +73,7 @@ def _file_command(
 ) -> argparse.ArgumentParser:
     """Subcommand `name`, which reads one traffic file, INPUT (`args.input`)."""
     p = add_command(sub, name, run=run, help=help, description=description)
-    p.add_argument("input", help=input_help)
+    add_input(p, "input", what="a traffic file", help=input_help)
     return p
 
 
@@ -85,9 +85,8 @@ def _stats_command(sub: argparse._SubParsersAction) -> None:
         input_help="traffic file (.csv or .parquet)",
     )
     p.add_argument("--busiest", default="60", metavar="D", help="busiest-window length (default 60s)")
-    p.add_argument(
-        "--plot", metavar="FILE.png", help="also draw the rate over time and the inter-arrival histogram"
-    )
+    add_output_file(p, flags=("--plot",), metavar="FILE.png",
+                    help="also draw the rate over time and the inter-arrival histogram")
 
 
 def _import_command(sub: argparse._SubParsersAction) -> None:
@@ -97,7 +96,7 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         "CSV, or any CSV/Parquet table with a column mapping.",
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
-    p.add_argument("input", help="the file to import")
+    add_input(p, "input", each=True, help="the file to import")
     add_output_file(p, required=True, help=TRAFFIC_FILE)
     p.add_argument(
         "--map",
@@ -124,7 +123,7 @@ def _synth_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kind", choices=SYNTH_KINDS)
     p.add_argument(
         "--rate",
-        type=float,
+        type=finite_float,
         required=True,
         help="requests/s: the rate (poisson), mean rate (diurnal, bursty) or base rate (flash-crowd)",
     )
@@ -161,7 +160,7 @@ def _scale_command(sub: argparse._SubParsersAction) -> None:
         sub, "scale", run=_scale, help="compress or stretch a profile in time",
         description="Replay-speed scaling written to a file: request i moves to t0 + (t_i - t0) / speed.",
     )
-    p.add_argument("--speed", type=float, required=True, help="> 1 compresses, < 1 stretches")
+    p.add_argument("--speed", type=finite_float, required=True, help="> 1 compresses, < 1 stretches")
     add_output_file(p, required=True)
 
 
