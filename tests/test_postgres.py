@@ -350,6 +350,33 @@ def test_a_database_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, postgre
     assert not (tmp_path / "bad" / "study.db").exists()
 
 
+@pytest.mark.parametrize("case", ["unreachable", "wrong password", "no such database"])
+def test_tune_check_reaches_the_database_and_refuses_one_it_cannot_use(tmp_path, postgres, capsys, case):
+    (closed,) = free_ports(1)
+    url = {"unreachable": f"postgresql://tuner:{postgres.password}@127.0.0.1:{closed}/tuner",
+           "wrong password": postgres.url("postgres", password="not-the-password"),
+           "no such database": postgres.url("nosuch")}[case]
+    study_file = write_study(tmp_path, "bad", **GRID)
+    assert main(["tune", str(study_file), "--storage", url, "--check"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "cannot open" in line and postgres.password not in line, line
+    assert not (tmp_path / "bad").exists()  # checked before the output directory is made
+
+
+def test_tune_check_on_a_database_it_reaches_makes_no_table(tmp_path, postgres, capsys):
+    from sqlalchemy import create_engine, inspect
+
+    url = postgres.create_database("checked")
+    assert main(["tune", str(write_study(tmp_path, "ok", **GRID)), "--storage", url, "--check"]) == 0
+    assert "ok (nothing was started)" in capsys.readouterr().out
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()
+    assert not (tmp_path / "ok").exists()
+
+
 def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
     study_file = write_study(tmp_path, "nodriver", **GRID)
     # the driver hidden from this interpreter, as where `tuner[postgres]` was not installed

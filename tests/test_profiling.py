@@ -211,6 +211,8 @@ def test_bad_arguments_are_one_line_before_any_server_starts(study, tmp_path, ca
     (tmp_path / "in-the-way").mkdir()
     assert main(["profile", str(study), "-o", str(tmp_path / "in-the-way")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"tuner: error: profile {tmp_path / 'in-the-way'}: cannot write") and len(err) == 1
+    # tuner.paths checks -o before the work, naming the path as given
+    assert err[-1].startswith("tuner: error: ") and len(err) == 1
+    assert f"{tmp_path / 'in-the-way'}: cannot write: it is a directory" in err[-1]
     assert main(["profile", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err

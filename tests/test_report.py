@@ -239,7 +239,9 @@ def test_cli_rejects_a_directory_that_is_not_a_study_output(tmp_path: Path, make
 
 def test_cli_rejects_a_missing_directory(tmp_path: Path) -> None:
     result = _tuner("report", str(tmp_path / "nowhere"))
-    assert result.returncode == 2 and "not a directory" in result.stderr
+    # said by tuner.paths, which checks every command's path arguments before the work
+    assert result.returncode == 2 and "nowhere: no such directory" in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
 
 # --- the page in a real browser ---------------------------------------------------------------

@@ -426,7 +426,8 @@ def test_any_optuna_url_works_as_storage_and_the_default_is_sqlite_with_heartbea
 
 @pytest.mark.parametrize("url, message", [
     ("postgresql://tuner:secret@127.0.0.1:9/tuner", "cannot open"),
-    ("nosuchdb://x/y", "cannot open"),
+    ("nosuchdb://x/y", "unknown database scheme 'nosuchdb'"),
+    ("postgres://tuner:secret@127.0.0.1:9/tuner", "did you mean postgresql://"),
 ])
 def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, url, message):
     with pytest.raises(SettingsError) as exc:
@@ -442,9 +443,65 @@ def test_resuming_with_another_sla_or_traffic_is_refused_naming_what_changed(tmp
     search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)
     search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)  # same: resumes
     changed = {**identity, "sla": {"latency_ms": 50.0}}
-    with pytest.raises(SettingsError, match=r"was measured with another sla .*latency_ms.: 30.0.* -> .*50.0.*"
-                                            r"start fresh with --output"):
+    with pytest.raises(SettingsError, match=r"was measured with another sla.latency_ms \(30.0 -> 50.0\): .*"
+                                            r"start fresh with --output NEW_DIR$"):
         search.open_study(s, url, sampler=search.make_sampler(s.search), identity=changed)
+
+
+def test_a_resume_refusal_names_the_changed_config_field_in_one_line_and_a_remedy_that_works(tmp_path):
+    from tuner import modelconfig
+
+    template = pathlib.Path(__file__).resolve().parent.parent / "model_repository_templates" / "encoder_sim"
+    before = (template / "config.pbtxt").read_text()
+    config = modelconfig.parse(before)
+    config.dynamic_batching.max_queue_delay_microseconds = 700
+    identity = {"model": "m", "base_config": before}
+    s = settings(tmp_path, trials=2)
+    url = search.storage_url(s)
+    search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)
+    with pytest.raises(SettingsError) as exc:
+        search.open_study(s, url, sampler=search.make_sampler(s.search),
+                          identity={**identity, "base_config": modelconfig.to_text(config)})
+    text = str(exc.value)
+    assert "\n" not in text and "another base_config.dynamic_batching.max_queue_delay_microseconds" in text
+    assert "(None -> 700)" in text or "(0 -> 700)" in text, text
+    # a storage outside the output directory: a new directory alone would resume the same study
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    search.open_study(s, shared, sampler=search.make_sampler(s.search), identity=identity)
+    with pytest.raises(SettingsError, match="start fresh with another name: in the study file and --output"):
+        search.open_study(s, shared, sampler=search.make_sampler(s.search), identity={**identity, "model": "n"})
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("notes.txt", "exists and is not an Optuna journal"),
+    ("sqlite:///notes.txt", "exists and is not an SQLite database"),
+    ("garbage!!", "neither a storage URL"),
+    ("postgres//user@host/db", "neither a storage URL"),
+    ("somedir", "is a directory"),
+])
+def test_a_storage_that_is_someones_file_or_no_storage_is_refused_and_left_untouched(tmp_path, monkeypatch,
+                                                                                     storage, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "somedir").mkdir()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(SettingsError) as exc:
+        search.open_storage(storage, SearchSettings())
+    assert message in str(exc.value) and storage in str(exc.value) and "\n" not in str(exc.value)
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no journal, no ./postgres/user@host
+
+
+def test_a_journal_is_taken_by_its_name_or_by_what_it_holds(tmp_path):
+    fresh = tmp_path / "a.journal"
+    search.check_storage(str(fresh))
+    search.check_storage(str(tmp_path / "journal.log"))
+    study = optuna.create_study(storage=search.open_storage(str(fresh)), study_name="j")
+    study.enqueue_trial({"x": 1})
+    renamed = tmp_path / "old-study"  # an existing journal keeps working whatever its name
+    renamed.write_bytes(fresh.read_bytes())
+    search.check_storage(str(renamed))
+    assert search.load_study(str(renamed), "j").study_name == "j"
 
 
 def test_tuner_uses_no_private_optuna_attribute():

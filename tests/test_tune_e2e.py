@@ -348,7 +348,7 @@ def test_a_model_that_cannot_batch_is_refused_and_nothing_is_left_behind(tmp_pat
 
 @pytest.mark.parametrize("where, message", [
     ("file", "exists and is not a directory"),
-    ("proc", "cannot write there"),
+    ("proc", "cannot write"),
     ("long", "File name too long"),
 ])
 def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, capsys, where, message):
@@ -460,3 +460,158 @@ def test_a_new_knob_needs_only_the_space_a_bounded_queue_end_to_end(tmp_path, ca
                  "--set", "dynamic_batching.default_queue_policy.max_queue_size=16", "-o", str(target)]) == 0
     assert modelconfig.load(target).dynamic_batching.default_queue_policy.max_queue_size == 16
     assert "Search history" in (output / "report.html").read_text()
+
+
+# --- issue 24: storages, outputs of another study, what the replay would refuse, profiles ----------
+
+
+@pytest.mark.parametrize("storage, message", [
+    ("notes.txt", "exists and is not an Optuna journal"),
+    ("garbage!!", "neither a storage URL"),
+    ("postgres//user@host/db", "neither a storage URL"),
+    ("sqlite:///notes.txt", "exists and is not an SQLite database"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_a_storage_that_is_not_one_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch,
+                                                                       storage, message, check):
+    monkeypatch.chdir(tmp_path)
+    study = write_study(tmp_path, "st")
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["tune", str(study), "--storage", storage, *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert f"storage {storage}: {message}" in line, line
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output directory, no journal
+
+
+def _outputs_of(tmp: Path, name: str) -> Path:
+    out = tmp / "shared-out"
+    (out / "records").mkdir(parents=True)
+    (out / "summary.json").write_text(json.dumps({"study_name": name, "feasible": True}))
+    (out / "records" / "trial_0.parquet").write_bytes(b"PAR1 measured once")
+    return out
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_study_of_another_name_is_refused_where_another_studys_outputs_are(tmp_path, capsys, check):
+    out = _outputs_of(tmp_path, "first")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    study = write_study(tmp_path, "second", **{"output": str(out)})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert f"output directory {out}: holds the outputs of study 'first', not 'second'" in line, line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no study.db either
+
+
+def test_a_study_of_another_name_is_refused_where_another_study_began(tmp_path, capsys):
+    out = tmp_path / "began"
+    optuna.create_study(study_name="first", storage=open_storage(f"sqlite:///{out / 'study.db'}"))
+    study = write_study(tmp_path, "second", **{"output": str(out)})
+    assert main(["tune", str(study)]) == 2
+    assert "holds the outputs of study 'first'" in _one_line_error(capsys)
+    names = [s.study_name for s in optuna.get_all_study_summaries(open_storage(f"sqlite:///{out / 'study.db'}"))]
+    assert names == ["first"]
+
+
+def test_a_report_that_cannot_be_written_is_not_a_success(tmp_path, capsys, monkeypatch):
+    from tuner import export
+    from tuner.cli import tune_cmd
+
+    summary = {"message": "best: trial 1", "feasible": True, "report_error": "report.html: cannot write "
+               "(No space left on device)"}
+    monkeypatch.setattr(tune_cmd, "tune", lambda *a, **k: summary)
+    monkeypatch.setattr(export, "closing_table", lambda s: "table")
+    assert main(["tune", str(write_study(tmp_path, "full"))]) == 2
+    captured = capsys.readouterr()
+    assert "not written" not in captured.out
+    assert "tuner: error: report not written (report.html: cannot write (No space left on device))" in captured.err
+
+
+def _traffic(tmp: Path, rows: list[tuple[float, int, float]]) -> Path:
+    path = tmp / "traffic.csv"
+    pd.DataFrame(rows, columns=["timestamp", "batch_size", "seq_len"]).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_row_the_replay_would_refuse_is_refused_before_a_server_starts(tmp_path, capsys, check):
+    rows = [(i * 0.05, 1, 100) for i in range(200)]
+    rows[17] = (rows[17][0], 1, 1e12)
+    study = write_study(tmp_path, "huge", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert "traffic row 17" in line and "above the replay's limit" in line, line
+    assert not (tmp_path / "huge").exists()
+
+
+@pytest.mark.parametrize("rows", [[(5.0, 1, 100)], [(5.0, 1, 100)] * 40])
+def test_traffic_with_no_request_in_the_measured_window_is_refused_up_front(tmp_path, capsys, rows):
+    study = write_study(tmp_path, "still", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
+    assert main(["tune", str(study), "--check"]) == 2
+    line = _one_line_error(capsys)
+    assert "traffic.csv" in line and "no requests due in the measured window" in line, line
+
+
+def test_a_warm_up_as_long_as_the_traffic_leaves_no_measured_window(tmp_path, capsys):
+    rows = [(i * 0.1, 1, 100) for i in range(10)]  # 0.9 s of traffic, a 2 s warm-up
+    study = write_study(tmp_path, "warm", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0},
+                                             "replay.warmup_s": 2.0})
+    assert main(["tune", str(study), "--check"]) == 2
+    line = _one_line_error(capsys)
+    assert "no requests due in the measured window" in line and "replay.warmup_s" in line, line
+
+
+PROFILE_CSV = "rows,length,median_ms\n1,128,1.0\n8,128,{ms}\n"
+
+
+@pytest.mark.parametrize("profile, message", [
+    ("# model: matmul_cpu\n" + PROFILE_CSV.format(ms=2.0), "measured on model matmul_cpu, not encoder_sim"),
+    (None, "no such file"),
+    (PROFILE_CSV.format(ms=-2.0), "median_ms must be a number > 0"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_the_model_strategys_profile_is_checked_before_anything_starts(tmp_path, capsys, profile, message, check):
+    path = tmp_path / "profile.csv"
+    if profile is not None:
+        path.write_text(profile)
+    study = write_study(tmp_path, "prof", **{"search.strategy": "model", "search.profile": str(path)})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert str(path) in line and message in line, line
+    assert not (tmp_path / "prof").exists()
+
+
+def test_a_profile_of_this_model_passes_the_check(tmp_path, capsys):
+    path = tmp_path / "profile.csv"
+    path.write_text("# model: encoder_sim\n" + PROFILE_CSV.format(ms=2.0))
+    study = write_study(tmp_path, "mine", **{"search.strategy": "model", "search.profile": str(path)})
+    assert main(["tune", str(study), "--check"]) == 0
+    assert "ok (nothing was started)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_an_unreachable_database_is_refused_and_leaves_no_output_directory(tmp_path, capsys, check):
+    study = write_study(tmp_path, "pg")
+    url = "postgresql://tuner:secret@127.0.0.1:9/tuner"  # nothing listens on port 9
+    assert main(["tune", str(study), "--storage", url, *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert "storage postgresql://tuner:***@127.0.0.1:9/tuner: cannot open" in line and "secret" not in line
+    assert not (tmp_path / "pg").exists()
+
+
+def test_a_full_disk_making_the_database_leaves_no_empty_file_or_directory(tmp_path, capsys, monkeypatch):
+    import sqlite3
+
+    study = write_study(tmp_path, "full")
+    db = tmp_path / "full" / "study.db"
+
+    def full_disk(url, **_kw):  # SQLite made the file, then found no room for its schema
+        db.touch()
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", full_disk)
+    assert main(["tune", str(study)]) == 2
+    line = _one_line_error(capsys)
+    assert f"storage sqlite:///{db}: cannot open: database or disk is full" in line, line
+    assert not db.exists() and not (tmp_path / "full").exists()

@@ -333,8 +333,9 @@ def _cross_validate(points: list[tuple[int, int, float]]) -> dict[str, float]:
 # --- file -----------------------------------------------------------------------------------------
 
 
-def read_profile(path: str | os.PathLike) -> Profile:
-    """Read and check a profile CSV (see the module docstring for the format)."""
+def read_profile(path: str | os.PathLike, *, model: str | None = None) -> Profile:
+    """Read and check a profile CSV (see the module docstring for the format). With `model`, a
+    profile whose `# model:` header names another model is refused: its times are another model's."""
     path = Path(path)
     text = read_text(path, error=ProfileError)
     header: dict[str, str] = {}
@@ -386,6 +387,9 @@ def read_profile(path: str | os.PathLike) -> Profile:
             raise ProfileError(msg if msg.startswith(str(path)) else f"{where}: {msg}") from None
         points.append(point)
     settings = {key: _header_value(key, value, path) for key, value in header.items()}
+    measured_on = settings.get("model")
+    if model is not None and measured_on and measured_on != model:
+        raise ProfileError(f"{path}: measured on model {measured_on}, not {model}")
     try:
         return Profile(points=tuple(points), **settings)
     except ProfileError as exc:

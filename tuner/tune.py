@@ -10,8 +10,11 @@ finish`), `outputs_from_storage` writes the outputs of a finished study on any m
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +25,23 @@ from optuna.trial import TrialState
 
 from tuner import evaluate, export, modelconfig, search, space
 from tuner.cost import price_for
-from tuner.errors import ConfigError, SettingsError, TunerError, UnmeasuredError
+from tuner.errors import (
+    ConfigError,
+    InputError,
+    OutputError,
+    SettingsError,
+    TrafficError,
+    TunerError,
+    UnmeasuredError,
+)
 from tuner.files import check_output_dir, write_atomic
 from tuner.report import write_report
 from tuner.score import Hints
 from tuner.settings import StudySettings
 from tuner.traffic import mean_rps, peak_rps
 
-__all__ = ["Handover", "Prepared", "Progress", "check_table", "finish", "outputs_from_storage", "prepare", "tune"]
+__all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "finish",
+           "outputs_from_storage", "prepare", "tune"]
 
 
 class Progress:
@@ -85,12 +97,15 @@ class Prepared:
     traffic: pd.DataFrame = field(repr=False)
     storage: str
     notes: tuple[str, ...] = ()
+    profile: object = None            # the model strategy's profile file, read (None: measured in the run)
 
 
 def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: bool = False) -> Prepared:
     """Check everything the study needs before a server starts (bad input: exit 2 here, with
-    nothing written but the output directory, and not even that in a `dry_run`): the model's config,
-    the traffic, the space, the output directory, the storage."""
+    nothing written; the output directory is made last, once every check passed, and not even that
+    in a `dry_run`): the model's config, the traffic (as the replay will plan it), the space, the
+    profile, the remote server, the storage (a `dry_run` reaches a database server), the output
+    directory (another study's outputs are never replaced)."""
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = evaluate.base_config(settings)
     modelconfig.validate(base, str(base_path))
@@ -103,6 +118,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
         raise ConfigError(
             f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
             f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
+    _check_replayable(settings, base, traffic)
     narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
     if note:
         notes.append(note)
@@ -112,10 +128,90 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     if off:
         notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "
                      f"baseline, the search does not explore around it")
-    check_output_dir(settings.output, "output directory", create=not dry_run)
+    profile = _study_profile(settings)
+    _check_remote(settings)
     url = search.storage_url(settings, storage)
+    search.check_storage(url, connect=dry_run)
+    check_outputs_owner(settings.output, settings.name)
+    check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
-    return Prepared(settings, base, traffic, url, tuple(notes))
+    return Prepared(settings, base, traffic, url, tuple(notes), profile)
+
+
+def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame) -> None:
+    """Refuse up front what every trial's replay would refuse or find empty: a row the replay's
+    plan refuses (a shape the model does not take, a request above the replay's size limit), and
+    traffic with no request in the first replay's measured window (one row, equal timestamps, a
+    warm-up as long as the traffic)."""
+    from tuner.probe import step_windows
+    from tuner.replay import plan_requests
+    from tuner.traffic import due_offsets
+
+    config = json.loads(modelconfig.to_json(base))
+    plan_requests({"name": settings.model}, config, traffic)  # the replay's own check, row by row
+    path, speed = settings.traffic.path, settings.traffic.speed
+    stamps = traffic["timestamp"]
+    if stamps.nunique() < 2:
+        raise TrafficError(f"{path}: {len(traffic)} request(s), all at one timestamp: a replay measures "
+                           f"requests spread over time; no requests due in the measured window")
+    part, warmup, end = step_windows(traffic, settings)(speed)
+    due = due_offsets(part, speed)
+    measured = (due >= warmup) & (due < end if end is not None else True)
+    if not measured.any():
+        raise TrafficError(f"{path}: no requests due in the measured window: at speed {speed:g} the traffic "
+                           f"lasts {float(due[-1]) if len(due) else 0.0:.3g} s, within the {warmup:g} s warm-up "
+                           f"(replay.warmup_s)")
+
+
+def _study_profile(settings: StudySettings):
+    """The model strategy's profile file, read and checked now (None: measured in the run)."""
+    if settings.search.strategy != "model" or not settings.search.profile:
+        return None
+    from tuner.profile import read_profile
+
+    return read_profile(settings.search.profile, model=settings.model)
+
+
+def _check_remote(settings: StudySettings) -> None:
+    """A remote server's URL must answer as Triton's HTTP endpoint (not its metrics or gRPC port)."""
+    if settings.server.launcher != "remote":
+        return
+    from tuner.server.remote import check_triton
+
+    check_triton(settings.server.url)
+
+
+def check_outputs_owner(output: str | Path, name: str) -> None:
+    """Refuse to write study `name`'s outputs where another study's are (its summary, recommended
+    config and per-request records, which cannot be made again): one output directory, one study.
+    The summary names the study that wrote the outputs; the default storage in the directory names
+    the studies begun there."""
+    out = Path(output)
+    others = {_summary_study(out / export.SUMMARY)}
+    default = out / search.DEFAULT_STORAGE_FILE
+    with contextlib.suppress(OSError):  # a place the OS refuses: the output check says why
+        if default.is_file() and default.stat().st_size > 0:
+            others |= _studies_in(f"sqlite:///{default}")
+    others.discard(None)
+    others.discard(name)
+    if others:
+        raise OutputError(f"output directory {out}: holds the outputs of study {sorted(others)[0]!r}, not "
+                          f"{name!r}: give each study its own --output (outputs are never replaced by "
+                          f"another study's)")
+
+
+def _summary_study(path: Path) -> str | None:
+    try:
+        return json.loads(path.read_text()).get("study_name")
+    except (OSError, ValueError, AttributeError):  # none, or not a summary this tuner wrote
+        return None
+
+
+def _studies_in(url: str) -> set[str]:
+    try:
+        return {s.study_name for s in optuna.get_all_study_summaries(search.open_storage(url))}
+    except TunerError:
+        return set()
 
 
 def check_table(p: Prepared) -> list[tuple[str, str]]:
@@ -211,6 +307,30 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     the summary, or on the other hosts a `Handover`. UnmeasuredError after writing the outputs when
     no trial could be measured."""
     progress = progress or Progress()
+    if settings.search.strategy == "model" and workers > 1:
+        raise SettingsError("search.strategy model measures a handful of configurations on one server: "
+                            "--workers must be 1")
+    new_output = not os.path.lexists(settings.output)
+    try:
+        return _tune(settings, trials, timeout_s=timeout_s, storage=storage, workers=workers, progress=progress)
+    except InputError:
+        if new_output:  # refused before anything was written: no empty directory left behind
+            _remove_empty_tree(Path(settings.output))
+        raise
+
+
+def _remove_empty_tree(path: Path) -> None:
+    """Remove `path` if it holds nothing but empty directories (a refusal's leftovers)."""
+    with contextlib.suppress(OSError):  # a path the OS refuses was never made
+        if not path.is_dir() or any(f.is_file() or f.is_symlink() for f in path.rglob("*")):
+            return
+        for folder in sorted(path.rglob("*"), key=lambda d: len(d.parts), reverse=True):
+            folder.rmdir()
+        path.rmdir()
+
+
+def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, storage: str | None, workers: int,
+          progress: Progress) -> dict | Handover:
     p = prepare(settings, storage)
     for note in p.notes:
         progress.note(note)
@@ -231,9 +351,6 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     ran = 0
     handover = None
     model_based = s.search.strategy == "model"
-    if model_based and workers > 1:
-        raise SettingsError("search.strategy model measures a handful of configurations on one server: "
-                            "--workers must be 1")
     ranking = _simulate(p, progress) if model_based else None
     try:
         progress.trials(study, total)
@@ -277,7 +394,7 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
     s = p.settings
     out = Path(s.output)
     if s.search.profile:
-        profile = read_profile(s.search.profile)
+        profile = p.profile or read_profile(s.search.profile, model=s.model)
         progress.note(f"profile: {s.search.profile}: {profile.describe()}")
     else:
         from tuner.profiling import measure_profile
@@ -377,8 +494,9 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> 
     """Write the outputs of a study from its storage alone, on any machine that reaches it (no
     server): recommended config, summary, trials table and report. The per-request latencies of the
     re-measurement stay with the host that measured them (the report goes without their CDFs)."""
-    check_output_dir(output, "output directory")
     study = search.load_study(storage, name)
+    check_outputs_owner(output, study.study_name)
+    check_output_dir(output, "output directory")
     summary = export.write_outputs(study, output)
     try:
         summary["report"] = str(write_report(output))

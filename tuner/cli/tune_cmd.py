@@ -36,12 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S seconds")
     add_output_dir(parser)
     add_storage(parser, "Optuna storage URL, e.g. postgresql://user@db/tuner for hosts sharing the study "
-                "(the password from $PGPASSWORD) (default: sqlite:///DIR/study.db)")
+                "(the password from $PGPASSWORD), or a journal file: a name ending in .journal or .log, or "
+                "an existing Optuna journal; anything else (a mistyped URL, someone's file) is refused before "
+                "anything is written (default: sqlite:///DIR/study.db)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="worker processes on this machine, each with its own server (default 1)")
     add_quiet(parser)
-    add_flag(parser, "--check", "a dry run: check the study (settings, model config, traffic, space, output, "
-             "storage), print what it would do, start nothing")
+    add_flag(parser, "--check", "a dry run: check the study (settings, model config, traffic as the replay "
+             "plans it, space, profile, output, storage: a database server is reached, nothing made in it), "
+             "print what it would do, start nothing")
 
 
 def run(args: argparse.Namespace) -> int:

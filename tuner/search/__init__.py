@@ -1,7 +1,7 @@
 """The Optuna study: its storage, the trial loop, the worker processes, the hosts sharing it, and
 what it found.
 
-    open_study / storage_url / open_storage / load_study     _store: where a study lives
+    open_study / storage_url / check_storage / open_storage / load_study   _store: where a study lives
     run_trials / make_sampler / hints / spent / add_incumbent _loop: Optuna's optimize, with heartbeats
     run_workers                                              _workers: processes on this machine
     Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
@@ -39,6 +39,7 @@ from tuner.search._results import (
 from tuner.search._store import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
+    check_storage,
     load_study,
     open_storage,
     open_study,
@@ -50,7 +51,7 @@ from tuner.search._workers import OpenEvaluation, run_workers
 __all__ = [
     "enqueue_ranked", "rank_space", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
-    "best_trial", "check_gpu", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
+    "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "hints", "incumbent_trial", "is_journal", "load_study", "make_sampler",
     "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
     "run_trials", "run_workers", "safe_url", "spent", "storage_url", "this_host", "top_trials",

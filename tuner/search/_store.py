@@ -12,6 +12,8 @@ Several hosts starting on one study at once hold its lock around `open_study` (`
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 import warnings
 from pathlib import Path
@@ -21,12 +23,14 @@ from optuna.trial import TrialState
 
 from tuner.errors import SettingsError
 from tuner.search._hosts import Host, check_gpu
-from tuner.search._urls import first_line, is_journal, safe_url
+from tuner.search._urls import JOURNAL_SUFFIXES, check_scheme, first_line, is_journal, safe_url, sqlite_path
 from tuner.settings import SearchSettings, StudySettings
 
 DEFAULT_STORAGE_FILE = "study.db"
 JOURNAL_FILE = "study.journal"
 CREATE_TRIES = 5  # the default of earlier versions: still resumed where it exists
+SQLITE_MAGIC = b"SQLite format 3\x00"
+CONNECT_TIMEOUT_S = 5  # `--check` reaching a database server: long enough for a remote one, no hang
 
 
 def storage_url(settings: StudySettings, override: str | None = None) -> str:
@@ -35,23 +39,120 @@ def storage_url(settings: StudySettings, override: str | None = None) -> str:
     if override or settings.storage:
         return override or settings.storage
     journal = Path(settings.output) / JOURNAL_FILE
-    if journal.is_file():
-        return str(journal)
+    with contextlib.suppress(OSError):  # an output path the OS refuses: its own check says why
+        if journal.is_file():
+            return str(journal)
     return f"sqlite:///{Path(settings.output) / DEFAULT_STORAGE_FILE}"
 
 
+def check_storage(url: str, *, connect: bool = False) -> None:
+    """Refuse, before anything is written, a storage that is not one: a URL SQLAlchemy cannot parse
+    or with a scheme it does not know; a plain path that neither is an Optuna journal already nor
+    is named like one (*.journal, *.log); a `sqlite:///` file that exists and is no SQLite database.
+    With `connect`, a database server is reached (a short timeout) and left as it was: no table is
+    made (`tune --check`). One line naming the storage (SettingsError)."""
+    where = f"storage {safe_url(url)}"
+    if is_journal(url):
+        _check_journal_path(Path(url), where)
+        return
+    try:
+        check_scheme(url)
+    except ValueError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+    database = sqlite_path(url)
+    if database is not None:
+        _check_existing(Path(database), where, _is_sqlite, "an SQLite database")
+    elif connect and url.startswith(("postgresql", "mysql", "mariadb")):
+        _reach(url, where)
+
+
+def _check_journal_path(path: Path, where: str) -> None:
+    if _check_existing(path, where, _is_journal, "an Optuna journal"):
+        return
+    if path.suffix not in JOURNAL_SUFFIXES:
+        raise SettingsError(
+            f"{where}: neither a storage URL (e.g. sqlite:///PATH, postgresql://USER@HOST/DB) nor a journal "
+            f"file (a name ending in {' or '.join(JOURNAL_SUFFIXES)}, or an existing Optuna journal)")
+
+
+def _check_existing(path: Path, where: str, is_kind, kind: str) -> bool:
+    """Whether a non-empty file is at `path` (then it must be of `kind`); an empty one is new."""
+    try:
+        if path.is_dir():
+            raise SettingsError(f"{where}: is a directory, not {kind}")
+        if not path.is_file() or path.stat().st_size == 0:
+            return False
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 16)
+    except OSError:  # a name the OS refuses, no permission: nothing read, opening it says why
+        return False
+    if not is_kind(head):
+        raise SettingsError(f"{where}: exists and is not {kind}: refusing to write into it")
+    return True
+
+
+def _is_sqlite(head: bytes) -> bool:
+    return head.startswith(SQLITE_MAGIC)
+
+
+def _is_journal(head: bytes) -> bool:
+    """An Optuna journal: JSON lines, each an operation (`op_code`)."""
+    first = head.split(b"\n", 1)[0]
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "op_code" in record
+
+
+def _reach(url: str, where: str) -> None:
+    """Connect to the database server once and leave (no schema is made)."""
+    from sqlalchemy import create_engine
+
+    engine = None
+    try:
+        engine = create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+        with engine.connect():
+            pass
+    except Exception as exc:  # noqa: BLE001  missing driver, unreachable server, credentials
+        raise SettingsError(f"{where}: cannot open: {first_line(exc, url)}") from None
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
 def open_storage(url: str, search: SearchSettings | None = None) -> optuna.storages.BaseStorage:
-    """The storage behind `url`. A database gets heartbeats (from `search`, when given): a RUNNING
-    trial silent for the grace period is failed and enqueued once more. Bad URL, missing driver,
-    unreachable database, wrong credentials: one line (SettingsError)."""
+    """The storage behind `url` (checked first: `check_storage`). A database gets heartbeats (from
+    `search`, when given): a RUNNING trial silent for the grace period is failed and enqueued once
+    more. Bad URL, missing driver, unreachable database, wrong credentials: one line (SettingsError)."""
+    check_storage(url)
     if is_journal(url):
         path = Path(url)
         path.parent.mkdir(parents=True, exist_ok=True)
         backend = optuna.storages.journal.JournalFileBackend(
             str(path), lock_obj=optuna.storages.journal.JournalFileOpenLock(str(path)))
         return optuna.storages.JournalStorage(backend)
-    if url.startswith("sqlite:///"):
-        Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    database = sqlite_path(url)
+    new_file = database is not None and not Path(database).exists()
+    if database is not None:
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _open_rdb(url, search)
+    except SettingsError:
+        if new_file:  # a full disk: no empty database left behind for the next run to trip on
+            _remove_if_empty(Path(database))
+        raise
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
+def _open_rdb(url: str, search: SearchSettings | None) -> optuna.storages.BaseStorage:
     heartbeat = {}
     for attempt in range(CREATE_TRIES):
         try:
@@ -156,24 +257,60 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
 
 def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, identity: dict | None) -> None:
     where = f"study {settings.name!r} in {safe_url(storage)}"
+    fresh = _fresh_start(settings, storage)
     old = study.user_attrs.get("identity")
     if identity is None or old is None:  # an earlier tuner's study: it recorded only its scoring
         scoring = study.user_attrs.get("scoring")
         if scoring is not None and scoring != settings.scoring:
-            raise SettingsError(f"{where} was scored by {scoring}, not {settings.scoring}: use another "
-                                f"study name or output directory")
+            raise SettingsError(f"{where} was scored by {scoring}, not {settings.scoring}: {fresh}")
         return
-    changed = [key for key in sorted(set(old) | set(identity)) if old.get(key) != identity.get(key)]
+    changed = _changes(old, identity)
     if changed:
-        key = changed[0]
+        key, before, after = changed[0]
         raise SettingsError(
-            f"{where} was measured with another {key} ({_short(old.get(key))} -> {_short(identity.get(key))})"
-            + (f" and {len(changed) - 1} more change(s) ({', '.join(changed[1:])})" if len(changed) > 1 else "")
-            + ": its trials would not compare; start fresh with --output NEW_DIR (or another study name)")
+            f"{where} was measured with another {key} ({_short(before)} -> {_short(after)})"
+            + (f" and {len(changed) - 1} more change(s) ({', '.join(k for k, _, _ in changed[1:4])}"
+               f"{', ...' if len(changed) > 4 else ''})" if len(changed) > 1 else "")
+            + f": its trials would not compare; {fresh}")
+
+
+def _fresh_start(settings: StudySettings, storage: str) -> str:
+    """What starts a new study: a new output directory, where the storage lives in it; otherwise also
+    a new name (the same name in the same storage is this study again, and one output directory
+    holds one study's outputs)."""
+    path = sqlite_path(storage) or (storage if is_journal(storage) else None)
+    if path is not None and Path(path).resolve().parent == Path(settings.output).resolve():
+        return "start fresh with --output NEW_DIR"
+    return "start fresh with another name: in the study file and --output NEW_DIR"
+
+
+def _changes(old: object, new: object, key: str = "") -> list[tuple[str, object, object]]:
+    """(key path, old, new) of every leaf that differs; a model config's text by its changed fields
+    (`base_config.dynamic_batching.max_queue_delay_microseconds`), not its whole text."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for k in sorted(set(old) | set(new), key=str)
+                for change in _changes(old.get(k), new.get(k), f"{key}.{k}" if key else str(k))]
+    if old == new:
+        return []
+    if isinstance(old, str) and isinstance(new, str) and "\n" in old + new:
+        fields = _config_changes(old, new)
+        if fields:
+            return [(f"{key}.{path}", a, b) for path, a, b in fields]
+    return [(key, old, new)]
+
+
+def _config_changes(old: str, new: str) -> list[tuple[str, object, object]]:
+    from tuner import modelconfig
+    from tuner.errors import ConfigError
+
+    try:
+        return modelconfig.diff_fields(modelconfig.parse(old), modelconfig.parse(new))
+    except ConfigError:
+        return []
 
 
 def _short(value: object, limit: int = 60) -> str:
-    text = str(value)
+    text = " ".join(str(value).split())  # one line, whatever the value holds
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

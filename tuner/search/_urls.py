@@ -3,10 +3,41 @@ for an error from opening one."""
 
 from __future__ import annotations
 
+# What a plain path (no scheme) given as a storage must be called to be taken for a new journal file:
+# the name the tuner gives its own (study.journal) and Optuna's documented `journal.log`. Anything
+# else without a scheme (`garbage!!`, `postgres//user@host/db`) is a mistyped URL, not a wish for a
+# file of that name; an existing file is taken only if it already is an Optuna journal.
+JOURNAL_SUFFIXES = (".journal", ".log")
+SQLITE_PREFIX = "sqlite:///"
+
 
 def is_journal(url: str) -> bool:
     """Whether `url` is a journal file's path (an earlier tuner's storage), not an Optuna URL."""
     return "://" not in url
+
+
+def sqlite_path(url: str) -> str | None:
+    """The database file of a `sqlite:///PATH` URL; None for any other storage (or SQLite in memory)."""
+    if not url.startswith(SQLITE_PREFIX):
+        return None
+    path = url[len(SQLITE_PREFIX):].split("?", 1)[0]
+    return path if path and path != ":memory:" else None
+
+
+def check_scheme(url: str) -> None:
+    """Refuse a URL that SQLAlchemy cannot parse or whose scheme names no database it knows
+    (ValueError, one line): checked before anything is opened or written."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except NoSuchModuleError:  # an ArgumentError too: first
+        scheme = url.split("://", 1)[0]
+        hint = "; did you mean postgresql://?" if scheme == "postgres" else ""
+        raise ValueError(f"unknown database scheme {scheme!r} (e.g. sqlite, postgresql, mysql){hint}") from None
+    except ArgumentError:
+        raise ValueError("not a storage URL (e.g. sqlite:///PATH, postgresql://USER@HOST/DB)") from None
 
 
 def _credentials(url: str) -> tuple[str, str, str] | None:
