@@ -115,7 +115,7 @@ def test_sigterm_says_resume_only_where_running_again_resumes(tmp_path, monkeypa
 
 # (command, dest) of numbers still read with plain float, which takes "nan" and "inf": each is a
 # one-line change to `type=finite_float` (tuner/cli/_args.py); one changed must leave this list
-NOT_YET_FINITE = {("tune", "timeout")}
+NOT_YET_FINITE: set[tuple[str, str]] = set()
 
 
 def test_every_number_on_the_command_line_is_read_as_a_finite_number():

@@ -18,12 +18,14 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-import optuna
+from typing import TYPE_CHECKING
 
 from tuner.errors import ConfigError, SettingsError
 from tuner.modelconfig import ModelConfig
 from tuner.settings import IntRange, SearchSettings
+
+if TYPE_CHECKING:  # an annotation only: `tuner config` imports this module and must start fast
+    import optuna
 
 __all__ = [
     "KNOBS", "LABELS", "NAMES", "STRATEGIES", "Knob", "Params", "apply", "check_tunable", "config_fields",

@@ -1,7 +1,10 @@
 """The `tuner` command line: argument parsing and printing only.
 
 Each command group lives in its own module here and exposes `register(subparsers)`; every command
-sets `func(args) -> int`. The library does the work; errors become one line and an exit code. The
+sets `func(args) -> int`. The library does the work; errors become one line and an exit code.
+A command module imports the library where its command runs, not at its top: every command's parser
+is built for `tuner --help`, which must start without pandas, scipy, optuna or plotly
+(tests/test_cli_imports.py). The
 paths a command line names are checked (tuner/cli/_args.py: check_paths) before the command runs.
 """
 

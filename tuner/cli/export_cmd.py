@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner import export
 from tuner.cli._args import add_command, add_output_file, add_storage, add_tune_output
 from tuner.errors import SettingsError
 
@@ -31,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write (or, from a storage without -o, print) a finished study's recommended config.pbtxt; exit 0."""
+    from tuner import export
+
     if bool(args.output_dir) == bool(args.storage):
         raise SettingsError("give either OUTPUT_DIR or --storage URL (not both)")
     if args.output_dir:

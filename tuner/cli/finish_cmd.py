@@ -8,15 +8,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-import optuna
-
-from tuner import search
 from tuner.cli._args import add_command, add_flag, add_output_dir, add_quiet, add_storage, add_study
-from tuner.cli._common import print_outcome
-from tuner.cli.tune_cmd import Bars
 from tuner.errors import SettingsError
 from tuner.settings import load_study
-from tuner.tune import finish, outputs_from_storage
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Re-measure a shared study's best here (or only read its storage), write the outputs; the exit code."""
+    import optuna
+
+    from tuner import search
+    from tuner.cli._common import print_outcome
+    from tuner.cli._progress import Bars
+    from tuner.tune import finish, outputs_from_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.study is None and not (args.no_remeasure and args.storage and args.output):
         raise SettingsError("give STUDY.yaml, or --storage URL --output DIR --no-remeasure (the outputs "

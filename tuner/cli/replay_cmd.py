@@ -6,13 +6,16 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from tuner import space
 from tuner.cli._args import Number, add_assignments, add_command, add_json, add_numbers, add_study
 from tuner.errors import SettingsError
 from tuner.files import check_writable, json_safe, write_atomic
-from tuner.measure import Measurement
 from tuner.settings import load_study
+
+if TYPE_CHECKING:
+    from tuner.measure import Measurement
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

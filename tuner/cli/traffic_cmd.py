@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import NamedTuple
 
-from tuner import traffic
 from tuner.cli._args import Run, add_command, add_flag, add_group, add_input, add_output_file, finite_float
 from tuner.errors import TrafficError
 
@@ -32,6 +31,8 @@ class SynthParam(NamedTuple):
 
     def value(self, args: argparse.Namespace) -> tuple[str, float | None]:
         """The synth_* keyword and its value from the parsed arguments."""
+        from tuner import traffic
+
         name = self.flag.removeprefix("--").replace("-", "_")
         given = getattr(args, name)
         if not self.duration:
@@ -108,8 +109,7 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--time-unit",
         default="s",
-        choices=sorted(traffic.importers.TIME_UNITS),
-        help="csv: unit of numeric times (default s)",
+        help="csv: unit of numeric times: s, ms, us or ns (default s)",
     )
     add_flag(p, "--include-children", "triton: keep requests sent by ensembles / BLS models too")
 
@@ -175,6 +175,8 @@ def _convert_command(sub: argparse._SubParsersAction) -> None:
 
 def _write(df, args: argparse.Namespace) -> int:
     """Write the result to --output, which the command checked with check_output before its work."""
+    from tuner import traffic
+
     out = Path(args.output)
     src = Path(args.input) if getattr(args, "input", None) else None
     if src is not None and out.exists() and src.exists() and out.resolve() == src.resolve():
@@ -185,6 +187,8 @@ def _write(df, args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     if args.plot:
         traffic.check_plot_path(args.plot)
     df = traffic.read_traffic(args.input)
@@ -200,6 +204,8 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     traffic.check_output(args.output)
     if args.kind == "triton":
         df = traffic.import_triton_trace(args.input, include_children=args.include_children)
@@ -217,6 +223,8 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     traffic.check_output(args.output)
     sizes = {}
     for item in args.size:
@@ -234,6 +242,8 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _window(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     traffic.check_output(args.output)
     df = traffic.read_traffic(args.input)
     if args.busiest is not None:
@@ -251,10 +261,14 @@ def _window(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     traffic.check_output(args.output)
     return _write(traffic.scale_time(traffic.read_traffic(args.input), args.speed), args)
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
     traffic.check_output(args.output)
     return _write(traffic.read_traffic(args.input), args)

@@ -7,15 +7,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import optuna
-from tqdm import tqdm
-
-from tuner import export, search
-from tuner.cli._args import add_command, add_flag, add_output_dir, add_quiet, add_storage, add_study
-from tuner.cli._common import print_outcome
+from tuner.cli._args import (
+    add_command,
+    add_flag,
+    add_output_dir,
+    add_quiet,
+    add_storage,
+    add_study,
+    finite_float,
+)
 from tuner.errors import SettingsError, UnmeasuredError
 from tuner.settings import load_study
-from tuner.tune import Handover, Progress, check_table, prepare, tune
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "tune",
         run=run,
+        resumable=True,
         help="find the dynamic-batching configuration with the most requests per dollar under the SLA",
         description="Run the study: replay the recorded traffic against each trial configuration on a "
         "real Triton, find its capacity under the SLA, let Optuna choose the next one, re-measure the "
@@ -33,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_study(parser, "the study file")
     parser.add_argument("--trials", type=int, metavar="N", help="trials in all (default: search.trials)")
-    parser.add_argument("--timeout", type=float, metavar="S", help="stop starting trials after S seconds")
+    parser.add_argument("--timeout", type=finite_float, metavar="S", help="stop starting trials after S seconds")
     add_output_dir(parser)
     add_storage(parser, "Optuna storage URL, e.g. postgresql://user@db/tuner for hosts sharing the study "
                 "(the password from $PGPASSWORD), or a journal file: a name ending in .journal or .log, or "
@@ -49,6 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the study (or only check it, with --check) and print its outcome; the exit code."""
+    import optuna
+
+    from tuner import export
+    from tuner.cli._common import print_outcome
+    from tuner.cli._progress import Bars
+    from tuner.tune import Handover, check_table, prepare, tune
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says what matters
     settings = load_study(args.study)
     if args.output:
@@ -76,43 +86,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nstudy {summary.study_name!r} in {summary.storage}: {summary.message()}")
         return 0
     return print_outcome(summary, settings.output)
-
-
-class Bars(Progress):
-    """tqdm bars on stderr: the trials (with the best so far), then the re-measurement."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-        self.bar = None
-
-    def note(self, text: str) -> None:
-        print(f"tuner: {text}", file=sys.stderr, flush=True)
-
-    def trials(self, study: optuna.Study, total: int) -> None:
-        self._new(total, min(search.finished_count(study), total), "trials")
-
-    def trial_done(self, study: optuna.Study) -> None:
-        if self.bar is None:
-            return
-        self.bar.n = min(search.finished_count(study), self.bar.total)
-        best = search.best_trial(study)
-        if best is not None:
-            self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
-        self.bar.refresh()
-
-    def remeasure(self, total: int) -> None:
-        self._new(total, 0, "re-measure")
-
-    def remeasured_one(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-    def _new(self, total: int, initial: int, desc: str) -> None:
-        self.close()
-        if self.enabled:
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="trial", dynamic_ncols=True)

@@ -1,0 +1,51 @@
+"""The progress bars `tune` and `finish` draw while they work (a `tuner.tune.Progress`)."""
+
+from __future__ import annotations
+
+import sys
+
+import optuna
+from tqdm import tqdm
+
+from tuner import search
+from tuner.tune import Progress
+
+
+class Bars(Progress):
+    """tqdm bars on stderr: the trials (with the best so far), then the re-measurement."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def note(self, text: str) -> None:
+        print(f"tuner: {text}", file=sys.stderr, flush=True)
+
+    def trials(self, study: optuna.Study, total: int) -> None:
+        self._new(total, min(search.finished_count(study), total), "trials")
+
+    def trial_done(self, study: optuna.Study) -> None:
+        if self.bar is None:
+            return
+        self.bar.n = min(search.finished_count(study), self.bar.total)
+        best = search.best_trial(study)
+        if best is not None:
+            self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
+        self.bar.refresh()
+
+    def remeasure(self, total: int) -> None:
+        self._new(total, 0, "re-measure")
+
+    def remeasured_one(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _new(self, total: int, initial: int, desc: str) -> None:
+        self.close()
+        if self.enabled:
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="trial", dynamic_ncols=True)
