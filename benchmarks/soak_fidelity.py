@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner import modelconfig  # noqa: E402
-from tuner.soaking import LAST_WINDOWS  # noqa: E402
+from tuner.soak import LAST_WINDOWS  # noqa: E402
 from tuner.traffic import SizeSpec, synth_diurnal, write_traffic  # noqa: E402
 
 TEMPLATE = ROOT / "model_repository_templates" / "encoder_sim"

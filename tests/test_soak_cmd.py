@@ -34,18 +34,17 @@ from tuner.errors import SettingsError
 from tuner.nightly.drift import drift_table
 from tuner.nightly.rule import keep
 from tuner.nightly.summary import markdown_summary
-from tuner.soaking import (
-    analyze_soak,
-    fixed_mix,
+from tuner.soak import (
+    analyze,
     last_soak,
     make_plan,
     read_findings,
     read_meta,
     read_windows,
+    restart_windows,
     soak_dir,
-    split_failures,
-    window_traffic,
 )
+from tuner.soak.analysis import fixed_mix, split_failures, window_traffic
 from tuner.traffic import read_traffic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,13 +113,13 @@ def _synthetic_windows(n: int = 12, drift_per_hour: float = 0.02, seed: int = 0)
 def test_the_capacity_at_the_start_and_the_compute_trend_project_the_breach():
     meta = {"sla": {"latency_ms": 200, "percentile": 99, "max_error_rate": 0.001}, "window_hours": 1.0,
             "capacity": {"capacity_rps": 150.0, "rate_rps": 100.0}}
-    findings = analyze_soak(_synthetic_windows(), pd.DataFrame(), meta)
+    findings = analyze(_synthetic_windows(), pd.DataFrame(), meta)
     assert findings.verdict == "drift"
     breach = findings.analysis.breach
     # capacity 150 falls to 100 when compute time is 1.5x its level: 0.5 / 0.02 = 25 h
     assert breach.figure == "capacity_rps" and breach.hours == pytest.approx(25, rel=0.1)
     assert findings.restart.action == "restart" and findings.restart.every == 20 and findings.restart.unit == "hour"
-    flat = analyze_soak(_synthetic_windows(drift_per_hour=0.0), pd.DataFrame(), meta)
+    flat = analyze(_synthetic_windows(drift_per_hour=0.0), pd.DataFrame(), meta)
     assert flat.verdict == "no drift detected" and flat.analysis.breach is None
 
 
@@ -128,10 +127,10 @@ def test_a_persistent_sla_break_is_observed_and_a_single_bad_window_is_not():
     meta = {"sla": {"latency_ms": 200, "percentile": 99, "max_error_rate": 0.001}, "window_hours": 1.0}
     blip = _synthetic_windows(drift_per_hour=0.0)
     blip.loc[3, ["sla_ok", "error_rate"]] = [False, 0.01]
-    assert analyze_soak(blip, pd.DataFrame(), meta).observed is None
+    assert analyze(blip, pd.DataFrame(), meta).observed is None
     broken = blip.copy()
     broken.loc[8:, ["sla_ok", "error_rate"]] = [False, 0.02]
-    found = analyze_soak(broken, pd.DataFrame(), meta)
+    found = analyze(broken, pd.DataFrame(), meta)
     assert found.observed.figure == "error_rate" and found.observed.hours == pytest.approx(8.0)
     assert found.restart.action == "restart" and found.restart.interval_hours <= 0.8 * 8.0
 
@@ -204,8 +203,6 @@ def test_a_short_recording_blames_restart_minutes_only_when_given(tmp_path, caps
 
 
 def test_a_recording_shorter_than_the_default_restart_has_no_restart_window():
-    from tuner.soaking._inputs import restart_windows
-
     traffic = pd.DataFrame({"timestamp": np.arange(121) * 0.5, "seq_len": 16})
     quiet, line = restart_windows(traffic, minutes=None, recording="the recording t.csv")
     assert quiet is None and line.startswith("none: the recording t.csv spans 1 min, shorter than the default 5-min")
@@ -214,7 +211,7 @@ def test_a_recording_shorter_than_the_default_restart_has_no_restart_window():
     # its soak's findings have no quiet windows, and say why
     meta = {"sla": {"latency_ms": 200, "percentile": 99, "max_error_rate": 0.001}, "window_hours": 1.0,
             "quiet": None}
-    findings = analyze_soak(_synthetic_windows(), pd.DataFrame(), meta, traffic=traffic)
+    findings = analyze(_synthetic_windows(), pd.DataFrame(), meta, traffic=traffic)
     assert findings.analysis.quiet is None and "no restart window: the recording is shorter than the restart" in \
         findings.notes
 

@@ -1,4 +1,4 @@
-"""tuner.soak: each day's quietest window of the recorded traffic against a brute-force scan of every
+"""tuner.soak.analysis: each day's quietest window of the recorded traffic against a brute-force scan of every
 start second (the shipped diurnal profile included), and the restart interval a projected breach
 implies."""
 
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from tuner.errors import TrafficError
-from tuner.soak import Crossing, SoakDataError, analyze, quiet_windows, restart_advice
+from tuner.soak.analysis import Crossing, SoakDataError, fit_windows, quiet_windows, restart_advice
 from tuner.traffic import read_traffic, synth_diurnal, validate_traffic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,13 +165,13 @@ def test_a_compressed_day_counts_restart_days_in_its_own_period():
     assert advice.interval_hours == pytest.approx(4 * 600 / 3600)
 
 
-def test_analyze_gives_the_restart_advice_from_its_breach_and_the_traffic():
+def test_fit_windows_gives_the_restart_advice_from_its_breach_and_the_traffic():
     t = np.arange(24) * 0.5
     windows = pd.DataFrame({"t_hours": t, "compute_ms_per_request": 2.0 + 0.01 * t + 0.001 * (-1.0) ** np.arange(24)})
     traffic = synth_diurnal(0.3, 2 * 86400, seed=2)
     # a slow drift (0.5 %/h), called drift here with a lower practical threshold
-    assert analyze(windows, capacity_rps=40.0, rate_rps=30.0).breach is None
-    result = analyze(windows, capacity_rps=40.0, rate_rps=30.0, traffic=traffic, min_drift_per_hour=0.002)
+    assert fit_windows(windows, capacity_rps=40.0, rate_rps=30.0).breach is None
+    result = fit_windows(windows, capacity_rps=40.0, rate_rps=30.0, traffic=traffic, min_drift_per_hour=0.002)
     # compute reaches 4/3 of 2 ms, i.e. +0.667 ms, at 0.01 ms/h: 66.7 h; less 20 %: 53.3 h: 2 days
     assert result.breach.hours == pytest.approx(66.7, rel=0.01)
     assert (result.restart.every, result.restart.unit) == (2, "day")

@@ -1,6 +1,6 @@
-"""tuner.soak: the trend test, the projected breach, the capacity trend and the batch limits, on
+"""tuner.soak.analysis: the trend test, the projected breach, the capacity trend and the batch limits, on
 synthetic series whose truth is known (flat, drifting, an outlying window, drift masked by a load
-change), and the one-call analysis a soak makes of its table of windows."""
+change), and the fit of a table of windows in one call."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from tuner.errors import InputError
-from tuner.soak import (
+from tuner.soak.analysis import (
     DOWN,
     DRIFT,
     IMPROVING,
@@ -19,12 +19,12 @@ from tuner.soak import (
     UP,
     Limit,
     SoakDataError,
-    analyze,
     batch_limits,
     capacity_crossing,
     capacity_trend,
     crossing_time,
     fit_trend,
+    fit_windows,
 )
 
 HOURS = 12.0
@@ -323,12 +323,12 @@ def test_batch_limits_refuse_bad_counts_by_window_and_column():
         batch_limits({})
 
 
-def test_analyze_reads_a_soak_table_in_one_call():
+def test_fit_windows_reads_a_soak_table_in_one_call():
     rng = np.random.default_rng(2)
     df = _windows(36, seed=2, drift_per_hour=0.03)
     df["p99_ms"] = 80 + 2.0 * df["t_hours"] + rng.normal(0, 1.5, len(df))
     df["fill_rate"] = 0.6 + rng.normal(0, 0.02, len(df))
-    result = analyze(df, limits={"p99_ms": 200.0}, capacity_rps=40.0, rate_rps=30.0,
+    result = fit_windows(df, limits={"p99_ms": 200.0}, capacity_rps=40.0, rate_rps=30.0,
                      executions=_fragmenting())
     assert [t.figure for t in result.trends] == ["compute_ms_per_request", "p99_ms", "fill_rate"]
     assert result.verdict == DRIFT
@@ -348,14 +348,14 @@ def test_analyze_reads_a_soak_table_in_one_call():
     assert doc["verdict"] == "drift" and doc["batches"]["largest_recent"] == 11
     assert doc["restart"]["action"] == "restart"
     with pytest.raises(SoakDataError, match="limit on 'p50_ms': no such figure"):
-        analyze(df, limits={"p50_ms": 100.0})
+        fit_windows(df, limits={"p50_ms": 100.0})
     with pytest.raises(SoakDataError, match="needs both capacity_rps and rate_rps"):
-        analyze(df, capacity_rps=40.0)
+        fit_windows(df, capacity_rps=40.0)
 
 
-def test_analyze_without_a_load_column_fits_without_it_and_says_so():
+def test_fit_windows_without_a_load_column_fits_without_it_and_says_so():
     df = _windows(24, seed=4).drop(columns=["offered_rps"])
-    result = analyze(df)
+    result = fit_windows(df)
     assert result.verdict == NO_DRIFT
     assert result.trends[0].load is None
     assert "no column 'offered_rps'" in result.trends[0].notes[-1]

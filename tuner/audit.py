@@ -31,7 +31,7 @@ from tuner.measure import Measurement
 from tuner.score import Hints, check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
-from tuner.soaking import last_soak
+from tuner.soak import last_soak
 from tuner.trial import NO_VERDICT, UNMEASURED, TrialRecord, to_attrs
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy

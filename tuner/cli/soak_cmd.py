@@ -36,7 +36,7 @@ PACE = (
 RESTART = (
     Number("--restart-at", "H",
            "restart the server after H hours of traffic; the windows after it show the recovery"),
-    # no default here: a recording too short for the default is not the flag's fault (soaking._inputs)
+    # no default here: a recording too short for the default is not the flag's fault (soak._inputs)
     Number("--restart-minutes", "M", "length of a restart: the quiet window searched in each day (default 5; "
            "none when the recording is shorter)"),
     Number("--day-hours", "H", "hours of the recording that make a day (default 24, or the whole recording "
@@ -82,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner import space
     from tuner.evaluate import study_traffic
     from tuner.settings import load_study
-    from tuner.soaking import make_plan, run_soak
-    from tuner.soaking._inputs import restart_windows, soak_config
+    from tuner.soak import make_plan, restart_windows, run_soak, soak_config
 
     settings = load_study(args.study)
     output = Path(args.output).resolve() if args.output else Path(settings.output)

@@ -40,7 +40,7 @@ from tuner.nightly.rule import (
 from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
-from tuner.soaking import last_soak
+from tuner.soak import last_soak
 from tuner.traffic import TIMESTAMP, write_traffic
 
 TRAFFIC_FILE = "traffic.parquet"

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, config_text, load_output, simulated_vs_measured
-from tuner.soaking import has_soak, last_soak
+from tuner.soak import has_soak, last_soak
 
 REPORT = "report.html"
 

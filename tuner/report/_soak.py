@@ -19,18 +19,18 @@ from plotly.subplots import make_subplots
 from tuner.errors import TunerError
 from tuner.files import write_atomic
 from tuner.report._html import write_report
-from tuner.soaking import (
+from tuner.soak import (
     TIME_AXIS,
     SoakFindings,
-    analyze_soak,
+    analyze,
     has_soak,
     latency_column,
+    quiet_line,
     read_executions,
     read_meta,
     read_windows,
     soak_dir,
 )
-from tuner.soaking._findings import quiet_line
 from tuner.traffic import read_traffic
 
 REPORT = "report.html"
@@ -77,7 +77,7 @@ def load_soak(output_dir: str | Path) -> SoakView:
         except (TunerError, OSError) as exc:
             notes.append(f"the recording {path} could not be read again ({str(exc).splitlines()[0]}): "
                          "no quiet windows")
-    findings = analyze_soak(windows, executions, meta, traffic=traffic, margin=float(meta.get("margin", 0.2)))
+    findings = analyze(windows, executions, meta, traffic=traffic, margin=float(meta.get("margin", 0.2)))
     if meta.get("interrupted"):
         notes.append(f"the soak was interrupted: {len(windows)} of {(meta.get('plan') or {}).get('windows', '?')} "
                      "windows finished")

@@ -1,59 +1,66 @@
-"""A soak's analysis (pure): does a configuration drift over a long run, and when to restart it.
+"""`tuner soak`: one configuration replayed against a long stretch of the recorded traffic, measured
+window by window, and what the windows show (drift, the breach, the restart advice). The front door:
+everything outside this package imports from here.
 
-analyze        analyze(windows, ...) -> SoakAnalysis: the whole analysis of a table of windows, with
-               .table() (rows a person reads), .tables(), .text() and .as_dict() (JSON)
-trend          fit_trend -> Trend: a figure's slope per hour since load, its interval, the verdict
-               (`drift` / `no drift detected`), robust to an outlying window, the load as covariate
-projection     crossing_time(trend, limit) -> Crossing: when the trend reaches a limit;
-               capacity_trend / capacity_crossing: capacity from compute time per request
-batches        batch_limits -> BatchLimits: the largest batch still succeeding, when larger ones failed
-restart        quiet_windows -> QuietWindows: each day's quietest stretch of the recorded traffic;
-               restart_advice -> RestartAdvice: the restart interval before the projected breach
+    make_plan(traffic, hours=, speed=, window_minutes=) -> SoakPlan    how the soak is cut
+    soak_config(settings, output, assignments, config_path=) -> (config, source)   what is soaked
+    restart_windows(traffic, minutes=, day_hours=) -> (QuietWindows | None, line)   the restart slot
+    run_soak(settings, config, plan, traffic, output=, quiet=, ...) -> SoakResult   the soak (IO)
+    analyze(windows, executions, meta) -> SoakFindings   the findings of a soak's tables (pure)
+    last_soak(output) -> list[str]      one or two lines on the soak an output directory holds
+    soak_dir, has_soak, read_meta, read_windows, read_executions, read_findings   OUTPUT/soak/
+
+Inside: `analysis/` is pure (no server, no replay, no soak directory: import-linter holds it to that);
+`_inputs` reads what a soak starts from, `_run` runs it, `_files` is its directory.
+
+The soak's time axis is hours of recorded traffic (the replay speed compresses them), counted from
+the server's start.
 """
 
-from tuner.soak._analysis import SoakAnalysis, analyze
-from tuner.soak._batches import BatchLimits, SizeHistory, batch_limits
-from tuner.soak._common import SoakDataError
-from tuner.soak._projection import (
-    ABOVE,
-    BELOW,
-    CapacityTrend,
-    Crossing,
-    Limit,
-    capacity_crossing,
-    capacity_trend,
-    crossing_time,
+from __future__ import annotations
+
+from tuner.soak._files import (
+    SoakFileError,
+    has_soak,
+    last_soak,
+    read_executions,
+    read_findings,
+    read_meta,
+    read_windows,
+    soak_dir,
 )
-from tuner.soak._restart import DAY_S, QuietWindow, QuietWindows, RestartAdvice, quiet_windows, restart_advice
-from tuner.soak._trend import DOWN, DRIFT, IMPROVING, NO_DRIFT, UP, Trend, fit_trend, huber_fit
+from tuner.soak._inputs import restart_windows, soak_config
+from tuner.soak._run import SoakResult, run_soak
+from tuner.soak.analysis import (
+    LAST_WINDOWS,
+    TIME_AXIS,
+    SoakFindings,
+    SoakPlan,
+    analyze,
+    latency_column,
+    make_plan,
+    quiet_line,
+)
 
 __all__ = [
-    "ABOVE",
-    "BELOW",
-    "DAY_S",
-    "DOWN",
-    "DRIFT",
-    "IMPROVING",
-    "NO_DRIFT",
-    "UP",
-    "BatchLimits",
-    "CapacityTrend",
-    "Crossing",
-    "Limit",
-    "QuietWindow",
-    "QuietWindows",
-    "RestartAdvice",
-    "SizeHistory",
-    "SoakAnalysis",
-    "SoakDataError",
-    "Trend",
+    "LAST_WINDOWS",
+    "TIME_AXIS",
+    "SoakFileError",
+    "SoakFindings",
+    "SoakPlan",
+    "SoakResult",
     "analyze",
-    "batch_limits",
-    "capacity_crossing",
-    "capacity_trend",
-    "crossing_time",
-    "fit_trend",
-    "huber_fit",
-    "quiet_windows",
-    "restart_advice",
+    "has_soak",
+    "last_soak",
+    "latency_column",
+    "make_plan",
+    "quiet_line",
+    "read_executions",
+    "read_findings",
+    "read_meta",
+    "read_windows",
+    "restart_windows",
+    "run_soak",
+    "soak_config",
+    "soak_dir",
 ]

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.soak._common import OneRow, SoakDataError, json_number
-from tuner.soak._trend import Trend
+from tuner.soak.analysis._common import OneRow, SoakDataError, json_number
+from tuner.soak.analysis._trend import Trend
 
 ABOVE = "above"  # the limit is broken when the figure rises past it (p99 over the SLA)
 BELOW = "below"  # ... when it falls past it (capacity under the peak rate)

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.soak._common import SoakDataError, json_number
-from tuner.soak._projection import Crossing
+from tuner.soak.analysis._common import SoakDataError, json_number
+from tuner.soak.analysis._projection import Crossing
 from tuner.traffic import TIMESTAMP
 
 DAY_S = 86400.0

@@ -6,6 +6,8 @@
     executions.csv  per window and batch size: successful and failed executions
     findings.json   the analysis (trends, breaches, batch limits, quiet windows, restart advice)
     report.html     the time-series page (`tuner report OUTPUT`)
+
+and `last_soak`: what an output directory's soak found, in a line or two (the audit's and the nightly's).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pandas as pd
 
 from tuner.errors import InputError, OutputError
 from tuner.files import check_output_dir, json_safe, os_reason, read_json_object, write_atomic
+from tuner.soak.analysis import summary_lines
 
 SOAK_DIR = "soak"
 META = "soak.json"
@@ -29,8 +32,6 @@ EXECUTIONS = "executions.csv"
 FINDINGS = "findings.json"
 REPORT = "report.html"
 _OURS = (META, WINDOWS, EXECUTIONS, FINDINGS, REPORT)
-
-TIME_AXIS = "hours of recorded traffic"
 
 
 class SoakFileError(InputError):
@@ -129,3 +130,17 @@ def _cell(value):
     return value
 
 
+def last_soak(output: str | os.PathLike) -> list[str]:
+    """One or two lines on the findings of the soak in `output` (empty when it holds none, or an
+    unreadable one: said in the line)."""
+    if not has_soak(output):
+        return []
+    folder = soak_dir(output)
+    try:
+        findings = read_findings(folder)
+        meta = read_meta(folder)
+    except SoakFileError as exc:
+        return [f"last soak: unreadable ({exc})"]
+    if findings is None:
+        return [f"last soak ({str(meta.get('started_utc', '?'))[:16]}): no findings yet (still running, or killed)"]
+    return summary_lines(findings, meta)

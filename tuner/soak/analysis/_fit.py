@@ -1,4 +1,5 @@
-"""A soak's findings from its table of windows, in one call: trends, breaches, batches, restart."""
+"""The fit of a table of windows, any columns: trends, breaches, batches, restart (the step `analyze`
+takes on a soak's own columns; see `_findings`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from tuner.soak import _projection as projection
-from tuner.soak._batches import BatchLimits, batch_limits
-from tuner.soak._common import SoakDataError
-from tuner.soak._projection import ABOVE, BELOW, CapacityTrend, Crossing, Limit
-from tuner.soak._restart import DAY_S, QuietWindows, RestartAdvice, quiet_windows, restart_advice
-from tuner.soak._trend import DRIFT, NO_DRIFT, Trend, fit_trend
+from tuner.soak.analysis import _projection as projection
+from tuner.soak.analysis._batches import BatchLimits, batch_limits
+from tuner.soak.analysis._common import SoakDataError
+from tuner.soak.analysis._projection import ABOVE, BELOW, CapacityTrend, Crossing, Limit
+from tuner.soak.analysis._restart import DAY_S, QuietWindows, RestartAdvice, quiet_windows, restart_advice
+from tuner.soak.analysis._trend import DRIFT, NO_DRIFT, Trend, fit_trend
 
 _NOT_FIGURES = ("window",)  # numeric columns that identify a window rather than measure it
 
@@ -87,7 +88,7 @@ class SoakAnalysis:
         }
 
 
-def analyze(
+def fit_windows(
     windows: pd.DataFrame,
     *,
     figures: Sequence[str] | None = None,
@@ -109,7 +110,7 @@ def analyze(
     margin: float = 0.2,
     basis: str = "estimate",
 ) -> SoakAnalysis:
-    """A soak's analysis from its windows (one row each: `time` in hours since load, `load`, figures).
+    """The analysis of a table of windows (one row each: `time` in hours since load, `load`, figures).
 
     Each figure (default: every numeric column but `time`, `load` and `window`) gets a trend with the
     load as covariate when that column exists (`worse`: figure -> UP or DOWN, the direction that is a

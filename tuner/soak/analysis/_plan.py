@@ -19,6 +19,7 @@ import pandas as pd
 from tuner.errors import SettingsError, TrafficError
 from tuner.traffic import TIMESTAMP
 
+TIME_AXIS = "hours of recorded traffic"  # the soak's clock (see the module)
 MIN_WINDOWS = 6  # the trend test fits three coefficients (level, slope, load) and needs three more windows
 # The longest soak planned, in wall time: a month watches a server longer than releases and reboots
 # usually leave it up; a longer --hours is a typo (1e9) sooner than a plan, and would start anyway.

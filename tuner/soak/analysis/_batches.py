@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.soak._common import SoakDataError, json_number
+from tuner.soak.analysis._common import SoakDataError, json_number
 
 COLUMNS = ("window", "size", "successes", "failures")
 

@@ -1,5 +1,5 @@
-"""A soak's findings from its windows (pure): the trend test and everything `tuner.soak.analyze`
-reads from them, on the soak's own columns, plus the SLA breaks the windows saw.
+"""A soak's findings from its windows (pure), the one analysis of a soak: the trend test and everything
+`fit_windows` reads from them, on the soak's own columns, plus the SLA breaks the windows saw.
 
 Time is the server's age: `age_hours`, hours of recorded traffic since the server's last start (a
 soak with `--restart-at` starts the clock again at the restart, so the windows after it are young
@@ -22,22 +22,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from tuner.soak import (
-    ABOVE,
-    DAY_S,
-    UP,
-    Crossing,
-    Limit,
-    QuietWindows,
-    RestartAdvice,
-    SoakAnalysis,
-    SoakDataError,
-    analyze,
-    restart_advice,
-)
-from tuner.soaking._files import TIME_AXIS
-from tuner.soaking._plan import MIN_WINDOWS
-from tuner.soaking._windows import CAPACITY_FIGURE, TREND_FIGURES, latency_column
+from tuner.soak.analysis._common import SoakDataError
+from tuner.soak.analysis._fit import SoakAnalysis, fit_windows
+from tuner.soak.analysis._plan import MIN_WINDOWS, TIME_AXIS
+from tuner.soak.analysis._projection import ABOVE, Crossing, Limit
+from tuner.soak.analysis._restart import DAY_S, QuietWindows, RestartAdvice, restart_advice
+from tuner.soak.analysis._trend import UP
+from tuner.soak.analysis._windows import CAPACITY_FIGURE, TREND_FIGURES, latency_column
 
 TIME = "age_hours"
 LOAD = "offered_rps"
@@ -112,8 +103,8 @@ class SoakFindings:
         }
 
 
-def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
-                 traffic: pd.DataFrame | None = None, margin: float = 0.2) -> SoakFindings:
+def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
+            traffic: pd.DataFrame | None = None, margin: float = 0.2) -> SoakFindings:
     """The findings of a soak from its tables and soak.json (`traffic`: the recording, for the
     quiet windows)."""
     if windows.empty:
@@ -144,7 +135,7 @@ def analyze_soak(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
             raise SoakDataError(f"{len(usable)} usable window(s); the trend test needs at least {MIN_WINDOWS}")
         if not figures:
             raise SoakDataError("no figure was measured in enough windows")
-        analysis = analyze(
+        analysis = fit_windows(
             usable, figures=figures, time=TIME, load=LOAD, limits=limits,
             worse=dict.fromkeys(figures, UP),  # every figure measured is worse when it grows
             compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,

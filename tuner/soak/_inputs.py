@@ -16,9 +16,7 @@ from tuner.evaluate import base_config
 from tuner.files import os_reason
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
-from tuner.soak import DAY_S, QuietWindows, quiet_windows
-from tuner.soaking._findings import quiet_line
-from tuner.soaking._plan import cycle_length
+from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
 from tuner.traffic import TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"

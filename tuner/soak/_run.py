@@ -33,11 +33,9 @@ from tuner.modelconfig import ModelConfig
 from tuner.score import Hints, check_sla
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
-from tuner.soak import QuietWindows
-from tuner.soaking import _files
-from tuner.soaking._findings import SoakFindings, analyze_soak
-from tuner.soaking._plan import SoakPlan, window_traffic
-from tuner.soaking._windows import (
+from tuner.soak import _files
+from tuner.soak.analysis import TIME_AXIS, QuietWindows, SoakFindings, SoakPlan, analyze, window_traffic
+from tuner.soak.analysis._windows import (  # the window's row: built here, where the window is measured
     EXECUTION_COLUMNS,
     execution_rows,
     fixed_mix,
@@ -69,7 +67,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
              output: str | Path, quiet: QuietWindows | None, config_source: str, measure_capacity: bool = True,
              replace: bool = False, margin: float = 0.2, progress: bool = True,
              launcher_factory: Callable[[StudySettings], Launcher] = make_launcher) -> SoakResult:
-    """Soak `config` on the study's server for `plan` and write `OUTPUT/soak/` (see `tuner.soaking`).
+    """Soak `config` on the study's server for `plan` and write `OUTPUT/soak/` (see `tuner.soak`).
     A KeyboardInterrupt (Ctrl-C, SIGTERM) still writes the findings of the finished windows, then
     goes on up."""
     folder = _files.prepare(output, replace=replace)
@@ -82,7 +80,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
         "plan": {"hours": plan.hours, "speed": plan.speed, "window_minutes": plan.window_wall_s / 60,
                  "windows": plan.windows, "cycle_s": plan.cycle_s, "restart_at_hours": plan.restart_at_hours},
         "window_hours": plan.window_s / 3600.0,
-        "time_axis": _files.TIME_AXIS,
+        "time_axis": TIME_AXIS,
         "sla": dataclasses.asdict(settings.sla),
         # None: the recording is too short for a restart window (no quiet windows in the findings)
         "quiet": None if quiet is None else {"length_s": quiet.length_s, "period_s": quiet.period_s,
@@ -113,7 +111,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
                 finished_utc=_now())
     _files.write_json(folder / _files.META, meta)
     windows = _files.read_windows(folder)
-    findings = analyze_soak(windows, _files.read_executions(folder), meta, traffic=traffic, margin=margin)
+    findings = analyze(windows, _files.read_executions(folder), meta, traffic=traffic, margin=margin)
     _files.write_json(folder / _files.FINDINGS, {"interrupted": interrupted, **findings.as_dict()})
     if interrupted or failure:
         print(f"soak {'interrupted' if interrupted else 'stopped'} after {len(windows)} finished window(s), "
@@ -271,7 +269,7 @@ _COLUMNS = (("window", 7), ("hours", 13), ("offered/s", 9), ("{latency}", 10), (
 def _header(latency: str) -> str:
     names = [name.replace("{latency}", latency.replace("latency_", "").replace("_ms", " ms")) for name, _ in _COLUMNS]
     return "  ".join(f"{n:>{w}}" for n, (_, w) in zip(names, _COLUMNS, strict=True)) + \
-        f"   (hours: {_files.TIME_AXIS})"
+        f"   (hours: {TIME_AXIS})"
 
 
 def _line(row: dict, total: int, latency: str) -> str:

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from tuner.soak._common import OneRow, SoakDataError, json_number
+from tuner.soak.analysis._common import OneRow, SoakDataError, json_number
 
 DRIFT = "drift"
 NO_DRIFT = "no drift detected"
