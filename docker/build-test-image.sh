@@ -54,9 +54,13 @@ if docker image inspect "$BASE" >/dev/null 2>&1; then
 else
     if [[ ! -s $ROOTFS_TAR ]]; then
         command -v debootstrap >/dev/null || die "debootstrap missing (docker/start-engine.sh installs it)"
+        # the machine's own Debian mirror (a user behind a mirror or a proxy needs that one): deb822
+        # `URIs:` lines may list several; one-line `deb [options] URI suite ...` may carry options
         MIRROR=${TUNER_DEBIAN_MIRROR:-$(
-            { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' || true
-              grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}' || true
+            { grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+                  | sed -E 's/^URIs:[[:space:]]*//' | tr -s ' \t' '\n' || true
+              grep -hE '^deb[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+                  | sed -E 's/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+).*/\2/' || true
             } | grep -E '/debian/?$' | head -n1 || true)}
         [[ -n $MIRROR ]] || die "no Debian mirror in /etc/apt/sources.list*; set TUNER_DEBIAN_MIRROR"
         ROOTFS=$(mktemp -d "$CACHE/rootfs.XXXXXX")
