@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
+import importlib
 import itertools
 import json
 import math
@@ -58,11 +58,9 @@ GOAL_RATIO, GOAL_SHARE, GOAL_RUNS = 0.98, 0.10, 0.9
 
 
 def _sibling(name: str):
-    """Another script of benchmarks/ as a module (they are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """Another script of benchmarks/ as a module: run as a script, this one has benchmarks/ first on
+    sys.path (imported when needed: each brings its own stack)."""
+    return importlib.import_module(name)
 
 
 def grid_tables(grid: Path) -> tuple[dict[str, dict[tuple[int, int], float]], dict[tuple[int, int], float]]:

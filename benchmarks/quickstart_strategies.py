@@ -70,14 +70,11 @@ def row(name: str, summary: dict, wall_s: float, profile_s: float | None) -> dic
 def cross_check(configs: dict[str, dict], repeats: int, output: Path) -> pd.DataFrame:
     """Each configuration measured `repeats` times, interleaved, on one server (`search_ground_truth.py`'s
     final round): the medians of the quick start's scoring."""
-    import importlib.util
+    import search_ground_truth as ground_truth  # benchmarks/: this script's directory, first on sys.path
 
     from tuner import evaluate
     from tuner.settings import load_study
 
-    spec = importlib.util.spec_from_file_location("search_ground_truth", Path(__file__).with_name("search_ground_truth.py"))
-    ground_truth = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ground_truth)
     settings = dataclasses.replace(load_study(STUDIES["measured (TPE)"]), output=str(output))
     keys = {name: tuple(params.items()) for name, params in configs.items()}
     with evaluate.session(settings, log_dir=str(output / "server")) as evaluate_fn:

@@ -21,47 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner import modelconfig  # noqa: E402
+from encoder_sim import profile as encoder_sim_profile  # noqa: E402  (benchmarks/, this script's directory)
+
 from tuner.evaluate import study_traffic  # noqa: E402
-from tuner.profile import Profile  # noqa: E402
 from tuner.settings import load_study  # noqa: E402
 from tuner.simulate import Simulator  # noqa: E402
 
 HALF_OCTAVES = (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64)
-
-
-def encoder_sim_profile(config_path: Path) -> Profile:
-    """The emulated GPU's execution times as a profile (see encoder_sim/1/model.py)."""
-    config = modelconfig.load(config_path)
-    params = {k: v.string_value for k, v in config.parameters.items()}
-    scale = float(params["time_scale"])
-    pairs = sorted((float(t), float(ms)) for t, ms in
-                   (p.split(":") for p in params["latency_table_ms"].replace(" ", "").split(",") if p))
-    tokens, ms = np.array([t for t, _ in pairs]), np.array([m for _, m in pairs])
-    knee_tokens, slowdown = float(params["memory_bound_tokens"]), float(params["memory_bound_slowdown"])
-    max_length = int(params["max_sequence_length"])
-
-    def table(x: float) -> float:
-        if x <= tokens[-1]:
-            return float(np.interp(x, tokens, ms, left=ms[0] * x / tokens[0]))
-        return float(ms[-1] + (ms[-1] - ms[-2]) / (tokens[-1] - tokens[-2]) * (x - tokens[-1]))
-
-    def device_ms(rows: int, length: int) -> float:
-        padded = rows * min(length, max_length)
-        if padded <= knee_tokens:
-            return table(padded) * scale
-        return (table(knee_tokens) + slowdown * (table(padded) - table(knee_tokens))) * scale
-
-    return Profile.from_function(
-        device_ms, rows=[1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64], lengths=[16, 32, 64, 128, 256, 384, 512],
-        host_ms_per_row=float(params["host_us_per_request"]) * 1e-3 * scale,
-        oom_tokens=int(params["max_padded_tokens"]) + 1, oom_ms=float(params["oom_ms"]) * scale,
-        max_length=max_length, model=config.name)
 
 
 def space(study, grid: str) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ from tuner import modelconfig
 from tuner.server.install import TritonInstall, find_tritonserver
 from tuner.server.local import LocalLauncher
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "model_repository_templates"
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the benchmarks' helpers, as `benchmarks.encoder_sim` (after the installed tuner)
+    sys.path.append(str(ROOT))
+TEMPLATES_DIR = ROOT / "model_repository_templates"
 TEMPLATE_MODELS = ("encoder_sim", "matmul_cpu")
 
 # A runner that starts the suite in the background (`cmd &` in a non-interactive shell) leaves SIGINT

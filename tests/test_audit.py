@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
+from tuner import audit as audit_module
 from tuner import modelconfig
-from tuner.audit import AuditResult, Baseline, findings, load_baseline
+from tuner.audit import Baseline, load_baseline
 from tuner.cli import main
 from tuner.errors import InputError, OutputError, ServerSetupError
 from tuner.server.local import LocalLauncher
@@ -232,33 +233,50 @@ def test_a_read_only_remote_never_applies_a_config():
 # --- the verdicts, on their own ------------------------------------------------------------------
 
 
-def judged(tmp_path, capacity_rps: float, baseline_rps: float | None, fill: float = 0.8, feasible=True):
-    settings = load_study(write_study(tmp_path))
+def judged(tmp_path, monkeypatch, capacity_rps: float, baseline_rps: float | None, fill: float = 0.8,
+           feasible=True):
+    """`tuner.audit.audit` itself, on a server that runs max_batch_size 8 and a measurement that
+    returns these figures (at $1000 a month): the ratio, the recoverable budget and the verdicts are
+    the audit's own."""
     load = Figures(requests=100, fill_rate=fill, mean_batch_size=fill * 8, latency_ms={"p99": 100.0})
     result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=feasible,
                          violation=-0.5 if feasible else 0.5, capacity=Bracket(rps=capacity_rps, speed=1.0),
                          monthly_cost=1000.0, servers_needed=1,
                          sla_reason="" if feasible else "p99 300.0 ms > 200 ms")
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    config.max_batch_size = 8
+
+    class Server:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def model_config(self, model):
+            return config
+
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
+    monkeypatch.setattr(audit_module.evaluate, "make_measure", lambda *a, **k: lambda params, hints: result)
     baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
-    ratio = capacity_rps / baseline_rps if baseline_rps else None
-    a = AuditResult("encoder_sim", "x", {"max_batch_size": 8, "max_queue_delay_microseconds": 0}, result, 3.0,
-                    baseline, ratio, None if ratio is None else max(0.0, 1 - ratio) * 1000.0)
-    a = AuditResult(**{**a.__dict__, "findings": findings(a, settings, at_load_only=False)})
+    a = audit_module.audit(load_study(write_study(tmp_path)), baseline, progress=False)
     return a, {f.check: f.verdict for f in a.findings}
 
 
-@pytest.mark.parametrize("capacity, verdict, code", [
-    (80.0, "ok", 0), (75.0, "watch", 0), (60.0, "watch", 0), (59.0, "inefficient", 10)])
-def test_throughput_ratio_thresholds(tmp_path, capacity, verdict, code):
-    a, verdicts = judged(tmp_path, capacity, 100.0)
+@pytest.mark.parametrize("capacity, verdict, code, recoverable", [
+    (80.0, "ok", 0, 200.0), (75.0, "watch", 0, 250.0), (60.0, "watch", 0, 400.0), (59.0, "inefficient", 10, 410.0),
+    (120.0, "ok", 0, 0.0)])  # above the baseline: nothing to recover
+def test_throughput_ratio_thresholds(tmp_path, monkeypatch, capacity, verdict, code, recoverable):
+    a, verdicts = judged(tmp_path, monkeypatch, capacity, 100.0)
     assert verdicts["throughput ratio"] == verdict and a.exit_code == code
-    assert a.recoverable_per_month == pytest.approx((1 - capacity / 100.0) * 1000.0)
+    assert a.ratio == pytest.approx(capacity / 100.0)
+    assert a.recoverable_per_month == pytest.approx(recoverable)  # (1 - ratio) x $1000, worked by hand
 
 
-def test_low_fill_rate_is_flagged_and_a_missed_sla_wins(tmp_path):
-    _, verdicts = judged(tmp_path, 90.0, 100.0, fill=0.3)
+def test_low_fill_rate_is_flagged_and_a_missed_sla_wins(tmp_path, monkeypatch):
+    _, verdicts = judged(tmp_path, monkeypatch, 90.0, 100.0, fill=0.3)
     assert verdicts["fill rate at the recorded load"] == "watch"
-    a, verdicts = judged(tmp_path, 30.0, 100.0, feasible=False)
+    a, verdicts = judged(tmp_path, monkeypatch, 30.0, 100.0, feasible=False)
     assert verdicts["SLA at the recorded load"] == "broken" and a.exit_code == 3
 
 

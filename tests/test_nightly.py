@@ -36,6 +36,12 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 """
 
 
+def run_dirs(output: Path) -> list[Path]:
+    """The published run directories under `<output>/runs`."""
+    runs = output / rundir.RUNS
+    return [p for p in runs.iterdir() if p.is_dir()] if runs.is_dir() else []
+
+
 # --- decision rule ---------------------------------------------------------------------------------
 
 
@@ -417,7 +423,7 @@ def test_three_nights_over_a_known_engine(tmp_path):
     assert n7.exit_code == 10 and len(e7.replays) == 6 and "rate_rps" in n7.entry["drifted"]
     nights = history.read_history(out)
     assert [n["exit_code"] for n in nights] == [10, 0, 0, 0, 0, 0, 10]
-    assert len(rundir.run_dirs(out)) == 7
+    assert len(run_dirs(out)) == 7
 
 
 def test_unmeetable_and_same_as_production(tmp_path):
@@ -443,7 +449,7 @@ def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert history.history_path(out).read_text() == before
-    assert os.path.realpath(out / "latest") == latest and len(rundir.run_dirs(out)) == 1
+    assert os.path.realpath(out / "latest") == latest and len(run_dirs(out)) == 1
     assert list(out.glob(".staging-*"))  # what the killed run left, cleared by the next run
     _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=2)
     assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 2

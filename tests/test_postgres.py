@@ -30,9 +30,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from test_search import FakeEvaluation
-from test_search import settings as fake_settings
-from test_tune_e2e import write_study
+from support import FakeEvaluation, fake_settings, fake_worker, write_tune_study
 
 from tuner import export, search
 from tuner.cli import main
@@ -71,7 +69,7 @@ def measured(trials) -> list[tuple]:
 @pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(tmp_path, postgres):
     url = postgres.create_database("three_hosts")
-    study_file = write_study(tmp_path, "shared", **GRID)
+    study_file = write_tune_study(tmp_path, "shared", **GRID)
     logs = [tmp_path / f"host-{i}.log" for i in range(3)]
     hosts = [tuner_process("tune", str(study_file), "--storage", url, "--quiet", "--output",
                            str(tmp_path / f"out-{i}"), log=log) for i, log in enumerate(logs)]
@@ -163,23 +161,9 @@ def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(
     assert study_in(url, "shared").user_attrs["remeasured_on"]["pid"] == done.pid
 
 
-_WORKER = """
-import pickle, sys, optuna
-sys.path.insert(0, sys.argv[3])
-from test_search import SlowFakeEvaluation
-from tuner import search
-s = pickle.loads(open(sys.argv[1], "rb").read())
-study = optuna.load_study(study_name=s.name, storage=search.open_storage(sys.argv[2], s.search),
-                          sampler=search.make_sampler(s.search))
-search.run_trials(study, s, SlowFakeEvaluation(), 100)
-"""
-
-
 def test_a_host_killed_measuring_an_incumbent_outside_the_ranges_has_it_measured_elsewhere(tmp_path, postgres):
     # the incumbent (the model's own config) may lie outside the search: Optuna's retry of a stale
     # trial copies its values into the ranges' distributions, which refuse them
-    import pickle
-
     url = postgres.create_database("stale_incumbent")
     s = fake_settings(tmp_path, sampler="grid", trials=100)
     s = dataclasses.replace(s, search=dataclasses.replace(
@@ -187,9 +171,7 @@ def test_a_host_killed_measuring_an_incumbent_outside_the_ranges_has_it_measured
         heartbeat_s=1, grace_period_s=2))
     incumbent = {"max_batch_size": 64, "max_queue_delay_microseconds": 0}
     study = search.open_study(s, url, sampler=search.make_sampler(s.search), incumbent=incumbent)
-    (tmp_path / "settings.pickle").write_bytes(pickle.dumps(s))
-    worker = subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path / "settings.pickle"), url,
-                               str(Path(__file__).parent)], cwd=ROOT)
+    worker = subprocess.Popen(fake_worker(s, url, tmp_path), cwd=ROOT)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not [t for t in study.get_trials(states=(TrialState.RUNNING,))
@@ -223,7 +205,7 @@ def test_a_host_with_another_gpu_type_is_refused_in_one_line(tmp_path, postgres)
     from tuner.tune import identity, prepare
 
     url = postgres.create_database("gpu_types")
-    study_file = write_study(tmp_path, "gpus", **GRID)
+    study_file = write_tune_study(tmp_path, "gpus", **GRID)
     p = prepare(load_study(study_file), url)
     first = search.Host("l4-node-1", 1, "NVIDIA L4")
     search.open_study(p.settings, url, sampler=search.make_sampler(p.settings.search), identity=identity(p),
@@ -337,7 +319,7 @@ def test_a_database_that_cannot_be_used_is_one_line_and_exit_2(tmp_path, postgre
     url = {"unreachable": f"postgresql://tuner:{postgres.password}@127.0.0.1:{closed}/tuner",
            "wrong password": postgres.url("postgres", password="not-the-password"),
            "no such database": postgres.url("nosuch")}[case]
-    study_file = write_study(tmp_path, "bad", **GRID)
+    study_file = write_tune_study(tmp_path, "bad", **GRID)
     for argv in (["tune", str(study_file), "--storage", url, "--quiet"],
                  ["export", "--storage", url, "--study", "bad"],
                  ["finish", "--storage", url, "--study", "bad", "--output", str(tmp_path / "o"), "--no-remeasure"]):
@@ -356,7 +338,7 @@ def test_tune_check_reaches_the_database_and_refuses_one_it_cannot_use(tmp_path,
     url = {"unreachable": f"postgresql://tuner:{postgres.password}@127.0.0.1:{closed}/tuner",
            "wrong password": postgres.url("postgres", password="not-the-password"),
            "no such database": postgres.url("nosuch")}[case]
-    study_file = write_study(tmp_path, "bad", **GRID)
+    study_file = write_tune_study(tmp_path, "bad", **GRID)
     assert main(["tune", str(study_file), "--storage", url, "--check"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert "cannot open" in line and postgres.password not in line, line
@@ -367,7 +349,7 @@ def test_tune_check_on_a_database_it_reaches_makes_no_table(tmp_path, postgres, 
     from sqlalchemy import create_engine, inspect
 
     url = postgres.create_database("checked")
-    assert main(["tune", str(write_study(tmp_path, "ok", **GRID)), "--storage", url, "--check"]) == 0
+    assert main(["tune", str(write_tune_study(tmp_path, "ok", **GRID)), "--storage", url, "--check"]) == 0
     assert "ok (nothing was started)" in capsys.readouterr().out
     engine = create_engine(url)
     try:
@@ -378,7 +360,7 @@ def test_tune_check_on_a_database_it_reaches_makes_no_table(tmp_path, postgres, 
 
 
 def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
-    study_file = write_study(tmp_path, "nodriver", **GRID)
+    study_file = write_tune_study(tmp_path, "nodriver", **GRID)
     # the driver hidden from this interpreter, as where `tuner[postgres]` was not installed
     code = ("import sys; sys.modules['psycopg'] = sys.modules['psycopg2'] = None; "
             "from tuner.cli import main; sys.exit(main(sys.argv[1:]))")
@@ -396,7 +378,7 @@ def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_same_command(tmp_path):
-    study_file = write_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
+    study_file = write_tune_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
                                                     "search.max_queue_delay_microseconds": {"low": 0, "high": 0}})
     output = tmp_path / "single"
     db = f"sqlite:///{output / 'study.db'}"

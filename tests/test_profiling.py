@@ -4,10 +4,7 @@ emulation's own formula (README of model_repository_templates/encoder_sim), and 
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
@@ -124,15 +122,6 @@ def test_the_smallest_failing_size_is_the_out_of_memory_point_and_failing_points
 # --- on a real server --------------------------------------------------------------------------------
 
 
-def encoder_module():
-    """encoder_sim's model.py, for its pure latency function (the server-only import stubbed)."""
-    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("encoder_sim_model_profiling", TEMPLATE / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 BUDGET = 4096  # the emulated GPU's padded-token budget, small so that 16 rows run out of memory
 
 
@@ -169,7 +158,7 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
     assert main(["profile", str(study), "--repeats", "5"]) == 0  # the default output: the study's directory
     printed = capsys.readouterr().out
     profile = read_profile(out)
-    m = encoder_module()
+    m = emulation()
     params = {k: v.string_value for k, v in modelconfig.load(TEMPLATE / "config.pbtxt").parameters.items()}
     tokens, ms = m.parse_table(params["latency_table_ms"])
     scale, host_ms = float(params["time_scale"]), float(params["host_us_per_request"]) * 1e-3

@@ -71,7 +71,13 @@ def test_replay_prints_the_measurement_and_writes_json(server, tmp_path):
     assert m["requests"] == 200  # 3 s at speed 2 is 1.5 s; the first 0.5 s is warm-up
     assert m["max_batch_size"] == 4 and max(int(k) for k in m["batch_histogram"]) <= 4
     assert data["params"] == {"max_batch_size": 4, "max_queue_delay_microseconds": 3000}
-    assert data["workers"] >= 1 and data["attempts"] >= 1 and data["warmup"]["stable"] in (True, False)
+    assert data["workers"] >= 1 and data["attempts"] >= 1
+    # warmed up as a trial is: the shape sweep, then windows until steady; the record is what it said
+    warm = data["warmup"]
+    assert warm["seconds"] > 0 and warm["sweep_requests"] > 0 and warm["sweep_errors"] == 0
+    assert (warm["reason"] == "") == warm["stable"]
+    said = "steady" if warm["stable"] else f"NOT steady: {warm['reason']}"
+    assert f"warm-up: {warm['seconds']:.1f} s, {warm['sweep_requests']} shape requests, {said}" in run.stderr
     # the remote server got its own configuration back
     assert server.model_config("echo").max_batch_size == 32
 

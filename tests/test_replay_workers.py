@@ -37,24 +37,6 @@ def test_asked_for_is_asked_for():
     assert choose_workers(3, 10.0, per_process_rps=1000.0, cpus=1) == (3, "workers=3 was asked for")
 
 
-def test_a_replay_past_what_its_processes_hold_is_generator_limited():
-    from tuner.replay import ReplayResult
-    from tuner.replay._calibrate import Calibration
-
-    host = Calibration("http", cpu_us_per_request=150.0, per_process_rps=2000.0, cpus=2, lag_p99_ms=0.5,
-                       seconds=2.0)
-
-    def result(workers: int, peak: float, calibration=host) -> ReplayResult:
-        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0,
-                            warmup_s=0.0, duration_s=1.0, mode="local", workers=workers, reason="",
-                            load_generator_cpu=0.0, calibration=calibration, peak_rps=peak)
-
-    assert not result(1, 2000.0).generator_limited()
-    assert result(1, 2001.0).generator_limited()
-    assert not result(2, 4000.0).generator_limited()
-    assert not result(1, 1e6, calibration=None).generator_limited()  # not calibrated: nothing to say
-
-
 def test_the_rate_one_process_holds_follows_its_cost_per_request():
     assert per_process_rps(100e-6) == pytest.approx(BUSY_FRACTION / 100e-6)
     assert per_process_rps(50e-6, busy_fraction=0.5) == pytest.approx(10000.0)
@@ -89,5 +71,5 @@ def test_a_replay_left_to_choose_uses_the_calibration(triton_install):
         0, peak_rate(result.records["due_s"].to_numpy()), per_process_rps=measured.per_process_rps,
         cpus=available_cpus())
     assert result.records["ok"].all()
-    assert result.peak_rps == 200.0 and not result.generator_limited()
+    assert result.peak_rps == 200.0
     assert asked.workers == 2 and asked.calibration is measured  # kept for the run, not measured again

@@ -66,11 +66,7 @@ def fake_output(tmp_path_factory: pytest.TempPathFactory, trials: int, journal: 
     """A real Optuna study with made-up measurements and per-request records (the benchmark's)."""
     key = f"fake{trials}{'j' if journal else 's'}"
     if key not in _OUTPUTS:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        try:
-            from report_bench import build_output
-        finally:
-            sys.path.remove(str(ROOT / "benchmarks"))
+        from benchmarks.report_bench import build_output
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         _OUTPUTS[key] = build_output(tmp_path_factory.mktemp(key) / "out", trials, journal=journal)
     return _OUTPUTS[key]

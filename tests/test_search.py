@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import os
 import pathlib
-import pickle
 import signal
 import subprocess
 import sys
@@ -19,98 +18,17 @@ import warnings
 import optuna
 import pytest
 from optuna.trial import TrialState
+from support import FakeEvaluation, SlowFakeEvaluation, capacity_of, fake_settings, fake_worker, latency_of
 
 from tuner import search, space
-from tuner.errors import ServerSetupError, SettingsError
+from tuner.errors import SettingsError
 from tuner.score import Hints
 from tuner.settings import IntRange, SearchSettings, study_from_dict
-from tuner.trial import UNMEASURED, Bracket, Figures, TrialRecord
+from tuner.trial import UNMEASURED
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 INCUMBENT = {"max_batch_size": 4, "max_queue_delay_microseconds": 0}
-
-
-def settings(tmp_path, sampler="tpe", trials=12, latency_ms=30.0, scoring="capacity", **search_kw):
-    s = study_from_dict(
-        {
-            "name": "fake",
-            "model_repository": str(tmp_path),
-            "model": "m",
-            "traffic": {"path": "t.csv"},
-            "output": str(tmp_path / "out"),
-            "scoring": scoring,
-            "sla": {"latency_ms": latency_ms},
-            "search": {"sampler": sampler, "trials": trials, "seed": 1},
-        },
-        base_dir=tmp_path,
-    )
-    space = dataclasses.replace(
-        s.search,
-        max_batch_size=IntRange(1, 64, log=True),
-        max_queue_delay_microseconds=IntRange(0, 4000, step=1000),
-        **search_kw,
-    )
-    return dataclasses.replace(s, search=space)
-
-
-def capacity_of(p: dict) -> float:
-    """An interior optimum in max_batch_size (32), the delay adding a little."""
-    b = p["max_batch_size"]
-    return 100.0 * b / (1.0 + (b / 32.0) ** 2) + p["max_queue_delay_microseconds"] / 1000.0
-
-
-def latency_of(p: dict) -> float:
-    return 5.0 + p["max_queue_delay_microseconds"] / 1000.0 + 0.5 * p["max_batch_size"]
-
-
-class FakeEvaluation:
-    def __init__(
-        self,
-        latency_ms: float = 30.0,
-        interrupt_at: int | None = None,
-        noise: dict | None = None,
-        fail_config: int | None = None,
-        unmeasured: set[int] = frozenset(),
-    ):
-        self.latency_ms = latency_ms
-        self.interrupt_at = interrupt_at
-        self.noise = noise or {}
-        self.fail_config = fail_config
-        self.unmeasured = unmeasured  # max_batch_size values the "load generator" cannot replay on time
-        self.calls: list[tuple[dict, Hints]] = []
-
-    def __call__(self, params: dict, hints: Hints) -> TrialRecord:
-        self.calls.append((params, hints))
-        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
-            raise KeyboardInterrupt
-        if self.fail_config is not None and params["max_batch_size"] == self.fail_config:
-            raise ServerSetupError("config refused by Triton: preferred size must be <= max batch size")
-        at_load = Figures(requests=100, latency_ms={"p99": latency_of(params)}, fill_rate=0.5,
-                          send_lag_p99_ms=0.2)
-        if params["max_batch_size"] in self.unmeasured:
-            return TrialRecord(params=dict(params), outcome=UNMEASURED, at_load=dataclasses.replace(
-                at_load, valid=False, send_lag_p99_ms=9.0, attempts=3),
-                note="send lag p99 9.00 ms > budget 5 ms: the load generator was the bottleneck")
-        factors = self.noise.get(params["max_batch_size"], [1.0])
-        seen = sum(p["max_batch_size"] == params["max_batch_size"] for p, _ in self.calls) - 1
-        cap = capacity_of(params) * factors[seen % len(factors)]
-        violation = latency_of(params) / self.latency_ms - 1.0
-        pruned = hints.beat_rps is not None and cap <= hints.beat_rps
-        return TrialRecord(
-            params=dict(params), at_load=at_load, sla_met=violation <= 0, violation=violation,
-            capacity=Bracket(rps=cap, speed=cap / 10.0, upper_rps=cap * 1.1, steps=3, converged=True),
-            scores={"capacity": cap * 3600 / 0.1, "utilization": 1e6 / latency_of(params)},
-            pruned=pruned,
-        )
-
-
-class SlowFakeEvaluation(FakeEvaluation):
-    """Takes a little time per trial, so that two workers overlap."""
-
-    def __call__(self, params: dict, hints: Hints) -> TrialRecord:
-        time.sleep(0.5)
-        return super().__call__(params, hints)
 
 
 @contextlib.contextmanager
@@ -136,7 +54,7 @@ def new_study(s, storage=None, incumbent=INCUMBENT):
 
 
 def test_incumbent_first_constraint_recorded_and_trial_budget_kept(tmp_path):
-    s = settings(tmp_path, trials=6)
+    s = fake_settings(tmp_path, trials=6)
     study = new_study(s)
     fake = FakeEvaluation()
     search.run_trials(study, s, fake, n_trials=6)
@@ -151,7 +69,7 @@ def test_incumbent_first_constraint_recorded_and_trial_budget_kept(tmp_path):
 
 
 def test_grid_is_exhaustive_and_finds_the_optimum(tmp_path):
-    s = settings(tmp_path, sampler="grid")
+    s = fake_settings(tmp_path, sampler="grid")
     study = new_study(s)
     # no pruning in the ground truth: every configuration gets its full capacity search
     fake = FakeEvaluation()
@@ -166,7 +84,7 @@ def test_grid_is_exhaustive_and_finds_the_optimum(tmp_path):
 
 
 def test_tpe_gets_near_the_optimum_measuring_a_quarter_of_the_grid(tmp_path):
-    s = settings(tmp_path, trials=9)
+    s = fake_settings(tmp_path, trials=9)
     study = new_study(s)
     search.run_trials(study, s, FakeEvaluation(), n_trials=9)
     assert len(study.trials) <= 0.26 * space.grid_size(s.search)
@@ -175,7 +93,7 @@ def test_tpe_gets_near_the_optimum_measuring_a_quarter_of_the_grid(tmp_path):
 
 
 def test_pruning_stops_trials_that_cannot_beat_the_best(tmp_path):
-    s = settings(tmp_path, trials=12)
+    s = fake_settings(tmp_path, trials=12)
     study = new_study(s)
     search.run_trials(study, s, FakeEvaluation(), n_trials=12)
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
@@ -185,7 +103,7 @@ def test_pruning_stops_trials_that_cannot_beat_the_best(tmp_path):
 
 
 def test_utilization_scoring_does_not_prune_on_capacity(tmp_path):
-    s = settings(tmp_path, trials=8, scoring="utilization")
+    s = fake_settings(tmp_path, trials=8, scoring="utilization")
     study = new_study(s)
     fake = FakeEvaluation()
     search.run_trials(study, s, fake, n_trials=8)
@@ -194,7 +112,7 @@ def test_utilization_scoring_does_not_prune_on_capacity(tmp_path):
 
 
 def test_interrupted_trial_is_failed_then_retried_and_no_finished_trial_is_lost(tmp_path):
-    s = settings(tmp_path, trials=7)
+    s = fake_settings(tmp_path, trials=7)
     study = new_study(s)
     with pytest.raises(KeyboardInterrupt):
         search.run_trials(study, s, FakeEvaluation(interrupt_at=4), n_trials=7)
@@ -231,7 +149,7 @@ class InterruptInsideAsk(optuna.samplers.RandomSampler):
 def test_an_interrupt_inside_optunas_bookkeeping_fails_its_trial_and_the_study_resumes(tmp_path, signum, at):
     from tuner.errors import Terminated, sigterm_as_interrupt
 
-    s = settings(tmp_path, trials=5)
+    s = fake_settings(tmp_path, trials=5)
     study = new_study(s)
     study.sampler = InterruptInsideAsk(at, signum)
     with pytest.raises(Terminated if signum == signal.SIGTERM else KeyboardInterrupt), sigterm_as_interrupt():
@@ -250,7 +168,7 @@ def test_an_interrupt_inside_optunas_bookkeeping_fails_its_trial_and_the_study_r
 
 
 def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_retried(tmp_path):
-    s = settings(tmp_path, trials=3)
+    s = fake_settings(tmp_path, trials=3)
     journal = tmp_path / "out" / "study.journal"
     first = new_study(s, str(journal))
     search.run_trials(first, s, FakeEvaluation(), n_trials=2)
@@ -269,7 +187,7 @@ def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_r
 
 
 def test_a_refused_configuration_fails_its_trial_and_the_study_goes_on(tmp_path):
-    s = settings(tmp_path, trials=6, sampler="random")
+    s = fake_settings(tmp_path, trials=6, sampler="random")
     study = new_study(s, incumbent={"max_batch_size": 2, "max_queue_delay_microseconds": 0})
     search.run_trials(study, s, FakeEvaluation(fail_config=2), n_trials=6)
     failed = study.get_trials(states=(TrialState.FAIL,))
@@ -279,7 +197,7 @@ def test_a_refused_configuration_fails_its_trial_and_the_study_goes_on(tmp_path)
 
 
 def test_unmeasured_trials_are_failed_not_infeasible_and_the_study_goes_on(tmp_path):
-    s = settings(tmp_path, trials=8, sampler="grid")
+    s = fake_settings(tmp_path, trials=8, sampler="grid")
     s = dataclasses.replace(s, search=dataclasses.replace(
         s.search, max_batch_size=IntRange(1, 8, log=True), max_queue_delay_microseconds=IntRange(0, 1000, step=1000)))
     study = new_study(s)
@@ -295,7 +213,7 @@ def test_unmeasured_trials_are_failed_not_infeasible_and_the_study_goes_on(tmp_p
 
 
 def test_every_trial_unmeasured_ends_the_study_without_a_loop(tmp_path):
-    s = settings(tmp_path, trials=5, sampler="random")
+    s = fake_settings(tmp_path, trials=5, sampler="random")
     study = new_study(s)
     fake = FakeEvaluation(unmeasured=set(range(1, 65)))
     search.run_trials(study, s, fake, n_trials=5)
@@ -303,7 +221,7 @@ def test_every_trial_unmeasured_ends_the_study_without_a_loop(tmp_path):
 
 
 def test_two_worker_processes_share_the_storage_without_duplicates_or_losses(tmp_path):
-    s = settings(tmp_path, trials=10, sampler="random")
+    s = fake_settings(tmp_path, trials=10, sampler="random")
     study = new_study(s)
     search.run_workers(s, fake_session, search.storage_url(s), 10, workers=2)
     trials = study.get_trials()
@@ -315,31 +233,17 @@ def test_two_worker_processes_share_the_storage_without_duplicates_or_losses(tmp
     }
 
 
-_WORKER = """
-import pickle, sys, optuna
-sys.path.insert(0, sys.argv[3])
-from test_search import SlowFakeEvaluation
-from tuner import search
-s = pickle.loads(open(sys.argv[1], "rb").read())
-study = optuna.load_study(study_name=s.name, storage=search.open_storage(sys.argv[2], s.search),
-                          sampler=search.make_sampler(s.search))
-search.run_trials(study, s, SlowFakeEvaluation(), 100)
-"""
-
-
 def test_a_worker_killed_mid_trial_is_retried_by_the_other_after_the_grace_period(tmp_path):
-    s = settings(tmp_path, sampler="grid", trials=100)
+    s = fake_settings(tmp_path, sampler="grid", trials=100)
     search_settings = dataclasses.replace(
         s.search, max_batch_size=IntRange(1, 4, log=True), max_queue_delay_microseconds=IntRange(0, 2000, step=1000),
         heartbeat_s=1, grace_period_s=3)
     s = dataclasses.replace(s, search=search_settings)
     study = new_study(s, incumbent=None)
     url = search.storage_url(s)
-    (tmp_path / "settings.pickle").write_bytes(pickle.dumps(s))
-    tests_dir = str(pathlib.Path(__file__).parent)
+    command = fake_worker(s, url, tmp_path)
     logs = [open(tmp_path / f"worker-{i}.log", "w+") for i in range(2)]
-    workers = [subprocess.Popen([sys.executable, "-c", _WORKER, str(tmp_path / "settings.pickle"), url, tests_dir],
-                                stdout=log, stderr=subprocess.STDOUT) for log in logs]
+    workers = [subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT) for log in logs]
     try:
         deadline = time.monotonic() + 30
         victim = None
@@ -374,7 +278,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_the_other_after_the_grace_perio
 
 
 def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
-    s = settings(tmp_path, trials=12, sampler="grid", top_k=2, remeasure_repeats=3)
+    s = fake_settings(tmp_path, trials=12, sampler="grid", top_k=2, remeasure_repeats=3)
     s = dataclasses.replace(
         s,
         search=dataclasses.replace(
@@ -388,7 +292,9 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
     remeasured = search.remeasure(study, noisy, s)
     order = [p["max_batch_size"] for p, _ in noisy.calls]
     assert order == [32, 16, 4] * 3  # top 2 and the incumbent, interleaved
-    best = search.recommend(remeasured)
+    ranked = search.recommend([search.repeats_as_dict(r) for r in remeasured])  # as `tuner export` reads them
+    assert [r["params"]["max_batch_size"] for r in ranked] == [16, 32, 4]
+    best = next(r for r in remeasured if r.trial == ranked[0]["trial"])
     assert best.params["max_batch_size"] == 16 and best.observed_spread == pytest.approx(0.0)
     assert best.spread == pytest.approx(0.1)  # never below the capacity bracket (10 % wide in the fake)
     worst = next(r for r in remeasured if r.params["max_batch_size"] == 32)
@@ -396,14 +302,21 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
     assert next(r for r in remeasured if r.incumbent).params == INCUMBENT
 
 
+def test_the_recommendation_is_the_best_median_that_met_the_sla():
+    stored = [{"trial": 1, "median": 5.0, "feasible_runs": 2}, {"trial": 2, "median": 7.0, "feasible_runs": 0},
+              {"trial": 3, "median": 0.0, "feasible_runs": 1}, {"trial": 4, "median": 6.0, "feasible_runs": 1},
+              {"trial": 5, "median": 6.0, "feasible_runs": 3}]
+    assert [r["trial"] for r in search.recommend(stored)] == [4, 5, 1]  # a tie keeps the re-measurement's order
+
+
 def test_no_configuration_meets_the_sla(tmp_path):
-    s = settings(tmp_path, trials=5, latency_ms=1.0)
+    s = fake_settings(tmp_path, trials=5, latency_ms=1.0)
     study = new_study(s)
     search.run_trials(study, s, FakeEvaluation(latency_ms=1.0), n_trials=5)
     assert search.top_trials(study, 3) == []
     fake = FakeEvaluation(latency_ms=1.0)
     assert search.remeasure(study, fake, s) == [] and fake.calls == []
-    assert search.recommend([]) is None
+    assert search.recommend([]) == []
 
 
 def test_grid_per_octave_must_be_positive(tmp_path):
@@ -413,7 +326,7 @@ def test_grid_per_octave_must_be_positive(tmp_path):
 
 
 def test_any_optuna_url_works_as_storage_and_the_default_is_sqlite_with_heartbeats(tmp_path):
-    s = settings(tmp_path, trials=4, sampler="random")
+    s = fake_settings(tmp_path, trials=4, sampler="random")
     url = f"sqlite:///{tmp_path / 'other.db'}"
     study = new_study(s, url)
     search.run_trials(study, s, FakeEvaluation(), n_trials=4)
@@ -437,7 +350,7 @@ def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_pa
 
 
 def test_resuming_with_another_sla_or_traffic_is_refused_naming_what_changed(tmp_path):
-    s = settings(tmp_path, trials=2)
+    s = fake_settings(tmp_path, trials=2)
     url = search.storage_url(s)
     identity = {"model": "m", "sla": {"latency_ms": 30.0}, "traffic": "100 requests, hash 1"}
     search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)
@@ -456,7 +369,7 @@ def test_a_resume_refusal_names_the_changed_config_field_in_one_line_and_a_remed
     config = modelconfig.parse(before)
     config.dynamic_batching.max_queue_delay_microseconds = 700
     identity = {"model": "m", "base_config": before}
-    s = settings(tmp_path, trials=2)
+    s = fake_settings(tmp_path, trials=2)
     url = search.storage_url(s)
     search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)
     with pytest.raises(SettingsError) as exc:
@@ -515,8 +428,19 @@ def test_tuner_uses_no_private_optuna_attribute():
 def test_every_sampler_is_made_or_refused_by_name():
     import importlib.util
 
-    for name in ("tpe", "random", "grid"):
-        assert search.make_sampler(SearchSettings(sampler=name)) is not None
+    kinds = {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler,
+             "grid": optuna.samplers.GridSampler}
+    for name, kind in kinds.items():
+        assert isinstance(search.make_sampler(SearchSettings(sampler=name)), kind)
+
+    def draws(name: str, seed: int) -> list[int]:
+        study = optuna.create_study(sampler=search.make_sampler(SearchSettings(sampler=name, seed=seed)))
+        return [study.ask().suggest_int("x", 0, 10**9) for _ in range(3)]
+
+    for name in ("tpe", "random"):  # seeded by search.seed: the same seed draws the same
+        assert draws(name, 7) == draws(name, 7) != draws(name, 8)
+    with pytest.raises(SettingsError, match="search.sampler: unknown sampler 'nope'"):
+        search.make_sampler(SearchSettings(sampler="nope"))
     if importlib.util.find_spec("torch") is None:
         with pytest.raises(SettingsError, match="search.sampler: gp needs PyTorch"):
             search.make_sampler(SearchSettings(sampler="gp"))

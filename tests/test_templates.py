@@ -3,13 +3,13 @@ and real batching in matmul_cpu."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 import urllib.error
 
 import numpy as np
 import pytest
 
+from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 
 try:  # tests/ is a rootdir without __init__.py today; keep working if it becomes a package
@@ -20,25 +20,12 @@ except ImportError:
 pytestmark = pytest.mark.slow
 
 
-def _encoder_module(templates_dir):
-    """The encoder's model.py, for its pure latency function (it imports triton_python_backend_utils,
-    which only exists inside the server, so stub that import)."""
-    import sys
-    import types
-
-    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
-    spec = importlib.util.spec_from_file_location("encoder_sim_model", templates_dir / "encoder_sim/1/model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _params(config) -> dict[str, str]:
     return {k: v.string_value for k, v in config.parameters.items()}
 
 
 def test_encoder_latency_curve_batches_well_then_turns_steeper(templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     p = _params(template("encoder_sim"))
     tokens, ms = m.parse_table(p["latency_table_ms"])
     knee, slow = float(p["memory_bound_tokens"]), float(p["memory_bound_slowdown"])
@@ -178,7 +165,7 @@ H200 = {"cold_start_factor": "21", "new_shape_ms": "4"}
 def test_cold_start_curve_is_the_measured_gpus(templates_dir):
     """The template's curve: ~11x over an instance's first 10 executions and ~1.5x over the next 40 (the
     H200 figures in the README: 114 ms, then 15.6 ms, against ~10 ms warm), then warm."""
-    m = _encoder_module(templates_dir)
+    m = emulation()
     cold = _over_time(m, {**_params(template("encoder_sim")), **H200})["cold"]
     f = [m.cold_start_factor(k, **cold) for k in range(200)]
     assert sum(f[:10]) / 10 == pytest.approx(11.4, rel=0.05)
@@ -195,7 +182,7 @@ def test_cold_start_curve_is_the_measured_gpus(templates_dir):
 
 
 def test_fragmentation_budget_and_slowdown_in_closed_form(templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     frag = _over_time(m, _params(template("encoder_sim")))["fragmentation"]
     assert frag["per_1k_executions"] == 0  # off in the template: the budget never moves
     assert m.fragmentation(10**6, **frag) == (frag["max_padded_tokens"], 1.0)
@@ -220,7 +207,7 @@ def test_fragmentation_budget_and_slowdown_in_closed_form(templates_dir):
 
 
 def test_compute_drift_never_settles(templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     assert m.drift_factor(10**6, per_execution=0.0) == 1.0
     # any two consecutive windows of w executions differ by the same (1 + d)^w, however late
     for start in (0, 100, 1000):
@@ -280,7 +267,7 @@ def _gpu_ms(m, params: dict[str, str], padded: int) -> float:
 def test_first_executions_after_a_load_are_slower(emulator, templates_dir):
     """The template's defaults: an instance's first executions are ~11x slower, failed ones do not warm
     it, and a reload of a changed configuration (new instances) starts cold again."""
-    m = _encoder_module(templates_dir)
+    m = emulation()
     params = _load(emulator, H200)
     cold = _over_time(m, params)["cold"]
     for _ in range(3):  # out of memory: fails fast and does not count as a warm-up
@@ -299,7 +286,7 @@ def test_first_executions_after_a_load_are_slower(emulator, templates_dir):
 
 
 def test_a_repeated_shape_is_faster_than_its_first_execution(emulator, templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     params = _load(emulator, {"cold_start_factor": "1", "new_shape_ms": "4"})  # the per-shape cost alone
     extra = float(params["new_shape_ms"]) * float(params["time_scale"])
     _run(emulator, 1, 512, 2)
@@ -318,7 +305,7 @@ def test_fragmentation_fails_a_large_batch_after_enough_executions_and_a_reload_
     16 x 512 (half the budget) succeeds until budget(n) drops below it, exactly where the closed form
     says, counting every execution of the model (Triton's execution_count); compute time creeps up as
     slowdown(n) says; a reload resets both."""
-    m = _encoder_module(templates_dir)
+    m = emulation()
     params = _load(emulator, {**OVER_TIME_OFF, "fragmentation_per_1k_executions": "20",
                               "fragmentation_slowdown": "4"}, instances=2)
     frag = _over_time(m, params)["fragmentation"]
@@ -350,7 +337,7 @@ def test_fragmentation_fails_a_large_batch_after_enough_executions_and_a_reload_
 
 
 def test_compute_time_that_never_settles(emulator, templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     _load(emulator, {**OVER_TIME_OFF, "compute_drift_per_execution": "0.05"})
     times = _run(emulator, 1, 512, 31)[1:]  # past the process's own first execution (slow by itself)
     windows = [np.mean(times[i:i + 10]) for i in (0, 10, 20)]
@@ -361,7 +348,7 @@ def test_compute_time_that_never_settles(emulator, templates_dir):
 
 
 def test_with_everything_over_time_off_the_model_is_as_before(emulator, templates_dir):
-    m = _encoder_module(templates_dir)
+    m = emulation()
     params = _load(emulator, {**OVER_TIME_OFF, "fragmentation_slowdown": "4"})
     # (a Python-backend process's very first execution is slow by itself, ~40 ms here: not emulated)
     first = _run(emulator, 1, 512, 4)[1:]

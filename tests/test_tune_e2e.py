@@ -22,8 +22,8 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
-import yaml
 from optuna.trial import TrialState
+from support import repository, write_tune_study
 
 from tuner import modelconfig, space
 from tuner.cli import main
@@ -83,50 +83,6 @@ def test_re_runs_of_an_invalid_replay_add_load_generators_but_leave_the_server_a
 # --- end to end ------------------------------------------------------------------------------------
 
 
-def repository(tmp: Path, max_batch_size: int | None = None) -> Path:
-    """A copy of the template (optionally with a smaller incumbent max_batch_size): tests never
-    touch the shipped files."""
-    repo = tmp / "models"
-    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
-    if max_batch_size is not None:
-        path = repo / "encoder_sim" / "config.pbtxt"
-        config = modelconfig.load(path)
-        config.max_batch_size = max_batch_size
-        path.write_text(modelconfig.to_text(config, comments_from=path.read_text()))
-    return repo
-
-
-def write_study(tmp: Path, name: str, repo: Path | None = None, **over) -> Path:
-    study = {
-        "name": name,
-        "model_repository": str(repo or ROOT / "model_repository_templates"),
-        "model": "encoder_sim",
-        # the busiest 8 s of the recording, so `tuner replay` and the search judge the same stretch
-        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
-        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
-        "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
-        "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
-        "search": {
-            "sampler": "grid",
-            "max_batch_size": {"low": 16, "high": 16},
-            "max_queue_delay_microseconds": {"low": 0, "high": 0},
-            "capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 4},
-            "top_k": 1,
-            "remeasure_repeats": 3,
-        },
-        "output": str(tmp / name),
-    }
-    for key, value in over.items():
-        node = study
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[last] = value
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(study))
-    return path
-
-
 def load(output: Path, name: str) -> optuna.Study:
     return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{output / 'study.db'}"))
 
@@ -135,7 +91,7 @@ def load(output: Path, name: str) -> optuna.Study:
 def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_capacity(
         tmp_path, triton_install, capsys):
     # the incumbent: the template with max_batch_size 1, a clear loser to 16 under bursts
-    study_file = write_study(tmp_path, "e2e", repository(tmp_path, max_batch_size=1))
+    study_file = write_tune_study(tmp_path, "e2e", repository(tmp_path, max_batch_size=1))
     code = main(["tune", str(study_file), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -203,7 +159,7 @@ def run_tune(study_file: Path, *extra: str) -> subprocess.Popen:
 def run_two_worker_study(tmp_path: Path, name: str) -> tuple[Path, Path, subprocess.Popen]:
     """`tuner tune --workers 2 --trials 3` on two grid points (8, 16) and the incumbent, started in
     the background; returns the study file, its output directory and the process."""
-    study_file = write_study(
+    study_file = write_tune_study(
         tmp_path, name, **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
                            "search.remeasure_repeats": 1})
     return study_file, tmp_path / name, run_tune(study_file, "--workers", "2", "--trials", "3")
@@ -294,7 +250,7 @@ def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_t
 
 @pytest.mark.slow
 def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
-    study_file = write_study(tmp_path, "strict", **{"sla.latency_ms": 0.5})
+    study_file = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 0.5})
     assert main(["tune", str(study_file), "--quiet"]) == 3
     captured = capsys.readouterr()
     summary = json.loads((tmp_path / "strict" / "summary.json").read_text())
@@ -310,16 +266,16 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
 
 def test_bad_input_is_one_line_and_exit_2_before_any_server_starts(tmp_path, capsys):
     assert main(["tune", str(tmp_path / "missing.yaml")]) == 2
-    bad_key = write_study(tmp_path, "badkey")
+    bad_key = write_tune_study(tmp_path, "badkey")
     bad_key.write_text(bad_key.read_text().replace("sla:", "slaa:"))
     assert main(["tune", str(bad_key)]) == 2
-    no_traffic = write_study(tmp_path, "notraffic", **{"traffic.path": str(tmp_path / "none.csv")})
+    no_traffic = write_tune_study(tmp_path, "notraffic", **{"traffic.path": str(tmp_path / "none.csv")})
     assert main(["tune", str(no_traffic)]) == 2
     broken = repository(tmp_path)
     (broken / "encoder_sim" / "config.pbtxt").write_text("max_batch_size: [")
-    assert main(["tune", str(write_study(tmp_path, "broken", broken))]) == 2
-    assert main(["tune", str(write_study(tmp_path, "gpu", **{"cost.gpu": "v100"}))]) == 2
-    assert main(["tune", str(write_study(tmp_path, "w")), "--workers", "0"]) == 2
+    assert main(["tune", str(write_tune_study(tmp_path, "broken", broken))]) == 2
+    assert main(["tune", str(write_tune_study(tmp_path, "gpu", **{"cost.gpu": "v100"}))]) == 2
+    assert main(["tune", str(write_tune_study(tmp_path, "w")), "--workers", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 6 and all(line.startswith("tuner: error: ") for line in err), err
     assert "slaa: unknown key" in err[1] and "none.csv" in err[2] and "config.pbtxt:1" in err[3]
@@ -339,7 +295,7 @@ def _one_line_error(capsys) -> str:
 
 def test_a_model_that_cannot_batch_is_refused_and_nothing_is_left_behind(tmp_path, capsys):
     repo = repository(tmp_path, max_batch_size=0)
-    study = write_study(tmp_path, "nobatch", repo)
+    study = write_tune_study(tmp_path, "nobatch", repo)
     assert main(["tune", str(study)]) == 2
     line = _one_line_error(capsys)
     assert "max_batch_size is 0: this model does not batch" in line and "config.pbtxt" in line
@@ -355,7 +311,7 @@ def test_an_output_directory_that_cannot_be_written_is_one_line(tmp_path, capsys
     target = {"file": tmp_path / "a-file", "proc": Path("/proc/tuner-out"), "long": tmp_path / ("d" * 300)}[where]
     if where == "file":
         target.write_text("mine")
-    assert main(["tune", str(write_study(tmp_path, "out")), "--output", str(target)]) == 2
+    assert main(["tune", str(write_tune_study(tmp_path, "out")), "--output", str(target)]) == 2
     line = _one_line_error(capsys)
     assert "output directory" in line and message in line
     if where == "file":
@@ -372,7 +328,7 @@ def _traffic_with_rows(tmp: Path, rows: int) -> Path:
 
 
 def test_requests_larger_than_the_models_max_batch_size_are_refused_naming_the_row(tmp_path, capsys):
-    study = write_study(tmp_path, "rows", repository(tmp_path, max_batch_size=4),
+    study = write_tune_study(tmp_path, "rows", repository(tmp_path, max_batch_size=4),
                         **{"traffic.path": str(_traffic_with_rows(tmp_path, 8))})
     assert main(["tune", str(study)]) == 2
     line = _one_line_error(capsys)
@@ -383,12 +339,12 @@ def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it
     from tuner.settings import load_study
     from tuner.tune import prepare
 
-    study = write_study(tmp_path, "narrow", **{"traffic.path": str(_traffic_with_rows(tmp_path, 8)),
+    study = write_tune_study(tmp_path, "narrow", **{"traffic.path": str(_traffic_with_rows(tmp_path, 8)),
                                                "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
     prepared = prepare(load_study(study))
     assert prepared.settings.search.max_batch_size.low == 8
     assert any("low raised from 1 to 8" in note and "row 17" in note for note in prepared.notes)
-    too_big = write_study(tmp_path, "big", repository(tmp_path, max_batch_size=128),
+    too_big = write_tune_study(tmp_path, "big", repository(tmp_path, max_batch_size=128),
                           **{"traffic.path": str(_traffic_with_rows(tmp_path, 80)),
                                               "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
     with pytest.raises(Exception, match="raise search.max_batch_size.high to at least 80"):
@@ -399,7 +355,7 @@ def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_
     from tuner.settings import load_study
     from tuner.tune import prepare
 
-    study = write_study(tmp_path, "where", **{"search.max_batch_size": {"low": 1, "high": 32, "log": True}})
+    study = write_tune_study(tmp_path, "where", **{"search.max_batch_size": {"low": 1, "high": 32, "log": True}})
     notes = prepare(load_study(study)).notes
     assert notes[0] == f"study 'where' in sqlite:///{tmp_path / 'where' / 'study.db'}"
     assert any("max_batch_size 64 (search.max_batch_size: 1..32) lies outside the search" in n for n in notes)
@@ -408,11 +364,11 @@ def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the_change(tmp_path, capsys):
-    study = write_study(tmp_path, "same", **{"search.remeasure_repeats": 1})
+    study = write_tune_study(tmp_path, "same", **{"search.remeasure_repeats": 1})
     assert main(["tune", str(study), "--quiet", "--trials", "1"]) in (0, 3)
     capsys.readouterr()
     before = (tmp_path / "same" / "summary.json").read_text()
-    changed = write_study(tmp_path, "same", **{"search.remeasure_repeats": 1, "sla.latency_ms": 50})
+    changed = write_tune_study(tmp_path, "same", **{"search.remeasure_repeats": 1, "sla.latency_ms": 50})
     assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
     line = _one_line_error(capsys)
     assert "was measured with another sla" in line and "--output NEW_DIR" in line
@@ -421,7 +377,7 @@ def test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the
 
 @pytest.mark.slow
 def test_every_replay_unmeasured_finishes_the_study_writes_the_summary_and_exits_1(tmp_path, capsys):
-    study = write_study(tmp_path, "lag", **{"replay.lag_budget_ms": 0.001,
+    study = write_tune_study(tmp_path, "lag", **{"replay.lag_budget_ms": 0.001,
                                             "search.max_batch_size": {"low": 8, "high": 16, "log": True}})
     assert main(["tune", str(study), "--quiet"]) == 1
     captured = capsys.readouterr()
@@ -439,17 +395,28 @@ def _one_line_error_from(err: str) -> str:
     return lines[0]
 
 
+def closing_cell(out: str, row: str, column: str) -> str:
+    """A cell of the closing table as the terminal shows it: the row whose tag starts with `row`, under
+    `column` (pandas aligns each cell's right edge with its header's)."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if " trial " in line and column in line)
+    end = lines[at].index(column) + len(column)
+    line = next(line for line in lines[at + 1:] if line.lstrip().startswith(row))
+    return line[:end].split()[-1]
+
+
 @pytest.mark.slow
 def test_a_new_knob_needs_only_the_space_a_bounded_queue_end_to_end(tmp_path, capsys):
     # dynamic_batching.default_queue_policy.max_queue_size was added to tuner/space.py and the settings
     # only: the search draws it, the server runs it (read back), and every output carries it
-    study = write_study(tmp_path, "queue", **{"search.max_queue_size": {"low": 0, "high": 64, "step": 64},
+    study = write_tune_study(tmp_path, "queue", **{"search.max_queue_size": {"low": 0, "high": 64, "step": 64},
                                               "search.remeasure_repeats": 1})
     assert main(["tune", str(study), "--quiet"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     output = tmp_path / "queue"
     summary = json.loads((output / "summary.json").read_text())
-    assert "max_queue_size" in summary["best"]["params"] and "queue max" in out
+    # the closing table shows the drawn value under the knob's label, in the best configuration's row
+    assert closing_cell(out, "best", "queue max") == str(summary["best"]["params"]["max_queue_size"]), out
     trials = pd.read_csv(output / "trials.csv")
     assert set(trials["max_queue_size"].dropna()) <= {0, 64} and len(trials) == 3  # the incumbent and 2 points
     recommended = modelconfig.parse((output / "recommended" / "config.pbtxt").read_text())
@@ -475,7 +442,7 @@ def test_a_new_knob_needs_only_the_space_a_bounded_queue_end_to_end(tmp_path, ca
 def test_a_storage_that_is_not_one_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch,
                                                                        storage, message, check):
     monkeypatch.chdir(tmp_path)
-    study = write_study(tmp_path, "st")
+    study = write_tune_study(tmp_path, "st")
     (tmp_path / "notes.txt").write_text("my notes\n")
     before = sorted(p.name for p in tmp_path.rglob("*"))
     assert main(["tune", str(study), "--storage", storage, *(["--check"] if check else [])]) == 2
@@ -497,7 +464,7 @@ def _outputs_of(tmp: Path, name: str) -> Path:
 def test_a_study_of_another_name_is_refused_where_another_studys_outputs_are(tmp_path, capsys, check):
     out = _outputs_of(tmp_path, "first")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    study = write_study(tmp_path, "second", **{"output": str(out)})
+    study = write_tune_study(tmp_path, "second", **{"output": str(out)})
     assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
     assert f"output directory {out}: holds the outputs of study 'first', not 'second'" in line, line
@@ -507,7 +474,7 @@ def test_a_study_of_another_name_is_refused_where_another_studys_outputs_are(tmp
 def test_a_study_of_another_name_is_refused_where_another_study_began(tmp_path, capsys):
     out = tmp_path / "began"
     optuna.create_study(study_name="first", storage=open_storage(f"sqlite:///{out / 'study.db'}"))
-    study = write_study(tmp_path, "second", **{"output": str(out)})
+    study = write_tune_study(tmp_path, "second", **{"output": str(out)})
     assert main(["tune", str(study)]) == 2
     assert "holds the outputs of study 'first'" in _one_line_error(capsys)
     names = [s.study_name for s in optuna.get_all_study_summaries(open_storage(f"sqlite:///{out / 'study.db'}"))]
@@ -516,13 +483,13 @@ def test_a_study_of_another_name_is_refused_where_another_study_began(tmp_path, 
 
 def test_a_report_that_cannot_be_written_is_not_a_success(tmp_path, capsys, monkeypatch):
     from tuner import export
-    from tuner.cli import tune_cmd
+    from tuner import tune as tune_module  # `tuner tune` imports it where the command runs
 
     summary = {"message": "best: trial 1", "feasible": True, "report_error": "report.html: cannot write "
                "(No space left on device)"}
-    monkeypatch.setattr(tune_cmd, "tune", lambda *a, **k: summary)
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: summary)
     monkeypatch.setattr(export, "closing_table", lambda s: "table")
-    assert main(["tune", str(write_study(tmp_path, "full"))]) == 2
+    assert main(["tune", str(write_tune_study(tmp_path, "full"))]) == 2
     captured = capsys.readouterr()
     assert "not written" not in captured.out
     assert "tuner: error: report not written (report.html: cannot write (No space left on device))" in captured.err
@@ -538,7 +505,7 @@ def _traffic(tmp: Path, rows: list[tuple[float, int, float]]) -> Path:
 def test_a_row_the_replay_would_refuse_is_refused_before_a_server_starts(tmp_path, capsys, check):
     rows = [(i * 0.05, 1, 100) for i in range(200)]
     rows[17] = (rows[17][0], 1, 1e12)
-    study = write_study(tmp_path, "huge", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
+    study = write_tune_study(tmp_path, "huge", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
     assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
     assert "traffic row 17" in line and "above the replay's limit" in line, line
@@ -547,7 +514,7 @@ def test_a_row_the_replay_would_refuse_is_refused_before_a_server_starts(tmp_pat
 
 @pytest.mark.parametrize("rows", [[(5.0, 1, 100)], [(5.0, 1, 100)] * 40])
 def test_traffic_with_no_request_in_the_measured_window_is_refused_up_front(tmp_path, capsys, rows):
-    study = write_study(tmp_path, "still", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
+    study = write_tune_study(tmp_path, "still", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
     assert main(["tune", str(study), "--check"]) == 2
     line = _one_line_error(capsys)
     assert "traffic.csv" in line and "no requests due in the measured window" in line, line
@@ -555,7 +522,7 @@ def test_traffic_with_no_request_in_the_measured_window_is_refused_up_front(tmp_
 
 def test_a_warm_up_as_long_as_the_traffic_leaves_no_measured_window(tmp_path, capsys):
     rows = [(i * 0.1, 1, 100) for i in range(10)]  # 0.9 s of traffic, a 2 s warm-up
-    study = write_study(tmp_path, "warm", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0},
+    study = write_tune_study(tmp_path, "warm", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0},
                                              "replay.warmup_s": 2.0})
     assert main(["tune", str(study), "--check"]) == 2
     line = _one_line_error(capsys)
@@ -575,7 +542,7 @@ def test_the_model_strategys_profile_is_checked_before_anything_starts(tmp_path,
     path = tmp_path / "profile.csv"
     if profile is not None:
         path.write_text(profile)
-    study = write_study(tmp_path, "prof", **{"search.strategy": "model", "search.profile": str(path)})
+    study = write_tune_study(tmp_path, "prof", **{"search.strategy": "model", "search.profile": str(path)})
     assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
     assert str(path) in line and message in line, line
@@ -585,14 +552,14 @@ def test_the_model_strategys_profile_is_checked_before_anything_starts(tmp_path,
 def test_a_profile_of_this_model_passes_the_check(tmp_path, capsys):
     path = tmp_path / "profile.csv"
     path.write_text("# model: encoder_sim\n" + PROFILE_CSV.format(ms=2.0))
-    study = write_study(tmp_path, "mine", **{"search.strategy": "model", "search.profile": str(path)})
+    study = write_tune_study(tmp_path, "mine", **{"search.strategy": "model", "search.profile": str(path)})
     assert main(["tune", str(study), "--check"]) == 0
     assert "ok (nothing was started)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("check", [False, True])
 def test_an_unreachable_database_is_refused_and_leaves_no_output_directory(tmp_path, capsys, check):
-    study = write_study(tmp_path, "pg")
+    study = write_tune_study(tmp_path, "pg")
     url = "postgresql://tuner:secret@127.0.0.1:9/tuner"  # nothing listens on port 9
     assert main(["tune", str(study), "--storage", url, *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
@@ -603,7 +570,7 @@ def test_an_unreachable_database_is_refused_and_leaves_no_output_directory(tmp_p
 def test_a_full_disk_making_the_database_leaves_no_empty_file_or_directory(tmp_path, capsys, monkeypatch):
     import sqlite3
 
-    study = write_study(tmp_path, "full")
+    study = write_tune_study(tmp_path, "full")
     db = tmp_path / "full" / "study.db"
 
     def full_disk(url, **_kw):  # SQLite made the file, then found no room for its schema

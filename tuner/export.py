@@ -38,6 +38,8 @@ from tuner.search import (
     counts,
     incumbent_trial,
     load_study,
+    met_sla,
+    recommend,
     top_trials,
     without_password,
 )
@@ -109,7 +111,7 @@ def _from_trial(t: optuna.trial.FrozenTrial, scoring: str) -> dict:
 def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
     record = from_attrs({**r.get("attrs", {}), "config": r["params"], "outcome": "measured"})
     record = dataclasses.replace(record, scores=r.get("scores", {}))
-    e = _entry(record, scoring, r.get("trial"), r.get("feasible_runs", 0) > 0 and (r.get("median") or 0) > 0)
+    e = _entry(record, scoring, r.get("trial"), met_sla(r))
     e["capacity_rps"] = r.get("capacity_rps")
     e["capacity_speed"] = r.get("capacity_speed")
     e["requests_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
@@ -154,9 +156,10 @@ def summarize(study: optuna.Study) -> dict:
     meta = study.user_attrs
     scoring = meta.get("scoring", "capacity")
     sla = meta.get("sla") or {}
-    remeasured = [_from_repeats(r, scoring, meta.get("remeasured_on")) for r in meta.get("remeasured") or []]
-    ranked = sorted((r for r in remeasured if r["feasible"]), key=lambda r: r["requests_per_dollar"] or 0,
-                    reverse=True)
+    stored = meta.get("remeasured") or []
+    entry = {id(r): _from_repeats(r, scoring, meta.get("remeasured_on")) for r in stored}
+    remeasured = list(entry.values())
+    ranked = [entry[id(r)] for r in recommend(stored)]  # the search's rule, on the repeats as stored
     inc_trial = incumbent_trial(study)
     if ranked:
         best = ranked[0]

@@ -222,7 +222,7 @@ def _check(p: Profile, where: str = "profile") -> None:
             raise ProfileError(f"{where}: point {i + 1} (rows={pt.rows}, length={pt.length}) repeats "
                                f"point {seen[key] + 1}: one point per size")
         seen[key] = i
-        if p.oom_tokens is not None and p.padded_tokens(pt.rows, pt.length) >= p.oom_tokens:
+        if p.fails(pt.rows, pt.length):
             raise ProfileError(
                 f"{where}: point {i + 1} (rows={pt.rows}, length={pt.length}) is "
                 f"{p.padded_tokens(pt.rows, pt.length)} padded tokens, at or above oom_tokens="

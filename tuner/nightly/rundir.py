@@ -57,9 +57,3 @@ def publish(staging: Path, output: str | Path, stamp: str) -> Path:
     os.symlink(Path(RUNS) / final.name, tmp)
     os.replace(tmp, link)
     return final
-
-
-def run_dirs(output: str | Path) -> list[Path]:
-    """The published run directories under `<output>/runs`, oldest first."""
-    runs = Path(output) / RUNS
-    return sorted(p for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []

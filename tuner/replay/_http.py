@@ -112,7 +112,7 @@ class Connections:
             reused = bool(self._idle)
             sock = self._idle.pop() if reused else self._connect()
             try:
-                status, body, keep = exchange(sock, parts)
+                status, body, keep = _exchange(sock, parts)
             except _Stale:
                 sock.close()
                 if reused:
@@ -134,7 +134,7 @@ class Connections:
         return sock
 
 
-def exchange(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes, bool]:
+def _exchange(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes, bool]:
     """Write a request on `sock` and read one response: (status, body, whether the connection stays
     open). Reads a Content-Length or chunked body, or a body up to the end of the connection."""
     try:

@@ -66,7 +66,7 @@ class RequestPlan:
         }
 
 
-def get_json(base: str, path: str, timeout_s: float = 10.0) -> dict:
+def _get_json(base: str, path: str, timeout_s: float = 10.0) -> dict:
     """GET http://BASE/PATH as JSON; an unreachable server or an error status is a ServerSetupError."""
     url = f"http://{base}/{path}"
     try:
@@ -93,12 +93,12 @@ def model_info(http: str, model: str) -> tuple[dict, dict]:
         raise ServerSetupError(f"cannot reach Triton at {http}: {getattr(exc, 'reason', exc)}") from None
     if ready != 200:
         raise ServerSetupError(f"model '{model}' is not loaded (not ready) on the Triton at {http}")
-    return get_json(http, f"v2/models/{model}"), get_json(http, f"v2/models/{model}/config")
+    return _get_json(http, f"v2/models/{model}"), _get_json(http, f"v2/models/{model}/config")
 
 
 def statistics(http: str, model: str) -> dict:
     """The model's entry of `v2/models/<model>/stats` (cumulative since the model was loaded)."""
-    stats = get_json(http, f"v2/models/{model}/stats").get("model_stats", [])
+    stats = _get_json(http, f"v2/models/{model}/stats").get("model_stats", [])
     if not stats:
         raise ServerSetupError(f"Triton at {http} has no statistics for model '{model}'")
     return stats[0]

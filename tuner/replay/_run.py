@@ -53,13 +53,6 @@ class ReplayResult:
     peak_rps: float = 0.0       # the offered rate in the busiest second of the schedule
     stopped: bool = False       # ended early by `watch`: no records
 
-    def generator_limited(self) -> bool:
-        """Whether the offered peak exceeded what these processes hold on this host (calibrated): a
-        send lag over budget then says more about the load generator than about the server."""
-        if self.calibration is None:
-            return False
-        return self.peak_rps > self.workers * self.calibration.per_process_rps
-
     def measured(self) -> pd.DataFrame:
         """The records of the measured part (due at or after the warm-up)."""
         return self.records[self.records["due_s"] >= self.warmup_s]

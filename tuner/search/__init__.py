@@ -2,11 +2,12 @@
 what it found.
 
     open_study / storage_url / check_storage / open_storage / load_study   _store: where a study lives
-    run_trials / make_sampler / hints / spent / add_incumbent _loop: Optuna's optimize, with heartbeats
+    run_trials / make_sampler / spent / add_incumbent        _loop: Optuna's optimize, with heartbeats
     run_workers                                              _workers: processes on this machine
     Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
     best_trial / top_trials / incumbent_trial / counts       _results: what the study found
-    remeasure / recommend / Repeats / repeats_as_dict        ... and its re-measurement
+    remeasure / Repeats / repeats_as_dict                    ... and its re-measurement
+    recommend / met_sla                                      ... and what it recommends
 
 The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.evaluate` for the real
 one, which drives a Triton server and a Locust replay).
@@ -16,7 +17,6 @@ from tuner.search._hosts import Host, check_gpu, claim_finish, claim_incumbent, 
 from tuner.search._loop import (
     Evaluate,
     add_incumbent,
-    hints,
     make_sampler,
     requeue_interrupted,
     run_trials,
@@ -31,6 +31,7 @@ from tuner.search._results import (
     feasible_trials,
     finished_count,
     incumbent_trial,
+    met_sla,
     recommend,
     remeasure,
     repeats_as_dict,
@@ -52,8 +53,8 @@ __all__ = [
     "enqueue_ranked", "rank_space", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
-    "feasible_trials", "finished_count", "hints", "incumbent_trial", "is_journal", "load_study", "make_sampler",
-    "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
+    "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",
+    "met_sla", "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
     "run_trials", "run_workers", "safe_url", "spent", "storage_url", "this_host", "top_trials",
     "without_password",
 ]

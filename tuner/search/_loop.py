@@ -83,7 +83,7 @@ class _GridSampler(optuna.samplers.GridSampler):
             super().after_trial(study, trial, state, values)
 
 
-def hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
+def _hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
     """Start the capacity search where the best configuration so far reached; prune against it."""
     best = best_trial(study)
     if best is None:
@@ -104,21 +104,21 @@ def spent(study: optuna.Study) -> int:
         retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return sum(t.state != TrialState.WAITING and t.number not in retried
                and t.user_attrs.get("error_kind") != DUPLICATE
-               and not (t.user_attrs.get("error_kind") == INTERRUPTED and not drawn(t)) for t in trials)
+               and not (t.user_attrs.get("error_kind") == INTERRUPTED and not _drawn(t)) for t in trials)
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Enqueue once more every trial an interruption failed (and, in a journal file, which has no
     heartbeats, the RUNNING trials of this host's dead processes). Returns their numbers."""
     dead = []
-    if is_journal_study(study):
+    if _is_journal_study(study):
         storage = open_storage(study.user_attrs["storage"])
         dead = fail_dead_local_trials(study, storage, socket.gethostname(), pid_alive)
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     again = []
     for t in trials:
-        params = drawn(t)
+        params = _drawn(t)
         if t.state != TrialState.FAIL or t.number in retried or not params:
             continue
         if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
@@ -129,14 +129,14 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     return again
 
 
-def drawn(trial: optuna.trial.FrozenTrial) -> dict:
+def _drawn(trial: optuna.trial.FrozenTrial) -> dict:
     """The configuration a trial measured or was to measure: its parameters, or those it was enqueued
     with (the incumbent, a retry) when it was interrupted before asking for them. Empty for a trial
     interrupted before the sampler drew anything: it measured nothing, and there is nothing to retry."""
     return trial.params or dict(trial.system_attrs.get("fixed_params") or {})
 
 
-def is_journal_study(study: optuna.Study) -> bool:
+def _is_journal_study(study: optuna.Study) -> bool:
     """Whether the study's storage is a journal file (an earlier tuner's), not an Optuna URL."""
     return is_journal(str(study.user_attrs.get("storage") or "://"))
 
@@ -188,7 +188,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             trial.set_user_attr("error_kind", DUPLICATE)
             raise _TrialFailed(DUPLICATE)
         try:
-            record = evaluate(params, hints(study, settings.scoring))
+            record = evaluate(params, _hints(study, settings.scoring))
         except TunerError as exc:
             trial.set_user_attr("error", str(exc)[:500])
             trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))
@@ -231,7 +231,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
                 if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     continue
                 running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if not running or is_journal_study(study):
+                if not running or _is_journal_study(study):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break

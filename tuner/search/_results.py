@@ -154,10 +154,17 @@ def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
                     tuple(runs[t.number]), settings.scoring) for t in candidates]
 
 
-def recommend(repeats: list[Repeats]) -> Repeats | None:
-    """The best by median requests per dollar over the repeats; None when none met the SLA."""
-    ok = [r for r in repeats if r.median > 0]
-    return max(ok, key=lambda r: r.median) if ok else None
+def met_sla(remeasured: dict) -> bool:
+    """Whether a re-measured configuration (as `repeats_as_dict` stores it) met the SLA: in a repeat,
+    and by its median requests per dollar."""
+    return remeasured.get("feasible_runs", 0) > 0 and (remeasured.get("median") or 0) > 0
+
+
+def recommend(remeasured: list[dict]) -> list[dict]:
+    """The recommendation rule: the re-measured configurations (as `repeats_as_dict` stores them, what
+    `tuner export` reads back) that met the SLA, best first by median requests per dollar (ties keep
+    the re-measurement's order); the first is the recommendation, none when none met the SLA."""
+    return sorted((r for r in remeasured if met_sla(r)), key=lambda r: r["median"], reverse=True)
 
 
 def repeats_as_dict(r: Repeats) -> dict:

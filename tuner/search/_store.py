@@ -160,7 +160,7 @@ def _open_rdb(url: str, search: SearchSettings | None) -> optuna.storages.BaseSt
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 if search is not None:
                     heartbeat = {"heartbeat_interval": search.heartbeat_s, "grace_period": search.grace_period_s,
-                                 "heartbeat_stale_trial_callback": RetryStaleTrial()}
+                                 "heartbeat_stale_trial_callback": _RetryStaleTrial()}
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), **heartbeat)
             if url.startswith("sqlite"):
                 _serialize_sqlite(storage.engine)
@@ -193,7 +193,7 @@ def _serialize_sqlite(engine) -> None:
     engine.dispose()
 
 
-class RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
+class _RetryStaleTrial(optuna.storages.RetryHeartbeatStaleTrialCallback):
     """Optuna's retry of a trial whose worker died (once), also for a trial whose parameters lie
     outside the search's ranges: an incumbent, enqueued with them. Optuna's copy would validate them
     against the ranges and refuse (ValueError, out of the trial loop); it is enqueued again the way

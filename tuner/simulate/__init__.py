@@ -28,11 +28,8 @@ from tuner.simulate._study import (
     SimStep,
     Simulator,
     batcher_config,
-    device_seconds,
     length_column,
     measurement,
-    preferred_for,
-    requests_at,
     study_space,
 )
 
@@ -49,11 +46,8 @@ __all__ = [
     "SimStep",
     "Simulator",
     "batcher_config",
-    "device_seconds",
     "length_column",
     "measurement",
-    "preferred_for",
     "study_space",
-    "requests_at",
     "simulate",
 ]

@@ -56,7 +56,7 @@ def length_column(traffic: pd.DataFrame) -> str | None:
     return SEQ_LEN if SEQ_LEN in traffic.columns else None
 
 
-def requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None) -> Requests:
+def _requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None) -> Requests:
     """The traffic's requests due at `speed` (seconds from its first request), rows and lengths."""
     ts = traffic[TIMESTAMP].to_numpy(dtype=np.float64)
     due = (ts - ts[0]) / speed if len(ts) else ts
@@ -70,7 +70,7 @@ def requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None) 
 # --- configurations --------------------------------------------------------------------------------
 
 
-def preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+def _preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
     """Preferred sizes of a configuration, as `tuner.space.apply` writes them: a strategy name
     (`none` keeps the base config's sizes that fit) or the sizes themselves."""
     if strategy is not None and not isinstance(strategy, str):
@@ -100,7 +100,7 @@ def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "n
     return BatcherConfig(
         max_batch_size=int(mbs),
         max_queue_delay_microseconds=int(params.get("max_queue_delay_microseconds", 0)),
-        preferred_batch_size=preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
+        preferred_batch_size=_preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
         instance_count=int(params.get("instance_count", instance_count)),
         max_queue_size=int(params.get("max_queue_size", max_queue_size)),
     )
@@ -166,7 +166,7 @@ def _percentiles(values: np.ndarray, sla_percentile: float) -> dict[str, float]:
     return out
 
 
-def device_seconds(run: BatchRun, warmup_s: float) -> float:
+def _device_seconds(run: BatchRun, warmup_s: float) -> float:
     """Device time of the successful executions that end after the warm-up."""
     counted = run.exec_ok & (run.exec_end_s >= warmup_s)
     return float(run.exec_device_s[counted].sum())
@@ -188,7 +188,7 @@ class SimStep:
     @property
     def device_s(self) -> float:
         """Device seconds of the executions the measurement counts."""
-        return device_seconds(self.run, self.warmup_s)
+        return _device_seconds(self.run, self.warmup_s)
 
     @property
     def latency_ms(self) -> np.ndarray:
@@ -249,7 +249,7 @@ class Simulator:
         if cached is None:
             step_s = self.capacity_settings.step_duration_s
             part, warmup = step_window(self.traffic, speed, self.warmup_s, step_s)
-            requests = requests_at(part, speed, self.length)
+            requests = _requests_at(part, speed, self.length)
             keep = requests.due_s < warmup + step_s
             if not keep.all():
                 requests = Requests(requests.due_s[keep], requests.rows[keep], requests.length[keep])
