@@ -102,14 +102,16 @@ def test_models_get_numpy_first_then_the_users_path_then_tuners_site_packages(tr
 # --- on a real server ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(triton_install, templates_dir):
+def server(triton_install, templates_dir, tmp_path_factory):
     """A LocalLauncher serving encoder_torch alone (the session's shared server does not need PyTorch)."""
     if importlib.util.find_spec("torch") is None:
         reason = "PyTorch is not installed (pip install -e '.[torch]'; scripts/run-tests.sh installs a CPU build)"
         if os.environ.get("TUNER_REQUIRE_ALL") == "1":  # CI: a missing dependency is a failure
             pytest.fail(f"TUNER_REQUIRE_ALL=1 but {reason}", pytrace=False)
         pytest.skip(reason)
-    with LocalLauncher(templates_dir, models=[MODEL], install=triton_install) as launcher:
+    # the whole log kept where the test can read it: logs() quotes only the latest configuration's lines
+    log_path = tmp_path_factory.mktemp("encoder_torch") / "tritonserver.log"
+    with LocalLauncher(templates_dir, models=[MODEL], install=triton_install, log_path=log_path) as launcher:
         yield launcher
 
 
@@ -150,7 +152,7 @@ def test_a_bad_shape_is_refused_by_name(incumbent):
 def test_loads_on_the_cpu_and_answers_ragged_requests_in_batches(server):
     running = server.model_config(MODEL)
     assert [g.kind for g in running.instance_group] == [ModelInstanceGroup.KIND_CPU]
-    assert "2 layers x 128" in server.logs(400), "the model did not log its CPU shape"
+    assert "2 layers x 128" in server.log_path.read_text(), "the model did not log its CPU shape at its load"
 
     server.apply_config(MODEL, with_batching(template(MODEL), 16, 200_000))
     before = settled_statistics(server, MODEL, 0)
