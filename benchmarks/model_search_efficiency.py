@@ -46,10 +46,12 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from tuner import evaluate, search
+from tuner import search
 from tuner import space as tuner_space
 from tuner.profile import read_profile
 from tuner.settings import load_study
+from tuner.study import base_config, study_traffic
+from tuner.trial.run import session
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("max_batch_size", "max_queue_delay_microseconds")
@@ -103,7 +105,7 @@ def final_round(settings, candidates: dict[tuple[int, int], float | None], repea
     """Every candidate measured `repeats` times, interleaved, unpruned, both scores of each
     (`search_ground_truth.py`'s final round, on a server of its own)."""
     as_params = {tuple(zip(KEYS, key, strict=True)): speed for key, speed in candidates.items()}
-    with evaluate.session(settings, log_dir=str(log_dir)) as evaluate_fn:
+    with session(settings, log_dir=str(log_dir)) as evaluate_fn:
         runs = _sibling("search_ground_truth").final_round(evaluate_fn, as_params, repeats)
     return {tuple(v for _, v in key): values for key, values in runs.items()}
 
@@ -135,9 +137,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     settings = dataclasses.replace(load_study(args.study), output=str(out))
-    base = evaluate.base_config(settings)
+    base = base_config(settings)
     incumbent_params = tuner_space.from_config(base, settings.search)
-    traffic = evaluate.study_traffic(settings)
+    traffic = study_traffic(settings)
     size = tuner_space.grid_size(settings.search)
     top = settings.search.model_top
     tables, speeds = grid_tables(args.grid)

@@ -42,9 +42,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the private cluster the tests use
 
 from tuner import search  # noqa: E402
-from tuner.score import Hints  # noqa: E402
 from tuner.settings import IntRange, load_study  # noqa: E402
-from tuner.trial import Bracket, Figures, TrialRecord  # noqa: E402
+from tuner.trial import (  # noqa: E402
+    Bracket,
+    Figures,
+    Hints,  # noqa: E402
+    TrialRecord,
+)
 
 GRID_SIZE = 9
 

@@ -72,12 +72,12 @@ def cross_check(configs: dict[str, dict], repeats: int, output: Path) -> pd.Data
     final round): the medians of the quick start's scoring."""
     import search_ground_truth as ground_truth  # benchmarks/: this script's directory, first on sys.path
 
-    from tuner import evaluate
     from tuner.settings import load_study
+    from tuner.trial.run import session
 
     settings = dataclasses.replace(load_study(STUDIES["measured (TPE)"]), output=str(output))
     keys = {name: tuple(params.items()) for name, params in configs.items()}
-    with evaluate.session(settings, log_dir=str(output / "server")) as evaluate_fn:
+    with session(settings, log_dir=str(output / "server")) as evaluate_fn:
         runs = ground_truth.final_round(evaluate_fn, dict.fromkeys(keys.values()), repeats)
     values = {name: runs[key][settings.scoring] for name, key in keys.items()}
     return pd.DataFrame([{"configuration": name, "params": str(tuple(configs[name].values())),

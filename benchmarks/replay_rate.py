@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.measure import measure
+from tuner.measurement import measure
 from tuner.replay import calibrate, replay
 from tuner.server import LocalLauncher, RemoteLauncher
 from tuner.settings import ReplaySettings

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner.measure import measure, stat_deltas
+from tuner.measurement import measure, stat_deltas
 from tuner.replay import replay
 from tuner.server import LocalLauncher
 from tuner.settings import ReplaySettings

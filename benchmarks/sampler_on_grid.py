@@ -25,9 +25,10 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from tuner import evaluate, search
+from tuner import search
 from tuner import space as tuner_space
 from tuner.settings import load_study
+from tuner.study import base_config
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("max_batch_size", "max_queue_delay_microseconds")
@@ -84,7 +85,7 @@ def main() -> int:
     optimum = max(table.values())
     size = tuner_space.grid_size(settings.search)
     budget = max(2, math.floor(args.share * size))
-    incumbent = tuner_space.from_config(evaluate.base_config(settings), settings.search)
+    incumbent = tuner_space.from_config(base_config(settings), settings.search)
     within = sum(v >= 0.95 * optimum for v in table.values())
     print(f"grid: {len(table)} configurations, optimum {optimum:,.0f} ({args.scoring}), "
           f"{within} within 95 %; budget {budget} trials (the incumbent included), {args.seeds} seeds")

@@ -33,12 +33,13 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
-from tuner import evaluate, search
+from tuner import search
 from tuner import space as tuner_space
 from tuner.cost import price_for
-from tuner.score import Hints
 from tuner.settings import load_study
-from tuner.trial import is_feasible
+from tuner.study import base_config
+from tuner.trial import Hints, is_feasible
+from tuner.trial.run import session
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +109,7 @@ def main() -> int:
     grid_settings = dataclasses.replace(grid_settings, search=space, output=str(out))
     size = tuner_space.grid_size(space)
     budget = max(2, math.floor(args.share * size))
-    base = evaluate.base_config(grid_settings)
+    base = base_config(grid_settings)
     incumbent = tuner_space.from_config(base, space)
     price = price_for(grid_settings.cost).price_per_hour
     print(f"space: {tuner_space.grid(space)}  ({size} configurations); TPE budget {budget} trials; "
@@ -118,7 +119,7 @@ def main() -> int:
                      "time_scale": args.time_scale, "speed": grid_settings.traffic.speed,
                      "latency_ms": grid_settings.sla.latency_ms}
     started = time.monotonic()
-    with evaluate.session(grid_settings, log_dir=str(out / "server")) as evaluate_fn:
+    with session(grid_settings, log_dir=str(out / "server")) as evaluate_fn:
         # the ground truth: no pruning (each configuration gets its full capacity search)
         def unpruned(params: dict, hints: Hints):
             return evaluate_fn(params, Hints(start_speed=hints.start_speed))

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from encoder_sim import profile as encoder_sim_profile  # noqa: E402  (benchmarks/, this script's directory)
 
-from tuner.evaluate import study_traffic  # noqa: E402
 from tuner.settings import load_study  # noqa: E402
 from tuner.simulate import Simulator  # noqa: E402
+from tuner.study import study_traffic  # noqa: E402
 
 HALF_OCTAVES = (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64)
 

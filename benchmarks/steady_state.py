@@ -29,13 +29,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import evaluate, space
-from tuner.probe import Windows, make_probe
-from tuner.score import Hints, find_capacity
+from tuner import space
 from tuner.server import make_launcher
 from tuner.settings import StudySettings, load_study
+from tuner.study import base_config, study_traffic
 from tuner.traffic import mean_rps, step_window
-from tuner.warmup import warm_up
+from tuner.trial import Hints, find_capacity
+from tuner.trial.run import INFORMED_GROWTH, make_measure
+from tuner.trial.step import Windows, make_probe
+from tuner.trial.warmup import warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +59,8 @@ def main() -> int:
         settings.search.capacity, tolerance=args.tolerance)))
     configs = [dict(zip(("max_batch_size", "max_queue_delay_microseconds"), map(int, c.split(":")), strict=True))
                for c in args.configs.split(",")]
-    base = evaluate.base_config(settings)
-    traffic = evaluate.study_traffic(settings)
+    base = base_config(settings)
+    traffic = study_traffic(settings)
     old_way = dataclasses.replace(settings, measurement=dataclasses.replace(
         settings.measurement, warmup=False, max_repeats=1))
     print(f"study {args.study}: {settings.model}, traffic {Path(settings.traffic.path).name} at speed "
@@ -76,11 +78,11 @@ def main() -> int:
             label = space.describe(params)
             t0 = time.monotonic()
             cold(params)
-            a = evaluate.make_measure(launcher, old_way, traffic)(params, Hints())
+            a = make_measure(launcher, old_way, traffic)(params, Hints())
             ta = time.monotonic() - t0
             t0 = time.monotonic()
             cold(params)
-            b = evaluate.make_measure(launcher, settings, traffic)(params, Hints())
+            b = make_measure(launcher, settings, traffic)(params, Hints())
             tb = time.monotonic() - t0
             # (c): warm for long, then bisect with long steps of the same stretch from around (b)'s bracket
             t0 = time.monotonic()
@@ -112,7 +114,7 @@ def main() -> int:
 
 
 def repeated_step_windows(traffic: pd.DataFrame, settings: StudySettings, total_s: float) -> Windows:
-    """What a step of the capacity search replays at each speed (see `tuner.probe.step_windows`), its
+    """What a step of the capacity search replays at each speed (see `tuner.trial.step.step_windows`), its
     measured stretch played again back to back until it lasts `total_s` wall seconds."""
     measured_s = settings.search.capacity.step_duration_s
     repeats = max(1, math.ceil(total_s / measured_s))
@@ -140,7 +142,7 @@ def _truth(launcher, settings: StudySettings, traffic: pd.DataFrame, params: dic
                        repeats=False)
     cap = dataclasses.replace(settings.search.capacity, tolerance=tolerance, max_steps=6)
     return find_capacity(probe, settings.sla, cap, start_speed=start_speed, min_speed=settings.traffic.speed,
-                         growth=evaluate.INFORMED_GROWTH, rate=mean_rps(traffic))
+                         growth=INFORMED_GROWTH, rate=mean_rps(traffic))
 
 
 def _err(value: float, truth: float) -> float | None:

@@ -16,11 +16,12 @@ import yaml
 
 from tuner import modelconfig
 from tuner.errors import ServerSetupError
-from tuner.score import Hints
+from tuner.measurement import Measurement
 from tuner.settings import IntRange, study_from_dict
-from tuner.trial import UNMEASURED, Bracket, Figures, TrialRecord
+from tuner.trial import UNMEASURED, Bracket, Figures, Hints, TrialRecord
 
 ROOT = Path(__file__).resolve().parent.parent
+BASE_RPS = 50.0  # measurement(): the offered rate at speed 1
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
 
 
@@ -181,3 +182,17 @@ if __name__ == "__main__":  # a worker process: `fake_worker`
     study = optuna.load_study(study_name=settings.name, storage=search.open_storage(sys.argv[2], settings.search),
                               sampler=search.make_sampler(settings.search))
     search.run_trials(study, settings, SlowFakeEvaluation(), 100)
+
+
+# --- a measurement made up for the pure stages (score, capacity search) ------------------------------
+
+
+def measurement(speed: float, p99: float = 10.0, errors: int = 0, valid: bool = True,
+                busy_s: float = 1.0) -> Measurement:
+    requests = 1000
+    return Measurement(
+        speed=speed, offered_rps=BASE_RPS * speed, duration_s=requests / (BASE_RPS * speed),
+        requests=requests, errors=errors, error_rate=errors / requests, throughput_rps=BASE_RPS * speed,
+        latency_ms={"p50": p99 / 2, "p90": p99 * 0.8, "p95": p99 * 0.9, "p99": p99, "max": p99 * 2},
+        send_lag_ms={"p50": 0.1, "p99": 1.0 if valid else 50.0}, valid=valid, busy_s=busy_s,
+    )

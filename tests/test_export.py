@@ -15,9 +15,8 @@ import pytest
 
 from tuner import export, modelconfig, search
 from tuner.cli import main
-from tuner.score import Hints
 from tuner.settings import IntRange, study_from_dict
-from tuner.trial import UNMEASURED, Bracket, Figures, TrialRecord
+from tuner.trial import UNMEASURED, Bracket, Figures, Hints, TrialRecord
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository_templates" / "encoder_sim" / "config.pbtxt"

@@ -36,8 +36,8 @@ from tuner import export, search
 from tuner.cli import main
 from tuner.errors import SettingsError
 from tuner.localhost import GPU_TYPE_ENV, free_ports
-from tuner.score import Hints
 from tuner.settings import IntRange
+from tuner.trial import Hints
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = {"search.max_batch_size": {"low": 4, "high": 16, "log": True},  # 4, 8, 16

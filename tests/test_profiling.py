@@ -16,10 +16,10 @@ from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
-from tuner.evaluate import study_traffic
 from tuner.profile import read_profile
 from tuner.profiling import Sample, length_buckets, model_max_length, row_grid, summarize
 from tuner.settings import load_study
+from tuner.study import study_traffic
 from tuner.traffic import read_traffic
 
 ROOT = Path(__file__).resolve().parent.parent

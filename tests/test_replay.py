@@ -18,7 +18,7 @@ import pytest
 
 from tuner.errors import ServerSetupError, TrafficError
 from tuner.localhost import OWNER_FILE, sweep_owned
-from tuner.measure import measure
+from tuner.measurement import measure
 from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
 from tuner.replay._processes import REPLAY_PREFIX as PREFIX
 from tuner.server.base import Endpoints

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tuner.cli.replay_cmd import format_measurement
-from tuner.measure import Measurement
+from tuner.measurement import Measurement
 from tuner.server.local import LocalLauncher
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,52 +1,13 @@
-"""The SLA check, the two scores and the capacity search, against a fake replay (a pure function of
-the speed, like httpx's MockTransport): the search logic is what is under test here; the real replay
-is exercised in tests/test_tune_e2e.py."""
+"""The SLA check of one measurement and the two scores, with the servers a peak needs and their bill
+(pure; the capacity search that uses the SLA check is tests/trial/test_capacity.py)."""
 
 from __future__ import annotations
 
 import pytest
+from support import measurement
 
-from tuner.measure import Measurement
-from tuner.probe import with_retries
-from tuner.score import (
-    capacity_score,
-    check_sla,
-    find_capacity,
-    monthly_cost,
-    servers_needed,
-    utilization_score,
-)
-from tuner.settings import CapacitySettings, SlaSettings
-
-BASE_RPS = 50.0
-
-
-def measurement(speed: float, p99: float = 10.0, errors: int = 0, valid: bool = True,
-                busy_s: float = 1.0) -> Measurement:
-    requests = 1000
-    return Measurement(
-        speed=speed, offered_rps=BASE_RPS * speed, duration_s=requests / (BASE_RPS * speed),
-        requests=requests, errors=errors, error_rate=errors / requests, throughput_rps=BASE_RPS * speed,
-        latency_ms={"p50": p99 / 2, "p90": p99 * 0.8, "p95": p99 * 0.9, "p99": p99, "max": p99 * 2},
-        send_lag_ms={"p50": 0.1, "p99": 1.0 if valid else 50.0}, valid=valid, busy_s=busy_s,
-    )
-
-
-class FakeServer:
-    """Meets a 100 ms p99 up to `capacity_speed`; latency grows past it. Records every call."""
-
-    def __init__(self, capacity_speed: float, lag_limit_speed: float = 1e9, lag_fixed_by_attempt: int = 99):
-        self.capacity_speed = capacity_speed
-        self.lag_limit_speed = lag_limit_speed
-        self.lag_fixed_by_attempt = lag_fixed_by_attempt
-        self.calls: list[tuple[float, int]] = []
-
-    def __call__(self, speed: float, attempt: int) -> Measurement:
-        self.calls.append((speed, attempt))
-        p99 = 20.0 if speed <= self.capacity_speed else 100.0 + 400.0 * (speed - self.capacity_speed)
-        valid = speed <= self.lag_limit_speed or attempt >= self.lag_fixed_by_attempt
-        return measurement(speed, p99=p99, valid=valid)
-
+from tuner.score import capacity_score, check_sla, monthly_cost, servers_needed, utilization_score
+from tuner.settings import SlaSettings
 
 SLA = SlaSettings(latency_ms=100.0, percentile=99.0, max_error_rate=0.01)
 
@@ -69,83 +30,6 @@ def test_sla_check_uses_the_percentile_asked_for():
         check_sla(measurement(1.0), SlaSettings(latency_ms=100.0, percentile=99.9))
 
 
-@pytest.mark.parametrize("capacity", [0.37, 1.0, 3.3, 17.0])
-@pytest.mark.parametrize("start", [0.25, 1.0, 8.0])
-def test_capacity_is_found_within_the_tolerance_from_any_start(capacity, start):
-    fake = FakeServer(capacity)
-    settings = CapacitySettings(tolerance=0.05, start_speed=1.0, max_speed=1000.0, max_steps=20)
-    result = find_capacity(with_retries(fake), SLA, settings, start_speed=start)
-    assert result.converged and not result.pruned
-    assert result.speed <= capacity < result.upper_speed
-    assert result.upper_speed / result.speed <= 1.05
-    assert result.capacity_rps == pytest.approx(BASE_RPS * result.speed)
-    assert result.at_capacity is not None and result.at_capacity.speed == result.speed
-    assert len(fake.calls) <= 12
-
-
-def test_a_good_start_guess_saves_steps():
-    settings = CapacitySettings(tolerance=0.1, max_steps=20)
-    far, near = FakeServer(10.0), FakeServer(10.0)
-    find_capacity(with_retries(far), SLA, settings, start_speed=0.1)
-    find_capacity(with_retries(near), SLA, settings, start_speed=9.5)
-    assert len(near.calls) < len(far.calls)
-
-
-def test_stops_at_max_speed_and_when_even_the_lowest_speed_fails():
-    settings = CapacitySettings(tolerance=0.1, max_speed=4.0, max_steps=20)
-    top = find_capacity(with_retries(FakeServer(100.0)), SLA, settings, start_speed=1.0)
-    assert top.limited_by == "max_speed" and top.speed == 4.0 and top.upper_speed is None
-    bottom = find_capacity(with_retries(FakeServer(0.001)), SLA, settings, start_speed=1.0, min_speed=0.1)
-    assert bottom.limited_by == "min_speed" and bottom.speed == 0.0 and bottom.capacity_rps == 0.0
-    assert bottom.at_capacity is None
-
-
-def test_step_budget_is_respected():
-    fake = FakeServer(3.0)
-    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.001, max_steps=5), start_speed=1.0)
-    assert len(fake.calls) == 5 and result.limited_by == "max_steps" and not result.converged
-    assert result.speed <= 3.0 < result.upper_speed
-
-
-def test_prunes_once_the_bracket_cannot_beat_the_best_so_far():
-    fake = FakeServer(2.0)
-    settings = CapacitySettings(tolerance=0.1, max_steps=20)
-    result = find_capacity(with_retries(fake), SLA, settings, start_speed=1.0, beat_rps=BASE_RPS * 3.0)
-    # 1.0 passes, 2.0 passes, 4.0 fails at 200 rps > 150: keep going; 2.83 fails at 141 rps, within
-    # the tolerance of 150: keep going; 2.38 fails at 119 rps, measurably below 150: stop
-    assert result.pruned and not result.converged
-    assert result.upper_rps * (1 + settings.tolerance) <= BASE_RPS * 3.0
-    assert [speed for speed, _ in fake.calls] == pytest.approx([1.0, 2.0, 4.0, 2.8284, 2.3784], rel=1e-3)
-
-
-def test_a_failure_within_the_tolerance_of_the_best_is_not_pruned():
-    # as good as the best, but the replay at the best's speed fails on a bad draw: measure it fully
-    fake = FakeServer(2.9)
-    settings = CapacitySettings(tolerance=0.05, max_steps=20)
-    result = find_capacity(with_retries(fake), SLA, settings, start_speed=3.0, beat_rps=BASE_RPS * 3.0, growth=1.3)
-    assert not result.pruned and result.converged
-    assert result.speed <= 2.9 < result.upper_speed
-    assert result.capacity_rps * (1 + settings.tolerance) > BASE_RPS * 3.0 * 0.9
-
-
-def test_invalid_replay_is_rerun_with_the_next_attempt_and_never_counted_against_the_server():
-    fake = FakeServer(capacity_speed=5.0, lag_limit_speed=3.0, lag_fixed_by_attempt=1)
-    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=2.0)
-    assert result.converged and result.speed <= 5.0 < result.upper_speed
-    assert (4.0, 0) in fake.calls and (4.0, 1) in fake.calls  # re-run with more load generators
-    assert all(step.valid for step in result.steps)
-    assert max(step.attempts for step in result.steps) == 2
-
-
-def test_a_load_generator_that_cannot_keep_up_is_reported_not_scored():
-    fake = FakeServer(capacity_speed=50.0, lag_limit_speed=3.0)
-    result = find_capacity(with_retries(fake, tries=3), SLA, CapacitySettings(tolerance=0.1, max_steps=20),
-                           start_speed=1.0)
-    assert result.limited_by == "load_generator"
-    assert result.speed == 2.0 and result.upper_speed is None  # the invalid step is no upper bound
-    assert [c for c in fake.calls if c[0] == 4.0] == [(4.0, 0), (4.0, 1), (4.0, 2)]
-
-
 def test_scores_servers_and_monthly_bill():
     assert capacity_score(100.0, 0.5) == pytest.approx(720_000.0)
     m = measurement(1.0, errors=10, busy_s=2.0)  # 990 served in 2 busy seconds
@@ -157,36 +41,3 @@ def test_scores_servers_and_monthly_bill():
     assert servers_needed(10.0, 0.0) is None
     assert monthly_cost(3, 1.0) == pytest.approx(2190.0)
     assert monthly_cost(None, 1.0) is None
-
-
-def test_capacity_in_profile_rate_terms_is_monotone_in_speed():
-    fake = FakeServer(3.0)
-    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.05, max_steps=20), start_speed=1.0, rate=7.0)
-    assert result.capacity_rps == pytest.approx(7.0 * result.speed)
-    assert result.upper_rps == pytest.approx(7.0 * result.upper_speed)
-
-
-def test_a_known_passing_step_is_a_lower_bound_even_when_the_load_generator_gives_up():
-    from tuner.score import Step
-
-    load = Step(0.5, measurement(0.5), check_sla(measurement(0.5), SLA))
-    fake = FakeServer(capacity_speed=5.0, lag_limit_speed=0.9)
-    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=1.0,
-                           lower=load, rate=10.0)
-    assert result.limited_by == "load_generator" and result.speed == 0.5 and result.capacity_rps == 5.0
-    assert result.at_capacity is load.measurement
-    near = FakeServer(capacity_speed=0.8)
-    result = find_capacity(with_retries(near), SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=1.0,
-                           lower=load, min_speed=0.5)
-    assert result.converged and 0.5 <= result.speed <= 0.8 < result.upper_speed
-    assert all(call[0] > 0.5 for call in near.calls)  # the load's speed is not measured again
-
-
-def test_a_start_at_or_below_the_known_lower_bound_moves_above_it():
-    from tuner.score import Step
-
-    load = Step(0.5, measurement(0.5), check_sla(measurement(0.5), SLA))
-    fake = FakeServer(capacity_speed=2.0)
-    find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=0.5, lower=load,
-                  growth=1.3)
-    assert fake.calls[0][0] == pytest.approx(0.65)

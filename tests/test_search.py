@@ -22,9 +22,8 @@ from support import FakeEvaluation, SlowFakeEvaluation, capacity_of, fake_settin
 
 from tuner import search, space
 from tuner.errors import SettingsError
-from tuner.score import Hints
 from tuner.settings import IntRange, SearchSettings, study_from_dict
-from tuner.trial import UNMEASURED
+from tuner.trial import UNMEASURED, Hints
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

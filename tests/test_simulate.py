@@ -17,7 +17,7 @@ import pytest
 from tuner.cli import main
 from tuner.errors import OutputError, ProfileError, SettingsError, TrafficError
 from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
-from tuner.score import check_sla, find_capacity
+from tuner.score import check_sla
 from tuner.settings import CapacitySettings, SlaSettings
 from tuner.simulate import (
     OK,
@@ -32,6 +32,7 @@ from tuner.simulate import (
     measurement,
     simulate,
 )
+from tuner.trial import find_capacity
 
 MS = 1e-3
 
@@ -548,12 +549,13 @@ def test_simulated_latency_is_from_the_due_time():
 
 
 def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
-    from tuner import evaluate, search
+    from tuner import search
     from tuner.profile import read_profile
     from tuner.settings import load_study
+    from tuner.study import base_config, study_traffic
 
     settings = load_study(study / "study.yaml")  # capacity tolerance 0.1
-    base, traffic = evaluate.base_config(settings), evaluate.study_traffic(settings)
+    base, traffic = base_config(settings), study_traffic(settings)
     ranking = search.rank_space(settings, base, traffic, read_profile(study / "profile.csv"))
     assert list(ranking["rank"]) == list(range(1, len(ranking) + 1))
     feasible = ranking[ranking["value"] > 0]

@@ -27,11 +27,11 @@ from support import repository, write_tune_study
 
 from tuner import modelconfig, space
 from tuner.cli import main
-from tuner.probe import retry_workers
 from tuner.search import open_storage
 from tuner.server.local import LocalLauncher
 from tuner.settings import IntRange, SearchSettings
 from tuner.traffic import busiest_window, mean_rps, read_traffic, step_window
+from tuner.trial.step import retry_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"

@@ -23,16 +23,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import evaluate, space
+from tuner import space
 from tuner.cost import price_for
 from tuner.errors import InputError
 from tuner.files import read_json_object
-from tuner.measure import Measurement
-from tuner.score import Hints, check_sla
+from tuner.measurement import Measurement
+from tuner.score import check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
-from tuner.trial import NO_VERDICT, UNMEASURED, TrialRecord, to_attrs
+from tuner.study import study_traffic
+from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, to_attrs
+from tuner.trial.run import make_measure
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
@@ -134,12 +136,12 @@ def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
 def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False,
           progress: bool = True) -> AuditResult:
     """Measure the configuration the study's server runs now and judge it."""
-    traffic = evaluate.study_traffic(settings)
+    traffic = study_traffic(settings)
     price = price_for(settings.cost).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     with make_launcher(settings, read_only=True) as launcher:
         config = launcher.model_config(settings.model)
-        measured = evaluate.make_measure(launcher, settings, traffic, capacity=not at_load_only,
+        measured = make_measure(launcher, settings, traffic, capacity=not at_load_only,
                                          on_measure=_say_step(settings) if progress else None)
         if progress:
             print(f"auditing {settings.model} on {server}: max_batch_size {config.max_batch_size}, "

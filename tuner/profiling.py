@@ -11,7 +11,7 @@ instance (the profile is per execution: how instances share the device is the pr
 `concurrent_executions`, 1 by default, as for the emulated GPU, whose instances serialise on one lock;
 a device that runs several executions at once, e.g. separate GPUs per instance, is set with
 `--concurrent-executions N` or the CSV's `# concurrent_executions:` line). The configuration is warmed
-up as a trial is (`tuner.warmup.warm_up`: the shape sweep, then the traffic until steady). Then each
+up as a trial is (`tuner.trial.warmup.warm_up`: the shape sweep, then the traffic until steady). Then each
 point of the grid, rows (`row_grid`: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to the largest
 max_batch_size) x padded length (`length_buckets`: quantiles of the traffic's length column, capped at
 the model's maximum length), is sent closed loop: one request of `rows` rows x `length` tokens, alone
@@ -59,12 +59,13 @@ import pandas as pd
 
 from tuner import space
 from tuner.errors import ProfileError, SettingsError, TrafficError
-from tuner.measure import Warmup, stat_deltas
+from tuner.measurement import stat_deltas
 from tuner.modelconfig import ModelConfig
 from tuner.profile import ExecutionSize, Profile, ProfilePoint
 from tuner.server import Launcher
 from tuner.settings import StudySettings
-from tuner.warmup import warm_up
+from tuner.trial import Warmup
+from tuner.trial.warmup import warm_up
 
 __all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "describe_split", "length_buckets",
            "measure_profile", "model_max_length", "row_grid", "summarize", "table"]

@@ -23,7 +23,7 @@ import optuna
 import pandas as pd
 from optuna.trial import TrialState
 
-from tuner import evaluate, export, modelconfig, search, space
+from tuner import export, modelconfig, search, space
 from tuner.cost import price_for
 from tuner.errors import (
     ConfigError,
@@ -36,9 +36,11 @@ from tuner.errors import (
 )
 from tuner.files import check_output_dir, write_atomic
 from tuner.report import write_report
-from tuner.score import Hints
 from tuner.settings import StudySettings
+from tuner.study import base_config, study_traffic
 from tuner.traffic import mean_rps, peak_rps
+from tuner.trial import Hints
+from tuner.trial.run import session
 
 __all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "finish",
            "outputs_from_storage", "prepare", "tune"]
@@ -107,10 +109,10 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     profile, the remote server, the storage (a `dry_run` reaches a database server), the output
     directory (another study's outputs are never replaced)."""
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
-    base = evaluate.base_config(settings)
+    base = base_config(settings)
     modelconfig.validate(base, str(base_path))
     space.check_tunable(base, str(base_path))
-    traffic = evaluate.study_traffic(settings)
+    traffic = study_traffic(settings)
     price_for(settings.cost)
     notes = []
     largest, where = _largest_request(traffic)
@@ -143,9 +145,9 @@ def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, tr
     plan refuses (a shape the model does not take, a request above the replay's size limit), and
     traffic with no request in the first replay's measured window (one row, equal timestamps, a
     warm-up as long as the traffic)."""
-    from tuner.probe import step_windows
     from tuner.replay import plan_requests
     from tuner.traffic import due_offsets
+    from tuner.trial.step import step_windows
 
     config = json.loads(modelconfig.to_json(base))
     plan_requests({"name": settings.model}, config, traffic)  # the replay's own check, row by row
@@ -347,7 +349,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
 
         progress.note(f"load generator: {calibrate(s.replay.protocol).describe()}")
     total = trials if s.search.sampler != "grid" else min(trials, space.grid_size(s.search) + 1)
-    open_evaluation = functools.partial(evaluate.session, s, str(Path(s.output) / "server"))
+    open_evaluation = functools.partial(session, s, str(Path(s.output) / "server"))
     ran = 0
     handover = None
     model_based = s.search.strategy == "model"
@@ -483,7 +485,7 @@ def finish(settings: StudySettings, *, storage: str | None = None, progress: Pro
                                   host=host, create=False)
         search.claim_finish(study, host, force=True)
     try:
-        with evaluate.session(s, str(Path(s.output) / "server")) as evaluate_trial:
+        with session(s, str(Path(s.output) / "server")) as evaluate_trial:
             repeats = _remeasure(study, evaluate_trial, s, progress, again=True)
     finally:
         progress.close()

@@ -392,9 +392,9 @@ def test_a_container_killed_in_the_middle_of_a_trial_fails_that_trial_and_the_st
     import threading
     import urllib.request
 
-    from tuner.evaluate import session
-    from tuner.score import Hints
     from tuner.settings import study_from_dict
+    from tuner.trial import Hints
+    from tuner.trial.run import session
 
     settings = study_from_dict({
         "name": "docker-kill", "model_repository": str(TEMPLATES), "model": "encoder_sim",

@@ -50,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from tuner.errors import SettingsError
-    from tuner.evaluate import base_config, study_traffic
     from tuner.files import check_output_dir, check_writable, write_atomic
     from tuner.profile import profile_text
     from tuner.profiling import REPEATS, describe_split, measure_profile, table
     from tuner.server import make_launcher
     from tuner.settings import load_study
     from tuner.simulate import length_column
+    from tuner.study import base_config, study_traffic
 
     for count in COUNTS:
         value = getattr(args, count.dest)

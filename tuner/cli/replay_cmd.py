@@ -15,7 +15,7 @@ from tuner.files import check_writable, json_safe, write_atomic
 from tuner.settings import load_study
 
 if TYPE_CHECKING:
-    from tuner.measure import Measurement
+    from tuner.measurement import Measurement
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,11 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _replay(args: argparse.Namespace) -> int:
     # Imported here: `tuner --help` need not load the server and traffic stacks.
-    from tuner.evaluate import base_config, study_traffic
-    from tuner.probe import make_probe, whole_traffic
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
-    from tuner.warmup import warm_up
+    from tuner.study import base_config, study_traffic
+    from tuner.trial.step import make_probe, whole_traffic
+    from tuner.trial.warmup import warm_up
 
     settings = load_study(args.study)
     speed = settings.traffic.speed if args.speed is None else args.speed

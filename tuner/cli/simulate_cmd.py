@@ -74,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
     from tuner import space as knobs
     from tuner.cost import price_for
     from tuner.errors import SettingsError
-    from tuner.evaluate import base_config, study_traffic
     from tuner.files import check_writable
     from tuner.profile import read_profile
     from tuner.settings import load_study, with_overrides
     from tuner.simulate import Simulator, study_space
+    from tuner.study import base_config, study_traffic
     from tuner.traffic import scale_time
 
     for figure in FIGURES:

@@ -80,9 +80,9 @@ def run(args: argparse.Namespace) -> int:
     """Soak one configuration and print the findings; exit 10 when drift was detected, else 0."""
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner import space
-    from tuner.evaluate import study_traffic
     from tuner.settings import load_study
     from tuner.soak import make_plan, restart_windows, run_soak, soak_config
+    from tuner.study import study_traffic
 
     settings = load_study(args.study)
     output = Path(args.output).resolve() if args.output else Path(settings.output)

@@ -18,18 +18,17 @@ import pandas as pd
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from tuner import evaluate as evaluate_mod
 from tuner import search, space
 from tuner.export import trials_frame
 from tuner.files import write_atomic
 from tuner.modelconfig import ModelConfig
 from tuner.nightly.job import SearchResult
 from tuner.nightly.rule import ArmResult
-from tuner.score import Hints
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.traffic import read_traffic
-from tuner.trial import NO_VERDICT, TrialRecord
+from tuner.trial import NO_VERDICT, Hints, TrialRecord
+from tuner.trial.run import make_evaluate, make_measure
 
 LoadReplay = Callable[[dict], TrialRecord]
 
@@ -124,7 +123,7 @@ def make_load_replay(launcher: Launcher, study: StudySettings, production: Model
     """One replay at the recorded load, measured and scored as a trial's first step (the same
     measurement step, window, SLA check and utilization score), for utilization scoring, where the
     confirmation needs no capacity search."""
-    measure = evaluate_mod.make_measure(launcher, study, traffic, capacity=False)
+    measure = make_measure(launcher, study, traffic, capacity=False)
 
     def run(params: dict) -> TrialRecord:
         launcher.apply_config(study.model, space.apply(production, params, study.search))
@@ -142,7 +141,7 @@ def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Pat
     with contextlib.ExitStack() as stack:
         if launcher is None:
             launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server"))
-        evaluate = evaluate_mod.make_evaluate(launcher, study, production, traffic)
+        evaluate = make_evaluate(launcher, study, production, traffic)
         load_replay = (make_load_replay(launcher, study, production, traffic)
                        if study.scoring == "utilization" else None)
         yield RealEngine(study, evaluate, load_replay)

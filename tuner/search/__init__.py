@@ -9,7 +9,7 @@ what it found.
     remeasure / Repeats / repeats_as_dict                    ... and its re-measurement
     recommend / met_sla                                      ... and what it recommends
 
-The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.evaluate` for the real
+The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.trial.run` for the real
 one, which drives a Triton server and a Locust replay).
 """
 

@@ -34,16 +34,14 @@ from optuna.trial import TrialState
 from tuner import space
 from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerError
 from tuner.localhost import pid_alive
-from tuner.score import Hints
 from tuner.search._hosts import Host, this_host
 from tuner.search._interrupts import InterruptGuard
 from tuner.search._results import best_trial
 from tuner.search._store import fail_dead_local_trials, open_storage
 from tuner.search._urls import is_journal
 from tuner.settings import SearchSettings, StudySettings
-from tuner.trial import NO_VERDICT, TrialRecord, to_attrs
+from tuner.trial import NO_VERDICT, Evaluate, Hints, TrialRecord, to_attrs
 
-Evaluate = Callable[[space.Params, Hints], TrialRecord]
 OnTrial = Callable[[optuna.trial.FrozenTrial], None]
 
 MAX_FAILURES_IN_A_ROW = 3

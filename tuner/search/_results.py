@@ -13,11 +13,18 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner import space
-from tuner.score import Hints
 from tuner.settings import StudySettings
-from tuner.trial import NO_VERDICT, UNMEASURED, UNSTABLE, TrialRecord, is_feasible, record_of, to_attrs
-
-Evaluate = Callable[[space.Params, Hints], TrialRecord]
+from tuner.trial import (
+    NO_VERDICT,
+    UNMEASURED,
+    UNSTABLE,
+    Evaluate,
+    Hints,
+    TrialRecord,
+    is_feasible,
+    record_of,
+    to_attrs,
+)
 
 
 def feasible_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -3,7 +3,7 @@
     simulate(requests, config, profile) -> BatchRun       one schedule through the batcher (_batcher)
     Simulator(traffic, profile, ...) / .for_study(...)    a study's steps, trials and ranking (_study)
         .step(config, speed) -> Measurement               what a real step at that speed measures
-        .capacity(config) -> Capacity                     tuner.score.find_capacity on simulated steps
+        .capacity(config) -> Capacity                     tuner.trial.find_capacity on simulated steps
         .trial(config) -> TrialResult                     feasibility at load, capacity, both scores
         .rank(configs) -> DataFrame                       a whole space, best first
     batcher_config(params, ...) -> BatcherConfig          from trial parameters (dicts)

@@ -1,9 +1,9 @@
 """A study's trials in simulation: the same steps, SLA check, capacity bisection and scores as the
-real search (`tuner.evaluate`), with each replay replaced by a simulated one (pure).
+real search (`tuner.trial.run`), with each replay replaced by a simulated one (pure).
 
 A step at speed `s` simulates what the real step replays: `tuner.traffic.step_window(traffic, s,
 warmup_s, step_duration_s)` (the busiest stretch at that speed after a warm-up lead), cut to the
-requests due before warm-up + step, and measured like `tuner.measure.measure` measures a replay:
+requests due before warm-up + step, and measured like `tuner.measurement.measure` measures a replay:
 requests due after the warm-up; latency from the due time over the successful ones; executions,
 fill rate and busy time over the executions that end after the warm-up (when the real replay takes
 its first statistics snapshot). Busy time is what Triton's `batch_stats` count (each execution's
@@ -14,7 +14,6 @@ reads it; the device time alone is kept beside it (`device_s`).
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,18 +23,13 @@ import pandas as pd
 from tuner import space
 from tuner.cost import price_for
 from tuner.errors import SettingsError, TrafficError
-from tuner.measure import PERCENTILES, Measurement
+from tuner.measurement import Measurement, assemble
 from tuner.profile import Profile
-from tuner.score import (
-    Capacity,
-    Step,
-    find_capacity,
-)
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, simulate
 from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
-from tuner.trial import TrialRecord, assess, to_attrs
+from tuner.trial import Capacity, Step, TrialRecord, assess, find_capacity, to_attrs
 
 SEQ_LEN = "seq_len"
 CONFIG_KEYS = space.NAMES
@@ -111,59 +105,24 @@ def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "n
 
 def measurement(run: BatchRun, requests: Requests, *, speed: float, warmup_s: float, max_batch_size: int,
                 sla_percentile: float = 99.0) -> Measurement:
-    """The simulated replay's figures, defined as `tuner.measure.measure` defines the real ones."""
+    """The simulated replay's figures, defined as `tuner.measurement.measure` defines the real ones."""
     due = requests.due_s
-    end = float(due[-1]) if len(due) else 0.0
-    span = max(end - warmup_s, 0.0)
     measured = due >= warmup_s
-    count = int(measured.sum())
     good = measured & (run.status == OK)
-    served = int(good.sum())
-    latencies = (run.done_s[good] - due[good]) * 1e3
     counted = run.exec_ok & (run.exec_end_s >= warmup_s)
-    executions = int(counted.sum())
-    inferences = int(run.exec_rows[counted].sum())
-    busy = float((run.exec_end_s[counted] - run.exec_start_s[counted]).sum())
     sizes, freq = np.unique(run.exec_rows[counted], return_counts=True)
-    mean_batch = inferences / executions if executions else 0.0
     queue = (run.dispatch_s[good] - due[good]) * 1e3
-    return Measurement(
-        speed=speed,
-        offered_rps=count / span if span > 0 else 0.0,
-        duration_s=span,
-        requests=count,
-        errors=count - served,
-        error_rate=(count - served) / count if count else 0.0,
-        throughput_rps=served / (float(run.done_s[good].max()) - warmup_s) if served else 0.0,
-        latency_ms=_percentiles(latencies, sla_percentile),
-        send_lag_ms={"p50": 0.0, "p99": 0.0, "max": 0.0},
-        valid=count > 0,
-        invalid_reason="" if count else f"no requests due in the measured window (after the {warmup_s:g} s warm-up)",
-        inference_count=inferences,
-        execution_count=executions,
-        fill_rate=mean_batch / max_batch_size,
-        mean_batch_size=mean_batch,
-        batch_histogram={int(s): int(c) for s, c in zip(sizes, freq, strict=True)},
-        queue_ms_mean=float(queue.mean()) if served else 0.0,
-        compute_ms_mean=busy / executions * 1e3 if executions else 0.0,
-        busy_s=busy,
-        max_batch_size=max_batch_size,
-        latencies_ms=latencies,
+    return assemble(
+        speed=speed, warmup_s=warmup_s, end_s=float(due[-1]) if len(due) else 0.0, requests=int(measured.sum()),
+        latencies_ms=(run.done_s[good] - due[good]) * 1e3,
+        last_done_s=float(run.done_s[good].max()) if good.any() else warmup_s,
+        send_lag_ms={"p50": 0.0, "p99": 0.0, "max": 0.0},  # a simulated request leaves on time
+        executions=int(counted.sum()), inferences=int(run.exec_rows[counted].sum()),
+        histogram={int(s): int(c) for s, c in zip(sizes, freq, strict=True)},
+        queue_ms_mean=float(queue.mean()) if len(queue) else 0.0,
+        busy_s=float((run.exec_end_s[counted] - run.exec_start_s[counted]).sum()),
+        max_batch_size=max_batch_size, sla_percentile=sla_percentile,
     )
-
-
-def _percentiles(values: np.ndarray, sla_percentile: float) -> dict[str, float]:
-    qs = [float(q) for q in PERCENTILES]
-    if sla_percentile < 100 and sla_percentile not in qs:
-        qs.append(float(sla_percentile))
-    if not len(values):
-        out = {f"p{q:g}": math.nan for q in qs}
-        out["max"] = math.nan
-        return out
-    found = np.percentile(values, qs)
-    out = {f"p{q:g}": float(v) for q, v in zip(qs, found, strict=True)}
-    out["max"] = float(values.max())
-    return out
 
 
 def _device_seconds(run: BatchRun, warmup_s: float) -> float:
@@ -272,7 +231,7 @@ class Simulator:
 
     def capacity(self, config: BatcherConfig, lower: Step | None = None,
                  tolerance: float | None = None) -> Capacity:
-        """The capacity bisection of the real search (`tuner.score.find_capacity`) on simulated steps."""
+        """The capacity bisection of the real search (`tuner.trial.capacity.find_capacity`) on simulated steps."""
         cap = self.capacity_settings
         if tolerance is not None:
             cap = CapacitySettings(tolerance=tolerance, start_speed=cap.start_speed, max_speed=cap.max_speed,

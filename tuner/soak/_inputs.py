@@ -12,11 +12,11 @@ import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import SettingsError
-from tuner.evaluate import base_config
 from tuner.files import os_reason
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
+from tuner.study import base_config
 from tuner.traffic import TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"

@@ -2,7 +2,7 @@
 window, each finished window written at once, and the findings at the end (or at Ctrl-C).
 
 Before the first window the configuration's capacity is measured on the fresh server, as a trial's
-is (the recorded load, then the capacity search: `tuner.evaluate.make_measure`): it is the capacity
+is (the recorded load, then the capacity search: `tuner.trial.run.make_measure`): it is the capacity
 at 0 h that the compute-time trend projects forward. Each window is one open-loop replay of the
 next stretch of the (repeated) recording at the soak's speed, measured after the study's warm-up,
 once (a window whose send lag broke its budget is kept and marked invalid, not replayed again: the
@@ -27,10 +27,9 @@ from tqdm import tqdm
 
 from tuner import space
 from tuner.errors import ServerError, TunerError
-from tuner.evaluate import make_measure
-from tuner.measure import Measurement, measure
+from tuner.measurement import Measurement
 from tuner.modelconfig import ModelConfig
-from tuner.score import Hints, check_sla
+from tuner.score import check_sla
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import _files
@@ -47,8 +46,10 @@ from tuner.soak.analysis._windows import (  # the window's row: built here, wher
     window_row,
 )
 from tuner.traffic import mean_rps
-from tuner.trial import MEASURED
-from tuner.warmup import warm_up
+from tuner.trial import MEASURED, Hints
+from tuner.trial.run import make_measure
+from tuner.trial.step import replay_measured
+from tuner.trial.warmup import warm_up
 
 GPU_MEMORY_METRIC = "nv_gpu_memory_used_bytes"
 
@@ -175,17 +176,9 @@ def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, p
 
 def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, speed: float, warmup: float,
             mbs: int) -> tuple[Measurement, pd.Series, int | None, dict[int, tuple[int, float]]]:
-    """One window: replay, measure (as `tuner.probe` does, once); the measured requests' errors,
+    """One window: replay and measure (the measurement step, once); the measured requests' errors,
     Triton's execution count since the load and the compute time per execution of each batch size."""
-    from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
-
-    model = settings.model
-    result = replay(launcher.endpoints, model, part, speed, settings.replay, warmup_s=warmup,
-                    stats=lambda: launcher.statistics(model), progress=False)
-    m = measure(result.records, result.stats_before, result.stats_after, speed=speed, warmup_s=result.warmup_s,
-                lag_budget_ms=settings.replay.lag_budget_ms, max_batch_size=mbs,
-                sla_percentile=settings.sla.percentile, load_generator_cpu=result.load_generator_cpu,
-                workers=result.workers, duration_s=result.duration_s)
+    m, result = replay_measured(launcher, settings, part, speed, warmup_s=warmup, max_batch_size=mbs)
     measured = result.measured()
     errors = measured.loc[~measured["ok"].astype(bool), "error"].astype(str)
     after = result.stats_after or {}

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tuner.measure import PERCENTILES, Measurement
+from tuner.measurement import PERCENTILES, Measurement
 
 # an out-of-memory error as backends word it (CUDA, PyTorch's OutOfMemoryError, TensorRT, the emulation)
 _OOM = re.compile(r"out of memory|outofmemory|\boom\b", re.IGNORECASE)

@@ -3,16 +3,15 @@
     make_evaluate(launcher, settings, base, traffic) -> Evaluate   (params, Hints) -> TrialRecord
     make_measure(launcher, settings, traffic)   the same measurement of whatever config the server runs
     session(settings)                           context manager: server up, yields an Evaluate
-    study_traffic(settings), base_config(settings)
 
 A trial: the base config with only the tuned fields changed (`tuner.space.apply`) is loaded on the
-server (read back and compared by the launcher) and warmed up to steady state (`tuner.warmup`: a server
+server (read back and compared by the launcher) and warmed up to steady state (`tuner.trial.warmup`: a server
 that never settles leaves the trial `unstable`), then
-1. the profile is replayed at the recorded load (`traffic.speed`) for one step (`tuner.probe`, with its
+1. the profile is replayed at the recorded load (`traffic.speed`) for one step (`tuner.trial.step`, with its
    retry policy): the SLA there decides feasibility, and Triton's execution time gives the utilization
    score. A replay the load generator could not keep on time even after the retries leaves the trial
    `unmeasured`: not the configuration's fault, and no score;
-2. if the SLA held, the capacity is searched (bracketing + bisection on the speed, `tuner.score`), each
+2. if the SLA held, the capacity is searched (bracketing + bisection on the speed, `tuner.trial.capacity`), each
    step a probe of the profile's busiest stretch at the step's speed.
 """
 
@@ -25,45 +24,27 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import modelconfig, space
+from tuner import space
 from tuner.cost import price_for
 from tuner.errors import ServerError
-from tuner.measure import Measurement
+from tuner.measurement import Measurement
 from tuner.modelconfig import ModelConfig
-from tuner.probe import make_probe, step_windows
-from tuner.score import Capacity, Hints, Step, find_capacity
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
-from tuner.traffic import busiest_window, mean_rps, peak_rps, read_traffic, window
-from tuner.trial import CRASHED, UNMEASURED, UNSTABLE, Figures, TrialRecord, assess
-from tuner.warmup import warm_up
+from tuner.study import base_config, study_traffic
+from tuner.traffic import mean_rps, peak_rps
+from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
+from tuner.trial.record import CRASHED, UNMEASURED, UNSTABLE, Evaluate, Figures, TrialRecord, assess
+from tuner.trial.step import make_probe, step_windows
+from tuner.trial.warmup import warm_up
 
-__all__ = ["Evaluate", "Measure", "base_config", "make_evaluate", "make_measure", "session", "study_traffic"]
+__all__ = ["make_evaluate", "make_measure", "session"]
 
 # an informed guess (the best trial's capacity) brackets in small steps; a blind one doubles
 INFORMED_GROWTH = 1.3
 # the SLA constraint of a configuration that crashed the server: worse than any measured violation
 CRASHED_VIOLATION = 1000.0
 
-Evaluate = Callable[[space.Params, Hints], TrialRecord]
-Measure = Callable[[space.Params, Hints], TrialRecord]
-
-
-def study_traffic(settings: StudySettings) -> pd.DataFrame:
-    """The profile the study replays: the file, cut to the study's window if it names one."""
-    t = settings.traffic
-    df = read_traffic(t.path)
-    if t.busiest_s is not None:
-        start, _ = busiest_window(df, t.busiest_s)
-        df = window(df, start, t.busiest_s)
-    elif t.start_s is not None or t.duration_s is not None:
-        df = window(df, t.start_s, t.duration_s)
-    return df
-
-
-def base_config(settings: StudySettings) -> ModelConfig:
-    """The model's current config.pbtxt in the study's repository (the incumbent)."""
-    return modelconfig.load(Path(settings.model_repository) / settings.model / "config.pbtxt")
 
 
 def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame
@@ -101,7 +82,7 @@ def _restart(launcher: Launcher) -> None:
 
 
 def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, capacity: bool = True,
-                 on_measure: Callable[[Measurement], None] | None = None) -> Measure:
+                 on_measure: Callable[[Measurement], None] | None = None) -> Evaluate:
     """Measure the configuration the server runs now, as a trial is measured: `(params, Hints) ->
     TrialRecord` (`params` must hold its max_batch_size). Without `capacity`, only the recorded load
     is replayed. `on_measure` sees every replay's measurement (progress)."""

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tuner.measure import Measurement, measure
+from tuner.measurement import Measurement, measure
 
 
 def records(n: int = 1000, rate: float = 100.0, latency_ms=None, lag_ms=None, ok=None) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Steady state before a measurement (tuner/warmup.py) and repeats near the SLA's limit (tuner/probe.py):
+"""Steady state before a measurement (tuner/trial/warmup.py) and repeats near the SLA's limit (tuner/trial/step.py):
 the pure rules on synthetic windows, then a real server whose emulated GPU starts cold, and one whose
 compute time never settles."""
 
@@ -16,12 +16,12 @@ import yaml
 
 from tuner import modelconfig, space
 from tuner.cli import main
-from tuner.measure import Measurement
-from tuner.probe import with_repeats
+from tuner.measurement import Measurement
 from tuner.server.local import LocalLauncher
 from tuner.settings import MeasurementSettings, SlaSettings, load_study
 from tuner.traffic import read_traffic
-from tuner.warmup import fixed_mix_ms, shape_sweep, steady, warm_up
+from tuner.trial.step import with_repeats
+from tuner.trial.warmup import fixed_mix_ms, shape_sweep, steady, warm_up
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
@@ -188,7 +188,7 @@ def test_the_measurement_section_is_checked_by_name(tmp_path):
 
 def test_every_window_replays_the_same_busiest_stretch():
     from tuner.traffic import busiest_window
-    from tuner.warmup import repeated_stretch
+    from tuner.trial.warmup import repeated_stretch
 
     traffic = read_traffic(PROFILE)
     rep = repeated_stretch(traffic, speed=0.5, window_s=2.0, times=3)

@@ -30,10 +30,11 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tuner.measure import Warmup, stat_deltas
+from tuner.measurement import stat_deltas
 from tuner.server import Launcher
 from tuner.settings import MeasurementSettings, StudySettings
 from tuner.traffic import shape_columns, step_window
+from tuner.trial.record import Warmup
 
 __all__ = ["Warmup", "fixed_mix_ms", "repeated_stretch", "shape_sweep", "steady", "warm_up"]
 

@@ -1,8 +1,10 @@
 """The measurement step: replay a window of the traffic at a speed against the configuration the
 server runs, and measure it, with one retry policy. Every command that measures goes through here:
-`tuner tune` (each replay of a trial), `tuner audit`, the nightly confirmation, `tuner replay`.
+`tuner tune` (each replay of a trial), `tuner audit`, the nightly confirmation, `tuner replay`, `tuner soak`.
 
     make_probe(launcher, settings, windows, max_batch_size=...) -> Probe     speed -> Measurement
+    replay_measured(launcher, settings, part, speed, ...) -> (Measurement, ReplayResult)   one replay,
+                                      measured, no retry (the soak's windows: its clock moves on)
     step_windows(traffic, settings)   what a capacity step replays: the busiest stretch at that speed
     whole_traffic(traffic, ...)       the traffic from its start (optionally cut to a duration)
 
@@ -22,19 +24,23 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tuner.measure import Measurement, measure
+if TYPE_CHECKING:  # Locust runs in its own processes: the replay package is imported when used
+    from tuner.replay import ReplayResult
+
+from tuner.measurement import Measurement, measure
 from tuner.server import Launcher
 from tuner.settings import SlaSettings, StudySettings
 from tuner.traffic import step_window
+from tuner.trial.capacity import Probe
 
-__all__ = ["TRIES", "Probe", "Windows", "make_probe", "retry_workers", "step_windows", "whole_traffic",
+__all__ = ["TRIES", "Windows", "make_probe", "replay_measured", "retry_workers", "step_windows", "whole_traffic",
            "with_repeats", "with_retries"]
 
 TRIES = 3
-Probe = Callable[[float], Measurement]
 # speed -> (the traffic to replay, its warm-up in wall seconds, the schedule's length or None: all of it)
 Windows = Callable[[float], tuple[pd.DataFrame, float, float | None]]
 
@@ -110,23 +116,13 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
                on_measure: Callable[[Measurement], None] | None = None) -> Probe:
     """Measure the configuration the server runs now at a speed (`max_batch_size` is that
     configuration's, for the fill rate). `on_measure` sees every replay's measurement."""
-    from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
-
-    model = settings.model
-
     def run(speed: float, attempt: int) -> Measurement:
         part, warmup, duration = windows(speed)
-        replay_settings = settings.replay
-        if attempt:  # the last replay's send lag broke its budget: more load-generator processes
-            replay_settings = dataclasses.replace(settings.replay,
-                                                  workers=retry_workers(settings.replay.workers, attempt))
-        result = replay(launcher.endpoints, model, part, speed, replay_settings, warmup_s=warmup,
-                        duration_s=duration, stats=lambda: launcher.statistics(model), progress=progress)
-        return measure(result.records, result.stats_before, result.stats_after, speed=speed,
-                       warmup_s=result.warmup_s, lag_budget_ms=settings.replay.lag_budget_ms,
-                       max_batch_size=max_batch_size, sla_percentile=settings.sla.percentile,
-                       load_generator_cpu=result.load_generator_cpu, workers=result.workers,
-                       duration_s=result.duration_s)
+        # a re-run after the send lag broke its budget: more load-generator processes
+        workers = retry_workers(settings.replay.workers, attempt) if attempt else None
+        m, _ = replay_measured(launcher, settings, part, speed, warmup_s=warmup, duration_s=duration,
+                               max_batch_size=max_batch_size, workers=workers, progress=progress)
+        return m
 
     probe = with_retries(run, tries=tries, on_measure=on_measure)
     if not repeats or settings.measurement.max_repeats <= 1:
@@ -134,3 +130,22 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
     m = settings.measurement
     return with_repeats(probe, sla=settings.sla, near=m.repeat_near_sla, max_repeats=m.max_repeats,
                         pct=m.stability_pct)
+
+
+def replay_measured(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, speed: float, *,
+                    warmup_s: float, max_batch_size: int, duration_s: float | None = None,
+                    workers: int | None = None, progress: bool = False) -> tuple[Measurement, ReplayResult]:
+    """One replay of `part` at `speed` against the configuration the server runs, measured (no retry):
+    the measurement, and the replay's result for what a caller reads beyond it (the soak: errors and
+    Triton's counters). `workers` overrides `replay.workers`."""
+    from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
+
+    model = settings.model
+    replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
+    result = replay(launcher.endpoints, model, part, speed, replay_settings, warmup_s=warmup_s,
+                    duration_s=duration_s, stats=lambda: launcher.statistics(model), progress=progress)
+    m = measure(result.records, result.stats_before, result.stats_after, speed=speed, warmup_s=result.warmup_s,
+                lag_budget_ms=settings.replay.lag_budget_ms, max_batch_size=max_batch_size,
+                sla_percentile=settings.sla.percentile, load_generator_cpu=result.load_generator_cpu,
+                workers=result.workers, duration_s=result.duration_s)
+    return m, result

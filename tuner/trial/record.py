@@ -1,8 +1,11 @@
-"""One trial's outcome as a typed record, and the one place it meets Optuna's attributes.
+"""One trial's outcome as a typed record, and the one place it meets Optuna's attributes (pure).
 
     TrialRecord        what a trial measured: the replay at the recorded load, the capacity bracket
                        with the replay at capacity, both scores, and the outcome
-    Figures, Bracket   its parts
+    Figures, Bracket, Warmup   its parts
+    Evaluate           (params, Hints) -> TrialRecord: a trial, run for real (`tuner.trial.run`) or
+                       simulated (`tuner.simulate`): what the search calls
+    assess(...)        a measured trial's record from its replay at the load and its capacity search
     to_attrs(record)   the record as flat, JSON-able Optuna user attributes (also trials.csv's columns)
     from_attrs(attrs)  ... and back: every reader (export, report, audit, nightly) goes through it
     record_of(trial)   the record of a FrozenTrial (None for a trial that failed before measuring)
@@ -26,10 +29,8 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
-from tuner.measure import Measurement, Warmup
+from tuner.measurement import Measurement
 from tuner.score import (
-    Capacity,
-    Step,
     capacity_score,
     check_sla,
     monthly_cost,
@@ -38,13 +39,25 @@ from tuner.score import (
 )
 from tuner.settings import SlaSettings
 from tuner.space import Params
+from tuner.trial.capacity import Capacity, Hints, Step
 
-__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Figures", "TrialRecord", "assess",
-           "from_attrs", "is_feasible", "record_of", "to_attrs"]
+__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Evaluate", "Figures", "TrialRecord",
+           "Warmup", "assess", "from_attrs", "is_feasible", "record_of", "to_attrs"]
 
 MEASURED, UNMEASURED, UNSTABLE, CRASHED = "measured", "unmeasured", "unstable", "crashed"
 NO_VERDICT = (UNMEASURED, UNSTABLE)  # outcomes that say nothing for or against the configuration
-PERCENTILES = ("p50", "p90", "p95", "p99", "max")
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """What a warm-up after a load did, and whether the server reached steady state (tuner.trial.warmup)."""
+
+    seconds: float = 0.0
+    sweep_requests: int = 0
+    sweep_errors: int = 0
+    windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
+    stable: bool = True
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,10 @@ class TrialRecord:
         """The objective under the study's scoring; 0 when the configuration does not qualify."""
         score = self.scores.get(scoring)
         return float(score) if self.meets_sla and score is not None else 0.0
+
+
+# a trial: run for real (tuner.trial.run.make_evaluate) or simulated; what the search calls
+Evaluate = Callable[[Params, Hints], TrialRecord]
 
 
 def assess(params: Params, load: Measurement, sla: SlaSettings, capacity: Callable[[Step], Capacity] | None, *,

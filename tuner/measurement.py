@@ -1,7 +1,8 @@
-"""One trial's measurement, from per-request records and Triton's statistics deltas (pure).
+"""One replay's measurement, from per-request records and Triton's statistics deltas (pure).
 
-The dataclass is the contract the score and search stages read; `measure()` fills it from a replay's
-records (`tuner.replay.ReplayResult.records`) and two snapshots of the model's Triton statistics.
+The dataclass is the contract the score, the capacity search and the trial read; `measure()` fills it
+from a replay's records (`tuner.replay.ReplayResult.records`) and two snapshots of the model's Triton
+statistics, through `assemble`, the one construction the simulation's replays go through too.
 
 Definitions used here:
 - the measured window runs from `warmup_s` to the last due time; requests due in it are measured;
@@ -64,17 +65,7 @@ class Measurement:
         return self.latency_ms[key]
 
 
-@dataclass(frozen=True)
-class Warmup:
-    """What a warm-up after a load did, and whether the server reached steady state (tuner.warmup)."""
-
-    seconds: float = 0.0
-    sweep_requests: int = 0
-    sweep_errors: int = 0
-    windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
-    stable: bool = True
-    reason: str = ""
-
+__all__ = ["PERCENTILES", "Measurement", "assemble", "measure", "percentiles", "stat_deltas"]
 
 PERCENTILES = (50, 90, 95, 99)
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -99,26 +90,44 @@ def measure(
     (default: the last due time). Statistics are Triton's model entry (or the whole stats response)."""
     end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
     window = records[records["due_s"] >= warmup_s]
-    span = max(end - warmup_s, 0.0)
-    requests = len(window)
-    ok = window["ok"].to_numpy(dtype=bool)
-    errors = int(requests - ok.sum())
-    good = window[ok]
-    latency = _percentiles(good["latency_ms"].to_numpy(dtype=float), sla_percentile)
+    good = window[window["ok"].to_numpy(dtype=bool)]
     lag = window["send_lag_ms"].to_numpy(dtype=float)
     lag = lag[np.isfinite(lag)]
     send_lag = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
-    served_span = float(good["end_s"].max()) - warmup_s if len(good) else 0.0
-
-    reasons = []
-    if requests == 0:
-        reasons.append(f"no requests due in the measured window (after the {warmup_s:g} s warm-up)")
+    lag_reason = ""
     if len(lag) and send_lag["p99"] > lag_budget_ms:
-        reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
-                       f"the load generator was the bottleneck")
+        lag_reason = (f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
+                      f"the load generator was the bottleneck")
     deltas = stat_deltas(stats_before, stats_after)
-    executions = deltas["execution_count"]
-    mean_batch = deltas["inference_count"] / executions if executions else 0.0
+    return assemble(
+        speed=speed, warmup_s=warmup_s, end_s=end, requests=len(window),
+        latencies_ms=good["latency_ms"].to_numpy(dtype=float),
+        last_done_s=float(good["end_s"].max()) if len(good) else warmup_s,
+        send_lag_ms=send_lag, lag_reason=lag_reason,
+        executions=deltas["execution_count"], inferences=deltas["inference_count"], histogram=deltas["histogram"],
+        queue_ms_mean=deltas["queue_ns"] / deltas["queue_count"] / 1e6 if deltas["queue_count"] else 0.0,
+        busy_s=deltas["busy_ns"] / 1e9, max_batch_size=max_batch_size, sla_percentile=sla_percentile,
+        load_generator_cpu=load_generator_cpu, workers=workers,
+    )
+
+
+def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, latencies_ms: np.ndarray,
+             last_done_s: float, send_lag_ms: dict[str, float], executions: int, inferences: int,
+             histogram: dict[int, int], queue_ms_mean: float, busy_s: float, max_batch_size: int,
+             sla_percentile: float, lag_reason: str = "", load_generator_cpu: float = 0.0,
+             workers: int = 1) -> Measurement:
+    """The one construction of a Measurement from its counts over the measured window (`warmup_s` to
+    `end_s`): `measure` fills it from a real replay, the simulation (`tuner.simulate`) from a
+    simulated one, so both define every figure alike. `latencies_ms`: the successful requests', from
+    their due times; `last_done_s`: when the last of them completed."""
+    span = max(end_s - warmup_s, 0.0)
+    served = len(latencies_ms)
+    errors = requests - served
+    reasons = [f"no requests due in the measured window (after the {warmup_s:g} s warm-up)"] if requests == 0 else []
+    if lag_reason:
+        reasons.append(lag_reason)
+    served_span = last_done_s - warmup_s if served else 0.0
+    mean_batch = inferences / executions if executions else 0.0
     return Measurement(
         speed=speed,
         offered_rps=requests / span if span > 0 else 0.0,
@@ -126,23 +135,23 @@ def measure(
         requests=requests,
         errors=errors,
         error_rate=errors / requests if requests else 0.0,
-        throughput_rps=len(good) / served_span if served_span > 0 else 0.0,
-        latency_ms=latency,
-        send_lag_ms=send_lag,
+        throughput_rps=served / served_span if served_span > 0 else 0.0,
+        latency_ms=percentiles(latencies_ms, sla_percentile=sla_percentile),
+        send_lag_ms=send_lag_ms,
         valid=not reasons,
         invalid_reason="; ".join(reasons),
-        inference_count=deltas["inference_count"],
+        inference_count=inferences,
         execution_count=executions,
         fill_rate=mean_batch / max_batch_size if max_batch_size > 0 else (1.0 if executions else 0.0),
         mean_batch_size=mean_batch,
-        batch_histogram=deltas["histogram"],
-        queue_ms_mean=deltas["queue_ns"] / deltas["queue_count"] / 1e6 if deltas["queue_count"] else 0.0,
-        compute_ms_mean=deltas["busy_ns"] / executions / 1e6 if executions else 0.0,
-        busy_s=deltas["busy_ns"] / 1e9,
+        batch_histogram=dict(histogram),
+        queue_ms_mean=queue_ms_mean,
+        compute_ms_mean=busy_s / executions * 1e3 if executions else 0.0,
+        busy_s=busy_s,
         max_batch_size=max_batch_size,
         load_generator_cpu=load_generator_cpu,
         workers=workers,
-        latencies_ms=good["latency_ms"].to_numpy(dtype=float),
+        latencies_ms=latencies_ms,
     )
 
 
@@ -150,7 +159,9 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
-def _percentiles(values: np.ndarray, sla_percentile: float) -> dict[str, float]:
+def percentiles(values: np.ndarray, *, sla_percentile: float) -> dict[str, float]:
+    """p50, p90, p95, p99 and max of `values` (and the SLA's percentile when it is another); NaN
+    when there are none."""
     out = {f"p{q}": _pct(values, q) for q in PERCENTILES}
     if sla_percentile < 100 and f"p{sla_percentile:g}" not in out:
         out[f"p{sla_percentile:g}"] = _pct(values, sla_percentile)

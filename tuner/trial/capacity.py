@@ -1,0 +1,152 @@
+"""The capacity search, pure: the highest replay speed at which the SLA still holds.
+
+Capacity is the highest replay speed `s` of the recorded traffic at which the SLA holds, found by
+bracketing (doubling or halving from a guess) and then bisection in log space until the bracket's
+relative width is within the tolerance. The measurement is injected: a `Probe`, speed -> Measurement
+(`tuner.trial.step.make_probe` on a real server, `tuner.simulate` in software). A measurement whose
+send lag broke its budget even after the probe's retries says nothing about the server: the search stops
+there and says so (`limited_by="load_generator"`) instead of counting it as a server failure.
+
+    Probe                 speed -> Measurement: one step's measurement, the one definition
+    find_capacity(...)    -> Capacity (its Steps, the bracket, why it stopped)
+    Hints                 what the search knows before a trial: where to start, what to beat
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.measurement import Measurement
+from tuner.score import SlaCheck, check_sla
+from tuner.settings import CapacitySettings, SlaSettings
+
+__all__ = ["Capacity", "Hints", "Probe", "Step", "find_capacity"]
+
+Probe = Callable[[float], Measurement]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the capacity search: the speed replayed, its measurement and its SLA check."""
+
+    speed: float
+    measurement: Measurement
+    sla: SlaCheck
+    @property
+    def valid(self) -> bool:
+        """Whether the step's replay kept its send-lag budget (if not, it says nothing of the server)."""
+        return self.measurement.valid
+
+    @property
+    def attempts(self) -> int:
+        """Replays run for this speed (more than 1 when the send lag broke its budget)."""
+        return self.measurement.attempts
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Where the capacity search ended: the highest passing speed and its rate, the lowest failing one."""
+
+    speed: float                 # highest speed that met the SLA (0 when none did)
+    capacity_rps: float          # offered rate at that speed
+    upper_speed: float | None    # lowest speed that broke the SLA (None: none did)
+    upper_rps: float | None
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+    converged: bool = False      # the bracket reached the tolerance
+    pruned: bool = False         # stopped early: the bracket cannot beat `beat_rps`
+    limited_by: str = ""         # "", "max_speed", "min_speed", "max_steps", "load_generator"
+
+    @property
+    def at_capacity(self) -> Measurement | None:
+        """The measurement at the capacity speed that met the SLA (None when no step passed)."""
+        passing = [s for s in self.steps if s.valid and s.sla.ok and s.speed == self.speed]
+        return passing[-1].measurement if passing else None
+
+
+def find_capacity(
+    probe: Probe,
+    sla: SlaSettings,
+    settings: CapacitySettings,
+    *,
+    start_speed: float | None = None,
+    beat_rps: float | None = None,
+    min_speed: float | None = None,
+    growth: float = 2.0,
+    rate: float | None = None,
+    lower: Step | None = None,
+    on_step: Callable[[Step], None] | None = None,
+) -> Capacity:
+    """Bracket, then bisect, the replay speed at which the SLA stops holding.
+
+    `start_speed`: the first guess (e.g. from earlier trials; default `settings.start_speed`).
+    `beat_rps`: the best capacity found so far; once the SLA breaks at an offered rate below it by
+    more than the tolerance, this configuration is measurably worse and the search stops with
+    `pruned=True`. A failure within the tolerance of the best is not enough: one short replay at the
+    edge of capacity is noisy, and pruning an equal configuration on a bad draw would hide the
+    optimum from the sampler (it then gets its full search, like any contender).
+    `growth`: the bracketing factor (2 from a blind guess; smaller from an informed one).
+    `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
+    speed even when each step replays a different window). Default: the step's measured offered rate.
+    `lower`: a step already measured that met the SLA (e.g. at the recorded load): a lower bound.
+    """
+
+    def rps(step: Step) -> float:
+        return step.speed * rate if rate is not None else step.measurement.offered_rps
+
+    speed = min(start_speed or settings.start_speed, settings.max_speed)
+    if lower is not None and speed <= lower.speed:  # already known to pass there: start above it
+        speed = min(lower.speed * growth, settings.max_speed)
+    floor = min_speed if min_speed is not None else speed / 2 ** settings.max_steps
+    lo: Step | None = lower if lower is not None and lower.valid and lower.sla.ok else None
+    hi: Step | None = None
+    steps: list[Step] = []
+
+    def done(**kw) -> Capacity:
+        return Capacity(
+            speed=lo.speed if lo else 0.0,
+            capacity_rps=rps(lo) if lo else 0.0,
+            upper_speed=hi.speed if hi else None,
+            upper_rps=rps(hi) if hi else None,
+            steps=tuple(([lower] if lower is not None else []) + steps),
+            **kw,
+        )
+
+    while len(steps) < settings.max_steps:
+        m = probe(speed)
+        step = Step(speed, m, check_sla(m, sla))
+        steps.append(step)
+        if on_step:
+            on_step(step)
+        if not step.valid:
+            return done(limited_by="load_generator")
+        if step.sla.ok:
+            lo = step
+        else:
+            hi = step
+            if beat_rps is not None and rps(step) * (1.0 + settings.tolerance) <= beat_rps:
+                return done(pruned=True)
+        if lo and hi and hi.speed <= lo.speed:  # noise: a lower bound that fails above... keep the latest
+            lo = None
+        if lo and hi:
+            if hi.speed / lo.speed <= 1.0 + settings.tolerance:
+                return done(converged=True)
+            speed = math.sqrt(lo.speed * hi.speed)
+        elif lo:  # bracketing upwards
+            if lo.speed >= settings.max_speed:
+                return done(limited_by="max_speed")
+            speed = min(lo.speed * growth, settings.max_speed)
+        else:  # bracketing downwards
+            if hi.speed <= floor:
+                return done(limited_by="min_speed")
+            speed = max(hi.speed / growth, floor)
+    return done(limited_by="max_steps")
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the search knows before a trial: where to start the capacity search, what to beat."""
+
+    start_speed: float | None = None
+    beat_rps: float | None = None  # prune once the bracket cannot beat this capacity
