@@ -48,8 +48,8 @@ import pandas as pd
 
 from tuner import evaluate, search
 from tuner import space as tuner_space
-from tuner.profile import read_profile
 from tuner.settings import load_study
+from tuner.simulate import read_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("max_batch_size", "max_queue_delay_microseconds")

@@ -44,9 +44,8 @@ from scipy.stats import spearmanr
 from tuner import space as knobs
 from tuner.cost import price_for
 from tuner.evaluate import base_config, study_traffic
-from tuner.profile import read_profile
 from tuner.settings import load_study
-from tuner.simulate import Simulator, batcher_config
+from tuner.simulate import Simulator, batcher_config, read_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_ERROR, GOAL_SPEARMAN = 0.10, 0.9

@@ -16,7 +16,6 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import OutputError, ProfileError, SettingsError, TrafficError
-from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
 from tuner.score import check_sla, find_capacity
 from tuner.settings import CapacitySettings, SlaSettings
 from tuner.simulate import (
@@ -25,12 +24,16 @@ from tuner.simulate import (
     QUEUE_FULL,
     TOO_LARGE,
     BatcherConfig,
+    Profile,
+    ProfilePoint,
     Requests,
     Simulator,
     batcher_config,
     length_column,
     measurement,
+    read_profile,
     simulate,
+    write_profile,
 )
 
 MS = 1e-3
@@ -549,8 +552,8 @@ def test_simulated_latency_is_from_the_due_time():
 
 def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
     from tuner import evaluate, search
-    from tuner.profile import read_profile
     from tuner.settings import load_study
+    from tuner.simulate import read_profile
 
     settings = load_study(study / "study.yaml")  # capacity tolerance 0.1
     base, traffic = evaluate.base_config(settings), evaluate.study_traffic(settings)
