@@ -14,7 +14,7 @@ import types
 from pathlib import Path
 
 from tuner import modelconfig
-from tuner.profile import Profile
+from tuner.simulate import Profile
 
 __all__ = ["CONFIG", "ROWS", "LENGTHS", "emulation", "profile"]
 

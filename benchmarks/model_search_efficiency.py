@@ -48,8 +48,8 @@ import pandas as pd
 
 from tuner import search
 from tuner import space as tuner_space
-from tuner.profile import read_profile
 from tuner.settings import load_study
+from tuner.simulate import read_profile
 from tuner.study import base_config, study_traffic
 from tuner.trial.run import session
 

@@ -43,9 +43,8 @@ from scipy.stats import spearmanr
 
 from tuner import space as knobs
 from tuner.cost import price_for
-from tuner.profile import read_profile
 from tuner.settings import load_study
-from tuner.simulate import Simulator, batcher_config
+from tuner.simulate import Simulator, batcher_config, read_profile
 from tuner.study import base_config, study_traffic
 
 ROOT = Path(__file__).resolve().parent.parent

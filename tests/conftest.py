@@ -81,7 +81,7 @@ def postgres():
 # second starts only when a worker is done with the third file, by when the first has let it go.
 SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_report.py", "test_postgres.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
-                 "test_warmup.py", "test_audit.py", "test_profiling.py", "test_replay_cli.py")
+                 "test_warmup.py", "test_audit.py", "test_profiler.py", "test_replay_cli.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -257,7 +257,7 @@ def judged(tmp_path, monkeypatch, capacity_rps: float, baseline_rps: float | Non
             return config
 
     monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
-    monkeypatch.setattr(audit_module.evaluate, "make_measure", lambda *a, **k: lambda params, hints: result)
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
     baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
     a = audit_module.audit(load_study(write_study(tmp_path)), baseline, progress=False)
     return a, {f.check: f.verdict for f in a.findings}

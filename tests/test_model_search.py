@@ -13,8 +13,8 @@ import yaml
 
 from benchmarks import encoder_sim
 from tuner.cli import main
-from tuner.profile import write_profile
 from tuner.search import open_storage
+from tuner.simulate import write_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS, LENGTHS = (1, 2, 4, 8, 16, 32, 64), (64, 128, 256, 512)  # the emulated GPU's profile, on this grid
@@ -96,3 +96,36 @@ def test_a_trial_budget_below_the_simulations_top_caps_what_is_measured(tmp_path
     study = load(tmp_path / "budget", "budget")
     assert [t.state.is_finished() for t in study.trials] == [True, True]  # the incumbent and the top 1, no more
     assert [t.user_attrs.get("simulated_rank") for t in study.trials] == [None, 1]
+
+
+def test_the_incumbent_is_placed_in_the_ranking_and_the_gain_is_over_it(tmp_path):
+    """`tuner simulate`'s comparison, in the strategy's module (no server): the incumbent outside the
+    space is simulated as rank 0, inside it is tagged where it ranks; the gain is over its value."""
+    import dataclasses
+
+    from tuner import evaluate, search, space
+    from tuner.settings import load_study
+    from tuner.simulate import batcher_config
+
+    profile = encoder_sim.profile(rows=ROWS, lengths=LENGTHS)
+    settings = load_study(write_study(tmp_path, write_profile(profile, tmp_path / "profile.csv"), name="m",
+                                      model_error=0.5))
+    model = search.model_space(settings, base=evaluate.base_config(settings),
+                               traffic=evaluate.study_traffic(settings), profile=profile)
+    ranking = model.rank()
+    assert list(ranking["rank"]) == list(range(1, len(model.configs) + 1))
+    for incumbent in (model.incumbent, model.configs[3]):
+        placed = dataclasses.replace(model, incumbent=incumbent)
+        table = placed.against_incumbent(ranking)
+        tagged = table[table["tag"].str.contains("incumbent")]
+        assert len(tagged) == 1
+        row = tagged.iloc[0]
+        config = batcher_config(incumbent, **model.defaults)
+        assert space.from_row(row, space.tuned(settings.search)) == {
+            k: getattr(config, k) for k in space.from_row(row, space.tuned(settings.search))}
+        assert (row["rank"] == 0) == (not placed.incumbent_in_space())
+        assert len(table) == len(ranking) + (not placed.incumbent_in_space())
+        if row["value"] > 0:
+            assert table["vs_incumbent"].to_numpy() == pytest.approx(table["value"].to_numpy() / row["value"] - 1)
+        assert search.met_sla_in_simulation(table) == bool(ranking.iloc[0]["value"] > 0)
+    assert not model.incumbent_in_space()  # encoder_sim's own max_batch_size (64) lies outside 1..32

@@ -16,7 +16,6 @@ import pytest
 
 from tuner.cli import main
 from tuner.errors import OutputError, ProfileError, SettingsError, TrafficError
-from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
 from tuner.score import check_sla
 from tuner.settings import CapacitySettings, SlaSettings
 from tuner.simulate import (
@@ -25,12 +24,16 @@ from tuner.simulate import (
     QUEUE_FULL,
     TOO_LARGE,
     BatcherConfig,
+    Profile,
+    ProfilePoint,
     Requests,
     Simulator,
     batcher_config,
     length_column,
     measurement,
+    read_profile,
     simulate,
+    write_profile,
 )
 from tuner.trial import find_capacity
 
@@ -550,8 +553,8 @@ def test_simulated_latency_is_from_the_due_time():
 
 def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
     from tuner import search
-    from tuner.profile import read_profile
     from tuner.settings import load_study
+    from tuner.simulate import read_profile
     from tuner.study import base_config, study_traffic
 
     settings = load_study(study / "study.yaml")  # capacity tolerance 0.1

@@ -213,3 +213,49 @@ def test_values_outside_the_ranges_are_named():
     assert space.outside({"max_batch_size": 128, "max_queue_delay_microseconds": 0}, search) == \
         ["max_batch_size 128 (search.max_batch_size: 1..64)"]
     assert space.outside({"max_batch_size": 64, "max_queue_delay_microseconds": 0}, search) == []
+
+
+# --- a configuration as text, a diff, a table's row --------------------------------------------------
+
+
+def test_a_configuration_is_written_as_text_one_way_in_three_forms():
+    params = {"max_queue_delay_microseconds": 2000, "max_batch_size": 16, "preferred_batch_size": (4, 8)}
+    assert space.describe(params) == "delay us 2000, batch 16, preferred 4,8"
+    # as `--set` takes them, in the knobs' order (what parse_assignments reads back)
+    assert space.describe(params, as_set=True) == \
+        "max_batch_size=16, max_queue_delay_microseconds=2000, preferred_batch_size=4,8"
+    assert space.parse_assignments(["max_batch_size=16", "max_queue_delay_microseconds=2000",
+                                    "preferred_batch_size=4,8"]) == {
+        "max_batch_size": 16, "max_queue_delay_microseconds": 2000, "preferred_batch_size": (4, 8)}
+    assert space.describe({"instance_count": 2, "max_batch_size": 4}, as_set=True, code=True) == \
+        "`max_batch_size=4`, `instance_count=2`"
+
+
+def test_config_diff_compares_canonical_prints_of_configs_or_texts():
+    old = with_base("")
+    new = space.apply(old, {"max_batch_size": 4})
+    lines = space.config_diff(old, new, old_name="a/config.pbtxt", new_name="b/config.pbtxt")
+    assert lines[:2] == ["--- a/config.pbtxt", "+++ b/config.pbtxt"]
+    assert "-max_batch_size: 8" in lines and "+max_batch_size: 4" in lines
+    # a text is compared in its canonical print (its comments and layout are no change) ...
+    text = "# a comment\n" + modelconfig.to_text(old).replace("max_batch_size: 8", "max_batch_size:    8")
+    assert space.config_diff(text, old, old_name="a", new_name="b") == []
+    # ... and a text that does not parse as it is
+    assert space.config_diff("not a config {", "not a config {", old_name="a", new_name="b") == []
+    assert "+x" in space.config_diff("not a config {", "not a config {\nx", old_name="a", new_name="b")
+
+
+def test_values_are_read_from_a_table_row_and_a_config():
+    row = {"max_batch_size": 8.0, "max_queue_delay_microseconds": 500, "preferred_batch_size": "4,8",
+           "capacity_rps": 3.5}
+    assert space.from_row(row) == {"max_batch_size": 8, "max_queue_delay_microseconds": 500,
+                                   "preferred_batch_size": "4,8"}
+    assert space.sizes_text(()) == "default" and space.sizes_text((4, 8)) == "4,8"
+    bare = modelconfig.parse('name: "m"\nmax_batch_size: 8\n', "bare")  # no batcher, no instance group
+    assert [space.value_in(bare, n) for n in space.NAMES] == [8, 0, (), 1, 0]
+    full = with_base("instance_group { count: 3 }\ndynamic_batching { preferred_batch_size: [2, 4] "
+                     "max_queue_delay_microseconds: 100 default_queue_policy { max_queue_size: 7 } }")
+    assert [space.value_in(full, n) for n in space.NAMES] == [8, 100, (2, 4), 3, 7]
+    # the constants name the knobs in their order
+    assert (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, space.PREFERRED, space.INSTANCES, space.QUEUE_SIZE) == \
+        space.NAMES

@@ -143,11 +143,10 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         config = launcher.model_config(settings.model)
         measured = make_measure(launcher, settings, traffic, capacity=not at_load_only,
                                          on_measure=_say_step(settings) if progress else None)
+        params = space.from_config(config, settings.search)
         if progress:
-            print(f"auditing {settings.model} on {server}: max_batch_size {config.max_batch_size}, "
-                  f"max_queue_delay_microseconds {config.dynamic_batching.max_queue_delay_microseconds}",
-                  file=sys.stderr, flush=True)
-        result = measured(space.from_config(config, settings.search), Hints())
+            print(f"auditing {settings.model} on {server}: {space.describe(params)}", file=sys.stderr, flush=True)
+        result = measured(params, Hints())
     ratio = recoverable = None
     if baseline is not None and result.capacity_rps > 0:
         ratio = result.capacity_rps / baseline.capacity_rps
@@ -194,7 +193,7 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
         b = a.baseline
         out.append(Finding(
             "throughput ratio", f"{a.ratio:.2f} ({r.capacity_rps:.1f} vs {b.capacity_rps:.1f} req/s of "
-            f"{_params(b.params)})", verdict,
+            f"{space.describe(b.params)})", verdict,
             {"ok": f"> {HEALTHY:g}: healthy", "watch": f"between {INEFFICIENT:g} and {HEALTHY:g}",
              "inefficient": f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"}[verdict]))
         out.append(Finding("recoverable budget", f"${_money(a.recoverable_per_month)}/month", "info",
@@ -243,6 +242,3 @@ def _num(value) -> str:
 def _money(value) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
-
-def _params(params: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in params.items())

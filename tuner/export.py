@@ -216,7 +216,7 @@ def summarize(study: optuna.Study) -> dict:
                f"{sla.get('max_error_rate', 0.001):.2%}"
         summary["message"] = (
             f"no configuration met the SLA ({what})"
-            + (f"; closest: trial {closest['trial']} {_params_text(closest['params'])}"
+            + (f"; closest: trial {closest['trial']} {space.describe(closest['params'], as_set=True)}"
                f" ({closest['sla_reason'] or 'SLA not met'})" if closest else "")
         )
     elif improvement is None:
@@ -289,10 +289,6 @@ def _closest(study: optuna.Study, scoring: str) -> dict | None:
     return entry
 
 
-def _params_text(params: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in params.items())
-
-
 # --- the config --------------------------------------------------------------------------------
 
 
@@ -304,7 +300,8 @@ def recommended_config(study: optuna.Study, summary: dict) -> str:
     if not base_text:
         raise InputError(f"study {study.study_name!r} holds no base config (was it made by `tuner tune`?)")
     base = modelconfig.parse(base_text, "<base config>")
-    search = SearchSettings(preferred_batch_size=study.user_attrs.get("preferred_batch_size", "none"))
+    # the study's preferred-size strategy, stored under the knob's name (tune's metadata)
+    search = SearchSettings(**{space.PREFERRED: study.user_attrs.get(space.PREFERRED, "none")})
     params = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["best"]["params"].items()}
     config = space.apply(base, params, search)
     modelconfig.validate(config, "recommended config")

@@ -4,9 +4,13 @@ Each knob is a `Knob`: its name (the trial parameter, also a `--set` key), where
 config.pbtxt, how a study's `search:` section ranges it, how it is read from and written to a config.
 Everything else asks this module: the search draws a trial (`suggest`) or walks the grid (`grid`), a
 trial's config is the base config with the drawn values written in (`apply`), the incumbent and a
-deployed server's config are read back into values (`from_config`, `deployed`), the launchers compare
-what they asked for with what the server runs (`config_fields`), and tables head their columns with
-`LABELS`. Adding a knob is a `Knob` here plus its range in `tuner.settings.SearchSettings`.
+deployed server's config are read back into values (`from_config`, `deployed`, `value_in`), the
+launchers compare what they asked for with what the server runs (`config_fields`), tables head their
+columns with `LABELS` and read values back from their cells (`from_row`), a configuration is written
+as text one way (`describe`) and two configs compared one way (`config_diff`). Code that needs one
+particular knob (a map's axes, the rows a request needs) names it through the constants below
+(`MAX_BATCH_SIZE`, ...), never by spelling it: tests/test_knob_names.py checks that. Adding a knob is a
+`Knob` here plus its range in `tuner.settings.SearchSettings`.
 
 Values are plain: ints, and for `preferred_batch_size` a strategy name (`none`, `max`,
 `powers_of_two`: the sizes follow from the trial's `max_batch_size`) or an explicit tuple of sizes.
@@ -15,22 +19,24 @@ Values are plain: ints, and for `preferred_batch_size` a strategy name (`none`, 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tuner.errors import ConfigError, SettingsError
-from tuner.modelconfig import ModelConfig
+from tuner.errors import ConfigError, SettingsError, TunerError
+from tuner.modelconfig import ModelConfig, parse, to_text
 from tuner.settings import IntRange, SearchSettings
 
 if TYPE_CHECKING:  # an annotation only: `tuner config` imports this module and must start fast
     import optuna
 
 __all__ = [
-    "KNOBS", "LABELS", "NAMES", "STRATEGIES", "Knob", "Params", "apply", "check_tunable", "config_fields",
-    "deployed", "describe", "fit_to_rows", "from_config", "grid", "grid_size", "outside", "parse_assignments",
-    "preferred_sizes", "suggest", "tuned",
+    "INSTANCES", "KNOBS", "LABELS", "MAX_BATCH_SIZE", "NAMES", "PREFERRED", "QUEUE_DELAY", "QUEUE_SIZE",
+    "STRATEGIES", "Knob", "Params", "apply", "check_tunable", "config_diff", "config_fields", "deployed",
+    "describe", "fit_to_rows", "from_config", "from_row", "grid", "grid_size", "outside", "parse_assignments",
+    "preferred_sizes", "sizes_text", "suggest", "tuned", "value_in",
 ]
 
 Value = int | str | tuple[int, ...]
@@ -52,6 +58,8 @@ class Knob:
     range_of: Callable[[SearchSettings], IntRange | tuple[str, ...] | None]  # None: not tuned
     read: Callable[[ModelConfig], Value | None]  # None: the config does not state it
     write: Callable[[ModelConfig, Value], None]  # on a copy, after the knobs before it
+    default: int = 0                   # Triton's value where the config does not state it
+    sizes: bool = False                # a list of batch sizes (or a strategy naming them), not one integer
 
 
 def _batching(config: ModelConfig, field: str):
@@ -153,15 +161,18 @@ KNOBS: tuple[Knob, ...] = (
          lambda c: int(c.dynamic_batching.max_queue_delay_microseconds) if c.HasField("dynamic_batching") else None,
          _write_delay),
     Knob("preferred_batch_size", "dynamic_batching.preferred_batch_size", "preferred", (1, _INT32_MAX),
-         _strategies, _read_preferred, _write_preferred),
+         _strategies, _read_preferred, _write_preferred, sizes=True),
     Knob("instance_count", "instance_group.count", "instances", (1, _INT32_MAX),
-         lambda s: s.instance_count, _read_instances, _write_instances),
+         lambda s: s.instance_count, _read_instances, _write_instances, default=1),
     Knob("max_queue_size", "dynamic_batching.default_queue_policy.max_queue_size", "queue max",
          (0, _INT32_MAX), lambda s: s.max_queue_size, _read_queue_size, _write_queue_size),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
 LABELS: dict[str, str] = {k.name: k.label for k in KNOBS}
 _BY_NAME = {k.name: k for k in KNOBS}
+# Each knob's name for the code that needs that one knob (a map's axes, the rows a request needs):
+# they say which knob, the name itself is spelled only above.
+MAX_BATCH_SIZE, QUEUE_DELAY, PREFERRED, INSTANCES, QUEUE_SIZE = NAMES
 
 
 def tuned(search: SearchSettings) -> tuple[Knob, ...]:
@@ -223,8 +234,8 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     if unknown:
         raise ConfigError(f"unknown tuned field {unknown[0]!r} (known: {', '.join(NAMES)})")
     values = dict(params)
-    if search is not None and "preferred_batch_size" not in values and search.preferred_batch_size in STRATEGIES:
-        values["preferred_batch_size"] = search.preferred_batch_size
+    if search is not None and PREFERRED not in values and search.preferred_batch_size in STRATEGIES:
+        values[PREFERRED] = search.preferred_batch_size
     new = ModelConfig()
     new.CopyFrom(base)
     for knob in KNOBS:
@@ -238,14 +249,35 @@ def from_config(config: ModelConfig, search: SearchSettings) -> Params:
     params: Params = {}
     for knob in tuned(search):
         value = knob.read(config)
-        if knob.name == "preferred_batch_size":  # a strategy is searched: name the config's
+        if knob.sizes:  # a strategy is searched: name the config's
             value = "max" if value == (config.max_batch_size,) else (
                 "powers_of_two" if value and value == preferred_sizes("powers_of_two", config.max_batch_size)
                 else "none")
         elif value is None:  # not stated: Triton's default
-            value = {"instance_count": 1}.get(knob.name, 0)
+            value = knob.default
         params[knob.name] = value
     return params
+
+
+def value_in(config: ModelConfig, name: str) -> Value:
+    """The config's value of one knob, Triton's default where it does not state it (sizes: a tuple,
+    empty for none)."""
+    knob = _BY_NAME[name]
+    value = knob.read(config)
+    if value is None:
+        return () if knob.sizes else knob.default
+    return value
+
+
+def from_row(row, knobs: Iterable[Knob] = KNOBS) -> Params:
+    """The values of `knobs` in a table's row (a simulation's, a trials table's) that has their
+    columns: integers, and the sizes knob's cell as written (a strategy name or a sizes label)."""
+    return {k.name: (row[k.name] if k.sizes else int(row[k.name])) for k in knobs if k.name in row}
+
+
+def sizes_text(sizes) -> str:
+    """Preferred sizes as a table's cell: `default` for none (Triton's [max_batch_size]), else `4,8`."""
+    return "default" if not sizes else ",".join(str(s) for s in sizes)
 
 
 def deployed(config: ModelConfig) -> dict:
@@ -255,7 +287,7 @@ def deployed(config: ModelConfig) -> dict:
         value = knob.read(config)
         out[knob.name] = list(value) if isinstance(value, tuple) else value
     groups = config.instance_group
-    out["instance_count"] = sum(int(g.count or 1) for g in groups) if groups else 1  # all groups together
+    out[INSTANCES] = sum(int(g.count or 1) for g in groups) if groups else 1  # all groups together
     out["dynamic_batching"] = config.HasField("dynamic_batching")
     return out
 
@@ -267,15 +299,40 @@ def config_fields(config: ModelConfig) -> dict[str, object]:
         value = knob.read(config)
         if value is None:
             continue
-        if knob.name == "instance_count":
+        if knob.name == INSTANCES:
             value = [g.count for g in config.instance_group]  # per group: 0 asks for Triton's default
         out[knob.path] = list(value) if isinstance(value, tuple) else value
     return out
 
 
-def describe(params: Params) -> str:
-    """`batch 16, delay us 2000` for a line of text."""
-    return ", ".join(f"{LABELS.get(k, k)} {_text(v)}" for k, v in params.items())
+def describe(params: Params, *, as_set: bool = False, code: bool = False) -> str:
+    """A configuration as text, the one way every output writes it: `batch 16, delay us 2000` for a
+    line to read; `as_set`: `max_batch_size=16, max_queue_delay_microseconds=2000`, the keys `--set`
+    takes (in the knobs' order); `code`: each of those a Markdown code span."""
+    if not as_set:
+        return ", ".join(f"{LABELS.get(k, k)} {_text(v)}" for k, v in params.items())
+    order = sorted(params, key=lambda k: (NAMES.index(k) if k in NAMES else len(NAMES), k))
+    items = [f"{k}={_text(v)}" for k, v in ((k, params[k]) for k in order)]
+    return ", ".join(f"`{item}`" if code else item for item in items)
+
+
+def config_diff(old: ModelConfig | str, new: ModelConfig | str, *, old_name: str, new_name: str,
+                context: int = 3) -> list[str]:
+    """The unified diff from one config.pbtxt to another, line by line (no line ends): the one way
+    the outputs compare two configs (the report's incumbent -> recommended, the nightly proposal).
+    Both in Triton's canonical print, so the diff shows real changes (a text that does not parse is
+    compared as it is)."""
+    return list(difflib.unified_diff(_canonical(old).splitlines(), _canonical(new).splitlines(), old_name,
+                                     new_name, lineterm="", n=context))
+
+
+def _canonical(config: ModelConfig | str) -> str:
+    if not isinstance(config, str):
+        return to_text(config)
+    try:
+        return to_text(parse(config))  # comments and layout dropped
+    except TunerError:
+        return config
 
 
 def _text(value: Value) -> str:
@@ -342,7 +399,7 @@ def parse_assignments(assignments: Iterable[str]) -> Params:
         if knob.name in values:
             raise ConfigError(f"--set {item!r}: {knob.name} is set more than once")
         low, high = knob.bounds
-        if knob.name == "preferred_batch_size":
+        if knob.sizes:
             parts = [p.strip() for p in raw.split(",") if p.strip()]
             if not parts:
                 raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")

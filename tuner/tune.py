@@ -21,7 +21,6 @@ from pathlib import Path
 
 import optuna
 import pandas as pd
-from optuna.trial import TrialState
 
 from tuner import export, modelconfig, search, space
 from tuner.cost import price_for
@@ -169,7 +168,7 @@ def _study_profile(settings: StudySettings):
     """The model strategy's profile file, read and checked now (None: measured in the run)."""
     if settings.search.strategy != "model" or not settings.search.profile:
         return None
-    from tuner.profile import read_profile
+    from tuner.simulate import read_profile
 
     return read_profile(settings.search.profile, model=settings.model)
 
@@ -361,7 +360,9 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                 if own_incumbent:
                     search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
                 if model_based:
-                    ran = _model_search(study, s, ranking, evaluate_trial, trials, host, progress, timeout_s)
+                    ran = search.model_search(study, s, ranking, evaluate=evaluate_trial, trials=trials, host=host,
+                                              on_trial=lambda _t: progress.trial_done(study), note=progress.note,
+                                              timeout_s=timeout_s)
                 else:
                     ran = search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
                                             on_trial=lambda _t: progress.trial_done(study))
@@ -391,7 +392,7 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
     """The model-based strategy's first half: the profile (the study's file, else measured now on a
     server of its own and kept in OUTPUT/profile.csv) and the whole space simulated and ranked
     (OUTPUT/simulation.csv, which the report draws)."""
-    from tuner.profile import read_profile, write_profile
+    from tuner.simulate import read_profile, write_profile
 
     s = p.settings
     out = Path(s.output)
@@ -399,7 +400,7 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
         profile = p.profile or read_profile(s.search.profile, model=s.model)
         progress.note(f"profile: {s.search.profile}: {profile.describe()}")
     else:
-        from tuner.profiling import measure_profile
+        from tuner.profiler import measure_profile
         from tuner.server import make_launcher
         from tuner.simulate import length_column
 
@@ -415,39 +416,6 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
     write_atomic(out / "simulation.csv", ranking.to_csv(index=False))
     progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
     return ranking
-
-
-def _model_search(study: optuna.Study, s: StudySettings, ranking: pd.DataFrame, evaluate_trial, trials: int,
-                  host, progress: Progress, timeout_s: float | None) -> int:
-    """Measure the incumbent and the simulation's top configurations; if the simulation's error on
-    them is above `search.model_error`, search on with the sampler (the next-ranked enqueued first)."""
-    on_trial = lambda _t: progress.trial_done(study)  # noqa: E731
-    _enqueue_ranked_within(study, ranking, s, trials)
-    first = min(trials, search.spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
-    ran = search.run_trials(study, s, evaluate_trial, first, timeout_s=timeout_s, host=host, on_trial=on_trial)
-    errors = search.simulation_errors(study, ranking, s)
-    column = "capacity_error" if s.scoring == "capacity" else "value_error"
-    median = float(errors[column].abs().median()) if not errors.empty and errors[column].notna().any() else None
-    fallback = median is None or median > s.search.model_error
-    study.set_user_attr("model_search", {
-        "simulated": len(ranking), "measured": errors.to_dict("records"), "median_error": median,
-        "threshold": s.search.model_error, "fallback": fallback})
-    if median is not None:
-        progress.note(f"simulation error on the {len(errors)} measured configurations: median {median:.1%} "
-                      f"({'above' if fallback else 'within'} search.model_error {s.search.model_error:.0%})")
-    if fallback and trials > search.spent(study):
-        _enqueue_ranked_within(study, ranking, s, trials)
-        ran += search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
-                                 on_trial=on_trial)
-    return ran
-
-
-def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, trials: int) -> None:
-    """Enqueue the simulation's next `model_top`, no more than the budget has room for beyond the trials
-    begun and those queued (a queued trial always runs: `run_trials` empties the queue)."""
-    waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
-    room = max(0, trials - search.spent(study) - waiting)
-    search.enqueue_ranked(study, ranking, s, min(s.search.model_top, room))
 
 
 def _claim(study: optuna.Study, p: Prepared, host: search.Host) -> Handover | None:

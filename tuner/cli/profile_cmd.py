@@ -13,9 +13,10 @@ from tuner.cli._args import Number, add_command, add_numbers, add_output_file, a
 PROFILE = "profile.csv"
 
 # The profile's limits and counts; run() checks each is >= 1 when given.
+MAX_ROWS = Number("--max-batch-size", "N",
+                  "the largest rows to measure (default: the space's largest, search.max_batch_size.high)")
 COUNTS = (
-    Number("--max-batch-size", "N",
-           "the largest rows to measure (default: the space's largest, search.max_batch_size.high)"),
+    MAX_ROWS,
     Number("--max-length", "N", "the model truncates inputs to N tokens (default: its config's "
            "max_sequence_length parameter if it has one, else no truncation)"),
     Number("--repeats", "N", "measured requests per point, after one that is not measured (default 7)"),
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "length) alone, a few times, and read each execution's time from Triton's statistics: device time "
         "(compute_infer, median and p10-p90), host time (compute_input + compute_output), the per-request "
         "overhead outside the model, and where the model runs out of memory. Prints the table and writes "
-        "the profile CSV (format: tuner/profile.py). Exit codes: 0 done, 2 bad input.",
+        "the profile CSV (format: tuner/simulate/_profile.py). Exit codes: 0 done, 2 bad input.",
     )
     add_study(p, "the study file (model, server, traffic, search space)")
     add_output_file(p, metavar="PROFILE.csv",
@@ -51,11 +52,10 @@ def run(args: argparse.Namespace) -> int:
 
     from tuner.errors import SettingsError
     from tuner.files import check_output_dir, check_writable, write_atomic
-    from tuner.profile import profile_text
-    from tuner.profiling import REPEATS, describe_split, measure_profile, table
+    from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, table
     from tuner.server import make_launcher
     from tuner.settings import load_study
-    from tuner.simulate import length_column
+    from tuner.simulate import length_column, profile_text
     from tuner.study import base_config, study_traffic
 
     for count in COUNTS:
@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     traffic = study_traffic(settings)
     base = base_config(settings)
     column = length_column(traffic)
-    mbs = args.max_batch_size or settings.search.max_batch_size.high
+    max_rows = getattr(args, MAX_ROWS.dest)
+    mbs = largest_rows(settings, max_rows or None)
     print(f"profile: {settings.model} on the {settings.server.launcher} server, rows up to {mbs}"
           + (f", lengths from the traffic's {column!r}" if column else ", no length column"), file=sys.stderr)
     m = settings.measurement
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with make_launcher(settings) as launcher:
             result = measure_profile(launcher, settings, traffic, base, length_column=column,
-                                     max_batch_size=args.max_batch_size, max_length=args.max_length,
+                                     max_rows=max_rows, max_length=args.max_length,
                                      repeats=args.repeats or REPEATS,
                                      concurrent_executions=args.concurrent_executions,
                                      on_progress=progress, on_window=window)

@@ -10,13 +10,11 @@ import sys
 from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
 from tuner.files import json_safe, write_atomic
 
+# The ranking's columns printed, and their headings: the knobs' columns (headed by `tuner.space.LABELS`)
+# go after the tag; a knob the space does not vary is left out.
 SHOWN = {
     "rank": "rank",
     "tag": "",
-    "max_batch_size": "max_batch_size",
-    "max_queue_delay_microseconds": "delay_us",
-    "preferred_batch_size": "preferred",
-    "instance_count": "instances",
     "capacity_rps": "capacity req/s",
     "latency_sla_ms": "{pct} ms at load",
     "fill_rate": "fill rate",
@@ -51,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         run=run,
         help="rank every configuration of the study's space by simulating Triton's dynamic batcher",
         description="Simulate Triton's dynamic batcher on the study's traffic with a profile of the "
-        "model's execution time (rows x padded length; see tuner/profile.py for the file format) and "
+        "model's execution time (rows x padded length; see tuner/simulate/_profile.py for the file format) and "
         "rank the whole search space as the real search would score it: the step at the recorded load "
         "(SLA, utilization score), then the capacity bisection on simulated steps (capacity score). "
         "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
@@ -68,16 +66,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Rank the study's space in simulation and print the top rows; exit 0, or 3 when none met the SLA."""
-    import pandas as pd
     from tqdm import tqdm
 
-    from tuner import space as knobs
+    from tuner import search
     from tuner.cost import price_for
     from tuner.errors import SettingsError
     from tuner.files import check_writable
-    from tuner.profile import read_profile
     from tuner.settings import load_study, with_overrides
-    from tuner.simulate import Simulator, study_space
+    from tuner.simulate import read_profile
     from tuner.study import base_config, study_traffic
     from tuner.traffic import scale_time
 
@@ -110,11 +106,9 @@ def run(args: argparse.Namespace) -> int:
     base = base_config(settings)
     price = price_for(settings.cost).price_per_hour
 
-    space = settings.search
-    configs, defaults = study_space(settings, base, every_batch_size=not args.grid)
-    values = {k: sorted({c[k] for c in configs}) for k in configs[0]}
-    incumbent = knobs.from_config(base, space)
-    sim = Simulator.for_study(settings, traffic, profile, price_per_hour=price)
+    model = search.model_space(settings, base=base, traffic=traffic, profile=profile, every_batch_size=not args.grid,
+                               price_per_hour=price)
+    sim, values = model.simulator, model.values()
     pct = f"p{settings.sla.percentile:g}"
     print(f"profile: {args.profile}: {profile.describe()}")
     print(f"traffic: {settings.traffic.path} ({len(traffic)} requests"
@@ -122,35 +116,23 @@ def run(args: argparse.Namespace) -> int:
           + f"), load at speed {settings.traffic.speed:g} = {sim.rate * settings.traffic.speed:.1f} req/s mean, "
           f"{sim.peak_rps:.0f} req/s peak")
     print(f"SLA: {pct} <= {settings.sla.latency_ms:g} ms, errors <= {settings.sla.max_error_rate:.2%}; "
-          f"price ${price:g}/h; scoring: {settings.scoring}; space: {len(configs)} configurations "
+          f"price ${price:g}/h; scoring: {settings.scoring}; space: {len(model.configs)} configurations "
           f"({', '.join(f'{k} {_span(v)}' for k, v in values.items())})")
-    in_space = incumbent in configs
-    with tqdm(total=len(configs) + (not in_space), desc="simulate", unit="config", file=sys.stderr,
-              leave=False, dynamic_ncols=True) as bar:
-        table = sim.rank(configs, tolerance=args.tolerance, on_config=lambda done, total: bar.update(1),
-                         **defaults)
-        if not in_space:  # simulated for comparison, outside the space's ranking
-            extra = sim.rank([incumbent], tolerance=args.tolerance, **defaults)
-            extra["rank"] = 0
-            table = pd.concat([table, extra], ignore_index=True)
-            bar.update(1)
-
-    inc_mask = _matches(table, incumbent, defaults)
-    inc_value = float(table.loc[inc_mask, "value"].iloc[0]) if inc_mask.any() else 0.0
-    table["tag"] = ["incumbent" if m else "" for m in inc_mask]
-    if table.loc[0, "value"] > 0:
-        table.loc[0, "tag"] = "best, incumbent" if inc_mask.iloc[0] else "best"
-    table["vs_incumbent"] = table["value"] / inc_value - 1.0 if inc_value > 0 else math.nan
+    with tqdm(total=len(model.configs) + (not model.incumbent_in_space()), desc="simulate", unit="config",
+              file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+        ranking = model.rank(tolerance=args.tolerance, on_config=lambda done, total: bar.update(1))
+        table = model.against_incumbent(ranking, tolerance=args.tolerance)
+        bar.update(len(table) - len(ranking))
     table["latency_sla_ms"] = table[f"latency_{pct}_ms"]
     shown = table[(table["rank"] <= args.top) | (table["tag"] != "")]
     print(_format(shown, pct, values))
 
     best = table.iloc[0]
-    feasible = bool(best["value"] > 0 and best["rank"] > 0)
+    feasible = search.met_sla_in_simulation(table)
     if feasible:
         gain = f", {best['vs_incumbent']:+.1%} over the incumbent" if math.isfinite(best["vs_incumbent"]) else \
             " (the incumbent misses the SLA)"
-        print(f"best: {_params(best)}: capacity {best['capacity_rps']:.1f} req/s, "
+        print(f"best: {_params(best, settings)}: capacity {best['capacity_rps']:.1f} req/s, "
               f"{best['value']:,.0f} requests per dollar ({settings.scoring}){gain}")
     if args.json:
         data = {"study": settings.source, "profile": str(args.profile), "scoring": settings.scoring,
@@ -158,33 +140,22 @@ def run(args: argparse.Namespace) -> int:
                         "max_error_rate": settings.sla.max_error_rate},
                 "price_per_hour": price, "load_speed": settings.traffic.speed,
                 "traffic_scale": args.traffic_scale or 1.0, "rate_rps_at_speed_1": sim.rate,
-                "incumbent": incumbent, "ranking": table.drop(columns=["latency_sla_ms"]).to_dict("records")}
+                "incumbent": model.incumbent, "ranking": table.drop(columns=["latency_sla_ms"]).to_dict("records")}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2, default=str) + "\n", label=f"--json {args.json}")
     if not feasible:
-        print(f"tuner: no configuration met the SLA in simulation (closest: {_params(best)}: "
+        print(f"tuner: no configuration met the SLA in simulation (closest: {_params(best, settings)}: "
               f"{best['sla_reason']})", file=sys.stderr)
         return 3
     return 0
 
 
-def _matches(table, params: dict, defaults: dict):
-    """Rows of `table` with the incumbent's parameters."""
-    from tuner.simulate import batcher_config
-
-    c = batcher_config(params, **defaults)
-    pref = "default" if not c.preferred_batch_size else ",".join(map(str, c.preferred_batch_size))
-    return ((table["max_batch_size"] == c.max_batch_size)
-            & (table["max_queue_delay_microseconds"] == c.max_queue_delay_microseconds)
-            & (table["preferred_batch_size"] == pref) & (table["instance_count"] == c.instance_count))
-
-
 def _format(table, pct: str, values: dict) -> str:
-    cols = [c for c in SHOWN if c in table.columns]
-    if "preferred_batch_size" not in values and table["preferred_batch_size"].nunique() <= 1:
-        cols.remove("preferred_batch_size")
-    if "instance_count" not in values and table["instance_count"].nunique() <= 1:
-        cols.remove("instance_count")
-    out = table[cols].rename(columns={c: SHOWN[c].format(pct=pct) for c in cols}).copy()
+    from tuner import space
+
+    knobs = [k for k in space.NAMES if k in table.columns and (k in values or table[k].nunique() > 1)]
+    cols = ["rank", "tag", *knobs, *(c for c in SHOWN if c in table.columns and c not in ("rank", "tag"))]
+    headings = {**{c: h.format(pct=pct) for c, h in SHOWN.items()}, **{k: space.LABELS[k] for k in knobs}}
+    out = table[cols].rename(columns=headings).copy()
     formats = {
         "capacity req/s": "{:.1f}", f"{pct} ms at load": "{:.1f}", "fill rate": "{:.2f}", "busy s": "{:.2f}",
         "req/$ (capacity)": "{:,.0f}", "req/$ (utilization)": "{:,.0f}", "vs incumbent": "{:+.1%}",
@@ -197,11 +168,10 @@ def _format(table, pct: str, values: dict) -> str:
     return out.to_string(index=False)
 
 
-def _params(row) -> str:
-    text = f"max_batch_size {row['max_batch_size']}, delay {row['max_queue_delay_microseconds']} us"
-    if row["preferred_batch_size"] != "default":
-        text += f", preferred {row['preferred_batch_size']}"
-    return text + f", {row['instance_count']} instance(s)"
+def _params(row, settings) -> str:
+    from tuner import space
+
+    return space.describe(space.from_row(row, space.tuned(settings.search)))
 
 
 def _span(values: list) -> str:

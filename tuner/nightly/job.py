@@ -9,7 +9,6 @@ rules around them: what is enqueued, when confirmation is skipped, what is writt
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import time
 from collections.abc import Callable
@@ -88,14 +87,6 @@ class NightResult:
     def exit_code(self) -> int:
         """The exit code of the night's decision."""
         return self.decision.exit_code
-
-
-def config_diff(production: ModelConfig, proposed: ModelConfig, prod_name: str) -> str:
-    """A unified diff from production's config.pbtxt to the proposed one."""
-    return "".join(difflib.unified_diff(
-        modelconfig.to_text(production).splitlines(keepends=True),
-        modelconfig.to_text(proposed).splitlines(keepends=True),
-        fromfile=f"production/{prod_name}", tofile="proposed/config.pbtxt"))
 
 
 def _same(a: dict | None, b: dict | None) -> bool:
@@ -205,7 +196,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             (staging / "proposed" / "config.pbtxt").write_text(
                 _header(stamp, study, decision, production_cfg, proposed, prod_path)
                 + modelconfig.to_text(proposed, comments_from=prod_path.read_text()))
-            diff = config_diff(production_cfg, proposed, prod_path.name)
+            diff = "".join(line + "\n" for line in space.config_diff(
+                production_cfg, proposed, old_name=f"production/{prod_path.name}", new_name="proposed/config.pbtxt"))
             (staging / "proposed" / "config.diff").write_text(diff)
 
         sla = f"p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms, errors <= {study.sla.max_error_rate:.2%}"

@@ -6,15 +6,9 @@ import math
 
 import pandas as pd
 
+from tuner import space
 from tuner.nightly import drift as drift_mod
 from tuner.nightly.rule import ArmResult, Decision, pair_gains
-
-
-def params_text(params: dict | None) -> str:
-    """The parameters as `key=value` code spans, by name (`-` for none)."""
-    if not params:
-        return "-"
-    return ", ".join(f"`{k}={v}`" for k, v in sorted(params.items()))
 
 
 def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: float = 99.0) -> str:
@@ -52,8 +46,8 @@ def markdown_summary(
     title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
     out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
            f"**Decision: {decision.decision}** (exit {decision.exit_code}): {decision.reason}.", "",
-           f"- production: {params_text(production)}",
-           f"- candidate: {params_text(candidate)}",
+           f"- production: {_params(production)}",
+           f"- candidate: {_params(candidate)}",
            f"- SLA: {sla}; scoring: {scoring} (requests per dollar)"]
     if decision.gains:
         out.append(f"- gain over production: median {_gain(decision.median_gain)}, "
@@ -68,6 +62,10 @@ def markdown_summary(
     if diff:
         out += ["", "### Proposed config.pbtxt change", "", "```diff", diff.rstrip("\n"), "```"]
     return "\n".join(out) + "\n"
+
+
+def _params(params: dict | None) -> str:
+    return space.describe(params, as_set=True, code=True) if params else "-"
 
 
 def _rpd(value: float | None) -> str:

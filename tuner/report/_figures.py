@@ -14,6 +14,7 @@ import optuna
 import pandas as pd
 import plotly.graph_objects as go
 
+from tuner import space
 from tuner.report._load import StudyOutput, _dig, simulated_vs_measured, traffic_rate
 from tuner.traffic import busiest_window
 from tuner.traffic.windows import offsets
@@ -125,9 +126,9 @@ def param_importance(out: StudyOutput) -> go.Figure | None:
 
 def param_map(out: StudyOutput) -> go.Figure | None:
     """Where the search went in the two batching parameters, coloured by requests per dollar."""
-    x, y = "max_batch_size", "max_queue_delay_microseconds"
+    x, y = space.MAX_BATCH_SIZE, space.QUEUE_DELAY
     if x not in out.trials or y not in out.trials:
-        out.notes.append("trials.csv lacks max_batch_size or max_queue_delay_microseconds: no parameter map")
+        out.notes.append(f"trials.csv lacks {x} or {y}: no parameter map")
         return None
     frame = out.trials.dropna(subset=[x, y])
     fig = go.Figure(go.Scatter(
@@ -211,7 +212,7 @@ def batch_histograms(out: StudyOutput) -> go.Figure:
     missing = []
     for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):
         fill = _dig(out.summary, f"{which}.fill_rate")
-        mbs = _dig(out.summary, f"{which}.params.max_batch_size")
+        mbs = _dig(out.summary, f"{which}.params.{space.MAX_BATCH_SIZE}")
         label = f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}" if fill is not None else name
         found = _histogram(out, which)
         if found:
@@ -293,7 +294,7 @@ def simulated_landscape(out: StudyOutput) -> go.Figure | None:
     if sim is None:
         return None
     scoring = out.summary.get("scoring") or "capacity"
-    x, y, z = "max_batch_size", "max_queue_delay_microseconds", f"score_{scoring}"
+    x, y, z = space.MAX_BATCH_SIZE, space.QUEUE_DELAY, f"score_{scoring}"
     cells = sim[[x, y, z]].copy()
     cells[z] = pd.to_numeric(cells[z], errors="coerce").where(lambda v: v > 0)  # infeasible: no colour
     varied = len(cells) > len(cells.drop_duplicates([x, y]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import html
 import time
 from collections.abc import Callable
@@ -11,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from tuner import space
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
-from tuner.report._load import StudyOutput, _dig, config_text, load_output, simulated_vs_measured
+from tuner.report._load import StudyOutput, _dig, load_output, simulated_vs_measured
 from tuner.soak import has_soak, last_soak
 
 REPORT = "report.html"
@@ -171,13 +171,12 @@ def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
     return out.top_trials(k)[columns].round(2).set_index("number")
 
 
-def config_diff(out: StudyOutput) -> str:
+def diff_html(out: StudyOutput) -> str:
     """The incumbent-to-recommended config.pbtxt diff as HTML (a note when a config is missing)."""
     if out.incumbent_config is None or not out.recommended_config:
         return "<p class='notes'>No diff: a config.pbtxt is missing (see the notes at the end).</p>"
-    lines = difflib.unified_diff(config_text(out.incumbent_config).splitlines(),
-                                 config_text(out.recommended_config).splitlines(),
-                                 "incumbent/config.pbtxt", "recommended/config.pbtxt", lineterm="", n=2)
+    lines = space.config_diff(out.incumbent_config, out.recommended_config, old_name="incumbent/config.pbtxt",
+                              new_name="recommended/config.pbtxt", context=2)
     body = []
     for line in lines:
         kind = "add" if line.startswith("+") and not line.startswith("+++") else \
@@ -226,7 +225,7 @@ def render(out: StudyOutput) -> str:
 <p class="facts">{html.escape(_facts(out))}</p>
 {''.join(parts)}
 {_soak_section(out)}<h2>Top trials</h2>{top_table(out).to_html()}
-<h2>config.pbtxt: incumbent → recommended</h2>{config_diff(out)}
+<h2>config.pbtxt: incumbent → recommended</h2>{diff_html(out)}
 <h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
 <p class="notes">Written by tuner {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {html.escape(str(out.path))}.</p>
 </body></html>

@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner import modelconfig, space
+from tuner import space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
 from tuner.search import open_storage
@@ -34,8 +34,7 @@ TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
 SIMULATION = "simulation.csv"
 # the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
-SIMULATION_COLUMNS = ("max_batch_size", "max_queue_delay_microseconds", "capacity_rps", "score_capacity",
-                      "score_utilization")
+SIMULATION_COLUMNS = (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, "capacity_rps", "score_capacity", "score_utilization")
 HOURS_PER_MONTH = 730.0
 
 # The columns the report reads, each with the names the tuner's trials.csv may give it
@@ -376,13 +375,13 @@ def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
     return records
 
 
-def preferred_label(value: Any, max_batch_size: int) -> str:
+def preferred_label(value: Any, batch: int) -> str:
     """A trial's preferred_batch_size (a strategy name or sizes) as the simulation writes it:
     `default` for none, else the sizes joined by commas."""
     if value is None or (isinstance(value, float) and math.isnan(value)) or value in ("none", "default", ""):
         return "default"
     if isinstance(value, str) and value in space.STRATEGIES:
-        sizes = space.preferred_sizes(value, int(max_batch_size))
+        sizes = space.preferred_sizes(value, int(batch))
         return ",".join(map(str, sizes)) if sizes else "default"
     text = str(value).strip("()[] ")
     return ",".join(part.strip() for part in text.split(",") if part.strip()) or "default"
@@ -400,22 +399,23 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
     pct = f"latency_p{out.sla['percentile']:g}_ms"
     sim_latency = pct if pct in sim.columns else "latency_p99_ms"
     measured = t[t["state"].isin(("COMPLETE", "PRUNED")) & t[out.latency_column].notna()]
-    keys = [k for k in ("instance_count", "max_queue_size") if k in measured.columns and k in sim.columns]
+    x, y, more = space.MAX_BATCH_SIZE, space.QUEUE_DELAY, (space.INSTANCES, space.QUEUE_SIZE)
+    keys = [k for k in more if k in measured.columns and k in sim.columns]
     rows = []
     for _, trial in measured.iterrows():
-        mbs, delay = trial.get("max_batch_size"), trial.get("max_queue_delay_microseconds")
+        mbs, delay = trial.get(x), trial.get(y)
         if pd.isna(mbs) or pd.isna(delay):
             continue
-        match = sim[(sim["max_batch_size"] == int(mbs)) & (sim["max_queue_delay_microseconds"] == int(delay))]
+        match = sim[(sim[x] == int(mbs)) & (sim[y] == int(delay))]
         for key in keys:
             match = match[match[key] == trial[key]]
-        if "preferred_batch_size" in match.columns and len(match) > 1:
-            label = preferred_label(trial.get("preferred_batch_size"), int(mbs))
-            same = match[match["preferred_batch_size"].astype(str) == label]
+        if space.PREFERRED in match.columns and len(match) > 1:
+            label = preferred_label(trial.get(space.PREFERRED), int(mbs))
+            same = match[match[space.PREFERRED].astype(str) == label]
             match = same if len(same) else match
         if match.empty:
             continue
-        order = [c for c in ("instance_count", "max_queue_size") if c in match.columns]
+        order = [c for c in more if c in match.columns]
         s = match.sort_values(order).iloc[0] if order else match.iloc[0]  # else Triton's defaults first
         feasible = bool(trial["feasible"])
         rows.append({
@@ -455,11 +455,3 @@ def _simulation(path: Path, notes: list[str]) -> pd.DataFrame | None:
         notes.append(f"{path}: no configurations: no simulated landscape")
         return None
     return frame
-
-
-def config_text(text: str) -> str:
-    """A config.pbtxt in Triton's canonical print (comments dropped), so a diff shows real changes."""
-    try:
-        return modelconfig.to_text(modelconfig.parse(text))
-    except TunerError:
-        return text

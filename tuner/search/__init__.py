@@ -8,6 +8,9 @@ what it found.
     best_trial / top_trials / incumbent_trial / counts       _results: what the study found
     remeasure / Repeats / repeats_as_dict                    ... and its re-measurement
     recommend / met_sla                                      ... and what it recommends
+    model_space / rank_space / model_search / enqueue_ranked   _model: `search.strategy: model`, the
+        / simulation_errors / met_sla_in_simulation            one simulation-based strategy (`tune`
+                                                               and `tuner simulate` both rank through it)
 
 The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.trial.run` for the real
 one, which drives a Triton server and a Locust replay).
@@ -22,7 +25,15 @@ from tuner.search._loop import (
     run_trials,
     spent,
 )
-from tuner.search._model import enqueue_ranked, rank_space, simulation_errors
+from tuner.search._model import (
+    SpaceModel,
+    enqueue_ranked,
+    met_sla_in_simulation,
+    model_search,
+    model_space,
+    rank_space,
+    simulation_errors,
+)
 from tuner.search._results import (
     Repeats,
     best_trial,
@@ -50,7 +61,8 @@ from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
-    "enqueue_ranked", "rank_space", "simulation_errors",
+    "SpaceModel", "enqueue_ranked", "met_sla_in_simulation", "model_search", "model_space", "rank_space",
+    "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",

@@ -6,10 +6,11 @@
         .capacity(config) -> Capacity                     tuner.trial.find_capacity on simulated steps
         .trial(config) -> TrialResult                     feasibility at load, capacity, both scores
         .rank(configs) -> DataFrame                       a whole space, best first
-    batcher_config(params, ...) -> BatcherConfig          from trial parameters (dicts)
+    batcher_config(params, ...) -> BatcherConfig          from trial parameters (dicts) (_batcher)
 
 The batcher's rules, with the Triton core functions they come from, are in `_batcher`'s docstring;
-the profile (execution time by rows and padded length) is `tuner.profile.Profile`.
+the profile (execution time by rows and padded length) is `Profile` (_profile: the data and its CSV,
+`read_profile`, `write_profile`; `tuner.profiler` measures one).
 """
 
 from tuner.simulate._batcher import (
@@ -21,13 +22,21 @@ from tuner.simulate._batcher import (
     BatcherConfig,
     BatchRun,
     Requests,
+    batcher_config,
     simulate,
+)
+from tuner.simulate._profile import (
+    ExecutionSize,
+    Profile,
+    ProfilePoint,
+    profile_text,
+    read_profile,
+    write_profile,
 )
 from tuner.simulate._study import (
     CONFIG_KEYS,
     SimStep,
     Simulator,
-    batcher_config,
     length_column,
     measurement,
     study_space,
@@ -35,6 +44,12 @@ from tuner.simulate._study import (
 
 __all__ = [
     "CONFIG_KEYS",
+    "ExecutionSize",
+    "Profile",
+    "ProfilePoint",
+    "profile_text",
+    "read_profile",
+    "write_profile",
     "OK",
     "OUT_OF_MEMORY",
     "QUEUE_FULL",

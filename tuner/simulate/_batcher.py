@@ -52,8 +52,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tuner import space
 from tuner.errors import SettingsError, TrafficError
-from tuner.profile import Profile
+from tuner.simulate._profile import Profile
 
 OK, QUEUE_FULL, OUT_OF_MEMORY, TOO_LARGE = 0, 1, 2, 3
 STATUS_NAMES = {OK: "ok", QUEUE_FULL: "queue full", OUT_OF_MEMORY: "out of memory",
@@ -289,4 +290,43 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         exec_requests=np.asarray(ex_req, dtype=np.int64),
         exec_device_s=np.asarray(ex_dev, dtype=float),
         exec_ok=np.asarray(ex_ok, dtype=bool),
+    )
+
+
+# --- from trial parameters ----------------------------------------------------------------------
+
+
+def _preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+    """Preferred sizes of a configuration, as `tuner.space.apply` writes them: a strategy name
+    (`none` keeps the base config's sizes that fit) or the sizes themselves."""
+    if strategy is not None and not isinstance(strategy, str):
+        return tuple(int(s) for s in strategy)
+    if strategy not in (None, *space.STRATEGIES):
+        raise SettingsError(f"preferred_batch_size: must be one of {', '.join(space.STRATEGIES)} "
+                            f"or a list of sizes, got {strategy!r}")
+    sizes = space.preferred_sizes(strategy or "none", max_batch_size)
+    if sizes is None:
+        sizes = tuple(s for s in (base or ()) if s <= max_batch_size)
+    return sizes or None
+
+
+def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "none",
+                   base_preferred: tuple[int, ...] | None = None, instance_count: int = 1,
+                   max_queue_size: int = 0) -> BatcherConfig:
+    """A `BatcherConfig` from trial parameters (keys: the knobs' names, `tuner.space.NAMES`); absent keys take the
+    keyword defaults (the base config's values)."""
+    unknown = sorted(set(params) - set(space.NAMES))
+    if unknown:
+        raise SettingsError(f"configuration: {unknown[0]}: unknown key (expected one of: {', '.join(space.NAMES)})")
+    if "max_batch_size" not in params:
+        raise SettingsError("configuration: max_batch_size: required key missing")
+    mbs = params["max_batch_size"]
+    if isinstance(mbs, bool) or not isinstance(mbs, int | np.integer) or mbs < 1:
+        raise SettingsError(f"configuration: max_batch_size must be an integer >= 1, got {mbs!r}")
+    return BatcherConfig(
+        max_batch_size=int(mbs),
+        max_queue_delay_microseconds=int(params.get("max_queue_delay_microseconds", 0)),
+        preferred_batch_size=_preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
+        instance_count=int(params.get("instance_count", instance_count)),
+        max_queue_size=int(params.get("max_queue_size", max_queue_size)),
     )

@@ -24,9 +24,9 @@ from tuner import space
 from tuner.cost import price_for
 from tuner.errors import SettingsError, TrafficError
 from tuner.measurement import Measurement, assemble
-from tuner.profile import Profile
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
-from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, simulate
+from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
+from tuner.simulate._profile import Profile
 from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
 from tuner.trial import Capacity, Step, TrialRecord, assess, find_capacity, to_attrs
@@ -62,42 +62,6 @@ def _requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None)
 
 
 # --- configurations --------------------------------------------------------------------------------
-
-
-def _preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
-    """Preferred sizes of a configuration, as `tuner.space.apply` writes them: a strategy name
-    (`none` keeps the base config's sizes that fit) or the sizes themselves."""
-    if strategy is not None and not isinstance(strategy, str):
-        return tuple(int(s) for s in strategy)
-    if strategy not in (None, *space.STRATEGIES):
-        raise SettingsError(f"preferred_batch_size: must be one of {', '.join(space.STRATEGIES)} "
-                            f"or a list of sizes, got {strategy!r}")
-    sizes = space.preferred_sizes(strategy or "none", max_batch_size)
-    if sizes is None:
-        sizes = tuple(s for s in (base or ()) if s <= max_batch_size)
-    return sizes or None
-
-
-def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "none",
-                   base_preferred: tuple[int, ...] | None = None, instance_count: int = 1,
-                   max_queue_size: int = 0) -> BatcherConfig:
-    """A `BatcherConfig` from trial parameters (keys as in CONFIG_KEYS); absent keys take the
-    keyword defaults (the base config's values)."""
-    unknown = sorted(set(params) - set(CONFIG_KEYS))
-    if unknown:
-        raise SettingsError(f"configuration: {unknown[0]}: unknown key (expected one of: {', '.join(CONFIG_KEYS)})")
-    if "max_batch_size" not in params:
-        raise SettingsError("configuration: max_batch_size: required key missing")
-    mbs = params["max_batch_size"]
-    if isinstance(mbs, bool) or not isinstance(mbs, int | np.integer) or mbs < 1:
-        raise SettingsError(f"configuration: max_batch_size must be an integer >= 1, got {mbs!r}")
-    return BatcherConfig(
-        max_batch_size=int(mbs),
-        max_queue_delay_microseconds=int(params.get("max_queue_delay_microseconds", 0)),
-        preferred_batch_size=_preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
-        instance_count=int(params.get("instance_count", instance_count)),
-        max_queue_size=int(params.get("max_queue_size", max_queue_size)),
-    )
 
 
 # --- measuring a simulated replay ------------------------------------------------------------------
@@ -249,9 +213,7 @@ class Simulator:
     def _trial(self, config: BatcherConfig, *, capacity: bool = True,
                tolerance: float | None = None) -> tuple[TrialRecord, float]:
         load_step = self.run(config, self.load_speed)
-        params = {"max_batch_size": config.max_batch_size,
-                  "max_queue_delay_microseconds": config.max_queue_delay_microseconds,
-                  "instance_count": config.instance_count}
+        params = {name: getattr(config, name) for name in (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, space.INSTANCES)}
         search = (lambda lower: self.capacity(config, lower=lower, tolerance=tolerance)) if capacity else None
         record = assess(params, load_step.measurement, self.sla, search, price_per_hour=self.price_per_hour,
                         load_speed=self.load_speed, peak_rps=self.peak_rps, note="simulated")
@@ -272,11 +234,8 @@ class Simulator:
             result, device_s = self._trial(config, tolerance=tolerance)
             a = to_attrs(result)
             rows.append({
-                "max_batch_size": config.max_batch_size,
-                "max_queue_delay_microseconds": config.max_queue_delay_microseconds,
-                "preferred_batch_size": _sizes(config.preferred_batch_size),
-                "instance_count": config.instance_count,
-                "max_queue_size": config.max_queue_size,
+                **{k.name: space.sizes_text(getattr(config, k.name)) if k.sizes else getattr(config, k.name)
+                   for k in space.KNOBS},
                 "feasible": result.meets_sla,
                 "capacity_rps": result.capacity_rps,
                 "capacity_speed": result.capacity_speed,
@@ -307,10 +266,6 @@ class Simulator:
         return table
 
 
-def _sizes(sizes: tuple[int, ...] | None) -> str:
-    return "default" if not sizes else ",".join(str(s) for s in sizes)
-
-
 # --- a study's space, as the search sees it ----------------------------------------------------------
 
 
@@ -320,18 +275,18 @@ def study_space(settings: StudySettings, base, *, every_batch_size: bool = True)
     search can sample (else the grid's points)."""
     search = settings.search
     values = space.grid(search)
-    if every_batch_size:
-        r = search.max_batch_size
-        values["max_batch_size"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
-        if search.instance_count is not None:
-            r = search.instance_count
-            values["instance_count"] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
+    if every_batch_size:  # the batch size and the instance count: every integer, not the grid's points
+        for name in (space.MAX_BATCH_SIZE, space.INSTANCES):
+            r = getattr(search, name)
+            if r is not None:
+                values[name] = list(range(r.low, r.high + 1, 1 if r.log else r.step))
     names = list(values)
     configs = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
+    strategy = getattr(search, space.PREFERRED)
     defaults = {
-        "preferred": search.preferred_batch_size if search.preferred_batch_size != "search" else "none",
-        "base_preferred": tuple(base.dynamic_batching.preferred_batch_size) or None,
-        "instance_count": int(base.instance_group[0].count or 1) if len(base.instance_group) else 1,
-        "max_queue_size": int(base.dynamic_batching.default_queue_policy.max_queue_size),
+        "preferred": strategy if strategy != "search" else "none",
+        "base_preferred": space.value_in(base, space.PREFERRED) or None,
+        space.INSTANCES: space.value_in(base, space.INSTANCES),
+        space.QUEUE_SIZE: space.value_in(base, space.QUEUE_SIZE),
     }
     return configs, defaults

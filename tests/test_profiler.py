@@ -1,4 +1,4 @@
-"""`tuner profile` (tuner/profiling.py): the grid it measures and how samples become a profile, on
+"""`tuner profile` (tuner/profiler.py): the grid it measures and how samples become a profile, on
 synthetic samples; then a profile of the emulated GPU on a real Triton, checked against the
 emulation's own formula (README of model_repository_templates/encoder_sim), and the command's errors."""
 
@@ -16,9 +16,9 @@ from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
-from tuner.profile import read_profile
-from tuner.profiling import Sample, length_buckets, model_max_length, row_grid, summarize
+from tuner.profiler import Sample, length_buckets, model_max_length, row_grid, summarize
 from tuner.settings import load_study
+from tuner.simulate import read_profile
 from tuner.study import study_traffic
 from tuner.traffic import read_traffic
 

@@ -1,8 +1,9 @@
 """Measure a model's execution-time profile through Triton (`tuner profile`): the IO side of
-`tuner.profile.Profile`, which the dynamic-batcher simulation (`tuner.simulate`) charges executions by.
+`tuner.simulate.Profile`, which the dynamic-batcher simulation (`tuner.simulate`) charges executions by.
 
     measure_profile(launcher, settings, traffic, base, length_column=...) -> ProfileRun
     row_grid(max_batch_size), length_buckets(traffic, column, max_length)   the sizes measured
+    largest_rows(settings, given)                                            rows up to (the space's largest)
     summarize(samples, ...) -> (Profile, notes)                              the samples as a profile (pure)
     table(run) -> str                                                        rows x lengths, ms
 
@@ -61,13 +62,14 @@ from tuner import space
 from tuner.errors import ProfileError, SettingsError, TrafficError
 from tuner.measurement import stat_deltas
 from tuner.modelconfig import ModelConfig
-from tuner.profile import ExecutionSize, Profile, ProfilePoint
 from tuner.server import Launcher
 from tuner.settings import StudySettings
+from tuner.simulate import ExecutionSize, Profile, ProfilePoint
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
-__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "describe_split", "length_buckets",
+__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "describe_split", "largest_rows",
+           "length_buckets",
            "measure_profile", "model_max_length", "row_grid", "summarize", "table"]
 
 REPEATS = 7                      # measured requests per point, after one that is not measured
@@ -226,17 +228,22 @@ def _host_line(points: list[tuple[int, float]]) -> tuple[float, float]:
 # --- measuring -------------------------------------------------------------------------------------
 
 
+def largest_rows(settings: StudySettings, given: int | None = None) -> int:
+    """The largest rows a profile measures: `given`, else the largest max_batch_size the space may try."""
+    return int(given if given is not None else settings.search.max_batch_size.high)
+
+
 def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, base: ModelConfig, *,
-                    length_column: str | None, max_batch_size: int | None = None, max_length: int | None = None,
+                    length_column: str | None, max_rows: int | None = None, max_length: int | None = None,
                     repeats: int = REPEATS, concurrent_executions: int = 1,
                     on_progress: Callable[[int, int, str], None] | None = None,
                     on_window: Callable[[float], None] | None = None) -> ProfileRun:
     """Profile the study's model on a started server (see the module docstring). `length_column`:
-    the traffic's sequence-length column (`tuner.simulate.length_column`), None for none;
-    `on_window(ms)` after each warm-up window; `on_progress(done, total, what)` after each point."""
+    the traffic's sequence-length column (`tuner.simulate.length_column`), None for none; `max_rows`:
+    the largest rows measured (`max_rows`); `on_window(ms)` after each warm-up window; `on_progress(done, total, what)` after each point."""
     started = time.monotonic()
     model = settings.model
-    mbs = int(max_batch_size if max_batch_size is not None else settings.search.max_batch_size.high)
+    mbs = largest_rows(settings, max_rows)
     if mbs < 1:
         raise SettingsError(f"--max-batch-size: must be >= 1, got {mbs}")
     if base.max_batch_size < 1:

@@ -1,4 +1,4 @@
-"""`tuner.profile.read_profile`: a profile measured on another model is refused when the caller names
+"""`tuner.simulate.read_profile`: a profile measured on another model is refused when the caller names
 the model it is for."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import ProfileError
-from tuner.profile import Profile, ProfilePoint, read_profile, write_profile
+from tuner.simulate import Profile, ProfilePoint, read_profile, write_profile
 
 
 def _profile(tmp_path, model: str):
