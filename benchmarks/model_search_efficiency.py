@@ -49,7 +49,7 @@ import pandas as pd
 from tuner import evaluate, search
 from tuner import space as tuner_space
 from tuner.profile import read_profile
-from tuner.settings import load_study
+from tuner.settings import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("max_batch_size", "max_queue_delay_microseconds")
@@ -134,7 +134,7 @@ def main() -> int:
     out = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    settings = dataclasses.replace(load_study(args.study), output=str(out))
+    settings = dataclasses.replace(read_study(args.study), output=str(out))
     base = evaluate.base_config(settings)
     incumbent_params = tuner_space.from_config(base, settings.search)
     traffic = evaluate.study_traffic(settings)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from tuner import evaluate, search
 from tuner import space as tuner_space
-from tuner.settings import load_study
+from tuner.settings import read_study
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("max_batch_size", "max_queue_delay_microseconds")
@@ -79,7 +79,7 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)  # the incumbent may lie outside the bounds
 
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     table = grid_table(Path(args.grid), args.scoring)
     optimum = max(table.values())
     size = tuner_space.grid_size(settings.search)

@@ -37,7 +37,7 @@ from tuner import evaluate, search
 from tuner import space as tuner_space
 from tuner.cost import price_for
 from tuner.score import Hints
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.trial import is_feasible
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def main() -> int:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    grid_settings = load_study(args.study)
+    grid_settings = read_study(args.study)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

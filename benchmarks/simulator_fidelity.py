@@ -45,7 +45,7 @@ from tuner import space as knobs
 from tuner.cost import price_for
 from tuner.evaluate import base_config, study_traffic
 from tuner.profile import read_profile
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.simulate import Simulator, batcher_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,7 +261,7 @@ def main() -> int:
     args = parser.parse_args()
     args.output = args.output.resolve()
     args.output.mkdir(parents=True, exist_ok=True)
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     started = time.monotonic()
     grid = args.grid
     if grid is None:

@@ -550,9 +550,9 @@ def test_simulated_latency_is_from_the_due_time():
 def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
     from tuner import evaluate, search
     from tuner.profile import read_profile
-    from tuner.settings import load_study
+    from tuner.settings import read_study
 
-    settings = load_study(study / "study.yaml")  # capacity tolerance 0.1
+    settings = read_study(study / "study.yaml")  # capacity tolerance 0.1
     base, traffic = evaluate.base_config(settings), evaluate.study_traffic(settings)
     ranking = search.rank_space(settings, base, traffic, read_profile(study / "profile.csv"))
     assert list(ranking["rank"]) == list(range(1, len(ranking) + 1))

@@ -55,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     from tuner.profile import profile_text
     from tuner.profiling import REPEATS, describe_split, measure_profile, table
     from tuner.server import make_launcher
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.simulate import length_column
 
     for count in COUNTS:
         value = getattr(args, count.dest)
         if value is not None and value < 1:
             raise SettingsError(f"{count.flag}: must be >= 1, got {value}")
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")
