@@ -48,7 +48,7 @@ import pandas as pd
 
 from tuner import search
 from tuner import space as tuner_space
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.simulate import read_profile
 from tuner.study import base_config, study_traffic
 from tuner.trial.run import session
@@ -136,7 +136,7 @@ def main() -> int:
     out = args.output.resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    settings = dataclasses.replace(load_study(args.study), output=str(out))
+    settings = dataclasses.replace(read_study(args.study), output=str(out))
     base = base_config(settings)
     incumbent_params = tuner_space.from_config(base, settings.search)
     traffic = study_traffic(settings)

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the private cluster the tests use
 
 from tuner import search  # noqa: E402
-from tuner.settings import IntRange, load_study  # noqa: E402
+from tuner.settings import IntRange, read_study  # noqa: E402
 from tuner.trial import (  # noqa: E402
     Bracket,
     Figures,
@@ -109,7 +109,7 @@ def run_study(path: Path, url: str, processes: int, directory: Path) -> dict:
 def overhead(url: str, trials: int, directory: Path) -> float:
     """Seconds of storage work per trial: the trial loop with an instant evaluation that records a
     real trial's attributes."""
-    settings = load_study(study_file(directory))
+    settings = read_study(study_file(directory))
     space = dataclasses.replace(settings.search, sampler="random", trials=trials,
                                 max_batch_size=IntRange(1, 4096, log=True))
     settings = dataclasses.replace(settings, name="overhead", search=space)

@@ -72,10 +72,10 @@ def cross_check(configs: dict[str, dict], repeats: int, output: Path) -> pd.Data
     final round): the medians of the quick start's scoring."""
     import search_ground_truth as ground_truth  # benchmarks/: this script's directory, first on sys.path
 
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.trial.run import session
 
-    settings = dataclasses.replace(load_study(STUDIES["measured (TPE)"]), output=str(output))
+    settings = dataclasses.replace(read_study(STUDIES["measured (TPE)"]), output=str(output))
     keys = {name: tuple(params.items()) for name, params in configs.items()}
     with session(settings, log_dir=str(output / "server")) as evaluate_fn:
         runs = ground_truth.final_round(evaluate_fn, dict.fromkeys(keys.values()), repeats)

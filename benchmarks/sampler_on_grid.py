@@ -27,7 +27,7 @@ import pandas as pd
 
 from tuner import search
 from tuner import space as tuner_space
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.study import base_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def main() -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)  # the incumbent may lie outside the bounds
 
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     table = grid_table(Path(args.grid), args.scoring)
     optimum = max(table.values())
     size = tuner_space.grid_size(settings.search)

@@ -36,7 +36,7 @@ import pandas as pd
 from tuner import search
 from tuner import space as tuner_space
 from tuner.cost import price_for
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.study import base_config
 from tuner.trial import Hints, is_feasible
 from tuner.trial.run import session
@@ -92,7 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-    grid_settings = load_study(args.study)
+    grid_settings = read_study(args.study)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")

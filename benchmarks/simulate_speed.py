@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from encoder_sim import profile as encoder_sim_profile  # noqa: E402  (benchmarks/, this script's directory)
 
-from tuner.settings import load_study  # noqa: E402
+from tuner.settings import read_study  # noqa: E402
 from tuner.simulate import Simulator  # noqa: E402
 from tuner.study import study_traffic  # noqa: E402
 
@@ -50,7 +50,7 @@ def main() -> int:
                         help="capacity bisection tolerance (default: the study's)")
     args = parser.parse_args()
 
-    study = load_study(args.study)
+    study = read_study(args.study)
     profile = encoder_sim_profile(Path(study.model_repository) / study.model / "config.pbtxt")
     traffic = study_traffic(study)
     configs = space(study, args.grid)

@@ -43,7 +43,7 @@ from scipy.stats import spearmanr
 
 from tuner import space as knobs
 from tuner.cost import price_for
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.simulate import Simulator, batcher_config, read_profile
 from tuner.study import base_config, study_traffic
 
@@ -260,7 +260,7 @@ def main() -> int:
     args = parser.parse_args()
     args.output = args.output.resolve()
     args.output.mkdir(parents=True, exist_ok=True)
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     started = time.monotonic()
     grid = args.grid
     if grid is None:

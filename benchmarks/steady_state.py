@@ -31,7 +31,7 @@ import pandas as pd
 
 from tuner import space
 from tuner.server import make_launcher
-from tuner.settings import StudySettings, load_study
+from tuner.settings import StudySettings, read_study
 from tuner.study import base_config, study_traffic
 from tuner.traffic import mean_rps, step_window
 from tuner.trial import Hints, find_capacity
@@ -54,7 +54,7 @@ def main() -> int:
     # One resolution for the three: the comparison is of what a step measures (cold or warm, short or
     # long), not of how finely the bisection brackets it (the study's own tolerance, 15 % in the quick
     # start, would leave (b) up to 15 % under (c) by construction: its capacity is the last passing speed).
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     settings = dataclasses.replace(settings, search=dataclasses.replace(settings.search, capacity=dataclasses.replace(
         settings.search.capacity, tolerance=args.tolerance)))
     configs = [dict(zip(("max_batch_size", "max_queue_delay_microseconds"), map(int, c.split(":")), strict=True))

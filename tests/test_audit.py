@@ -20,7 +20,7 @@ from tuner.cli import main
 from tuner.errors import InputError, OutputError, ServerSetupError
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher
-from tuner.settings import load_study
+from tuner.settings import read_study
 from tuner.trial import Bracket, Figures, TrialRecord
 
 try:  # tests/ is a rootdir without __init__.py today; keep working if it becomes a package
@@ -259,7 +259,7 @@ def judged(tmp_path, monkeypatch, capacity_rps: float, baseline_rps: float | Non
     monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
     monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
     baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
-    a = audit_module.audit(load_study(write_study(tmp_path)), baseline, progress=False)
+    a = audit_module.audit(read_study(write_study(tmp_path)), baseline, progress=False)
     return a, {f.check: f.verdict for f in a.findings}
 
 
@@ -285,4 +285,4 @@ def test_a_baseline_without_a_feasible_best_is_refused(tmp_path):
     out.mkdir()
     (out / "summary.json").write_text(json.dumps({"best": None, "sla": {"latency_ms": 200.0}}))
     with pytest.raises(InputError, match="nothing to compare with"):
-        load_baseline(out, load_study(write_study(tmp_path)))
+        load_baseline(out, read_study(write_study(tmp_path)))

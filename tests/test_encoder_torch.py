@@ -73,9 +73,9 @@ def test_template_declares_a_training_style_incumbent_on_either_device(templates
 
 
 def test_the_example_study_loads_and_points_at_the_template(templates_dir):
-    from tuner.settings import load_study
+    from tuner.settings import read_study
 
-    s = load_study(templates_dir.parent / "examples" / "encoder_torch.yaml")
+    s = read_study(templates_dir.parent / "examples" / "encoder_torch.yaml")
     assert Path(s.model_repository) == templates_dir and s.model == MODEL
     assert Path(s.traffic.path).is_file() and s.search.remeasure_repeats >= 3
     assert s.search.capacity.start_speed >= s.traffic.speed  # the search starts at or above the load

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import numpy as np
 import pytest
 
 from tuner.errors import InputError, OutputError, SettingsError
-from tuner.files import check_output_dir, json_safe, read_json_object, read_text
+from tuner.files import check_output_dir, json_safe, open_input, read_json_object, read_text
 
 
 def test_json_safe_turns_unmeasured_figures_into_null_and_numpy_into_plain_numbers():
@@ -60,6 +61,34 @@ def test_read_text_of_a_name_the_os_refuses_is_one_line(tmp_path, case, reason):
     path = {"loop": tmp_path / "loop", "long": tmp_path / ("y" * 300), "under a file": tmp_path / "f" / "x"}[case]
     with pytest.raises(SettingsError, match=rf"^{re.escape(str(path))}: cannot read \({reason}\)$"):
         read_text(path, error=SettingsError)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no such file"),
+    ("directory", "is a directory, not a config.pbtxt"),
+    ("fifo", "not a regular file"),
+    ("not utf-8", "not a text file (byte 2 is not UTF-8)"),
+])
+def test_read_text_of_what_is_not_a_text_file_is_one_line_starting_with_the_label(tmp_path, case, message):
+    path = tmp_path / "c.pbtxt"
+    if case == "directory":
+        path.mkdir()
+    elif case == "fifo":
+        os.mkfifo(path)  # read, it would block: refused before it is opened
+    elif case == "not utf-8":
+        path.write_bytes(b"ab\xff")
+    with pytest.raises(SettingsError) as raised:
+        read_text(path, label=f"--config {path}", what="a config.pbtxt", error=SettingsError)
+    assert str(raised.value) == f"--config {path}: {message}"
+
+
+def test_read_text_ends_every_line_in_a_newline_and_open_input_reads_the_bytes_as_they_are(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_bytes(b"\xef\xbb\xbf[1,\r\n2,\r3]\n")
+    assert read_text(path, error=InputError) == "\ufeff[1,\n2,\n3]\n"
+    assert read_text(path, error=InputError, encoding="utf-8-sig") == "[1,\n2,\n3]\n"
+    with open_input(path, error=InputError) as fh:
+        assert fh.read() == path.read_bytes()
 
 
 def test_read_text_refuses_a_file_past_its_limit_by_size_and_a_stream_past_it_by_what_it_read(tmp_path):

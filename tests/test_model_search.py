@@ -103,15 +103,16 @@ def test_the_incumbent_is_placed_in_the_ranking_and_the_gain_is_over_it(tmp_path
     space is simulated as rank 0, inside it is tagged where it ranks; the gain is over its value."""
     import dataclasses
 
-    from tuner import evaluate, search, space
-    from tuner.settings import load_study
+    from tuner import search, space
+    from tuner.settings import read_study
     from tuner.simulate import batcher_config
+    from tuner.study import base_config, study_traffic
 
     profile = encoder_sim.profile(rows=ROWS, lengths=LENGTHS)
-    settings = load_study(write_study(tmp_path, write_profile(profile, tmp_path / "profile.csv"), name="m",
+    settings = read_study(write_study(tmp_path, write_profile(profile, tmp_path / "profile.csv"), name="m",
                                       model_error=0.5))
-    model = search.model_space(settings, base=evaluate.base_config(settings),
-                               traffic=evaluate.study_traffic(settings), profile=profile)
+    model = search.model_space(settings, base=base_config(settings),
+                               traffic=study_traffic(settings), profile=profile)
     ranking = model.rank()
     assert list(ranking["rank"]) == list(range(1, len(model.configs) + 1))
     for incumbent in (model.incumbent, model.configs[3]):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.errors import SettingsError, TrafficError
+from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, SettingsError, TrafficError
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
 from tuner.nightly.job import SearchResult, run_night
@@ -52,12 +52,12 @@ def R(arm, rpd, ok=True, valid=True, note=""):
 def test_every_pair_needs_the_margin_in_every_pair():
     pairs = [(R("production", 100), R("candidate", 110)) for _ in range(3)]
     got = d.decide(pairs, margin=0.05, rule="every_pair")
-    assert (got.decision, got.exit_code) == ("change", d.EXIT_CHANGE)
+    assert (got.decision, got.exit_code) == ("change", EXIT_ACT)
     assert got.gains == pytest.approx((0.10, 0.10, 0.10))
     # a big average gain with one pair below the margin is not enough
     pairs[1] = (R("production", 100), R("candidate", 104))
     got = d.decide(pairs + [(R("production", 100), R("candidate", 300))], margin=0.05, rule="every_pair")
-    assert got.decision == "keep" and "pair 2" in got.reason and got.exit_code == d.EXIT_KEEP
+    assert got.decision == "keep" and "pair 2" in got.reason and got.exit_code == EXIT_OK
 
 
 def test_all_replays_compares_the_worst_candidate_with_the_best_production():
@@ -77,13 +77,13 @@ def test_candidate_breaking_the_sla_once_is_kept_out():
     pairs[2] = (R("production", 100), R("candidate", 200, ok=False, note="p99 80 ms > 50 ms"))
     got = d.decide(pairs)
     assert got.decision == "keep" and "pair 3" in got.reason and "p99 80 ms" in got.reason
-    assert got.exit_code == d.EXIT_KEEP
+    assert got.exit_code == EXIT_OK
 
 
 def test_neither_meeting_the_sla_is_unmeetable():
     pairs = [(R("production", 100, ok=False), R("candidate", 200, ok=False)) for _ in range(3)]
     got = d.decide(pairs)
-    assert got.exit_code == d.EXIT_UNMEETABLE and got.reason.startswith("SLA unmeetable")
+    assert got.exit_code == EXIT_SLA_UNMET and got.reason.startswith("SLA unmeetable")
 
 
 def test_production_failing_but_candidate_meeting_is_a_change():
@@ -188,12 +188,12 @@ def test_the_nightly_search_does_not_print_optunas_info_line(tmp_path):
     import optuna
 
     from tuner.nightly.engine import RealEngine
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.trial import MEASURED, TrialRecord
 
     _write_setup(tmp_path)
     write_traffic(synth_poisson(20, 60, seed=0), tmp_path / "traffic" / "night.csv")
-    study = load_study(tmp_path / "study.yaml")
+    study = read_study(tmp_path / "study.yaml")
 
     def evaluate(params, hints):
         return TrialRecord(params=dict(params), outcome=MEASURED, sla_met=True, violation=-1.0,
@@ -476,14 +476,14 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
 
 
 def test_study_overrides_and_the_shipped_example(tmp_path):
-    from tuner.nightly.settings import load_study_for
+    from tuner.nightly.settings import read_study_for
 
     nightly = _write_setup(tmp_path, "study_overrides: {server.launcher: docker, search.trials: 5}\n")
-    study = load_study_for(load_nightly(nightly))
+    study = read_study_for(load_nightly(nightly))
     assert study.server.launcher == "docker" and study.search.trials == 5
     bad = _write_setup(tmp_path / "b", "study_overrides: {sla.latncy_ms: 5}\n")
     with pytest.raises(SettingsError, match="study_overrides: .*sla.latncy_ms"):
-        load_study_for(load_nightly(bad))
+        read_study_for(load_nightly(bad))
     root = Path(__file__).parent.parent
     example = load_nightly(root / "examples" / "nightly.yaml")
     assert example.study_overrides["server.launcher"] == "docker" and example.confirm.pairs >= 3

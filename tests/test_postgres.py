@@ -201,12 +201,12 @@ def test_a_host_killed_measuring_an_incumbent_outside_the_ranges_has_it_measured
 
 
 def test_a_host_with_another_gpu_type_is_refused_in_one_line(tmp_path, postgres):
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.tune import identity, prepare
 
     url = postgres.create_database("gpu_types")
     study_file = write_tune_study(tmp_path, "gpus", **GRID)
-    p = prepare(load_study(study_file), url)
+    p = prepare(read_study(study_file), url)
     first = search.Host("l4-node-1", 1, "NVIDIA L4")
     search.open_study(p.settings, url, sampler=search.make_sampler(p.settings.search), identity=identity(p),
                       host=first, incumbent={"max_batch_size": 64, "max_queue_delay_microseconds": 0})

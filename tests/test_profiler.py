@@ -16,8 +16,8 @@ from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
-from tuner.profiler import Sample, length_buckets, model_max_length, row_grid, summarize
-from tuner.settings import load_study
+from tuner.profiler import Sample, build_profile, length_buckets, model_max_length, row_grid
+from tuner.settings import read_study
 from tuner.simulate import read_profile
 from tuner.study import study_traffic
 from tuner.traffic import read_traffic
@@ -72,7 +72,7 @@ def sample(rows, length, infer, *, ok=True, measured=True, inp=0.05, out=0.1, cl
 def test_a_point_is_the_median_and_spread_of_its_measured_requests_not_its_first():
     samples = [sample(4, 128, 30.0, measured=False)]  # a shape's first run: compilation, not the model
     samples += [sample(4, 128, ms) for ms in (5.0, 5.2, 5.1, 4.9, 6.0)]
-    profile, notes = summarize(samples)
+    profile, notes = build_profile(samples)
     (point,) = profile.points
     assert (point.rows, point.length, point.count) == (4, 128, 5)
     assert point.median_ms == pytest.approx(5.1)
@@ -88,14 +88,14 @@ def test_host_time_is_a_line_in_rows_and_overhead_what_the_client_saw_beyond_the
         for infer in (1.0 * rows, 1.0 * rows + 0.1):
             samples.append(sample(rows, 64, infer, inp=host / 2, out=host / 2,
                                   client=host + infer + (0.7 if rows == 1 else 3.0)))
-    profile, _ = summarize(samples, concurrent_executions=2, model="m")
+    profile, _ = build_profile(samples, concurrent_executions=2, model="m")
     assert profile.host_ms_per_row == pytest.approx(0.05)
     assert profile.host_ms_per_execution == pytest.approx(0.2)
     assert profile.overhead_ms == pytest.approx(0.7)  # of 1-row requests: bigger ones carry more bytes
     assert profile.concurrent_executions == 2 and profile.model == "m"
     # host time that shrinks with rows is no line through them: a constant
     flat = [sample(r, 64, 1.0, inp=0.3 / r, out=0.0) for r in (1, 2, 4)]
-    profile, _ = summarize(flat)
+    profile, _ = build_profile(flat)
     assert profile.host_ms_per_row == 0 and profile.host_ms_per_execution == pytest.approx(0.15)
 
 
@@ -107,16 +107,16 @@ def test_the_smallest_failing_size_is_the_out_of_memory_point_and_failing_points
                 # a point whose first run worked and a repeat failed: the point fails
                 sample(40, 256, 9.0, measured=False), sample(40, 256, 9.0),
                 sample(40, 256, 3.2, ok=False, error=oom)]
-    profile, _ = summarize(samples, max_length=512)
+    profile, _ = build_profile(samples, max_length=512)
     assert profile.oom_tokens == 40 * 256
     assert profile.oom_ms == pytest.approx(3.0)
     assert {(p.rows, p.length) for p in profile.points} == {(1, 512), (2, 512)}  # 32 x 512 >= 10240
     # ... and it says why 32 x 512 is gone
-    _, notes = summarize(samples, max_length=512)
+    _, notes = build_profile(samples, max_length=512)
     assert any("32 rows x 512 ran although 10240 padded tokens failed" in n for n in notes)
     # nothing ran at all: one line, not a profile
     with pytest.raises(ProfileError, match="no execution ran without an error"):
-        summarize([sample(1, 512, 3.0, ok=False, measured=False, error=oom)])
+        build_profile([sample(1, 512, 3.0, ok=False, measured=False, error=oom)])
 
 
 # --- on a real server --------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
         return gpu * scale + host_ms * scale * rows
 
     lengths = sorted({p.length for p in profile.points})
-    traffic = study_traffic(load_study(study))  # the busiest 8 s of the profile
+    traffic = study_traffic(read_study(study))  # the busiest 8 s of the profile
     assert lengths == list(length_buckets(traffic, "seq_len", 512)) and profile.max_length == 512
     wide = []
     for p in profile.points:

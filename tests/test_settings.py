@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tuner.errors import SettingsError
-from tuner.settings import load_study, parse_host_port, parse_yaml, study_from_dict
+from tuner.settings import parse_host_port, parse_yaml, read_study, study_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 MINIMAL = {"name": "s", "model_repository": "models", "model": "m", "traffic": {"path": "t.csv"}}
@@ -18,7 +18,7 @@ MINIMAL = {"name": "s", "model_repository": "models", "model": "m", "traffic": {
 
 @pytest.mark.parametrize("name", ["quickstart.yaml", "grid.yaml"])
 def test_the_tuning_examples_load_with_paths_resolved(name):
-    s = load_study(ROOT / "examples" / name)
+    s = read_study(ROOT / "examples" / name)
     assert Path(s.model_repository) == ROOT / "model_repository_templates"
     assert Path(s.traffic.path).is_file()
     assert (Path(s.model_repository) / s.model / "config.pbtxt").is_file()
@@ -124,7 +124,7 @@ def _study_file(tmp_path: Path, text: str) -> Path:
 ])
 def test_nan_and_infinity_are_refused_naming_the_key(tmp_path, text, key, value):
     with pytest.raises(SettingsError) as exc:
-        load_study(_study_file(tmp_path, text + "\n"))
+        read_study(_study_file(tmp_path, text + "\n"))
     assert str(exc.value) == f"{tmp_path / 'study.yaml'}: {key}: expected a finite number, got {value}"
 
 
@@ -143,7 +143,7 @@ def test_a_seed_optuna_would_refuse_is_refused_at_load(seed):
 def test_a_key_given_twice_is_refused_with_its_line(tmp_path, text, where, key, first):
     path = _study_file(tmp_path, text)
     with pytest.raises(SettingsError) as exc:
-        load_study(path)
+        read_study(path)
     assert str(exc.value) == f"{path}:{where}: invalid YAML: duplicate key {key!r} (first on line {first})"
 
 
@@ -160,7 +160,7 @@ def test_a_huge_yaml_is_refused_by_its_size_before_it_is_parsed(tmp_path):
         fh.truncate(50 * 2**20)  # 50 MiB, sparse
     started = time.monotonic()
     with pytest.raises(SettingsError, match=r"study.yaml: too large \(50.0 MiB; at most 1.0 MiB is read\)$"):
-        load_study(path)
+        read_study(path)
     assert time.monotonic() - started < 1.0
 
 
@@ -211,7 +211,7 @@ def test_a_study_file_the_os_refuses_is_one_line(tmp_path, case):
     if case == "a symbolic-link loop":
         bad.symlink_to(bad.name)
     with pytest.raises(SettingsError, match=rf"^{re.escape(str(bad))}: cannot read \({REASONS[case]}\)"):
-        load_study(bad)
+        read_study(bad)
 
 
 def test_the_nightly_settings_refuse_keys_given_twice_nan_and_paths_the_os_refuses(tmp_path):
@@ -224,6 +224,7 @@ def test_the_nightly_settings_refuse_keys_given_twice_nan_and_paths_the_os_refus
          "(first on line 1)"),
         ("study: s.yaml\ntraffic: {path: t, hours: .nan}\n", ": traffic.hours: expected a finite number, got nan"),
         ("study: loop\ntraffic: {path: t}\n", f": study: {tmp_path / 'loop'}: Too many levels of symbolic links"),
+        ("study: s.yaml\ntraffic: {path: t}\nsource: elsewhere.yaml\n", ": source: unknown key"),  # the loader's
     ):
         nightly.write_text(text)
         with pytest.raises(SettingsError) as exc:

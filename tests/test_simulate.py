@@ -553,11 +553,11 @@ def test_simulated_latency_is_from_the_due_time():
 
 def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_studys(study):
     from tuner import search
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.simulate import read_profile
     from tuner.study import base_config, study_traffic
 
-    settings = load_study(study / "study.yaml")  # capacity tolerance 0.1
+    settings = read_study(study / "study.yaml")  # capacity tolerance 0.1
     base, traffic = base_config(settings), study_traffic(settings)
     ranking = search.rank_space(settings, base, traffic, read_profile(study / "profile.csv"))
     assert list(ranking["rank"]) == list(range(1, len(ranking) + 1))

@@ -336,27 +336,27 @@ def test_requests_larger_than_the_models_max_batch_size_are_refused_naming_the_r
 
 
 def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it(tmp_path):
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.tune import prepare
 
     study = write_tune_study(tmp_path, "narrow", **{"traffic.path": str(_traffic_with_rows(tmp_path, 8)),
                                                "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
-    prepared = prepare(load_study(study))
+    prepared = prepare(read_study(study))
     assert prepared.settings.search.max_batch_size.low == 8
     assert any("low raised from 1 to 8" in note and "row 17" in note for note in prepared.notes)
     too_big = write_tune_study(tmp_path, "big", repository(tmp_path, max_batch_size=128),
                           **{"traffic.path": str(_traffic_with_rows(tmp_path, 80)),
                                               "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
     with pytest.raises(Exception, match="raise search.max_batch_size.high to at least 80"):
-        prepare(load_study(too_big))
+        prepare(read_study(too_big))
 
 
 def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_search(tmp_path):
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.tune import prepare
 
     study = write_tune_study(tmp_path, "where", **{"search.max_batch_size": {"low": 1, "high": 32, "log": True}})
-    notes = prepare(load_study(study)).notes
+    notes = prepare(read_study(study)).notes
     assert notes[0] == f"study 'where' in sqlite:///{tmp_path / 'where' / 'study.db'}"
     assert any("max_batch_size 64 (search.max_batch_size: 1..32) lies outside the search" in n for n in notes)
 

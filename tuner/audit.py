@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import space
+from tuner import formats, space
 from tuner.cost import price_for
-from tuner.errors import InputError
+from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, InputError, UnmeasuredError
 from tuner.files import read_json_object
 from tuner.measurement import Measurement
 from tuner.score import check_sla
@@ -39,12 +39,6 @@ from tuner.trial.run import make_measure
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
 LOW_FILL = 0.5      # fill rate at the recorded load below which max_batch_size is too large
-
-# exit codes of `tuner audit` (2: bad input, 1: anything else, as for every command)
-EXIT_HEALTHY = 0
-EXIT_UNMEASURED = 1  # the load generator could not replay the traffic on time, or the server never settled
-EXIT_SLA_BROKEN = 3
-EXIT_INEFFICIENT = 10
 
 
 @dataclass(frozen=True)
@@ -82,14 +76,16 @@ class AuditResult:
 
     @property
     def exit_code(self) -> int:
-        """The exit code of `tuner audit`: unmeasured, SLA broken, inefficient or healthy."""
+        """The exit code of `tuner audit` (2: bad input, as for every command): unmeasured (1: the load
+        generator could not replay the traffic on time, or the server never settled), SLA broken (3),
+        inefficient (10) or healthy (0)."""
         if self.result.outcome in NO_VERDICT:
-            return EXIT_UNMEASURED
+            return UnmeasuredError.exit_code
         if not self.result.meets_sla:
-            return EXIT_SLA_BROKEN
+            return EXIT_SLA_UNMET
         if any(f.verdict == "inefficient" for f in self.findings):
-            return EXIT_INEFFICIENT
-        return EXIT_HEALTHY
+            return EXIT_ACT
+        return EXIT_OK
 
     def as_dict(self) -> dict:
         """The result as a plain, JSON-able dict (what `tuner audit --json` writes)."""
@@ -170,7 +166,7 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
                         f"measurement.warmup_max_s)")]
     out = [Finding(
         "SLA at the recorded load",
-        f"{pct} {_num(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
+        f"{pct} {formats.number(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
         f"errors {load.error_rate:.2%}",
         "ok" if r.meets_sla else "broken",
         "" if r.meets_sla else f"{r.sla_reason}: the deployment misses its SLA at today's load")]
@@ -181,13 +177,15 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
             "fill rate at the recorded load", f"{load.fill_rate:.2f} (mean batch {load.mean_batch_size:.1f} of {mbs})",
             "watch" if low else "ok",
             f"max_batch_size is larger than the traffic fills (below {LOW_FILL:g})" if low else ""))
-    out.append(Finding("Triton's time split", f"queue {_num(load.queue_ms)} ms per request, compute "
-                       f"{_num(load.compute_ms)} ms per execution", "info"))
+    queue, compute = formats.number(load.queue_ms), formats.number(load.compute_ms)
+    out.append(Finding("Triton's time split",
+                       f"queue {queue} ms per request, compute {compute} ms per execution", "info"))
     if at_load_only:
         out.append(Finding("capacity", "not measured (--at-load-only)", "info"))
     elif r.meets_sla:
+        cost = formats.number(r.monthly_cost, ",.0f")
         out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
-                           f"{r.servers_needed} server(s) for the peak, ${_money(r.monthly_cost)}/month", "info"))
+                           f"{r.servers_needed} server(s) for the peak, ${cost}/month", "info"))
     if a.baseline is not None and a.ratio is not None:
         verdict = "ok" if a.ratio > HEALTHY else ("watch" if a.ratio >= INEFFICIENT else "inefficient")
         b = a.baseline
@@ -196,7 +194,8 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
             f"{space.describe(b.params)})", verdict,
             {"ok": f"> {HEALTHY:g}: healthy", "watch": f"between {INEFFICIENT:g} and {HEALTHY:g}",
              "inefficient": f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"}[verdict]))
-        out.append(Finding("recoverable budget", f"${_money(a.recoverable_per_month)}/month", "info",
+        recoverable = formats.number(a.recoverable_per_month, ",.0f")
+        out.append(Finding("recoverable budget", f"${recoverable}/month", "info",
                            "throughput gap x the deployment's monthly cost"))
     elif a.baseline is None:
         out.append(Finding("throughput ratio", "no baseline", "info",
@@ -234,11 +233,4 @@ def _say_step(settings: StudySettings):
 
     return say
 
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
-def _money(value) -> str:
-    return "-" if value is None else f"{value:,.0f}"
 

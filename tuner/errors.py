@@ -17,6 +17,13 @@
 
     KeyboardInterrupt               exit 130: Ctrl-C
     └── Terminated                  exit 143: SIGTERM (a scheduler stopping the job), handled alike
+
+The commands that give a verdict exit with a code a scheduler can act on, defined here once (`tuner
+audit` and the nightly rule take them from here; `tuner soak` exits alike, 10 on drift):
+
+    EXIT_OK          0   nothing to do: healthy, keep production, no drift
+    EXIT_SLA_UNMET   3   the SLA cannot be met (as NoFeasibleConfigError)
+    EXIT_ACT         10  act on it: inefficient, a change proposed, drift
 """
 
 from __future__ import annotations
@@ -73,6 +80,11 @@ class UnmeasuredError(TunerError):
 
 class NoFeasibleConfigError(TunerError):
     exit_code = 3
+
+
+EXIT_OK = 0
+EXIT_SLA_UNMET = NoFeasibleConfigError.exit_code
+EXIT_ACT = 10
 
 
 class Terminated(KeyboardInterrupt):

@@ -1,10 +1,12 @@
-"""Reading what a person gives, in one line when it cannot be read (`read_text`, `read_json_object`),
-and writing what a person keeps: whole files or nothing, and a check before minutes of work that the
-place can be written at all. A write that fails (a full disk, a read-only file system or /proc, a
-name too long, a directory in the way) says which file and why in one line, and leaves no partial
-file behind: the data goes to a temporary file beside the target (`.tuner-<hex>.tmp`, never taken for
-a traffic file or a config), which is renamed over it once complete. The checks of a path a person
-gave (can it be read, can a file or a directory be made there) are in tuner.paths."""
+"""Reading what a person gives, in one line when it cannot be read (`open_input`, and `read_text`
+over it: a config.pbtxt parsed, a study, a profile, a traffic file and a trace are read through them;
+`read_json_object`), and writing what a person keeps: whole files or nothing, and a check before
+minutes of work that the place can be written at all. A write that fails (a full disk, a read-only
+file system or /proc, a name too long, a directory in the way) says which file and why in one line,
+and leaves no partial file behind: the data goes to a temporary file beside the target
+(`.tuner-<hex>.tmp`, never taken for a traffic file or a config), which is renamed over it once
+complete. The checks of a path a person gave (can it be read, can a file or a directory be made
+there) are in tuner.paths."""
 
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from tuner.errors import InputError, OutputError
 from tuner.paths import make_temp, os_reason, writable_dir
 
-__all__ = ["check_output_dir", "check_writable", "json_safe", "os_reason", "read_json_object", "read_text",
-           "replacing", "write_atomic"]
+__all__ = ["check_output_dir", "check_writable", "json_safe", "open_input", "os_reason", "read_json_object",
+           "read_text", "replacing", "write_atomic"]
 
 
 def json_safe(value):
@@ -37,25 +40,53 @@ def json_safe(value):
     return value
 
 
-def read_text(path: str | os.PathLike, *, error: type[InputError], max_bytes: int | None = None) -> str:
-    """The file's text; `error` (`<path>: no such file`, `<path>: cannot read (<why>)`, or, past
-    `max_bytes`, `<path>: too large (<size>; ...)`, said before it is read) otherwise."""
+def open_input(path: str | os.PathLike, *, what: str = "a file", label: str | None = None,
+               error: type[InputError] = InputError) -> IO[bytes]:
+    """The file a person named, open for reading in binary; otherwise one `error` line starting with
+    `label` (default: the path): `no such file`, `is a directory, not <what>`, `not a regular file` (a
+    FIFO would block the read) or `cannot read (<the OS's reason>)` (a name too long, a symbolic-link
+    loop, no permission)."""
+    label = label or str(path)
     try:
-        with open(path) as fh:
-            if max_bytes is None:
-                return fh.read()
-            size = os.fstat(fh.fileno()).st_size
-            text = fh.read(max_bytes + 1) if size <= max_bytes else None
-            if text is None or len(text) > max_bytes:  # a pipe or /proc file has no size to stat
-                shown = _in_words(size) if size > max_bytes else f"over {_in_words(max_bytes)}"
-                raise error(f"{path}: too large ({shown}; at most {_in_words(max_bytes)} is read)")
-            return text
+        mode = os.stat(path).st_mode
+        if stat.S_ISDIR(mode):
+            raise error(f"{label}: is a directory, not {what}")
+        if not stat.S_ISREG(mode):
+            raise error(f"{label}: not a regular file")
+        return open(path, "rb")
     except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
+        raise error(f"{label}: no such file") from None
     except OSError as exc:
-        raise error(f"{path}: cannot read ({os_reason(exc)})") from None
+        raise error(f"{label}: cannot read ({os_reason(exc)})") from None
+
+
+def read_text(path: str | os.PathLike, *, error: type[InputError], what: str = "a file",
+              label: str | None = None, max_bytes: int | None = None, encoding: str = "utf-8") -> str:
+    """The text of the file a person named (opened by `open_input`, lines ending in a newline
+    whatever ended them); `error` starting with `label` (default: the path) otherwise:
+    `not a text file (byte <n> is not UTF-8)`, or past `max_bytes` `too large (<size>; ...)`,
+    said before it is read."""
+    label = label or str(path)
+    with open_input(path, what=what, label=label, error=error) as fh:
+        try:
+            data = fh.read() if max_bytes is None else _read_at_most(fh, max_bytes, label, error)
+        except OSError as exc:
+            raise error(f"{label}: cannot read ({os_reason(exc)})") from None
+    try:
+        text = data.decode(encoding)
     except UnicodeDecodeError as exc:
-        raise error(f"{path}: cannot read: {exc}") from None
+        raise error(f"{label}: not a text file (byte {exc.start} is not UTF-8)") from None
+    # what a file opened as text reads: \r\n and \r end a line as \n does
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _read_at_most(fh: IO[bytes], max_bytes: int, label: str, error: type[InputError]) -> bytes:
+    size = os.fstat(fh.fileno()).st_size
+    data = fh.read(max_bytes + 1) if size <= max_bytes else None
+    if data is None or len(data) > max_bytes:  # a pipe or /proc file has no size to stat
+        shown = _in_words(size) if size > max_bytes else f"over {_in_words(max_bytes)}"
+        raise error(f"{label}: too large ({shown}; at most {_in_words(max_bytes)} is read)")
+    return data
 
 
 def _in_words(size: int) -> str:

@@ -1,9 +1,10 @@
-"""config.pbtxt through Triton's own protobuf schema (a leaf: imports nothing else of tuner's).
+"""config.pbtxt through Triton's own protobuf schema (of tuner's modules it imports only errors and files).
 
 Parsing and printing use `tritonclient.grpc.model_config_pb2.ModelConfig` with
 `google.protobuf.text_format`; the JSON form is what Triton's repository load API takes as a
-config override. Nothing here writes the user's file. Which fields a trial tunes, and how they are
-changed, is `tuner.space`'s business.
+config override. The file is read through `tuner.files.read_text`, as the study, the profile and the
+traffic are; nothing here writes it. Which fields a trial tunes, and how they are changed, is
+`tuner.space`'s business.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from tuner.errors import ConfigError
+from tuner.files import read_text
 
 ModelConfig = model_config_pb2.ModelConfig
 
@@ -39,19 +41,9 @@ def parse(text: str, source: str = "<config>") -> ModelConfig:
 
 
 def load(path: str | Path) -> ModelConfig:
-    """The config.pbtxt at `path`, parsed; ConfigError when it cannot be read or parsed."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a config.pbtxt") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not a text file (byte {exc.start} is not UTF-8)") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return parse(text, str(path))
+    """The config.pbtxt at `path`, parsed; ConfigError when it cannot be read (tuner.files.read_text)
+    or parsed."""
+    return parse(read_text(path, what="a config.pbtxt", error=ConfigError), str(path))
 
 
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:

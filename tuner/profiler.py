@@ -4,7 +4,7 @@
     measure_profile(launcher, settings, traffic, base, length_column=...) -> ProfileRun
     row_grid(max_batch_size), length_buckets(traffic, column, max_length)   the sizes measured
     largest_rows(settings, given)                                            rows up to (the space's largest)
-    summarize(samples, ...) -> (Profile, notes)                              the samples as a profile (pure)
+    build_profile(samples, ...) -> (Profile, notes)                          the samples as a profile (pure)
     table(run) -> str                                                        rows x lengths, ms
 
 **How.** The server loads the model with `max_batch_size` = the space's largest, no queue delay and one
@@ -68,9 +68,8 @@ from tuner.simulate import ExecutionSize, Profile, ProfilePoint
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
-__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "describe_split", "largest_rows",
-           "length_buckets",
-           "measure_profile", "model_max_length", "row_grid", "summarize", "table"]
+__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "build_profile", "describe_split",
+           "largest_rows", "length_buckets", "measure_profile", "model_max_length", "row_grid", "table"]
 
 REPEATS = 7                      # measured requests per point, after one that is not measured
 LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
@@ -171,8 +170,8 @@ def model_max_length(config: ModelConfig) -> int | None:
 # --- from samples to a profile (pure) --------------------------------------------------------------
 
 
-def summarize(samples: list[Sample] | tuple[Sample, ...], *, max_length: int | None = None,
-              concurrent_executions: int = 1, model: str = "") -> tuple[Profile, list[str]]:
+def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int | None = None,
+                  concurrent_executions: int = 1, model: str = "") -> tuple[Profile, list[str]]:
     """The profile the samples give (see the module docstring for each field), and notes on what
     was left out."""
     notes: list[str] = []
@@ -298,8 +297,8 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                 else:
                     high = middle
             break
-    profile, notes = summarize(samples, max_length=max_length, concurrent_executions=concurrent_executions,
-                               model=model)
+    profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions,
+                                   model=model)
     if warm is not None and not warm.stable:
         notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "
                         f"server still warming up")

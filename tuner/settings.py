@@ -12,6 +12,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,16 +272,23 @@ def parse_host_port(text: str, *, where: str, schemes: tuple[str, ...] = ("http"
 
 # --- loading -------------------------------------------------------------------------------------
 
+_S = typing.TypeVar("_S")  # a settings dataclass
 _PATH_KEYS = ("model_repository", "traffic.path", "output", "server.install_dir", "search.profile")
 
 
-def load_study(path: str | Path) -> StudySettings:
+def read_study(path: str | Path) -> StudySettings:
     """The study YAML at `path`, validated, its relative paths resolved against its folder."""
+    return read_settings(path, StudySettings, resolve=_resolve_paths, check=_check)
+
+
+def read_settings(path: str | Path, cls: type[_S], *, resolve: Callable[[_S, Path, str], _S],
+                  check: Callable[[_S, str], None]) -> _S:
+    """The settings dataclass `cls` (with a `source` field) of the YAML at `path`: an unknown key or
+    a value of the wrong type named, its relative paths resolved against its folder (`resolve`), its
+    values checked (`check`), its `source` the path. The study's and the nightly job's loader."""
     path = Path(path)
-    data = _read_yaml(path)
-    settings = _build(StudySettings, data, str(path), "")
-    settings = _resolve_paths(settings, path.parent, str(path))
-    _check(settings, str(path))
+    settings = resolve(_build(cls, _read_yaml(path), str(path), ""), path.parent, str(path))
+    check(settings, str(path))
     return dataclasses.replace(settings, source=str(path))
 
 

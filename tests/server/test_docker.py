@@ -290,9 +290,9 @@ def test_published_ports_on_an_engine_without_a_bridge(engine):
 
 
 def test_gpu_study_example_is_a_valid_docker_study():
-    from tuner.settings import load_study
+    from tuner.settings import read_study
 
-    study = load_study(ROOT / "examples" / "gpu_study.yaml")
+    study = read_study(ROOT / "examples" / "gpu_study.yaml")
     assert study.server.launcher == "docker" and study.server.gpus == "all"
     assert study.server.image.startswith("nvcr.io/nvidia/tritonserver:")
     assert device_requests(study.server.gpus)[0]["Count"] == -1

@@ -18,12 +18,12 @@ from tuner import modelconfig, space
 from tuner.cli import main
 from tuner.measurement import Measurement
 from tuner.server.local import LocalLauncher
-from tuner.settings import MeasurementSettings, SlaSettings, load_study
+from tuner.settings import MeasurementSettings, SlaSettings, read_study
 from tuner.traffic import read_traffic
 from tuner.trial.step import with_repeats
 from tuner.trial.warmup import fixed_mix_ms, shape_sweep, steady, warm_up
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
 
 
@@ -141,7 +141,7 @@ def _compute_ms(server) -> float:
 
 @pytest.mark.slow
 def test_after_the_warm_up_a_cold_server_computes_as_fast_as_a_warm_one(tmp_path, triton_install):
-    settings = load_study(write_study(tmp_path, repository(tmp_path, **H200)))
+    settings = read_study(write_study(tmp_path, repository(tmp_path, **H200)))
     traffic = read_traffic(PROFILE)
     base = modelconfig.load(Path(settings.model_repository) / "encoder_sim" / "config.pbtxt")
     with LocalLauncher(settings.model_repository, models=["encoder_sim"], install=triton_install) as server:

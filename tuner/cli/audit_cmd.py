@@ -36,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from tuner.audit import audit, format_audit, load_baseline
     from tuner.files import check_writable, json_safe, write_atomic
     from tuner.server.remote import check_triton
-    from tuner.settings import load_study, parse_host_port, with_overrides
+    from tuner.settings import parse_host_port, read_study, with_overrides
 
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})

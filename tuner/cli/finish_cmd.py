@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tuner.cli._args import add_command, add_flag, add_output_dir, add_quiet, add_storage, add_study
 from tuner.errors import SettingsError
-from tuner.settings import load_study
+from tuner.settings import read_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                             "from the storage alone)")
     if args.study is not None and args.name is not None:
         raise SettingsError("--study names the study only without STUDY.yaml (the file names it)")
-    settings = load_study(args.study) if args.study is not None else None
+    settings = read_study(args.study) if args.study is not None else None
     if settings is not None and args.output:
         settings = dataclasses.replace(settings, output=str(Path(args.output).resolve()))
     if args.no_remeasure:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.files import check_output_dir, check_writable, write_atomic
     from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, table
     from tuner.server import make_launcher
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.simulate import length_column, profile_text
     from tuner.study import base_config, study_traffic
 
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, count.dest)
         if value is not None and value < 1:
             raise SettingsError(f"{count.flag}: must be >= 1, got {value}")
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")

@@ -12,7 +12,7 @@ from tuner import space
 from tuner.cli._args import Number, add_assignments, add_command, add_json, add_numbers, add_study
 from tuner.errors import SettingsError
 from tuner.files import check_writable, json_safe, write_atomic
-from tuner.settings import load_study
+from tuner.settings import read_study
 
 if TYPE_CHECKING:
     from tuner.measurement import Measurement
@@ -55,7 +55,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tuner.trial.step import make_probe, whole_traffic
     from tuner.trial.warmup import warm_up
 
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     speed = settings.traffic.speed if args.speed is None else args.speed
     if speed <= 0:
         raise SettingsError(f"--speed: must be > 0, got {args.speed}")

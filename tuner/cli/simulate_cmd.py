@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.cost import price_for
     from tuner.errors import SettingsError
     from tuner.files import check_writable
-    from tuner.settings import load_study, with_overrides
+    from tuner.settings import read_study, with_overrides
     from tuner.simulate import read_profile
     from tuner.study import base_config, study_traffic
     from tuner.traffic import scale_time
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before the ranking is printed, not after
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     overrides = {}
     if args.speed is not None:
         overrides["traffic.speed"] = args.speed

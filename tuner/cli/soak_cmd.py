@@ -80,11 +80,11 @@ def run(args: argparse.Namespace) -> int:
     """Soak one configuration and print the findings; exit 10 when drift was detected, else 0."""
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner import space
-    from tuner.settings import load_study
+    from tuner.settings import read_study
     from tuner.soak import make_plan, restart_windows, run_soak, soak_config
     from tuner.study import study_traffic
 
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     output = Path(args.output).resolve() if args.output else Path(settings.output)
     settings = dataclasses.replace(settings, output=str(output))
     if not (0 <= args.margin < 1):

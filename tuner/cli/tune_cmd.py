@@ -17,7 +17,7 @@ from tuner.cli._args import (
     finite_float,
 )
 from tuner.errors import SettingsError, UnmeasuredError
-from tuner.settings import load_study
+from tuner.settings import read_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.tune import Handover, check_table, prepare, tune
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says what matters
-    settings = load_study(args.study)
+    settings = read_study(args.study)
     if args.output:
         settings = dataclasses.replace(settings, output=str(Path(args.output).resolve()))
     for flag, value in (("--trials", args.trials), ("--workers", args.workers), ("--timeout", args.timeout)):

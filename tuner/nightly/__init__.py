@@ -3,7 +3,7 @@
     settings  NIGHTLY.yaml -> NightlySettings (load_nightly)
     intake    tonight's traffic: the newest N hours of a file or directory
     drift     tonight's traffic against the previous run's (rate, burstiness, sizes)
-    rule      the decision rule over the A/B confirmation replays (pure), exit codes
+    rule      the decision rule over the A/B confirmation replays (pure), with tuner.errors' exit codes
     lock      one run at a time
     rundir    the dated run directory, written to a staging dir and renamed
     history   the append-only history.jsonl and its table
@@ -14,20 +14,10 @@
 
 from tuner.nightly.history import format_history, read_history
 from tuner.nightly.job import Engine, NightResult, SearchResult, run_night
-from tuner.nightly.rule import (
-    EXIT_CHANGE,
-    EXIT_KEEP,
-    EXIT_UNMEETABLE,
-    ArmResult,
-    Decision,
-    decide,
-)
+from tuner.nightly.rule import ArmResult, Decision, decide
 from tuner.nightly.settings import NightlySettings, load_nightly
 
 __all__ = [
-    "EXIT_CHANGE",
-    "EXIT_KEEP",
-    "EXIT_UNMEETABLE",
     "Decision",
     "Engine",
     "NightResult",

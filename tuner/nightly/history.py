@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tuner import space
+from tuner import formats, space
 from tuner.errors import TunerError
 from tuner.files import os_reason
 
@@ -94,7 +94,6 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
     """One row per night: the decision, both configurations, the gain, the rate, the drift and why."""
     rows = []
     for n in nights:
-        gain = n.get("gain")
         drift = n.get("drifted") or []
         rows.append({
             "night": n.get("night", "?"),
@@ -102,8 +101,8 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
             "exit": n.get("exit_code", ""),
             "production": _params(n.get("production")),
             "candidate": _params(n.get("candidate")),
-            "gain": "-" if gain is None else f"{gain:+.1%}",
-            "rate_rps": "-" if n.get("rate_rps") is None else f"{n['rate_rps']:.1f}",
+            "gain": formats.number(n.get("gain"), "+.1%"),
+            "rate_rps": formats.number(n.get("rate_rps"), ".1f"),
             "drift": ", ".join(drift) if drift else "-",
             # the whole reason is in the night's decision.json and summary.md
             "reason": textwrap.shorten(n.get("reason", ""), width=100, placeholder=" ..."),

@@ -22,21 +22,15 @@ import pandas as pd
 from tqdm import tqdm
 
 from tuner import modelconfig, space
+from tuner.errors import EXIT_SLA_UNMET
 from tuner.files import check_output_dir
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, rundir
 from tuner.nightly.intake import newest_traffic
 from tuner.nightly.lock import run_lock
-from tuner.nightly.rule import (
-    EXIT_UNMEETABLE,
-    ArmResult,
-    Decision,
-    decide,
-    keep,
-    pair_gains,
-)
-from tuner.nightly.settings import NightlySettings, load_study_for, production_config_path
+from tuner.nightly.rule import ArmResult, Decision, decide, keep, pair_gains
+from tuner.nightly.settings import NightlySettings, production_config_path, read_study_for
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
@@ -132,7 +126,7 @@ def _previous_traffic(output: Path, previous: dict | None) -> pd.DataFrame | Non
 def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     """The dry run of a night, as (what, value) rows: the study with its overrides, production's
     config, tonight's traffic and the output directory, checked; nothing is started or written."""
-    study = load_study_for(settings)
+    study = read_study_for(settings)
     prod_path = production_config_path(settings, study)
     production_cfg = modelconfig.load(prod_path)
     modelconfig.validate(production_cfg, str(prod_path))
@@ -157,7 +151,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
               now: datetime | None = None) -> NightResult:
     """What one nightly run decided, after it has written its run directory and its history line."""
-    study = load_study_for(settings)
+    study = read_study_for(settings)
     prod_path = production_config_path(settings, study)
     production_cfg = modelconfig.load(prod_path)
     # production's config as trial parameters, in the study's space (the search's own reading)
@@ -246,7 +240,7 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
     previous = nights[-1] if nights else None
     if candidate is None:
         return keep(f"SLA unmeetable: none of {found.trials} trials (production's config included) met "
-                    f"the SLA on tonight's traffic", EXIT_UNMEETABLE), []
+                    f"the SLA on tonight's traffic", EXIT_SLA_UNMET), []
     if _same(candidate, production):
         return keep("production's config is still the best the search found"), []
     pending = _pending_proposal(nights, candidate, production)

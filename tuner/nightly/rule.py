@@ -17,8 +17,9 @@ at least three pairs. A change is proposed only when
        1 in 8 for 3 pairs, before the margin).
 
 The rule is deliberately strict: a replay on a shared machine can be off by 10-20%, and a change that
-is proposed on noise flaps the configuration night after night. The gains reported are per pair. Exit codes a scheduler can act on: 0 keep, 10 change
-proposed, 3 SLA unmeetable (neither production nor the candidate met the SLA in every replay).
+is proposed on noise flaps the configuration night after night. The gains reported are per pair. Exit
+codes a scheduler can act on (tuner.errors): 0 keep (EXIT_OK), 10 change proposed (EXIT_ACT), 3 SLA
+unmeetable (EXIT_SLA_UNMET: neither production nor the candidate met the SLA in every replay).
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-EXIT_KEEP = 0
-EXIT_CHANGE = 10
-EXIT_UNMEETABLE = 3
+from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET
+from tuner.formats import gain
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Decision:
         return g[mid] if len(g) % 2 else (g[mid - 1] + g[mid]) / 2
 
 
-def keep(reason: str, exit_code: int = EXIT_KEEP, gains: tuple[float, ...] = ()) -> Decision:
+def keep(reason: str, exit_code: int = EXIT_OK, gains: tuple[float, ...] = ()) -> Decision:
     """A decision to keep production, for `reason`."""
     return Decision("keep", reason, exit_code, gains)
 
@@ -113,12 +113,12 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
         if prod_fail:
             kp, p = prod_fail[0]
             return keep(f"SLA unmeetable: {broke}, and production broke it in pair {kp}"
-                        f"{': ' + p.note if p.note else ''}", EXIT_UNMEETABLE, gains)
+                        f"{': ' + p.note if p.note else ''}", EXIT_SLA_UNMET, gains)
         return keep(broke, gains=gains)
     if rule == "every_pair":
         worst = min(range(len(gains)), key=lambda i: gains[i])
         if gains[worst] < margin:
-            return keep(f"the candidate beat production by {_pct(gains[worst])} in pair {worst + 1}, "
+            return keep(f"the candidate beat production by {gain(gains[worst])} in pair {worst + 1}, "
                         f"below the {margin:.0%} margin (gains {_list(gains)})", gains=gains)
         how = "in every pair"
     else:
@@ -126,21 +126,17 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
         worst_candidate = min((c for _, c in pairs), key=_rpd)
         spread = pair_gain(best_production, worst_candidate)
         if spread < margin:
-            return keep(f"the candidate's worst replay beat production's best by {_pct(spread)}, "
+            return keep(f"the candidate's worst replay beat production's best by {gain(spread)}, "
                         f"below the {margin:.0%} margin (gains per pair {_list(gains)})", gains=gains)
-        how = f"in every replay (its worst against production's best: {_pct(spread)})"
+        how = f"in every replay (its worst against production's best: {gain(spread)})"
     return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
                     f"production's requests per dollar by at least {margin:.0%} {how}; "
-                    f"gains per pair {_list(gains)}", EXIT_CHANGE, gains)
+                    f"gains per pair {_list(gains)}", EXIT_ACT, gains)
 
 
 def _rpd(r: ArmResult) -> float:
     return r.requests_per_dollar if r.requests_per_dollar is not None else 0.0
 
 
-def _pct(g: float) -> str:
-    return "inf" if math.isinf(g) else f"{g:+.1%}"
-
-
 def _list(gains: tuple[float, ...]) -> str:
-    return ", ".join(_pct(g) for g in gains)
+    return ", ".join(gain(g) for g in gains)

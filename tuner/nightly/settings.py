@@ -2,7 +2,8 @@
 
 It names a study YAML (model, server, SLA, cost, search space) and says what changes each night: where
 the newest traffic is, which config.pbtxt production runs, the trial budget, and the confirmation.
-Loaded with the study loader's helpers, so unknown keys and wrong types are named the same way.
+Read by the study's loader (tuner.settings.read_settings), so unknown keys and wrong types are named the
+same way.
 """
 
 from __future__ import annotations
@@ -13,15 +14,7 @@ from pathlib import Path
 
 from tuner.errors import SettingsError
 from tuner.nightly.rule import RULES
-from tuner.settings import (
-    StudySettings,
-    _build,
-    _read_yaml,
-    load_study,
-    parse_yaml,
-    resolve_path,
-    with_overrides,
-)
+from tuner.settings import StudySettings, parse_yaml, read_settings, read_study, resolve_path, with_overrides
 
 
 @dataclass(frozen=True)
@@ -76,19 +69,12 @@ class NightlySettings:
 
 def load_nightly(path: str | Path) -> NightlySettings:
     """The nightly YAML at `path`, validated, its relative paths resolved against its folder."""
-    path = Path(path)
-    data = _read_yaml(path)
-    if "source" in data:
-        raise SettingsError(f"{path}: source: unknown key")
-    settings = _build(NightlySettings, data, str(path), "")
-    settings = _resolve(settings, path.parent, str(path))
-    check(settings, str(path))
-    return dataclasses.replace(settings, source=str(path))
+    return read_settings(path, NightlySettings, resolve=_resolve, check=check)
 
 
-def load_study_for(settings: NightlySettings) -> StudySettings:
+def read_study_for(settings: NightlySettings) -> StudySettings:
     """The study the nightly YAML names (its errors name the study file), with the overrides."""
-    study = load_study(settings.study)
+    study = read_study(settings.study)
     if not settings.study_overrides:
         return study
     # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
@@ -122,6 +108,8 @@ def _resolve(s: NightlySettings, base: Path, source: str) -> NightlySettings:
 
 def check(s: NightlySettings, source: str) -> None:
     """Raise SettingsError for a value a night cannot run with (paths, budgets, the confirmation)."""
+    if s.source:  # the loader's to set, not the file's
+        raise SettingsError(f"{source}: source: unknown key")
     if not s.study:
         raise SettingsError(f"{source}: study: must name a study YAML")
     if not s.traffic.path:

@@ -271,7 +271,7 @@ def _replayed_stretch(out: StudyOutput) -> tuple[float, float] | None:
     return None
 
 
-def monthly_cost(out: StudyOutput) -> go.Figure | None:
+def cost_bars(out: StudyOutput) -> go.Figure | None:
     """Servers needed for the profile's peak, and their monthly bill, before and after."""
     rows = [(name, out.servers_and_cost(which)) for which, name in (("incumbent", "incumbent"), ("best", "recommended"))]
     if any(cost is None for _, cost in rows):

@@ -193,7 +193,7 @@ SECTIONS: list[tuple[str, Callable[[StudyOutput], go.Figure | None]]] = [
     ("Latency at capacity", figures.latency_cdfs),
     ("Batch sizes and fill rate", figures.batch_histograms),
     ("Traffic profile", figures.traffic_profile),
-    ("Servers and monthly cost at the peak", figures.monthly_cost),
+    ("Servers and monthly cost at the peak", figures.cost_bars),
 ]
 
 
@@ -209,7 +209,7 @@ def render(out: StudyOutput) -> str:
         else:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False}))
             plotlyjs = False
-            if build is figures.monthly_cost:
+            if build is figures.cost_bars:
                 parts.append(comparison_table(out).to_html(classes="comparison"))
         if build is figures.param_map:  # the simulation, where there is one, beside where the search went
             section = simulation_section(out, plotlyjs)

@@ -318,12 +318,12 @@ def _open_study(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[
 
 def _study_yaml(path: Path, summary: dict[str, Any]):
     """The study settings, from the path summary.json names or a copy in the output directory."""
-    from tuner.settings import load_study
+    from tuner.settings import read_study
 
     for candidate in (summary.get("study_file"), path / "study.yaml"):
         if candidate and Path(candidate).is_file():
             try:
-                return load_study(candidate)
+                return read_study(candidate)
             except TunerError:
                 return None
     return None

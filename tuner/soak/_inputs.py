@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,7 +10,7 @@ import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import SettingsError
-from tuner.files import os_reason
+from tuner.files import read_text
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
@@ -30,7 +28,8 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
     config.pbtxt; with the `--set` assignments applied."""
     if config_path is not None:
         path = Path(config_path)
-        config, source = modelconfig.parse(_read_config(path), str(path)), str(path)
+        text = read_text(path, label=f"--config {path}", what="a config.pbtxt", error=SettingsError)
+        config, source = modelconfig.parse(text, str(path)), str(path)
     elif (Path(output) / RECOMMENDED).is_file():
         path = Path(output) / RECOMMENDED
         config, source = modelconfig.load(path), f"{path} (the study's recommendation)"
@@ -43,20 +42,6 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
         source += " with " + ", ".join(f"{k}={v}" for k, v in params.items())
     modelconfig.validate(config, source)
     return config, source
-
-
-def _read_config(path: Path) -> str:
-    """The text of the --config file; SettingsError naming it and the OS's reason (a symlink loop, a
-    name too long, a directory, a FIFO that would block) otherwise."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            what = "a directory" if path.is_dir() else "not a regular file"
-            raise SettingsError(f"--config {path}: {what}, not a config.pbtxt")
-        return path.read_text()
-    except UnicodeDecodeError as exc:
-        raise SettingsError(f"--config {path}: not a text file (byte {exc.start} is not UTF-8)") from None
-    except OSError as exc:
-        raise SettingsError(f"--config {path}: cannot read ({os_reason(exc)})") from None
 
 
 def restart_windows(traffic: pd.DataFrame, *, minutes: float | None, day_hours: float | None = None,

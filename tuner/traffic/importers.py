@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.files import os_reason
-from tuner.traffic.io import MODEL, TIMESTAMP, column_names, open_input, read_raw, validate_traffic
+from tuner.files import os_reason, read_text
+from tuner.traffic.io import MODEL, TIMESTAMP, column_names, read_raw, validate_traffic
 
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
@@ -159,14 +159,8 @@ def _trace_parts(path: Path) -> list[Path]:
 
 
 def _trace_entries(path: Path) -> list[dict]:
-    with open_input(path, "a Triton trace file") as fh:
-        try:
-            # utf-8-sig: a trace saved by an editor that marks UTF-8 with a byte-order mark
-            text = fh.read().decode("utf-8-sig")
-        except OSError as exc:
-            raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
-        except UnicodeDecodeError as exc:
-            raise TrafficError(f"{path}: cannot read ({exc})") from None
+    # utf-8-sig: a trace saved by an editor that marks UTF-8 with a byte-order mark
+    text = read_text(path, what="a Triton trace file", error=TrafficError, encoding="utf-8-sig")
     if not text.strip():
         raise TrafficError(f"{path}: empty file")
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import codecs
 import os
-import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -51,31 +50,13 @@ def _kind(path: Path) -> str:
 def read_raw(path: str | os.PathLike) -> tuple[pd.DataFrame, int | None]:
     """The file as pandas reads it, unvalidated, and the file line of data row 0 (None for Parquet)."""
     path = Path(path)
-    with open_input(path, "a traffic file") as fh:
+    with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
         kind = _kind(path)
         if os.fstat(fh.fileno()).st_size == 0:
             raise TrafficError(f"{path}: empty file")
         if kind == "parquet":
             return _read_parquet(fh, path), None
         return _read_csv(fh, path), 2
-
-
-def open_input(path: str | os.PathLike, what: str) -> BinaryIO:
-    """The file at `path`, open for reading in binary; otherwise one TrafficError naming the path and
-    why: no such file, a directory, not a regular file (a FIFO would block the read), or the OS's
-    reason (a name too long, a symbolic-link loop, no permission)."""
-    path = Path(path)
-    try:
-        mode = path.stat().st_mode
-        if stat.S_ISDIR(mode):
-            raise TrafficError(f"{path}: is a directory, not {what}")
-        if not stat.S_ISREG(mode):
-            raise TrafficError(f"{path}: not a regular file")
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise TrafficError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
 
 
 def _read_parquet(fh: BinaryIO, path: Path) -> pd.DataFrame:
@@ -265,13 +246,16 @@ def _seconds(col: pd.Series, where: _Where) -> np.ndarray:
             return _datetime_seconds(parsed, col, where)
     bad = _first_bad(~np.isfinite(values))
     if bad is not None:
-        raw = col.iloc[bad]
-        problem = "empty (NaN)" if pd.isna(raw) else f"not a finite time: {_show(raw)}"
-        raise where.fail(bad, name, problem)
+        raise where.fail(bad, name, _empty_or(col.iloc[bad], "not a finite time:"))
     bad = _first_bad(values < 0)
     if bad is not None:
         raise where.fail(bad, name, f"negative time {_show(col.iloc[bad])}")
     return values
+
+
+def _empty_or(value: object, problem: str) -> str:
+    """What is wrong with a cell: it is empty (NaN), or `problem` and the value."""
+    return "empty (NaN)" if pd.isna(value) else f"{problem} {_show(value)}"
 
 
 def _datetime_seconds(parsed: pd.Series, raw: pd.Series, where: _Where) -> np.ndarray:
@@ -280,9 +264,7 @@ def _datetime_seconds(parsed: pd.Series, raw: pd.Series, where: _Where) -> np.nd
     missing = parsed.isna().to_numpy()
     bad = _first_bad(missing)
     if bad is not None:
-        value = raw.iloc[bad]
-        problem = "empty (NaN)" if pd.isna(value) else f"unparsable time {_show(value)}"
-        raise where.fail(bad, TIMESTAMP, problem)
+        raise where.fail(bad, TIMESTAMP, _empty_or(raw.iloc[bad], "unparsable time"))
     ns = parsed.to_numpy().astype("datetime64[ns]").astype(np.int64)
     bad = _first_bad(ns < 0)
     if bad is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from tuner import formats
 from tuner.soak.analysis._common import SoakDataError
 from tuner.soak.analysis._fit import SoakAnalysis, fit_windows
 from tuner.soak.analysis._plan import MIN_WINDOWS, TIME_AXIS
@@ -203,7 +204,8 @@ def summary_lines(findings: dict, meta: dict) -> list[str]:
     breach = findings.get("observed_breach") or findings.get("breach")
     if breach:
         kind = "broke" if findings.get("observed_breach") else "projected to break"
-        second.append(f"SLA {kind} after {_hours(breach.get('hours'))} h ({breach.get('figure')})")
+        hours = formats.number(breach.get("hours"), missing="?")
+        second.append(f"SLA {kind} after {hours} h ({breach.get('figure')})")
     batches = findings.get("batches") or {}
     if batches.get("smallest_failing") is not None:
         second.append(f"largest batch still succeeding {batches.get('largest_recent')}, "
@@ -220,22 +222,13 @@ def quiet_line(quiet: QuietWindows) -> str:
     """The daily restart slot in one line (its start also in seconds of the day, for scripts)."""
     day_rps = float(np.mean([w.day_rps for w in quiet.windows])) if quiet.windows else math.nan
     return (f"the recording's quietest {quiet.length_s / 60:g} min of each {quiet.period_s / 3600:.4g} h day "
-            f"start {_hms(quiet.slot_offset_s)} into the day (at {quiet.slot_offset_s:g} s): "
+            f"start {formats.hms(quiet.slot_offset_s)} into the day (at {quiet.slot_offset_s:g} s): "
             f"{quiet.slot_requests / quiet.length_s:.3g} req/s there against {day_rps:.3g} req/s on average "
             f"({quiet.slot_days} day(s))")
 
 
-def _hms(seconds: float) -> str:
-    whole = int(round(seconds))
-    return f"{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
 def _pct(value) -> str:
     return "?" if value is None else f"{100 * float(value):+.2g}%"
-
-
-def _hours(value) -> str:
-    return "?" if value is None else f"{float(value):.3g}"
 
 
 def _text(table: pd.DataFrame) -> str:

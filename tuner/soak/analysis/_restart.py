@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
+from tuner.formats import hms
 from tuner.soak.analysis._common import SoakDataError, json_number
 from tuner.soak.analysis._projection import Crossing
 from tuner.traffic import TIMESTAMP
@@ -70,14 +71,14 @@ class QuietWindows:
         what = self.weight or "requests"
         rows = [{
             "day": w.day + 1,
-            "start in day": _hms(w.offset_s),
+            "start in day": hms(w.offset_s),
             "start s": w.start_s,
             "clock (UTC)": _clock(w.start_timestamp),
             what: w.requests,
             "rate /s": w.rps,
             "day mean /s": w.day_rps,
         } for w in self.windows]
-        rows.append({"day": "daily slot", "start in day": _hms(self.slot_offset_s), "start s": self.slot_offset_s,
+        rows.append({"day": "daily slot", "start in day": hms(self.slot_offset_s), "start s": self.slot_offset_s,
                      "clock (UTC)": "", what: self.slot_requests, "rate /s": self.slot_requests / self.length_s,
                      "day mean /s": float("nan")})
         return pd.DataFrame(rows)
@@ -164,11 +165,6 @@ def _grid(span: float, step: float) -> np.ndarray:
     return np.arange(n, dtype=np.float64) * step
 
 
-def _hms(seconds: float) -> str:
-    whole = int(round(seconds))
-    return f"{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
-
-
 def _clock(timestamp: float) -> str:
     """The UTC time of a Unix timestamp; empty for timestamps that are not Unix time."""
     if timestamp < _EPOCH_2001:
@@ -203,7 +199,7 @@ class RestartAdvice:
             rows.append(("restart interval", f"every {self.every} {self.unit}{'s' if self.every != 1 else ''} "
                                              f"({self.interval_hours:.3g} h)"))
         if self.slot_offset_s is not None and self.length_s is not None:
-            rows.append(("restart window", f"{_hms(self.slot_offset_s)} into the day, {self.length_s:g} s"))
+            rows.append(("restart window", f"{hms(self.slot_offset_s)} into the day, {self.length_s:g} s"))
         return pd.DataFrame(rows, columns=["what", "value"])
 
     def as_dict(self) -> dict:
@@ -254,7 +250,7 @@ def restart_advice(breach: Crossing | None, quiet: QuietWindows | None = None, *
                              reason=f"{breach.figure} is projected to break its limit {hours * 60:.2g} min after "
                                     "a start: too soon for restarts to help")
     plural = "s" if every != 1 else ""
-    where = (f", in the quiet window {_hms(slot[0])} into the day" if slot[0] is not None
+    where = (f", in the quiet window {hms(slot[0])} into the day" if slot[0] is not None
              else ("; more often than daily, so not every restart falls in the quiet window" if quiet else ""))
     return RestartAdvice(
         "restart", every=every, unit=unit, interval_hours=every * unit_hours, basis_hours=hours, margin=margin,

@@ -1,0 +1,31 @@
+"""tuner.formats: a number reads the same wherever it is printed."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tuner.formats import gain, hms, number
+
+
+@pytest.mark.parametrize("value, spec, missing, text", [
+    (12.3456, ".3g", "-", "12.3"),
+    (np.float64(0.5), ".3g", "-", "0.5"),
+    (1234567.8, ",.0f", "-", "1,234,568"),
+    (7, ",.0f", "-", "7"),
+    (None, ".3g", "-", "-"),
+    (None, ".3g", "?", "?"),
+    (math.nan, ".3g", "-", "nan"),  # only a missing value is a mark: NaN is printed as it is
+])
+def test_a_number_is_its_format_or_the_mark_of_a_missing_one(value, spec, missing, text):
+    assert number(value, spec, missing=missing) == text
+
+
+def test_a_gain_is_a_signed_percentage_and_inf_past_any_ratio():
+    assert [gain(g) for g in (0.05, -0.1234, 0.0, math.inf, None)] == ["+5.0%", "-12.3%", "+0.0%", "inf", "-"]
+
+
+def test_hms_rounds_to_the_second():
+    assert [hms(s) for s in (0, 59.6, 3661.2, 86399)] == ["00:00:00", "00:01:00", "01:01:01", "23:59:59"]
