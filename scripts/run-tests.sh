@@ -5,9 +5,10 @@
 # - the tritonserver binary from the nvidia-pytriton wheel (a user cache; `tuner server install`)
 # - as root on Debian: chromium (report test), docker.io + debootstrap (docker launcher tests), a
 #   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end;
-#   postgresql (its binaries: the tests start a private cluster of their own, as the postgres user)
-# Elsewhere the docker, browser and PostgreSQL tests skip with a reason, unless TUNER_REQUIRE_ALL=1 (CI
-# sets it), which makes them fail instead.
+#   postgresql (its binaries: the tests start a private cluster of their own, as the postgres user);
+#   prometheus (its prometheus and promtool binaries: the tests start servers of their own)
+# Elsewhere the docker, browser, PostgreSQL and Prometheus tests skip with a reason, unless
+# TUNER_REQUIRE_ALL=1 (CI sets it), which makes them fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,11 +53,25 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
             echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.conf
         fi
     fi
+    prometheus_new=""
+    if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+        missing+=(prometheus)
+        prometheus_new=1
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         step "Debian packages: ${missing[*]}"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
             -o Dpkg::Options::=--force-confold "${missing[@]}" >/dev/null
+    fi
+    if [ -n "$prometheus_new" ]; then
+        # the package's own service (port 9090, /var/lib/prometheus) is not left running: the tests
+        # start servers of their own, each on a free port with its own data directory
+        if [ -d /run/systemd/system ]; then
+            systemctl disable --now prometheus >/dev/null 2>&1 || true
+        elif [ -x /etc/init.d/prometheus ]; then
+            /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+        fi
     fi
 fi
 

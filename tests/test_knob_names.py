@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TUNER = ROOT / "tuner"
 
 # Where a knob's name must not be spelled (folders: every module in them).
+# (tuner/production/ is not checked: it reads the deployed config's max_batch_size as its fill rate's
+# denominator, a measured fact like `Measurement.max_batch_size`, and tunes nothing)
 CHECKED = ("tuner/cli", "tuner/search", "tuner/report", "tuner/nightly", "tuner/export.py", "tuner/audit.py",
            "tuner/simulate")
 # Where its meaning is implemented: the knobs, the config writer, the batcher.

@@ -81,11 +81,7 @@ class AuditResult:
         inefficient (10) or healthy (0)."""
         if self.result.outcome in NO_VERDICT:
             return UnmeasuredError.exit_code
-        if not self.result.meets_sla:
-            return EXIT_SLA_UNMET
-        if any(f.verdict == "inefficient" for f in self.findings):
-            return EXIT_ACT
-        return EXIT_OK
+        return exit_code_of(self.findings, sla_met=self.result.meets_sla)
 
     def as_dict(self) -> dict:
         """The result as a plain, JSON-able dict (what `tuner audit --json` writes)."""
@@ -101,6 +97,25 @@ class AuditResult:
             "findings": [f.__dict__ for f in self.findings],
             "exit_code": self.exit_code,
         }
+
+
+def exit_code_of(findings: list[Finding], *, sla_met: bool = True) -> int:
+    """The verdict's exit code, for every audit (by replay, from production's metrics): the SLA missed
+    (3: `sla_met` false, or a `broken` finding), inefficient (10) or healthy (0)."""
+    if not sla_met or any(f.verdict == "broken" for f in findings):
+        return EXIT_SLA_UNMET
+    if any(f.verdict == "inefficient" for f in findings):
+        return EXIT_ACT
+    return EXIT_OK
+
+
+def ratio_verdict(ratio: float) -> tuple[str, str]:
+    """The throughput ratio's verdict and what it means: ok above HEALTHY, inefficient under INEFFICIENT."""
+    if ratio > HEALTHY:
+        return "ok", f"> {HEALTHY:g}: healthy"
+    if ratio >= INEFFICIENT:
+        return "watch", f"between {INEFFICIENT:g} and {HEALTHY:g}"
+    return "inefficient", f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"
 
 
 def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
@@ -187,13 +202,10 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
         out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
                            f"{r.servers_needed} server(s) for the peak, ${cost}/month", "info"))
     if a.baseline is not None and a.ratio is not None:
-        verdict = "ok" if a.ratio > HEALTHY else ("watch" if a.ratio >= INEFFICIENT else "inefficient")
         b = a.baseline
         out.append(Finding(
             "throughput ratio", f"{a.ratio:.2f} ({r.capacity_rps:.1f} vs {b.capacity_rps:.1f} req/s of "
-            f"{space.describe(b.params)})", verdict,
-            {"ok": f"> {HEALTHY:g}: healthy", "watch": f"between {INEFFICIENT:g} and {HEALTHY:g}",
-             "inefficient": f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"}[verdict]))
+            f"{space.describe(b.params)})", *ratio_verdict(a.ratio)))
         recoverable = formats.number(a.recoverable_per_month, ",.0f")
         out.append(Finding("recoverable budget", f"${recoverable}/month", "info",
                            "throughput gap x the deployment's monthly cost"))

@@ -1,9 +1,13 @@
-"""`tuner audit STUDY.yaml [--url HOST:PORT] [--baseline DIR]`: measure a deployment, change nothing."""
+"""`tuner audit STUDY.yaml [--url HOST:PORT] [--baseline DIR]`: measure a deployment, change nothing;
+`tuner audit STUDY.yaml --prometheus URL [--window 7d]`: audit production from Prometheus's history."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from collections.abc import Callable, Iterator
 
 from tuner.cli._args import add_command, add_flag, add_input, add_json, add_study
 
@@ -21,20 +25,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "searched (this drives the server past its SLA: audit a replica, or use --at-load-only). "
         "With --baseline (a `tuner tune` output on the same SLA and traffic): the throughput ratio "
         "(> 0.75 healthy, < 0.60 inefficient) and the recoverable budget. Exit codes: 0 healthy, "
-        "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error.",
+        "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error. "
+        "With --prometheus URL: nothing is replayed and no server touched; production's own history over "
+        "--window (Triton's counters in Prometheus: throughput, fill rate, queue and compute time, errors, "
+        "per hour and per instance) is judged the same way (exit 3: the error rate over the SLA's).",
     )
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
                    help="the deployment's Triton HTTP endpoint (default: the study's server section)")
     add_input(p, "--baseline", kind="directory", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
     add_flag(p, "--at-load-only", "replay only at the recorded load: no capacity search, no throughput ratio")
+    p.add_argument("--prometheus", metavar="URL",
+                   help="audit production from this Prometheus query API (any Prometheus-compatible one): "
+                   "Triton's counters over --window, nothing replayed")
+    p.add_argument("--window", metavar="DURATION",
+                   help="with --prometheus: how far back, in whole hours (e.g. 7d, 36h; default 7d)")
     add_json(p, "the audit")
 
 
 def run(args: argparse.Namespace) -> int:
     """Audit the study's deployment and print the findings; the audit's exit code."""
+    from tuner.errors import InputError
+
+    if args.prometheus is not None:
+        return _production(args)
+    if args.window is not None:
+        raise InputError("--window: only with --prometheus (the replay audit replays the study's traffic)")
     from tuner.audit import audit, format_audit, load_baseline
-    from tuner.files import check_writable, json_safe, write_atomic
+    from tuner.files import check_writable
     from tuner.server.remote import check_triton
     from tuner.settings import parse_host_port, read_study, with_overrides
 
@@ -49,7 +67,48 @@ def run(args: argparse.Namespace) -> int:
         check_triton(settings.server.url, where="--url" if args.url is not None else "server.url")
     result = audit(settings, baseline, at_load_only=args.at_load_only)
     print(format_audit(result))
-    if args.json:
-        write_atomic(args.json, json.dumps(json_safe(result.as_dict()), indent=2, default=str) + "\n",
-                     label=f"--json {args.json}")
+    _write_json(args.json, result.as_dict())
     return result.exit_code
+
+
+def _production(args: argparse.Namespace) -> int:
+    """`--prometheus`: the production audit from Prometheus's history; nothing replayed, no server touched."""
+    from tuner.audit import format_audit, load_baseline
+    from tuner.errors import InputError
+    from tuner.files import check_writable
+    from tuner.production import Prometheus, parse_duration, production_audit
+    from tuner.settings import read_study
+
+    if args.url is not None or args.at_load_only:
+        raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
+                         "replay audit (nothing is replayed)")
+    window_s = parse_duration(args.window or "7d")
+    settings = read_study(args.study)
+    if args.json:
+        check_writable(args.json, label=f"--json {args.json}")
+    baseline = load_baseline(args.baseline, settings) if args.baseline else None
+    prometheus = Prometheus(args.prometheus)
+    with _query_progress() as on_query:
+        result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
+    print(format_audit(result))
+    _write_json(args.json, result.as_dict())
+    return result.exit_code
+
+
+@contextlib.contextmanager
+def _query_progress() -> Iterator[Callable[[str], None]]:
+    """A bar over the queries on stderr, drawn only once they take more than a second."""
+    from tqdm import tqdm
+
+    from tuner.production import QUERIES
+
+    with tqdm(total=QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
+              leave=False) as bar:
+        yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
+
+
+def _write_json(path: str | None, data: dict) -> None:
+    from tuner.files import json_safe, write_atomic
+
+    if path:
+        write_atomic(path, json.dumps(json_safe(data), indent=2, default=str) + "\n", label=f"--json {path}")

@@ -1,0 +1,168 @@
+"""The production audit over a week of history (tuner/production/_audit.py, _series.py, _result.py):
+Triton's counters of two replicas written at 15 s resolution from a diurnal profile, with a server
+restart (a counter reset) and scrape gaps, backfilled with promtool into a real Prometheus of the
+test's own (benchmarks/production_audit.py). The audit must recover the profile: throughput and fill
+rate within 2 %, the hours under the thresholds exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+
+from benchmarks.production_audit import (
+    ERROR_SHARE,
+    PROFILE,
+    backfill,
+    expected,
+    prometheus_server,
+    synthetic_week,
+    write_study,
+)
+from tuner.audit import Baseline
+from tuner.cli import main
+from tuner.errors import EXIT_ACT as EXIT_INEFFICIENT
+from tuner.errors import EXIT_OK as EXIT_HEALTHY
+from tuner.errors import UnmeasuredError
+from tuner.production import NoSeriesError, Prometheus, production_audit
+from tuner.settings import read_study
+
+WEEK_S = 7 * 86400
+BASELINE = Baseline("tuned", {"max_batch_size": 32, "max_queue_delay_microseconds": 1000}, 100.0)
+PRICE = 2.0
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def week(prometheus_tools, tmp_path_factory):
+    """The week (ending at the last whole hour) in a Prometheus of our own; yields (Week, its URL)."""
+    tmp = tmp_path_factory.mktemp("week")
+    w = synthetic_week(tmp / "openmetrics", end=math.floor(time.time() / 3600) * 3600, idle_model="idle")
+    backfill(w.files, tmp / "data")
+    with prometheus_server(tmp / "data", retention="30d") as url:
+        yield w, url
+
+
+def settings(tmp_path, model: str = "m"):
+    return read_study(write_study(tmp_path, model=model, price_per_hour=PRICE))
+
+
+def by_check(audit) -> dict:
+    return {f.check: f for f in audit.findings if f.check}
+
+
+def test_the_audit_recovers_the_week_it_was_given(week, tmp_path):
+    w, url = week
+    a = production_audit(settings(tmp_path), Prometheus(url), window_s=WEEK_S, end=w.end, baseline=BASELINE)
+    want = expected(w)
+    assert a.figures.throughput_rps == pytest.approx(want["throughput_rps"], rel=0.02)
+    assert a.figures.fill_rate == pytest.approx(want["fill_rate"], rel=0.02)
+    assert a.figures.error_rate == pytest.approx(ERROR_SHARE, rel=0.02)
+    assert a.figures.queue_ms == pytest.approx(2.0, rel=0.02) and a.figures.compute_ms == pytest.approx(
+        5.0, rel=0.02
+    )
+    # hour by hour, the restart's and the partial gap's hours included
+    hours = w.hours[~w.hours["gap"]]
+    served = hours["per_replica_rps"] * (1 - ERROR_SHARE)
+    assert list(a.steps.index) == list(hours.index)
+    assert a.steps["per_replica_rps"].to_numpy() == pytest.approx(served.to_numpy(), rel=0.02)
+    assert a.steps["fill_rate"].to_numpy() == pytest.approx(hours["fill_rate"].to_numpy(), abs=0.02)
+    # the hours under the thresholds, exactly
+    assert a.fill_under == list(hours.index[hours["fill_rate"] < 0.5]) and len(a.fill_under) > 20
+    assert (
+        a.ratio_under == list(hours.index[served / BASELINE.capacity_rps < 0.6]) and len(a.ratio_under) > 20
+    )
+    # the gap and the restart said, each replica on its own
+    assert a.gaps == list(w.hours.index[w.hours["gap"]])
+    assert a.restarts == {"10.0.0.1:8002": 0, "10.0.0.2:8002": 1}
+    inst = a.instances["throughput_rps"]
+    assert inst["10.0.0.2:8002"] / inst["10.0.0.1:8002"] == pytest.approx(2.0, rel=0.02)  # its share: 2/3
+    assert a.figures.replicas == 2
+    # the verdict: a replica serves 44 % of what the tuned configuration can
+    assert a.ratio == pytest.approx(want["throughput_rps"] / 2 / 100, rel=0.02)
+    assert a.recoverable_per_month == pytest.approx((1 - a.ratio) * 2 * PRICE * 730)
+    found = by_check(a)
+    assert found["throughput ratio"].verdict == "inefficient" and a.exit_code == EXIT_INEFFICIENT
+    assert found["scrape gaps"].value.startswith("2 step(s) of 1h without samples")
+    assert found["server restarts"].value == "10.0.0.2:8002 1"
+    assert found["steps of 1h with fill rate < 0.5"].value.startswith(f"{len(a.fill_under)} of 166: ")
+    assert found["fill rate over the window"].verdict == "ok" and found["error rate"].verdict == "ok"
+
+
+def test_the_command_prints_the_table_and_writes_the_json(week, tmp_path, capsys):
+    w, url = week
+    baseline = tmp_path / "tuned"
+    baseline.mkdir()
+    (baseline / "summary.json").write_text(
+        json.dumps(
+            {
+                "best": {"params": BASELINE.params, "capacity_rps": BASELINE.capacity_rps},
+                "sla": {"latency_ms": 200, "percentile": 99.0},
+                "traffic": {"path": str(PROFILE)},
+            }
+        )
+    )
+    study = str(write_study(tmp_path, price_per_hour=PRICE))
+    code = main(
+        ["audit", study, "--prometheus", url, "--baseline", str(baseline), "--json", str(tmp_path / "a.json")]
+    )
+    out = capsys.readouterr().out
+    assert code == EXIT_INEFFICIENT, out
+    assert "throughput ratio" in out and "inefficient" in out and "recoverable budget" in out
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["exit_code"] == EXIT_INEFFICIENT and report["model"] == "m"
+    assert report["figures"]["throughput_rps"] == pytest.approx(expected(w)["throughput_rps"], rel=0.02)
+    assert len(report["steps"]) >= 165 and report["restarts"]["10.0.0.2:8002"] == 1
+    assert report["findings"][0]["check"] == "production window"
+    # without a baseline: no ratio, and the week is otherwise healthy
+    assert main(["audit", study, "--prometheus", url, "--window", "7d"]) == EXIT_HEALTHY
+    assert "no baseline" in capsys.readouterr().out
+
+
+def test_a_model_with_no_traffic_is_said_and_its_whole_cost_is_recoverable(week, tmp_path):
+    w, url = week
+    a = production_audit(settings(tmp_path, "idle"), Prometheus(url), window_s=WEEK_S, end=w.end)
+    found = by_check(a)
+    assert a.figures.throughput_rps == 0 and a.figures.fill_rate is None
+    assert found["production throughput"].why == "no requests in the window"
+    assert "fill rate over the window" not in found and a.exit_code == EXIT_HEALTHY
+    judged = production_audit(
+        settings(tmp_path, "idle"), Prometheus(url), window_s=WEEK_S, end=w.end, baseline=BASELINE
+    )
+    assert judged.ratio == 0 and judged.recoverable_per_month == pytest.approx(PRICE * 730)
+    assert judged.exit_code == EXIT_INEFFICIENT
+
+
+def test_a_window_inside_a_scrape_gap_is_unmeasured_not_zero(week, tmp_path):
+    w, url = week
+    gap = w.hours.index[w.hours["gap"]][0].timestamp()  # its first hour: one sample, at its start
+    a = production_audit(settings(tmp_path), Prometheus(url), window_s=3600, end=gap + 3600)
+    assert a.exit_code == UnmeasuredError.exit_code and a.figures.seconds == 0
+    assert [(f.check, f.verdict) for f in a.findings] == [("production window", "broken")]
+    assert "no 1h of the window has two samples" in a.findings[0].why
+
+
+def test_a_window_before_any_data_has_no_triton_metrics(week, tmp_path):
+    w, url = week
+    with pytest.raises(
+        NoSeriesError, match=r"no Triton metrics \(nv_inference_request_success\) in the window"
+    ):
+        production_audit(settings(tmp_path), Prometheus(url), window_s=86400, end=w.start - 86400)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("absent model", "model 'absent' has no series in the window (models with Triton metrics: idle, m)"),
+        ("past the retention", "--window 60d: longer than Prometheus's retention (30d)"),
+    ],
+)
+def test_bad_input_against_a_real_prometheus_is_one_line_exit_2(week, tmp_path, capsys, case, message):
+    w, url = week
+    model, window = ("absent", "7d") if case == "absent model" else ("m", "60d")
+    code = main(["audit", str(write_study(tmp_path, model=model)), "--prometheus", url, "--window", window])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, out + err

@@ -1,0 +1,79 @@
+"""Triton's counters as Prometheus scrapes them from a real tritonserver (tuner/production/_series.py)
+while tuner replays traffic against it: the production audit's figures over the replay's minutes
+agree with what the replay itself measured (throughput within 2 %, fill rate within 0.02). And
+Triton's own HTTP port given as --prometheus: one line, exit 2, nothing replayed."""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks.production_audit import prometheus_server, write_study
+from tuner.cli import main
+from tuner.measurement import measure
+from tuner.production import Prometheus, production_audit
+from tuner.replay import replay
+from tuner.server.local import LocalLauncher
+from tuner.settings import ReplaySettings, read_study
+
+MODELS = Path(__file__).resolve().parents[1] / "data" / "replay_models"  # echo: max_batch_size 32
+RATE, DURATION_S, WARMUP_S, BURST = 250.0, 24.0, 2.0, 8
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scraped(prometheus_tools, triton_install, tmp_path_factory):
+    """A tritonserver serving `echo`, scraped every second by a Prometheus of our own; (server, URL)."""
+    tmp = tmp_path_factory.mktemp("scraped")
+    with LocalLauncher(MODELS, models=["echo"], install=triton_install) as server:
+        metrics = urllib.parse.urlsplit(server.endpoints.metrics).netloc
+        with prometheus_server(tmp / "data", scrape=[metrics], scrape_s=1.0) as url:
+            yield server, url
+
+
+def test_the_audit_from_prometheus_agrees_with_the_replay(scraped, tmp_path):
+    server, url = scraped
+    n = int(RATE * DURATION_S)
+    # bursts of BURST requests due together: the batcher forms batches, the fill rate compared is not ~1/32
+    traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
+    result = replay(server.endpoints, "echo", traffic, 1.0, ReplaySettings(workers=1, warmup_s=WARMUP_S))
+    m = measure(
+        result.records,
+        result.stats_before,
+        result.stats_after,
+        speed=1.0,
+        warmup_s=WARMUP_S,
+        lag_budget_ms=50,
+        max_batch_size=32,
+    )
+    assert m.errors == 0 and m.throughput_rps == pytest.approx(RATE, rel=0.05)
+    # the schedule's start on the wall clock (the load generator announces it on the monotonic one):
+    # the audit's window is the whole seconds of the replay's measured part
+    t0 = time.time() - (time.monotonic() - result.details["t0_monotonic"])
+    start, end = math.ceil(t0 + WARMUP_S), math.floor(t0 + DURATION_S)
+    time.sleep(2.5)  # Prometheus's scrape after `end`
+    settings = read_study(write_study(tmp_path, model="echo", repository=MODELS))
+    a = production_audit(settings, Prometheus(url), window_s=end - start, end=end, step_s=end - start)
+    assert a.max_batch_size == 32 and a.figures.seconds == end - start and a.figures.replicas == 1
+    assert a.figures.throughput_rps == pytest.approx(m.throughput_rps, rel=0.02)
+    assert a.figures.fill_rate == pytest.approx(m.fill_rate, abs=0.02)
+    assert a.figures.mean_batch > 3  # batches formed
+    assert a.figures.error_rate == 0 and a.restarts == {next(iter(a.restarts)): 0}
+
+
+def test_triton_http_port_is_not_a_prometheus_and_nothing_is_replayed(scraped, tmp_path, capsys):
+    server, _ = scraped
+    before = int(server.statistics("echo")["inference_count"])
+    study = str(write_study(tmp_path, model="echo", repository=MODELS))
+    code = main(["audit", study, "--prometheus", server.endpoints.http])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert "not a Prometheus query API (GET /api/v1/query answered HTTP" in err, err
+    assert int(server.statistics("echo")["inference_count"]) == before

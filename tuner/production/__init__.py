@@ -1,0 +1,38 @@
+"""The production audit (`tuner audit --prometheus URL`): what production did, read from Triton's
+counters in Prometheus over a window (default 7 days) and per hour of it, judged as the replay audit
+judges a deployment (tuner.audit: its thresholds, findings table and exit codes).
+
+    _client    Prometheus's HTTP query API, every failure one line
+    _errors    its bad inputs (InputErrors: exit 2)
+    _window    durations in Prometheus's notation (--window, the retention)
+    _series    Triton's counters as increases per step and instance (pandas)
+    _figures   the figures from those increases: pure arithmetic, no HTTP
+    _result    the audit's result and findings
+    _audit     the audit: read, figure, judge
+"""
+
+from tuner.production._audit import HOUR_S, judge, production_audit, window_bounds
+from tuner.production._client import Prometheus
+from tuner.production._errors import NoSeriesError, PrometheusError, WindowError
+from tuner.production._figures import ProductionFigures
+from tuner.production._result import ProductionAudit
+from tuner.production._series import METRICS, QUERIES, Counters, read_counters
+from tuner.production._window import parse_duration
+
+__all__ = [
+    "HOUR_S",
+    "METRICS",
+    "QUERIES",
+    "Counters",
+    "ProductionFigures",
+    "NoSeriesError",
+    "ProductionAudit",
+    "Prometheus",
+    "PrometheusError",
+    "WindowError",
+    "judge",
+    "parse_duration",
+    "production_audit",
+    "read_counters",
+    "window_bounds",
+]
