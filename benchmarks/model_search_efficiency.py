@@ -96,7 +96,7 @@ def model_picks(settings, ranking: pd.DataFrame, incumbent: dict, top: int) -> l
     enqueues from the ranking (its `top` best that met the SLA in simulation), on an in-memory study."""
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(incumbent)
-    picked = search.enqueue_ranked(study, ranking, settings, top)
+    picked = search.enqueue_ranked(study, ranking, settings, count=top)
     return [tuple(int(p[k]) for k in KEYS) for p in (incumbent, *picked)]
 
 
@@ -162,7 +162,7 @@ def main() -> int:
         run = {"run": i, "profile": str(path), "profile_s": profile_s}
         for s in SCORINGS:  # the study under each scoring, ranked as `tuner tune` ranks it
             started = time.monotonic()
-            ranking = search.rank_space(dataclasses.replace(settings, scoring=s), base, traffic, read_profile(path))
+            ranking = search.rank_space(dataclasses.replace(settings, scoring=s), base, traffic, profile=read_profile(path))
             run["simulate_s"] = time.monotonic() - started
             run["simulated"] = len(ranking)
             run[f"{s}_measures"] = model_picks(settings, ranking, incumbent_params, top)

@@ -126,7 +126,7 @@ def overhead(url: str, trials: int, directory: Path) -> float:
                               incumbent={"max_batch_size": 64, "max_queue_delay_microseconds": 0},
                               metadata={"scoring": settings.scoring, "storage": url})
     start = time.perf_counter()
-    search.run_trials(study, settings, instant, trials)
+    search.run_trials(study, settings, instant, n_trials=trials)
     return (time.perf_counter() - start) / trials
 
 

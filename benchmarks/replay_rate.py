@@ -101,10 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             for workers in worker_counts:
                 for rate in rates:
                     traffic = synth_poisson(rate, args.duration, seed=int(rate) + run,
-                                            sizes={"seq_len": SizeSpec("lognormal", median=64, max=128)})
+                                            sizes={"seq_len": SizeSpec(kind="lognormal", median=64, max=128)})
                     settings = ReplaySettings(protocol=args.protocol, workers=workers, warmup_s=WARMUP_S,
                                               lag_budget_ms=args.budget_ms)
-                    result = replay(server.endpoints, args.model, traffic, 1.0, settings, progress=True)
+                    result = replay(server.endpoints, args.model, traffic, speed=1.0, settings=settings, progress=True)
                     m = measure(result.records, result.stats_before, result.stats_after, speed=1.0,
                                 warmup_s=WARMUP_S, lag_budget_ms=args.budget_ms, max_batch_size=max_batch,
                                 load_generator_cpu=result.load_generator_cpu, workers=result.workers)

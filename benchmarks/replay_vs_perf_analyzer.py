@@ -112,9 +112,9 @@ def perf_analyzer_run(prefix: list[str], server: LocalLauncher, url: str, protoc
 
 def tuner_run(server: LocalLauncher, protocol: str, model: str, rate: float, seq_len: int, duration_s: float,
               seed: int) -> dict:
-    traffic = synth_poisson(rate, duration_s, seed=seed, sizes={"seq_len": SizeSpec("constant", value=seq_len)})
+    traffic = synth_poisson(rate, duration_s, seed=seed, sizes={"seq_len": SizeSpec(kind="constant", value=seq_len)})
     settings = ReplaySettings(protocol=protocol, workers=1, warmup_s=3.0)
-    result = replay(server.endpoints, model, traffic, 1.0, settings, stats=lambda: server.statistics(model))
+    result = replay(server.endpoints, model, traffic, speed=1.0, settings=settings, stats=lambda: server.statistics(model))
     m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=3.0,
                 lag_budget_ms=2.0, max_batch_size=server.model_config(model).max_batch_size)
     # perf_analyzer times each request from its actual send; the replay from its due time. The two

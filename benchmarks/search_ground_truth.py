@@ -49,7 +49,7 @@ def run_study(settings, evaluate_fn, storage: str, n_trials: int, incumbent: dic
                               metadata={"scoring": settings.scoring, "storage": storage})
     total = n_trials
     with _bar(total, settings.name) as bar:
-        search.run_trials(study, settings, evaluate_fn, n_trials, on_trial=lambda _t: bar.update(1))
+        search.run_trials(study, settings, evaluate_fn, n_trials=n_trials, on_trial=lambda _t: bar.update(1))
     return study
 
 

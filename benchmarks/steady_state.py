@@ -120,7 +120,7 @@ def repeated_step_windows(traffic: pd.DataFrame, settings: StudySettings, total_
     repeats = max(1, math.ceil(total_s / measured_s))
 
     def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
-        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s)
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s=measured_s)
         first = float(part["timestamp"].iloc[0])
         stretch_start = first + warmup * speed  # recorded seconds: where the measured stretch starts
         stretch = part[part["timestamp"] >= stretch_start]

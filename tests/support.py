@@ -181,7 +181,7 @@ if __name__ == "__main__":  # a worker process: `fake_worker`
     settings = pickle.loads(Path(sys.argv[1]).read_bytes())
     study = optuna.load_study(study_name=settings.name, storage=search.open_storage(sys.argv[2], settings.search),
                               sampler=search.make_sampler(settings.search))
-    search.run_trials(study, settings, SlowFakeEvaluation(), 100)
+    search.run_trials(study, settings, SlowFakeEvaluation(), n_trials=100)
 
 
 # --- a measurement made up for the pure stages (score, capacity search) ------------------------------

@@ -46,7 +46,7 @@ def run_dirs(output: Path) -> list[Path]:
 
 
 def R(arm, rpd, ok=True, valid=True, note=""):
-    return d.ArmResult(arm, ok, rpd, latency_ms=10.0, valid=valid, note=note)
+    return d.ArmResult(arm=arm, meets_sla=ok, requests_per_dollar=rpd, latency_ms=10.0, valid=valid, note=note)
 
 
 def test_every_pair_needs_the_margin_in_every_pair():
@@ -211,7 +211,7 @@ def test_the_nightly_search_does_not_print_optunas_info_line(tmp_path):
     logging.getLogger("optuna").addHandler(seen)
     verbosity = optuna.logging.get_verbosity()
     try:
-        found = RealEngine(study, evaluate).search([PROD], 1, tmp_path / "work", PROD)
+        found = RealEngine(study, evaluate).search([PROD], 1, tmp_path / "work", production=PROD)
     finally:
         logging.getLogger("optuna").removeHandler(seen)
     assert found.trials == 2
@@ -338,7 +338,7 @@ class TableEngine:
         self.enqueued: list[dict] = []
         self.replays: list[str] = []
 
-    def search(self, enqueue, trials, workdir, production):
+    def search(self, enqueue, trials, workdir, *, production):
         self.enqueued = enqueue
         return SearchResult(
             self.best,
@@ -352,7 +352,7 @@ class TableEngine:
         if self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
         self.replays.append(arm)
-        return d.ArmResult(arm, True, self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
+        return d.ArmResult(arm=arm, meets_sla=True, requests_per_dollar=self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
 
 
 def _factory(engine):

@@ -165,7 +165,7 @@ def test_a_candidate_slowed_during_confirmation_is_not_proposed(server, template
 
     @contextmanager
     def factory(study, production, traffic_path, staging):
-        with real_engine(study, production, traffic_path, staging, launcher=server) as engine:
+        with real_engine(study, production, traffic_path, staging=staging, launcher=server) as engine:
             replay = engine.replay
 
             def slowed_candidate(params, arm):

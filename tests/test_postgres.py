@@ -184,7 +184,7 @@ def test_a_host_killed_measuring_an_incumbent_outside_the_ranges_has_it_measured
             worker.kill()
             worker.wait()
     (killed,) = [t for t in study.get_trials() if t.params == incumbent]
-    search.run_trials(study, s, FakeEvaluation(), 100)  # another host: waits out the grace period, retries it
+    search.run_trials(study, s, FakeEvaluation(), n_trials=100)  # another host: waits out the grace period, retries it
     trials = study.get_trials()
     assert study.trials[killed.number].state == TrialState.FAIL
     again = [t for t in trials if t.params == incumbent and t.number != killed.number]
@@ -237,7 +237,7 @@ def test_a_mixed_gpu_study_measures_the_incumbent_once_per_gpu_type(tmp_path, po
             claimed = search.claim_incumbent(study, host)
         assert claimed == (host.name != "l4-b")  # the second L4 host finds its type's incumbent claimed
         if claimed:
-            search.add_incumbent(study, s, FakeEvaluation()(incumbent, Hints()), host)
+            search.add_incumbent(study, s, FakeEvaluation()(incumbent, Hints()), host=host)
         search.run_trials(study, s, FakeEvaluation(), n_trials=3 * n, host=host)
     trials = study.get_trials()
     incumbents = [t for t in trials if t.user_attrs.get("incumbent")]

@@ -50,7 +50,7 @@ def settings(**kw) -> ReplaySettings:
 def test_replay_sends_every_request_on_time_and_keeps_a_record_of_each(server):
     traffic = uniform(100, 3.0, seq_len=None)
     traffic["seq_len"] = np.arange(len(traffic)) % 7 + 4
-    result = replay(server.endpoints, "echo", traffic, 2.0, settings())
+    result = replay(server.endpoints, "echo", traffic, speed=2.0, settings=settings())
     recs = result.records
     assert len(recs) == 300 and recs["ok"].all() and (recs["error"] == "").all()
     assert result.mode == "local" and result.workers == 1
@@ -72,9 +72,9 @@ def test_replay_sends_every_request_on_time_and_keeps_a_record_of_each(server):
 @pytest.mark.slow
 def test_grpc_and_distributed_mode_replay_the_same_schedule(server):
     traffic = uniform(150, 2.0)
-    grpc = replay(server.endpoints, "echo", traffic, 1.0, settings(protocol="grpc"))
+    grpc = replay(server.endpoints, "echo", traffic, speed=1.0, settings=settings(protocol="grpc"))
     assert grpc.records["ok"].all() and len(grpc.records) == 300
-    spread = replay(server.endpoints, "echo", traffic, 1.0, settings(workers=2))
+    spread = replay(server.endpoints, "echo", traffic, speed=1.0, settings=settings(workers=2))
     assert spread.mode == "distributed" and spread.workers == 2
     recs = spread.records
     assert recs["ok"].all() and list(recs["row"]) == list(range(300))
@@ -95,7 +95,7 @@ def test_every_datatype_goes_out_as_prepared_requests(server, protocol):
     traffic["batch_size"] = np.arange(len(traffic)) % 3 + 1
     traffic["seq_len"] = np.arange(len(traffic)) % 5 + 1
     before = server.statistics("dtypes")["inference_count"]
-    result = replay(server.endpoints, "dtypes", traffic, 1.0, settings(protocol=protocol, warmup_s=0.0))
+    result = replay(server.endpoints, "dtypes", traffic, speed=1.0, settings=settings(protocol=protocol, warmup_s=0.0))
     assert result.records["ok"].all(), result.records["error"].unique()
     assert result.details["plan_shapes"] == 15  # 3 batch sizes x 5 lengths, each prepared once
     after = server.statistics("dtypes")["inference_count"]
@@ -104,7 +104,7 @@ def test_every_datatype_goes_out_as_prepared_requests(server, protocol):
 
 @pytest.mark.slow
 def test_errors_are_counted_not_fatal(server):
-    result = replay(server.endpoints, "flaky", uniform(200, 2.5), 1.0, settings(warmup_s=0.0))
+    result = replay(server.endpoints, "flaky", uniform(200, 2.5), speed=1.0, settings=settings(warmup_s=0.0))
     m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=0.0,
                 lag_budget_ms=50, max_batch_size=16)
     assert m.requests == 500
@@ -134,7 +134,7 @@ def test_a_paused_server_shows_in_latency_and_the_sends_stay_on_schedule(server)
         return snapshot
 
     try:
-        result = replay(server.endpoints, "echo", uniform(100, 3.5), 1.0, settings(warmup_s=1.0),
+        result = replay(server.endpoints, "echo", uniform(100, 3.5), speed=1.0, settings=settings(warmup_s=1.0),
                         stats=stats_then_pause)
     finally:
         os.kill(server.pid, signal.SIGCONT)
@@ -158,7 +158,7 @@ def test_a_paused_server_shows_in_latency_and_the_sends_stay_on_schedule(server)
 
 @pytest.mark.slow
 def test_requests_past_max_in_flight_are_dropped_and_counted_not_queued(server):
-    result = replay(server.endpoints, "echo", uniform(500, 1.0), 1.0, settings(max_in_flight=1))
+    result = replay(server.endpoints, "echo", uniform(500, 1.0), speed=1.0, settings=settings(max_in_flight=1))
     recs = result.records
     dropped = recs[recs["send_s"].isna()]
     assert 0 < len(dropped) < len(recs)
@@ -209,13 +209,13 @@ def test_an_unreachable_server_is_a_setup_error():
         port = s.getsockname()[1]
     nobody = Endpoints(f"127.0.0.1:{port}", f"127.0.0.1:{port}", f"http://127.0.0.1:{port}/metrics")
     with pytest.raises(ServerSetupError, match="cannot reach Triton"):
-        replay(nobody, "echo", uniform(10, 1), 1.0, settings())
+        replay(nobody, "echo", uniform(10, 1), speed=1.0, settings=settings())
 
 
 @pytest.mark.slow
 def test_a_missing_model_is_a_setup_error(server):
     with pytest.raises(ServerSetupError, match="model 'nope' is not loaded"):
-        replay(server.endpoints, "nope", uniform(10, 1), 1.0, settings())
+        replay(server.endpoints, "nope", uniform(10, 1), speed=1.0, settings=settings())
 
 
 @pytest.mark.slow
@@ -227,7 +227,7 @@ def test_a_missing_model_is_a_setup_error(server):
 ])
 def test_traffic_that_does_not_fit_the_model_is_a_traffic_error(server, traffic, message):
     with pytest.raises(TrafficError, match=message):
-        replay(server.endpoints, "echo", traffic, 1.0, settings())
+        replay(server.endpoints, "echo", traffic, speed=1.0, settings=settings())
 
 
 CONFIG = {"name": "m", "max_batch_size": 8, "input": [
@@ -337,5 +337,5 @@ def test_the_directory_of_a_killed_replay_is_removed_by_the_next_one(server, tmp
         caller.kill()
         caller.wait()
     assert mine[0].exists()  # SIGKILL left it behind
-    replay(server.endpoints, "echo", uniform(20, 0.5), 1.0, settings())
+    replay(server.endpoints, "echo", uniform(20, 0.5), speed=1.0, settings=settings())
     assert not mine[0].exists()

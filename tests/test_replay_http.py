@@ -33,7 +33,7 @@ def server(triton_install):
 def post(address: str, model: str, inputs: list, data: list, outputs: list[str]) -> tuple[int, bytes]:
     connections = Connections(address, timeout_s=10.0)
     try:
-        return connections.post(infer_request(address, model, inputs, outputs, data))
+        return connections.post(infer_request(address, model, inputs, outputs=outputs, data=data))
     finally:
         connections.close()
 

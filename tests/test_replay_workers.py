@@ -63,8 +63,8 @@ def test_the_calibration_measures_this_host_once(protocol):
 def test_a_replay_left_to_choose_uses_the_calibration(triton_install):
     traffic = pd.DataFrame({"timestamp": np.arange(200) / 200.0, "seq_len": 8})
     with LocalLauncher(MODELS, models=["echo"], install=triton_install) as server:
-        result = replay(server.endpoints, "echo", traffic, 1.0, ReplaySettings(workers=0, warmup_s=0.2))
-        asked = replay(server.endpoints, "echo", traffic, 1.0, ReplaySettings(workers=2, warmup_s=0.2))
+        result = replay(server.endpoints, "echo", traffic, speed=1.0, settings=ReplaySettings(workers=0, warmup_s=0.2))
+        asked = replay(server.endpoints, "echo", traffic, speed=1.0, settings=ReplaySettings(workers=2, warmup_s=0.2))
     measured = result.calibration
     assert measured is not None and measured is calibrate("http")
     assert (result.workers, result.reason) == choose_workers(

@@ -222,7 +222,7 @@ def test_every_trial_unmeasured_ends_the_study_without_a_loop(tmp_path):
 def test_two_worker_processes_share_the_storage_without_duplicates_or_losses(tmp_path):
     s = fake_settings(tmp_path, trials=10, sampler="random")
     study = new_study(s)
-    search.run_workers(s, fake_session, search.storage_url(s), 10, workers=2)
+    search.run_workers(s, fake_session, search.storage_url(s), n_trials=10, workers=2)
     trials = study.get_trials()
     assert sorted(t.number for t in trials) == list(range(len(trials)))
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)

@@ -559,7 +559,7 @@ def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_stud
 
     settings = read_study(study / "study.yaml")  # capacity tolerance 0.1
     base, traffic = base_config(settings), study_traffic(settings)
-    ranking = search.rank_space(settings, base, traffic, read_profile(study / "profile.csv"))
+    ranking = search.rank_space(settings, base, traffic, profile=read_profile(study / "profile.csv"))
     assert list(ranking["rank"]) == list(range(1, len(ranking) + 1))
     feasible = ranking[ranking["value"] > 0]
     # the order: capacity bisected to 1 %, best first; the figures: the study's 10 % bisection

@@ -60,10 +60,10 @@ def test_the_recording_repeats_end_to_end_and_each_window_takes_its_stretch():
     plan = make_plan(traffic, hours=60 / 3600, speed=1.0, window_minutes=0.1)  # windows of 6 s
     assert plan.cycle_s == 5.0  # the span (4 s) and one mean gap (1 s)
     assert plan.windows == 10 and plan.bounds(0) == (0.0, 6.0) and plan.bounds(9) == (54.0, 60.0)
-    part = window_traffic(traffic, 3.0, 12.0, plan.cycle_s)
+    part = window_traffic(traffic, 3.0, 12.0, cycle_s=plan.cycle_s)
     assert part["timestamp"].tolist() == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
     assert part["seq_len"].tolist() == [4, 5, 1, 2, 3, 4, 5, 1, 2]
-    assert window_traffic(traffic, 0.0, 60.0, plan.cycle_s).shape[0] == 60
+    assert window_traffic(traffic, 0.0, 60.0, cycle_s=plan.cycle_s).shape[0] == 60
 
 
 def test_the_plan_needs_enough_windows_and_a_restart_inside_the_soak():

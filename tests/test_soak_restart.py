@@ -131,7 +131,7 @@ def test_quiet_windows_refuse_what_cannot_be_scanned():
 
 
 def _breach(hours: float, low: float | None = None, high: float | None = None) -> Crossing:
-    return Crossing("capacity_rps", 30.0, "below", 40.0, hours, low or 0.9 * hours, high or 1.1 * hours, 0.95)
+    return Crossing(figure="capacity_rps", limit=30.0, bad="below", level=40.0, hours=hours, low_hours=low or 0.9 * hours, high_hours=high or 1.1 * hours, confidence=0.95)
 
 
 def test_the_restart_interval_is_the_breach_less_the_margin_rounded_down():
@@ -149,7 +149,7 @@ def test_the_restart_interval_is_the_breach_less_the_margin_rounded_down():
     assert (early.every, early.unit, early.basis_hours) == (1, "day", 40.0)
     assert restart_advice(_breach(0.01), quiet).action == "restart does not help"
     assert restart_advice(None, quiet).action == "none"
-    already = Crossing("p99_ms", 200.0, "above", 250.0, 0.0, 0.0, 0.0, 0.95, already=True)
+    already = Crossing(figure="p99_ms", limit=200.0, bad="above", level=250.0, hours=0.0, low_hours=0.0, high_hours=0.0, confidence=0.95, already=True)
     assert restart_advice(already, quiet).action == "restart does not help"
     with pytest.raises(SoakDataError, match="margin must be a fraction in"):
         restart_advice(_breach(10.0), quiet, margin=1.5)

@@ -60,7 +60,7 @@ class Finding:
     why: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AuditResult:
     """What an audit found: the deployed config's figures, the baseline it is compared with, the findings."""
 
@@ -145,6 +145,7 @@ def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
 
 
 def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False,
+          *,
           progress: bool = True) -> AuditResult:
     """Measure the configuration the study's server runs now and judge it."""
     traffic = study_traffic(settings)
@@ -163,7 +164,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         ratio = result.capacity_rps / baseline.capacity_rps
         cost = result.monthly_cost
         recoverable = max(0.0, 1.0 - ratio) * cost if cost is not None else None
-    out = AuditResult(settings.model, server, space.deployed(config), result, price, baseline, ratio, recoverable)
+    out = AuditResult(model=settings.model, server=server, params=space.deployed(config), result=result, price_per_hour=price, baseline=baseline, ratio=ratio, recoverable_per_month=recoverable)
     return dataclasses.replace(out, findings=findings(out, settings, at_load_only))
 
 

@@ -22,7 +22,7 @@ HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the figure cloud bills use
 OWN_PRICE_SOURCE = "price_per_hour in the study"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Price:
     """One server's price per hour and where it comes from (the table's entry, or the study's own)."""
 
@@ -58,13 +58,13 @@ def price_for(cost: CostSettings) -> Price:
     if cost.price_per_hour is not None:
         # `gpu` defaults to "cpu": beside a price of the user's own it names nothing the user said
         gpu = None if cost.gpu.lower() == "cpu" else cost.gpu.lower()
-        return Price(cost.price_per_hour, gpu, cost.cloud, n, "custom", OWN_PRICE_SOURCE, "", False)
+        return Price(price_per_hour=cost.price_per_hour, gpu=gpu, cloud=cost.cloud, gpus_per_server=n, instance="custom", source=OWN_PRICE_SOURCE, read="", estimate=False)
     table = price_table()
     gpu = cost.gpu.lower()
     if gpu == "cpu":
         entry = table["cpu"]["default"]
-        return Price(entry["price_per_hour"] * n, "cpu", None, n, entry["instance"], entry["source"],
-                     str(entry["read"]), bool(entry["estimate"]))
+        return Price(price_per_hour=entry["price_per_hour"] * n, gpu="cpu", cloud=None, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
+                     read=str(entry["read"]), estimate=bool(entry["estimate"]))
     if gpu not in table["gpus"]:
         raise SettingsError(f"cost.gpu: unknown GPU {cost.gpu!r} (expected one of: {', '.join(gpu_names())}; "
                             f"or give cost.price_per_hour)")
@@ -77,5 +77,5 @@ def price_for(cost: CostSettings) -> Price:
         raise SettingsError(f"cost.cloud: unknown cloud {cost.cloud!r} for {gpu} "
                             f"(expected one of: {', '.join(clouds)})")
     entry = clouds[cloud]
-    return Price(entry["price_per_hour"] * n, gpu, cloud, n, entry["instance"], entry["source"],
-                 str(entry["read"]), bool(entry["estimate"]))
+    return Price(price_per_hour=entry["price_per_hour"] * n, gpu=gpu, cloud=cloud, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
+                 read=str(entry["read"]), estimate=bool(entry["estimate"]))

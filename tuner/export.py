@@ -73,7 +73,7 @@ def _block(record: TrialRecord, at: str) -> dict:
             "compute_ms": figures.compute_ms, "error_rate": figures.error_rate}
 
 
-def _entry(record: TrialRecord, scoring: str, trial: int | None, feasible: bool) -> dict:
+def _entry(record: TrialRecord, scoring: str, trial: int | None, *, feasible: bool) -> dict:
     """One configuration's figures; latency and fill rate at the scoring's operating point
     (capacity: at the capacity found; utilization: at the recorded load), both kept."""
     at_load, at_capacity = _block(record, "load"), _block(record, "capacity")
@@ -103,7 +103,7 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, feasible: bool)
 
 
 def _from_trial(t: optuna.trial.FrozenTrial, scoring: str) -> dict:
-    e = _entry(record_of(t) or TrialRecord(params=dict(t.params)), scoring, t.number, is_feasible(t))
+    e = _entry(record_of(t) or TrialRecord(params=dict(t.params)), scoring, t.number, feasible=is_feasible(t))
     e["host"], e["gpu"] = t.user_attrs.get("host"), t.user_attrs.get("gpu")  # where it was measured
     return e
 
@@ -111,7 +111,7 @@ def _from_trial(t: optuna.trial.FrozenTrial, scoring: str) -> dict:
 def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
     record = from_attrs({**r.get("attrs", {}), "config": r["params"], "outcome": "measured"})
     record = dataclasses.replace(record, scores=r.get("scores", {}))
-    e = _entry(record, scoring, r.get("trial"), met_sla(r))
+    e = _entry(record, scoring, r.get("trial"), feasible=met_sla(r))
     e["capacity_rps"] = r.get("capacity_rps")
     e["capacity_speed"] = r.get("capacity_speed")
     e["requests_per_dollar"] = r.get("median")  # the median over the repeats: what was compared

@@ -69,7 +69,7 @@ def read_text(path: str | os.PathLike, *, error: type[InputError], what: str = "
     label = label or str(path)
     with open_input(path, what=what, label=label, error=error) as fh:
         try:
-            data = fh.read() if max_bytes is None else _read_at_most(fh, max_bytes, label, error)
+            data = fh.read() if max_bytes is None else _read_at_most(fh, max_bytes, label, error=error)
         except OSError as exc:
             raise error(f"{label}: cannot read ({os_reason(exc)})") from None
     try:
@@ -80,7 +80,7 @@ def read_text(path: str | os.PathLike, *, error: type[InputError], what: str = "
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _read_at_most(fh: IO[bytes], max_bytes: int, label: str, error: type[InputError]) -> bytes:
+def _read_at_most(fh: IO[bytes], max_bytes: int, label: str, *, error: type[InputError]) -> bytes:
     size = os.fstat(fh.fileno()).st_size
     data = fh.read(max_bytes + 1) if size <= max_bytes else None
     if data is None or len(data) > max_bytes:  # a pipe or /proc file has no size to stat
@@ -118,7 +118,7 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
     `error` starting with `label` (default: the path)."""
     path = Path(path)
     _check_target(path, label or str(path), error)
-    fd, probe = make_temp(path.parent, ".probe", label or str(path), error)
+    fd, probe = make_temp(path.parent, ".probe", label or str(path), error=error)
     os.close(fd)
     os.unlink(probe)
     return path
@@ -141,7 +141,7 @@ def replacing(path: str | os.PathLike, *, label: str | None = None,
     label = label or str(path)
     _check_target(path, label, error)
     real = Path(os.path.realpath(path))
-    fd, tmp = make_temp(real.parent, ".tmp", label, error)
+    fd, tmp = make_temp(real.parent, ".tmp", label, error=error)
     os.close(fd)
     try:
         with contextlib.suppress(FileNotFoundError):

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Measurement:
     """One replay's figures over its measured window, with Triton's statistics deltas over it."""
 

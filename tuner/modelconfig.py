@@ -260,7 +260,7 @@ def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
     return None
 
 
-def _sequence_control_problem(sequence, name: str, kind: int, boolean: bool) -> str | None:
+def _sequence_control_problem(sequence, name: str, kind: int, *, boolean: bool) -> str | None:
     """Triton's check of one control kind: named tensors, each used once, the kind given once,
     with exactly one pair of false/true values for a boolean control and none for CORRID (whose
     data type must be an integer or a string)."""

@@ -38,7 +38,7 @@ def readable_file(path: str | os.PathLike, *, label: str | None = None, what: st
     """The path, once it names a file this process can open (not a directory); otherwise `error`
     `<label>: no such file`, `<label>: is a directory, not <what>` or `<label>: cannot read (<why>)`."""
     path, label = _given(path, label, error)
-    st = _stat(path, label, "cannot read", error)
+    st = _stat(path, label, "cannot read", error=error)
     if st is None:
         raise error(f"{label}: no such file")
     if stat.S_ISDIR(st.st_mode):
@@ -52,7 +52,7 @@ def readable_dir(path: str | os.PathLike, *, label: str | None = None, what: str
     """The path, once it names a directory this process can list; otherwise `error` naming it
     (`<label>: is <what>, not a directory` where something else is there)."""
     path, label = _given(path, label, error)
-    st = _stat(path, label, "cannot read", error)
+    st = _stat(path, label, "cannot read", error=error)
     if st is None:
         raise error(f"{label}: no such directory")
     if not stat.S_ISDIR(st.st_mode):
@@ -69,7 +69,7 @@ def readable(path: str | os.PathLike, *, label: str | None = None,
              error: type[InputError] = InputError) -> Path:
     """The path, once it names a file or a directory this process can read."""
     path, label = _given(path, label, error)
-    st = _stat(path, label, "cannot read", error)
+    st = _stat(path, label, "cannot read", error=error)
     if st is not None and stat.S_ISDIR(st.st_mode):
         return readable_dir(path, label=label, error=error)
     return readable_file(path, label=label, error=error)
@@ -83,7 +83,7 @@ def writable_file(path: str | os.PathLike, *, label: str | None = None,
     directory that exists takes a new file (the missing ones between are made when it is written).
     Nothing is left behind."""
     path, label = _given(path, label, error)
-    st = _stat(path, label, "cannot write", error)
+    st = _stat(path, label, "cannot write", error=error)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise error(f"{label}: cannot write: it is a directory")
     folder = Path(os.path.realpath(path)).parent if st is not None else _nearest_dir(path, label, error)
@@ -96,7 +96,7 @@ def writable_dir(path: str | os.PathLike, *, label: str | None = None, create: b
     """The path, once it is (or can be made) a directory that takes a new file. With `create` it is
     made, with its parents; without, nothing is made (a `--check` leaves no trace)."""
     path, label = _given(path, label, error)
-    st = _stat(path, label, "cannot write there", error)
+    st = _stat(path, label, "cannot write there", error=error)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise error(f"{label}: exists and is not a directory")
     if st is None:
@@ -114,12 +114,12 @@ def writable_dir(path: str | os.PathLike, *, label: str | None = None, create: b
 
 def probe(folder: Path, label: str, error: type[InputError], *, reason: str = "cannot write") -> None:
     """Prove that `folder` takes a new file by making and removing one."""
-    fd, name = make_temp(folder, ".probe", label, error, reason=reason)
+    fd, name = make_temp(folder, ".probe", label, error=error, reason=reason)
     os.close(fd)
     os.unlink(name)
 
 
-def make_temp(folder: str | os.PathLike, suffix: str, label: str, error: type[InputError], *,
+def make_temp(folder: str | os.PathLike, suffix: str, label: str, *, error: type[InputError],
               reason: str = "cannot write") -> tuple[int, str]:
     """A new empty file in `folder` (mode 0666 less the umask), open for writing: (fd, name)."""
     # a short name, so that a target whose own name is near the limit still has a temporary beside it
@@ -156,7 +156,7 @@ def _given(path: str | os.PathLike, label: str | None, error: type[InputError]) 
     return Path(text), label or text
 
 
-def _stat(path: Path, label: str, doing: str, error: type[InputError]) -> os.stat_result | None:
+def _stat(path: Path, label: str, doing: str, *, error: type[InputError]) -> os.stat_result | None:
     """What is at `path` (through symbolic links), or None when nothing is; an OSError is `error`."""
     try:
         return os.stat(path)
@@ -180,7 +180,7 @@ def _nearest_dir(path: Path, label: str, error: type[InputError], *, reason: str
     missing = [path]
     folder = path.parent
     while True:
-        st = _stat(folder, label, reason, error)
+        st = _stat(folder, label, reason, error=error)
         if st is not None:
             break
         missing.append(folder)

@@ -79,7 +79,7 @@ STATS_WAIT_S = 1.0               # Triton counts an execution just after its res
 _PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sample(ExecutionSize):
     """One request of `rows` x `length` sent alone, and Triton's timing of its execution (ms)."""
 
@@ -103,7 +103,7 @@ class Sample(ExecutionSize):
         return not self.ok and bool(OOM_ERROR.search(self.error))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProfileRun:
     """A measured profile with what it came from: every sample, the grid, the warm-up, the time taken."""
 
@@ -133,6 +133,7 @@ def row_grid(max_batch_size: int) -> tuple[int, ...]:
 
 
 def length_buckets(traffic: pd.DataFrame, column: str | None, max_length: int | None = None,
+                   *,
                    quantiles: tuple[float, ...] = LENGTH_QUANTILES) -> tuple[int, ...]:
     """Padded lengths to measure: quantiles of the traffic's `column` (each capped at `max_length`),
     a length within `MERGE_LENGTHS` below the next measured as that one; (1,) without a column."""
@@ -232,7 +233,7 @@ def largest_rows(settings: StudySettings, given: int | None = None) -> int:
     return int(given if given is not None else settings.search.max_batch_size.high)
 
 
-def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, base: ModelConfig, *,
+def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, base: ModelConfig,
                     length_column: str | None, max_rows: int | None = None, max_length: int | None = None,
                     repeats: int = REPEATS, concurrent_executions: int = 1,
                     on_progress: Callable[[int, int, str], None] | None = None,

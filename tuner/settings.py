@@ -65,7 +65,7 @@ def between(low: int, high: int, default: int) -> typing.Any:
     return field(default=default, metadata={_RULE: Between(low, high)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """Which Triton serves the trials (`server:`): a container, a local process or one already running."""
 
@@ -113,7 +113,7 @@ class ReplaySettings:
     protocol: str = one_of(PROTOCOLS, "http")  # tritonclient's HTTP or gRPC
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MeasurementSettings:
     """How a configuration is measured once loaded (`measurement:`): warm-up and repeats."""
 
@@ -173,7 +173,7 @@ class CapacitySettings:
     max_steps: int = 8
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SearchSettings:
     """The search (`search:`): the sampler, the budget and the space of each tuned parameter."""
 
@@ -206,7 +206,7 @@ class SearchSettings:
     mixed_gpus: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StudySettings:
     """A study as its YAML file says it: the model, its traffic, the SLA, the cost, the search."""
 
@@ -287,14 +287,14 @@ def read_settings(path: str | Path, cls: type[_S], *, resolve: Callable[[_S, Pat
     a value of the wrong type named, its relative paths resolved against its folder (`resolve`), its
     values checked (`check`), its `source` the path. The study's and the nightly job's loader."""
     path = Path(path)
-    settings = resolve(_build(cls, _read_yaml(path), str(path), ""), path.parent, str(path))
+    settings = resolve(_build(cls, _read_yaml(path), str(path), prefix=""), path.parent, str(path))
     check(settings, str(path))
     return dataclasses.replace(settings, source=str(path))
 
 
 def study_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<study>") -> StudySettings:
     """The study of already-parsed YAML `data`, validated, its relative paths resolved against `base_dir`."""
-    settings = _resolve_paths(_build(StudySettings, data, source, ""), Path(base_dir), source)
+    settings = _resolve_paths(_build(StudySettings, data, source, prefix=""), Path(base_dir), source)
     _check(settings, source)
     return settings
 
@@ -312,7 +312,7 @@ def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> Stu
         if last not in node:
             raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
         node[last] = value
-    built = _build(StudySettings, data, settings.source or "<study>", "")
+    built = _build(StudySettings, data, settings.source or "<study>", prefix="")
     _check(built, settings.source or "<study>")
     return built
 
@@ -361,7 +361,7 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
-def _build(cls, data, source: str, prefix: str):
+def _build(cls, data, source: str, *, prefix: str):
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: {prefix.rstrip('.') or 'top level'}: expected a mapping")
     hints = typing.get_type_hints(cls)
@@ -378,11 +378,11 @@ def _build(cls, data, source: str, prefix: str):
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise SettingsError(f"{source}: {key}: required key missing")
             continue
-        values[name] = _convert(hints[name], data[name], source, key)
+        values[name] = _convert(hints[name], data[name], source, key=key)
     return cls(**values)
 
 
-def _convert(hint, value, source: str, key: str):
+def _convert(hint, value, source: str, *, key: str):
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
@@ -393,17 +393,17 @@ def _convert(hint, value, source: str, key: str):
             if option is type(None):
                 continue
             try:
-                return _convert(option, value, source, key)
+                return _convert(option, value, source, key=key)
             except SettingsError as exc:
                 errors.append(exc)
         raise errors[-1]
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, source, key + ".")
+        return _build(hint, value, source, prefix=key + ".")
     if origin is list:
         if not isinstance(value, list):
             raise SettingsError(f"{source}: {key}: expected a list, got {value!r}")
         (item,) = typing.get_args(hint)
-        return [_convert(item, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return [_convert(item, v, source, key=f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise SettingsError(f"{source}: {key}: expected a mapping, got {value!r}")

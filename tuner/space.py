@@ -47,7 +47,7 @@ _INT32_MAX = 2**31 - 1
 _UINT64_MAX = 2**64 - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Knob:
     """One tuned field of config.pbtxt."""
 
@@ -154,18 +154,18 @@ def _strategies(search: SearchSettings) -> tuple[str, ...] | None:
 
 # The order is the order of writing: max_batch_size first (the preferred sizes follow from it).
 KNOBS: tuple[Knob, ...] = (
-    Knob("max_batch_size", "max_batch_size", "batch", (0, _INT32_MAX),
-         lambda s: s.max_batch_size, lambda c: int(c.max_batch_size), _write_max_batch_size),
-    Knob("max_queue_delay_microseconds", "dynamic_batching.max_queue_delay_microseconds", "delay us",
-         (0, _UINT64_MAX), lambda s: s.max_queue_delay_microseconds,
-         lambda c: int(c.dynamic_batching.max_queue_delay_microseconds) if c.HasField("dynamic_batching") else None,
-         _write_delay),
-    Knob("preferred_batch_size", "dynamic_batching.preferred_batch_size", "preferred", (1, _INT32_MAX),
-         _strategies, _read_preferred, _write_preferred, sizes=True),
-    Knob("instance_count", "instance_group.count", "instances", (1, _INT32_MAX),
-         lambda s: s.instance_count, _read_instances, _write_instances, default=1),
-    Knob("max_queue_size", "dynamic_batching.default_queue_policy.max_queue_size", "queue max",
-         (0, _INT32_MAX), lambda s: s.max_queue_size, _read_queue_size, _write_queue_size),
+    Knob(name="max_batch_size", path="max_batch_size", label="batch", bounds=(0, _INT32_MAX),
+         range_of=lambda s: s.max_batch_size, read=lambda c: int(c.max_batch_size), write=_write_max_batch_size),
+    Knob(name="max_queue_delay_microseconds", path="dynamic_batching.max_queue_delay_microseconds", label="delay us",
+         bounds=(0, _UINT64_MAX), range_of=lambda s: s.max_queue_delay_microseconds,
+         read=lambda c: int(c.dynamic_batching.max_queue_delay_microseconds) if c.HasField("dynamic_batching") else None,
+         write=_write_delay),
+    Knob(name="preferred_batch_size", path="dynamic_batching.preferred_batch_size", label="preferred", bounds=(1, _INT32_MAX),
+         range_of=_strategies, read=_read_preferred, write=_write_preferred, sizes=True),
+    Knob(name="instance_count", path="instance_group.count", label="instances", bounds=(1, _INT32_MAX),
+         range_of=lambda s: s.instance_count, read=_read_instances, write=_write_instances, default=1),
+    Knob(name="max_queue_size", path="dynamic_batching.default_queue_policy.max_queue_size", label="queue max",
+         bounds=(0, _INT32_MAX), range_of=lambda s: s.max_queue_size, read=_read_queue_size, write=_write_queue_size),
 )
 NAMES: tuple[str, ...] = tuple(k.name for k in KNOBS)
 LABELS: dict[str, str] = {k.name: k.label for k in KNOBS}
@@ -403,13 +403,13 @@ def parse_assignments(assignments: Iterable[str]) -> Params:
             parts = [p.strip() for p in raw.split(",") if p.strip()]
             if not parts:
                 raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")
-            values[knob.name] = tuple(_int_in_range(item, p, low, high) for p in parts)
+            values[knob.name] = tuple(_int_in_range(item, p, low, high=high) for p in parts)
         else:
-            values[knob.name] = _int_in_range(item, raw, low, high)
+            values[knob.name] = _int_in_range(item, raw, low, high=high)
     return {k.name: values[k.name] for k in KNOBS if k.name in values}
 
 
-def _int_in_range(item: str, raw: str, low: int, high: int) -> int:
+def _int_in_range(item: str, raw: str, low: int, *, high: int) -> int:
     try:
         value = int(raw)
     except ValueError:

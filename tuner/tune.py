@@ -358,29 +358,29 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
                 if own_incumbent:
-                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
+                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host=host)
                 if model_based:
                     ran = search.model_search(study, s, ranking, evaluate=evaluate_trial, trials=trials, host=host,
                                               on_trial=lambda _t: progress.trial_done(study), note=progress.note,
                                               timeout_s=timeout_s)
                 else:
-                    ran = search.run_trials(study, s, evaluate_trial, trials, timeout_s=timeout_s, host=host,
+                    ran = search.run_trials(study, s, evaluate_trial, n_trials=trials, timeout_s=timeout_s, host=host,
                                             on_trial=lambda _t: progress.trial_done(study))
                 handover = _claim(study, p, host)
-                repeats = None if handover else _remeasure(study, evaluate_trial, s, progress)
+                repeats = None if handover else _remeasure(study, evaluate_trial, s, progress=progress)
         else:
             if own_incumbent:
                 with open_evaluation() as evaluate_trial:
-                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host)
+                    search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host=host)
             before = {t.number for t in study.get_trials(deepcopy=False)}
-            search.run_workers(s, open_evaluation, p.storage, trials, workers=workers, timeout_s=timeout_s,
+            search.run_workers(s, open_evaluation, p.storage, n_trials=trials, workers=workers, timeout_s=timeout_s,
                                poll=lambda: progress.trial_done(study))
             ran = sum(t.number not in before and t.user_attrs.get("host") == host.name
                       for t in study.get_trials(deepcopy=False))
             handover = _claim(study, p, host)
             if not handover:
                 with open_evaluation() as evaluate_trial:
-                    repeats = _remeasure(study, evaluate_trial, s, progress)
+                    repeats = _remeasure(study, evaluate_trial, s, progress=progress)
     finally:
         progress.close()
     if handover:
@@ -406,13 +406,13 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
 
         started = time.monotonic()
         with make_launcher(s, log_dir=str(out / "server" / "profile")) as launcher:
-            run = measure_profile(launcher, s, p.traffic, p.base, length_column=length_column(p.traffic))
+            run = measure_profile(launcher, s, p.traffic, base=p.base, length_column=length_column(p.traffic))
         profile = run.profile
         write_profile(profile, out / "profile.csv")
         progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / 'profile.csv'}: "
                       f"{profile.describe()}")
     started = time.monotonic()
-    ranking = search.rank_space(s, p.base, p.traffic, profile)
+    ranking = search.rank_space(s, p.base, p.traffic, profile=profile)
     write_atomic(out / "simulation.csv", ranking.to_csv(index=False))
     progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
     return ranking
@@ -454,7 +454,7 @@ def finish(settings: StudySettings, *, storage: str | None = None, progress: Pro
         search.claim_finish(study, host, force=True)
     try:
         with session(s, str(Path(s.output) / "server")) as evaluate_trial:
-            repeats = _remeasure(study, evaluate_trial, s, progress, again=True)
+            repeats = _remeasure(study, evaluate_trial, s, progress=progress, again=True)
     finally:
         progress.close()
     return _write(study, s, repeats)
@@ -475,7 +475,7 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> 
     return summary
 
 
-def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, progress: Progress, *,
+def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, *, progress: Progress,
                again: bool = False):
     # a study run again with no new trial keeps its re-measurement (unless asked `again`)
     if (not again and study.user_attrs.get("remeasured_at") == search.finished_count(study)

@@ -43,7 +43,7 @@ def test_the_audit_from_prometheus_agrees_with_the_replay(scraped, tmp_path):
     n = int(RATE * DURATION_S)
     # bursts of BURST requests due together: the batcher forms batches, the fill rate compared is not ~1/32
     traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
-    result = replay(server.endpoints, "echo", traffic, 1.0, ReplaySettings(workers=1, warmup_s=WARMUP_S))
+    result = replay(server.endpoints, "echo", traffic, speed=1.0, settings=ReplaySettings(workers=1, warmup_s=WARMUP_S))
     m = measure(
         result.records,
         result.stats_before,

@@ -81,7 +81,7 @@ def engine():
 def server(engine, tmp_path_factory):
     """One container shared by the tests that only read or reconfigure it."""
     log_dir = tmp_path_factory.mktemp("docker-logs")
-    with DockerLauncher(SETTINGS, TEMPLATES, ["encoder_sim", MODEL], log_dir) as launcher:
+    with DockerLauncher(SETTINGS, TEMPLATES, ["encoder_sim", MODEL], log_dir=log_dir) as launcher:
         yield launcher
     assert (log_dir / "tritonserver.log").is_file()
 
@@ -128,7 +128,7 @@ def test_container_is_labelled_host_networked_and_mounts_a_readonly_copy(server,
 @pytest.mark.docker
 @pytest.mark.slow
 def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, tmp_path):
-    launcher = DockerLauncher(SETTINGS, TEMPLATES, [MODEL], tmp_path)
+    launcher = DockerLauncher(SETTINGS, TEMPLATES, [MODEL], log_dir=tmp_path)
     with launcher:
         container = engine.containers.get(launcher.container_name)
         repo_copy = Path(container.attrs["Mounts"][0]["Source"])
@@ -197,7 +197,7 @@ def test_startup_failure_quotes_the_log_tail(engine, tmp_path):
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\n')
     with pytest.raises(ServerSetupError, match=r"(?s)stopped.*last log lines:.*no_such_backend"):
-        with DockerLauncher(SETTINGS, repo, ["broken"], tmp_path / "logs"):
+        with DockerLauncher(SETTINGS, repo, ["broken"], log_dir=tmp_path / "logs"):
             pass
     assert "no_such_backend" in (tmp_path / "logs" / "tritonserver.log").read_text()
 

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with make_launcher(settings) as launcher:
-            result = measure_profile(launcher, settings, traffic, base, length_column=column,
+            result = measure_profile(launcher, settings, traffic, base=base, length_column=column,
                                      max_rows=max_rows, max_length=args.max_length,
                                      repeats=args.repeats or REPEATS,
                                      concurrent_executions=args.concurrent_executions,

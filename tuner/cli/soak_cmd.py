@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
           + (f"\n  note: the soak offers {plan.speed / settings.traffic.speed:.3g}x the study's recorded load "
              f"(traffic.speed {settings.traffic.speed:g})" if plan.speed != settings.traffic.speed else "")
           + f"\n  restart window: {quiet_text}", flush=True)
-    result = run_soak(settings, config, plan, traffic, output=output, quiet=quiet, config_source=source,
+    result = run_soak(settings, config, plan, traffic=traffic, output=output, quiet=quiet, config_source=source,
                       measure_capacity=not args.no_capacity, replace=args.replace, margin=args.margin,
                       progress=not args.quiet)
     print()

@@ -43,7 +43,7 @@ class RealEngine:
         self.load_replay = load_replay
         self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
         """The search's best and production's own trial, after the enqueued trials and `trials` more."""
         workdir.mkdir(parents=True, exist_ok=True)
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
@@ -56,7 +56,7 @@ class RealEngine:
             study.enqueue_trial(params, user_attrs={"enqueued": k, "incumbent": k == len(enqueue) - 1})
         total = len(enqueue) + trials
         with tqdm(total=total, desc="nightly search", unit="trial", leave=False) as bar:
-            search.run_trials(study, settings, self.evaluate, total, on_trial=lambda _t: bar.update())
+            search.run_trials(study, settings, self.evaluate, n_trials=total, on_trial=lambda _t: bar.update())
         write_atomic(workdir / "trials.csv", trials_frame(study).to_csv(index=False))
         for t in study.trials:
             if t.user_attrs.get("capacity_speed"):
@@ -76,16 +76,16 @@ class RealEngine:
             record = self.load_replay(dict(params))
         else:
             record = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))
-        return to_arm(record, arm, self.study.scoring, self.study.sla.percentile)
+        return to_arm(record, arm, self.study.scoring, percentile=self.study.sla.percentile)
 
 
-def to_arm(record: TrialRecord, arm: str, scoring: str, percentile: float) -> ArmResult:
+def to_arm(record: TrialRecord, arm: str, scoring: str, *, percentile: float) -> ArmResult:
     """A confirmation replay's record as the rule reads it (unmeasured: not valid, no verdict)."""
     load = record.at_load
     latency = load.latency_ms.get(f"p{percentile:g}") if load is not None else None
     score = record.scores.get(scoring)
     valid = record.outcome not in NO_VERDICT
-    return ArmResult(arm, record.meets_sla, None if score is None or not valid else float(score),
+    return ArmResult(arm=arm, meets_sla=record.meets_sla, requests_per_dollar=None if score is None or not valid else float(score),
                      latency_ms=float(latency) if latency is not None else float("nan"),
                      error_rate=load.error_rate if load is not None else 0.0, valid=valid,
                      note=record.note if not valid else record.sla_reason,
@@ -119,6 +119,7 @@ def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
 
 
 def make_load_replay(launcher: Launcher, study: StudySettings, production: ModelConfig,
+                     *,
                      traffic: pd.DataFrame) -> LoadReplay:
     """One replay at the recorded load, measured and scored as a trial's first step (the same
     measurement step, window, SLA check and utilization score), for utilization scoring, where the
@@ -133,7 +134,7 @@ def make_load_replay(launcher: Launcher, study: StudySettings, production: Model
 
 
 @contextmanager
-def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Path, staging: Path,
+def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Path, *, staging: Path,
                 launcher: Launcher | None = None) -> Iterator[RealEngine]:
     """The study's server (or `launcher`, already started, left running: tests share one)."""
     study = tonight(study, traffic_path)
@@ -141,7 +142,7 @@ def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Pat
     with contextlib.ExitStack() as stack:
         if launcher is None:
             launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server"))
-        evaluate = make_evaluate(launcher, study, production, traffic)
-        load_replay = (make_load_replay(launcher, study, production, traffic)
+        evaluate = make_evaluate(launcher, study, production, traffic=traffic)
+        load_replay = (make_load_replay(launcher, study, production, traffic=traffic)
                        if study.scoring == "utilization" else None)
         yield RealEngine(study, evaluate, load_replay)

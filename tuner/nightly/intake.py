@@ -42,6 +42,7 @@ def read_any(path: Path) -> pd.DataFrame:
 
 
 def newest_traffic(path: str | Path, hours: float, model: str | None = None,
+                   *,
                    pattern: str = "*") -> tuple[pd.DataFrame, list[Path]]:
     """The last `hours` of traffic (by timestamp) and the files it was read from."""
     files = traffic_files(path, pattern)

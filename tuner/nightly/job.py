@@ -54,7 +54,7 @@ class SearchResult:
 class Engine(Protocol):
     """How a night reaches the server: a warm-started search and single replays of a configuration."""
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path, production: dict) -> SearchResult:
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
         """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
         the best and production's own trial."""
 
@@ -132,7 +132,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     modelconfig.validate(production_cfg, str(prod_path))
     space.check_tunable(production_cfg, str(prod_path))
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
-                                    settings.traffic.pattern)
+                                    pattern=settings.traffic.pattern)
     check_output_dir(settings.output, "output", create=False)
     span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
     server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
@@ -165,7 +165,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     with run_lock(output):
         rundir.clear_stale_staging(output)
         traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
-                                        settings.traffic.pattern)
+                                        pattern=settings.traffic.pattern)
         nights = history.read_history(output)
         previous = nights[-1] if nights else None
         drift = drift_mod.drift_table(_previous_traffic(output, previous), traffic, settings.drift.threshold)
@@ -179,8 +179,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
                 enqueue.append(dict(params))
 
         with engine_factory(study, production_cfg, traffic_path, staging) as engine:
-            found = engine.search(enqueue, settings.search.trials, staging / "search", production)
-            decision, pairs = _decide_night(engine, settings, found, production, nights, drift)
+            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production)
+            decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
         candidate = found.best
         diff = ""
         if decision.decision == "change":
@@ -188,7 +188,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             modelconfig.validate(proposed, "proposed config")
             (staging / "proposed").mkdir()
             (staging / "proposed" / "config.pbtxt").write_text(
-                _header(stamp, study, decision, production_cfg, proposed, prod_path)
+                _header(stamp, study, decision, production=production_cfg, proposed=proposed, prod_path=prod_path)
                 + modelconfig.to_text(proposed, comments_from=prod_path.read_text()))
             diff = "".join(line + "\n" for line in space.config_diff(
                 production_cfg, proposed, old_name=f"production/{prod_path.name}", new_name="proposed/config.pbtxt"))
@@ -233,7 +233,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     return NightResult(decision, final, production, candidate, pairs, entry)
 
 
-def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, production: dict,
+def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, *, production: dict,
                   nights: list[dict], drift: pd.DataFrame) -> tuple[Decision, list[tuple[ArmResult, ArmResult]]]:
     """Whether tonight's best needs a confirmation at all, and if so the A/B replays and the rule."""
     candidate = found.best
@@ -263,10 +263,10 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
             b = engine.replay(candidate, "candidate")
             bar.update()
             pairs.append((a, b))
-    return decide(pairs, settings.confirm.margin, settings.confirm.pairs, settings.confirm.rule), pairs
+    return decide(pairs, settings.confirm.margin, settings.confirm.pairs, rule=settings.confirm.rule), pairs
 
 
-def _header(stamp: str, study: StudySettings, decision: Decision, production: ModelConfig,
+def _header(stamp: str, study: StudySettings, decision: Decision, *, production: ModelConfig,
             proposed: ModelConfig, prod_path: Path) -> str:
     changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(production, proposed)]
     lines = [f"Proposed by tuner nightly on {stamp} for model {study.model} (production: {prod_path})",

@@ -31,7 +31,7 @@ from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET
 from tuner.formats import gain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmResult:
     """One confirmation replay of one arm (production or the candidate)."""
 
@@ -93,6 +93,7 @@ RULES = ("all_replays", "every_pair")
 
 
 def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_pairs: int = 3,
+           *,
            rule: str = "all_replays") -> Decision:
     """`pairs` holds (production, candidate) replays in the order they ran."""
     if rule not in RULES:

@@ -51,7 +51,7 @@ class Drift:
     threshold: float = 0.2       # a relative change above this is flagged as drift
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NightlySettings:
     """A nightly YAML: its study, tonight's traffic, production's config, the search, confirmation, drift."""
 

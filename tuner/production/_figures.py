@@ -37,7 +37,7 @@ __all__ = [
 COLUMNS = ("succeeded", "failed", "inferences", "executions", "queue_us", "compute_us")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProductionFigures:
     """The production figures of a stretch of time (None: no requests to divide by)."""
 
@@ -58,7 +58,7 @@ class ProductionFigures:
 
 
 def _frame(
-    sums: pd.DataFrame, seconds: pd.Series, replica_seconds: pd.Series, max_batch_size: int
+    sums: pd.DataFrame, seconds: pd.Series, replica_seconds: pd.Series, *, max_batch_size: int
 ) -> pd.DataFrame:
     """The figures of each row of `sums` (vectorised: one row per step, per instance, or the total)."""
     ok, failed = sums["succeeded"], sums["failed"]
@@ -89,7 +89,7 @@ def by_step(
     the baseline's `capacity_rps` (NaN without one)."""
     sums = increases.groupby(level="end").sum()
     replicas = increases.groupby(level="end").size()
-    out = _frame(sums, pd.Series(step_s, index=sums.index), replicas * step_s, max_batch_size)
+    out = _frame(sums, pd.Series(step_s, index=sums.index), replicas * step_s, max_batch_size=max_batch_size)
     out["ratio"] = throughput_ratio(out["per_replica_rps"], capacity_rps) if capacity_rps else np.nan
     out.index = (out.index - pd.Timedelta(seconds=step_s)).rename("start")
     return out
@@ -99,17 +99,17 @@ def by_instance(increases: pd.DataFrame, *, step_s: float, max_batch_size: int) 
     """The figures of each instance over the steps it has samples in, indexed by instance."""
     sums = increases.groupby(level="instance").sum()
     seconds = increases.groupby(level="instance").size() * step_s
-    return _frame(sums, seconds, seconds, max_batch_size)
+    return _frame(sums, seconds, seconds, max_batch_size=max_batch_size)
 
 
 def total(increases: pd.DataFrame, *, step_s: float, max_batch_size: int) -> ProductionFigures:
     """The figures of the whole window: the steps with samples, every instance."""
     steps = increases.index.get_level_values("end").nunique()
     if not steps:
-        return ProductionFigures(0.0, 0.0, 0.0, 0.0, 0.0, None, None, None, None, None)
+        return ProductionFigures(seconds=0.0, replicas=0.0, requests=0.0, throughput_rps=0.0, per_replica_rps=0.0, mean_batch=None, fill_rate=None, queue_ms=None, compute_ms=None, error_rate=None)
     sums = increases.sum().to_frame().T
     row = _frame(
-        sums, pd.Series([steps * step_s]), pd.Series([len(increases) * step_s]), max_batch_size
+        sums, pd.Series([steps * step_s]), pd.Series([len(increases) * step_s]), max_batch_size=max_batch_size
     ).iloc[0]
     return ProductionFigures(**{k: None if pd.isna(v) else float(v) for k, v in row.items()})
 

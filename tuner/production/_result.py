@@ -18,7 +18,7 @@ __all__ = ["ProductionAudit", "findings"]
 LISTED = 6  # hours named in a finding; --json lists them all
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProductionAudit:
     """The production audit of a model over a window of Prometheus's history."""
 

@@ -55,6 +55,7 @@ def tensor_data(datatype: str, count: int, seed: int = 0) -> bytes:
 
 
 def infer_request(host: str, model: str, inputs: Sequence[tuple[str, str, Sequence[int]]],
+                  *,
                   outputs: Sequence[str], data: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
     """The parts of one HTTP infer request in Triton's binary-tensor extension, to send in order.
 

@@ -44,7 +44,7 @@ class InputPlan:
     columns: tuple[str | None, ...]  # per dim: the traffic column that gives it, or None (fixed)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestPlan:
     """The tensors of every request: `shapes[shape_ids[i]]` gives row i's shape for each input."""
 
@@ -159,7 +159,7 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
         inputs.append(InputPlan(name, datatype, dims, tuple(columns)))
     outputs = tuple(o["name"] for o in config.get("output", []))
 
-    _check_request_sizes(model, batched, inputs, dim_values, traffic)
+    _check_request_sizes(model, batched, inputs, dim_values=dim_values, traffic=traffic)
 
     # One id per distinct combination of all dims, so requests are made once per shape, not per request.
     table = np.stack(dim_values, axis=1).astype(np.int64) if dim_values else np.zeros((n, 0), dtype=np.int64)
@@ -173,8 +173,8 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
             pos += len(plan.dims)
             per_input.append(([row[0]] if batched else []) + dims)
         shapes.append(per_input)
-    return RequestPlan(model, batched, max_batch, tuple(inputs), outputs, shapes,
-                       np.asarray(shape_ids, dtype=np.int64).reshape(-1))
+    return RequestPlan(model=model, batched=batched, max_batch_size=max_batch, inputs=tuple(inputs), outputs=outputs, shapes=shapes,
+                       shape_ids=np.asarray(shape_ids, dtype=np.int64).reshape(-1))
 
 
 def peak_rate(due_s: np.ndarray, window_s: float = 1.0) -> float:
@@ -185,7 +185,7 @@ def peak_rate(due_s: np.ndarray, window_s: float = 1.0) -> float:
     return float((ends - np.arange(len(due_s))).max()) / window_s
 
 
-def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], dim_values: list[np.ndarray],
+def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], *, dim_values: list[np.ndarray],
                          traffic: pd.DataFrame) -> None:
     """Refuse the first row whose tensors add up to more than MAX_REQUEST_BYTES (sizes in floats: a
     product of huge dims must not wrap around)."""

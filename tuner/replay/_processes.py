@@ -24,7 +24,7 @@ REPLAY_PREFIX = "tuner-replay-"  # temporary directories of a replay (removed by
 Stats = Callable[[], dict]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What the processes wrote, and the statistics snapshots taken around the measured part."""
 
@@ -63,8 +63,8 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     roles = ["local"] if workers == 1 else ["master"] + ["worker"] * workers
-    before, after, t0, stopped = _run_processes(tmp, roles, len(due), warmup_s, stats, progress, watch,
-                                                watch_every_s)
+    before, after, t0, stopped = _run_processes(tmp, roles, len(due), warmup_s=warmup_s, stats=stats, progress=progress, watch=watch,
+                                                watch_every_s=watch_every_s)
     if stopped:
         return Outcome(records=pd.DataFrame(), summaries=[], locust={}, stats_before=before, stats_after=after,
                        t0=t0, stopped=True)
@@ -76,7 +76,7 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
         stats_before=before, stats_after=after, t0=t0)
 
 
-def _run_processes(tmp: Path, roles: list[str], total: int, warmup_s: float, stats: Stats,
+def _run_processes(tmp: Path, roles: list[str], total: int, *, warmup_s: float, stats: Stats,
                    progress: bool, watch: Watch | None, watch_every_s: float
                    ) -> tuple[dict | None, dict | None, float, bool]:
     lines: queue.Queue = queue.Queue()

@@ -31,7 +31,7 @@ from tuner.traffic import due_offsets
 Stats = Callable[[], dict]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReplayResult:
     """What one replay produced. `records` has one row per request of the schedule:
     row (position in the traffic, sorted by timestamp), due_s / send_s / end_s (seconds from the replay's start),
@@ -62,9 +62,9 @@ def replay(
     endpoints: Endpoints,
     model: str,
     traffic: pd.DataFrame,
+    *,
     speed: float,
     settings: ReplaySettings,
-    *,
     warmup_s: float | None = None,
     duration_s: float | None = None,
     stats: Stats | None = None,

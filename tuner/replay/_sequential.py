@@ -48,7 +48,7 @@ def send_one_by_one(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: 
             shapes = plan.shapes[shape_id]
             parts = _http.infer_request(
                 http, plan.model, [(name, datatype, shape) for (name, datatype), shape in zip(inputs, shapes, strict=True)],
-                plan.outputs, [buf[:math.prod(shape) * _http.ITEMSIZE[datatype]]
+                outputs=plan.outputs, data=[buf[:math.prod(shape) * _http.ITEMSIZE[datatype]]
                                for buf, (_, datatype), shape in zip(data, inputs, shapes, strict=True)])
             try:
                 status, body = connections.post(parts)

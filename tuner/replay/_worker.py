@@ -192,7 +192,7 @@ class Client:
     def _build(self, shape_id: int):
         inputs, data = self._parts(shape_id)
         if self.http:
-            parts = _http.infer_request(self.host, self.model, inputs, self.outputs, data)
+            parts = _http.infer_request(self.host, self.model, inputs, outputs=self.outputs, data=data)
             # Small requests go out in one write; large ones as the head and views of the buffers.
             return b"".join(parts) if sum(len(p) for p in parts) <= JOIN_BYTES else parts
         request = self.pb.ModelInferRequest(model_name=self.model)

@@ -60,7 +60,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StudyOutput:
     """Everything one report shows, read once."""
 

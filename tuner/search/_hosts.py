@@ -87,7 +87,7 @@ def exclusive(url: str, name: str) -> Iterator[None]:
         os.close(held)  # lets the lock go
 
 
-def check_gpu(study: optuna.Study, settings: StudySettings, storage: str, host: Host) -> None:
+def check_gpu(study: optuna.Study, settings: StudySettings, storage: str, *, host: Host) -> None:
     """SettingsError when `host`'s GPU type is not the study's first host's and the study does not
     allow mixed GPUs."""
     first = study.user_attrs.get("gpu")

@@ -111,7 +111,7 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     dead = []
     if _is_journal_study(study):
         storage = open_storage(study.user_attrs["storage"])
-        dead = fail_dead_local_trials(study, storage, socket.gethostname(), pid_alive)
+        dead = fail_dead_local_trials(study, storage, socket.gethostname(), alive=pid_alive)
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     again = []
@@ -139,7 +139,7 @@ def _is_journal_study(study: optuna.Study) -> bool:
     return is_journal(str(study.user_attrs.get("storage") or "://"))
 
 
-def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRecord, host: Host) -> None:
+def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRecord, *, host: Host) -> None:
     """Record the incumbent measured on `host` (a mixed-GPU study: one per GPU type) as a finished
     trial, its configuration in its attributes (it may lie outside the search's ranges)."""
     measured = record.outcome not in NO_VERDICT
@@ -152,7 +152,7 @@ def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRec
     study.add_trial(trial)
 
 
-def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, n_trials: int, *,
+def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, *, n_trials: int,
                timeout_s: float | None = None, on_trial: OnTrial | None = None, host: Host | None = None) -> int:
     """Run trials until the study holds `n_trials` (all workers together), the grid is used up, or
     `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here."""

@@ -114,7 +114,7 @@ def model_space(settings: StudySettings, *, base, traffic: pd.DataFrame, profile
     return SpaceModel(settings, configs, defaults, simulator, space.from_config(base, settings.search))
 
 
-def rank_space(settings: StudySettings, base, traffic: pd.DataFrame, profile: Profile, *,
+def rank_space(settings: StudySettings, base, traffic: pd.DataFrame, *, profile: Profile,
                on_config: Callable[[int, int], None] | None = None) -> pd.DataFrame:
     """Every configuration of the study's space simulated, best first (`SpaceModel.rank`)."""
     return model_space(settings, base=base, traffic=traffic, profile=profile).rank(on_config=on_config)
@@ -130,7 +130,7 @@ def _params(row: pd.Series, settings: StudySettings) -> dict:
     return space.from_row(row, space.tuned(settings.search))
 
 
-def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, count: int) -> list[dict]:
+def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int) -> list[dict]:
     """Enqueue the `count` best simulated configurations the study has not measured or queued yet
     (only those that met the SLA in simulation); returns them."""
     if count <= 0:
@@ -190,9 +190,9 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     them is above `search.model_error`, search on with the sampler (the next-ranked enqueued first).
     Returns the trials run; the errors are kept in the study's `model_search` attribute."""
     s = settings
-    _enqueue_ranked_within(study, ranking, s, trials)
+    _enqueue_ranked_within(study, ranking, s, trials=trials)
     first = min(trials, spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
-    ran = run_trials(study, s, evaluate, first, timeout_s=timeout_s, host=host, on_trial=on_trial)
+    ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial)
     errors = simulation_errors(study, ranking, s)
     column = "capacity_error" if s.scoring == "capacity" else "value_error"
     median = float(errors[column].abs().median()) if not errors.empty and errors[column].notna().any() else None
@@ -204,14 +204,14 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
         note(f"simulation error on the {len(errors)} measured configurations: median {median:.1%} "
              f"({'above' if fallback else 'within'} search.model_error {s.search.model_error:.0%})")
     if fallback and trials > spent(study):
-        _enqueue_ranked_within(study, ranking, s, trials)
-        ran += run_trials(study, s, evaluate, trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
+        _enqueue_ranked_within(study, ranking, s, trials=trials)
+        ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
     return ran
 
 
-def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, trials: int) -> None:
+def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int) -> None:
     """Enqueue the simulation's next `model_top`, no more than the budget has room for beyond the trials
     begun and those queued (a queued trial always runs: `run_trials` empties the queue)."""
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     room = max(0, trials - spent(study) - waiting)
-    enqueue_ranked(study, ranking, s, min(s.search.model_top, room))
+    enqueue_ranked(study, ranking, s, count=min(s.search.model_top, room))

@@ -140,6 +140,7 @@ class Repeats:
 
 
 def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
+              *,
               progress: Callable[[], None] | None = None) -> list[Repeats]:
     """Measure the top configurations (and the incumbent) again, interleaved (A B C A B C ...), so
     that drift on the machine hits them alike. Each run starts its capacity search at the trial's

@@ -61,13 +61,13 @@ def check_storage(url: str, *, connect: bool = False) -> None:
         raise SettingsError(f"{where}: {exc}") from None
     database = sqlite_path(url)
     if database is not None:
-        _check_existing(Path(database), where, _is_sqlite, "an SQLite database")
+        _check_existing(Path(database), where, _is_sqlite, kind="an SQLite database")
     elif connect and url.startswith(("postgresql", "mysql", "mariadb")):
         _reach(url, where)
 
 
 def _check_journal_path(path: Path, where: str) -> None:
-    if _check_existing(path, where, _is_journal, "an Optuna journal"):
+    if _check_existing(path, where, _is_journal, kind="an Optuna journal"):
         return
     if path.suffix not in JOURNAL_SUFFIXES:
         raise SettingsError(
@@ -75,7 +75,7 @@ def _check_journal_path(path: Path, where: str) -> None:
             f"file (a name ending in {' or '.join(JOURNAL_SUFFIXES)}, or an existing Optuna journal)")
 
 
-def _check_existing(path: Path, where: str, is_kind, kind: str) -> bool:
+def _check_existing(path: Path, where: str, is_kind, *, kind: str) -> bool:
     """Whether a non-empty file is at `path` (then it must be of `kind`); an empty one is new."""
     try:
         if path.is_dir():
@@ -239,9 +239,9 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     study = optuna.create_study(study_name=settings.name, storage=backend, sampler=sampler,
                                 direction="maximize", load_if_exists=True)
     if study.user_attrs.get("created"):
-        _check_same_study(study, settings, storage, identity)
+        _check_same_study(study, settings, storage, identity=identity)
         if host is not None:
-            check_gpu(study, settings, storage, host)
+            check_gpu(study, settings, storage, host=host)
         # resumed, or joined from another host: the seed would draw the first process's configurations again
         study.sampler.reseed_rng()
         return study
@@ -255,7 +255,7 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     return study
 
 
-def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, identity: dict | None) -> None:
+def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, *, identity: dict | None) -> None:
     where = f"study {settings.name!r} in {safe_url(storage)}"
     fresh = _fresh_start(settings, storage)
     old = study.user_attrs.get("identity")
@@ -333,6 +333,7 @@ def load_study(storage: str, name: str | None) -> optuna.Study:
 
 
 def fail_dead_local_trials(study: optuna.Study, storage: optuna.storages.BaseStorage, host: str,
+                           *,
                            alive) -> list[int]:
     """A journal file has no heartbeats: fail the RUNNING trials this host's dead processes left
     (`alive(pid)`), through the storage's public API. Returns their numbers."""

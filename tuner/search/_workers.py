@@ -16,24 +16,25 @@ from tuner.settings import StudySettings
 OpenEvaluation = Callable[[], contextlib.AbstractContextManager]  # yields an Evaluate
 
 
-def _worker(settings: StudySettings, open_evaluation: OpenEvaluation, storage: str, n_trials: int,
+def _worker(settings: StudySettings, open_evaluation: OpenEvaluation, storage: str, *, n_trials: int,
             timeout_s: float | None) -> None:
     study = optuna.load_study(study_name=settings.name, storage=open_storage(storage, settings.search),
                               sampler=make_sampler(settings.search))
     study.sampler.reseed_rng()  # one seed in every worker would draw the same configurations in each
     try:
         with sigterm_as_interrupt(), open_evaluation() as evaluate:
-            run_trials(study, settings, evaluate, n_trials, timeout_s=timeout_s)
+            run_trials(study, settings, evaluate, n_trials=n_trials, timeout_s=timeout_s)
     except KeyboardInterrupt:
         pass  # the trial is marked FAIL already; the parent reports the interruption
 
 
-def run_workers(settings: StudySettings, open_evaluation: OpenEvaluation, storage: str, n_trials: int, *,
+def run_workers(settings: StudySettings, open_evaluation: OpenEvaluation, storage: str, *, n_trials: int,
                 workers: int, timeout_s: float | None = None, poll: Callable[[], None] | None = None) -> None:
     """Start `workers` processes on the study and wait for them; `poll` runs while they work (progress).
     `open_evaluation` must pickle: each process opens its own server."""
     ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or servers
-    procs = [ctx.Process(target=_worker, args=(settings, open_evaluation, storage, n_trials, timeout_s),
+    procs = [ctx.Process(target=_worker, args=(settings, open_evaluation, storage),
+                         kwargs={"n_trials": n_trials, "timeout_s": timeout_s},
                          name=f"tuner-worker-{i}") for i in range(workers)]
     for p in procs:
         p.start()

@@ -36,5 +36,5 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
     if server.launcher == "docker":
         from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
 
-        return DockerLauncher(server, settings.model_repository, models, log_dir)
+        return DockerLauncher(server, settings.model_repository, models, log_dir=log_dir)
     raise ServerSetupError(f"{settings.source or '<study>'}: server.launcher: unknown launcher '{server.launcher}'")

@@ -47,7 +47,7 @@ class TritonHttp:
         self.base = self.base.rstrip("/")
         self.timeout_s = timeout_s
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None,
+    def request(self, method: str, path: str, body: dict | None = None, *, timeout_s: float | None = None,
                 url: str | None = None) -> bytes:
         """The body of the answer to `method` on `path` (or `url`); HttpError on an error status."""
         data = json.dumps(body).encode() if body is not None else None
@@ -163,7 +163,7 @@ def _excerpt(raw: bytes, limit: int = 40) -> str:
     return repr(text) + ("..." if len(raw) > limit else "")
 
 
-def apply_and_verify(http: TritonHttp, model: str, config: ModelConfig, timeout_s: float,
+def apply_and_verify(http: TritonHttp, model: str, config: ModelConfig, *, timeout_s: float,
                      explain_refusal: Callable[[str], str]) -> ModelConfig:
     """Load `model` with `config`, read it back, and fail loudly on any difference in a tuned field."""
     try:

@@ -53,7 +53,7 @@ class DockerLauncher(Launcher):
     name = "docker"
 
     def __init__(self, settings: ServerSettings, model_repository: str | Path,
-                 models: Sequence[str] = (), log_dir: str | Path | None = None, *,
+                 models: Sequence[str] = (), *, log_dir: str | Path | None = None,
                  ports: tuple[int, int, int] | None = None):
         """`ports` (http, grpc, metrics) pins the host ports; by default free ones are chosen."""
         self.settings = settings
@@ -92,7 +92,7 @@ class DockerLauncher(Launcher):
         http_port, grpc_port, metrics_port = self._ports or free_ports(3)
         LIVE.add(self)
         try:
-            self._run(client, image, models, (http_port, grpc_port, metrics_port))
+            self._run(client, image, models, ports=(http_port, grpc_port, metrics_port))
         except BaseException:  # also Ctrl-C in the middle of creating the container
             self.stop()
             raise
@@ -101,6 +101,7 @@ class DockerLauncher(Launcher):
         self._http = TritonHttp(self._endpoints.http)
 
     def _run(self, client: docker.DockerClient, image: str, models: list[str],
+             *,
              ports: tuple[int, int, int]) -> None:
         http_port, grpc_port, metrics_port = ports
         self._repo_copy = private_copy(self.model_repository, models)
@@ -186,8 +187,8 @@ class DockerLauncher(Launcher):
         http = self._require_http()
         offset = len(self._fetch_logs(self._container)) if self._container is not None else 0
         with self._died_to_server_error():
-            return apply_and_verify(http, model, config, LOAD_TIMEOUT_S,
-                                    lambda message: self._explain_refusal(message, offset))
+            return apply_and_verify(http, model, config, timeout_s=LOAD_TIMEOUT_S,
+                                    explain_refusal=lambda message: self._explain_refusal(message, offset))
 
     def model_config(self, model: str) -> ModelConfig:
         with self._died_to_server_error():

@@ -37,7 +37,7 @@ DEFAULT_DIR = Path("~/.cache/tuner/triton/nvidia-pytriton-0.7.0")
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TritonInstall:
     """A Triton install from the nvidia-pytriton wheel: its binary, libraries, backends and models' numpy."""
 
@@ -110,7 +110,7 @@ def _install(root: Path, quiet: bool) -> None:
         started = time.monotonic()
         if root.exists():  # an empty or broken leftover (e.g. an empty TUNER_TRITON_HOME): fill it in place
             staging = root / ".wheel"
-            _pip_target(staging, WHEEL, [], quiet)
+            _pip_target(staging, WHEEL, [], quiet=quiet)
             for child in staging.iterdir():
                 target = root / child.name
                 if target.is_dir() and not target.is_symlink():
@@ -120,14 +120,14 @@ def _install(root: Path, quiet: bool) -> None:
                 child.rename(target)
             staging.rmdir()
         else:
-            _pip_target(root, WHEEL, [], quiet)
+            _pip_target(root, WHEEL, [], quiet=quiet)
         if not _binary(root).is_file():
             raise ServerSetupError(f"{root}: {WHEEL} installed but holds no tritonserver binary")
         if not quiet:
             print(f"tuner: installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 
-def _pip_target(target: Path, requirement: str, extra: list[str], quiet: bool) -> None:
+def _pip_target(target: Path, requirement: str, extra: list[str], *, quiet: bool) -> None:
     """`pip install --no-deps --target TARGET REQUIREMENT`, via a staging dir renamed into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -158,7 +158,7 @@ def _install_model_numpy(install: TritonInstall, quiet: bool) -> None:
         if not quiet:
             print(f"tuner: installing {MODEL_NUMPY} for the Python backend (Python {install.python_version}) "
                   f"into {target}", file=sys.stderr)
-        _pip_target(target, MODEL_NUMPY, extra, quiet)
+        _pip_target(target, MODEL_NUMPY, extra, quiet=quiet)
 
 
 def _prepare(root: Path) -> TritonInstall:

@@ -41,7 +41,7 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(self, model_repository: str | Path, models: Sequence[str] | None = None,
-                 install_dir: str | Path | None = None, log_path: str | Path | None = None,
+                 install_dir: str | Path | None = None, *, log_path: str | Path | None = None,
                  startup_timeout_s: float = 120.0, extra_args: Sequence[str] = (),
                  ports: tuple[int, int, int] | None = None, install: TritonInstall | None = None):
         self.model_repository = Path(model_repository)

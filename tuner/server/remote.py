@@ -62,6 +62,7 @@ class RemoteLauncher(Launcher):
     name = "remote"
 
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
+                 *,
                  metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
                  read_only: bool = False):
         host, port = parse_host_port(url, where="server.url", error=ServerSetupError)

@@ -107,7 +107,7 @@ class Requests:
         return len(self.due_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchRun:
     """What happened to every request and every execution of one simulated schedule."""
 
@@ -126,6 +126,7 @@ class BatchRun:
 
 
 def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
+             *,
              device_cache: dict | None = None) -> BatchRun:
     """Run `requests` through the dynamic batcher of `config` on a model costed by `profile`.
 

@@ -94,7 +94,7 @@ class ProfilePoint(ExecutionSize):
     count: int = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     """Execution time by (rows, padded length) and the costs around it; see the module docstring."""
 

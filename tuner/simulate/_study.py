@@ -171,7 +171,7 @@ class Simulator:
         cached = self._schedules.get(speed)
         if cached is None:
             step_s = self.capacity_settings.step_duration_s
-            part, warmup = step_window(self.traffic, speed, self.warmup_s, step_s)
+            part, warmup = step_window(self.traffic, speed, self.warmup_s, measured_s=step_s)
             requests = _requests_at(part, speed, self.length)
             keep = requests.due_s < warmup + step_s
             if not keep.all():
@@ -182,7 +182,7 @@ class Simulator:
     def run(self, config: BatcherConfig, speed: float) -> SimStep:
         """Simulate the step at `speed` under `config`."""
         requests, warmup = self.schedule(speed)
-        run = simulate(requests, config, self.profile, self._device)
+        run = simulate(requests, config, self.profile, device_cache=self._device)
         m = measurement(run, requests, speed=float(speed), warmup_s=warmup, max_batch_size=config.max_batch_size,
                         sla_percentile=self.sla.percentile)
         return SimStep(float(speed), warmup, requests, run, m)
@@ -215,7 +215,7 @@ class Simulator:
         load_step = self.run(config, self.load_speed)
         params = {name: getattr(config, name) for name in (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, space.INSTANCES)}
         search = (lambda lower: self.capacity(config, lower=lower, tolerance=tolerance)) if capacity else None
-        record = assess(params, load_step.measurement, self.sla, search, price_per_hour=self.price_per_hour,
+        record = assess(params, load_step.measurement, self.sla, capacity=search, price_per_hour=self.price_per_hour,
                         load_speed=self.load_speed, peak_rps=self.peak_rps, note="simulated")
         return record, load_step.device_s
 

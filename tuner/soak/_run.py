@@ -64,7 +64,7 @@ class SoakResult:
     interrupted: bool = False
 
 
-def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traffic: pd.DataFrame, *,
+def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, traffic: pd.DataFrame,
              output: str | Path, quiet: QuietWindows | None, config_source: str, measure_capacity: bool = True,
              replace: bool = False, margin: float = 0.2, progress: bool = True,
              launcher_factory: Callable[[StudySettings], Launcher] = make_launcher) -> SoakResult:
@@ -94,12 +94,12 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
             running = launcher.apply_config(model, config)
             mbs = int(running.max_batch_size)
             if measure_capacity:  # measured as a trial is: warmed up first
-                meta["capacity"] = _capacity(launcher, settings, traffic, running, say)
+                meta["capacity"] = _capacity(launcher, settings, traffic, running=running, say=say)
             else:
-                meta["warmup"] = _warm(launcher, settings, traffic, mbs, say)
+                meta["warmup"] = _warm(launcher, settings, traffic, mbs=mbs, say=say)
             meta["executions_before_soak"] = _executions(launcher, model)
             _files.write_json(folder / _files.META, meta)
-            _windows(launcher, settings, config, plan, traffic, folder, mbs, progress)
+            _windows(launcher, settings, config, plan=plan, traffic=traffic, folder=folder, mbs=mbs, progress=progress)
     except KeyboardInterrupt:
         interrupted = True
         if not (folder / _files.META).exists():
@@ -124,7 +124,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, traff
     return SoakResult(folder, findings, len(windows), interrupted)
 
 
-def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, plan: SoakPlan,
+def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, *, plan: SoakPlan,
              traffic: pd.DataFrame, folder: Path, mbs: int, progress: bool) -> None:
     """Replay every window, appending each to windows.csv and executions.csv as it finishes."""
     model, sla = settings.model, settings.sla
@@ -142,10 +142,10 @@ def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, p
             if plan.restart_before(k):
                 bar.set_postfix_str("restarting the server")
                 _restart(launcher, model, config)
-                _warm(launcher, settings, traffic, mbs, lambda text: None)
+                _warm(launcher, settings, traffic, mbs=mbs, say=lambda text: None)
                 segment, segment_start_s, restarted = segment + 1, start_s, True
             started = _now()
-            part = window_traffic(traffic, start_s, end_s, plan.cycle_s)
+            part = window_traffic(traffic, start_s, end_s, cycle_s=plan.cycle_s)
             measured_from = start_s + warmup * plan.speed
             place = {"window": k, "segment": segment, "restarted": restarted,
                      "t_hours": (measured_from + end_s) / 2 / 3600.0,
@@ -156,7 +156,7 @@ def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, p
                 row = {**place, "requests": 0, "valid": False, "sla_ok": True}
                 histogram, failed, times = {}, 0, {}
             else:
-                m, errors, since_load, times = _replay(launcher, settings, part, plan.speed, warmup, mbs)
+                m, errors, since_load, times = _replay(launcher, settings, part, speed=plan.speed, warmup=warmup, mbs=mbs)
                 histogram = m.batch_histogram
                 failed = max(sum(s * c for s, c in histogram.items()) - m.inference_count, 0)
                 failures = {s: bad for s, (_, bad) in split_failures(histogram, failed).items() if bad}
@@ -168,17 +168,17 @@ def _windows(launcher: Launcher, settings: StudySettings, config: ModelConfig, p
                 row = {**place, **figures}
             row["wall_s"] = time.monotonic() - t0
             _files.append_rows(folder / _files.WINDOWS, [row], columns)
-            _files.append_rows(folder / _files.EXECUTIONS, execution_rows(k, histogram, failed, times),
+            _files.append_rows(folder / _files.EXECUTIONS, execution_rows(k, histogram, failed, times=times),
                                EXECUTION_COLUMNS)
             bar.update()
             tqdm.write(_line(row, plan.windows, latency), file=sys.stdout)
 
 
-def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, speed: float, warmup: float,
+def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, *, speed: float, warmup: float,
             mbs: int) -> tuple[Measurement, pd.Series, int | None, dict[int, tuple[int, float]]]:
     """One window: replay and measure (the measurement step, once); the measured requests' errors,
     Triton's execution count since the load and the compute time per execution of each batch size."""
-    m, result = replay_measured(launcher, settings, part, speed, warmup_s=warmup, max_batch_size=mbs)
+    m, result = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, max_batch_size=mbs)
     measured = result.measured()
     errors = measured.loc[~measured["ok"].astype(bool), "error"].astype(str)
     after = result.stats_after or {}
@@ -186,7 +186,7 @@ def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, spe
     return m, errors, since_load, size_times(result.stats_before, result.stats_after)
 
 
-def _capacity(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, running: ModelConfig,
+def _capacity(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, running: ModelConfig,
               say: Callable[[str], None]) -> dict | None:
     """The configuration's capacity on the fresh server, measured as a trial's (None: not measured)."""
     pct = settings.sla.percentile
@@ -210,7 +210,7 @@ def _capacity(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame
             "converged": record.capacity.converged if record.capacity else None}
 
 
-def _warm(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, mbs: int,
+def _warm(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, mbs: int,
           say: Callable[[str], None]) -> dict | None:
     """Warm the freshly loaded model before its windows (as a trial's measurement is): a cold start
     is not drift, and a trend fitted through one reads as one. None when the study turns warm-up off."""

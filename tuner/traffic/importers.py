@@ -73,7 +73,7 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
             where = f"{part}: entry {n}"
             seen.update(k for k in ("id", "model_name", "timestamps") if k in entry)
             if entry.get("model_name") is not None:
-                _trace_head(entry, where, models, include_children)
+                _trace_head(entry, where, models, include_children=include_children)
             if entry.get("timestamps") is not None:
                 _trace_arrival(entry, where, arrivals)
     if len(seen) < 3:
@@ -91,7 +91,7 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     return validate_traffic(out, str(path))
 
 
-def _trace_head(entry: dict, where: str, models: dict[int, str], include_children: bool) -> None:
+def _trace_head(entry: dict, where: str, models: dict[int, str], *, include_children: bool) -> None:
     """Record the model of a request's first entry; children of an ensemble or BLS model are left
     out unless `include_children`."""
     trace_id = _trace_int(entry, "id", where)

@@ -273,7 +273,7 @@ def _datetime_seconds(parsed: pd.Series, raw: pd.Series, where: _Where) -> np.nd
     return (ns // 1_000_000_000).astype(np.float64) + (ns % 1_000_000_000) / 1e9
 
 
-def _positive_int(col: pd.Series, name: str, where: _Where, shape: bool = False) -> np.ndarray:
+def _positive_int(col: pd.Series, name: str, where: _Where, *, shape: bool = False) -> np.ndarray:
     hint = " (columns other than timestamp, batch_size and model are shape sizes)" if shape else ""
     if pd.api.types.is_bool_dtype(col):
         raise where.fail(0, name, f"not an integer (booleans){hint}")

@@ -28,7 +28,7 @@ MAX_ROWS = 100_000_000
 ZIPF_MAX = 10_000_000  # a zipf size draws from a table of `max` weights
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SizeSpec:
     """How one size column (batch_size or a shape column) is drawn."""
 
@@ -135,7 +135,7 @@ def _about(n: float) -> str:
     return f"{float(f'{n:.3g}'):,.0f}"
 
 
-def _fits(what: str, rate: float, duration_s: float, at_peak: bool = False) -> None:
+def _fits(what: str, rate: float, duration_s: float, *, at_peak: bool = False) -> None:
     """Refuse a table of more than MAX_ROWS rows, from its rate and duration, before drawing it."""
     rows = rate * duration_s
     if rows > MAX_ROWS:
@@ -146,13 +146,13 @@ def _fits(what: str, rate: float, duration_s: float, at_peak: bool = False) -> N
         )
 
 
-def _poisson_times(rng: np.random.Generator, rate: float, start: float, length: float) -> np.ndarray:
+def _poisson_times(rng: np.random.Generator, rate: float, start: float, *, length: float) -> np.ndarray:
     n = rng.poisson(rate * length)
     return start + rng.uniform(0.0, length, size=n)
 
 
-def _thinned(rng: np.random.Generator, rate_at, peak: float, duration_s: float) -> np.ndarray:
-    candidates = np.sort(_poisson_times(rng, peak, 0.0, duration_s))
+def _thinned(rng: np.random.Generator, rate_at, peak: float, *, duration_s: float) -> np.ndarray:
+    candidates = np.sort(_poisson_times(rng, peak, 0.0, length=duration_s))
     keep = rng.uniform(0.0, peak, size=len(candidates)) < rate_at(candidates)
     return candidates[keep]
 
@@ -180,7 +180,7 @@ def synth_poisson(rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes
     """Poisson arrivals at `rate` requests/s for `duration_s` seconds (inter-arrival CV 1)."""
     _check(rate, duration_s)
     _fits("poisson", rate, duration_s)
-    return _draw("poisson", lambda rng: _poisson_times(rng, rate, 0.0, duration_s), seed=seed, sizes=sizes)
+    return _draw("poisson", lambda rng: _poisson_times(rng, rate, 0.0, length=duration_s), seed=seed, sizes=sizes)
 
 
 def synth_diurnal(mean_rate: float, duration_s: float, *, seed: int = 0, sizes: Sizes = None,
@@ -202,7 +202,7 @@ def synth_diurnal(mean_rate: float, duration_s: float, *, seed: int = 0, sizes: 
     def rate_at(t: np.ndarray) -> np.ndarray:
         return mean_rate * (1 + amplitude * np.cos(2 * np.pi * (t - peak_at) / period_s))
 
-    return _draw("diurnal", lambda rng: _thinned(rng, rate_at, peak, duration_s), seed=seed, sizes=sizes)
+    return _draw("diurnal", lambda rng: _thinned(rng, rate_at, peak, duration_s=duration_s), seed=seed, sizes=sizes)
 
 
 def bursty_rates(mean_rate: float, on_fraction: float, off_ratio: float) -> tuple[float, float]:
@@ -287,4 +287,4 @@ def synth_flash_crowd(base_rate: float, duration_s: float, *, seed: int = 0, siz
         level = np.where(t < spike + ramp_s + hold_s, rising, np.exp(-after / decay_s))
         return base_rate * (1 + (peak_factor - 1) * level)
 
-    return _draw("flash crowd", lambda rng: _thinned(rng, rate_at, peak, duration_s), seed=seed, sizes=sizes)
+    return _draw("flash crowd", lambda rng: _thinned(rng, rate_at, peak, duration_s=duration_s), seed=seed, sizes=sizes)

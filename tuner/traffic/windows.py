@@ -106,7 +106,7 @@ def peak_rps(traffic: pd.DataFrame, speed: float) -> float:
     return float(busiest_window(traffic, speed)[1]) if len(traffic) else 0.0
 
 
-def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, measured_s: float
+def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, *, measured_s: float
                 ) -> tuple[pd.DataFrame, float]:
     """What one step of the search replays at `speed`: the busiest stretch of the profile that lasts
     `measured_s` (every step is short, and judged on the profile's hardest stretch: servers are sized

@@ -45,7 +45,7 @@ class Step:
         return self.measurement.attempts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Capacity:
     """Where the capacity search ended: the highest passing speed and its rate, the lowest failing one."""
 

@@ -60,7 +60,7 @@ class Warmup:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Figures:
     """One replay's figures as a trial keeps them (the per-request records are not kept)."""
 
@@ -98,7 +98,7 @@ class Figures:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bracket:
     """Where the capacity search ended: the last speed that met the SLA and the first that broke it."""
 
@@ -119,7 +119,7 @@ class Bracket:
         return self.upper_rps / self.rps - 1.0 if self.upper_rps and self.rps > 0 else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrialRecord:
     """What a trial measured: its figures at the recorded load, capacity bracket, scores and outcome."""
 
@@ -166,7 +166,7 @@ class TrialRecord:
 Evaluate = Callable[[Params, Hints], TrialRecord]
 
 
-def assess(params: Params, load: Measurement, sla: SlaSettings, capacity: Callable[[Step], Capacity] | None, *,
+def assess(params: Params, load: Measurement, sla: SlaSettings, *, capacity: Callable[[Step], Capacity] | None,
            price_per_hour: float, load_speed: float, peak_rps: float,
            peak_at: Callable[[float], float] | None = None, **extra) -> TrialRecord:
     """A measured trial's record from its replay at the recorded load: the SLA there, then (if it

@@ -47,7 +47,7 @@ CRASHED_VIOLATION = 1000.0
 
 
 
-def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame
+def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, *, traffic: pd.DataFrame
                   ) -> Evaluate:
     """An `Evaluate` for the study on a started server: apply the trial's config, then measure it."""
     measure_running = make_measure(launcher, settings, traffic)
@@ -110,7 +110,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
                                  rate=rate, lower=lower)
 
-        return assess(params, load, settings.sla, capacity_search if capacity else None, price_per_hour=price,
+        return assess(params, load, settings.sla, capacity=capacity_search if capacity else None, price_per_hour=price,
                       load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm)
 
     return measure_running
@@ -124,4 +124,4 @@ def session(settings: StudySettings, log_dir: str | None = None) -> Iterator[Eva
     if log_dir is not None:  # one folder per process: workers each run their own server
         log_dir = str(Path(log_dir) / f"pid-{os.getpid()}")
     with make_launcher(settings, log_dir=log_dir) as launcher:  # a remote one restores its config
-        yield make_evaluate(launcher, settings, base, traffic)
+        yield make_evaluate(launcher, settings, base, traffic=traffic)

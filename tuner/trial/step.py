@@ -51,7 +51,7 @@ def step_windows(traffic: pd.DataFrame, settings: StudySettings) -> Windows:
     measured_s = settings.search.capacity.step_duration_s
 
     def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
-        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s)
+        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s=measured_s)
         return part, warmup, warmup + measured_s
 
     return windows
@@ -120,7 +120,7 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
         part, warmup, duration = windows(speed)
         # a re-run after the send lag broke its budget: more load-generator processes
         workers = retry_workers(settings.replay.workers, attempt) if attempt else None
-        m, _ = replay_measured(launcher, settings, part, speed, warmup_s=warmup, duration_s=duration,
+        m, _ = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=duration,
                                max_batch_size=max_batch_size, workers=workers, progress=progress)
         return m
 
@@ -132,7 +132,7 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
                         pct=m.stability_pct)
 
 
-def replay_measured(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, speed: float, *,
+def replay_measured(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, *, speed: float,
                     warmup_s: float, max_batch_size: int, duration_s: float | None = None,
                     workers: int | None = None, progress: bool = False) -> tuple[Measurement, ReplayResult]:
     """One replay of `part` at `speed` against the configuration the server runs, measured (no retry):
@@ -142,7 +142,7 @@ def replay_measured(launcher: Launcher, settings: StudySettings, part: pd.DataFr
 
     model = settings.model
     replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
-    result = replay(launcher.endpoints, model, part, speed, replay_settings, warmup_s=warmup_s,
+    result = replay(launcher.endpoints, model, part, speed=speed, settings=replay_settings, warmup_s=warmup_s,
                     duration_s=duration_s, stats=lambda: launcher.statistics(model), progress=progress)
     m = measure(result.records, result.stats_before, result.stats_after, speed=speed, warmup_s=result.warmup_s,
                 lag_budget_ms=settings.replay.lag_budget_ms, max_batch_size=max_batch_size,

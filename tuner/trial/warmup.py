@@ -68,10 +68,10 @@ def shape_sweep(traffic: pd.DataFrame, max_batch_size: int, *, seed: int = 0) ->
     return out
 
 
-def repeated_stretch(traffic: pd.DataFrame, speed: float, window_s: float, times: int) -> pd.DataFrame:
+def repeated_stretch(traffic: pd.DataFrame, speed: float, window_s: float, *, times: int) -> pd.DataFrame:
     """The busiest stretch of the traffic that lasts `window_s` at `speed`, `times` times back to
     back (timestamps in the recording's seconds), so that every window replays the same requests."""
-    part, _ = step_window(traffic, speed, 0.0, window_s)
+    part, _ = step_window(traffic, speed, 0.0, measured_s=window_s)
     span = window_s * speed  # one window, in the recording's seconds
     offsets = part["timestamp"].to_numpy(dtype=float) - float(part["timestamp"].iloc[0])
     copies = []
@@ -131,10 +131,10 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
             on_window(fixed_mix_ms(windows[-1:])[0])
         return steady(windows, k=m.stable_windows, pct=m.stability_pct) or time.monotonic() - started >= m.warmup_max_s
 
-    part = repeated_stretch(traffic, settings.traffic.speed, m.window_s, math.ceil(m.warmup_max_s / m.window_s))
+    part = repeated_stretch(traffic, settings.traffic.speed, m.window_s, times=math.ceil(m.warmup_max_s / m.window_s))
     stable = False
     while time.monotonic() - started < m.warmup_max_s:
-        replay(launcher.endpoints, model, part, settings.traffic.speed, settings.replay, warmup_s=0.0,
+        replay(launcher.endpoints, model, part, speed=settings.traffic.speed, settings=settings.replay, warmup_s=0.0,
                duration_s=m.warmup_max_s, stats=lambda: launcher.statistics(model), watch=watch,
                watch_every_s=m.window_s)
         stable = steady(windows, k=m.stable_windows, pct=m.stability_pct)

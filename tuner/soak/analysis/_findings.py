@@ -38,7 +38,7 @@ LOAD = "offered_rps"
 LAST_WINDOWS = 2
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SoakFindings:
     """The analysis of a soak's windows, the observed SLA break and the restart advice."""
 
@@ -109,7 +109,7 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
     """The findings of a soak from its tables and soak.json (`traffic`: the recording, for the
     quiet windows)."""
     if windows.empty:
-        return SoakFindings(None, None, error="no window finished")
+        return SoakFindings(analysis=None, restart=None, error="no window finished")
     usable = windows[windows["valid"] & (windows["requests"] > 0)] if "valid" in windows else windows
     usable = usable.sort_values("window").reset_index(drop=True)
     left_out = len(windows) - len(usable)
@@ -144,7 +144,7 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
             restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
             step_s=float(quiet.get("step_s", 1.0)), margin=margin)
     except SoakDataError as exc:
-        return SoakFindings(None, None, observed=observed, windows=len(usable), left_out=left_out,
+        return SoakFindings(analysis=None, restart=None, observed=observed, windows=len(usable), left_out=left_out,
                             error=str(exc), notes=tuple(notes))
     restart = analysis.restart
     if observed is not None and (analysis.breach is None or observed.hours < analysis.breach.hours):
@@ -152,7 +152,7 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
         # the advice's words are for a projection: this breach was seen
         restart = replace(restart, reason=restart.reason.replace("is projected to break", "broke").replace(
             "the projected breach", "the observed breach"))
-    return SoakFindings(analysis, restart, observed=observed, windows=len(usable), left_out=left_out,
+    return SoakFindings(analysis=analysis, restart=restart, observed=observed, windows=len(usable), left_out=left_out,
                         notes=tuple(notes))
 
 
@@ -173,7 +173,7 @@ def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float) -> 
             figure, limit = latency_column(float(sla.get("percentile", 99))), float(sla.get("latency_ms", math.nan))
         first = float(windows[figure].iloc[0]) if figure in windows else math.nan
         start = max(float(row[TIME]) - window_hours / 2, 0.0)
-        return Crossing(figure, limit, ABOVE, first, start, start, start, 1.0, already=start == 0.0,
+        return Crossing(figure=figure, limit=limit, bad=ABOVE, level=first, hours=start, low_hours=start, high_hours=start, confidence=1.0, already=start == 0.0,
                         note=f"observed: the SLA broke in window {int(row['window'])} "
                              f"({float(row[figure]):.4g}) and stayed broken")
     return None

@@ -18,7 +18,7 @@ from tuner.soak.analysis._trend import DRIFT, NO_DRIFT, Trend, fit_trend
 _NOT_FIGURES = ("window",)  # numeric columns that identify a window rather than measure it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SoakAnalysis:
     """Everything read from a soak's windows: each figure's trend, the breaches it projects, the
     capacity over time, the largest batch still succeeding and the restart advice."""

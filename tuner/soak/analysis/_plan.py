@@ -111,7 +111,7 @@ def _check_length(hours: float, speed: float) -> None:
             f"{MAX_WALL_DAYS} days of wall time (--hours {MAX_WALL_DAYS * 24 * speed:g} at this speed)")
 
 
-def window_traffic(traffic: pd.DataFrame, start_s: float, end_s: float, cycle_s: float) -> pd.DataFrame:
+def window_traffic(traffic: pd.DataFrame, start_s: float, end_s: float, *, cycle_s: float) -> pd.DataFrame:
     """The requests of the repeated recording due in [start_s, end_s) of the soak's traffic, with
     timestamps in seconds since the soak's start (other columns as recorded)."""
     if end_s <= start_s:

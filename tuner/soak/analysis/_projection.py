@@ -37,7 +37,7 @@ class Limit:
     load: float | None = None  # the offered load to read the figure at (default: the trend's reference)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Crossing(OneRow):
     """When a figure reaches its limit if its trend continues, in hours since the server's load."""
 
@@ -99,7 +99,7 @@ def crossing_time(trend: Trend, limit: float | Limit, *, bad: str | None = None,
     gap = value - level  # > 0: the figure must rise to break an ABOVE limit
     beyond = gap <= 0 if bad == ABOVE else gap >= 0
     if beyond:
-        return Crossing(trend.figure, value, bad, level, 0.0, 0.0, 0.0, trend.confidence, already=True,
+        return Crossing(figure=trend.figure, limit=value, bad=bad, level=level, hours=0.0, low_hours=0.0, high_hours=0.0, confidence=trend.confidence, already=True,
                         note="beyond the limit from the start")
     toward = 1.0 if bad == ABOVE else -1.0  # the sign a slope needs to move toward the limit
     if not trend.drifting or trend.slope_per_hour * toward <= 0:
@@ -109,7 +109,7 @@ def crossing_time(trend: Trend, limit: float | Limit, *, bad: str | None = None,
     hours = distance / (trend.slope_per_hour * toward)
     low = distance / far if far > 0 else math.inf
     high = distance / near if near > 0 else math.inf
-    return Crossing(trend.figure, value, bad, level, hours, low, high, trend.confidence)
+    return Crossing(figure=trend.figure, limit=value, bad=bad, level=level, hours=hours, low_hours=low, high_hours=high, confidence=trend.confidence)
 
 
 @dataclass(frozen=True)
@@ -168,13 +168,13 @@ def capacity_crossing(compute: Trend, *, capacity_rps: float, rate_rps: float) -
     ceiling = compute.level * capacity_rps / rate_rps
     note = f"{compute.figure} reaches {ceiling:.4g} ({capacity_rps / rate_rps:.3g}x its level at 0 h)"
     if capacity_rps < rate_rps:
-        return Crossing("capacity_rps", float(rate_rps), BELOW, float(capacity_rps), 0.0, 0.0, 0.0,
-                        compute.confidence, already=True, note="below the rate from the start")
+        return Crossing(figure="capacity_rps", limit=float(rate_rps), bad=BELOW, level=float(capacity_rps), hours=0.0, low_hours=0.0, high_hours=0.0,
+                        confidence=compute.confidence, already=True, note="below the rate from the start")
     via = crossing_time(compute, ceiling, bad=ABOVE)
     if via is None:
         return None
-    return Crossing("capacity_rps", float(rate_rps), BELOW, float(capacity_rps), via.hours, via.low_hours,
-                    via.high_hours, via.confidence, already=via.already, note=note)
+    return Crossing(figure="capacity_rps", limit=float(rate_rps), bad=BELOW, level=float(capacity_rps), hours=via.hours, low_hours=via.low_hours,
+                    high_hours=via.high_hours, confidence=via.confidence, already=via.already, note=note)
 
 
 def _positive(value: float, name: str) -> None:

@@ -34,7 +34,7 @@ _MAX_STARTS = 20_000_000  # window starts scanned per day: beyond it, the step i
 _EPOCH_2001 = 1e9         # timestamps from here on read as Unix time (ISO input becomes that)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuietWindow:
     """The quietest `length_s` stretch of one day of the recording."""
 
@@ -52,7 +52,7 @@ class QuietWindow:
         return self.requests / self.length_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuietWindows:
     """Each day's quietest window, and the daily slot a scheduler would restart in."""
 
@@ -172,7 +172,7 @@ def _clock(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RestartAdvice:
     """How often to restart the server, and when in the day, so that the projected breach never comes."""
 
@@ -227,10 +227,10 @@ def restart_advice(breach: Crossing | None, quiet: QuietWindows | None = None, *
     if basis not in ("estimate", "early"):
         raise SoakDataError(f"restart basis must be 'estimate' or 'early', got {basis!r}")
     if breach is None:
-        return RestartAdvice("none", margin=margin,
+        return RestartAdvice(action="none", margin=margin,
                              reason="no figure drifts toward its limit: no scheduled restart needed")
     if breach.already:
-        return RestartAdvice("restart does not help", margin=margin, breach=breach,
+        return RestartAdvice(action="restart does not help", margin=margin, breach=breach,
                              reason=f"{breach.figure} is beyond its limit from the server's start: a restart does "
                                     "not help")
     hours = breach.hours if basis == "estimate" else breach.low_hours
@@ -246,14 +246,14 @@ def restart_advice(breach: Crossing | None, quiet: QuietWindows | None = None, *
         every, unit, unit_hours = int(math.floor(interval * 60)), "minute", 1 / 60
         slot = (None, None)
     else:
-        return RestartAdvice("restart does not help", margin=margin, breach=breach, basis_hours=hours,
+        return RestartAdvice(action="restart does not help", margin=margin, breach=breach, basis_hours=hours,
                              reason=f"{breach.figure} is projected to break its limit {hours * 60:.2g} min after "
                                     "a start: too soon for restarts to help")
     plural = "s" if every != 1 else ""
     where = (f", in the quiet window {hms(slot[0])} into the day" if slot[0] is not None
              else ("; more often than daily, so not every restart falls in the quiet window" if quiet else ""))
     return RestartAdvice(
-        "restart", every=every, unit=unit, interval_hours=every * unit_hours, basis_hours=hours, margin=margin,
+        action="restart", every=every, unit=unit, interval_hours=every * unit_hours, basis_hours=hours, margin=margin,
         breach=breach, slot_offset_s=slot[0], length_s=slot[1],
         reason=f"restart every {every} {unit}{plural}{where} ({margin:.0%} before the projected breach of "
                f"{breach.figure} at {hours:.3g} h)",

@@ -53,7 +53,7 @@ _MAD_TO_SIGMA = 0.6744897501960817  # the normal distribution's 3/4 quantile
 _MIN_DOF = 3             # windows beyond the parameters fitted, so that an interval means something
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Trend(OneRow):
     """A figure's fitted drift per hour since the server's load, its interval and the verdict."""
 

@@ -156,6 +156,7 @@ EXECUTION_COLUMNS = ["window", "size", "successes", "failures", "compute_ms"]
 
 
 def execution_rows(window: int, histogram: dict[int, int], failed_rows: int,
+                   *,
                    times: dict[int, tuple[int, float]] | None = None) -> list[dict]:
     """executions.csv rows of one window: one per batch size executed, with its mean compute time
     per execution (failed executions included)."""
