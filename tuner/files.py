@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from tuner.errors import InputError, OutputError
-from tuner.paths import make_temp, os_reason, writable_dir
+from tuner.paths import make_temp, name_max, os_reason, writable_dir
 
 __all__ = ["check_output_dir", "check_writable", "json_safe", "open_input", "os_reason", "read_json_object",
            "read_text", "replacing", "write_atomic"]
@@ -173,12 +173,6 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, label: str | Non
     return path
 
 
-def _name_max(folder: Path) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return 255
-
 
 def _check_target(path: Path, label: str, error: type[InputError]) -> None:
     """Refuse a file that cannot be made at `path` whatever the permissions."""
@@ -190,7 +184,7 @@ def _check_target(path: Path, label: str, error: type[InputError]) -> None:
         raise error(f"{label}: cannot write: no directory {folder}") from None
     except OSError as exc:
         raise error(f"{label}: cannot write ({os_reason(exc)})") from None
-    limit = _name_max(folder)
+    limit = name_max(folder)
     size = len(os.fsencode(path.name))
     if size > limit:
         raise error(f"{label}: cannot write (File name too long: {size} bytes, the most here is {limit})")

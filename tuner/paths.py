@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tuner.errors import InputError, OutputError
 
-__all__ = ["NEVER_NAMEABLE", "make_temp", "nameable", "os_reason", "probe", "readable", "readable_dir",
+__all__ = ["NEVER_NAMEABLE", "make_temp", "name_max", "nameable", "os_reason", "probe", "readable", "readable_dir",
            "readable_file", "writable_dir", "writable_file"]
 
 # The errors that no later step can cure: the name itself is not one the OS can open.
@@ -187,7 +187,7 @@ def _nearest_dir(path: Path, label: str, error: type[InputError], *, reason: str
         folder = folder.parent
     if not stat.S_ISDIR(st.st_mode):
         raise error(f"{label}: {reason}: {folder} is not a directory")
-    limit = _name_max(folder)
+    limit = name_max(folder)
     for part in missing:
         size = len(os.fsencode(part.name))
         if size > limit:
@@ -195,7 +195,8 @@ def _nearest_dir(path: Path, label: str, error: type[InputError], *, reason: str
     return folder
 
 
-def _name_max(folder: Path) -> int:
+def name_max(folder: Path) -> int:
+    """The longest file name (in bytes) the file system under `folder` takes (255 when it will not say)."""
     try:
         return os.pathconf(folder, "PC_NAME_MAX")
     except (OSError, ValueError):
