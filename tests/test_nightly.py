@@ -357,7 +357,7 @@ class TableEngine:
 
 def _factory(engine):
     @contextmanager
-    def factory(study, production, traffic_path, staging):
+    def factory(study, production, traffic_path, *, staging):
         assert traffic_path.is_file()
         yield engine
 

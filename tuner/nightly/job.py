@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -62,8 +61,11 @@ class Engine(Protocol):
         """Apply `params` to production's config on the server and replay tonight's traffic once."""
 
 
-# (study, production config, tonight's traffic file, staging dir) -> a context manager giving an Engine
-EngineFactory = Callable[[StudySettings, ModelConfig, Path, Path], AbstractContextManager[Engine]]
+class EngineFactory(Protocol):
+    """(study, production config, tonight's traffic file, staging dir) -> a context manager giving an Engine."""
+
+    def __call__(self, study: StudySettings, production: ModelConfig, traffic_path: Path, /, *,
+                 staging: Path) -> AbstractContextManager[Engine]: ...
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             if params and set(params) == set(keys) and params not in enqueue:
                 enqueue.append(dict(params))
 
-        with engine_factory(study, production_cfg, traffic_path, staging) as engine:
+        with engine_factory(study, production_cfg, traffic_path, staging=staging) as engine:
             found = engine.search(enqueue, settings.search.trials, staging / "search", production=production)
             decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
         candidate = found.best
