@@ -408,7 +408,8 @@ def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_sam
     assert again.returncode == 0, log
     trials = study_in(db, "single").get_trials()
     done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert measured(trials) == [(("max_batch_size", 16), ("max_queue_delay_microseconds", 0))]
+    seen = [(t.number, t.state.name, t.params, t.user_attrs.get("note")) for t in trials]
+    assert measured(trials) == [(("max_batch_size", 16), ("max_queue_delay_microseconds", 0))], (seen, log)
     assert len(done) == 2 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     summary = json.loads((output / "summary.json").read_text())
     assert summary["storage"] == db and summary["remeasured_on"]["pid"] == again.pid

@@ -171,11 +171,17 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
     lengths = sorted({p.length for p in profile.points})
     traffic = study_traffic(read_study(study))  # the busiest 8 s of the profile
     assert lengths == list(length_buckets(traffic, "seq_len", 512)) and profile.max_length == 512
-    wide = []
+    wide, slow = [], []
     for p in profile.points:
         want = truth(p.rows, p.length)
-        # the Python backend adds ~0.5 ms to every execution; a busy 2-core machine oversleeps a little
-        assert want - 0.5 <= p.median_ms <= want * 1.1 + 2.0, (p, want)
+        # the Python backend adds ~0.5 ms to every execution; a busy 2-core machine oversleeps a little.
+        # Contention only adds time: every point's fastest tenth is held to the warm formula, and its
+        # median too but for a few points that a stall of the loaded machine lifted (CI saw rows=1,
+        # length=324 at 8.9 ms for 5.5 ms with its p10 at 6.4 ms while three test workers ran).
+        assert want - 0.5 <= p.p10_ms <= want * 1.1 + 2.0, (p, want)
+        assert want - 0.5 <= p.median_ms, (p, want)
+        if p.median_ms > want * 1.1 + 2.0:
+            slow.append((p, want))
         if p.p90_ms > want * 1.3 + 4.0:
             wide.append((p, want))
         assert p.count == 5 and p.rows * min(p.length, 512) <= BUDGET
@@ -183,6 +189,7 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
     # put every p90 past want + 12 ms. Of 5 repeats the p90 is nearly the largest, so one stall of the
     # loaded machine widens one point: a few such points are allowed, not most.
     assert len(wide) <= max(2, len(profile.points) // 10), wide
+    assert len(slow) <= max(1, len(profile.points) // 20), slow
     # the smallest failing size, found to one row at each length that fails within 16 rows
     failing = [(BUDGET // min(n, 512) + 1) * min(n, 512) for n in lengths if BUDGET // min(n, 512) + 1 <= 16]
     assert failing and profile.oom_tokens == min(failing)

@@ -178,14 +178,15 @@ def test_a_killed_caller_leaves_no_load_generator_running(server, tmp_path):
         "from tuner.settings import ReplaySettings\n"
         f"ep = Endpoints({server.endpoints.http!r}, {server.endpoints.grpc!r}, '')\n"
         "t = pd.DataFrame({'timestamp': np.arange(3000) / 100.0, 'seq_len': 8})\n"
-        "replay(ep, 'echo', t, 1.0, ReplaySettings(workers=2))\n")
+        "replay(ep, 'echo', t, speed=1.0, settings=ReplaySettings(workers=2))\n")
     caller = subprocess.Popen([sys.executable, str(script)])
     try:
         deadline = time.monotonic() + 30
         children: list = []
-        while time.monotonic() < deadline and len(children) < 3:  # master + 2 workers
+        while time.monotonic() < deadline and len(children) < 3 and caller.poll() is None:  # master + 2 workers
             time.sleep(0.2)
             children = [c for c in psutil.Process(caller.pid).children() if "tuner.replay" in " ".join(c.cmdline())]
+        assert caller.poll() is None, f"the caller exited with {caller.returncode} (its error above)"
         assert len(children) == 3
     finally:
         caller.kill()
@@ -320,7 +321,7 @@ def test_the_directory_of_a_killed_replay_is_removed_by_the_next_one(server, tmp
         "from tuner.settings import ReplaySettings\n"
         f"ep = Endpoints({server.endpoints.http!r}, {server.endpoints.grpc!r}, '')\n"
         "t = pd.DataFrame({'timestamp': np.arange(3000) / 100.0, 'seq_len': 8})\n"
-        "replay(ep, 'echo', t, 1.0, ReplaySettings(workers=1))\n")
+        "replay(ep, 'echo', t, speed=1.0, settings=ReplaySettings(workers=1))\n")
     root = str(Path(__file__).resolve().parent.parent)  # this checkout's tuner, whatever is installed
     caller = subprocess.Popen([sys.executable, str(script)],
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
@@ -328,10 +329,11 @@ def test_the_directory_of_a_killed_replay_is_removed_by_the_next_one(server, tmp
     try:
         deadline = time.monotonic() + 60
         mine: list[Path] = []
-        while time.monotonic() < deadline and not mine:
+        while time.monotonic() < deadline and not mine and caller.poll() is None:
             time.sleep(0.2)
             mine = [p for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*")
                     if (p / "spec.json").exists() and owner(p) == str(caller.pid)]
+        assert caller.poll() is None, f"the caller exited with {caller.returncode} (its error above)"
         assert mine, "the caller never started its replay"
     finally:
         caller.kill()
