@@ -130,3 +130,29 @@ def test_the_incumbent_is_placed_in_the_ranking_and_the_gain_is_over_it(tmp_path
             assert table["vs_incumbent"].to_numpy() == pytest.approx(table["value"].to_numpy() / row["value"] - 1)
         assert search.met_sla_in_simulation(table) == bool(ranking.iloc[0]["value"] > 0)
     assert not model.incumbent_in_space()  # encoder_sim's own max_batch_size (64) lies outside 1..32
+
+
+def test_tune_check_refuses_a_setting_the_simulation_does_not_model_before_any_profile(tmp_path, capsys):
+    """No server: the model strategy refuses in `--check` and before profiling; a measured strategy does not."""
+    import shutil
+
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", tmp_path / "repo" / "encoder_sim")
+    config = tmp_path / "repo" / "encoder_sim" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dynamic_batching { }", "response_cache { enable: true }\n"
+                                                 "dynamic_batching { preserve_ordering: true }"))
+    study_file = write_study(tmp_path, tmp_path / "no-profile-yet.csv", name="refused", model_error=0.5)
+    study = yaml.safe_load(study_file.read_text())
+    study["model_repository"] = str(tmp_path / "repo")
+    study["search"]["instance_count"] = {"low": 1, "high": 2}
+    del study["search"]["profile"]  # measured in the run: the refusal must come before a server starts
+    study_file.write_text(yaml.safe_dump(study))
+    for args in (["--check"], ["--quiet"]):
+        code = main(["tune", str(study_file), *args])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, err
+        assert err.startswith(f"tuner: error: {config}: ") and len(err.splitlines()) == 1
+        assert "dynamic_batching.preserve_ordering with 2 instances" in err and "response_cache.enable" in err
+    assert not (tmp_path / "refused").exists()  # nothing measured, no output directory
+    study["search"]["strategy"] = "measure"
+    study_file.write_text(yaml.safe_dump(study))
+    assert main(["tune", str(study_file), "--check"]) == 0, capsys.readouterr().err

@@ -134,6 +134,39 @@ def test_the_largest_preferred_size_goes_first_and_the_rest_waits_for_its_delay(
     assert run.dispatch_s.tolist() == pytest.approx([0.0] + [2 * MS] * 4 + [7 * MS] * 2)
 
 
+def test_with_equal_shapes_a_request_of_another_length_closes_the_batch():
+    r = reqs([0.0, 0.0, 0.0, 0.0, 0.0], lengths=[100, 100, 50, 100, 100])
+    padded = simulate(r, BatcherConfig(max_batch_size=8), linear_profile())
+    assert padded.exec_requests.tolist() == [5] and padded.exec_length.tolist() == [100]
+    equal = simulate(r, BatcherConfig(max_batch_size=8, equal_shapes=True), linear_profile())
+    # the 50 closes the first batch and goes alone; the two 100s after it form the third, in order
+    assert equal.exec_requests.tolist() == [2, 1, 2] and equal.exec_length.tolist() == [100, 50, 100]
+
+
+def test_with_equal_shapes_a_length_change_sends_the_batch_before_the_delay():
+    r = reqs([0.0, 1.0, 2.0], lengths=[100, 100, 50])
+    config = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=10_000, equal_shapes=True)
+    run = simulate(r, config, linear_profile())
+    assert run.exec_requests.tolist() == [2, 1]
+    # the two 100s go when the 50 arrives (2 ms), as Triton's send_now; the 50 waits its own delay
+    assert run.dispatch_s.tolist() == pytest.approx([2 * MS, 2 * MS, 12 * MS])
+
+
+def test_the_study_space_batches_equal_shapes_for_a_model_without_ragged_batching(study):
+    from tuner import modelconfig
+    from tuner.settings import read_study
+    from tuner.simulate import study_space
+
+    settings = read_study(study / "study.yaml")
+    ragged = modelconfig.parse('max_batch_size: 8 input [ { name: "A" data_type: TYPE_INT32 dims: [ -1 ] '
+                               'allow_ragged_batch: true } ] dynamic_batching { }')
+    equal = modelconfig.parse('max_batch_size: 8 input [ { name: "A" data_type: TYPE_INT32 dims: [ -1 ] } ] '
+                              'dynamic_batching { }')
+    for base, expected in ((ragged, False), (equal, True)):
+        configs, defaults = study_space(settings, base)
+        assert batcher_config(configs[0], **defaults).equal_shapes is expected
+
+
 def test_with_delay_zero_a_free_instance_takes_what_is_queued():
     r = reqs([0.0, 0.5, 1.0, 1.5, 2.5])
     run = simulate(r, BatcherConfig(max_batch_size=8), linear_profile())
@@ -255,8 +288,8 @@ def test_more_delay_never_lowers_the_mean_batch_size(seed):
 
 def reference(requests: Requests, config: BatcherConfig, profile: Profile) -> tuple[list, list, list]:
     """The same rules, written the slow and obvious way: at every event, rescan the whole queue."""
-    due, rows = requests.due_s.tolist(), requests.rows.tolist()
-    lens = [profile.length_of(x) for x in requests.length.tolist()]
+    due, rows, shape = requests.due_s.tolist(), requests.rows.tolist(), requests.length.tolist()
+    lens = [profile.length_of(x) for x in shape]
     n, mbs, delay = len(due), config.max_batch_size, config.max_queue_delay_microseconds * 1e-6
     preferred = set(config.preferred)
     status, dispatch, done = [OK] * n, [math.nan] * n, [math.nan] * n
@@ -279,7 +312,7 @@ def reference(requests: Requests, config: BatcherConfig, profile: Profile) -> tu
             for i in queue:
                 if cnt and cum + rows[i] > max(preferred) and best == 0:
                     best = cnt
-                if cnt and cum + rows[i] > mbs:
+                if cnt and (cum + rows[i] > mbs or (config.equal_shapes and shape[i] != shape[queue[0]])):
                     full = True
                     break
                 cnt, cum = cnt + 1, cum + rows[i]
@@ -319,18 +352,20 @@ def reference(requests: Requests, config: BatcherConfig, profile: Profile) -> tu
         now = min(events)
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(16))
 def test_the_simulation_agrees_with_a_plain_reference_implementation(seed):
     rng = np.random.default_rng(100 + seed)
     n = 300
     due = np.cumsum(rng.exponential(1.0 / rng.uniform(100, 3000), n)) * 1e3
-    r = reqs(due, rows=rng.integers(1, 4, n), lengths=rng.integers(10, 400, n))
+    equal_shapes = seed >= 8  # then a few lengths, so that equal ones meet
+    lengths = rng.choice([64, 128, 512], n) if equal_shapes else rng.integers(10, 400, n)
+    r = reqs(due, rows=rng.integers(1, 4, n), lengths=lengths)
     mbs = int(rng.choice([1, 3, 8, 16]))
     preferred = [None, (mbs,), tuple(sorted({max(1, mbs // 2), mbs})), (1, 2)][seed % 4]
     preferred = tuple(p for p in preferred if p <= mbs) if preferred else None
     config = BatcherConfig(max_batch_size=mbs, max_queue_delay_microseconds=int(rng.choice([0, 700, 3000])),
                            preferred_batch_size=preferred or None, instance_count=int(rng.integers(1, 4)),
-                           max_queue_size=int(rng.choice([0, 0, 5])))
+                           max_queue_size=int(rng.choice([0, 0, 5])), equal_shapes=equal_shapes)
     profile = linear_profile(host_ms_per_row=float(rng.choice([0.0, 0.3])), overhead_ms=0.2,
                              host_ms_per_execution=float(rng.choice([0.0, 0.8])),
                              oom_tokens=int(rng.choice([1500, 100_000])), oom_ms=0.4,
@@ -541,6 +576,31 @@ def test_cli_refuses_a_bad_profile_in_one_line(study, capsys):
         assert err.startswith("tuner: error: ") and message in err and len(err.strip().splitlines()) == 1
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--speed", "0"])
     assert code == 2 and "--speed: must be > 0" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_setting_the_simulation_does_not_model_in_one_line(study, capsys):
+    import shutil
+    from pathlib import Path
+
+    template = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim"
+    shutil.copytree(template, study / "repo" / "encoder_sim")
+    config = study / "repo" / "encoder_sim" / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "dynamic_batching { }", "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000 } }\n"
+        "optimization { eager_batching: true }"))
+    yaml_text = (study / "study.yaml").read_text()
+    (study / "study.yaml").write_text(yaml_text.replace(f"model_repository: {template.parent}",
+                                                        f"model_repository: {study / 'repo'}"))
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--json", str(out_json)])
+    captured = capsys.readouterr()
+    assert code == 2
+    err = captured.err.strip()
+    assert err.startswith(f"tuner: error: {config}: ") and len(err.splitlines()) == 1
+    assert "optimization.eager_batching" in err
+    assert "dynamic_batching.default_queue_policy.default_timeout_microseconds" in err
+    assert "capacity req/s" not in captured.out and not out_json.exists()  # nothing simulated
 
 
 def test_simulated_latency_is_from_the_due_time():

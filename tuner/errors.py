@@ -8,6 +8,8 @@
     │   ├── OutputError             an output that cannot be written (a read-only or full file system,
     │   │                           a directory in the way, a name too long)
     │   ├── ProfileError            a model profile (execution times) that cannot be used
+    │   ├── UnmodelledError         a config.pbtxt setting the batcher simulation does not model
+    │   │                           (search.strategy model, tuner simulate)
     │   └── ServerSetupError        no server to talk to: unreachable, model missing, port in use,
     │                               config refused by Triton, binary not installable
     ├── ServerError                 the server died or misbehaved in the middle of the work
@@ -63,6 +65,10 @@ class OutputError(InputError):
 
 
 class ProfileError(InputError):
+    pass
+
+
+class UnmodelledError(InputError):
     pass
 
 

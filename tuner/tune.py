@@ -129,6 +129,8 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     if off:
         notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "
                      f"baseline, the search does not explore around it")
+    if settings.search.strategy == "model":  # before a profile is read or measured
+        search.check_simulatable(settings, base)
     profile = _study_profile(settings)
     _check_remote(settings)
     url = search.storage_url(settings, storage)

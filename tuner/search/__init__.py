@@ -8,8 +8,8 @@ what it found.
     best_trial / top_trials / incumbent_trial / counts       _results: what the study found
     remeasure / Repeats / repeats_as_dict                    ... and its re-measurement
     recommend / met_sla                                      ... and what it recommends
-    model_space / rank_space / model_search / enqueue_ranked   _model: `search.strategy: model`, the
-        / simulation_errors / met_sla_in_simulation            one simulation-based strategy (`tune`
+    check_simulatable / model_space / rank_space / model_search   _model: `search.strategy: model`, the
+        / enqueue_ranked / simulation_errors / met_sla_in_simulation   one simulation-based strategy (`tune`
                                                                and `tuner simulate` both rank through it)
 
 The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.trial.run` for the real
@@ -27,6 +27,7 @@ from tuner.search._loop import (
 )
 from tuner.search._model import (
     SpaceModel,
+    check_simulatable,
     enqueue_ranked,
     met_sla_in_simulation,
     model_search,
@@ -61,8 +62,8 @@ from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
-    "SpaceModel", "enqueue_ranked", "met_sla_in_simulation", "model_search", "model_space", "rank_space",
-    "simulation_errors",
+    "SpaceModel", "check_simulatable", "enqueue_ranked", "met_sla_in_simulation", "model_search", "model_space",
+    "rank_space", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",

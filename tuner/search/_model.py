@@ -11,6 +11,8 @@ reported; when its median exceeds `search.model_error`, the simulation is not tr
 the optimum, and the search goes on as a measured one (the study's sampler) for the rest of the trial
 budget, with the simulation's next-ranked configurations enqueued first.
 
+    check_simulatable(settings, base)                              UnmodelledError (exit 2) for a setting
+                                                                   the simulation does not model
     model_space(settings, base=, traffic=, profile=) -> SpaceModel   the space, ready to simulate
         .rank() -> DataFrame                                       best first (the ranking)
         .against_incumbent(ranking) -> DataFrame                   the incumbent placed, the gain over it
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 import pandas as pd
@@ -32,11 +35,11 @@ from optuna.trial import TrialState
 from tuner import space
 from tuner.search._loop import run_trials, spent
 from tuner.settings import StudySettings
-from tuner.simulate import CONFIG_KEYS, Profile, Simulator, batcher_config, study_space
+from tuner.simulate import CONFIG_KEYS, Profile, Simulator, batcher_config, check_modelled, study_space
 from tuner.trial import is_feasible, record_of
 
-__all__ = ["RANKING_TOLERANCE", "SpaceModel", "enqueue_ranked", "met_sla_in_simulation", "model_search",
-           "model_space", "rank_space", "simulation_errors"]
+__all__ = ["RANKING_TOLERANCE", "SpaceModel", "check_simulatable", "enqueue_ranked", "met_sla_in_simulation",
+           "model_search", "model_space", "rank_space", "simulation_errors"]
 
 # The capacity bisection's tolerance that orders the space. The study's own tolerance (5-15 %) is what
 # a real measurement can afford; at it, configurations a few per cent apart end in the same bracket
@@ -105,10 +108,20 @@ class SpaceModel:
         return table
 
 
+def check_simulatable(settings: StudySettings, base) -> None:
+    """Refuse (UnmodelledError, exit 2) a base config that uses a setting the simulation does not
+    model, before anything is profiled or measured; the instance count is the most the space tries."""
+    tried = getattr(settings.search, space.INSTANCES)
+    check_modelled(base, source=str(Path(settings.model_repository) / settings.model / "config.pbtxt"),
+                   instances=tried.high if tried is not None else None)
+
+
 def model_space(settings: StudySettings, *, base, traffic: pd.DataFrame, profile: Profile,
                 every_batch_size: bool = True, price_per_hour: float | None = None) -> SpaceModel:
-    """The study's space ready to simulate on `traffic` with `profile`. `every_batch_size`: each integer
-    batch size the search can sample (else the grid's points); `price_per_hour`: a what-if price."""
+    """The study's space ready to simulate on `traffic` with `profile` (`check_simulatable` first).
+    `every_batch_size`: each integer batch size the search can sample (else the grid's points);
+    `price_per_hour`: a what-if price."""
+    check_simulatable(settings, base)
     configs, defaults = study_space(settings, base, every_batch_size=every_batch_size)
     simulator = Simulator.for_study(settings, traffic, profile, price_per_hour=price_per_hour)
     return SpaceModel(settings, configs, defaults, simulator, space.from_config(base, settings.search))

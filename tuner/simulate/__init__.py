@@ -7,6 +7,9 @@
         .trial(config) -> TrialResult                     feasibility at load, capacity, both scores
         .rank(configs) -> DataFrame                       a whole space, best first
     batcher_config(params, ...) -> BatcherConfig          from trial parameters (dicts) (_batcher)
+    unmodelled(config) -> list[str]                       the config's settings not modelled (_support)
+    check_modelled(config, source=)                       UnmodelledError naming them, in one line
+    equal_shapes_of(config) -> bool                       only equal lengths batch (no ragged batching)
 
 The batcher's rules, with the Triton core functions they come from, are in `_batcher`'s docstring;
 the profile (execution time by rows and padded length) is `Profile` (_profile: the data and its CSV,
@@ -41,6 +44,7 @@ from tuner.simulate._study import (
     measurement,
     study_space,
 )
+from tuner.simulate._support import DECIDED, WALKED, check_modelled, equal_shapes_of, unmodelled
 
 __all__ = [
     "CONFIG_KEYS",
@@ -65,4 +69,9 @@ __all__ = [
     "measurement",
     "study_space",
     "simulate",
+    "DECIDED",
+    "WALKED",
+    "check_modelled",
+    "equal_shapes_of",
+    "unmodelled",
 ]

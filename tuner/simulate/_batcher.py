@@ -16,6 +16,11 @@ The rules, as Triton core implements them (triton-inference-server/core, `src/`)
   preferred size was hit, the prefix so far is marked instead (`best_preferred_batch_size =
   pending_batch_size_`). Without `preferred_batch_size` Triton uses `[max_batch_size]`
   (`NormalizeModelConfig` in `model_config_utils.cc`).
+- **Equal shapes** (`equal_shapes`: an input with a variable dim and no `allow_ragged_batch`): the
+  scan also stops at the first request whose length differs from the batch's first request's
+  (`RequiredEqualInputs::HasEqualInputs` fails: the payload is saturated and sent as it is, like
+  `send_now`); that request opens the next batch. Otherwise requests of any length batch together and
+  the batch is padded to its longest.
 - **When it is dispatched**, with a model instance free (`BatcherThread` waits for a payload slot,
   `WaitForPayloadSlotAvailable`; `RateLimiter::PayloadSlotAvailable`):
   1. a preferred prefix exists and the oldest request has not waited `max_queue_delay` yet: that
@@ -34,7 +39,8 @@ The rules, as Triton core implements them (triton-inference-server/core, `src/`)
   with `support_prefetching`); forming the batch when the instance frees gives the same batches
   in arrival order, and is exactly what Triton does with a queue policy (`max_queue_size` turns
   prefetching off: `PriorityQueue::PriorityQueue`). Not modelled: `InstanceQueue::Dequeue` merging
-  two queued unsaturated payloads, priorities, timeouts, ordering and the response cache.
+  two queued unsaturated payloads; priorities, timeouts, ordering with several instances and the
+  response cache (a config using them is refused up front: `_support`).
 - **Execution.** An execution of R rows whose longest request has L tokens holds its instance for
   the host pre-processing (half of `host_ms_per_row` x R + `host_ms_per_execution`), then waits for
   the device, holds it for `profile.device_ms(R, L)`, then does the host post-processing (the other
@@ -70,6 +76,7 @@ class BatcherConfig:
     preferred_batch_size: tuple[int, ...] | None = None  # None: Triton's default, [max_batch_size]
     instance_count: int = 1
     max_queue_size: int = 0  # 0: unbounded (Triton's default)
+    equal_shapes: bool = False  # only requests of one length batch together (no allow_ragged_batch)
 
     def __post_init__(self) -> None:
         def integer(key: str, minimum: int) -> None:
@@ -139,7 +146,9 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         raise TrafficError("requests: rows and lengths must be >= 1")
     due = requests.due_s.tolist()
     rows = requests.rows.tolist()
-    lens = [profile.length_of(n) for n in requests.length.tolist()]
+    shape = requests.length.tolist()  # as sent: Triton compares the shapes before any truncation
+    lens = [profile.length_of(n) for n in shape]
+    equal = config.equal_shapes
     n = len(due)
     mbs = config.max_batch_size
     delay = config.max_queue_delay_microseconds * 1e-6
@@ -201,7 +210,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
                     else:
                         if cum + r > max_preferred and best == 0:
                             best = cnt
-                        if cum + r > mbs:
+                        if cum + r > mbs or (equal and shape[j] != shape[q[head]]):
                             full = True
                         else:
                             cnt += 1
@@ -272,7 +281,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             if cnt:
                 if cum + r > max_preferred and best == 0:
                     best = cnt
-                if cum + r > mbs:
+                if cum + r > mbs or (equal and shape[q[x]] != shape[q[head]]):
                     full = True
                     break
             cnt += 1
@@ -313,9 +322,9 @@ def _preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None =
 
 def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "none",
                    base_preferred: tuple[int, ...] | None = None, instance_count: int = 1,
-                   max_queue_size: int = 0) -> BatcherConfig:
+                   max_queue_size: int = 0, equal_shapes: bool = False) -> BatcherConfig:
     """A `BatcherConfig` from trial parameters (keys: the knobs' names, `tuner.space.NAMES`); absent keys take the
-    keyword defaults (the base config's values)."""
+    keyword defaults (the base config's values; `equal_shapes` is the model's, `equal_shapes_of`)."""
     unknown = sorted(set(params) - set(space.NAMES))
     if unknown:
         raise SettingsError(f"configuration: {unknown[0]}: unknown key (expected one of: {', '.join(space.NAMES)})")
@@ -330,4 +339,5 @@ def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "n
         preferred_batch_size=_preferred_for(params.get("preferred_batch_size", preferred), int(mbs), base_preferred),
         instance_count=int(params.get("instance_count", instance_count)),
         max_queue_size=int(params.get("max_queue_size", max_queue_size)),
+        equal_shapes=bool(equal_shapes),
     )

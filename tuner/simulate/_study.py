@@ -27,6 +27,7 @@ from tuner.measurement import Measurement, assemble
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
 from tuner.simulate._profile import Profile
+from tuner.simulate._support import equal_shapes_of
 from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
 from tuner.trial import Capacity, Step, TrialRecord, assess, find_capacity, to_attrs
@@ -271,7 +272,8 @@ class Simulator:
 
 def study_space(settings: StudySettings, base, *, every_batch_size: bool = True) -> tuple[list[dict], dict]:
     """The configurations of the study's space and the defaults `batcher_config` needs for the knobs
-    the study does not tune (the base config's own). `every_batch_size`: each integer batch size the
+    the study does not tune (the base config's own, and whether it batches only equal shapes:
+    `equal_shapes_of`). `every_batch_size`: each integer batch size the
     search can sample (else the grid's points)."""
     search = settings.search
     values = space.grid(search)
@@ -288,5 +290,6 @@ def study_space(settings: StudySettings, base, *, every_batch_size: bool = True)
         "base_preferred": space.value_in(base, space.PREFERRED) or None,
         space.INSTANCES: space.value_in(base, space.INSTANCES),
         space.QUEUE_SIZE: space.value_in(base, space.QUEUE_SIZE),
+        "equal_shapes": equal_shapes_of(base),
     }
     return configs, defaults
