@@ -184,3 +184,28 @@ def test_nameable_leaves_a_missing_path_to_its_reader_and_refuses_a_name_no_file
     for bad in (tmp_path / "loop", tmp_path / ("t" * 300)):
         with pytest.raises(InputError, match=r"^x: (Too many levels of symbolic links|File name too long)$"):
             paths.nameable(bad, label="x")
+
+
+# --- an output that is one of the command's inputs --------------------------------------------------
+
+SAME_FILE = [
+    "replay IN --json OUT", "audit IN --json OUT", "simulate IN --profile IN --json OUT", "profile IN -o OUT",
+    "traffic stats IN --plot OUT", "traffic convert IN -o OUT",
+]  # `config set IN -o IN` is refused by the command itself, with its --in-place hint (test_config_cli)
+
+
+@pytest.mark.parametrize("command", SAME_FILE)
+@pytest.mark.parametrize("through", ["itself", "another spelling", "a symbolic link"])
+def test_an_output_that_is_the_commands_input_is_refused_and_the_input_kept(command, through, tmp_path,
+                                                                            monkeypatch, capsys):
+    given = tmp_path / "mine.yaml"
+    given.write_text("name: mine  # the user's own file\n")
+    out = {"itself": str(given), "another spelling": "./sub/../mine.yaml", "a symbolic link": "link.yaml"}[through]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.yaml").symlink_to(given)
+    monkeypatch.chdir(tmp_path)
+    argv = command.replace("IN", str(given)).replace("OUT", out).split()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(f"the same file as the input {given}; refusing to write over it"), err
+    assert given.read_text() == "name: mine  # the user's own file\n" and not given.is_symlink()

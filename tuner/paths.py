@@ -25,6 +25,14 @@ __all__ = ["NEVER_NAMEABLE", "make_temp", "name_max", "nameable", "os_reason", "
 NEVER_NAMEABLE = (errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR)
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """True when two paths name one file (the same resolved path, or one file through links)."""
+    try:
+        return Path(a).resolve() == Path(b).resolve() or (Path(a).exists() and os.path.samefile(a, b))
+    except (OSError, RuntimeError):  # a loop of links, a name too long: not the same file as far as known
+        return False
+
+
 def os_reason(exc: OSError) -> str:
     """The OS's words for an OSError (`File name too long`), without the path it repeats."""
     text = str(exc).strip()

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from tuner import paths
+from tuner.errors import OutputError
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -66,13 +67,28 @@ class PathArg:
 
 
 def check_paths(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Check every path `args` holds for the command it chose (outputs first): InputError otherwise."""
-    typed = [a for a in _chosen_actions(parser, args) if isinstance(a.type, PathArg) and not a.type.each]
-    for action in sorted(typed, key=lambda a: not a.type.writes):
-        value = getattr(args, action.dest, None)
-        for path in value if isinstance(value, list) else [value]:
-            if path is not None:
-                action.type.check(path)
+    """Check every path `args` holds for the command it chose (outputs first): InputError otherwise.
+    An output file that is also one of the command's input files is refused (OutputError): writing it
+    would replace what the user gave (`--json STUDY.yaml`); a command with `--in-place` checks that itself."""
+    chosen = [a for a in _chosen_actions(parser, args) if isinstance(a.type, PathArg)]
+    for action in sorted((a for a in chosen if not a.type.each), key=lambda a: not a.type.writes):
+        for path in _values(args, action):
+            action.type.check(path)
+    if hasattr(args, "in_place"):  # a command that writes in place on request says how (config set)
+        return
+    inputs = [p for a in chosen if a.type.kind in ("file", "file or directory") for p in _values(args, a)]
+    for action in (a for a in chosen if a.type.kind == "output file"):
+        for out in _values(args, action):
+            for path in inputs:
+                if paths.same_file(out, path):
+                    raise OutputError(f"{action.type.label.format(path=out)}: the same file as the input "
+                                      f"{path}; refusing to write over it")
+
+
+def _values(args: argparse.Namespace, action: argparse.Action) -> list[str]:
+    """The paths an argument holds (none, one or a list)."""
+    value = getattr(args, action.dest, None)
+    return [v for v in (value if isinstance(value, list) else [value]) if v is not None]
 
 
 def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:

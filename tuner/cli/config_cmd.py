@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from tuner import modelconfig, space
 from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_input, add_output_file
 from tuner.errors import ConfigError, InputError
 from tuner.files import write_atomic
-from tuner.paths import readable_file
+from tuner.paths import readable_file, same_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,21 +97,14 @@ def _set(args: argparse.Namespace) -> int:
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:
     if in_place:
-        if output is not None and not _same_file(Path(output), path):
+        if output is not None and not same_file(Path(output), path):
             raise InputError(f"--in-place writes {path}; it cannot be combined with -o {output}")
         return path
     if output is None:
         return None
-    if _same_file(Path(output), path):
+    if same_file(Path(output), path):
         raise InputError(f"refusing to write over {path}: pass --in-place to change it")
     return Path(output)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
 
 
 def _write(target: Path, text: str) -> None:
