@@ -107,3 +107,19 @@ def one_multi_process_study_at_a_time(tmp_path_factory):
     with open(root / "multi-process-study.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+@pytest.fixture(autouse=True, scope="session")
+def traffic_cache(tmp_path_factory):
+    """CSV recordings are converted to Parquet in the tuner's cache: the tests' own, not the user's
+    (the variable reaches the servers and CLI processes the tests start, too)."""
+    import os
+
+    cache = tmp_path_factory.mktemp("traffic-cache")
+    before = os.environ.get("TUNER_TRAFFIC_CACHE")
+    os.environ["TUNER_TRAFFIC_CACHE"] = str(cache)
+    yield cache
+    if before is None:
+        os.environ.pop("TUNER_TRAFFIC_CACHE", None)
+    else:
+        os.environ["TUNER_TRAFFIC_CACHE"] = before

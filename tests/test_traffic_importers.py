@@ -437,3 +437,40 @@ if __name__ == "__main__":
         _check_against_sends(df, sends)
         target.write_text(trace_file.read_text())
     print(f"wrote {target}: {len(df)} traced requests")
+
+
+def test_a_csv_imported_to_parquet_is_streamed_and_the_same(tmp_path, monkeypatch, capsys):
+    """`tuner traffic import azure|csv X.csv -o Y.parquet` reads the CSV a chunk at a time (here 1,000
+    rows) and writes the same table the whole-file import makes; a bad line is named in its chunk."""
+    from tuner.traffic import import_azure, import_csv, importers, read_traffic
+
+    monkeypatch.setattr(importers, "CHUNK_ROWS", 1000)
+    shipped = Path(__file__).resolve().parents[1] / "traffic_profiles" / "azure_llm_2023_code.csv"
+    assert main(["traffic", "import", "csv", str(shipped), "-o", str(tmp_path / "c.parquet")]) == 0
+    assert pq_row_groups(tmp_path / "c.parquet") == 9  # 8,819 rows, 1,000 at a time
+    pd.testing.assert_frame_equal(read_traffic(tmp_path / "c.parquet"), import_csv(shipped))
+    azure = tmp_path / "azure.csv"  # the Azure trace's own form: ISO-8601 times, its column names
+    times = pd.Timestamp("2023-11-16 18:15:46.6805900", tz="UTC") + pd.to_timedelta(np.arange(2500) * 37, unit="ms")
+    pd.DataFrame({"TIMESTAMP": times.strftime("%Y-%m-%d %H:%M:%S.%f0"), "ContextTokens": np.arange(2500) % 900 + 1,
+                  "GeneratedTokens": 7}).to_csv(azure, index=False)
+    assert main(["traffic", "import", "azure", str(azure), "-o", str(tmp_path / "a.parquet")]) == 0
+    pd.testing.assert_frame_equal(read_traffic(tmp_path / "a.parquet"), import_azure(azure))
+
+    src = tmp_path / "t.csv"
+    pd.DataFrame({"ts_ms": np.arange(2500) * 10.0, "tokens": np.arange(2500) % 50 + 1}).to_csv(src, index=False)
+    args = ["traffic", "import", "csv", str(src), "--map", "timestamp=ts_ms", "--map", "seq_len=tokens",
+            "--time-unit", "ms", "-o", str(tmp_path / "t.parquet")]
+    assert main(args) == 0
+    got = read_traffic(tmp_path / "t.parquet")
+    assert len(got) == 2500 and got["timestamp"].iloc[-1] == pytest.approx(24.99)
+    lines = src.read_text().splitlines()
+    lines[2100] = lines[2100].split(",")[0] + ",0"  # line 2101: a zero token count
+    src.write_text("\n".join(lines) + "\n")
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"tuner: error: {src}: line 2101, column 'seq_len': must be a positive integer, got 0\n"
+
+
+def pq_row_groups(path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_row_groups

@@ -1,12 +1,14 @@
 """The study's inputs, read from its settings: the traffic it replays and the model's current config.
 
-    study_traffic(settings)   the profile the study replays (the file, cut to the study's window)
+    study_traffic(settings)   the profile the study replays (the file, directory or glob of files, cut to
+                              the study's window: only that window is read, tuner.traffic.recording)
     base_config(settings)     the model's config.pbtxt in the study's repository: the incumbent, and
                               the base every trial's configuration changes only the tuned fields of
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,21 +16,27 @@ import pandas as pd
 from tuner import modelconfig
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
-from tuner.traffic import busiest_window, read_traffic, window
+from tuner.traffic.recording import open_recording
+from tuner.traffic.scan import busiest_in, read_all, read_window
 
 __all__ = ["base_config", "study_traffic"]
 
 
 def study_traffic(settings: StudySettings) -> pd.DataFrame:
-    """The profile the study replays: the file, cut to the study's window if it names one."""
+    """The profile the study replays: the recording, cut to the study's window if it names one.
+
+    The busiest window is found by a scan of the timestamp column, and only the row groups of the
+    window are read, so a week of hourly Parquet files replays without being loaded."""
     t = settings.traffic
-    df = read_traffic(t.path)
+    rec = open_recording(t.path)
+    for note in rec.notes:
+        print(f"traffic: {note}", file=sys.stderr)
     if t.busiest_s is not None:
-        start, _ = busiest_window(df, t.busiest_s)
-        df = window(df, start, t.busiest_s)
-    elif t.start_s is not None or t.duration_s is not None:
-        df = window(df, t.start_s, t.duration_s)
-    return df
+        start, _ = busiest_in(rec, t.busiest_s)
+        return read_window(rec, start, t.busiest_s)
+    if t.start_s is not None or t.duration_s is not None:
+        return read_window(rec, t.start_s, t.duration_s)
+    return read_all(rec)
 
 
 def base_config(settings: StudySettings) -> ModelConfig:

@@ -70,20 +70,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _file_command(
     sub: argparse._SubParsersAction, name: str, *, run: Run, help: str, description: str,
-    input_help: str | None = None,
+    input_help: str | None = None, recording: bool = False,
 ) -> argparse.ArgumentParser:
-    """Subcommand `name`, which reads one traffic file, INPUT (`args.input`)."""
+    """Subcommand `name`, which reads one traffic file, INPUT (`args.input`); with `recording`, a
+    file, a directory of files or a glob pattern, read out of core (tuner.traffic.recording), which
+    checks the paths itself."""
     p = add_command(sub, name, run=run, help=help, description=description)
-    add_input(p, "input", what="a traffic file", help=input_help)
+    add_input(p, "input", what="a traffic file", help=input_help, each=recording)
     return p
+
+
+RECORDING_HELP = ("traffic file (.csv or .parquet), a directory of them or a quoted glob (e.g. 'logs/*.parquet'), "
+                  "read as one recording a row group at a time")
+
+
+def _open(args: argparse.Namespace):
+    """The recording INPUT names, its notes (overlapping files and how they were combined) printed."""
+    from tuner.traffic.recording import open_recording
+
+    rec = open_recording(args.input, progress=True)
+    for note in rec.notes:
+        print(f"note: {note}")
+    return rec
 
 
 def _stats_command(sub: argparse._SubParsersAction) -> None:
     p = _file_command(
         sub, "stats", run=_stats, help="summary statistics of a profile",
         description="Requests, duration, mean and peak rates, inter-arrival CV, size "
-        "percentiles and the busiest window of a traffic profile, as a table.",
-        input_help="traffic file (.csv or .parquet)",
+        "percentiles and the busiest window of a traffic profile, as a table; computed a row group at "
+        "a time, so a week of hourly Parquet files needs no more memory than an hour.",
+        input_help=RECORDING_HELP, recording=True,
     )
     p.add_argument("--busiest", default="60", metavar="D", help="busiest-window length (default 60s)")
     add_output_file(p, flags=("--plot",), metavar="FILE.png",
@@ -146,7 +163,9 @@ def _window_command(sub: argparse._SubParsersAction) -> None:
     p = _file_command(
         sub, "window", run=_window, help="cut a time window out of a profile",
         description="Keep the requests of one window: from --start for --duration (seconds "
-        "from the first request), or the busiest window of a given length.",
+        "from the first request), or the busiest window of a given length (found by a scan of the "
+        "timestamp column; only the window's row groups are read).",
+        input_help=RECORDING_HELP, recording=True,
     )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--start", metavar="T", help="window start, from the first request (e.g. 300, 5m)")
@@ -176,10 +195,11 @@ def _convert_command(sub: argparse._SubParsersAction) -> None:
 def _write(df, args: argparse.Namespace) -> int:
     """Write the result to --output, which the command checked with check_output before its work."""
     from tuner import traffic
+    from tuner.traffic.recording import recording_files
 
     out = Path(args.output)
-    src = Path(args.input) if getattr(args, "input", None) else None
-    if src is not None and out.exists() and src.exists() and out.resolve() == src.resolve():
+    sources = recording_files(args.input) if getattr(args, "input", None) else []
+    if out.exists() and any(s.exists() and out.resolve() == s.resolve() for s in sources):
         raise TrafficError(f"{out}: refusing to overwrite the input file; choose another output")
     traffic.write_traffic(df, out)
     print(f"wrote {out}: {len(df):,} requests")
@@ -188,17 +208,20 @@ def _write(df, args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     from tuner import traffic
+    from tuner.traffic.scan import describe_recording
 
     if args.plot:
         traffic.check_plot_path(args.plot)
-    df = traffic.read_traffic(args.input)
-    print(
-        traffic.format_stats(
-            traffic.describe(df, traffic.parse_duration(args.busiest, "--busiest")), args.input
-        )
-    )
+    busiest = traffic.parse_duration(args.busiest, "--busiest")
+    rec = _open(args)
+    print(traffic.format_stats(describe_recording(rec, busiest), args.input))
     if args.plot:
-        traffic.plot_stats(df, args.plot, title=Path(args.input).name)
+        import numpy as np
+        import pandas as pd
+
+        # the plot needs the times alone: 8 bytes a request
+        times = pd.DataFrame({traffic.TIMESTAMP: np.concatenate(list(rec.times()))})
+        traffic.plot_stats(times, args.plot, title=Path(args.input).name)
         print(f"plot: {args.plot}")
     return 0
 
@@ -210,6 +233,10 @@ def _import(args: argparse.Namespace) -> int:
     if args.kind == "triton":
         df = traffic.import_triton_trace(args.input, include_children=args.include_children)
     elif args.kind == "azure":
+        if _streams(args):
+            from tuner.traffic.importers import AZURE_MAPPING
+
+            return _import_streamed(args, AZURE_MAPPING)
         df = traffic.import_azure(args.input)
     else:
         mapping = {}
@@ -218,8 +245,26 @@ def _import(args: argparse.Namespace) -> int:
             if not eq or not ours.strip() or not theirs.strip():
                 raise TrafficError(f"--map {item!r}: expected OURS=THEIRS, e.g. --map timestamp=ts")
             mapping[ours.strip()] = theirs.strip()
+        if _streams(args):
+            return _import_streamed(args, mapping)
         df = traffic.import_csv(args.input, mapping, time_unit=args.time_unit)
     return _write(df, args)
+
+
+def _streams(args: argparse.Namespace) -> bool:
+    """A CSV imported to Parquet is streamed, a million rows at a time (the input never held whole)."""
+    return Path(args.input).suffix.lower() == ".csv" and Path(args.output).suffix.lower() in (".parquet", ".pq")
+
+
+def _import_streamed(args: argparse.Namespace, mapping: dict[str, str]) -> int:
+    from tuner.traffic.importers import import_csv_to_parquet
+
+    out, src = Path(args.output), Path(args.input)
+    if out.exists() and src.exists() and out.resolve() == src.resolve():
+        raise TrafficError(f"{out}: refusing to overwrite the input file; choose another output")
+    rows = import_csv_to_parquet(src, out, mapping=mapping, time_unit=args.time_unit)
+    print(f"wrote {out}: {rows:,} requests")
+    return 0
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -243,21 +288,23 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _window(args: argparse.Namespace) -> int:
     from tuner import traffic
+    from tuner.traffic.scan import busiest_in, read_window
 
     traffic.check_output(args.output)
-    df = traffic.read_traffic(args.input)
     if args.busiest is not None:
         if args.duration is not None:
             raise TrafficError("--duration goes with --start; --busiest D already sets the length")
         length = traffic.parse_duration(args.busiest, "--busiest")
-        start, count = traffic.busiest_window(df, length)
+        rec = _open(args)
+        start, count = busiest_in(rec, length)
         print(
             f"busiest {length:g} s window starts {start:.3f} s after the first request ({count:,} requests)"
         )
     else:
         start = traffic.parse_duration(args.start, "--start")
         length = None if args.duration is None else traffic.parse_duration(args.duration, "--duration")
-    return _write(traffic.window(df, start, length), args)
+        rec = _open(args)
+    return _write(read_window(rec, start, length), args)
 
 
 def _scale(args: argparse.Namespace) -> int:

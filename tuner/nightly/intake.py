@@ -3,6 +3,11 @@
 A directory may mix recorded traffic tables (.csv, .parquet) and Triton trace files (.json); each is
 read by `tuner.traffic`, the tables are joined and sorted by time, and the last `hours` before the
 newest request are kept. Rows for other models (a `model` column) are left out.
+
+The tables are read as one out-of-core recording (tuner.traffic.recording): the newest request is
+found in the Parquet footers, and only the row groups that reach into the last `hours` are read, so a
+growing directory of hourly files costs a footer per old file, not a read of it (a CSV is converted to
+Parquet once, in the tuner's cache). Trace files are read whole.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import pandas as pd
 
 from tuner.errors import TrafficError
 from tuner.traffic import MODEL, TIMESTAMP, import_triton_trace, read_traffic, validate_traffic
+from tuner.traffic.recording import open_recording
+from tuner.traffic.scan import read_since
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 TRACE_SUFFIXES = (".json",)
@@ -46,7 +53,12 @@ def newest_traffic(path: str | Path, hours: float, model: str | None = None,
                    pattern: str = "*") -> tuple[pd.DataFrame, list[Path]]:
     """The last `hours` of traffic (by timestamp) and the files it was read from."""
     files = traffic_files(path, pattern)
-    tables = [read_any(f) for f in files]
+    traces = [import_triton_trace(f) for f in files if f.suffix.lower() in TRACE_SUFFIXES]
+    recorded = [f for f in files if f.suffix.lower() in TABLE_SUFFIXES]
+    rec = open_recording(recorded) if recorded else None
+    newest = max([float(t[TIMESTAMP].iloc[-1]) for t in traces] + ([rec.end] if rec else []))
+    tables = traces + ([read_since(rec, newest - hours * 3600.0)] if rec else [])
+    tables = [t for t in tables if len(t)]
     table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
     if MODEL in table.columns and model is not None:
         table = table[table[MODEL] == model]

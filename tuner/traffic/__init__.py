@@ -7,6 +7,10 @@ windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rp
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
 importers  import_triton_trace, import_azure, import_csv
 stats      describe, format_stats, plot_stats, check_plot_path
+recording  open_recording: Parquet files (one, a directory, a glob; a CSV converted once) as one
+           recording read a row group at a time (import tuner.traffic.recording)
+scan       describe_recording, busiest_in, read_window, read_since, read_all: statistics and windows
+           of a recording without holding it (import tuner.traffic.scan)
 """
 
 from tuner.traffic.importers import import_azure, import_csv, import_triton_trace

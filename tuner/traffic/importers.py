@@ -12,8 +12,18 @@ import pandas as pd
 
 from tuner.errors import TrafficError
 from tuner.files import os_reason, read_text
-from tuner.traffic.io import MODEL, TIMESTAMP, column_names, read_raw, validate_traffic
+from tuner.traffic.io import (
+    MODEL,
+    TIMESTAMP,
+    column_names,
+    iter_csv,
+    read_raw,
+    replacing,
+    validate_part,
+    validate_traffic,
+)
 
+AZURE_MAPPING = {TIMESTAMP: "TIMESTAMP", "seq_len": "ContextTokens"}  # ours: the Azure trace's
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
 # request start (gRPC's GRPC_WAITREAD_START includes idle waiting for the message, so it is not used)
@@ -23,7 +33,7 @@ TRITON_ARRIVAL = ("HTTP_RECV_START", "REQUEST_START")
 def import_azure(path: str | os.PathLike) -> pd.DataFrame:
     """The Azure LLM inference trace (`TIMESTAMP, ContextTokens, GeneratedTokens`): `TIMESTAMP` (UTC)
     becomes `timestamp` (Unix-epoch seconds) and `ContextTokens` the `seq_len` shape column."""
-    return import_csv(path, {TIMESTAMP: "TIMESTAMP", "seq_len": "ContextTokens"}, time_unit="s")
+    return import_csv(path, AZURE_MAPPING, time_unit="s")
 
 
 def import_csv(
@@ -34,9 +44,55 @@ def import_csv(
     Only mapped columns (and unmapped ones already named timestamp, batch_size or model) are kept.
     Numeric times are multiplied by `time_unit` (s, ms, us, ns); text times are read as ISO-8601.
     """
+    _check_unit(time_unit)
+    raw, first_line = read_raw(path)
+    return validate_traffic(_mapped(raw, path, mapping, time_unit=time_unit), str(path), first_line=first_line)
+
+
+def import_csv_to_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
+                          mapping: Mapping[str, str] | None = None, time_unit: str = "s") -> int:
+    """import_csv of a CSV written straight to a Parquet file, a million rows at a time: the input
+    is never held whole. Each chunk is validated and sorted; a file out of time order across chunks
+    stays so (its row groups overlap, and every reader sorts them). Returns the rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _check_unit(time_unit)
+    rows, writer = 0, None
+    with replacing(out) as tmp:
+        try:
+            for chunk, line in iter_csv(path, CHUNK_ROWS):
+                if len(chunk) == 0:
+                    continue
+                table = validate_part(_mapped(chunk, path, mapping, time_unit=time_unit), str(path), first_line=line)
+                arrow = pa.Table.from_pandas(table, preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, arrow.schema)
+                try:
+                    arrow = arrow.cast(writer.schema)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, TypeError):
+                    raise TrafficError(f"{path}: line {line}: the columns change type from the rows before "
+                                       "(one type per column)") from None
+                writer.write_table(arrow)
+                rows += len(arrow)
+            if writer is None:
+                raise TrafficError(f"{path}: no requests (a header but no rows)")
+        finally:
+            if writer is not None:
+                writer.close()
+    return rows
+
+
+CHUNK_ROWS = 1_000_000
+
+
+def _check_unit(time_unit: str) -> None:
     if time_unit not in TIME_UNITS:
         raise TrafficError(f"time unit {time_unit!r}: expected one of {', '.join(TIME_UNITS)}")
-    raw, first_line = read_raw(path)
+
+
+def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_unit: str) -> pd.DataFrame:
+    """Our columns from the file's, by `mapping`, times scaled to seconds (unvalidated)."""
     mapping = dict(mapping or {})
     mapping.setdefault(TIMESTAMP, TIMESTAMP)
     for ours, theirs in mapping.items():
@@ -51,7 +107,7 @@ def import_csv(
     scale = TIME_UNITS[time_unit]
     if scale != 1.0 and pd.api.types.is_numeric_dtype(table[TIMESTAMP]):
         table[TIMESTAMP] = table[TIMESTAMP].astype(np.float64) * scale
-    return validate_traffic(table, str(path), first_line=first_line)
+    return table
 
 
 def import_triton_trace(path: str | os.PathLike, include_children: bool = False) -> pd.DataFrame:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -86,6 +87,31 @@ def _read_csv(fh: BinaryIO, path: Path) -> pd.DataFrame:
     return table
 
 
+def iter_csv(path: str | os.PathLike, rows: int) -> Iterator[tuple[pd.DataFrame, int]]:
+    """A CSV traffic file `rows` rows at a time, unvalidated, each with the file line of its first
+    row: read as read_raw reads it, without ever holding the whole file."""
+    path = Path(path)
+    with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise TrafficError(f"{path}: empty file")
+        if fh.peek(2)[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+            raise TrafficError(f"{path}: not a readable CSV table (UTF-16 text; save it as UTF-8 CSV)")
+        extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
+        line = 2
+        try:
+            reader = pd.read_csv(fh, encoding="utf-8-sig", skipinitialspace=True, chunksize=rows, **extra)
+            for chunk in reader:
+                chunk.columns = [c.strip(_BLANKS) if isinstance(c, str) else c for c in chunk.columns]
+                yield chunk, line
+                line += len(chunk)
+        except pd.errors.EmptyDataError:
+            raise TrafficError(f"{path}: empty file (no header, no rows)") from None
+        except OSError as exc:
+            raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
+        except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+            raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+
+
 def read_traffic(path: str | os.PathLike) -> pd.DataFrame:
     """Load and validate a traffic file (.csv or .parquet); sorted by timestamp (stable)."""
     raw, first_line = read_raw(path)
@@ -131,7 +157,14 @@ def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = Non
     `first_line` is the file line of row 0 for a CSV (so messages say "line N"); else rows are
     counted from 1. Raises TrafficError naming the source, row and column of the first problem.
     """
-    where = _Where(source, first_line)
+    return validate_part(df, source, first_line=first_line)
+
+
+def validate_part(df: pd.DataFrame, source: str, *, first_line: int | None = None,
+                  row_offset: int = 0) -> pd.DataFrame:
+    """validate_traffic of a part of a file: a Parquet row group whose first row is the file's
+    `row_offset` (0-based), or a CSV chunk whose first row is on line `first_line`."""
+    where = _Where(source, first_line, row_offset)
     if df.columns.duplicated().any():
         dup = df.columns[df.columns.duplicated()][0]
         raise TrafficError(f"{source}: column {dup!r} appears twice")
@@ -157,6 +190,15 @@ def validate_traffic(df: pd.DataFrame, source: str, first_line: int | None = Non
     if len(ts) > 1 and not (np.diff(ts) >= 0).all():
         table = table.sort_values(TIMESTAMP, kind="stable", ignore_index=True)
     return table
+
+
+def validate_times(col: pd.Series, source: str, *, row_offset: int = 0) -> np.ndarray:
+    """A timestamp column alone, checked and converted as validate_traffic does (float64 seconds,
+    in the order given): what a scan of the time column reads, without the other columns."""
+    if len(col) == 0:
+        return np.empty(0, dtype=np.float64)
+    _one_value_per_cell(col, TIMESTAMP, _Where(source, None, row_offset))
+    return _seconds(col, _Where(source, None, row_offset))
 
 
 def column_names(df: pd.DataFrame) -> str:
@@ -201,13 +243,14 @@ def _is_nested(dtype) -> bool:
 class _Where:
     """Names a row the way the user finds it: a CSV's file line, or a 1-based row."""
 
-    def __init__(self, source: str, first_line: int | None):
+    def __init__(self, source: str, first_line: int | None, row_offset: int = 0):
         self.source = source
         self.first_line = first_line
+        self.row_offset = row_offset
 
     def fail(self, row: int, column: str, problem: str) -> TrafficError:
         if self.first_line is None:
-            at = f"row {row + 1}"
+            at = f"row {row + self.row_offset + 1}"
         else:
             at = f"line {row + self.first_line}"
         return TrafficError(f"{self.source}: {at}, column {column!r}: {problem}")

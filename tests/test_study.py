@@ -1,0 +1,53 @@
+"""tuner.study.study_traffic: the study's traffic, read from a file or a directory of files, cut to
+its window; only the window's row groups are read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tuner.settings import StudySettings, TrafficSettings
+from tuner.study import study_traffic
+from tuner.traffic import busiest_window, read_traffic, synth_bursty, window
+
+
+@pytest.fixture
+def hourly(tmp_path):
+    """Six hours of bursty traffic as one Parquet file per hour, small row groups."""
+    df = synth_bursty(20.0, 6 * 3600.0, seed=5, sizes={"seq_len": "lognormal:median=100,sigma=0.5,max=400"})
+    hour = (df["timestamp"] // 3600).astype(int)
+    for h, part in df.groupby(hour):
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), tmp_path / f"h{h}.parquet",
+                       row_group_size=2000)
+    return df, tmp_path
+
+
+def _settings(path, **window) -> StudySettings:
+    return StudySettings(name="s", model_repository=".", model="m", traffic=TrafficSettings(path=str(path), **window))
+
+
+def test_the_busiest_window_of_a_directory(hourly):
+    df, folder = hourly
+    start, count = busiest_window(df, 300.0)
+    got = study_traffic(_settings(folder, busiest_s=300.0))
+    assert len(got) == count
+    pd.testing.assert_frame_equal(got, window(df, start, 300.0))
+
+
+def test_a_window_by_start_and_the_whole_directory(hourly):
+    df, folder = hourly
+    pd.testing.assert_frame_equal(study_traffic(_settings(folder, start_s=5000.0, duration_s=600.0)),
+                                  window(df, 5000.0, 600.0))
+    pd.testing.assert_frame_equal(study_traffic(_settings(folder)), df.reset_index(drop=True))
+
+
+def test_a_single_csv_file_reads_as_before(tmp_path):
+    times = np.concatenate([np.arange(40) * 0.25, 10 + np.arange(10) * 0.05])  # a burst at 10 s
+    pd.DataFrame({"timestamp": times, "seq_len": np.arange(50) % 5 + 1}).to_csv(tmp_path / "t.csv", index=False)
+    df = read_traffic(tmp_path / "t.csv")
+    got = study_traffic(_settings(tmp_path / "t.csv", busiest_s=2.0))
+    assert len(got) == 16  # 8.5 .. 9.75 s, then the burst
+    pd.testing.assert_frame_equal(got, window(df, busiest_window(df, 2.0)[0], 2.0))

@@ -1,0 +1,109 @@
+"""tuner.traffic.recording: files, directories and globs read as one recording; CSV converted once
+into the cache; bad files named in one line (exit 2)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tuner.cli import main
+from tuner.errors import TrafficError
+from tuner.traffic import describe, read_traffic
+from tuner.traffic import recording as rec_mod
+from tuner.traffic.recording import cache_dir, open_recording
+from tuner.traffic.scan import describe_recording, read_all
+
+
+def _table(start: float, n: int, **extra) -> pd.DataFrame:
+    return pd.DataFrame({"timestamp": start + np.arange(n) * 0.5, "batch_size": np.ones(n, dtype=np.int64),
+                         "seq_len": np.arange(n, dtype=np.int64) % 9 + 1, **extra})
+
+
+def _one_line_exit_2(capsys, args: list[str], expected: str) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected in err, err
+
+
+def test_an_empty_directory_is_one_line(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("no traffic here")
+    with pytest.raises(TrafficError, match="an empty directory"):
+        open_recording(tmp_path)
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path)], f"{tmp_path}: an empty directory")
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path / "*.parquet")], "no .parquet, .pq or .csv files match")
+
+
+def test_a_corrupt_file_in_a_directory_is_named(tmp_path, capsys):
+    _table(0, 100).to_parquet(tmp_path / "a.parquet", index=False)
+    _table(50, 100).to_parquet(tmp_path / "b.parquet", index=False)
+    data = (tmp_path / "b.parquet").read_bytes()
+    (tmp_path / "b.parquet").write_bytes(data[: len(data) // 2])  # a copy cut short
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path)], f"{tmp_path / 'b.parquet'}: not a readable Parquet file")
+    _one_line_exit_2(capsys, ["traffic", "window", str(tmp_path), "--busiest", "5", "-o", str(tmp_path / "w.csv")],
+                     f"{tmp_path / 'b.parquet'}: not a readable Parquet file")
+    (tmp_path / "b.parquet").write_bytes(b"")
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path)], f"{tmp_path / 'b.parquet'}: empty file")
+
+
+def test_a_file_of_other_columns_is_named(tmp_path, capsys):
+    _table(0, 100).to_parquet(tmp_path / "a.parquet", index=False)
+    _table(50, 100).drop(columns="seq_len").to_parquet(tmp_path / "b.parquet", index=False)
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path)],
+                     f"{tmp_path / 'b.parquet'}: columns batch_size, timestamp differ from {tmp_path / 'a.parquet'}'s")
+    _table(50, 100, model=["m"] * 100).drop(columns="seq_len").rename(columns={"model": "seq_len"}) \
+        .to_parquet(tmp_path / "b.parquet", index=False)
+    _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path)],
+                     f"{tmp_path / 'b.parquet'}: column 'seq_len' holds text, but numbers in")
+
+
+def test_overlapping_files_are_said_and_merged_by_the_cli(tmp_path, capsys):
+    _table(0, 100).to_parquet(tmp_path / "a.parquet", index=False)
+    _table(20.25, 100).to_parquet(tmp_path / "b.parquet", index=False)
+    assert main(["traffic", "stats", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: " in out and "a.parquet, " in out and "overlap in time" in out and "merged, sorted by time" in out
+    assert re.search(r"^requests\s+200$", out, re.M)
+
+
+def test_a_csv_is_converted_once_into_the_cache_and_left_alone(tmp_path):
+    src = tmp_path / "mine" / "t.csv"
+    src.parent.mkdir()
+    _table(0, 1000).to_csv(src, index=False)
+    before = (src.read_bytes(), os.stat(src).st_mtime_ns, sorted(os.listdir(src.parent)))
+    rec = open_recording(src)
+    converted = [p for seg in rec.segments for p in seg][0].file
+    assert converted.parent == cache_dir() and converted.suffix == ".parquet"
+    made = os.stat(converted).st_mtime_ns
+    pd.testing.assert_frame_equal(read_all(open_recording(src)), read_traffic(src))
+    assert os.stat(converted).st_mtime_ns == made  # the second open reads the conversion
+    assert (src.read_bytes(), os.stat(src).st_mtime_ns, sorted(os.listdir(src.parent))) == before
+
+
+def test_a_csv_is_streamed_and_a_bad_line_in_a_later_chunk_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(rec_mod, "CSV_ROWS", 100)
+    df = _table(0, 1000)
+    src = tmp_path / "t.csv"
+    df.to_csv(src, index=False)
+    rec = open_recording(src)
+    assert sum(len(seg) for seg in rec.segments) == 10 and rec.notes == []  # ten chunks, ten row groups
+    assert describe_recording(rec) == describe(read_traffic(src))
+    lines = src.read_text().splitlines()
+    lines[555] = lines[555].replace(",1,", ",-3,", 1)  # line 556 of the file: a negative batch size
+    src.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TrafficError) as exc:
+        open_recording(src)
+    assert str(exc.value) == f"{src}: line 556, column 'batch_size': must be a positive integer, got -3"
+
+
+def test_a_glob_and_a_list_are_recordings(tmp_path):
+    for h in range(3):
+        pq.write_table(pa.Table.from_pandas(_table(h * 100.0, 200)), tmp_path / f"h{h}.parquet")
+    (tmp_path / "other.parquet").write_bytes(b"not parquet")
+    assert open_recording(str(tmp_path / "h*.parquet")).rows == 600
+    assert open_recording([tmp_path / "h0.parquet", tmp_path / "h2.parquet"]).rows == 400
