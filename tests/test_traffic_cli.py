@@ -54,7 +54,7 @@ def test_window_errors_are_exit_2(profile, tmp_path, capsys, args, expected):
 def test_refuses_to_overwrite_the_input(profile, capsys):
     before = profile.read_bytes()
     assert main(["traffic", "convert", str(profile), "-o", str(profile)]) == 2
-    assert "refusing to overwrite the input" in capsys.readouterr().err
+    assert "the same file as the input" in capsys.readouterr().err  # tuner/cli/_args.check_paths
     assert profile.read_bytes() == before
 
 
