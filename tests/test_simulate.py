@@ -22,6 +22,7 @@ from tuner.simulate import (
     OK,
     OUT_OF_MEMORY,
     QUEUE_FULL,
+    TIMEOUT,
     TOO_LARGE,
     BatcherConfig,
     Profile,
@@ -127,11 +128,14 @@ def test_the_largest_preferred_size_goes_first_and_the_rest_waits_for_its_delay(
     # size, waits until its own delay expires (1.5 + 10 ms), although the instance is free at 8.5 ms
     assert run.exec_rows.tolist() == [2, 4, 1]
     assert run.dispatch_s.tolist() == pytest.approx([0.5 * MS] * 2 + [3.5 * MS] * 4 + [11.5 * MS])
-    # with 1 a preferred size too, nothing waits: every prefix is preferred
+    # with 1 a preferred size too, nothing waits: every prefix is preferred. The batch queued behind
+    # the busy instance grows (1, 2, then 4 at 1.1 ms); at 1.5 ms the two queued past the largest
+    # preferred size mark the cursor at one request (`best_preferred_batch_size = pending_batch_size_`
+    # in GetDynamicBatch): the queued batch takes one more (5 rows) and closes; the last goes alone
     ones = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=10_000, preferred_batch_size=(1, 2, 4))
     run = simulate(r, ones, linear_profile())
-    assert run.exec_rows.tolist() == [1, 4, 2]
-    assert run.dispatch_s.tolist() == pytest.approx([0.0] + [2 * MS] * 4 + [7 * MS] * 2)
+    assert run.exec_rows.tolist() == [1, 5, 1]
+    assert run.dispatch_s.tolist() == pytest.approx([0.0] + [2 * MS] * 5 + [8 * MS])
 
 
 def test_with_equal_shapes_a_request_of_another_length_closes_the_batch():
@@ -226,6 +230,48 @@ def test_out_of_memory_fails_every_request_of_the_batch():
     m = measurement(run, r, speed=1.0, warmup_s=0.0, max_batch_size=2)
     assert (m.requests, m.errors, m.execution_count) == (3, 2, 1)
     assert m.latency_ms["p50"] == pytest.approx(4.0)
+
+
+def slow_profile() -> Profile:
+    """Every execution 20 ms, whatever its size: arrivals queue behind a busy instance."""
+    return Profile.from_function(lambda r, n: 20.0, rows=[1, 8], lengths=[100])
+
+
+def test_batches_are_formed_ahead_of_a_busy_instance_and_close_at_a_preferred_size_with_delay_zero():
+    r = reqs([0.0, 2.0, 4.0, 6.0, 8.0, 10.0, 12.0])
+    pow2 = BatcherConfig(max_batch_size=8, preferred_batch_size=(1, 2, 4, 8))
+    # 1 goes, 2 and 3 each reach a preferred size (1) and close, queued ahead (2 x 1 instance); the
+    # last four wait for a slot and go as one preferred 4 (GetDynamicBatch, PayloadSlotAvailable)
+    assert simulate(r, pow2, slow_profile()).exec_rows.tolist() == [1, 1, 1, 4]
+    # a queue policy turns forming ahead off: the batch is formed when the instance is free
+    bounded = BatcherConfig(max_batch_size=8, preferred_batch_size=(1, 2, 4, 8), max_queue_size=100)
+    assert not bounded.prefetching
+    assert simulate(r, bounded, slow_profile()).exec_rows.tolist() == [1, 4, 2]
+    # no preferred size: the queued batch grows with every arrival
+    grows = simulate(r, BatcherConfig(max_batch_size=8), slow_profile())
+    assert grows.exec_rows.tolist() == [1, 6]
+    assert grows.dispatch_s.tolist() == pytest.approx([0.0] + [20 * MS] * 6)  # taken when the instance frees
+
+
+def test_a_queued_batch_the_batcher_is_not_woken_for_does_not_grow():
+    # delay 5 ms: 1 runs from 5 to 25 ms; 2 waits its delay and is queued alone at 11 ms; 3 and 4 are
+    # below the next preferred size (8 rows), so the sleeping batcher is not woken
+    # (DynamicBatchScheduler::Enqueue): they do not join 2's batch and go together after it
+    r = reqs([0.0, 6.0, 14.0, 16.0])
+    run = simulate(r, BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=5000), slow_profile())
+    assert run.exec_rows.tolist() == [1, 1, 2]
+
+
+def test_a_queue_timeout_rejects_or_delays_the_requests_queued_past_it():
+    r = reqs([0.0, 2.0, 4.0, 15.0, 28.0])
+    config = {"max_batch_size": 4, "default_timeout_microseconds": 10_000}
+    rejected = simulate(r, BatcherConfig(**config), slow_profile())
+    # 1 and 2 expire (12, 14 ms) before the instance frees at 20 ms, 4 (38 ms) before 3's run ends
+    assert rejected.status.tolist() == [OK, TIMEOUT, TIMEOUT, OK, TIMEOUT]
+    assert rejected.done_s[[1, 2]].tolist() == pytest.approx([20 * MS] * 2)  # found when the instance frees
+    assert rejected.exec_rows.tolist() == [1, 1]
+    delayed = simulate(r, BatcherConfig(**config, timeout_action="delay"), slow_profile())
+    assert (delayed.status == OK).all() and delayed.exec_rows.tolist() == [1, 3, 1]
 
 
 def test_a_full_queue_refuses_arrivals():
@@ -586,7 +632,7 @@ def test_cli_refuses_a_setting_the_simulation_does_not_model_in_one_line(study, 
     shutil.copytree(template, study / "repo" / "encoder_sim")
     config = study / "repo" / "encoder_sim" / "config.pbtxt"
     config.write_text(config.read_text().replace(
-        "dynamic_batching { }", "dynamic_batching { default_queue_policy { default_timeout_microseconds: 5000 } }\n"
+        "dynamic_batching { }", "dynamic_batching { priority_levels: 2 default_priority_level: 1 }\n"
         "optimization { eager_batching: true }"))
     yaml_text = (study / "study.yaml").read_text()
     (study / "study.yaml").write_text(yaml_text.replace(f"model_repository: {template.parent}",
@@ -599,7 +645,7 @@ def test_cli_refuses_a_setting_the_simulation_does_not_model_in_one_line(study, 
     err = captured.err.strip()
     assert err.startswith(f"tuner: error: {config}: ") and len(err.splitlines()) == 1
     assert "optimization.eager_batching" in err
-    assert "dynamic_batching.default_queue_policy.default_timeout_microseconds" in err
+    assert "dynamic_batching.priority_levels" in err  # a queue timeout is modelled now; priorities are not
     assert "capacity req/s" not in captured.out and not out_json.exists()  # nothing simulated
 
 

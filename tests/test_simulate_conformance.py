@@ -1,11 +1,16 @@
 """The batcher simulation against a real tritonserver: the same scripted arrivals sent to Triton and to
-`tuner.simulate.simulate`, Triton's executions per batch size (`batch_stats`) compared with the
-simulator's batches, exactly.
+`tuner.simulate.simulate`, Triton's executions per batch size (`batch_stats`) and its errors compared
+with the simulator's batches and refusals, exactly.
 
-The arrivals are spaced 10 ms apart and the queue delay is 300 ms, so that which requests batch
-together depends on the batcher's rules, not on the timing of a shared machine: every request is in
-the queue long before the delay expires. Model: `echo` (tests/data/replay_models, a 2 ms sleep per
-execution) with a variable dim, with and without `allow_ragged_batch`.
+Timing is made not to decide: arrivals are 20 ms apart (at least), an execution takes 200 ms (`SLOW_S`,
+a sleep), and every queue delay and queue timeout ends at least 30 ms away from any arrival or
+execution end, so that which requests batch together depends on the batcher's rules, not on the
+scheduling of a shared machine (a thread wakes within a few ms). The cases: bursts and gaps, requests
+of several rows, mixed lengths with and without ragged batching, delay 0 and > 0 (a batch queued
+behind a busy instance grows, or does not when the batcher is not woken), preferred sizes none and
+powers of two (the preferred-size close at delay 0), 1 and 2 instances, `max_queue_size`, and a queue
+timeout with each action, and queued batches merging. Each model is its own, so the cases share one
+server.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import json
 import shutil
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +30,90 @@ import pytest
 
 from tuner import modelconfig
 from tuner.server.local import LocalLauncher
-from tuner.simulate import BatcherConfig, Profile, Requests, equal_shapes_of, simulate
+from tuner.simulate import OK, BatcherConfig, Profile, Requests, equal_shapes_of, simulate
 
 ECHO = Path(__file__).resolve().parent / "data" / "replay_models" / "echo"
-SPACING_S, DELAY_US, MAX_BATCH = 0.010, 300_000, 8
+SLOW_S = 0.200  # one execution, the time arrivals have to queue behind a busy instance
+SPACING_S, DELAY_US, MAX_BATCH = 0.010, 300_000, 8  # the fast echo model's equal-vs-ragged case
 LENGTHS = [4, 4, 4, 8, 8, 4, 4]  # a length change closes the forming batch when shapes must be equal
 
 pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One model configuration and the arrivals scripted against it (ms, rows, lengths)."""
+
+    name: str
+    at_ms: tuple[int, ...]
+    rows: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+    max_batch_size: int = 8
+    delay_us: int = 0
+    preferred: tuple[int, ...] = ()
+    instances: int = 1
+    max_queue_size: int = 0
+    timeout_us: int = 0
+    action: str = "REJECT"
+    ragged: bool = True
+
+    def requests(self) -> Requests:
+        n = len(self.at_ms)
+        return Requests(due_s=np.asarray(self.at_ms, dtype=float) / 1e3,
+                        rows=np.asarray(self.rows or [1] * n, dtype=np.int64),
+                        length=np.asarray(self.lengths or [4] * n, dtype=np.int64))
+
+
+BURST = tuple(range(0, 140, 20))  # 7 arrivals while the first execution runs
+CASES = [
+    # delay 0, no preferred size: the batch queued behind the busy instance grows with each arrival
+    Case(name="none_d0", at_ms=BURST),
+    # delay 0, powers of two: each batch that reaches a preferred size is closed at once; two queue
+    # ahead (2 x instances), the rest waits for a slot
+    Case(name="pow2_d0", at_ms=BURST, preferred=(1, 2, 4, 8)),
+    # requests of several rows, a gap, a second burst
+    Case(name="pow2_d0_rows", at_ms=(0, 20, 40, 60, 80, 100, 400, 420, 440, 460),
+         rows=(1, 2, 1, 3, 1, 2, 2, 1, 1, 4), preferred=(1, 2, 4, 8)),
+    # delay > 0: the first batch waits the delay; the next, queued, is not woken by arrivals below the
+    # next preferred size, so later ones form a batch of their own
+    Case(name="none_delay", at_ms=(0, 20, 40, 60, 80, 130, 260, 275), delay_us=100_000),
+    Case(name="pow2_delay", at_ms=(0, 20, 40, 60, 80, 100, 120, 140, 160), delay_us=100_000,
+         preferred=(1, 2, 4, 8)),
+    # delay > 0, preferred 2 and 4: batches queued behind the busy instance, closed past the largest
+    # preferred size, merge when the instance takes them (older than the delay: InstanceQueue::Dequeue)
+    Case(name="merge", at_ms=tuple(range(0, 200, 20)), delay_us=50_000, preferred=(2, 4)),
+    # two instances, mixed lengths without ragged batching
+    Case(name="two_instances", at_ms=(0, 20, 40, 60, 80, 100, 120, 140, 160, 180, 300, 320),
+         lengths=(4, 4, 8, 8, 8, 4, 4, 4, 8, 8, 8, 4), preferred=(1, 2, 4, 8), instances=2, ragged=False),
+    # a bounded queue: no batch is formed ahead, and arrivals past the limit are refused
+    Case(name="queue_size", at_ms=BURST + (140, 160), max_batch_size=4, max_queue_size=3),
+    # a queue timeout: REJECT fails the expired requests, DELAY sends them behind the others
+    Case(name="timeout_reject", at_ms=(0, 20, 40, 150, 260), max_batch_size=4, timeout_us=100_000),
+    Case(name="timeout_delay", at_ms=(0, 20, 40, 150, 260), max_batch_size=4, timeout_us=100_000,
+         action="DELAY"),
+]
+
+
+def slow_model(repo: Path, case: Case) -> None:
+    """The echo model, sleeping `SLOW_S` per execution, configured as `case` says."""
+    (repo / case.name / "1").mkdir(parents=True)
+    code = (ECHO / "1" / "model.py").read_text()
+    assert "time.sleep(0.002)" in code
+    (repo / case.name / "1" / "model.py").write_text(code.replace("time.sleep(0.002)", f"time.sleep({SLOW_S})"))
+    config = modelconfig.load(ECHO / "config.pbtxt")
+    config.name = case.name
+    config.max_batch_size = case.max_batch_size
+    batching = config.dynamic_batching
+    batching.max_queue_delay_microseconds = case.delay_us
+    batching.preferred_batch_size.extend(case.preferred)
+    if case.max_queue_size or case.timeout_us:
+        policy = batching.default_queue_policy
+        policy.max_queue_size = case.max_queue_size
+        policy.default_timeout_microseconds = case.timeout_us
+        policy.timeout_action = getattr(type(policy), case.action)
+    config.instance_group[0].count = case.instances
+    config.input[0].allow_ragged_batch = case.ragged
+    (repo / case.name / "config.pbtxt").write_text(modelconfig.to_text(config))
 
 
 def model(repo: Path, name: str, *, ragged: bool) -> None:
@@ -48,26 +132,38 @@ def server(triton_install, tmp_path_factory):
     repo = tmp_path_factory.mktemp("conformance")
     model(repo, "equal", ragged=False)
     model(repo, "ragged", ragged=True)
-    with LocalLauncher(repo, models=["equal", "ragged"], install=triton_install) as launcher:
+    for case in CASES:
+        slow_model(repo, case)
+    names = ["equal", "ragged", *(case.name for case in CASES)]
+    with LocalLauncher(repo, models=names, install=triton_install) as launcher:
         yield launcher, repo
 
 
-def send(address: str, name: str, lengths: list[int]) -> None:
-    """One request of one row per length, each sent `SPACING_S` after the one before (in order)."""
-    def infer(length: int) -> None:
-        body = {"inputs": [{"name": "INPUT_IDS", "shape": [1, length], "datatype": "INT32", "data": [1] * length}]}
+def send(address: str, name: str, requests: Requests) -> list[int]:
+    """Each request at its due time from now (its rows x length); the HTTP status of each."""
+    codes = [0] * len(requests)
+
+    def infer(k: int) -> None:
+        rows, length = int(requests.rows[k]), int(requests.length[k])
+        body = {"inputs": [{"name": "INPUT_IDS", "shape": [rows, length], "datatype": "INT32",
+                            "data": [1] * (rows * length)}]}
         request = urllib.request.Request(f"http://{address}/v2/models/{name}/infer", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                codes[k] = response.status
+        except urllib.error.HTTPError as error:
+            codes[k] = error.code
 
     threads = []
-    for length in lengths:
-        threads.append(threading.Thread(target=infer, args=(length,)))
+    start = time.perf_counter()
+    for k, due in enumerate(requests.due_s.tolist()):
+        time.sleep(max(0.0, start + due - time.perf_counter()))
+        threads.append(threading.Thread(target=infer, args=(k,)))
         threads[-1].start()
-        time.sleep(SPACING_S)
     for thread in threads:
         thread.join()
+    return codes
 
 
 def triton_batches(launcher, name: str) -> Counter:
@@ -76,21 +172,45 @@ def triton_batches(launcher, name: str) -> Counter:
                     for item in stats.get("batch_stats", []) if int(item["compute_infer"]["count"])})
 
 
-def simulated_batches(config_path: Path, lengths: list[int]) -> Counter:
+def batcher_of(config_path: Path) -> BatcherConfig:
+    """The simulator's configuration, read from the config.pbtxt Triton loaded."""
     config = modelconfig.load(config_path)
-    requests = Requests(due_s=np.arange(len(lengths)) * SPACING_S, rows=np.ones(len(lengths), dtype=np.int64),
-                        length=np.asarray(lengths, dtype=np.int64))
-    profile = Profile.from_function(lambda rows, length: 2.0, rows=[1, MAX_BATCH], lengths=[4, 8])
-    batcher = BatcherConfig(max_batch_size=config.max_batch_size,
-                            max_queue_delay_microseconds=config.dynamic_batching.max_queue_delay_microseconds,
-                            equal_shapes=equal_shapes_of(config))
-    return Counter(simulate(requests, batcher, profile).exec_requests.tolist())
+    batching = config.dynamic_batching
+    policy = batching.default_queue_policy
+    return BatcherConfig(max_batch_size=config.max_batch_size,
+                         max_queue_delay_microseconds=batching.max_queue_delay_microseconds,
+                         preferred_batch_size=tuple(batching.preferred_batch_size) or None,
+                         instance_count=max(1, config.instance_group[0].count),
+                         max_queue_size=policy.max_queue_size,
+                         default_timeout_microseconds=policy.default_timeout_microseconds,
+                         timeout_action="delay" if policy.timeout_action == type(policy).DELAY else "reject",
+                         equal_shapes=equal_shapes_of(config))
+
+
+def simulated(config_path: Path, requests: Requests, *, exec_ms: float) -> tuple[Counter, int]:
+    """The simulator's executions per batch size (rows) and its count of failed requests."""
+    config = batcher_of(config_path)
+    profile = Profile.from_function(lambda rows, length: exec_ms, rows=[1, config.max_batch_size], lengths=[4, 8],
+                                    concurrent_executions=config.instance_count)  # sleeps run side by side
+    run = simulate(requests, config, profile)
+    return Counter(run.exec_rows.tolist()), int((run.status != OK).sum())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_the_simulated_batches_and_errors_are_tritons(server, case):
+    launcher, repo = server
+    requests = case.requests()
+    codes = send(launcher.endpoints.http, case.name, requests)
+    measured = triton_batches(launcher, case.name), sum(code != 200 for code in codes)
+    assert measured == simulated(repo / case.name / "config.pbtxt", requests, exec_ms=SLOW_S * 1e3)
 
 
 @pytest.mark.parametrize(("name", "expected"), [("equal", {3: 1, 2: 2}), ("ragged", {7: 1})])
 def test_the_simulated_batches_are_tritons(server, name, expected):
     launcher, repo = server
-    send(launcher.endpoints.http, name, LENGTHS)
+    requests = Requests(due_s=np.arange(len(LENGTHS)) * SPACING_S, rows=np.ones(len(LENGTHS), dtype=np.int64),
+                        length=np.asarray(LENGTHS, dtype=np.int64))
+    send(launcher.endpoints.http, name, requests)
     measured = triton_batches(launcher, name)
-    assert measured == simulated_batches(repo / name / "config.pbtxt", LENGTHS)
+    assert measured == simulated(repo / name / "config.pbtxt", requests, exec_ms=2.0)[0]
     assert measured == expected  # and what the rule says: [4 4 4] [8 8] [4 4], or all seven padded

@@ -31,8 +31,6 @@ response_cache { enable: false }
 
 # Each refused setting, the smallest config that uses it, and the name the refusal must give.
 REFUSED = [
-    ('dynamic_batching { default_queue_policy { default_timeout_microseconds: 1000 } }',
-     "dynamic_batching.default_queue_policy.default_timeout_microseconds"),
     ("dynamic_batching { priority_levels: 2 default_priority_level: 1 }", "dynamic_batching.priority_levels"),
     ("dynamic_batching { priority_levels: 2 default_priority_level: 1 }", "dynamic_batching.default_priority_level"),
     ("dynamic_batching { priority_queue_policy { key: 1 value { max_queue_size: 4 } } }",
@@ -140,3 +138,17 @@ def test_the_readme_table_lists_every_setting_with_its_verdict():
             assert path not in listed, f"{path} listed twice"
             listed[path] = verdict
     assert listed == {path: verdict for path, (verdict, _) in DECIDED.items()}
+
+
+def test_a_queue_timeout_is_modelled_and_read_into_the_simulated_batcher():
+    from tuner.simulate import BatcherConfig, batcher_config, queue_policy_of
+
+    timed = config("dynamic_batching { default_queue_policy { default_timeout_microseconds: 1000 "
+                   "timeout_action: DELAY allow_timeout_override: true } }")
+    assert unmodelled(timed) == []
+    policy = queue_policy_of(timed)
+    assert policy == {"default_timeout_microseconds": 1000, "timeout_action": "delay", "allow_timeout_override": True}
+    batcher = batcher_config({"max_batch_size": 8}, queue_policy=policy)
+    assert batcher == BatcherConfig(max_batch_size=8, default_timeout_microseconds=1000, timeout_action="delay",
+                                    allow_timeout_override=True)
+    assert not batcher.prefetching  # any queue policy: no batches formed ahead (PriorityQueue::PriorityQueue)

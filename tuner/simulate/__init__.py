@@ -10,6 +10,7 @@
     unmodelled(config) -> list[str]                       the config's settings not modelled (_support)
     check_modelled(config, source=)                       UnmodelledError naming them, in one line
     equal_shapes_of(config) -> bool                       only equal lengths batch (no ragged batching)
+    queue_policy_of(config) -> dict                       its queue timeout settings (batcher_config's queue_policy)
 
 The batcher's rules, with the Triton core functions they come from, are in `_batcher`'s docstring;
 the profile (execution time by rows and padded length) is `Profile` (_profile: the data and its CSV,
@@ -21,6 +22,7 @@ from tuner.simulate._batcher import (
     OUT_OF_MEMORY,
     QUEUE_FULL,
     STATUS_NAMES,
+    TIMEOUT,
     TOO_LARGE,
     BatcherConfig,
     BatchRun,
@@ -44,7 +46,14 @@ from tuner.simulate._study import (
     measurement,
     study_space,
 )
-from tuner.simulate._support import DECIDED, WALKED, check_modelled, equal_shapes_of, unmodelled
+from tuner.simulate._support import (
+    DECIDED,
+    WALKED,
+    check_modelled,
+    equal_shapes_of,
+    queue_policy_of,
+    unmodelled,
+)
 
 __all__ = [
     "CONFIG_KEYS",
@@ -58,6 +67,7 @@ __all__ = [
     "OUT_OF_MEMORY",
     "QUEUE_FULL",
     "STATUS_NAMES",
+    "TIMEOUT",
     "TOO_LARGE",
     "BatchRun",
     "BatcherConfig",
@@ -73,5 +83,6 @@ __all__ = [
     "WALKED",
     "check_modelled",
     "equal_shapes_of",
+    "queue_policy_of",
     "unmodelled",
 ]

@@ -1,6 +1,9 @@
 """The discrete-event simulation of Triton's dynamic batcher, model instances and device (pure).
 
-The rules, as Triton core implements them (triton-inference-server/core, `src/`):
+The rules, as Triton core implements them (triton-inference-server/core, `src/`, read at r24.10, the
+tritonserver 2.51 the tests run; these files' batching code is unchanged since). Threads are idealised:
+the batcher's work takes no time, and an instance that ends an execution takes the next queued payload
+before the batcher runs again.
 
 - **Queue.** Requests join one FIFO queue in arrival order (`DynamicBatchScheduler::Enqueue`,
   `PriorityQueue::Enqueue` in `scheduler_utils.cc`). With `max_queue_size` set, a request arriving
@@ -21,26 +24,33 @@ The rules, as Triton core implements them (triton-inference-server/core, `src/`)
   (`RequiredEqualInputs::HasEqualInputs` fails: the payload is saturated and sent as it is, like
   `send_now`); that request opens the next batch. Otherwise requests of any length batch together and
   the batch is padded to its longest.
-- **When it is dispatched**, with a model instance free (`BatcherThread` waits for a payload slot,
-  `WaitForPayloadSlotAvailable`; `RateLimiter::PayloadSlotAvailable`):
+- **When it goes** (`GetDynamicBatch`'s return; the batcher rescans from the queue's head each time,
+  as Triton's cursor does without timeouts, `PriorityQueue::IsCursorValid`):
   1. a preferred prefix exists and the oldest request has not waited `max_queue_delay` yet: that
-     prefix goes now (with delay 0 too: `delay_is_exceeded` is false when the delay is 0);
-  2. otherwise, the batch cannot grow (`send_now`, or rows >= the largest preferred size), or the
+     prefix goes now; with delay 0 the payload is closed (`payload_saturated_`);
+  2. otherwise, the batch cannot grow (`send_now`, or rows >= the largest preferred size: closed), or the
      oldest request has waited the delay, or the delay is 0: everything scanned goes now;
-  3. otherwise the batcher sleeps until the oldest request's delay expires or a request arrives
-     (`return wait_ns / 1000`), and decides again.
-  The delay thus bounds only the wait for a *larger* batch: a preferred size reached earlier goes
-  at once, and with delay 0 what is queued goes as soon as an instance is free (the documented
-  behaviour: server `docs/user_guide/batcher.md`, "Dynamic Batcher", "Preferred Batch Sizes",
-  "Delayed Batching").
-- **Instances.** The batcher forms one batch at a time and the instance free longest takes it
-  (`RateLimiter::DequeuePayload`). Triton may form payloads ahead while every instance is busy and
-  let them absorb later arrivals until an instance takes them (prefetching, `PayloadSlotAvailable`
-  with `support_prefetching`); forming the batch when the instance frees gives the same batches
-  in arrival order, and is exactly what Triton does with a queue policy (`max_queue_size` turns
-  prefetching off: `PriorityQueue::PriorityQueue`). Not modelled: `InstanceQueue::Dequeue` merging
-  two queued unsaturated payloads; priorities, timeouts, ordering with several instances and the
-  response cache (a config using them is refused up front: `_support`).
+  3. a payload already queued, below a preferred size and not closed, takes what is scanned now (it grows);
+  4. otherwise the batcher sleeps until the oldest request's delay (or the closest timeout) expires.
+  A payload that goes and is not closed stays the batcher's: later rescans add to it until an instance
+  takes it (`curr_payload_` is replaced only when saturated or `IsStaleState`).
+- **Forming ahead** (`BatcherThread`, `WaitForPayloadSlotAvailable`, `RateLimiter::PayloadSlotAvailable`):
+  without a queue policy Triton forms and queues up to 2 x instances payloads while the instances are
+  busy; with one (`max_queue_size`, a timeout, `allow_timeout_override`: `support_prefetching_` is off
+  in `PriorityQueue::PriorityQueue`) only when an instance waits. An arrival wakes a sleeping batcher
+  only when a slot is free and (equal shapes are enforced, or the payload is closed, or the queued rows
+  reach `next_preferred_batch_size_`: `DynamicBatchScheduler::Enqueue`); otherwise it sleeps on (500 ms
+  with an empty queue), so a queued payload may not grow. An instance that ends an execution or takes a
+  payload wakes it (`Payload::Callback`). The instance free longest takes the queue's front payload
+  (`RateLimiter::DequeuePayload`) and, with a delay, merges the next queued payloads older than the
+  delay while they fit (`InstanceQueue::Dequeue`, `Payload::MergePayload`: equal shapes too); one that
+  does not fit is frozen (EXECUTING) and runs on its own.
+- **Queue timeouts** (`default_queue_policy`, `PolicyQueue::ApplyPolicy`): a request queued past
+  `default_timeout_microseconds` is found when a scan reaches it, or, with REJECT, every 500 ms while
+  the batcher waits for a slot (`RejectTimeoutRequests`): REJECT fails it (TIMEOUT, an error, as the
+  server's "Request timeout expired"), DELAY moves it behind the queue (`delayed_queue_`). Requests
+  due at one instant arrive together. Not modelled (refused up front: `_support`): priorities, ordering
+  with several instances, the response cache.
 - **Execution.** An execution of R rows whose longest request has L tokens holds its instance for
   the host pre-processing (half of `host_ms_per_row` x R + `host_ms_per_execution`), then waits for
   the device, holds it for `profile.device_ms(R, L)`, then does the host post-processing (the other
@@ -62,12 +72,13 @@ from tuner import space
 from tuner.errors import SettingsError, TrafficError
 from tuner.simulate._profile import Profile
 
-OK, QUEUE_FULL, OUT_OF_MEMORY, TOO_LARGE = 0, 1, 2, 3
+OK, QUEUE_FULL, OUT_OF_MEMORY, TOO_LARGE, TIMEOUT = 0, 1, 2, 3, 4
 STATUS_NAMES = {OK: "ok", QUEUE_FULL: "queue full", OUT_OF_MEMORY: "out of memory",
-                TOO_LARGE: "rows above max_batch_size"}
+                TOO_LARGE: "rows above max_batch_size", TIMEOUT: "queue timeout"}
+TIMEOUT_ACTIONS = ("reject", "delay")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatcherConfig:
     """One configuration of the dynamic batcher and the model's instances."""
 
@@ -77,6 +88,10 @@ class BatcherConfig:
     instance_count: int = 1
     max_queue_size: int = 0  # 0: unbounded (Triton's default)
     equal_shapes: bool = False  # only requests of one length batch together (no allow_ragged_batch)
+    # dynamic_batching.default_queue_policy
+    default_timeout_microseconds: int = 0  # 0: none
+    timeout_action: str = "reject"         # or "delay": behind the queue instead of an error
+    allow_timeout_override: bool = False   # the replay sets no request timeout: it only turns prefetching off
 
     def __post_init__(self) -> None:
         def integer(key: str, minimum: int) -> None:
@@ -88,6 +103,10 @@ class BatcherConfig:
         integer("max_queue_delay_microseconds", 0)
         integer("instance_count", 1)
         integer("max_queue_size", 0)
+        integer("default_timeout_microseconds", 0)
+        if self.timeout_action not in TIMEOUT_ACTIONS:
+            raise SettingsError(f"timeout_action must be one of {', '.join(TIMEOUT_ACTIONS)}, "
+                                f"got {self.timeout_action!r}")
         if self.preferred_batch_size is not None:
             sizes = tuple(int(s) for s in self.preferred_batch_size)
             for size in sizes:
@@ -100,6 +119,12 @@ class BatcherConfig:
     def preferred(self) -> tuple[int, ...]:
         """The preferred sizes Triton uses: the configured ones, or [max_batch_size]."""
         return self.preferred_batch_size or (self.max_batch_size,)
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether Triton forms batches ahead of busy instances: only without a queue policy
+        (`support_prefetching_` in `PriorityQueue::PriorityQueue`)."""
+        return not (self.default_timeout_microseconds or self.allow_timeout_override or self.max_queue_size)
 
 
 @dataclass(frozen=True)
@@ -174,78 +199,61 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
     ex_dev: list[float] = []
     ex_ok: list[bool] = []
 
-    free = [0.0] * config.instance_count        # when each instance is free again
+    inf = math.inf
+    ninst = config.instance_count
+    free = [0.0] * ninst          # when each instance is free again
+    busy = [False] * ninst
     device = [0.0] * profile.concurrent_executions  # when each device slot is free again
-    q: list[int] = []   # accepted requests in arrival order; q[head:] still queued
-    head = 0
-    j = 0               # next request to arrive
-    now = 0.0           # the batcher's clock: dispatches happen in time order
-    # the batch forming at the head: `cnt` requests / `cum` rows fit; `best`: largest preferred prefix;
-    # `full`: the next queued request does not fit
-    cnt = cum = best = 0
-    full = False
+    prefetch = config.prefetching
+    slots = 2 * ninst             # RateLimiter::PayloadSlotAvailable: 2 x instances queued payloads
+    timeout = config.default_timeout_microseconds * 1e-6
+    reject = config.timeout_action == "reject"
+    expire = [inf] * n if timeout else None
+    preferred_sorted = sorted(preferred)
+    q: list[int] = []       # PolicyQueue::queue_: accepted requests, arrival order; q[head:] still queued
+    delayed: list[int] = []  # PolicyQueue::delayed_queue_: expired under timeout_action DELAY
+    pq: list[list] = []     # the rate limiter's payload queue: formed batches no instance has taken yet
+    # a payload: [requests, rows, oldest due, shape, shape-saturated (Payload::MarkSaturated), stale, queued]
+    head = 0                # q[:head] left the queue
+    idle = ninst            # instances waiting for a payload
+    sat = False             # payload_saturated_: the batcher starts a new payload
+    next_pref = 0           # next_preferred_batch_size_: an arrival wakes the batcher from this many rows
+    queued_rows = 0         # queued_batch_size_
+    slot_wait = False       # the batcher waits for a payload slot
+    wake = inf              # when the batcher wakes by itself
+    cur: list = [[], 0, inf, -1, False, False, False]  # curr_payload_
 
-    while True:
-        if head == len(q):
-            if j >= n:
-                break
-            if now < due[j]:
-                now = due[j]
-        else:
-            k = min(range(len(free)), key=free.__getitem__)
-            if free[k] > now:
-                now = free[k]
-        # arrivals up to `now` join the queue (or are refused)
-        while j < n and due[j] <= now:
-            r = rows[j]
-            if r > mbs:
-                status[j] = TOO_LARGE
-            elif qmax and len(q) - head >= qmax:
-                status[j] = QUEUE_FULL
-            else:
-                q.append(j)
-                if not full and len(q) - head == cnt + 1:  # extends the scan of the forming batch
-                    if cnt == 0:
-                        cnt, cum = 1, r
-                    else:
-                        if cum + r > max_preferred and best == 0:
-                            best = cnt
-                        if cum + r > mbs or (equal and shape[j] != shape[q[head]]):
-                            full = True
-                        else:
-                            cnt += 1
-                            cum += r
-                    if not full and cum in preferred:
-                        best = cnt
-            j += 1
-        if head == len(q):
-            continue
-        k = min(range(len(free)), key=free.__getitem__)
-        if free[k] > now:
-            continue  # every instance is busy: wait for one (arrivals meanwhile queue up)
-        oldest = due[q[head]]
-        exceeded = delay > 0 and now >= oldest + delay
-        if best and not exceeded:
-            take = best
-        elif full or cum >= max_preferred or exceeded or delay == 0:
-            take = cnt
-        else:  # wait for the delay to expire or the next arrival, then decide again
-            wake = oldest + delay
-            if j < n and due[j] < wake:
-                wake = due[j]
-            now = wake
-            continue
+    def slot_ok() -> bool:
+        # RateLimiter::PayloadSlotAvailable: with prefetching, fewer than 2 x instances payloads queued;
+        # without (a queue policy: PriorityQueue::PriorityQueue), an instance waiting for one
+        return len(pq) < slots if prefetch else idle > 0
 
-        # dispatch q[head:head+take] to instance k at `now`
+    def execute(pl: list, now: float) -> None:
+        """An instance takes the payload at the queue's front (RateLimiter::DequeuePayload) and runs it."""
+        nonlocal idle
+        idle -= 1
+        pl[5] = True  # EXECUTING: the batcher starts a new payload
+        k = 0 if ninst == 1 else min((x for x in range(ninst) if not busy[x]), key=free.__getitem__)  # free longest
+        take = pl[0]
+        # InstanceQueue::Dequeue: with a delay, merge the next queued payloads older than the delay
+        # while they fit (Payload::MergePayload also wants equal shapes); one that does not is frozen
+        if delay > 0 and mbs > 1 and not pl[4]:
+            while pq and not pq[0][4] and now - pq[0][2] > delay:
+                nxt = pq[0]
+                nxt[5] = True
+                if pl[1] + nxt[1] > mbs or (equal and nxt[3] != pl[3]):
+                    break
+                take = take + nxt[0]
+                pl[1] += nxt[1]
+                pq.pop(0)
         batch_rows = longest = 0
-        for x in range(head, head + take):
-            i = q[x]
+        for i in take:
             batch_rows += rows[i]
             if lens[i] > longest:
                 longest = lens[i]
             dispatch[i] = now
         ready = now + exec_half + host_half * batch_rows
-        d = min(range(len(device)), key=device.__getitem__)
+        d = 0 if len(device) == 1 else min(range(len(device)), key=device.__getitem__)
         start = device[d] if device[d] > ready else ready
         ok = batch_rows * longest < oom
         if ok:
@@ -259,8 +267,8 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             finish = start + held + exec_half  # the model raises: no post-processing of its own
         device[d] = start + held
         free[k] = finish
-        for x in range(head, head + take):
-            i = q[x]
+        busy[k] = True
+        for i in take:
             done[i] = finish + overhead
             if not ok:
                 status[i] = OUT_OF_MEMORY
@@ -268,26 +276,199 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         ex_end.append(finish)
         ex_rows.append(batch_rows)
         ex_len.append(longest)
-        ex_req.append(take)
+        ex_req.append(len(take))
         ex_dev.append(held)
         ex_ok.append(ok)
-        head += take
 
-        # rescan the new head's batch
-        cnt = cum = best = 0
-        full = False
-        for x in range(head, len(q)):
-            r = rows[q[x]]
-            if cnt:
-                if cum + r > max_preferred and best == 0:
-                    best = cnt
-                if cum + r > mbs or (equal and shape[q[x]] != shape[q[head]]):
-                    full = True
+    def expired(i: int, now: float) -> None:
+        """PolicyQueue::ApplyPolicy / RejectTimeoutRequests: a request past its timeout."""
+        if reject:
+            status[i] = TIMEOUT
+            done[i] = now + overhead
+        else:
+            delayed.append(i)
+
+    def dynamic_batch(now: float) -> tuple[float, int, int]:
+        """DynamicBatchScheduler::GetDynamicBatch, rescanning from the queue's head (the cursor is
+        reset on every call without timeouts, `PriorityQueue::IsCursorValid`, and a valid one holds what
+        a rescan finds). Returns (when to look again, 0 to take now; requests to take; their rows)."""
+        nonlocal sat, next_pref, queued_rows
+        p = cur[1]
+        bshape = cur[3]
+        pending = cnt = best = mark = 0
+        send_now = False
+        oldest = closest = inf
+        pos = head
+        dpos = 0
+        while True:
+            if pos < len(q):
+                i = q[pos]
+                if timeout and now > expire[i]:  # ApplyPolicyAtCursor
+                    del q[pos]
+                    if reject:
+                        queued_rows -= rows[i]
+                    expired(i, now)
+                    continue
+                main = True
+            elif dpos < len(delayed):
+                i = delayed[dpos]
+                main = False
+            else:
+                break
+            r = rows[i]
+            if p + pending == 0:
+                bshape = shape[i]
+            else:
+                if p + pending + r > max_preferred and best == 0:
+                    best, mark = pending, cnt
+                    sat = True
+                if p + pending + r > mbs:
+                    send_now = True
                     break
+                if equal and shape[i] != bshape:
+                    cur[4] = True
+                    send_now = True
+                    break
+            pending += r
             cnt += 1
-            cum += r
-            if cum in preferred:
-                best = cnt
+            if due[i] < oldest:
+                oldest = due[i]
+            if main:
+                pos += 1
+                if timeout and expire[i] < closest:
+                    closest = expire[i]
+            else:
+                dpos += 1
+            if p + pending in preferred:
+                best, mark = pending, cnt
+        exceeded = delay > 0 and now >= oldest + delay
+        if best and not exceeded:  # a preferred size: now (delay 0 closes the payload)
+            if delay == 0:
+                sat = True
+            return 0.0, mark, best
+        if cnt == 0:
+            return 0.0, 0, 0
+        if send_now or p + pending >= max_preferred:  # it cannot grow: now, and closed
+            sat = True
+            return 0.0, cnt, pending
+        if exceeded or delay == 0:
+            return 0.0, cnt, pending
+        nxt = next((s for s in preferred_sorted if s > p + pending), preferred_sorted[0])
+        next_pref = nxt - p
+        if not sat and p and p not in preferred:  # a queued payload below a preferred size grows
+            return 0.0, cnt, pending
+        until = oldest + delay  # the wait also ends at the pending batch's closest timeout
+        if closest < inf:
+            until = min(closest, until) if now < closest else now + 1e-6
+        return until, 0, 0
+
+    def batcher(now: float) -> None:
+        """DynamicBatchScheduler::BatcherThread, run until it waits."""
+        nonlocal cur, sat, next_pref, queued_rows, slot_wait, wake, head
+        while True:
+            if sat or cur[5]:  # NewPayload
+                cur = [[], 0, inf, -1, False, False, False]
+                sat = False
+                next_pref = 0
+            if head == len(q) and not delayed:
+                slot_wait = False
+                wake = now + 0.5  # default_wait_microseconds
+                return
+            if not slot_ok():  # WaitForPayloadSlotAvailable
+                if not slot_wait:
+                    slot_wait = True
+                    wake = now + 0.5 if timeout and reject else inf
+                return
+            slot_wait = False
+            until, take, taken = dynamic_batch(now)
+            if take:
+                reqs = cur[0]
+                for _ in range(take):
+                    if head < len(q):
+                        i = q[head]
+                        head += 1
+                    else:
+                        i = delayed.pop(0)
+                    reqs.append(i)
+                    if due[i] < cur[2]:
+                        cur[2] = due[i]
+                    if cur[3] < 0:
+                        cur[3] = shape[i]
+                cur[1] += taken
+                queued_rows -= taken
+            if until:
+                wake = until
+                return
+            if take and not cur[6]:  # READY: EnqueuePayload; an idle instance takes it at once
+                cur[6] = True
+                pq.append(cur)
+                if idle:
+                    execute(pq.pop(0), now)
+            elif not take and not sat:
+                wake = now + 0.5
+                return
+
+    j = 0               # next request to arrive
+    while True:
+        t_arr = due[j] if j < n else inf
+        if ninst == 1:
+            t_fin, kf = (free[0], 0) if busy[0] else (inf, -1)
+        else:
+            t_fin, kf = inf, -1
+            for k in range(ninst):
+                if busy[k] and free[k] < t_fin:
+                    t_fin, kf = free[k], k
+        t_wake = wake if head < len(q) or delayed else inf  # with nothing queued it would sleep on
+        if t_arr == inf and t_fin == inf and t_wake == inf:
+            break
+        if t_arr <= t_fin and t_arr <= t_wake:  # arrivals (DynamicBatchScheduler::Enqueue), a burst at once
+            now = t_arr
+            woken = False
+            while j < n and due[j] == now:
+                r = rows[j]
+                if r > mbs:
+                    status[j] = TOO_LARGE
+                else:
+                    queued_rows += r  # counted before the queue may refuse it, as Enqueue does
+                    if qmax and len(q) - head + len(delayed) >= qmax:
+                        status[j] = QUEUE_FULL
+                    else:
+                        q.append(j)
+                        if timeout:
+                            expire[j] = now + timeout
+                        # the batcher is woken when it may decide otherwise now
+                        woken = woken or (slot_ok() and (equal or sat or cur[5]
+                                                         or queued_rows >= next_pref))
+                j += 1
+            if woken:
+                batcher(now)
+        elif t_fin <= t_wake:  # an execution ends: the instance takes the next payload, the batcher is told
+            now = t_fin
+            busy[kf] = False
+            idle += 1
+            if pq:
+                execute(pq.pop(0), now)
+            if head == len(q) and not delayed:  # the batcher's first steps, inline: it finds nothing queued
+                if sat or cur[5]:
+                    cur = [[], 0, inf, -1, False, False, False]
+                    sat = False
+                    next_pref = 0
+                slot_wait = False
+                wake = now + 0.5
+            else:
+                batcher(now)
+        else:  # the batcher's own timer
+            now = t_wake
+            if slot_wait:  # every 500 ms while waiting for a slot, REJECT drops expired requests
+                keep = [i for i in q[head:] if not now > expire[i]]
+                for i in q[head:]:
+                    if now > expire[i]:
+                        expired(i, now)
+                q[head:] = keep
+                wake = now + 0.5
+            else:
+                wake = inf
+                batcher(now)
 
     return BatchRun(
         status=np.asarray(status, dtype=np.int8),
@@ -322,9 +503,11 @@ def _preferred_for(strategy, max_batch_size: int, base: tuple[int, ...] | None =
 
 def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "none",
                    base_preferred: tuple[int, ...] | None = None, instance_count: int = 1,
-                   max_queue_size: int = 0, equal_shapes: bool = False) -> BatcherConfig:
+                   max_queue_size: int = 0, equal_shapes: bool = False,
+                   queue_policy: dict | None = None) -> BatcherConfig:
     """A `BatcherConfig` from trial parameters (keys: the knobs' names, `tuner.space.NAMES`); absent keys take the
-    keyword defaults (the base config's values; `equal_shapes` is the model's, `equal_shapes_of`)."""
+    keyword defaults (the base config's values; `equal_shapes` is the model's, `equal_shapes_of`;
+    `queue_policy` its timeout settings, `queue_policy_of`)."""
     unknown = sorted(set(params) - set(space.NAMES))
     if unknown:
         raise SettingsError(f"configuration: {unknown[0]}: unknown key (expected one of: {', '.join(space.NAMES)})")
@@ -340,4 +523,5 @@ def batcher_config(params: dict, *, preferred: str | tuple[int, ...] | None = "n
         instance_count=int(params.get("instance_count", instance_count)),
         max_queue_size=int(params.get("max_queue_size", max_queue_size)),
         equal_shapes=bool(equal_shapes),
+        **(queue_policy or {}),
     )

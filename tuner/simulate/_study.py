@@ -27,7 +27,7 @@ from tuner.measurement import Measurement, assemble
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
 from tuner.simulate._profile import Profile
-from tuner.simulate._support import equal_shapes_of
+from tuner.simulate._support import equal_shapes_of, queue_policy_of
 from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
 from tuner.trial import Capacity, Step, TrialRecord, assess, find_capacity, to_attrs
@@ -291,5 +291,6 @@ def study_space(settings: StudySettings, base, *, every_batch_size: bool = True)
         space.INSTANCES: space.value_in(base, space.INSTANCES),
         space.QUEUE_SIZE: space.value_in(base, space.QUEUE_SIZE),
         "equal_shapes": equal_shapes_of(base),
+        "queue_policy": queue_policy_of(base),
     }
     return configs, defaults

@@ -9,6 +9,7 @@ A field at its default value is not "used" and never refused.
     unmodelled(config, instances=) -> list[str]   the settings used that the simulation does not model
     equal_shapes_of(config) -> bool                whether Triton batches only requests of equal shape
     check_modelled(config, source=, instances=)   UnmodelledError naming them, in one line
+    queue_policy_of(config) -> dict                 its queue timeout settings, as BatcherConfig names them
     DECIDED                                        every field path and its verdict (the README's table)
     WALKED                                         the messages whose fields are decided one by one
 """
@@ -23,7 +24,7 @@ from tuner.errors import UnmodelledError
 from tuner.modelconfig import ModelConfig
 
 __all__ = ["DECIDED", "IGNORED", "MODELLED", "REFUSED", "WALKED", "check_modelled", "equal_shapes_of",
-           "unmodelled"]
+           "queue_policy_of", "unmodelled"]
 
 # Messages walked into: each of their fields is decided on its own.
 WALKED = ("input", "optimization", "dynamic_batching", "dynamic_batching.default_queue_policy",
@@ -36,6 +37,11 @@ MODELLED: dict[str, str] = {
                   "longest; without it only equal lengths batch together (`BatcherConfig.equal_shapes`)",
     "dynamic_batching.preserve_ordering": "with one instance (responses leave in order anyway)",
     "instance_group.gpus": "one GPU per group (Triton makes `count` instances on each GPU listed)",
+    "dynamic_batching.default_queue_policy.default_timeout_microseconds":
+        "a request queued longer is rejected (an error) or delayed behind the others, as `timeout_action` says",
+    "dynamic_batching.default_queue_policy.timeout_action": "REJECT (an error) or DELAY",
+    "dynamic_batching.default_queue_policy.allow_timeout_override":
+        "the replay sets no request timeout; like any queue policy it stops batches forming ahead",
 }
 
 IGNORED: dict[str, str] = {
@@ -51,9 +57,6 @@ IGNORED: dict[str, str] = {
     **{f"optimization.{name}": "how an execution runs: the profile times it as configured" for name in (
         "graph", "priority", "cuda", "execution_accelerators", "input_pinned_memory", "output_pinned_memory",
         "gather_kernel_buffer_threshold")},
-    "dynamic_batching.default_queue_policy.timeout_action":
-        "no effect without a timeout (default_timeout_microseconds is refused)",
-    "dynamic_batching.default_queue_policy.allow_timeout_override": "the replay sets no request timeout",
     **{f"instance_group.{name}": "where an instance runs: the profile is measured there" for name in (
         "name", "kind", "secondary_devices", "profile", "host_policy")},
     **{name: "not batching" for name in (
@@ -67,8 +70,6 @@ REFUSED: dict[str, str] = {
     "dynamic_batching.priority_levels": "priority queues",
     "dynamic_batching.default_priority_level": "priority queues",
     "dynamic_batching.priority_queue_policy": "priority queues",
-    "dynamic_batching.default_queue_policy.default_timeout_microseconds":
-        "Triton rejects or delays a request queued longer",
     "sequence_batching": "the sequence batcher, not the dynamic one",
     "ensemble_scheduling": "an ensemble: its steps are other models' batchers",
     "instance_group.rate_limiter": "instances wait for the rate limiter's resources",
@@ -117,6 +118,15 @@ def equal_shapes_of(config: ModelConfig) -> bool:
     """Whether Triton batches only requests of equal shape: an input with a variable dim (-1) and no
     `allow_ragged_batch` (the dynamic batcher's `enforce_equal_shape_tensors_`)."""
     return any(-1 in i.dims and not i.allow_ragged_batch for i in config.input)
+
+
+def queue_policy_of(config: ModelConfig) -> dict:
+    """The timeout settings of `config`'s `dynamic_batching.default_queue_policy`, as `BatcherConfig`
+    names them (`max_queue_size` is a tuned knob, read with the others)."""
+    policy = config.dynamic_batching.default_queue_policy
+    return {"default_timeout_microseconds": int(policy.default_timeout_microseconds),
+            "timeout_action": "delay" if policy.timeout_action == type(policy).DELAY else "reject",
+            "allow_timeout_override": bool(policy.allow_timeout_override)}
 
 
 def _walk(message: Message, *, prefix: str, found: list[str], instances: int) -> None:
