@@ -176,13 +176,22 @@ def backfill(files: list[Path], data_dir: Path) -> None:
 
 @contextlib.contextmanager
 def prometheus_server(
-    data_dir: Path, *, scrape: list[str] | None = None, scrape_s: float = 1.0, retention: str = "30d"
+    data_dir: Path,
+    *,
+    scrape: list[str] | None = None,
+    scrape_s: float = 1.0,
+    retention: str = "30d",
+    port: int | None = None,
+    rules: list[Path] | None = None,
+    wait_for: int | None = None,
 ) -> Iterator[str]:
-    """A Prometheus of our own on a free 127.0.0.1 port over `data_dir`, scraping the `scrape` targets
-    (host:port of /metrics) every `scrape_s`; yields its URL, and stops it (by its pid) at the end."""
+    """A Prometheus of our own on 127.0.0.1 (`port`, default a free one) over `data_dir`, scraping the
+    `scrape` targets (host:port of /metrics) every `scrape_s` and evaluating `rules` (rule files) as
+    often; yields its URL once the first `wait_for` targets (default: all) answered a scrape, and
+    stops it (by its pid) at the end."""
     from tuner.localhost import free_ports
 
-    port = free_ports(1)[0]
+    port = port or free_ports(1)[0]
     config = data_dir.parent / f"{data_dir.name}-prometheus.yml"
     jobs = (
         ""
@@ -192,7 +201,10 @@ def prometheus_server(
             f"    scrape_timeout: {scrape_s:g}s\n    static_configs:\n      - targets: [{', '.join(scrape)}]\n"
         )
     )
-    config.write_text(f"global:\n  scrape_interval: {scrape_s:g}s\n{jobs}")
+    rule_files = "" if not rules else f"rule_files: [{', '.join(str(r) for r in rules)}]\n"
+    config.write_text(
+        f"global:\n  scrape_interval: {scrape_s:g}s\n  evaluation_interval: {scrape_s:g}s\n{rule_files}{jobs}"
+    )
     log = open(data_dir.parent / f"{data_dir.name}-prometheus.log", "w")
     proc = subprocess.Popen(
         [
@@ -220,7 +232,7 @@ def prometheus_server(
                 raise RuntimeError(f"prometheus not ready within 60 s: see {log.name}")
             time.sleep(0.2)
         if scrape:  # its first scrapes come seconds after it is ready (target discovery is throttled)
-            while not _scraped(url, len(scrape)):
+            while not _scraped(url, len(scrape) if wait_for is None else wait_for):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"prometheus has not scraped {', '.join(scrape)} within 60 s")
                 time.sleep(0.2)
@@ -271,7 +283,7 @@ def _scraped(url: str, targets: int) -> bool:
     query = urllib.parse.urlencode({"query": 'up{job="triton"} == 1'})
     with contextlib.suppress(OSError, ValueError):
         with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=2) as r:
-            return len(json.load(r)["data"]["result"]) == targets
+            return len(json.load(r)["data"]["result"]) >= targets
     return False
 
 

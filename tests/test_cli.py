@@ -25,7 +25,7 @@ COMMANDS = list(_commands(build_parser()))
 def test_the_main_commands_exist():
     top = {path[0] for path, _ in COMMANDS}
     assert {"tune", "finish", "replay", "export", "report", "traffic", "config", "server", "nightly", "audit",
-            "profile", "simulate", "soak"} <= top, top
+            "profile", "simulate", "soak", "exporter"} <= top, top
 
 
 @pytest.mark.parametrize("path,sub", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])

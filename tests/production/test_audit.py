@@ -11,6 +11,7 @@ import math
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.production_audit import (
     ERROR_SHARE,
@@ -107,7 +108,8 @@ def test_the_command_prints_the_table_and_writes_the_json(week, tmp_path, capsys
     )
     study = str(write_study(tmp_path, price_per_hour=PRICE))
     code = main(
-        ["audit", study, "--prometheus", url, "--baseline", str(baseline), "--json", str(tmp_path / "a.json")]
+        ["audit", study, "--prometheus", url, "--baseline", str(baseline), "--json", str(tmp_path / "a.json"),
+         "--textfile", str(tmp_path / "a.prom")]
     )
     out = capsys.readouterr().out
     assert code == EXIT_INEFFICIENT, out
@@ -117,6 +119,16 @@ def test_the_command_prints_the_table_and_writes_the_json(week, tmp_path, capsys
     assert report["figures"]["throughput_rps"] == pytest.approx(expected(w)["throughput_rps"], rel=0.02)
     assert len(report["steps"]) >= 165 and report["restarts"]["10.0.0.2:8002"] == 1
     assert report["findings"][0]["check"] == "production window"
+    # the same figures for node_exporter's textfile collector
+    metrics = {
+        s.name: s.value
+        for f in text_string_to_metric_families((tmp_path / "a.prom").read_text())
+        for s in f.samples
+    }
+    assert metrics["tuner_throughput_ratio"] == pytest.approx(report["throughput_ratio"])
+    assert metrics["tuner_recoverable_dollars_per_month"] == pytest.approx(report["recoverable_per_month"])
+    assert metrics["tuner_batch_fill_ratio"] == pytest.approx(report["figures"]["fill_rate"])
+    assert metrics["tuner_audit_exit_code"] == EXIT_INEFFICIENT
     # without a baseline: no ratio, and the week is otherwise healthy
     assert main(["audit", study, "--prometheus", url, "--window", "7d"]) == EXIT_HEALTHY
     assert "no baseline" in capsys.readouterr().out

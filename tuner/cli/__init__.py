@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "tuner.cli.server_cmd",
     "tuner.cli.nightly_cmd",
     "tuner.cli.audit_cmd",
+    "tuner.cli.exporter_cmd",
     "tuner.cli.profile_cmd",
     "tuner.cli.simulate_cmd",
     "tuner.cli.soak_cmd",

@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 
-from tuner.cli._args import add_command, add_flag, add_input, add_json, add_study
+from tuner.cli._args import add_command, add_flag, add_input, add_json, add_output_file, add_study
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,12 +41,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--window", metavar="DURATION",
                    help="with --prometheus: how far back, in whole hours (e.g. 7d, 36h; default 7d)")
     add_json(p, "the audit")
+    add_output_file(p, flags=("--textfile",), metavar="PATH", label="--textfile {path}",
+                    help="also write the audit's figures as Prometheus metrics to PATH, for node_exporter's "
+                    "textfile collector (PATH ending in .prom, in its --collector.textfile.directory)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Audit the study's deployment and print the findings; the audit's exit code."""
     from tuner.errors import InputError
 
+    if args.textfile:
+        from tuner.production import check_textfile
+
+        check_textfile(args.textfile)
     if args.prometheus is not None:
         return _production(args)
     if args.window is not None:
@@ -68,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
     result = audit(settings, baseline, at_load_only=args.at_load_only)
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
+    if args.textfile:
+        from tuner.production import labels_for, replay_audit_families, write_textfile
+
+        write_textfile(args.textfile, replay_audit_families(result, labels_for(settings)))
     return result.exit_code
 
 
@@ -92,6 +103,12 @@ def _production(args: argparse.Namespace) -> int:
         result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
+    if args.textfile:
+        from tuner.production import audit_families, labels_for, study_families, write_textfile
+
+        labels = labels_for(settings)
+        write_textfile(args.textfile, study_families(settings, labels, max_batch_size=result.max_batch_size,
+                                                     baseline=baseline) + audit_families(result, labels))
     return result.exit_code
 
 

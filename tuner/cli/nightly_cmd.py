@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.cli._args import add_command, add_flag, add_input
+from tuner.cli._args import add_command, add_flag, add_input, add_output_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,16 +26,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--history", "show the history of past nights as a table")
     add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
              "traffic and the output directory; start nothing")
+    add_output_file(p, flags=("--textfile",), metavar="PATH", label="--textfile {path}",
+                    help="also write the night's verdict (with --history: the last night's) and when it ran as "
+                    "Prometheus metrics to PATH, for node_exporter's textfile collector")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one night (or show the history, or check the settings) and print it; the night's exit code."""
+    from tuner.errors import InputError
     from tuner.nightly import format_history, load_nightly, read_history
 
+    if args.textfile:
+        from tuner.production import check_textfile
+
+        check_textfile(args.textfile)
+    if args.textfile and Path(args.nightly).is_dir():
+        raise InputError(f"--textfile: give NIGHTLY.yaml, not its output directory {args.nightly} "
+                         "(the metrics' labels come from its study)")
     if args.history:
         target = Path(args.nightly)
         output = target if target.is_dir() else Path(load_nightly(target).output)
-        print(format_history(read_history(output)))
+        nights = read_history(output)
+        print(format_history(nights))
+        if args.textfile and nights:
+            _write_textfile(args.textfile, load_nightly(target), nights[-1])
         return 0
     settings = load_nightly(args.nightly)
     if args.check:
@@ -52,4 +66,14 @@ def run(args: argparse.Namespace) -> int:
     result = run_night(settings, real_engine)
     print((result.run_dir / "summary.md").read_text())
     print(f"run directory: {result.run_dir}")
+    if args.textfile:
+        _write_textfile(args.textfile, settings, result.entry)
     return result.exit_code
+
+
+def _write_textfile(path: str, settings, entry: dict) -> None:
+    """The night's verdict as Prometheus metrics, labelled with its study's model and GPU."""
+    from tuner.nightly.settings import read_study_for
+    from tuner.production import labels_for, nightly_families, write_textfile
+
+    write_textfile(path, nightly_families(entry, labels_for(read_study_for(settings))))

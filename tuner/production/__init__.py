@@ -9,17 +9,41 @@ judges a deployment (tuner.audit: its thresholds, findings table and exit codes)
     _figures   the figures from those increases: pure arithmetic, no HTTP
     _result    the audit's result and findings
     _audit     the audit: read, figure, judge
+    _metrics   the figures as Prometheus metrics (prometheus_client), and the textfile
+    _exporter  `tuner exporter`: those metrics on /metrics, the audit recomputed as scraped
 """
 
 from tuner.production._audit import HOUR_S, judge, production_audit, window_bounds
 from tuner.production._client import Prometheus
 from tuner.production._errors import NoSeriesError, PrometheusError, WindowError
+from tuner.production._exporter import DEFAULT_PORT, AuditCollector, serve
 from tuner.production._figures import ProductionFigures
+from tuner.production._metrics import (
+    Labels,
+    audit_families,
+    check_textfile,
+    labels_for,
+    nightly_families,
+    replay_audit_families,
+    study_families,
+    write_textfile,
+)
 from tuner.production._result import ProductionAudit
 from tuner.production._series import METRICS, QUERIES, Counters, read_counters
 from tuner.production._window import parse_duration
 
 __all__ = [
+    "DEFAULT_PORT",
+    "AuditCollector",
+    "Labels",
+    "audit_families",
+    "check_textfile",
+    "labels_for",
+    "nightly_families",
+    "replay_audit_families",
+    "serve",
+    "study_families",
+    "write_textfile",
     "HOUR_S",
     "METRICS",
     "QUERIES",

@@ -1,0 +1,192 @@
+"""The tuner's figures as Prometheus metrics (tuner/production/_metrics.py): the families of a
+production audit worked out by hand, the textfile as node_exporter reads it (parsed back with
+prometheus_client's own parser), the nightly verdict, and the commands' --textfile: a missing
+directory and a busy exporter port are one line, exit 2. No server: the exporter scraped by a real
+Prometheus is tests/production/test_exporter.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pandas as pd
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.production_audit import write_study
+from tuner.audit import AuditResult, Baseline
+from tuner.cli import main
+from tuner.production import (
+    audit_families,
+    judge,
+    labels_for,
+    nightly_families,
+    replay_audit_families,
+    study_families,
+    write_textfile,
+)
+from tuner.production._figures import COLUMNS
+from tuner.production._series import Counters
+from tuner.settings import read_study
+from tuner.trial import Bracket, Figures, TrialRecord
+
+BASELINE = Baseline("tuned", {"max_batch_size": 32}, 10.0)
+PRICE = 2.0
+
+
+def audit(tmp_path, *, baseline: Baseline | None = BASELINE):
+    """Two instances over one hour: 3600 + 7200 requests (3 req/s, 1.5 per replica), batches of 8 of 32."""
+    rows = [("2026-01-01 01:00", "a", 3600, 0, 3600, 450, 0, 0), ("2026-01-01 01:00", "b", 7200, 0, 7200, 900, 0, 0)]
+    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS])
+    frame["end"] = pd.to_datetime(frame["end"], utc=True)
+    counters = Counters(
+        increases=frame.set_index(["end", "instance"]),
+        ends=pd.DatetimeIndex(frame["end"].unique()),
+        resets={"a": 0, "b": 0},
+    )
+    start = pd.Timestamp("2026-01-01 00:00", tz="UTC").timestamp()
+    return judge(counters, model="m", prometheus="http://p", start=start, end=start + 3600, step_s=3600,
+                 max_batch_size=32, price_per_hour=PRICE, max_error_rate=0.001, baseline=baseline)
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """{(name, ((label, value), ...)): value} of an exposition text, parsed by prometheus_client."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def study(tmp_path):
+    settings = read_study(write_study(tmp_path, price_per_hour=PRICE))
+    (tmp_path / "models" / "m" / "1").mkdir()
+    (tmp_path / "models" / "m" / "3").mkdir()
+    return settings
+
+
+LABELS = (("gpu", "cpu"), ("model", "m"), ("version", "3"))
+
+
+def lab(**extra: str) -> tuple:
+    """LABELS and `extra`, sorted as `samples` keys them."""
+    return tuple(sorted((*LABELS, *extra.items())))
+
+
+def test_the_textfile_holds_the_audits_figures_with_units_and_labels(tmp_path):
+    settings = study(tmp_path)
+    labels = labels_for(settings)
+    assert (labels.model, labels.version, labels.gpu) == ("m", "3", "cpu")  # the newest version directory
+    a = audit(tmp_path)
+    path = write_textfile(
+        tmp_path / "tuner.prom",
+        study_families(settings, labels, max_batch_size=32, baseline=BASELINE) + audit_families(a, labels),
+    )
+    got = samples(path.read_text())
+    assert got[("tuner_requests_per_dollar", LABELS)] == pytest.approx(1.5 * 3600 / PRICE)
+    assert got[("tuner_baseline_requests_per_dollar", LABELS)] == pytest.approx(10 * 3600 / PRICE)
+    assert got[("tuner_batch_fill_ratio", LABELS)] == pytest.approx(8 / 32)
+    assert got[("tuner_throughput_ratio", LABELS)] == pytest.approx(0.15)
+    assert got[("tuner_recoverable_dollars_per_month", LABELS)] == pytest.approx(0.85 * 2 * PRICE * 730)
+    assert got[("tuner_gpu_price_dollars_per_hour", LABELS)] == PRICE
+    assert got[("tuner_max_batch_size", LABELS)] == 32
+    assert got[("tuner_sla_latency_seconds", lab(quantile="0.99"))] == pytest.approx(0.2)
+    assert got[("tuner_audit_exit_code", LABELS)] == 10  # inefficient
+    assert got[("tuner_audit_window_end_timestamp_seconds", LABELS)] == a.end.timestamp()
+    assert all(name.startswith("tuner_") for name, _ in got)
+    assert not [p for p in os.listdir(tmp_path) if p != "tuner.prom" and p != "production.yaml" and p != "models"]
+
+
+def test_without_a_baseline_the_ratio_and_budget_are_absent_not_zero(tmp_path):
+    settings = study(tmp_path)
+    labels = labels_for(settings)
+    text = write_textfile(tmp_path / "t.prom", audit_families(audit(tmp_path, baseline=None), labels)).read_text()
+    names = {name for name, _ in samples(text)}
+    assert "tuner_batch_fill_ratio" in names and "tuner_requests_per_dollar" in names
+    assert "tuner_throughput_ratio" not in names and "tuner_recoverable_dollars_per_month" not in names
+
+
+def test_the_nightly_verdict_is_one_on_its_decision_with_its_time(tmp_path):
+    labels = labels_for(study(tmp_path))
+    entry = {"night": "2026-11-30T021500Z", "decision": "change", "exit_code": 10,
+             "production_requests_per_dollar": 100.0, "best_requests_per_dollar": 130.0}
+    got = samples(write_textfile(tmp_path / "n.prom", nightly_families(entry, labels)).read_text())
+    assert got[("tuner_nightly_verdict", lab(decision="change"))] == 1
+    assert got[("tuner_nightly_verdict", lab(decision="keep"))] == 0
+    when = pd.Timestamp("2026-11-30 02:15", tz="UTC").timestamp()
+    assert got[("tuner_nightly_last_run_timestamp_seconds", lab(decision="change"))] == when
+    assert got[("tuner_nightly_exit_code", LABELS)] == 10
+    assert got[("tuner_nightly_requests_per_dollar", lab(config="best"))] == 130
+
+
+def test_nightly_history_writes_the_last_nights_textfile(tmp_path, capsys):
+    settings = study(tmp_path)
+    nightly = tmp_path / "nightly.yaml"
+    nightly.write_text(json.dumps({"study": str(tmp_path / "production.yaml"), "output": str(tmp_path / "out"),
+                                   "traffic": {"path": str(tmp_path)}}))
+    (tmp_path / "out").mkdir()
+    nights = [{"night": "2026-11-29T021500Z", "decision": "keep", "exit_code": 0},
+              {"night": "2026-11-30T021500Z", "decision": "change", "exit_code": 10}]
+    (tmp_path / "out" / "history.jsonl").write_text("".join(json.dumps(n) + "\n" for n in nights))
+    code = main(["nightly", str(nightly), "--history", "--textfile", str(tmp_path / "n.prom")])
+    assert code == 0, capsys.readouterr()
+    got = samples((tmp_path / "n.prom").read_text())
+    labels = (("decision", "change"), ("gpu", "cpu"), ("model", settings.model), ("version", "3"))
+    assert got[("tuner_nightly_verdict", labels)] == 1
+
+
+@pytest.mark.parametrize("command", ["audit", "nightly"])
+def test_a_textfile_in_a_missing_directory_is_one_line_exit_2(tmp_path, capsys, command):
+    target = tmp_path / "absent" / "tuner.prom"
+    first = str(write_study(tmp_path))
+    args = [command, first, "--textfile", str(target)]
+    if command == "audit":
+        args += ["--prometheus", "http://127.0.0.1:1"]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and f"--textfile {target}" in err, out + err
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_busy_exporter_port_is_one_line_exit_2(tmp_path, capsys):
+    study(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = main(["exporter", str(tmp_path / "production.yaml"), "--prometheus", "http://127.0.0.1:1",
+                     "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert f"--port {port}: cannot serve /metrics on 127.0.0.1:{port} (in use)" in err
+
+
+def test_an_unreachable_prometheus_stops_the_exporter_at_once(tmp_path, capsys):
+    study(tmp_path)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(["exporter", str(tmp_path / "production.yaml"), "--prometheus", f"http://127.0.0.1:{free}",
+                 "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "unreachable" in err, out + err
+    with socket.socket() as s:  # and the port it took for /metrics is free again
+        s.bind(("127.0.0.1", port))
+
+
+def test_the_replay_audits_textfile_holds_its_capacity_fill_and_verdict(tmp_path):
+    labels = labels_for(study(tmp_path))
+    record = TrialRecord(params={}, at_load=Figures(requests=100, fill_rate=0.4), sla_met=True,
+                         capacity=Bracket(rps=40.0, speed=2.0))
+    result = AuditResult(model="m", server="http://s", params={}, result=record, price_per_hour=PRICE,
+                         baseline=BASELINE, ratio=0.5, recoverable_per_month=730.0)
+    got = samples(write_textfile(tmp_path / "r.prom", replay_audit_families(result, labels)).read_text())
+    assert got[("tuner_requests_per_dollar", LABELS)] == pytest.approx(40 * 3600 / PRICE)
+    assert got[("tuner_batch_fill_ratio", LABELS)] == 0.4
+    assert got[("tuner_throughput_ratio", LABELS)] == 0.5
+    assert got[("tuner_recoverable_dollars_per_month", LABELS)] == 730
+    assert got[("tuner_audit_exit_code", LABELS)] == result.exit_code
