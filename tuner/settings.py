@@ -118,9 +118,10 @@ class MeasurementSettings:
     """How a configuration is measured once loaded (`measurement:`): warm-up and repeats."""
 
     # after every load: one request of each (rows, padded length) the traffic forms, rows 1 up to
-    # max_batch_size, then the traffic at its load in windows until `stable_windows` in a row agree on
-    # Triton's compute time per execution within `stability_pct` (perf_analyzer's rule), or
-    # `warmup_max_s` passes and the configuration is `unstable`
+    # max_batch_size, then the traffic at its load, read every `window_s`, in windows of at least 12
+    # executions, until `stable_windows` in a row agree on Triton's compute time per execution within
+    # their noise (3 standard errors) or `stability_pct` (perf_analyzer's rule), or `warmup_max_s` of
+    # windows passes and the configuration is `unstable` (tuner/trial/warmup.py)
     warmup: bool = True
     shape_sweep: bool = True
     window_s: float = positive(1.0)

@@ -21,7 +21,17 @@ from tuner.server.local import LocalLauncher
 from tuner.settings import MeasurementSettings, SlaSettings, read_study
 from tuner.traffic import read_traffic
 from tuner.trial.step import with_repeats
-from tuner.trial.warmup import fixed_mix_ms, shape_sweep, steady, warm_up
+from tuner.trial.warmup import (
+    FLOOR_MS,
+    MIN_EXECUTIONS,
+    describe_windows,
+    executions,
+    fixed_mix_ms,
+    shape_sweep,
+    steady,
+    warm_up,
+    windows_of,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "traffic_profiles" / "bursty_60s.csv"
@@ -70,6 +80,93 @@ def test_drifting_windows_are_not_steady_and_noisy_ones_only_within_the_percenta
     assert not steady(noisy, k=3, pct=5) and steady(quiet, k=3, pct=5)
     assert not steady(quiet[:2], k=3, pct=10)  # too few windows
     assert not steady([*quiet[:2], {}], k=3, pct=10)  # a window with no execution says nothing
+
+
+def replayed(ticks: int, *, seed: int, cold: int = 0, cold_factor: float = 10.0, drift: float = 0.0,
+             lengths: tuple[float, ...] = (90.0, 200.0, 512.0)):
+    """What Triton's statistics show, tick by tick (one a second), while the warm-up replays one stretch
+    of a few requests a second on a real encoder on a CPU: the same requests every second, but the
+    batcher groups them differently (now alone, now two together), an execution costs its rows times
+    its longest length (0.05 ms a token-row) with 8 % jitter; the first `cold` executions are `cold_factor`
+    slower, and every execution `drift` slower than the one before."""
+    rng = np.random.default_rng(seed)
+    out, k = [], 0
+    for _ in range(ticks):
+        order = list(rng.permutation(len(lengths)))
+        tick: dict[int, tuple[int, int]] = {}
+        while order:
+            rows = 2 if len(order) >= 2 and rng.random() < 0.35 else 1
+            batch, order = order[:rows], order[rows:]
+            ms = 0.05 * rows * max(lengths[i] for i in batch) * rng.lognormal(0.0, 0.08) * (1 + drift) ** k
+            ms *= cold_factor if k < cold else 1.0
+            k += 1
+            count, ns = tick.get(rows, (0, 0))
+            tick[rows] = (count + 1, ns + int(ms * 1e6))
+        out.append(tick)
+    return out
+
+
+def first_steady(windows, k=3, pct=10) -> int | None:
+    """The number of windows after which the rule first calls the server steady (None: never)."""
+    return next((j for j in range(k, len(windows) + 1) if steady(windows[:j], k=k, pct=pct)), None)
+
+
+def old_steady(windows) -> bool:
+    """The rule before: windows of 1 s valued at the sizes all of them ran, within 10 %."""
+    common = set.intersection(*(set(w) for w in windows))
+    if not common:
+        return False
+    weights = {s: sum(w[s][0] for w in windows) for s in common}
+    values = [sum(weights[s] * w[s][1] / w[s][0] for s in common) for w in windows]
+    return max(values) / min(values) - 1 <= 0.10
+
+
+def test_a_few_executions_of_mixed_sizes_a_second_are_steady_when_the_server_is():
+    at_once, within_5, old_rule = 0, 0, 0
+    for seed in range(100):
+        ticks = replayed(30, seed=seed)
+        windows, _ = windows_of(ticks)
+        assert all(executions(w) >= MIN_EXECUTIONS for w in windows)
+        when = first_steady(windows)
+        at_once += when == 3  # the first three windows already agree
+        within_5 += when is not None and when <= 5
+        old_rule += any(old_steady(ticks[j:j + 3]) for j in range(6))  # 8 s of 1-s windows
+    assert at_once >= 85 and within_5 >= 97, (at_once, within_5)  # judged by its noise: steady, nearly always
+    assert old_rule <= 40, old_rule  # where 1-s windows within 10 % mostly were not
+
+
+def test_a_cold_start_ten_times_slower_is_not_steady_until_its_windows_are_past():
+    for seed in range(20):
+        windows, _ = windows_of(replayed(30, seed=seed, cold=4))
+        assert not steady(windows[:3], k=3, pct=10), seed  # the cold executions' window stands out
+        when = first_steady(windows)
+        assert when is not None and when >= 4, (seed, when)  # steady only once the cold window is left behind
+
+
+def test_a_server_that_keeps_slowing_down_is_almost_never_steady_at_a_few_executions_a_second():
+    # 3 % slower every execution: 40 s of windows, 20 runs; the noise of a dozen executions can hide it
+    # by chance, rarely
+    called = [seed for seed in range(20) if first_steady(windows_of(replayed(40, seed=seed, drift=0.03))[0])]
+    assert len(called) <= 2, called
+    # with the same requests always batched alike (no grouping noise) it never passes
+    for seed in range(20):
+        assert first_steady(windows_of(replayed(40, seed=seed, drift=0.03, lengths=(200.0, 200.0, 200.0)))[0]) is None
+
+
+def test_noise_on_a_very_fast_model_is_not_called_drift():
+    # 40 us per execution, windows 30 % apart with thousands of executions: a tiny standard error, a
+    # difference far beyond 10 %, but under the floor
+    windows = [window({1: ms}, {1: 4000}) for ms in (0.04, 0.052, 0.045)]
+    assert steady(windows, k=3, pct=10)
+    assert 0.052 - 0.04 < FLOOR_MS and not steady([window({1: ms}, {1: 4000}) for ms in (0.4, 0.52, 0.45)], k=3, pct=10)
+
+
+def test_the_windows_are_always_printed_with_their_uncertainty():
+    assert describe_windows([], open_window=[{}, {}], window_s=1.0) == "no execution in the window (2 s)"
+    assert describe_windows([], open_window=[], window_s=1.0) == "no execution in the window (0 s)"
+    windows, current = windows_of(replayed(15, seed=1))
+    text = describe_windows(windows[-3:], open_window=current, window_s=1.0)
+    assert text.count(" ms (") == 3 and text.count(" ± ") == 3 and "executions" in text, text
 
 
 # --- repeats near the limit --------------------------------------------------------------------------

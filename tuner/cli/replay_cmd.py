@@ -84,7 +84,7 @@ def _replay(args: argparse.Namespace) -> int:
         if settings.measurement.warmup:  # as a trial is measured: on a server at steady state
             warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
             print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
-                  + ("steady" if warm.stable else f"NOT steady: {warm.reason}"), file=sys.stderr)
+                  + (f"steady (windows: {warm.seen})" if warm.stable else f"NOT steady: {warm.reason}"), file=sys.stderr)
         probe = make_probe(launcher, settings, whole_traffic(traffic, settings.replay.warmup_s, args.duration),
                            max_batch_size=int(running.max_batch_size), progress=True, on_measure=say.append)
         m = probe(speed)

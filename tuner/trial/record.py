@@ -48,7 +48,7 @@ MEASURED, UNMEASURED, UNSTABLE, CRASHED = "measured", "unmeasured", "unstable", 
 NO_VERDICT = (UNMEASURED, UNSTABLE)  # outcomes that say nothing for or against the configuration
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Warmup:
     """What a warm-up after a load did, and whether the server reached steady state (tuner.trial.warmup)."""
 
@@ -58,6 +58,7 @@ class Warmup:
     windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
     stable: bool = True
     reason: str = ""
+    seen: str = ""  # the windows it saw, as printed (tuner.trial.warmup.describe_windows)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +214,7 @@ def to_attrs(record: TrialRecord) -> dict[str, object]:
         w = record.warmup
         out.update(warmup_seconds=w.seconds, warmup_sweep_requests=w.sweep_requests,
                    warmup_sweep_errors=w.sweep_errors, warmup_stable=w.stable, warmup_reason=w.reason,
-                   warmup_windows_ms=",".join(f"{v:.3f}" for v in w.windows_ms))
+                   warmup_seen=w.seen, warmup_windows_ms=",".join(f"{v:.3f}" for v in w.windows_ms))
     if record.at_load is not None:
         out.update(_flat_figures(record.at_load, ""))
     b = record.capacity
@@ -246,7 +247,8 @@ def from_attrs(attrs: dict) -> TrialRecord:
         warmup = Warmup(seconds=float(attrs["warmup_seconds"]), sweep_requests=int(attrs.get("warmup_sweep_requests") or 0),
                         sweep_errors=int(attrs.get("warmup_sweep_errors") or 0),
                         windows_ms=tuple(float(v) for v in windows.split(",") if v),
-                        stable=bool(attrs.get("warmup_stable", True)), reason=str(attrs.get("warmup_reason") or ""))
+                        stable=bool(attrs.get("warmup_stable", True)), reason=str(attrs.get("warmup_reason") or ""),
+                        seen=str(attrs.get("warmup_seen") or ""))
     return TrialRecord(
         params=params, at_load=at_load, capacity=capacity, warmup=warmup,
         sla_met=bool(attrs.get("sla_met", attrs.get("feasible", False))),
