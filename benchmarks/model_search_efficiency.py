@@ -3,6 +3,7 @@ measuring how little, beside TPE at the same budget?
 
     python benchmarks/model_search_efficiency.py [examples/grid.yaml] --grid DIR [--runs 10]
            [--profiles DIR] [--repeats 3] [--tpe-seeds 100] [--output runs/model-efficiency]
+           [--independent]
 
 1. The ground truth: a measured grid of the study (`--grid DIR`: a `tuner tune` output of the whole grid,
    scored by utilization so that nothing was pruned; `simulator_fidelity.py` writes one as OUTPUT/grid).
@@ -25,6 +26,14 @@ measuring how little, beside TPE at the same budget?
    `--tpe-seeds` seeds, replayed on the grid as `sampler_on_grid.py` does.
 
 Results: OUTPUT/efficiency.json, OUTPUT/runs.csv, OUTPUT/final_round.csv.
+
+`--independent`: instead, `--runs` independent `tuner tune` runs of the study with `search.strategy: model`
+(each its own copy of the study, seed = the run's number, OUTPUT/independent/run-N): each measures its
+own profile, measures what its simulation picks (and searches on if its fallback says so), and decides
+its recommendation by its own final re-measurement, as a user's run does. Then one reference round
+(interleaved, `--repeats`) measures every run's recommendation beside the grid's top 3 under the
+study's scoring, so that each pick / optimum compares like with like; a run passes when that ratio is
+>= 98 % and it measured <= 10 % of the grid. Results: OUTPUT/independent.json, OUTPUT/independent.csv.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pandas as pd
+import yaml
 
 from tuner import search
 from tuner import space as tuner_space
@@ -121,6 +131,98 @@ def tpe_on_grid(settings, table: dict, incumbent: dict, budget: int, seeds: int)
     return np.array(ratios)
 
 
+def independent_copy(study: str, out: Path, run: int, *, trials: int) -> Path:
+    """The study as run `run` of the independent runs: the model strategy, its profile measured in the
+    run (no `search.profile`), seed `run`, a budget of `trials` (what the goal lets a run measure: a
+    fallback searches on within it, with TPE for a grid study's sampler), its own output and study
+    name, paths made absolute."""
+    path = Path(study)
+    data = yaml.safe_load(path.read_text())
+    here = path.resolve().parent
+    data["model_repository"] = str((here / data["model_repository"]).resolve())
+    data["traffic"]["path"] = str((here / data["traffic"]["path"]).resolve())
+    data["search"].update(strategy="model", seed=run, trials=trials)
+    data["search"].pop("profile", None)
+    if data["search"].get("sampler") == "grid":
+        data["search"]["sampler"] = "tpe"
+    data["name"] = f"{data.get('name', 'study')}-model-{run}"
+    data["output"] = str(out / f"run-{run}")
+    copy = out / f"run-{run}.yaml"
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def independent_run(study: str, out: Path, run: int, *, trials: int) -> dict:
+    """One `tuner tune` of the model strategy from scratch; what it measured and recommended."""
+    copy = independent_copy(study, out, run, trials=trials)
+    data = yaml.safe_load(copy.read_text())
+    started = time.monotonic()
+    _sibling("simulator_fidelity").tuner("tune", str(copy))
+    wall_s = time.monotonic() - started
+    output = Path(data["output"])
+    summary = json.loads((output / "summary.json").read_text())
+    stored = optuna.load_study(study_name=data["name"], storage=search.open_storage(f"sqlite:///{output / 'study.db'}"))
+    info = stored.user_attrs.get("model_search", {})
+    measured = {tuple(int(t.params[k]) for k in KEYS) for t in stored.trials
+                if t.state.is_finished() and all(k in t.params for k in KEYS)}
+    best = summary.get("best") or {}
+    pick = tuple(int(best["params"][k]) for k in KEYS) if best.get("params") else None
+    return {"run": run, "wall_s": wall_s, "measured": len(measured), "pick": pick,
+            "fallback": bool(info.get("fallback")), "median_error": info.get("median_error"),
+            "discordant_pairs": f"{info.get('discordant', 0)} of {info.get('pairs', 0)}",
+            "output": str(output)}
+
+
+def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path) -> int:
+    """`--independent`: the runs, then one reference round of their picks beside the grid's top 3."""
+    s = settings.scoring
+    runs = []
+    budget = max(settings.search.model_top + 1, math.floor(GOAL_SHARE * size))
+    (out / "independent").mkdir(exist_ok=True)
+    print(f"{args.runs} independent runs of the model strategy, each a budget of {budget} trials "
+          f"({budget / size:.0%} of the {size}-point grid)", flush=True)
+    for i in range(1, args.runs + 1):
+        run = independent_run(args.study, out / "independent", i, trials=budget)
+        runs.append(run)
+        print(f"run {i}: {run['wall_s'] / 60:.1f} min, measured {run['measured']} configurations, "
+              f"fallback {'yes' if run['fallback'] else 'no'}, recommends {run['pick']}", flush=True)
+    candidates: dict[tuple[int, int], float | None] = {}
+    for key in sorted(tables[s], key=tables[s].get, reverse=True)[:3]:
+        candidates.setdefault(key, speeds.get(key))
+    for run in runs:
+        if run["pick"] is not None:
+            candidates.setdefault(run["pick"], speeds.get(run["pick"]))
+    print(f"reference round: {len(candidates)} configurations x {args.repeats} repeats", flush=True)
+    started = time.monotonic()
+    measured = final_round(settings, candidates, args.repeats, out / "server")
+    round_s = time.monotonic() - started
+    medians = {k: statistics.median(v[s]) for k, v in measured.items()}
+    grid_points = [k for k in medians if k in tables[s]]
+    optimum_key = max(grid_points, key=medians.get)
+    optimum = medians[optimum_key]
+    for run in runs:
+        run["pick_median"] = medians.get(run["pick"], 0.0) if run["pick"] is not None else 0.0
+        run["pick / optimum"] = run["pick_median"] / optimum if optimum > 0 else 0.0
+        run["passes"] = bool(run["pick / optimum"] >= GOAL_RATIO and run["measured"] / size <= GOAL_SHARE + 1e-9)
+    table = pd.DataFrame(runs)
+    table.to_csv(out / "independent.csv", index=False)
+    passes = int(table["passes"].sum())
+    print(f"\nreference round ({s} scoring, medians of {args.repeats}): optimum {optimum_key} {optimum:,.0f}")
+    shown = table[["run", "wall_s", "measured", "fallback", "median_error", "discordant_pairs", "pick", "pick_median",
+                   "pick / optimum", "passes"]]
+    print(shown.to_string(index=False, float_format=lambda x: f"{x:,.3f}" if abs(x) < 10 else f"{x:,.0f}"))
+    print(f"\nindependent runs >= {GOAL_RATIO:.0%} of the optimum measuring <= {GOAL_SHARE:.0%} of the "
+          f"{size}-point grid: {passes} of {len(runs)} ({'met' if passes >= GOAL_RUNS * len(runs) else 'MISSED'}); "
+          f"runs {min(r['wall_s'] for r in runs) / 60:.1f}-{max(r['wall_s'] for r in runs) / 60:.1f} min, "
+          f"reference round {round_s / 60:.1f} min")
+    print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; results: {out}")
+    result = {"study": args.study, "grid": str(args.grid), "grid_size": size, "scoring": s, "repeats": args.repeats,
+              "optimum": {"params": optimum_key, "median": optimum}, "passes": passes, "runs": runs,
+              "goal_met": passes >= GOAL_RUNS * len(runs), "reference_round_s": round_s, "loadavg": os.getloadavg()}
+    (out / "independent.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
@@ -130,6 +232,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats in the final round")
     parser.add_argument("--tpe-seeds", type=int, default=100)
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "model-efficiency")
+    parser.add_argument("--independent", action="store_true",
+                        help="independent `tuner tune` runs, each its own profile and final re-measurement")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)  # the incumbent may lie outside the bounds
@@ -151,6 +255,8 @@ def main() -> int:
             tables[s][tuple(key)] = 0.0
     if missing:
         print(f"grid points without a verdict, counted as missing the SLA: {', '.join(map(str, missing))}")
+    if args.independent:
+        return independent(args, settings, tables, speeds, size, out)
     print(f"grid: {args.grid}, {size} configurations; the model strategy measures {top + 1} "
           f"({(top + 1) / size:.0%}); goal >= {GOAL_RATIO:.0%} of the optimum with <= {GOAL_SHARE:.0%} "
           f"of the grid in {GOAL_RUNS:.0%} of runs", flush=True)

@@ -15,9 +15,12 @@
    step at the recorded load, then the same capacity bisection, with the study's tolerance).
 4. Per point: capacity measured and simulated and the error; the SLA's percentile at the recorded load;
    fill rate; both scores. Then the figures the goal names: capacity's median absolute error over the
-   configurations feasible in both (goal <= 10 %), the Spearman rank correlation of the scoring's
-   requests per dollar over every point (infeasible = 0; goal >= 0.9), the same for utilization
-   scoring, the SLA verdicts that agree, and what the simulation's favourite measured.
+   configurations feasible in both (goal <= 10 %), and over every verdict by the model strategy's rule
+   (`tuner.search.relative_error`: simulated feasible but measured infeasible = 100 %, a pruned trial
+   by its bracket); the Spearman rank correlation of the scoring's requests per dollar over every point
+   (infeasible = 0, tied) and over the points feasible in both (goal >= 0.9 for both), the pairs the
+   server orders the other way (`tuner.search.order_agreement`), the same for utilization scoring, the
+   SLA verdicts that agree (goal >= 90 %), and what the simulation's favourite measured.
 
 `--landscape` also ranks the study's whole space in simulation (every batch size) and writes it as
 `simulation.csv` (and `tuner report` then shows the simulated landscape) into the grid's directory when
@@ -43,12 +46,13 @@ from scipy.stats import spearmanr
 
 from tuner import space as knobs
 from tuner.cost import price_for
+from tuner.search import order_agreement, relative_error
 from tuner.settings import read_study
 from tuner.simulate import Simulator, batcher_config, read_profile
 from tuner.study import base_config, study_traffic
 
 ROOT = Path(__file__).resolve().parent.parent
-GOAL_ERROR, GOAL_SPEARMAN = 0.10, 0.9
+GOAL_ERROR, GOAL_SPEARMAN, GOAL_VERDICTS = 0.10, 0.9, 0.9
 
 
 def tuner(*args: str) -> None:
@@ -139,18 +143,18 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
             if record.meets_sla else 0.0,
         })
     table = pd.DataFrame(rows)
-    # a pruned trial's capacity lies in its bracket: the simulation is as right as the bracket can say
-    # when it falls inside, else off by the distance to the nearer edge
+    # the model strategy's rule (`tuner.search.relative_error`): a verdict the server refutes is a 100 %
+    # error, not a point dropped; a pruned trial's capacity lies in its bracket, the simulation is as
+    # right as the bracket can say when it falls inside, else off by the distance to the nearer edge
     lo, hi, sim_cap = table["capacity_measured"], table["capacity_upper_measured"], table["capacity_simulated"]
     table["in_bracket"] = table["pruned"] & sim_cap.ge(lo) & (sim_cap.le(hi) | hi.isna())
     table.loc[table["pruned"], "capacity_score_measured"] = np.nan  # a lower bound, not a score
-    both = table["capacity_measured"].gt(0) & table["capacity_simulated"].gt(0) & ~table["pruned"]
-    table["capacity_error"] = np.where(both, table["capacity_simulated"] / table["capacity_measured"].where(both) - 1,
-                                       np.nan)
+    table["capacity_error"] = [relative_error(r.capacity_simulated, r.capacity_measured, pruned=r.pruned,
+                                              upper=None if pd.isna(r.capacity_upper_measured)
+                                              else r.capacity_upper_measured) for r in table.itertuples()]
     table["latency_error"] = table["latency_simulated"] / table["latency_measured"] - 1
-    ok = table["utilization_measured"].gt(0) & table["utilization_simulated"].gt(0)
-    table["utilization_error"] = np.where(ok, table["utilization_simulated"]
-                                          / table["utilization_measured"].where(ok) - 1, np.nan)
+    table["utilization_error"] = [relative_error(r.utilization_simulated, r.utilization_measured)
+                                  for r in table.itertuples()]
     print(f"simulated {len(table)} configurations in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return table
 
@@ -164,22 +168,30 @@ def figures(table: pd.DataFrame) -> dict:
     pruned = table["pruned"]
     out["pruned"] = int(pruned.sum())
     out["pruned_in_bracket"] = int(table["in_bracket"].sum())
+    out["refuted"] = int((table["feasible_simulated"] & ~table["feasible_measured"]).sum())
+    both_feasible = table["feasible_measured"] & table["feasible_simulated"] & ~pruned
     for name, score, error in (("capacity", "capacity_score", "capacity_error"),
                                ("utilization", "utilization", "utilization_error")):
         known = table[table[f"{score}_measured"].notna()]  # capacity: the unpruned points
-        errors = known[error].dropna().abs()
+        errors = table.loc[both_feasible, error].dropna().abs()  # comparable with the earlier figures
+        every = table[error].dropna().abs()  # a refuted verdict = 100 %, pruned by their bracket
         rho = (spearmanr(known[f"{score}_measured"], known[f"{score}_simulated"]).statistic
                if known[f"{score}_measured"].nunique() > 1 and known[f"{score}_simulated"].nunique() > 1 else math.nan)
         both = known[f"{score}_measured"].gt(0) & known[f"{score}_simulated"].gt(0)
         rho_both = (spearmanr(known.loc[both, f"{score}_measured"], known.loc[both, f"{score}_simulated"]).statistic
                     if both.sum() >= 3 else math.nan)
+        order = order_agreement(known[f"{score}_simulated"], known[f"{score}_measured"], tolerance=GOAL_ERROR)
         pick = known.loc[known[f"{score}_simulated"].idxmax()]
         best = known[f"{score}_measured"].max()
         out[name] = {
             "median_abs_error": float(errors.median()) if len(errors) else math.nan,
             "p90_abs_error": float(errors.quantile(0.9)) if len(errors) else math.nan,
-            "compared": int(len(errors)), "ranked": int(len(known)),
+            "compared": int(len(errors)), "ranked": int(len(known)), "feasible_in_both": int(both.sum()),
+            "median_abs_error_every_verdict": float(every.median()) if len(every) else math.nan,
+            "p90_abs_error_every_verdict": float(every.quantile(0.9)) if len(every) else math.nan,
+            "compared_every_verdict": int(len(every)),
             "spearman": float(rho), "spearman_feasible_in_both": float(rho_both),
+            "pairs": order.pairs, "pairs_discordant": order.discordant,
             "simulation_pick": {k: int(pick[k]) for k in ("max_batch_size", "max_queue_delay_microseconds")
                                 if k in pick},
             "pick_measured_over_optimum": float(pick[f"{score}_measured"] / best) if best > 0 else math.nan,
@@ -213,28 +225,45 @@ def print_table(table: pd.DataFrame, pct: str) -> None:
 
 def print_figures(f: dict) -> None:
     c, u = f["capacity"], f["utilization"]
-    ok_err, ok_rho = c["median_abs_error"] <= GOAL_ERROR, c["spearman"] >= GOAL_SPEARMAN
+    ok_err = c["median_abs_error"] <= GOAL_ERROR
+    ok_rho, ok_both = c["spearman"] >= GOAL_SPEARMAN, c["spearman_feasible_in_both"] >= GOAL_SPEARMAN
+    agree = f["sla_verdicts_agree"] / f["points"] if f["points"] else math.nan
     rows = [
         ("capacity: median absolute error (feasible in both)", f"{c['median_abs_error']:.1%} over {c['compared']}",
          f"<= {GOAL_ERROR:.0%}: {'met' if ok_err else 'MISSED'}"),
-        ("capacity: p90 absolute error", f"{c['p90_abs_error']:.1%}", ""),
-        ("capacity scoring: Spearman, every point (infeasible = 0)", f"{c['spearman']:.3f} over {c['ranked']}",
+        ("capacity: p90 absolute error (feasible in both)", f"{c['p90_abs_error']:.1%}", ""),
+        ("capacity: median / p90 absolute error, every verdict (refuted = 100 %, pruned by bracket)",
+         f"{c['median_abs_error_every_verdict']:.1%} / {c['p90_abs_error_every_verdict']:.1%} over "
+         f"{c['compared_every_verdict']}", ""),
+        ("capacity scoring: Spearman, every point (infeasible = 0, ties)", f"{c['spearman']:.3f} over {c['ranked']}",
          f">= {GOAL_SPEARMAN}: {'met' if ok_rho else 'MISSED'}"),
-        ("capacity scoring: Spearman, feasible in both", f"{c['spearman_feasible_in_both']:.3f}", ""),
+        ("capacity scoring: Spearman, feasible in both", f"{c['spearman_feasible_in_both']:.3f} over "
+         f"{c['feasible_in_both']}", f">= {GOAL_SPEARMAN}: {'met' if ok_both else 'MISSED'}"),
+        (f"capacity scoring: pairs measured in the other order by > {GOAL_ERROR:.0%}",
+         f"{c['pairs_discordant']} of {c['pairs']}", ""),
         ("capacity scoring: the simulation's pick, measured / measured optimum",
          f"{c['pick_measured_over_optimum']:.3f} {c['simulation_pick']}", ""),
-        ("utilization score: median absolute error", f"{u['median_abs_error']:.1%} over {u['compared']}", ""),
+        ("utilization score: median absolute error (feasible in both)", f"{u['median_abs_error']:.1%} over "
+         f"{u['compared']}", ""),
+        ("utilization score: median absolute error, every verdict (refuted = 100 %)",
+         f"{u['median_abs_error_every_verdict']:.1%} over {u['compared_every_verdict']}", ""),
         ("utilization scoring: Spearman, every point", f"{u['spearman']:.3f} over {u['ranked']}", ""),
-        ("utilization scoring: Spearman, feasible in both", f"{u['spearman_feasible_in_both']:.3f}", ""),
+        ("utilization scoring: Spearman, feasible in both", f"{u['spearman_feasible_in_both']:.3f} over "
+         f"{u['feasible_in_both']}", ""),
+        (f"utilization scoring: pairs measured in the other order by > {GOAL_ERROR:.0%}",
+         f"{u['pairs_discordant']} of {u['pairs']}", ""),
         ("utilization scoring: the simulation's pick, measured / measured optimum",
          f"{u['pick_measured_over_optimum']:.3f} {u['simulation_pick']}", ""),
         ("SLA verdict at the recorded load agrees", f"{f['sla_verdicts_agree']} of {f['points']} "
-         f"(feasible: measured {f['feasible_measured']}, simulated {f['feasible_simulated']})", ""),
+         f"(feasible: measured {f['feasible_measured']}, simulated {f['feasible_simulated']}; "
+         f"{f['refuted']} simulated feasible, measured not)",
+         f">= {GOAL_VERDICTS:.0%}: {'met' if agree >= GOAL_VERDICTS else 'MISSED'}"),
         ("latency percentile at load: median absolute error", f"{f['latency_median_abs_error']:.1%}", ""),
     ]
     if f["pruned"]:
-        rows.append(("pruned trials (capacity a bracket; left out of the capacity figures): simulated "
-                     "capacity inside the bracket", f"{f['pruned_in_bracket']} of {f['pruned']}", ""))
+        rows.append(("pruned trials (capacity a bracket; out of the feasible-in-both figures, in the every-"
+                     "verdict ones by their bracket): simulated capacity inside the bracket",
+                     f"{f['pruned_in_bracket']} of {f['pruned']}", ""))
     print(pd.DataFrame(rows, columns=["figure", "value", "goal"]).to_string(index=False))
 
 

@@ -56,13 +56,25 @@ def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path
     study = load(tmp_path / "model", "model")
     measured = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("retry_of")]
     assert len(measured) == 3  # the incumbent and the simulation's top 2, of a 18-point space
-    ranks = sorted(t.user_attrs["simulated_rank"] for t in measured if "simulated_rank" in t.user_attrs)
-    assert ranks == [1, 2]
+    ranked = [t for t in measured if "simulated_rank" in t.user_attrs]
+    assert [t.user_attrs["simulated_rank"] for t in ranked][0] == 1  # the simulation's best, measured first
+    # then not a near-copy of it: the best-ranked of another region (batch size to the half octave) than
+    # the best's and the incumbent's (64, outside the space)
+    from tuner.search import region
+
+    ranking = pd.read_csv(tmp_path / "model" / "simulation.csv")
+    best = ranking.iloc[0]
+    taken = {region({"max_batch_size": int(best["max_batch_size"])}), region({"max_batch_size": 64})}
+    other = ranking[(ranking["value"] >= ranking["value"].iloc[0] * (1 - 0.5)) & ~ranking["max_batch_size"].map(
+        lambda b: region({"max_batch_size": int(b)}) in taken)]  # within model_error of the best
+    assert not other.empty  # this space has one: the test would not show the spread otherwise
+    assert ranked[1].user_attrs["simulated_rank"] == int(other.iloc[0]["rank"]) > 1
+    assert region({"max_batch_size": ranked[1].params["max_batch_size"]}) not in taken
     info = study.user_attrs["model_search"]
     assert info["simulated"] == 32 * 3 and not info["fallback"] and len(info["measured"]) >= 2
     assert info["median_error"] is not None and info["median_error"] <= 0.5  # computed, and within
     assert "simulation: 96 configurations ranked" in err and "simulation error on the" in err
-    ranking = pd.read_csv(tmp_path / "model" / "simulation.csv")
+    assert "pairs measured in the other order" in err  # the order checked, and printed
     assert len(ranking) == 96 and ranking["value"].is_monotonic_decreasing
     summary = json.loads((tmp_path / "model" / "summary.json").read_text())
     assert summary["feasible"]
@@ -156,3 +168,117 @@ def test_tune_check_refuses_a_setting_the_simulation_does_not_model_before_any_p
     study["search"]["strategy"] = "measure"
     study_file.write_text(yaml.safe_dump(study))
     assert main(["tune", str(study_file), "--check"]) == 0, capsys.readouterr().err
+
+
+# --- what is measured and how the simulation's error is judged: pure, no server --------------------------
+
+
+def _settings(tmp_path):
+    from tuner.settings import read_study
+
+    return read_study(write_study(tmp_path, tmp_path / "profile.csv", name="pure", model_error=0.2))
+
+
+def _ranking(rows: list[tuple[int, int, float]]) -> pd.DataFrame:
+    """A simulation's ranking, best first: (max_batch_size, delay us, requests per dollar)."""
+    return pd.DataFrame([{"rank": i + 1, "max_batch_size": b, "max_queue_delay_microseconds": d, "value": v,
+                          "capacity_rps": v / 100} for i, (b, d, v) in enumerate(rows)])
+
+
+def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_path):
+    from tuner.search import diverse_top, region
+
+    settings = _settings(tmp_path)
+    # the quick start's case: the simulation's top 3 are one batch size a delay step apart
+    ranking = _ranking([(16, 2000, 29.0), (16, 1000, 29.0), (17, 2000, 28.9), (16, 0, 28.8), (24, 2000, 27.0),
+                        (25, 1000, 26.9), (8, 2000, 26.0), (2, 0, 5.0), (32, 0, 0.0)])
+    picks = [(p["max_batch_size"], p["max_queue_delay_microseconds"])
+             for p in diverse_top(ranking, settings, count=3)]
+    assert picks == [(16, 2000), (24, 2000), (8, 2000)]  # the best, then the best of each other region
+    assert len({region(dict(max_batch_size=b)) for b, _ in picks}) == 3
+    # the best is measured first even when the known (the incumbent) share its region
+    first = diverse_top(ranking, settings, count=1, known=[{"max_batch_size": 16, "max_queue_delay_microseconds": 0}])
+    assert first == [{"max_batch_size": 16, "max_queue_delay_microseconds": 2000}]
+    # once the best is known (the fallback's next picks), regions not measured yet come first
+    nxt = diverse_top(ranking, settings, count=2, known=[dict(max_batch_size=16, max_queue_delay_microseconds=2000),
+                                                         dict(max_batch_size=24, max_queue_delay_microseconds=2000)])
+    # ... but not a region the simulation puts beyond its allowed error (model_error 20 %) below the best:
+    # (2, no delay) at 5.0 of 29.0 comes after the near-copies
+    assert [p["max_batch_size"] for p in nxt] == [8, 16]
+    everything = diverse_top(ranking, settings, count=20)  # an infeasible configuration never
+    assert [(p["max_batch_size"], p["max_queue_delay_microseconds"]) for p in everything] == [
+        (16, 2000), (24, 2000), (8, 2000), (16, 1000), (17, 2000), (16, 0), (25, 1000), (2, 0)]
+    assert diverse_top(ranking, settings, count=0) == []
+
+
+def test_the_error_rule_counts_a_wrong_verdict_as_100_percent_and_a_pruned_trial_by_its_bracket():
+    import math
+
+    from tuner.search import relative_error
+
+    assert relative_error(110.0, 100.0) == pytest.approx(0.1)
+    assert relative_error(50.0, 0.0) == 1.0  # feasible in simulation, infeasible measured: not dropped
+    assert relative_error(0.0, 80.0) == -1.0
+    assert math.isnan(relative_error(0.0, 0.0))
+    assert relative_error(120.0, 100.0, upper=130.0, pruned=True) == 0.0  # inside the bracket
+    assert relative_error(90.0, 100.0, upper=130.0, pruned=True) == pytest.approx(-0.1)
+    assert relative_error(143.0, 100.0, upper=130.0, pruned=True) == pytest.approx(0.1)
+    assert math.isnan(relative_error(500.0, 100.0, upper=None, pruned=True))  # an open bracket: left out
+
+
+def test_the_measured_order_is_checked_against_the_simulated():
+    import math
+
+    from tuner.search import order_agreement
+
+    same = order_agreement([3.0, 2.0, 1.0], [30.0, 21.0, 10.0], tolerance=0.1)
+    assert same.spearman == pytest.approx(1.0) and (same.pairs, same.discordant) == (3, 0)
+    flipped = order_agreement([3.0, 2.0, 1.0], [10.0, 20.0, 30.0], tolerance=0.1)
+    assert flipped.spearman == pytest.approx(-1.0) and flipped.discordant == 3
+    # within the tolerance: noise, not a contradiction
+    assert order_agreement([2.0, 1.0], [100.0, 105.0], tolerance=0.1).discordant == 0
+    # a pruned point (its upper edge open) cannot be said to lose
+    assert order_agreement([2.0, 1.0], [10.0, 20.0], [None, 20.0], tolerance=0.1).discordant == 0
+    assert math.isnan(order_agreement([2.0, 1.0], [1.0, 2.0]).spearman)  # two points: no rank correlation
+    assert "1 of 1 pairs" in order_agreement([2.0, 1.0], [1.0, 2.0]).describe()
+
+
+def test_a_feasible_simulation_the_server_refutes_counts_in_the_median_and_forces_the_fallback(tmp_path):
+    """`simulation_errors` and the verdict on a study of synthetic records (the real record format): the
+    point measured infeasible is +100 % (it used to drop out as NaN), the pruned one is judged by its bracket."""
+    import optuna
+
+    from tuner.search import _model
+    from tuner.trial import Bracket, Figures, TrialRecord, to_attrs
+
+    settings = _settings(tmp_path)
+    ranking = _ranking([(16, 2000, 300.0), (8, 2000, 200.0), (4, 0, 100.0)])
+    study = optuna.create_study(direction="maximize")
+    dist = {"max_batch_size": optuna.distributions.IntDistribution(1, 32, log=True),
+            "max_queue_delay_microseconds": optuna.distributions.IntDistribution(0, 2000, step=1000)}
+
+    def add(params, *, sla_met, rps=0.0, upper=None, state=optuna.trial.TrialState.COMPLETE):
+        bracket = Bracket(rps=rps, speed=1.0, upper_rps=upper, steps=2) if sla_met else None
+        record = TrialRecord(params=params, at_load=Figures(latency_ms={"p99": 50.0}), sla_met=sla_met,
+                             violation=-1.0 if sla_met else 1.0, capacity=bracket, pruned=state.name == "PRUNED",
+                             scores={"capacity": rps * 100 if sla_met else None, "utilization": None})
+        value = record.value("capacity") if state == optuna.trial.TrialState.COMPLETE else None
+        study.add_trial(optuna.trial.create_trial(
+            state=state, value=value, params=params, distributions=dist, user_attrs=to_attrs(record),
+            system_attrs={"constraints": [record.violation]}))
+
+    add({"max_batch_size": 16, "max_queue_delay_microseconds": 2000}, sla_met=False)  # simulated 3 rps
+    add({"max_batch_size": 8, "max_queue_delay_microseconds": 2000}, sla_met=True, rps=2.0, upper=2.6)  # exact
+    add({"max_batch_size": 4, "max_queue_delay_microseconds": 0}, sla_met=True, rps=0.8, upper=1.2,
+        state=optuna.trial.TrialState.PRUNED)  # simulated 1.0 rps: inside its bracket
+    errors = _model.simulation_errors(study, ranking, settings)
+    assert list(errors["capacity_error"]) == pytest.approx([1.0, 0.0, 0.0])
+    assert list(errors["pruned"]) == [False, False, True]
+    # a complete trial's value is final; a pruned one's spans its capacity bracket (capacity scoring)
+    assert list(errors["measured_value_upper"]) == pytest.approx([0.0, 200.0, 120.0])
+    verdict = _model._judge(errors, settings)
+    assert verdict["median_error"] == 0.0 and verdict["infeasible_measured"] == 1 and verdict["compared"] == 3
+    # the simulation's best measured below the two it ranked under it: the order says no
+    assert verdict["pairs"] == 3 and verdict["discordant"] == 2 and verdict["fallback"]
+    text = _model._describe(verdict, len(errors), settings.search.model_error)
+    assert "1 feasible in simulation, not on the server (counted as 100 %)" in text and "2 of 3 pairs" in text

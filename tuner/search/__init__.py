@@ -10,7 +10,8 @@ what it found.
     recommend / met_sla                                      ... and what it recommends
     check_simulatable / model_space / rank_space / model_search   _model: `search.strategy: model`, the
         / enqueue_ranked / simulation_errors / met_sla_in_simulation   one simulation-based strategy (`tune`
-                                                               and `tuner simulate` both rank through it)
+        / diverse_top / region / relative_error                 and `tuner simulate` both rank through it;
+        / order_agreement / Order                               what to measure, how its error is judged)
 
 The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.trial.run` for the real
 one, which drives a Triton server and a Locust replay).
@@ -26,13 +27,18 @@ from tuner.search._loop import (
     spent,
 )
 from tuner.search._model import (
+    Order,
     SpaceModel,
     check_simulatable,
+    diverse_top,
     enqueue_ranked,
     met_sla_in_simulation,
     model_search,
     model_space,
+    order_agreement,
     rank_space,
+    region,
+    relative_error,
     simulation_errors,
 )
 from tuner.search._results import (
@@ -62,8 +68,8 @@ from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
-    "SpaceModel", "check_simulatable", "enqueue_ranked", "met_sla_in_simulation", "model_search", "model_space",
-    "rank_space", "simulation_errors",
+    "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked", "met_sla_in_simulation",
+    "model_search", "model_space", "order_agreement", "rank_space", "region", "relative_error", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",

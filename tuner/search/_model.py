@@ -7,9 +7,14 @@ dynamic batcher is simulated on the recorded traffic for every configuration of 
 (`tuner.simulate`), and the real server measures the incumbent and the simulation's top
 `search.model_top` configurations, as trials of the study (enqueued), with the same re-measurement as
 any study: the recommendation is by measurement. The simulation's error on every measured point is
-reported; when its median exceeds `search.model_error`, the simulation is not trusted to have found
-the optimum, and the search goes on as a measured one (the study's sampler) for the rest of the trial
-budget, with the simulation's next-ranked configurations enqueued first.
+reported; when its median exceeds `search.model_error`, or the measured order of two points contradicts
+the simulated one by more than that, the simulation is not trusted to have found the optimum, and the
+search goes on as a measured one (the study's sampler) for the rest of the trial budget, with the
+simulation's next-ranked configurations enqueued first.
+
+What is measured is diverse (`diverse_top`): the simulation's best first, then the best of each region
+it has not measured yet among those it simulates within `search.model_error` of its best, not
+near-copies of its best that would share its error.
 
     check_simulatable(settings, base)                              UnmodelledError (exit 2) for a setting
                                                                    the simulation does not model
@@ -18,13 +23,17 @@ budget, with the simulation's next-ranked configurations enqueued first.
         .against_incumbent(ranking) -> DataFrame                   the incumbent placed, the gain over it
     rank_space(...) -> DataFrame                                   both at once, as `tune` ranks
     met_sla_in_simulation(table) -> bool                           whether the best met the SLA
+    diverse_top(ranking, settings, count=, known=) -> [params]     what to measure: the best, then regions
+    relative_error(simulated, measured, upper=, pruned=) -> float  the error rule (infeasible = 100 %)
+    order_agreement(simulated, low, high, tolerance=) -> Order     the measured order against the simulated
     model_search(study, settings, ranking, evaluate, ...) -> int   the measuring half (`tune`)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,10 +45,11 @@ from tuner import space
 from tuner.search._loop import run_trials, spent
 from tuner.settings import StudySettings
 from tuner.simulate import CONFIG_KEYS, Profile, Simulator, batcher_config, check_modelled, study_space
-from tuner.trial import is_feasible, record_of
+from tuner.trial import MEASURED, is_feasible, record_of
 
-__all__ = ["RANKING_TOLERANCE", "SpaceModel", "check_simulatable", "enqueue_ranked", "met_sla_in_simulation",
-           "model_search", "model_space", "rank_space", "simulation_errors"]
+__all__ = ["RANKING_TOLERANCE", "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked",
+           "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
+           "relative_error", "simulation_errors"]
 
 # The capacity bisection's tolerance that orders the space. The study's own tolerance (5-15 %) is what
 # a real measurement can afford; at it, configurations a few per cent apart end in the same bracket
@@ -143,29 +153,125 @@ def _params(row: pd.Series, settings: StudySettings) -> dict:
     return space.from_row(row, space.tuned(settings.search))
 
 
-def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int) -> list[dict]:
-    """Enqueue the `count` best simulated configurations the study has not measured or queued yet
-    (only those that met the SLA in simulation); returns them."""
+def region(params: dict) -> tuple:
+    """The part of the space a configuration stands for, as far as the simulation's error goes: its
+    batch size to the half octave (14-19 are one region, 20-26 the next) and its instance count,
+    preferred sizes and queue bound as they are. The delay is left out: the delays of one batch size
+    share the simulation's error about that size (the quick start's (16, 4-8 ms) measured alike)."""
+    out = []
+    for knob in space.KNOBS:
+        if knob.name not in params or knob.name == space.QUEUE_DELAY:
+            continue
+        value = params[knob.name]
+        out.append(round(2 * math.log2(value)) if knob.name == space.MAX_BATCH_SIZE and value > 0 else value)
+    return tuple(out)
+
+
+def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
+                known: Iterable[dict] = ()) -> list[dict]:
+    """What to measure next, `count` configurations that met the SLA in simulation and are not `known`
+    (measured or queued): the simulation's best first (when not known), then the best of each region
+    (`region`) that neither the known nor the picks cover, among the configurations the simulation
+    cannot tell from its best (simulated within `search.model_error`, the error it is allowed, of the
+    best's value), then the rest in ranked order. So the measurements cover where the simulation may
+    be wrong instead of spending the budget on near-copies of one point."""
     if count <= 0:
         return []
-    known = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
-    out = []
-    for _, row in ranking[ranking["value"] > 0].iterrows():
-        params = _params(row, settings)
-        key = tuple(sorted(params.items()))
-        if key in known:
-            continue
-        known.add(key)
-        study.enqueue_trial(params, user_attrs={"simulated_rank": int(row["rank"])})
-        out.append(params)
-        if len(out) == count:
+    known = list(known)
+    keys = {tuple(sorted(k.items())) for k in known}
+    feasible = ranking[ranking["value"] > 0]
+    if feasible.empty:
+        return []
+    rows = [_params(row, settings) for _, row in feasible.iterrows()]
+    close = (feasible["value"] >= float(feasible["value"].iloc[0]) * (1.0 - settings.search.model_error)).tolist()
+    fresh = [(p, c) for p, c in zip(rows, close, strict=True) if tuple(sorted(p.items())) not in keys]
+    picks: list[dict] = []
+    if fresh and fresh[0][0] == rows[0]:  # the best is measured first, near-copy of the known or not
+        picks.append(rows[0])
+    covered = {region(p) for p in known} | {region(p) for p in picks}
+    for params, near_best in fresh:
+        if len(picks) == count:
+            return picks
+        if near_best and params not in picks and region(params) not in covered:
+            picks.append(params)
+            covered.add(region(params))
+    for params, _ in fresh:  # every region near the best covered: the ranking's order
+        if len(picks) == count:
             break
-    return out
+        if params not in picks:
+            picks.append(params)
+    return picks
+
+
+def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int) -> list[dict]:
+    """Enqueue `count` simulated configurations the study has not measured or queued yet, chosen by
+    `diverse_top` (only those that met the SLA in simulation), best first; returns them."""
+    known = [t.params for t in study.get_trials(deepcopy=False) if t.params]
+    ranks = {tuple(sorted(_params(row, settings).items())): int(row["rank"]) for _, row in ranking.iterrows()}
+    picks = diverse_top(ranking, settings, count=count, known=known)
+    for params in picks:
+        study.enqueue_trial(params, user_attrs={"simulated_rank": ranks[tuple(sorted(params.items()))]})
+    return picks
+
+
+def relative_error(simulated: float, measured: float, *, upper: float | None = None, pruned: bool = False) -> float:
+    """The simulation's relative error on one point, by one rule for the strategy and the fidelity
+    benchmark. Feasible in simulation but not on the server (`measured` 0): +100 %, not left out; the
+    other way: -100 %. A pruned trial's `measured` is only its bracket's lower edge: 0 inside the bracket
+    [measured, upper], else the distance to the nearer edge, and NaN (left out: say so) when the bracket
+    is open. NaN when both are 0 (both infeasible: nothing to compare)."""
+    if pruned:
+        if upper is None or not math.isfinite(upper) or measured <= 0:
+            return math.nan
+        if simulated < measured:
+            return simulated / measured - 1.0
+        return simulated / upper - 1.0 if simulated > upper else 0.0
+    if measured > 0:
+        return simulated / measured - 1.0
+    return 1.0 if simulated > 0 else math.nan
+
+
+@dataclass(frozen=True)
+class Order:
+    """The measured order of points against the simulated: Spearman's rho (NaN under 3 points or a
+    constant column), the pairs compared, and those the server orders the other way by more than the
+    tolerance (a pruned point counts by its bracket: only a bracket wholly on the wrong side)."""
+
+    spearman: float
+    pairs: int
+    discordant: int
+
+    def describe(self) -> str:
+        """One line: the rank correlation and the pairs ordered the other way."""
+        rho = "n/a" if math.isnan(self.spearman) else f"{self.spearman:.2f}"
+        return f"Spearman {rho}, {self.discordant} of {self.pairs} pairs measured in the other order"
+
+
+def order_agreement(simulated, low, high=None, *, tolerance: float = 0.0) -> Order:
+    """Whether the server orders the points as the simulation does. `low`: each point's measured value
+    (the lower edge for a pruned one), `high`: the upper edge (default `low`; inf for an open bracket).
+    A pair the simulation orders a > b is discordant when b's lower edge beats a's upper edge by more
+    than `tolerance` (relative). Spearman over `simulated` and `low`, ties averaged."""
+    sim = [float(v) for v in simulated]
+    lo = [float(v) for v in low]
+    hi = lo if high is None else [float(v) if v is not None and not pd.isna(v) else math.inf for v in high]
+    pairs = discordant = 0
+    for i, j in itertools.combinations(range(len(sim)), 2):
+        if sim[i] == sim[j]:
+            continue
+        a, b = (i, j) if sim[i] > sim[j] else (j, i)
+        pairs += 1
+        discordant += lo[b] > hi[a] * (1.0 + tolerance)
+    s, m = pd.Series(sim), pd.Series(lo)
+    rho = float(s.rank().corr(m.rank())) if len(sim) >= 3 and s.nunique() > 1 and m.nunique() > 1 else math.nan
+    return Order(spearman=rho, pairs=pairs, discordant=discordant)
 
 
 def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings) -> pd.DataFrame:
     """Simulated against measured for every measured trial the simulation ranked: capacity, the SLA
-    percentile at the load, and the scoring's requests per dollar, with the relative errors."""
+    percentile at the load, and the scoring's requests per dollar, with the relative errors
+    (`relative_error`: feasible in simulation, infeasible measured = +100 %; a pruned trial by its
+    bracket, `bracket` says which). A trial with no verdict (unstable, unmeasured) is left out."""
     pct = f"latency_p{settings.sla.percentile:g}_ms"
     tuned = [k.name for k in space.tuned(settings.search)]
     index = {tuple(_params(row, settings).values()): row for _, row in ranking.iterrows()}
@@ -173,23 +279,33 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         record = record_of(t)
         key = tuple(t.params.get(k) for k in tuned)
-        if record is None or key not in index:
+        if record is None or key not in index or record.outcome != MEASURED:
             continue
         sim = index[key]
-        measured_value = t.user_attrs.get(f"score_{settings.scoring}") if is_feasible(t) else 0.0
+        pruned = t.state == TrialState.PRUNED
+        score = t.user_attrs.get(f"score_{settings.scoring}")
+        measured_value = (score or 0.0) if is_feasible(t) or (pruned and record.sla_met) else 0.0
+        lower, upper = record.capacity_rps, record.capacity.upper_rps if record.capacity else None
+        # a pruned trial's value has the capacity's bracket under capacity scoring (the value follows it)
+        value_upper = (measured_value if not pruned else measured_value * upper / lower
+                       if upper and lower > 0 and settings.scoring == "capacity" else None)
         rows.append({
-            "trial": t.number, **dict(zip(tuned, key, strict=True)),
-            "simulated_capacity_rps": float(sim["capacity_rps"]), "measured_capacity_rps": record.capacity_rps,
+            "trial": t.number, **dict(zip(tuned, key, strict=True)), "pruned": pruned, "simulated_rank": int(sim["rank"]),
+            "simulated_capacity_rps": float(sim["capacity_rps"]), "measured_capacity_rps": lower,
+            "measured_capacity_upper_rps": upper,
             "simulated_sla_ms": sim.get(pct), "measured_sla_ms":
                 record.at_load.latency_ms.get(pct[len("latency_"):-len("_ms")]) if record.at_load else None,
-            "simulated_value": float(sim["value"]), "measured_value": measured_value or 0.0,
+            "simulated_value": float(sim["value"]), "measured_value": float(measured_value),
+            "measured_value_upper": value_upper,
         })
     table = pd.DataFrame(rows)
     if not table.empty:
-        table["capacity_error"] = table["simulated_capacity_rps"] / table["measured_capacity_rps"].where(
-            table["measured_capacity_rps"] > 0) - 1.0
-        table["value_error"] = table["simulated_value"] / table["measured_value"].where(
-            table["measured_value"] > 0) - 1.0
+        table["capacity_error"] = [
+            relative_error(r.simulated_capacity_rps, r.measured_capacity_rps, upper=r.measured_capacity_upper_rps,
+                           pruned=r.pruned) for r in table.itertuples()]
+        table["value_error"] = [
+            relative_error(r.simulated_value, r.measured_value, upper=r.measured_value_upper, pruned=r.pruned)
+            for r in table.itertuples()]
     return table
 
 
@@ -199,32 +315,66 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
 def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataFrame, *, evaluate, trials: int,
                  host, on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
                  note: Callable[[str], None] = lambda _text: None, timeout_s: float | None = None) -> int:
-    """Measure the incumbent and the simulation's top configurations; if the simulation's error on
-    them is above `search.model_error`, search on with the sampler (the next-ranked enqueued first).
-    Returns the trials run; the errors are kept in the study's `model_search` attribute."""
+    """Measure the incumbent and the simulation's top configurations (`diverse_top`); if the
+    simulation's error on them is above `search.model_error`, or the server orders two of them the
+    other way by more than that, search on with the sampler (the next simulated picks enqueued first).
+    Returns the trials run; the errors and the order are kept in the study's `model_search` attribute."""
     s = settings
-    _enqueue_ranked_within(study, ranking, s, trials=trials)
+    picks = _enqueue_ranked_within(study, ranking, s, trials=trials)
+    if picks:
+        note("simulation's picks to measure (its best, then the best of other regions): "
+             + "; ".join(space.describe(p) for p in picks))
     first = min(trials, spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
     ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial)
     errors = simulation_errors(study, ranking, s)
-    column = "capacity_error" if s.scoring == "capacity" else "value_error"
-    median = float(errors[column].abs().median()) if not errors.empty and errors[column].notna().any() else None
-    fallback = median is None or median > s.search.model_error
-    study.set_user_attr("model_search", {
-        "simulated": len(ranking), "measured": errors.to_dict("records"), "median_error": median,
-        "threshold": s.search.model_error, "fallback": fallback})
-    if median is not None:
-        note(f"simulation error on the {len(errors)} measured configurations: median {median:.1%} "
-             f"({'above' if fallback else 'within'} search.model_error {s.search.model_error:.0%})")
+    verdict = _judge(errors, s)
+    fallback = verdict["fallback"]
+    study.set_user_attr("model_search", {"simulated": len(ranking), "measured": errors.to_dict("records"),
+                                         "threshold": s.search.model_error, **verdict})
+    if not errors.empty:
+        note(_describe(verdict, len(errors), s.search.model_error))
     if fallback and trials > spent(study):
         _enqueue_ranked_within(study, ranking, s, trials=trials)
         ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
     return ran
 
 
-def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int) -> None:
-    """Enqueue the simulation's next `model_top`, no more than the budget has room for beyond the trials
+def _judge(errors: pd.DataFrame, s: StudySettings) -> dict:
+    """Whether to trust the simulation: the median absolute error of the scoring's figure (capacity, or
+    the requests per dollar) within `search.model_error`, and no pair of points measured in the other
+    order by more than it. Figures for the study's `model_search` attribute."""
+    column = "capacity_error" if s.scoring == "capacity" else "value_error"
+    known = errors[column].dropna() if not errors.empty else pd.Series(dtype=float)
+    median = float(known.abs().median()) if len(known) else None
+    # the simulated order is the ranking's (its fine bisection), not the figures' (ties at the study's tolerance)
+    order = (order_agreement(-errors["simulated_rank"], errors["measured_value"], errors["measured_value_upper"],
+                             tolerance=s.search.model_error) if not errors.empty else Order(math.nan, 0, 0))
+    infeasible = int(((errors["measured_value"] <= 0) & (errors["simulated_value"] > 0)).sum()) if len(errors) else 0
+    return {"median_error": median, "compared": len(known), "left_out": len(errors) - len(known),
+            "infeasible_measured": infeasible, "spearman": None if math.isnan(order.spearman) else order.spearman,
+            "pairs": order.pairs, "discordant": order.discordant,
+            "fallback": median is None or median > s.search.model_error or order.discordant > 0}
+
+
+def _describe(verdict: dict, measured: int, threshold: float) -> str:
+    median = verdict["median_error"]
+    text = f"simulation error on the {measured} measured configurations: " + (
+        f"median {median:.1%} ({'above' if median > threshold else 'within'} search.model_error {threshold:.0%})"
+        if median is not None else "none to compare")
+    if verdict["infeasible_measured"]:
+        text += f"; {verdict['infeasible_measured']} feasible in simulation, not on the server (counted as 100 %)"
+    if verdict["left_out"]:
+        text += f"; {verdict['left_out']} left out (pruned, the bracket open, or infeasible in both)"
+    rho = "n/a" if verdict["spearman"] is None else f"{verdict['spearman']:.2f}"
+    return (text + f"; order: Spearman {rho}, {verdict['discordant']} of {verdict['pairs']} pairs measured in the "
+            f"other order by more than {threshold:.0%}" + (" (the simulation's order is not trusted)"
+                                                            if verdict["discordant"] else ""))
+
+
+def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int
+                           ) -> list[dict]:
+    """Enqueue the simulation's next `model_top` (`diverse_top`), no more than the budget has room for beyond the trials
     begun and those queued (a queued trial always runs: `run_trials` empties the queue)."""
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     room = max(0, trials - spent(study) - waiting)
-    enqueue_ranked(study, ranking, s, count=min(s.search.model_top, room))
+    return enqueue_ranked(study, ranking, s, count=min(s.search.model_top, room))
