@@ -36,6 +36,10 @@ IMPLEMENTED = ("tuner/space.py", "tuner/modelconfig.py", "tuner/simulate/_batche
 # it). Its reads and its construction are allowed where they are exactly these lines; each entry must
 # still match a line (a stale one fails), and a new use elsewhere fails until it is judged here.
 MEASUREMENT_FIELD = {
+    ("tuner/cli/audit_cmd.py",
+     "write_textfile(args.textfile, study_families(settings, labels, max_batch_size=result.max_batch_size,"):
+        "the production audit's reading of the deployed max_batch_size (the fill rate's denominator), "
+        "published as a gauge for the rules to divide by",
     ("tuner/audit.py", "mbs = a.params[\"max_batch_size\"]"):
         "the audit's fill-rate finding reads the trial's value (equal to the measurement's "
         "`load.max_batch_size`); owned by the audit's findings, to read the measurement's field",

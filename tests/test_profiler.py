@@ -16,7 +16,7 @@ from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
-from tuner.profiler import Sample, build_profile, length_buckets, model_max_length, row_grid
+from tuner.profiler import Sample, build_profile, length_buckets, model_max_length, request_extras, row_grid
 from tuner.settings import read_study
 from tuner.simulate import read_profile
 from tuner.study import study_traffic
@@ -61,6 +61,40 @@ def test_the_model_maximum_length_comes_from_its_config():
         model_max_length(config)
 
 
+def _study_settings(tmp_path, max_batch_size: int):
+    repo = tmp_path / "models"
+    shutil.copytree(TEMPLATE, repo / "encoder_sim")
+    path = repo / "encoder_sim" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.max_batch_size = max_batch_size
+    path.write_text(modelconfig.to_text(config))
+    study = {"name": "lengths", "model_repository": str(repo), "model": "encoder_sim",
+             "traffic": {"path": str(BURSTY), "busiest_s": 8, "speed": 4.0},
+             "sla": {"latency_ms": 100, "percentile": 99}, "cost": {"gpu": "a100-40gb"},
+             "search": {"max_batch_size": {"low": 1, "high": 64}}, "output": str(tmp_path / "out")}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study))
+    return read_study(tmp_path / "study.yaml")
+
+
+def test_padded_lengths_are_those_the_incumbents_simulated_batches_take(tmp_path):
+    from tuner.profiler import padded_lengths
+    from tuner.simulate import Profile
+    from tuner.study import base_config
+
+    profile = Profile.from_function(lambda r, n: 1.0 + r * n / 500, rows=[1, 8, 64], lengths=[32, 512],
+                                    max_length=512)
+    alone = _study_settings(tmp_path / "one", 1)  # batches of one request: its own length
+    traffic = study_traffic(alone)
+    lengths = padded_lengths(alone, traffic, base=base_config(alone), profile=profile, column="seq_len")
+    capped = np.minimum(traffic["seq_len"].to_numpy(), 512)
+    assert lengths == tuple(sorted({int(np.quantile(capped, q, method="higher")) for q in
+                                    (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)}))
+    # batches of up to 64 at 4x: a request pays for the longest of its batch; the short quantiles rise
+    batched = _study_settings(tmp_path / "many", 64)
+    longer = padded_lengths(batched, traffic, base=base_config(batched), profile=profile, column="seq_len")
+    assert longer[0] > lengths[0] and longer[-1] == lengths[-1] == 512, (lengths, longer)
+
+
 # --- samples -> profile --------------------------------------------------------------------------------
 
 
@@ -99,24 +133,48 @@ def test_host_time_is_a_line_in_rows_and_overhead_what_the_client_saw_beyond_the
     assert profile.host_ms_per_row == 0 and profile.host_ms_per_execution == pytest.approx(0.15)
 
 
-def test_the_smallest_failing_size_is_the_out_of_memory_point_and_failing_points_are_left_out():
+def test_the_smallest_failing_rows_at_each_length_is_its_memory_limit_and_failing_points_are_left_out():
     oom = "CUDA out of memory (emulated): batch of 33 rows x 512 tokens"
-    samples = [sample(r, 512, float(r)) for r in (1, 2, 32)]
+    samples = [sample(r, 512, float(r)) for r in (1, 2, 32)] + [sample(64, 128, 8.0)]
     samples += [sample(33, 512, 3.0, ok=False, measured=False, error=oom),
                 sample(48, 512, 2.8, ok=False, measured=False, error=oom),
                 # a point whose first run worked and a repeat failed: the point fails
                 sample(40, 256, 9.0, measured=False), sample(40, 256, 9.0),
                 sample(40, 256, 3.2, ok=False, error=oom)]
-    profile, _ = build_profile(samples, max_length=512)
-    assert profile.oom_tokens == 40 * 256
+    profile, notes = build_profile(samples, max_length=512)
+    assert profile.oom_rows == ((256, 40), (512, 33)) and profile.oom_tokens is None
     assert profile.oom_ms == pytest.approx(3.0)
-    assert {(p.rows, p.length) for p in profile.points} == {(1, 512), (2, 512)}  # 32 x 512 >= 10240
-    # ... and it says why 32 x 512 is gone
-    _, notes = build_profile(samples, max_length=512)
-    assert any("32 rows x 512 ran although 10240 padded tokens failed" in n for n in notes)
+    # 32 x 512 ran and stays although 40 x 256 (fewer tokens) failed: a limit per length, not in tokens;
+    # 64 x 128 (8192 tokens) ran too, at a length where nothing failed
+    assert {(p.rows, p.length) for p in profile.points} == {(1, 512), (2, 512), (32, 512), (64, 128)}
+    assert notes == [] and not profile.fails(64, 128) and profile.fails(33, 512) and not profile.fails(32, 512)
+    # a point that ran at or above rows that failed at its own length is left out, and said so
+    flaky = samples + [sample(36, 512, 9.0)]
+    profile, notes = build_profile(flaky, max_length=512)
+    assert (36, 512) not in {(p.rows, p.length) for p in profile.points}
+    assert any("36 rows x 512 ran although 33 rows failed at that length" in n for n in notes)
     # nothing ran at all: one line, not a profile
     with pytest.raises(ProfileError, match="no execution ran without an error"):
         build_profile([sample(1, 512, 3.0, ok=False, measured=False, error=oom)])
+
+
+def test_the_per_request_cost_is_the_slope_of_n_requests_over_one_request_of_n_rows():
+    samples = []
+    for n in (1, 2, 4, 8):
+        samples += [sample(n, 64, 1.0 + 0.1 * n, measured=False)] + [sample(n, 64, 1.0 + 0.1 * n) for _ in range(3)]
+        if n > 1:  # N one-row requests batched: 0.04 ms more per request after the first, in infer and output
+            extra = 0.04 * (n - 1)
+            samples += [Sample(rows=n, length=64, ok=True, client_ms=9.0, input_ms=0.05, infer_ms=1.0 + 0.1 * n + extra / 2,
+                               output_ms=0.1 + extra / 2, measured=k > 0, requests=n) for k in range(4)]
+    profile, _ = build_profile(samples)
+    assert profile.host_ms_per_request == pytest.approx(0.04)
+    # the batches of separate requests are not points: the points are the single requests' times
+    assert [p.median_ms for p in profile.points] == pytest.approx([1.1, 1.2, 1.4, 1.8])
+    assert request_extras(samples)[0] == pytest.approx((2, 64, 1.35, 1.39))
+    # separate requests faster than one request (noise): never a negative cost; none timed: 0
+    faster = [s if s.requests == 1 else Sample(**{**s.__dict__, "infer_ms": 0.5}) for s in samples]
+    assert build_profile(faster)[0].host_ms_per_request == 0
+    assert build_profile([s for s in samples if s.requests == 1])[0].host_ms_per_request == 0
 
 
 # --- on a real server --------------------------------------------------------------------------------
@@ -170,7 +228,11 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
 
     lengths = sorted({p.length for p in profile.points})
     traffic = study_traffic(read_study(study))  # the busiest 8 s of the profile
-    assert lengths == list(length_buckets(traffic, "seq_len", 512)) and profile.max_length == 512
+    requested = length_buckets(traffic, "seq_len", 512)
+    # the requests' lengths, and those the incumbent's simulated batches are padded to (printed)
+    padded = [int(n) for n in printed.split("the incumbent's simulated padded lengths: ")[1].split("\n")[0].split(", ")
+              if n.isdigit()]
+    assert set(requested) <= set(lengths) <= set(requested) | set(padded) and profile.max_length == 512
     wide, slow = [], []
     for p in profile.points:
         want = truth(p.rows, p.length)
@@ -190,13 +252,22 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
     # loaded machine widens one point: a few such points are allowed, not most.
     assert len(wide) <= max(2, len(profile.points) // 10), wide
     assert len(slow) <= max(1, len(profile.points) // 20), slow
-    # the smallest failing size, found to one row at each length that fails within 16 rows
-    failing = [(BUDGET // min(n, 512) + 1) * min(n, 512) for n in lengths if BUDGET // min(n, 512) + 1 <= 16]
-    assert failing and profile.oom_tokens == min(failing)
+    # the smallest failing rows, found to one row at each length that fails within 16 rows
+    failing = {n: BUDGET // min(n, 512) + 1 for n in lengths if BUDGET // min(n, 512) + 1 <= 16}
+    assert failing and dict(profile.oom_rows) == failing and profile.oom_tokens is None
     assert 0 < profile.oom_ms < 20
+    # batches of N separate one-row requests were held behind a slow execution and timed, for every N
+    # that ran at the shortest length; the Python backend's work per request is small but not negative
+    shortest = min(lengths)
+    held = [r for r in (2, 4, 8, 12, 16) if (r, shortest) in {(p.rows, p.length) for p in profile.points}]
+    table_lines = printed.split("batches of N separate one-row requests vs one request of N rows")[1].splitlines()
+    assert [int(line.split()[0]) for line in table_lines[2:2 + len(held)]] == held, printed
+    assert "did not form one batch" not in printed
+    assert 0 <= profile.host_ms_per_request < 1.0
     assert 0 <= profile.host_ms_per_row < 0.1 and 0 <= profile.host_ms_per_execution < 2
     assert 0 < profile.overhead_ms < 10 and profile.concurrent_executions == 1
-    assert "OOM" in printed and f"out of memory from {profile.oom_tokens} padded tokens" in printed
+    assert "OOM" in printed and "out of memory from " + ", ".join(
+        f"{r} rows at length {n}" for n, r in sorted(failing.items())) in printed
     assert f"wrote {out}" in printed
 
 

@@ -274,6 +274,32 @@ def test_a_queue_timeout_rejects_or_delays_the_requests_queued_past_it():
     assert (delayed.status == OK).all() and delayed.exec_rows.tolist() == [1, 3, 1]
 
 
+def test_each_request_after_the_first_adds_its_host_time_half_before_half_after_the_device():
+    per_request = linear_profile(host_ms_per_request=2.0)
+    three = reqs([0.0, 0.0, 0.0])
+    run = simulate(three, BatcherConfig(max_batch_size=4), per_request)
+    # 3 requests: 2 more than one, 4 ms of host work: 2 ms before the device (1 + 3 rows = 4 ms), 2 after
+    assert latencies_ms(run, three) == [8.0, 8.0, 8.0]
+    assert run.exec_start_s.tolist() == [0.0] and run.exec_end_s.tolist() == pytest.approx([8 * MS])
+    # one request of 3 rows: the same device time, no per-request host work
+    one = reqs([0.0], rows=[3])
+    assert latencies_ms(simulate(one, BatcherConfig(max_batch_size=4), per_request), one) == [4.0]
+    # the host work before the device overlaps another instance's device time, as host_ms_per_row's does
+    two = simulate(reqs([0.0, 0.0, 0.0, 0.0]), BatcherConfig(max_batch_size=2, instance_count=2), per_request)
+    # both: host 0-1; A device 1-4, host 4-5; B waits for the device until 4, 4-7, host 7-8
+    assert latencies_ms(two, reqs([0.0] * 4)) == [5.0, 5.0, 8.0, 8.0]
+
+
+def test_out_of_memory_follows_the_limit_measured_at_each_length():
+    # 8 rows ran at length 100 and failed at length 400 from 3 rows: short batches stay large
+    profile = Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8], lengths=[100, 400],
+                                    oom_rows=((400, 3),), oom_ms=0.5)
+    r = reqs([0.0] * 8 + [20.0] * 3, lengths=[100] * 8 + [400] * 3)
+    run = simulate(r, BatcherConfig(max_batch_size=8), profile)
+    assert run.exec_rows.tolist() == [8, 3] and run.exec_ok.tolist() == [True, False]
+    assert run.status.tolist() == [OK] * 8 + [OUT_OF_MEMORY] * 3
+
+
 def test_a_full_queue_refuses_arrivals():
     r = reqs([0.0, 0.1, 0.2, 0.3, 0.4])
     run = simulate(r, BatcherConfig(max_batch_size=1, max_queue_size=2), linear_profile())

@@ -3,9 +3,10 @@
 
     measure_profile(launcher, settings, traffic, base, length_column=...) -> ProfileRun
     row_grid(max_batch_size), length_buckets(traffic, column, max_length)   the sizes measured
+    padded_lengths(settings, traffic, base=, profile=, column=)             and the incumbent's padded ones
     largest_rows(settings, given)                                            rows up to (the space's largest)
     build_profile(samples, ...) -> (Profile, notes)                          the samples as a profile (pure)
-    table(run) -> str                                                        rows x lengths, ms
+    table(run) -> str, request_table(run) -> str                             rows x lengths; N requests vs N rows
 
 **How.** The server loads the model with `max_batch_size` = the space's largest, no queue delay and one
 instance (the profile is per execution: how instances share the device is the profile's
@@ -15,11 +16,26 @@ a device that runs several executions at once, e.g. separate GPUs per instance, 
 up as a trial is (`tuner.trial.warmup.warm_up`: the shape sweep, then the traffic until steady). Then each
 point of the grid, rows (`row_grid`: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to the largest
 max_batch_size) x padded length (`length_buckets`: quantiles of the traffic's length column, capped at
-the model's maximum length), is sent closed loop: one request of `rows` rows x `length` tokens, alone
+the model's maximum length), then the lengths the incumbent's batches are padded to (`padded_lengths`:
+the base config simulated on the study's traffic at its load with the points measured so far; those
+not within 15 % of a measured length), is sent closed loop: one request of `rows` rows x `length` tokens, alone
 on the server (`tuner.replay.send_one_by_one`), so it is one execution of exactly that size; the first
 request of a point is not measured (a shape's first run pays compilation/autotuning on a GPU, and
 `encoder_sim` emulates that), then `repeats` are. Each request's execution is read from Triton's
 statistics before and after it (`batch_stats` of its batch size).
+
+**Batches of separate requests.** Then, at the shortest measured length, for each rows N >= 2 of the
+grid that ran there, `repeats` batches of N separate one-row requests are timed (after one that is not
+measured), to compare with the one request of N rows: the instance is held by a *blocker* (the
+slowest measured point of other rows, alone on the idle instance), and while it runs the N requests
+are sent at once (`tuner.replay.send_together`); they queue behind it and Triton's batcher puts them
+in one payload, which grows until the instance frees (with delay 0 and N <= max_batch_size: exactly
+one execution of N requests, as `DynamicBatchScheduler::BatcherThread` / `GetDynamicBatch` add
+requests to a payload waiting for its instance). A try counts only when Triton's statistics show
+exactly the two executions, the blocker's and one of N; otherwise it is tried again (at most
+`HELD_TRIES` times). Triton's `TRITONSERVER_DELAY_SCHEDULER` variable is not used: the batcher thread
+reads it once, when the model loads, and holds only the first batch after each load (core
+`src/dynamic_batch_scheduler.cc`), so every batch would need a reload and be a cold instance's.
 
 **What maps to what.** Triton times an execution in three parts (`batch_stats`): `compute_input`
 (Triton hands the requests' inputs to the backend), `compute_infer` (the backend's execute: for the
@@ -34,14 +50,18 @@ Python backend the whole `execute()` of the model) and `compute_output` (the out
   `compute_output` per execution against its rows (over the points' medians, never negative): the
   instance is busy with it, the device is not. Measured on `encoder_sim` this is ~0.15 ms per execution
   and ~0 per row (the Python backend's shared-memory exchange).
+- **Per request** `host_ms_per_request` = a least-squares slope through the origin of (N batch's
+  execution - one N-row request's execution, both input + infer + output, medians) against N - 1:
+  what each request after the first adds (tensor fetch, response creation, the stub's IPC per
+  request). Never negative; 0 when no batch of separate requests could be held.
 - **Overhead** `overhead_ms` = the client's latency of a 1-row request minus its execution's three
   parts (median): HTTP, Triton's scheduling (queue time of a request that found the instance idle) and
   the response, which add to every request's latency but occupy no instance.
 - **Out of memory**: a request failing with an out-of-memory error (`OOM_ERROR`; `encoder_sim`: "CUDA
   out of memory (emulated)") makes its point fail; the rows between the last size that ran and the
-  failing one are bisected, so `oom_tokens` is the smallest failing rows x length (at that length's
-  resolution, one row), and rows stop growing at that length. `oom_ms` = the failing executions'
-  `compute_infer` (median). Any other error stops the profile with the model's message.
+  failing one are bisected, so `oom_rows` holds, at each measured length, the smallest failing rows
+  (one row above the largest that ran), and rows stop growing at that length. `oom_ms` = the failing
+  executions' `compute_infer` (median). Any other error stops the profile with the model's message.
 - **Maximum length**: the model truncates longer inputs to `max_length` tokens when it says so (the
   config's `max_sequence_length` parameter, as `encoder_sim`'s) or `--max-length` is given; lengths are
   measured up to it, and the simulation truncates lengths alike.
@@ -64,24 +84,27 @@ from tuner.measurement import stat_deltas
 from tuner.modelconfig import ModelConfig
 from tuner.server import Launcher
 from tuner.settings import StudySettings
-from tuner.simulate import ExecutionSize, Profile, ProfilePoint
+from tuner.simulate import ExecutionSize, Profile, ProfilePoint, Simulator, batcher_config, equal_shapes_of
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
-__all__ = ["LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "build_profile", "describe_split",
-           "largest_rows", "length_buckets", "measure_profile", "model_max_length", "row_grid", "table"]
+__all__ = ["HELD_TRIES", "LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "build_profile",
+           "describe_split", "largest_rows", "length_buckets", "measure_profile", "model_max_length", "padded_lengths",
+           "request_extras", "request_table", "row_grid", "table"]
 
 REPEATS = 7                      # measured requests per point, after one that is not measured
 LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 MERGE_LENGTHS = 0.15             # a length within 15 % below the next one is measured as that one
 OOM_ERROR = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
 STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
+HELD_TRIES = 3                   # tries per batch of separate requests before its N is given up
 _PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sample(ExecutionSize):
-    """One request of `rows` x `length` sent alone, and Triton's timing of its execution (ms)."""
+    """One execution of `rows` x `length`: one request sent alone, or (`requests` > 1) that many one-row
+    requests batched together; and Triton's timing of the execution (ms)."""
 
     ok: bool
     client_ms: float
@@ -91,6 +114,7 @@ class Sample(ExecutionSize):
     queue_ms: float = 0.0
     measured: bool = True       # False: the point's first request (a shape's first run)
     error: str = ""
+    requests: int = 1           # separate requests in the execution (each of rows // requests rows)
 
     @property
     def execution_ms(self) -> float:
@@ -115,6 +139,7 @@ class ProfileRun:
     warmup: Warmup | None
     seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    padded_lengths: tuple[int, ...] = ()  # quantiles of the incumbent's simulated padded lengths
 
 
 # --- the grid --------------------------------------------------------------------------------------
@@ -154,6 +179,32 @@ def length_buckets(traffic: pd.DataFrame, column: str | None, max_length: int | 
     return tuple(sorted(kept))
 
 
+def padded_lengths(settings: StudySettings, traffic: pd.DataFrame, *, base: ModelConfig, profile: Profile,
+                   column: str, quantiles: tuple[float, ...] = LENGTH_QUANTILES) -> tuple[int, ...]:
+    """The lengths the incumbent's (`base`'s) executions are padded to on the study's traffic at its load,
+    simulated with `profile`: quantiles over the executions' rows (each row counts), truncated as the
+    profile truncates."""
+    params = {name: space.value_in(base, name) for name in space.NAMES}
+    config = batcher_config(params | {space.PREFERRED: params[space.PREFERRED] or None},
+                            equal_shapes=equal_shapes_of(base))
+    step = Simulator.for_study(settings, traffic, profile, price_per_hour=1.0, length=column).run(
+        config, settings.traffic.speed)
+    rows, lengths = step.run.exec_rows, step.run.exec_length
+    if not len(rows):
+        return ()
+    padded = np.repeat(lengths, rows)
+    return tuple(sorted({max(int(np.quantile(padded, q, method="higher")), 1) for q in quantiles}))
+
+
+def _not_near(found: tuple[int, ...], measured: tuple[int, ...]) -> tuple[int, ...]:
+    """The lengths of `found` not within `MERGE_LENGTHS` of a measured one nor of each other (longest kept)."""
+    kept: list[int] = []
+    for length in sorted(found, reverse=True):
+        if all(abs(length - m) > MERGE_LENGTHS * max(length, m) for m in (*measured, *kept)):
+            kept.append(length)
+    return tuple(sorted(kept))
+
+
 def model_max_length(config: ModelConfig) -> int | None:
     """The tokens the model truncates inputs to, when its config says (a `max_sequence_length`
     parameter); None otherwise."""
@@ -176,22 +227,22 @@ def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int
     """The profile the samples give (see the module docstring for each field), and notes on what
     was left out."""
     notes: list[str] = []
-    failing = {(s.rows, s.length) for s in samples if s.out_of_memory}
-
-    def effective(rows: int, length: int) -> int:
-        return rows * (length if max_length is None else min(length, max_length))
-
-    oom_tokens = min((effective(r, n) for r, n in failing), default=None)
-    oom_runs = [s.infer_ms for s in samples if s.out_of_memory and s.infer_ms > 0]
+    single = [s for s in samples if s.requests == 1]
+    failing: dict[int, int] = {}  # length -> the smallest rows that ran out of memory there
+    for s in single:
+        if s.out_of_memory:
+            failing[s.length] = min(failing.get(s.length, s.rows), s.rows)
+    oom_runs = [s.infer_ms for s in single if s.out_of_memory and s.infer_ms > 0]
+    failed_points = {(s.rows, s.length) for s in single if s.out_of_memory}
     by_point: dict[tuple[int, int], list[Sample]] = {}
-    for s in samples:
-        if s.ok and s.measured and (s.rows, s.length) not in failing:
+    for s in single:
+        if s.ok and s.measured and (s.rows, s.length) not in failed_points:
             by_point.setdefault((s.rows, s.length), []).append(s)
     points, host = [], []
     for (rows, length), group in sorted(by_point.items()):
-        if oom_tokens is not None and effective(rows, length) >= oom_tokens:
-            notes.append(f"{rows} rows x {length} ran although {oom_tokens} padded tokens failed elsewhere: "
-                         f"the model's memory limit is not a padded-token count; the point is left out")
+        if rows >= failing.get(length, rows + 1):
+            notes.append(f"{rows} rows x {length} ran although {failing[length]} rows failed at that length: the "
+                         f"model's memory limit is not steady; the point is left out")
             continue
         infer = np.array([s.infer_ms for s in group])
         p10, median, p90 = (float(v) for v in np.percentile(infer, [10, 50, 90]))
@@ -201,14 +252,40 @@ def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int
         raise ProfileError(f"{model or 'the model'}: no execution ran without an error (the smallest, "
                            f"{min((s.rows for s in samples), default=1)} row(s), failed too): nothing to profile")
     per_row, per_execution = _host_line(host)
-    singles = [s.client_ms - s.execution_ms for s in samples
+    singles = [s.client_ms - s.execution_ms for s in single
                if s.ok and s.measured and s.rows == min(p.rows for p in points)]
     overhead = max(statistics.median(singles), 0.0) if singles else 0.0
+    per_request = _request_slope(request_extras(samples))
     profile = Profile(points=tuple(points), host_ms_per_row=round(per_row, 6),
-                      host_ms_per_execution=round(per_execution, 6), overhead_ms=round(overhead, 6),
-                      oom_tokens=oom_tokens, oom_ms=round(statistics.median(oom_runs), 6) if oom_runs else 0.0,
+                      host_ms_per_execution=round(per_execution, 6), host_ms_per_request=round(per_request, 6),
+                      overhead_ms=round(overhead, 6), oom_rows=tuple(sorted(failing.items())),
+                      oom_ms=round(statistics.median(oom_runs), 6) if oom_runs else 0.0,
                       max_length=max_length, concurrent_executions=concurrent_executions, model=model)
     return profile, notes
+
+
+def request_extras(samples: list[Sample] | tuple[Sample, ...]) -> list[tuple[int, int, float, float]]:
+    """(N, length, ms of one N-row request, ms of N one-row requests batched), executions' input + infer +
+    output, medians of the measured samples, for each N timed both ways."""
+    one: dict[tuple[int, int], list[float]] = {}
+    held: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        if s.ok and s.measured:
+            if s.requests == 1:
+                one.setdefault((s.rows, s.length), []).append(s.execution_ms)
+            elif s.requests == s.rows:
+                held.setdefault((s.rows, s.length), []).append(s.execution_ms)
+    return [(n, length, statistics.median(one[n, length]), statistics.median(ms))
+            for (n, length), ms in sorted(held.items()) if (n, length) in one]
+
+
+def _request_slope(extras: list[tuple[int, int, float, float]]) -> float:
+    """ms per request after the first: least squares through the origin of the extra time against N - 1."""
+    x = np.array([n - 1 for n, _, _, _ in extras], dtype=float)
+    y = np.array([many - one for _, _, one, many in extras], dtype=float)
+    if not len(x) or not (x @ x):
+        return 0.0
+    return float(max((x @ y) / (x @ x), 0.0))
 
 
 def _host_line(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -264,16 +341,23 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     total = len(rows_grid) * len(lengths)
     done = 0
 
+    def progress_more(k: int) -> None:
+        nonlocal total
+        total += k
+
+    def progress_done(what: str) -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total, what)
+
     def point(rows: int, length: int) -> bool:
         """Measure one point; True when it ran, False when it ran out of memory."""
-        nonlocal done
         got = [sender.send(rows, length, measured=False)]
         while got[-1].ok and len(got) <= repeats:
             got.append(sender.send(rows, length))
         samples.extend(got)
-        done += 1
-        if on_progress is not None:
-            on_progress(done, total, f"{rows} x {length}")
+        progress_done(f"{rows} x {length}")
         bad = next((s for s in got if not s.ok), None)
         if bad is None:
             return True
@@ -282,7 +366,8 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         raise ProfileError(f"{model}: a request of {rows} rows x {length} failed with an error that is not an "
                            f"out-of-memory: {bad.error}")
 
-    for length in lengths:
+    def one_length(length: int) -> None:
+        nonlocal total
         last_ok = 0
         for k, rows in enumerate(rows_grid):
             if point(rows, length):
@@ -298,17 +383,77 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                 else:
                     high = middle
             break
+
+    for length in lengths:
+        one_length(length)
+    padded: tuple[int, ...] = ()
+    early_notes: list[str] = []
+    if length_column is not None:
+        try:  # the lengths the incumbent's batches are padded to, simulated with what is measured so far
+            provisional, _ = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions)
+            padded = padded_lengths(settings, traffic, base=base, profile=provisional, column=length_column)
+        except (SettingsError, ProfileError, TrafficError) as exc:
+            early_notes.append(f"the incumbent's padded lengths could not be simulated ({exc}): lengths are the "
+                               f"requests' only")
+    extra = _not_near(padded, lengths)
+    total += len(extra) * len(rows_grid)
+    for length in extra:
+        one_length(length)
+    held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
+                               on_progress=progress_done)
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions,
                                    model=model)
+    notes.extend(early_notes + held_notes)
     if warm is not None and not warm.stable:
         notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "
                         f"server still warming up")
-    return ProfileRun(profile=profile, samples=tuple(samples), rows=rows_grid, lengths=lengths, max_batch_size=mbs,
-                      warmup=warm, seconds=time.monotonic() - started, notes=tuple(notes))
+    return ProfileRun(profile=profile, samples=tuple(samples), rows=rows_grid, lengths=tuple(sorted(lengths + extra)),
+                      max_batch_size=mbs, warmup=warm, seconds=time.monotonic() - started, notes=tuple(notes),
+                      padded_lengths=padded)
+
+
+def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count: Callable[[int], None],
+                  on_progress: Callable[[str], None]) -> list[str]:
+    """Time batches of N separate one-row requests at the shortest measured length (see the module
+    docstring), appending their samples; returns notes on the N given up."""
+    ran = [s for s in samples if s.ok and s.measured and s.requests == 1]
+    if not ran:
+        return []
+    length = min(s.length for s in ran)
+    ms: dict[tuple[int, int], list[float]] = {}
+    for s in ran:
+        ms.setdefault((s.rows, s.length), []).append(s.execution_ms)
+    slowest = sorted(((statistics.median(v), r, n) for (r, n), v in ms.items()), reverse=True)
+    ns = sorted({r for r, n in ms if n == length and r >= 2})
+    count(len(ns))
+    notes = []
+    for n in ns:
+        blocker = next(((r, b, t) for t, r, b in slowest if r != n), None)
+        got: list[Sample] = []
+        if blocker is not None:
+            rows_b, length_b, blocker_ms = blocker
+            for k in range(repeats + 1):
+                sample = None
+                for _ in range(HELD_TRIES):
+                    sample = sender.send_held(n, length, blocker=(rows_b, length_b, blocker_ms), measured=k > 0)
+                    if sample is not None:
+                        break
+                if sample is None:
+                    break
+                got.append(sample)
+        on_progress(f"{n} requests x {length}")
+        if len(got) < repeats + 1:
+            slow = f"{blocker[2]:.1f} ms" if blocker else "none"
+            notes.append(f"{n} separate requests x {length} did not form one batch behind the slowest execution "
+                         f"({slow}) in {HELD_TRIES} tries: not timed, the per-request cost is fitted without it")
+            continue
+        samples.extend(got)
+    return notes
 
 
 class _Sender:
-    """Sends one request alone and reads its execution from Triton's statistics."""
+    """Sends one request alone and reads its execution from Triton's statistics; or holds the instance
+    with one request while a batch of separate requests queues behind it."""
 
     def __init__(self, launcher: Launcher, model: str, length_column: str | None, *, timeout_s: float) -> None:
         self.launcher, self.model, self.column, self.timeout_s = launcher, model, length_column, timeout_s
@@ -329,12 +474,36 @@ class _Sender:
                       output_ms=parts["compute_output"], queue_ms=queue if sent.errors == 0 else 0.0,
                       measured=measured, error=sent.first_error)
 
-    def _after(self, before: dict) -> dict:
-        """The statistics once Triton has counted the execution (it does so just after answering)."""
+    def send_held(self, n: int, length: int, *, blocker: tuple[int, int, float], measured: bool = True
+                  ) -> Sample | None:
+        """N one-row requests of `length` sent at once while `blocker` (rows, length, ms) holds the
+        instance; their execution, or None unless Triton ran exactly the blocker and one batch of N."""
+        from tuner.replay import send_together
+
+        rows_b, length_b, blocker_ms = blocker
+        frame = pd.DataFrame({"timestamp": [0.0] * (n + 1), "batch_size": [rows_b] + [1] * n})
+        if self.column is not None:
+            frame[self.column] = [length_b] + [length] * n
+        before = self.launcher.statistics(self.model)
+        # the blocker first, alone on the idle instance; the N requests while it runs
+        lead_s = min(max(blocker_ms * 0.2, 2.0), 20.0) / 1e3
+        sent = send_together(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s,
+                             first_alone_s=lead_s)
+        after = self._after(before, executions=2)
+        deltas = stat_deltas(before, after)
+        if sent.errors or deltas["histogram"] != {rows_b: 1, n: 1}:
+            return None
+        parts = _batch_parts(before, after, n)
+        return Sample(rows=n, length=length, ok=True, client_ms=sent.seconds * 1e3, input_ms=parts["compute_input"],
+                      infer_ms=parts["compute_infer"], output_ms=parts["compute_output"], measured=measured,
+                      requests=n)
+
+    def _after(self, before: dict, executions: int = 1) -> dict:
+        """The statistics once Triton has counted the executions (it does so just after answering)."""
         deadline = time.monotonic() + STATS_WAIT_S
         while True:
             after = self.launcher.statistics(self.model)
-            if stat_deltas(before, after)["execution_count"] >= 1 or time.monotonic() >= deadline:
+            if stat_deltas(before, after)["execution_count"] >= executions or time.monotonic() >= deadline:
                 return after
             time.sleep(0.002)
 
@@ -374,15 +543,28 @@ def table(run: ProfileRun) -> str:
     return pd.DataFrame(cells).to_string(index=False)
 
 
+def request_table(run: ProfileRun) -> str:
+    """N one-row requests batched vs one request of N rows: the execution's ms (input + infer + output,
+    medians) and what each request after the first added; empty when none was timed."""
+    extras = request_extras(run.samples)
+    if not extras:
+        return ""
+    return pd.DataFrame([{"N": n, "length": length, "1 request of N rows, ms": f"{one:.2f}",
+                          "N requests of 1 row, ms": f"{many:.2f}", "ms per request after the first":
+                          f"{(many - one) / (n - 1):.3f}"} for n, length, one, many in extras]).to_string(index=False)
+
+
 def describe_split(run: ProfileRun) -> list[str]:
     """Lines on the costs around the device time, for people."""
     p = run.profile
     lines = [f"host (Triton's compute_input + compute_output): {p.host_ms_per_row:.3f} ms/row + "
              f"{p.host_ms_per_execution:.3f} ms/execution; overhead outside the instance (HTTP, scheduling): "
-             f"{p.overhead_ms:.3f} ms/request"]
-    if p.oom_tokens is not None:
-        lines.append(f"out of memory from {p.oom_tokens} padded tokens (rows x length; a failing execution took "
-                     f"{p.oom_ms:.2f} ms)")
+             f"{p.overhead_ms:.3f} ms/request",
+             f"per request (a batch of N separate requests vs one of N rows): {p.host_ms_per_request:.3f} ms for "
+             f"each request after the first"]
+    if p.oom_rows:
+        lines.append("out of memory from " + ", ".join(f"{r} rows at length {n}" for n, r in p.oom_rows)
+                     + f" (a failing execution took {p.oom_ms:.2f} ms)")
     else:
         lines.append("no out-of-memory up to the largest size measured")
     if p.max_length is not None:

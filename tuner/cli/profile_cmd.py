@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tuner.errors import SettingsError
     from tuner.files import check_output_dir, check_writable, write_atomic
-    from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, table
+    from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, request_table, table
     from tuner.server import make_launcher
     from tuner.settings import read_study
     from tuner.simulate import length_column, profile_text
@@ -105,7 +105,14 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     print(f"device time per execution (Triton's compute_infer), ms: median (p10-p90) of "
           f"{args.repeats or REPEATS} requests; OOM: out of memory")
+    padded = ", ".join(map(str, result.padded_lengths)) or "none"
+    print(f"lengths measured: {', '.join(map(str, result.lengths))} (the requests' quantiles and the incumbent's "
+          f"simulated padded lengths: {padded}, but for those within 15 % of another)")
     print(table(result))
+    requests = request_table(result)
+    if requests:
+        print("batches of N separate one-row requests vs one request of N rows (execution, ms):")
+        print(requests)
     for line in describe_split(result):
         print(line)
     for note in result.notes:

@@ -11,6 +11,7 @@ import importlib
 
 _EXPORTS = {
     "send_one_by_one": "tuner.replay._sequential",
+    "send_together": "tuner.replay._sequential",
     "check_fits": "tuner.replay._sequential",
     "Sent": "tuner.replay._sequential",
     "replay": "tuner.replay._run",

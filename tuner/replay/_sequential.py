@@ -1,10 +1,12 @@
 """Requests one after another, each waiting for the last (closed loop), from an ordinary process: the
-warm-up's shape sweep, where every request must run as its own execution. Parent side, unpatched:
+warm-up's shape sweep, where every request must run as its own execution; and a few requests sent at
+once (`send_together`), for the profile's batches of separate requests. Parent side, unpatched:
 `_http` is plain `socket` code here."""
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -60,3 +62,52 @@ def send_one_by_one(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: 
     finally:
         connections.close()
     return Sent(len(plan.shape_ids), errors, time.monotonic() - started, first_error)
+
+
+def send_together(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: float = 30.0,
+                  first_alone_s: float | None = None) -> Sent:
+    """Send every row of `traffic` as one request, all at once: each on its own connection, opened
+    before any is sent, from its own thread, released together; returns when all are answered. With
+    `first_alone_s`, the first row goes alone and the others together that many seconds later."""
+    metadata, config = _plan.model_info(http, model)
+    plan = _plan.plan_requests(metadata, config, traffic)
+    inputs = [(i.name, i.datatype) for i in plan.inputs]
+    requests = []
+    for shape_id in plan.shape_ids.tolist():
+        shapes = plan.shapes[shape_id]
+        data = [_http.tensor_data(datatype, math.prod(shape), seed=k)
+                for k, ((_, datatype), shape) in enumerate(zip(inputs, shapes, strict=True))]
+        requests.append(_http.infer_request(
+            http, plan.model, [(name, datatype, shape) for (name, datatype), shape in zip(inputs, shapes, strict=True)],
+            outputs=plan.outputs, data=data))
+    connections = [_http.Connections(http, timeout_s=timeout_s) for _ in requests]
+    answers: list[tuple[int, bytes]] = [(0, b"")] * len(requests)
+    alone = 1 if first_alone_s is not None else 0
+    go = threading.Barrier(len(requests) - alone + 1)
+
+    def one(k: int) -> None:
+        if k >= alone:
+            go.wait()
+        try:
+            answers[k] = connections[k].post(requests[k])
+        except OSError as exc:
+            answers[k] = (0, str(exc).encode())
+
+    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(len(requests))]
+    try:
+        for c in connections:
+            c.open(1)
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        if alone:
+            time.sleep(first_alone_s)
+        go.wait()
+        for t in threads:
+            t.join()
+    finally:
+        for c in connections:
+            c.close()
+    failed = [(status, body) for status, body in answers if status != 200]
+    first_error = _http.error_text(*failed[0]) if failed else ""
+    return Sent(len(requests), len(failed), time.monotonic() - started, first_error)

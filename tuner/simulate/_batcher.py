@@ -54,11 +54,11 @@ before the batcher runs again.
 - **Execution.** An execution of R rows whose longest request has L tokens holds its instance for
   the host pre-processing (half of `host_ms_per_row` x R + `host_ms_per_execution`), then waits for
   the device, holds it for `profile.device_ms(R, L)`, then does the host post-processing (the other
-  half). The device runs
+  half); each request after the first adds `host_ms_per_request`, split alike. The device runs
   `profile.concurrent_executions` executions at a time, granted in dispatch order (1: instances
-  serialise on it, as the emulated GPU's lock does). An execution of `profile.oom_tokens` padded
-  tokens or more fails every request in it after `oom_ms` on the device. A request completes when
-  its execution does, plus `overhead_ms`.
+  serialise on it, as the emulated GPU's lock does). An execution the profile says runs out of
+  memory (`profile.fails(R, L)`: by measured length) fails every request in it after `oom_ms` on
+  the device. A request completes when its execution does, plus `overhead_ms`.
 """
 
 from __future__ import annotations
@@ -182,8 +182,9 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
     qmax = config.max_queue_size
     host_half = profile.host_ms_per_row * 0.5e-3
     exec_half = profile.host_ms_per_execution * 0.5e-3
+    request_half = profile.host_ms_per_request * 0.5e-3  # each request after an execution's first
     overhead = profile.overhead_ms * 1e-3
-    oom = profile.oom_tokens if profile.oom_tokens is not None else math.inf
+    fails = profile.fails  # the memory limit of the nearest measured lengths
     oom_s = profile.oom_ms * 1e-3
     cache = device_cache if device_cache is not None else {}
     device_ms = profile.device_ms
@@ -252,16 +253,17 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             if lens[i] > longest:
                 longest = lens[i]
             dispatch[i] = now
-        ready = now + exec_half + host_half * batch_rows
+        host = exec_half + host_half * batch_rows + request_half * (len(take) - 1)
+        ready = now + host
         d = 0 if len(device) == 1 else min(range(len(device)), key=device.__getitem__)
         start = device[d] if device[d] > ready else ready
-        ok = batch_rows * longest < oom
+        ok = not fails(batch_rows, longest)
         if ok:
             key = (batch_rows, longest)
             held = cache.get(key)
             if held is None:
                 held = cache[key] = device_ms(batch_rows, longest) * 1e-3
-            finish = start + held + exec_half + host_half * batch_rows
+            finish = start + held + host
         else:
             held = oom_s
             finish = start + held + exec_half  # the model raises: no post-processing of its own

@@ -12,10 +12,21 @@ around it. Its parts, as the simulation (`tuner.simulate`) uses them:
   execution (e.g. the Python backend's exchange with its stub) that occupies the model instance but
   not the device: half before the device part, half after it (so a second instance can use the
   device meanwhile).
+- `host_ms_per_request`: host work for each request of an execution after the first (the Python
+  backend fetches each request's tensors and builds its response; Triton gathers and scatters them):
+  a batch of N one-row requests costs this x (N - 1) more than one request of N rows. Split like the
+  other host work, half before and half after the device part. 0 in profiles that do not say.
 - `overhead_ms`: per-request latency outside the model instances (HTTP, queue and input/output
   handling in Triton): added to every request's latency, occupying nothing.
-- `oom_tokens`: the smallest padded token count (rows x longest length) seen to fail, if any; an
-  execution at or above it fails every request in it and holds the device `oom_ms`.
+- `oom_rows`: the memory limit per measured length, (length, smallest rows that ran out of memory)
+  pairs; the largest rows that ran at a length are its points'. `fails(rows, length)` decides from
+  the nearest measured lengths: at a measured length, rows at or above its failing rows fail; between
+  two, the smaller of their failing rows (memory grows with length: the longer one's limit holds for
+  sure, the shorter one's is all that is known); below the shortest, its limit; beyond the longest,
+  its limit in padded tokens as well (rows x length at or above failing rows x that length). A failing
+  execution fails every request in it and holds the device `oom_ms`.
+- `oom_tokens`: a limit in padded tokens (rows x longest length) at any length, if any (older
+  profiles, synthetic ones): an execution at or above it fails as well.
 - `max_length`: the model truncates longer inputs to this many tokens (a tokenizer's maximum), so
   cost and padding use min(length, max_length); None: no truncation.
 
@@ -37,8 +48,9 @@ dominate small executions).
     # tuner profile v1
     # host_ms_per_row: 0.12
     # host_ms_per_execution: 0
+    # host_ms_per_request: 0.05
     # overhead_ms: 0.3
-    # oom_tokens: 16896
+    # oom_rows: 256:65, 512:33
     # oom_ms: 3
     # max_length: 512
     # concurrent_executions: 1
@@ -101,8 +113,10 @@ class Profile:
     points: tuple[ProfilePoint, ...]
     host_ms_per_row: float = 0.0
     host_ms_per_execution: float = 0.0
+    host_ms_per_request: float = 0.0
     overhead_ms: float = 0.0
     oom_tokens: int | None = None
+    oom_rows: tuple[tuple[int, int], ...] = ()
     oom_ms: float = 0.0
     max_length: int | None = None
     concurrent_executions: int = 1
@@ -112,9 +126,16 @@ class Profile:
     _device_ms: Callable[[int, int], float] = field(init=False, repr=False, compare=False, hash=False)
     _basis_errors: dict = field(init=False, repr=False, compare=False, hash=False)
     _resolved: str = field(init=False, repr=False, compare=False, hash=False)
+    _limits: tuple = field(init=False, repr=False, compare=False, hash=False)
+    _fails: dict = field(init=False, repr=False, compare=False, hash=False)  # fails() by (rows, length)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "points", tuple(self.points))
+        object.__setattr__(self, "oom_rows", tuple(sorted((int(n), int(r)) for n, r in self.oom_rows)))
+        # (lengths, failing rows) by measured length, for fails(); a length with no failure is inf
+        limits = {p.length: math.inf for p in self.points} | dict(self.oom_rows)
+        object.__setattr__(self, "_limits", (sorted(limits), [limits[n] for n in sorted(limits)]))
+        object.__setattr__(self, "_fails", {})
         _check(self)
         points = _effective_points(self.points, self.max_length)
         errors = _cross_validate(points) if self.basis == "auto" else {}
@@ -137,8 +158,29 @@ class Profile:
         return rows * self.length_of(length)
 
     def fails(self, rows: int, length: int) -> bool:
-        """True when an execution of this size runs out of memory (at or above `oom_tokens`)."""
-        return self.oom_tokens is not None and self.padded_tokens(rows, length) >= self.oom_tokens
+        """True when an execution of this size runs out of memory: at or above the failing rows of the
+        nearest measured lengths (`oom_rows`, see the module docstring) or at or above `oom_tokens`."""
+        known = self._fails.get((rows, length))
+        if known is None:  # the simulation asks once per execution: remember the answer
+            known = self._fails[rows, length] = (
+                (self.oom_tokens is not None and self.padded_tokens(rows, length) >= self.oom_tokens)
+                or (bool(self.oom_rows) and rows >= self.rows_limit(length)))
+        return known
+
+    def rows_limit(self, length: int) -> float:
+        """The fewest rows that fail at `length` by `oom_rows` (inf: none known to fail), conservative
+        between measured lengths; beyond the longest, its padded tokens divided by `length`."""
+        lengths, failing = self._limits
+        n = self.length_of(length)
+        k = bisect.bisect_left(lengths, n)
+        if k < len(lengths) and lengths[k] == n:
+            return failing[k]
+        if k == 0:
+            return failing[0]
+        if k == len(lengths):
+            last = failing[-1]
+            return last if math.isinf(last) else min(last, math.ceil(last * lengths[-1] / n))
+        return min(failing[k - 1], failing[k])
 
     def device_ms(self, rows: int, length: int) -> float:
         """Interpolated median device time (ms) of one execution of `rows` rows x `length` tokens."""
@@ -164,11 +206,14 @@ class Profile:
         if self._basis_errors:
             why = " (leave-one-out error " + ", ".join(
                 f"{k} {v:.1%}" for k, v in sorted(self._basis_errors.items())) + ")"
-        oom = (f"out of memory at {self.oom_tokens} padded tokens" if self.oom_tokens is not None
-               else "no out-of-memory seen")
+        limits = [f"{r} rows at length {n}" for n, r in self.oom_rows]
+        if self.oom_tokens is not None:
+            limits.append(f"{self.oom_tokens} padded tokens")
+        oom = "out of memory from " + ", ".join(limits) if limits else "no out-of-memory seen"
         return (f"{len(self.points)} points (rows {rows[0]}..{rows[-1]}, lengths {lengths[0]}..{lengths[-1]}), "
                 f"basis {self._resolved}{why}; host {self.host_ms_per_row:g} ms/row + "
-                f"{self.host_ms_per_execution:g} ms/execution, overhead "
+                f"{self.host_ms_per_execution:g} ms/execution + {self.host_ms_per_request:g} ms/request "
+                f"after the first, overhead "
                 f"{self.overhead_ms:g} ms/request, {oom}, "
                 f"{self.concurrent_executions} concurrent execution(s)")
 
@@ -180,13 +225,14 @@ class Profile:
     def from_function(cls, device_ms: Callable[[int, int], float], rows: Iterable[int],
                       lengths: Iterable[int], **settings) -> Profile:
         """A profile whose points are `device_ms(rows, length)` on the grid rows x lengths (no spread),
-        leaving out sizes at or above `oom_tokens` (they cannot be measured)."""
+        leaving out sizes at or above `oom_tokens` or `oom_rows` (they cannot be measured)."""
         max_length, oom = settings.get("max_length"), settings.get("oom_tokens")
+        failing = dict(settings.get("oom_rows", ()))
         points = []
         for r in rows:
             for n in lengths:
                 effective = n if max_length is None else min(n, max_length)
-                if oom is not None and r * effective >= oom:
+                if (oom is not None and r * effective >= oom) or r >= failing.get(n, math.inf):
                     continue
                 ms = float(device_ms(r, n))
                 points.append(ProfilePoint(int(r), int(n), ms, ms, ms, 1))
@@ -195,14 +241,14 @@ class Profile:
 
 # --- checks ----------------------------------------------------------------------------------------
 
-_HEADER_KEYS = ("host_ms_per_row", "host_ms_per_execution", "overhead_ms", "oom_tokens", "oom_ms", "max_length",
-                "concurrent_executions", "basis", "model")
+_HEADER_KEYS = ("host_ms_per_row", "host_ms_per_execution", "host_ms_per_request", "overhead_ms", "oom_tokens",
+                "oom_rows", "oom_ms", "max_length", "concurrent_executions", "basis", "model")
 
 
 def _check(p: Profile, where: str = "profile") -> None:
     if not p.points:
         raise ProfileError(f"{where}: no points (at least one measured execution size is needed)")
-    for key in ("host_ms_per_row", "host_ms_per_execution", "overhead_ms", "oom_ms"):
+    for key in ("host_ms_per_row", "host_ms_per_execution", "host_ms_per_request", "overhead_ms", "oom_ms"):
         value = getattr(p, key)
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ProfileError(f"{where}: {key} must be a number >= 0, got {value!r}")
@@ -212,6 +258,11 @@ def _check(p: Profile, where: str = "profile") -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ProfileError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+    for length, rows in p.oom_rows:
+        if length < 1 or rows < 1:
+            raise ProfileError(f"{where}: oom_rows: lengths and rows must be >= 1, got {length}:{rows}")
+    if len({n for n, _ in p.oom_rows}) < len(p.oom_rows):
+        raise ProfileError(f"{where}: oom_rows: one limit per length, got {_oom_rows_text(p.oom_rows)}")
     if p.basis not in BASES:
         raise ProfileError(f"{where}: basis must be one of {', '.join(BASES)}, got {p.basis!r}")
     seen: dict[tuple[int, int], int] = {}
@@ -222,11 +273,16 @@ def _check(p: Profile, where: str = "profile") -> None:
             raise ProfileError(f"{where}: point {i + 1} (rows={pt.rows}, length={pt.length}) repeats "
                                f"point {seen[key] + 1}: one point per size")
         seen[key] = i
-        if p.fails(pt.rows, pt.length):
+        if p.oom_tokens is not None and p.padded_tokens(pt.rows, pt.length) >= p.oom_tokens:
             raise ProfileError(
                 f"{where}: point {i + 1} (rows={pt.rows}, length={pt.length}) is "
                 f"{p.padded_tokens(pt.rows, pt.length)} padded tokens, at or above oom_tokens="
                 f"{p.oom_tokens}: a measured point must have run")
+        failing = dict(p.oom_rows).get(pt.length)
+        if failing is not None and pt.rows >= failing:
+            raise ProfileError(f"{where}: point {i + 1} (rows={pt.rows}, length={pt.length}) is at or above "
+                               f"the {failing} rows that failed at length {pt.length} (oom_rows): a measured "
+                               f"point must have run")
 
 
 def _check_point(pt: ProfilePoint, where: str) -> None:
@@ -401,9 +457,9 @@ def profile_text(profile: Profile) -> str:
     lines = [FORMAT_LINE]
     for key in _HEADER_KEYS:
         value = getattr(profile, key)
-        if value is None or (key == "model" and not value):
+        if value is None or (key in ("model", "oom_rows") and not value):
             continue
-        lines.append(f"# {key}: {value}")
+        lines.append(f"# {key}: {_oom_rows_text(value) if key == 'oom_rows' else value}")
     return "\n".join(lines) + "\n" + profile.to_frame().to_csv(index=False, float_format="%.6g")
 
 
@@ -417,6 +473,8 @@ def _header_value(key: str, value: str, path: Path):
     text = value.strip()
     if key in ("basis", "model"):
         return text
+    if key == "oom_rows":
+        return _oom_rows(text, path)
     if text.lower() in ("", "none"):
         if key in ("oom_tokens", "max_length"):
             return None
@@ -428,6 +486,23 @@ def _header_value(key: str, value: str, path: Path):
     except ValueError:
         want = "an integer" if "int" in str(kinds[key]) else "a number"
         raise ProfileError(f"{path}: {key}: expected {want}, got {text!r}") from None
+
+
+def _oom_rows_text(pairs) -> str:
+    return ", ".join(f"{n}:{r}" for n, r in pairs)
+
+
+def _oom_rows(text: str, path: Path) -> tuple[tuple[int, int], ...]:
+    """`length:rows, ...` (empty: none)."""
+    pairs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        length, _, rows = item.partition(":")
+        try:
+            pairs.append((int(length), int(rows)))
+        except ValueError:
+            raise ProfileError(f"{path}: oom_rows: expected length:rows pairs separated by commas "
+                               f"(e.g. 256:65, 512:33), got {item!r}") from None
+    return tuple(pairs)
 
 
 def _int(value, name: str, default: int | None = None) -> int:
