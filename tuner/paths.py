@@ -75,10 +75,13 @@ def readable_dir(path: str | os.PathLike, *, label: str | None = None, what: str
 
 def readable(path: str | os.PathLike, *, label: str | None = None,
              error: type[InputError] = InputError) -> Path:
-    """The path, once it names a file or a directory this process can read."""
+    """The path, once it names a file or a directory this process can read; otherwise `error`
+    `<label>: no such file or directory` or the file's or directory's own reason."""
     path, label = _given(path, label, error)
     st = _stat(path, label, "cannot read", error=error)
-    if st is not None and stat.S_ISDIR(st.st_mode):
+    if st is None:
+        raise error(f"{label}: no such file or directory")
+    if stat.S_ISDIR(st.st_mode):
         return readable_dir(path, label=label, error=error)
     return readable_file(path, label=label, error=error)
 
