@@ -76,7 +76,9 @@ CASES = [
          rows=(1, 2, 1, 3, 1, 2, 2, 1, 1, 4), preferred=(1, 2, 4, 8)),
     # delay > 0: the first batch waits the delay; the next, queued, is not woken by arrivals below the
     # next preferred size, so later ones form a batch of their own
-    Case(name="none_delay", at_ms=(0, 20, 40, 60, 80, 130, 260, 275), delay_us=100_000),
+    # (the first batch closes 40 ms after its last arrival; the lone one's delay ends 55 ms before
+    # the next arrival; a late arrival after the instance frees forms its own batch just the same)
+    Case(name="none_delay", at_ms=(0, 20, 40, 60, 110, 265, 280), delay_us=100_000),
     Case(name="pow2_delay", at_ms=(0, 20, 40, 60, 80, 100, 120, 140, 160), delay_us=100_000,
          preferred=(1, 2, 4, 8)),
     # delay > 0, preferred 2 and 4: batches queued behind the busy instance, closed past the largest

@@ -204,7 +204,10 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
     assert again.returncode == 0, log
     trials = load(output, "resume").get_trials()
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    assert len(finished) == 3 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    states = [(t.number, t.state.name, t.params, t.user_attrs.get("error_kind"), t.user_attrs.get("note"),
+               t.user_attrs.get("error")) for t in trials]
+    assert len(finished) == 3 and not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)], \
+        (states, log)
     assert all(trials[n].params == p and trials[n].state == TrialState.COMPLETE for n, p in kept.items())
     assert sorted(t.number for t in trials) == list(range(len(trials)))
     # every failed (interrupted) trial was measured again, once; one interrupted before its
