@@ -230,3 +230,28 @@ def test_the_nightly_settings_refuse_keys_given_twice_nan_and_paths_the_os_refus
         with pytest.raises(SettingsError) as exc:
             load_nightly(nightly)
         assert str(exc.value) == f"{nightly}{message}"
+
+
+def _range_study(tmp_path: Path, traffic: str) -> Path:
+    path = tmp_path / "study.yaml"
+    path.write_text(f"name: s\nmodel_repository: models\nmodel: m\ntraffic: {{path: t.csv, {traffic}}}\n")
+    return path
+
+
+def test_a_date_range_reads_unquoted_yaml_dates_and_is_the_only_window(tmp_path):
+    study = read_study(_range_study(tmp_path, "since: 2026-11-25T06:00:00, until: '2026-11-26'"))
+    assert (study.traffic.since, study.traffic.until) == ("2026-11-25T06:00:00", "2026-11-26")
+    assert read_study(_range_study(tmp_path, "since: 1764050400")).traffic.since == 1764050400.0
+
+
+@pytest.mark.parametrize("traffic,expected", [
+    ("since: yesterday", "traffic.since: cannot read 'yesterday' as a date and time"),
+    ("since: 2026-11-26, until: 2026-11-25", "traffic.until must come after traffic.since"),
+    ("since: 2026-11-25, busiest_s: 600", "give since/until or busiest_s or start_s/duration_s"),
+    ("until: 2026-11-25, duration_s: 600", "give since/until or busiest_s or start_s/duration_s"),
+])
+def test_a_bad_date_range_is_one_line_naming_it(tmp_path, traffic, expected):
+    path = _range_study(tmp_path, traffic)
+    with pytest.raises(SettingsError) as exc:
+        read_study(path)
+    assert str(exc.value).startswith(f"{path}: ") and expected in str(exc.value) and "\n" not in str(exc.value)

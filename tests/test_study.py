@@ -44,6 +44,19 @@ def test_a_window_by_start_and_the_whole_directory(hourly):
     pd.testing.assert_frame_equal(study_traffic(_settings(folder)), df.reset_index(drop=True))
 
 
+def test_a_date_range_of_a_directory(hourly):
+    # synth's clock starts at 0: the range is given in the recording's own seconds, and as dates
+    df, folder = hourly
+    ts = df["timestamp"]
+    expected = df[(ts >= 7200.0) & (ts < 9000.0)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(study_traffic(_settings(folder, since=7200.0, until="9000")), expected)
+    shifted = df.assign(timestamp=ts + 1_767_225_600.0)  # 2026-01-01 00:00 UTC
+    for h, part in shifted.groupby((ts // 3600).astype(int)):
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), folder / f"h{h}.parquet", row_group_size=2000)
+    got = study_traffic(_settings(folder, since="2026-01-01T02:00", until="2026-01-01T02:30"))
+    pd.testing.assert_frame_equal(got, expected.assign(timestamp=expected["timestamp"] + 1_767_225_600.0))
+
+
 def test_a_single_csv_file_reads_as_before(tmp_path):
     times = np.concatenate([np.arange(40) * 0.25, 10 + np.arange(10) * 0.05])  # a burst at 10 s
     pd.DataFrame({"timestamp": times, "seq_len": np.arange(50) % 5 + 1}).to_csv(tmp_path / "t.csv", index=False)

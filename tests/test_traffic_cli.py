@@ -240,3 +240,32 @@ def test_every_traffic_input_the_os_refuses_is_one_line(command, suffix, case, t
     assert captured.out == ""
     assert captured.err == f"tuner: error: {path}: {expected}\n", captured.err
     assert not out.exists()
+
+
+def test_window_since_until_reads_dates_as_utc(tmp_path):
+    # 2026-01-01 00:00:00 UTC, then one request a minute for an hour
+    t0 = 1_767_225_600.0
+    df = pd.DataFrame({"timestamp": t0 + 60.0 * np.arange(60), "seq_len": np.arange(60) + 1})
+    path = write_traffic(df, tmp_path / "hour.parquet")
+    out = tmp_path / "w.csv"
+    assert main(["traffic", "window", str(path), "--since", "2026-01-01T00:10", "--until", "2026-01-01 00:20:00Z",
+                 "-o", str(out)]) == 0
+    assert read_traffic(out)["timestamp"].tolist() == (t0 + 60.0 * np.arange(10, 20)).tolist()
+    assert main(["traffic", "window", str(path), "--since", "2026-01-01T01:00+02:00", "-o", str(out)]) == 0
+    assert read_traffic(out)["timestamp"].tolist() == (t0 + 60.0 * np.arange(60)).tolist()  # 23:00 UTC the day before
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--since", "2026-01-02"], "2026-01-02 00:00:00 UTC to the end holds no requests (the traffic spans 2026-01-01"),
+    (["--since", "tomorrow"], "--since: cannot read 'tomorrow'"),
+    (["--start", "5", "--until", "2026-01-02"], "--until goes with --since"),
+    (["--since", "2026-01-01", "--duration", "5"], "with --since, give --until"),
+    (["--since", "2026-01-01T00:30", "--until", "2026-01-01T00:10"], "must come after its start"),
+])
+def test_window_range_errors_are_one_line_exit_2(tmp_path, capsys, args, expected):
+    df = pd.DataFrame({"timestamp": 1_767_225_600.0 + 60.0 * np.arange(60)})
+    path = write_traffic(df, tmp_path / "hour.parquet")
+    assert main(["traffic", "window", str(path), *args, "-o", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not (tmp_path / "x.csv").exists()

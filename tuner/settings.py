@@ -8,6 +8,7 @@ and a value of the wrong type names its key. Relative paths are resolved against
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import re
 import types
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from tuner.errors import SettingsError
+from tuner.errors import InputError, SettingsError
 from tuner.files import read_text
+from tuner.instants import parse_instant
 from tuner.paths import nameable
 
 LAUNCHERS = ("local", "docker", "remote")
@@ -85,7 +87,7 @@ class ServerSettings:
     install_dir: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrafficSettings:
     """The recorded traffic (`traffic:`): its file, the part of it to use and the speed of its real load."""
 
@@ -95,6 +97,10 @@ class TrafficSettings:
     start_s: float | None = at_least_zero(None)
     duration_s: float | None = positive(None)
     busiest_s: float | None = positive(None)
+    # or a date range: the requests from `since` until `until` (either open), each an ISO-8601 date
+    # and time (naive: UTC) or a number of seconds on the recording's own clock
+    since: float | str | None = None
+    until: float | str | None = None
     # the speed that stands for "the load the traffic really has" (utilization scoring)
     speed: float = positive(1.0)
 
@@ -428,6 +434,8 @@ def _convert(hint, value, source: str, *, key: str):
             raise SettingsError(f"{source}: {key}: expected a finite number, got {value!r}")
         return number
     if hint is str:
+        if isinstance(value, datetime.date):  # YAML reads an unquoted 2026-11-25T06:00 as a datetime
+            return value.isoformat()
         if not isinstance(value, str):
             raise SettingsError(f"{source}: {key}: expected a string, got {value!r}")
         return value
@@ -482,6 +490,23 @@ def _ruled(node, prefix: str = ""):
             yield from _ruled(value, f"{prefix}{f.name}.")
 
 
+def _check_range(t: TrafficSettings, source: str) -> None:
+    """traffic.since / until: times that read, in order, and not beside another way to cut a window."""
+    if t.since is None and t.until is None:
+        return
+    if t.busiest_s is not None or t.start_s is not None or t.duration_s is not None:
+        raise SettingsError(f"{source}: traffic: give since/until or busiest_s or start_s/duration_s, "
+                            "one way to choose the window")
+    try:
+        since, until = (None if v is None else parse_instant(v, f"traffic.{k}")
+                        for k, v in (("since", t.since), ("until", t.until)))
+    except InputError as exc:
+        raise SettingsError(f"{source}: {exc}") from None
+    if since is not None and until is not None and not since < until:
+        raise SettingsError(f"{source}: traffic.until must come after traffic.since "
+                            f"(got {t.since!r} to {t.until!r})")
+
+
 def _check(s: StudySettings, source: str) -> None:
     for key, rule, value in _ruled(s):
         if isinstance(rule, tuple):
@@ -498,6 +523,7 @@ def _check(s: StudySettings, source: str) -> None:
         raise SettingsError(f"{source}: sla.max_error_rate: must be <= 1, got {s.sla.max_error_rate}")
     if s.traffic.busiest_s is not None and s.traffic.start_s is not None:
         raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
+    _check_range(s.traffic, source)
     for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
                          ("search.instance_count", 1), ("search.max_queue_size", 0)):
         r = _get(s, key)

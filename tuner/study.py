@@ -14,10 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from tuner import modelconfig
+from tuner.instants import parse_instant
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.traffic.recording import open_recording
-from tuner.traffic.scan import busiest_in, read_all, read_window
+from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
 __all__ = ["base_config", "study_traffic"]
 
@@ -34,6 +35,9 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
     if t.busiest_s is not None:
         start, _ = busiest_in(rec, t.busiest_s)
         return read_window(rec, start, t.busiest_s)
+    if t.since is not None or t.until is not None:
+        return read_range(rec, *(None if v is None else parse_instant(v, f"traffic.{k}")
+                                 for k, v in (("since", t.since), ("until", t.until))))
     if t.start_s is not None or t.duration_s is not None:
         return read_window(rec, t.start_s, t.duration_s)
     return read_all(rec)

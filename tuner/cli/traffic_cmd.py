@@ -163,14 +163,17 @@ def _window_command(sub: argparse._SubParsersAction) -> None:
     p = _file_command(
         sub, "window", run=_window, help="cut a time window out of a profile",
         description="Keep the requests of one window: from --start for --duration (seconds "
-        "from the first request), or the busiest window of a given length (found by a scan of the "
-        "timestamp column; only the window's row groups are read).",
+        "from the first request), from --since until --until (dates and times, naive ones UTC, or "
+        "seconds on the recording's clock), or the busiest window of a given length (found by a scan "
+        "of the timestamp column). Only the window's row groups are read.",
         input_help=RECORDING_HELP, recording=True,
     )
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--start", metavar="T", help="window start, from the first request (e.g. 300, 5m)")
     how.add_argument("--busiest", metavar="D", help="the busiest window of this length")
+    how.add_argument("--since", metavar="T", help="window start, a date and time (e.g. 2026-11-25T06:00, UTC)")
     p.add_argument("--duration", metavar="D", help="window length (with --start; default: to the end)")
+    p.add_argument("--until", metavar="T", help="window end, excluded (with --since; default: to the end)")
     add_output_file(p, required=True)
 
 
@@ -288,9 +291,18 @@ def _synth(args: argparse.Namespace) -> int:
 
 def _window(args: argparse.Namespace) -> int:
     from tuner import traffic
-    from tuner.traffic.scan import busiest_in, read_window
+    from tuner.instants import parse_instant
+    from tuner.traffic.scan import busiest_in, read_range, read_window
 
     traffic.check_output(args.output)
+    if args.until is not None and args.since is None:
+        raise TrafficError("--until goes with --since")
+    if args.since is not None:
+        if args.duration is not None:
+            raise TrafficError("--duration goes with --start; with --since, give --until")
+        since = parse_instant(args.since, "--since")
+        until = None if args.until is None else parse_instant(args.until, "--until")
+        return _write(read_range(_open(args), since, until), args)
     if args.busiest is not None:
         if args.duration is not None:
             raise TrafficError("--duration goes with --start; --busiest D already sets the length")

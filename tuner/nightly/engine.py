@@ -114,7 +114,7 @@ def _key(params: dict) -> tuple:
 def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
     """The study pointed at tonight's traffic file, whole (the night's window is already cut)."""
     traffic = dataclasses.replace(study.traffic, path=str(traffic_path), start_s=None, duration_s=None,
-                                  busiest_s=None)
+                                  busiest_s=None, since=None, until=None)
     return dataclasses.replace(study, traffic=traffic)
 
 

@@ -15,8 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tuner import space
+from tuner.instants import parse_instant
 from tuner.report._load import StudyOutput, _dig, simulated_vs_measured, traffic_rate
-from tuner.traffic import busiest_window
+from tuner.traffic import TIMESTAMP, busiest_window
 from tuner.traffic.windows import offsets
 
 INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
@@ -265,6 +266,11 @@ def _replayed_stretch(out: StudyOutput) -> tuple[float, float] | None:
     if busiest:
         begin = busiest_window(out.traffic, float(busiest))[0]
         return begin, begin + float(busiest)
+    since, until = (_dig(out.summary, f"traffic.{k}") for k in ("since", "until"))
+    if (since is not None or until is not None) and len(out.traffic):
+        t0 = float(out.traffic[TIMESTAMP].iloc[0])
+        begin = 0.0 if since is None else parse_instant(since) - t0
+        return begin, float(offsets(out.traffic)[-1]) if until is None else parse_instant(until) - t0
     if start is not None or duration is not None:
         begin = float(start or 0.0)
         return begin, begin + float(duration) if duration else float(offsets(out.traffic)[-1])

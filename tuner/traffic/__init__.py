@@ -9,7 +9,7 @@ importers  import_triton_trace, import_azure, import_csv
 stats      describe, format_stats, plot_stats, check_plot_path
 recording  open_recording: Parquet files (one, a directory, a glob; a CSV converted once) as one
            recording read a row group at a time (import tuner.traffic.recording)
-scan       describe_recording, busiest_in, read_window, read_since, read_all: statistics and windows
+scan       describe_recording, busiest_in, read_window, read_since, read_range, read_all: statistics and windows
            of a recording without holding it (import tuner.traffic.scan)
 """
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import json
+import codecs
 import os
-from collections.abc import Mapping
+from array import array
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import ijson
 import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.files import os_reason, read_text
+from tuner.files import open_input, os_reason
 from tuner.traffic.io import (
     MODEL,
     TIMESTAMP,
@@ -119,37 +121,71 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     traces only every rate-th request, so the table is a sample. With `log-frequency` N > 0 Triton
     writes F.0, F.1, ...: give F and all the parts are read. An entry whose id, model_name,
     parent_id or arrival time has the wrong type is refused, naming its part and entry.
+
+    The JSON is streamed (ijson): what is kept is a few integers per traced request, never the
+    file's text nor its entries as Python objects (a trace of millions of requests is gigabytes).
     """
     path = Path(path)
-    models: dict[int, str] = {}  # trace id -> model, for the requests kept
-    arrivals: dict[int, tuple[int, int]] = {}  # trace id -> (preference rank, ns)
+    heads = {"id": array("q"), "model": array("q")}  # each qualifying head, in file order
+    stamps = {"id": array("q"), "rank": array("q"), "ns": array("q")}  # each arrival marker, in order
+    models: dict[str, int] = {}  # model name -> code
     seen = set()
     for part in _trace_parts(path):
         for n, entry in enumerate(_trace_entries(part), start=1):
             where = f"{part}: entry {n}"
             seen.update(k for k in ("id", "model_name", "timestamps") if k in entry)
             if entry.get("model_name") is not None:
-                _trace_head(entry, where, models, include_children=include_children)
+                trace_id, model, child = _trace_head(entry, where)
+                if include_children or not child:
+                    heads["id"].append(trace_id)
+                    heads["model"].append(models.setdefault(model, len(models)))
             if entry.get("timestamps") is not None:
-                _trace_arrival(entry, where, arrivals)
+                trace_id = _trace_int(entry, "id", where)
+                for rank, ns in _trace_arrivals(entry, where):
+                    stamps["id"].append(trace_id)
+                    stamps["rank"].append(rank)
+                    stamps["ns"].append(ns)
     if len(seen) < 3:
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
-    ids = [i for i in models if i in arrivals]
-    if not ids:
+    ids, codes = _first_heads(heads)
+    ns = _arrival_of(stamps, ids)
+    found = ns >= 0
+    if not found.any():
         raise TrafficError(
             f"{path}: no traced requests with an arrival time ({', '.join(TRITON_ARRIVAL)}); "
             "was the server started with --trace-config level=TIMESTAMPS?"
         )
-    ns = np.array([arrivals[i][1] for i in ids], dtype=np.int64)
+    ns, codes = ns[found], codes[found]
     # split whole and fractional seconds so the float is rounded once, not twice
     seconds = (ns // 1_000_000_000).astype(np.float64) + (ns % 1_000_000_000) / 1e9
-    out = pd.DataFrame({TIMESTAMP: seconds, MODEL: [models[i] for i in ids]})
+    names = np.array(list(models), dtype=object)
+    out = pd.DataFrame({TIMESTAMP: seconds, MODEL: names[codes]})
     return validate_traffic(out, str(path))
 
 
-def _trace_head(entry: dict, where: str, models: dict[int, str], *, include_children: bool) -> None:
-    """Record the model of a request's first entry; children of an ensemble or BLS model are left
-    out unless `include_children`."""
+def _first_heads(heads: dict[str, array]) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's first qualifying head, in the order of those heads: (ids, model codes)."""
+    ids = np.frombuffer(heads["id"], dtype=np.int64) if heads["id"] else np.zeros(0, np.int64)
+    codes = np.frombuffer(heads["model"], dtype=np.int64) if heads["model"] else np.zeros(0, np.int64)
+    first = np.sort(np.unique(ids, return_index=True)[1])
+    return ids[first], codes[first]
+
+
+def _arrival_of(stamps: dict[str, array], ids: np.ndarray) -> np.ndarray:
+    """Each id's arrival (ns): its most preferred marker, the first of it if repeated; -1 for none."""
+    if not stamps["id"]:
+        return np.full(len(ids), -1, dtype=np.int64)
+    sid, rank, ns = (np.frombuffer(stamps[k], dtype=np.int64) for k in ("id", "rank", "ns"))
+    order = np.lexsort((np.arange(len(sid)), rank, sid))  # by id, then preference, then file order
+    sid, ns = sid[order], ns[order]
+    first = np.r_[True, sid[1:] != sid[:-1]]
+    sid, ns = sid[first], ns[first]
+    at = np.searchsorted(sid, ids).clip(max=len(sid) - 1)
+    return np.where(sid[at] == ids, ns[at], -1)
+
+
+def _trace_head(entry: dict, where: str) -> tuple[int, str, bool]:
+    """A request's head entry: its id, model, and whether a parent (an ensemble or BLS model) sent it."""
     trace_id = _trace_int(entry, "id", where)
     model = entry["model_name"]
     if not isinstance(model, str) or not model.strip():
@@ -157,13 +193,11 @@ def _trace_head(entry: dict, where: str, models: dict[int, str], *, include_chil
     parent = entry.get("parent_id")
     if parent is not None:
         parent = _trace_int(entry, "parent_id", where)
-    if (include_children or not parent) and trace_id not in models:
-        models[trace_id] = model
+    return trace_id, model, bool(parent)
 
 
-def _trace_arrival(entry: dict, where: str, arrivals: dict[int, tuple[int, int]]) -> None:
-    """Keep a request's arrival: its most preferred marker of TRITON_ARRIVAL, the first if repeated."""
-    trace_id = _trace_int(entry, "id", where)
+def _trace_arrivals(entry: dict, where: str) -> Iterator[tuple[int, int]]:
+    """The arrival markers of a timestamps entry (TRITON_ARRIVAL): (preference rank, ns) each."""
     stamps = entry["timestamps"]
     if not isinstance(stamps, list) or not all(isinstance(t, dict) for t in stamps):
         raise TrafficError(f"{where}: 'timestamps' must be a list of {{name, ns}} objects, got {_short(stamps)}")
@@ -177,9 +211,7 @@ def _trace_arrival(entry: dict, where: str, arrivals: dict[int, tuple[int, int]]
         if isinstance(ns, bool) or not isinstance(ns, int) or not 0 <= ns < 2**63:
             raise TrafficError(f"{where}: {name} 'ns' must be a time in nanoseconds (an integer from 0), "
                                f"got {_short(ns)}")
-        rank = TRITON_ARRIVAL.index(name)
-        if trace_id not in arrivals or rank < arrivals[trace_id][0]:
-            arrivals[trace_id] = (rank, ns)
+        yield TRITON_ARRIVAL.index(name), ns
 
 
 def _trace_int(entry: dict, key: str, where: str) -> int:
@@ -214,21 +246,32 @@ def _trace_parts(path: Path) -> list[Path]:
     return sorted(parts, key=lambda p: int(p.suffix[1:]))
 
 
-def _trace_entries(path: Path) -> list[dict]:
-    # utf-8-sig: a trace saved by an editor that marks UTF-8 with a byte-order mark
-    text = read_text(path, what="a Triton trace file", error=TrafficError, encoding="utf-8-sig")
-    if not text.strip():
-        raise TrafficError(f"{path}: empty file")
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TrafficError(
-            f"{path}: not a Triton trace (invalid JSON at line {exc.lineno}: {exc.msg})"
-        ) from None
-    if not isinstance(entries, list):
-        raise TrafficError(f"{path}: not a Triton trace (expected a JSON list of objects)")
-    bad = next((n for n, e in enumerate(entries, start=1) if not isinstance(e, dict)), None)
-    if bad is not None:
-        raise TrafficError(f"{path}: not a Triton trace (entry {bad} is {_short(entries[bad - 1])}, "
-                           "not an object)")
-    return entries
+def _trace_entries(path: Path) -> Iterator[dict]:
+    """The entries of one trace file, one at a time, as the file is read (a JSON list of objects)."""
+    with open_input(path, what="a Triton trace file", error=TrafficError) as fh:
+        # utf-8-sig: a trace saved by an editor that marks UTF-8 with a byte-order mark
+        if fh.peek(3)[:3] == codecs.BOM_UTF8:
+            fh.read(3)
+        events = ijson.parse(fh, use_float=True)
+        n, first = 0, None
+        try:
+            first = next(events)
+            if first[1] != "start_array":
+                raise TrafficError(f"{path}: not a Triton trace (expected a JSON list of objects)")
+            for n, entry in enumerate(ijson.items(_after(first, events), "item"), start=1):
+                if not isinstance(entry, dict):
+                    raise TrafficError(f"{path}: not a Triton trace (entry {n} is {_short(entry)}, not an object)")
+                yield entry
+        except ijson.JSONError as exc:
+            reason = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if first is None and "premature EOF" in reason:  # nothing but white space
+                raise TrafficError(f"{path}: empty file") from None
+            raise TrafficError(f"{path}: not a Triton trace (invalid JSON in entry {n + 1}: {reason})") from None
+        except OSError as exc:
+            raise TrafficError(f"{path}: cannot read ({os_reason(exc)})") from None
+
+
+def _after(first: tuple, events: Iterator[tuple]) -> Iterator[tuple]:
+    """The parse events again, the first one (already read) included."""
+    yield first
+    yield from events

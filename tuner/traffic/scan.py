@@ -4,6 +4,7 @@
     busiest_in           the busiest stretch of a length: a scan of the timestamp column only
     read_window          the requests of one window: only the row groups that meet it are read
     read_since           the requests from a time on (the newest hours of a growing directory)
+    read_range           the requests between two times (a date range)
     read_all             the whole recording as one table (what fits in memory)
 
 Every figure is computed as stats.describe computes it on the whole table, with the same float
@@ -19,11 +20,12 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
+from tuner.instants import instant_text
 from tuner.traffic.io import BATCH_SIZE, MODEL, RESERVED, TIMESTAMP
 from tuner.traffic.recording import Recording
 from tuner.traffic.stats import PERCENTILES
 
-__all__ = ["busiest_in", "describe_recording", "read_all", "read_since", "read_window"]
+__all__ = ["busiest_in", "describe_recording", "read_all", "read_range", "read_since", "read_window"]
 
 _BINCOUNT_MAX = 1 << 24  # sizes counted in an array up to this value, else by np.unique
 
@@ -268,6 +270,30 @@ def read_since(rec: Recording, since: float) -> pd.DataFrame:
             parts.append(df[keep])
     if not parts:
         return pd.DataFrame({c: [] for c in rec.columns})
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+
+
+def read_range(rec: Recording, since: float | None = None, until: float | None = None) -> pd.DataFrame:
+    """The requests with `since <= timestamp < until` (absolute seconds, either open), reading only
+    the row groups that meet the range; a range that holds none is refused, with the recording's span."""
+    if since is not None and until is not None and not since < until:
+        raise TrafficError(f"the range's end ({instant_text(until)}) must come after its start "
+                           f"({instant_text(since)})")
+    parts = []
+    for df in rec.frames(since=since, until=until):
+        ts = df[TIMESTAMP].to_numpy(dtype=np.float64)
+        keep = np.ones(len(ts), dtype=bool)
+        if since is not None:
+            keep &= ts >= since
+        if until is not None:
+            keep &= ts < until
+        if keep.any():
+            parts.append(df[keep])
+    if not parts:
+        shown = (f"{'the start' if since is None else instant_text(since)} to "
+                 f"{'the end' if until is None else instant_text(until)}")
+        raise TrafficError(f"{shown} holds no requests (the traffic spans {instant_text(rec.start)} "
+                           f"to {instant_text(rec.end)})")
     return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
 
 
