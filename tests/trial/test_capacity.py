@@ -137,3 +137,26 @@ def test_a_start_at_or_below_the_known_lower_bound_moves_above_it():
     find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.1, max_steps=20), start_speed=0.5, lower=load,
                   growth=1.3)
     assert fake.calls[0][0] == pytest.approx(0.65)
+
+
+def test_a_bracket_that_still_holds_is_confirmed_in_two_steps_at_its_edges():
+    """The re-measurement's A/B at the edges: start at the earlier lower edge, then its upper edge."""
+    settings = CapacitySettings(tolerance=0.1, max_steps=20)
+    fake = FakeServer(10.0)
+    result = find_capacity(with_retries(fake), SLA, settings, start_speed=9.6, upper_guess=10.4, growth=1.3)
+    assert [speed for speed, _ in fake.calls] == [9.6, 10.4]
+    assert result.converged and (result.speed, result.upper_speed) == (9.6, 10.4)
+    # without the edge it bisects from 1.3x above
+    blind = FakeServer(10.0)
+    find_capacity(with_retries(blind), SLA, settings, start_speed=9.6, growth=1.3)
+    assert len(blind.calls) > 2
+
+
+@pytest.mark.parametrize("capacity", [7.0, 9.9, 12.5, 30.0])
+def test_a_bracket_that_moved_is_searched_as_usual_from_its_edges(capacity):
+    settings = CapacitySettings(tolerance=0.05, max_steps=20)
+    fake = FakeServer(capacity)
+    result = find_capacity(with_retries(fake), SLA, settings, start_speed=9.6, upper_guess=10.4, growth=1.3)
+    assert result.converged and result.speed <= capacity < result.upper_speed
+    assert result.upper_speed / result.speed <= 1.05
+    assert [speed for speed, _ in fake.calls].count(10.4) <= 1

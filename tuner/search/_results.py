@@ -143,8 +143,9 @@ def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
               *,
               progress: Callable[[], None] | None = None) -> list[Repeats]:
     """Measure the top configurations (and the incumbent) again, interleaved (A B C A B C ...), so
-    that drift on the machine hits them alike. Each run starts its capacity search at the trial's
-    own capacity, so it brackets in a few steps."""
+    that drift on the machine hits them alike. Each run starts its capacity search at the lower edge of
+    the trial's capacity bracket and probes its upper edge next: a bracket that still holds is
+    confirmed in two steps (A/B at the edges, no bisection); one that moved is searched as usual."""
     candidates = top_trials(study, settings.search.top_k)
     if not candidates:  # nothing met the SLA: nothing to recommend, nothing to compare
         return []
@@ -155,7 +156,8 @@ def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
     for _ in range(settings.search.remeasure_repeats):
         for t in candidates:
             start = t.user_attrs.get("capacity_speed") or None
-            runs[t.number].append(evaluate(config_of(t), Hints(start_speed=start)))
+            upper = t.user_attrs.get("capacity_upper_speed") or None
+            runs[t.number].append(evaluate(config_of(t), Hints(start_speed=start, upper_speed=upper)))
             if progress:
                 progress()
     return [Repeats(config_of(t), t.number, incumbent is not None and t.params == incumbent.params,

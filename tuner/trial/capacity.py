@@ -76,6 +76,7 @@ def find_capacity(
     growth: float = 2.0,
     rate: float | None = None,
     lower: Step | None = None,
+    upper_guess: float | None = None,
     on_step: Callable[[Step], None] | None = None,
 ) -> Capacity:
     """Bracket, then bisect, the replay speed at which the SLA stops holding.
@@ -90,6 +91,10 @@ def find_capacity(
     `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
     speed even when each step replays a different window). Default: the step's measured offered rate.
     `lower`: a step already measured that met the SLA (e.g. at the recorded load): a lower bound.
+    `upper_guess`: a speed an earlier search found breaking the SLA (its bracket's upper edge): once a
+    step passes below it, it is probed next, instead of `growth` above. A re-measurement that starts at
+    the earlier bracket's lower edge thus confirms a converged bracket in two steps (pass at the lower
+    edge, fail at the upper), and goes on searching as usual when the server moved.
     """
 
     def rps(step: Step) -> float:
@@ -137,6 +142,9 @@ def find_capacity(
             if lo.speed >= settings.max_speed:
                 return done(limited_by="max_speed")
             speed = min(lo.speed * growth, settings.max_speed)
+            if upper_guess is not None and lo.speed < upper_guess < speed:  # the earlier bracket's edge
+                speed = upper_guess
+            upper_guess = None  # once: past it, the usual bracketing
         else:  # bracketing downwards
             if hi.speed <= floor:
                 return done(limited_by="min_speed")
@@ -150,3 +158,4 @@ class Hints:
 
     start_speed: float | None = None
     beat_rps: float | None = None  # prune once the bracket cannot beat this capacity
+    upper_speed: float | None = None  # a speed found breaking the SLA before: probed next after a pass

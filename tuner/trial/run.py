@@ -108,7 +108,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             start = hints.start_speed or max(cap.start_speed, load_speed)
             return find_capacity(probe, settings.sla, cap, start_speed=start, beat_rps=hints.beat_rps,
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
-                                 rate=rate, lower=lower)
+                                 rate=rate, lower=lower, upper_guess=hints.upper_speed)
 
         return assess(params, load, settings.sla, capacity=capacity_search if capacity else None, price_per_hour=price,
                       load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm)
