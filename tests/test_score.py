@@ -41,3 +41,39 @@ def test_scores_servers_and_monthly_bill():
     assert servers_needed(10.0, 0.0) is None
     assert monthly_cost(3, 1.0) == pytest.approx(2190.0)
     assert monthly_cost(None, 1.0) is None
+
+
+# --- a generative model: the token SLA and tokens per dollar ---------------------------------------
+
+TOKEN_SLA = SlaSettings(ttft_ms=500.0, tpot_ms=50.0, percentile=99.0, max_error_rate=0.01)
+
+
+def test_the_token_sla_holds_each_limit_it_sets():
+    from tuner.score import check_token_sla
+    ok = check_token_sla(ttft_ms=250.0, tpot_ms=40.0, error_rate=0.0, sla=TOKEN_SLA)
+    assert ok.ok and ok.violation == pytest.approx(-0.2) and ok.reason == ""
+    slow_first = check_token_sla(ttft_ms=750.0, tpot_ms=40.0, error_rate=0.0, sla=TOKEN_SLA)
+    assert not slow_first.ok and slow_first.violation == pytest.approx(0.5)
+    assert slow_first.reason == "p99 TTFT 750.0 ms > 500 ms"
+    slow_tokens = check_token_sla(ttft_ms=100.0, tpot_ms=60.0, error_rate=0.02, sla=TOKEN_SLA)
+    assert not slow_tokens.ok and slow_tokens.violation == pytest.approx(1.0)
+    assert slow_tokens.reason == "p99 TPOT 60.0 ms > 50 ms; error rate 2.00% > 1.00%"
+    ttft_only = SlaSettings(ttft_ms=500.0)
+    assert check_token_sla(ttft_ms=400.0, tpot_ms=None, error_rate=0.0, sla=ttft_only).ok  # TPOT not limited
+    none = check_token_sla(ttft_ms=None, tpot_ms=None, error_rate=0.0, sla=ttft_only)
+    assert not none.ok and none.violation == float("inf") and "TTFT none measured" in none.reason
+    with pytest.raises(ValueError, match="needs sla.ttft_ms or sla.tpot_ms"):
+        check_token_sla(ttft_ms=1.0, tpot_ms=1.0, error_rate=0.0, sla=SlaSettings())
+
+
+def test_tokens_per_dollar_at_capacity_and_at_the_recorded_load():
+    from tuner.score import tokens_per_dollar_at_capacity, tokens_per_dollar_at_load
+    # 100 output tokens/s for an hour at $2/h: 180000 per dollar; with 300 prompt tokens/s, 720000 in all
+    at_capacity = tokens_per_dollar_at_capacity(output_tokens_per_s=100.0, prompt_tokens_per_s=300.0,
+                                                price_per_hour=2.0)
+    assert at_capacity.output == pytest.approx(180_000) and at_capacity.total == pytest.approx(720_000)
+    # 9000 output tokens over 90 busy seconds at $4/h: $0.1 -> 90000 per dollar
+    at_load = tokens_per_dollar_at_load(output_tokens=9000, prompt_tokens=1000, busy_s=90.0, price_per_hour=4.0)
+    assert at_load.output == pytest.approx(90_000) and at_load.total == pytest.approx(100_000)
+    idle = tokens_per_dollar_at_load(output_tokens=9000, prompt_tokens=0, busy_s=0.0, price_per_hour=4.0)
+    assert idle.output is None and idle.total is None

@@ -255,3 +255,49 @@ def test_a_bad_date_range_is_one_line_naming_it(tmp_path, traffic, expected):
     with pytest.raises(SettingsError) as exc:
         read_study(path)
     assert str(exc.value).startswith(f"{path}: ") and expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+# --- a generative study: the engine knobs' ranges and the token SLA --------------------------------
+
+
+def test_the_engine_knobs_ranges_load():
+    s = study_from_dict({**MINIMAL, "search": {
+        "max_num_seqs": {"low": 8, "high": 256, "log": True}, "max_num_batched_tokens": {"low": 512, "high": 8192},
+        "enable_chunked_prefill": [True, False], "kv_cache_gib": {"low": 1, "high": 4}}})
+    assert s.search.max_num_seqs.log and s.search.enable_chunked_prefill == [True, False]
+    assert s.search.kv_cache_gib.high == 4 and s.search.gpu_memory_utilization is None
+    gpu = study_from_dict({**MINIMAL, "cost": {"gpu": "h100"},
+                           "search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.95, "step": 0.05}}})
+    assert gpu.search.gpu_memory_utilization.step == 0.05
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"search": {"max_num_seqs": {"low": 0, "high": 8}}}, "search.max_num_seqs: 1 <= low <= high must hold"),
+    ({"search": {"enable_chunked_prefill": [True, True]}}, "search.enable_chunked_prefill: a list of distinct choices"),
+    ({"search": {"enable_chunked_prefill": ["yes"]}}, "search.enable_chunked_prefill[0]: expected true or false"),
+    ({"search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9}}},
+     "search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); size its KV cache with search.kv_cache_gib"),
+    ({"cost": {"gpu": "h100"}, "search": {"gpu_memory_utilization": {"low": 0.5, "high": 1.5}}},
+     "search.gpu_memory_utilization: 0 < low <= high <= 1 must hold"),
+    ({"cost": {"gpu": "h100"}, "search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9},
+                                          "kv_cache_gib": {"low": 1, "high": 2}}},
+     "search: give either gpu_memory_utilization or kv_cache_gib, not both"),
+    ({"sla": {"ttft_ms": 0}}, "sla.ttft_ms: must be > 0"),
+    ({"sla": {"tpot_ms": -5}}, "sla.tpot_ms: must be > 0"),
+])
+def test_bad_engine_ranges_and_token_limits_are_named(data, message):
+    with pytest.raises(SettingsError) as exc:
+        study_from_dict({**MINIMAL, **data}, source="study.yaml")
+    assert message in str(exc.value) and str(exc.value).startswith("study.yaml: ")
+
+
+def test_a_study_keeps_the_sla_of_its_kind():
+    from tuner.settings import check_generative
+    generative = study_from_dict({**MINIMAL, "sla": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 99}})
+    check_generative(generative, generative=True)
+    check_generative(study_from_dict({**MINIMAL, "sla": {"tpot_ms": 50}}), generative=True)  # either one
+    check_generative(study_from_dict(MINIMAL), generative=False)
+    with pytest.raises(SettingsError, match="a generative study .* needs sla.ttft_ms and/or sla.tpot_ms"):
+        check_generative(study_from_dict(MINIMAL), generative=True)
+    with pytest.raises(SettingsError, match="sla.ttft_ms: a token limit, for a generative study"):
+        check_generative(generative, generative=False)

@@ -259,3 +259,98 @@ def test_values_are_read_from_a_table_row_and_a_config():
     # the constants name the knobs in their order
     assert (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, space.PREFERRED, space.INSTANCES, space.QUEUE_SIZE) == \
         space.NAMES
+
+
+# --- vLLM's continuous-batching knobs (engine arguments in model.json) ----------------------------
+
+ENGINE_SEARCH = SearchSettings(max_batch_size=None, max_queue_delay_microseconds=None,
+                               max_num_seqs=IntRange(8, 64, log=True), max_num_batched_tokens=IntRange(512, 2048, log=True),
+                               enable_chunked_prefill=[True, False], kv_cache_gib=IntRange(1, 4))
+
+
+def test_the_engine_knobs_are_drawn_gridded_and_described():
+    assert [k.name for k in space.tuned(ENGINE_SEARCH)] == [
+        "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "kv_cache_gib"]
+    assert space.grid(ENGINE_SEARCH) == {"max_num_seqs": [8, 16, 32, 64], "max_num_batched_tokens": [512, 1024, 2048],
+                                         "enable_chunked_prefill": [True, False], "kv_cache_gib": [1, 2, 3, 4]}
+    assert space.grid_size(ENGINE_SEARCH) == 4 * 3 * 2 * 4
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(10):
+        params = space.suggest(study.ask(), ENGINE_SEARCH)
+        assert 8 <= params["max_num_seqs"] <= 64 and params["enable_chunked_prefill"] in (True, False)
+    text = space.describe({"max_num_seqs": 32, "enable_chunked_prefill": False, "kv_cache_gib": 2})
+    assert text == "seqs 32, chunked prefill false, kv cache GiB 2"
+    assert space.describe({"kv_cache_gib": 2, "max_num_seqs": 32}, as_set=True) == "max_num_seqs=32, kv_cache_gib=2"
+
+
+def test_a_range_of_numbers_is_gridded_by_its_step_or_in_points():
+    from tuner.settings import FloatRange
+    stepped = SearchSettings(gpu_memory_utilization=FloatRange(0.5, 0.9, step=0.2))
+    assert space.grid(stepped)["gpu_memory_utilization"] == [0.5, 0.7, 0.9]
+    points = space.grid(SearchSettings(gpu_memory_utilization=FloatRange(0.5, 0.9)))["gpu_memory_utilization"]
+    assert len(points) == space.GRID_POINTS and points[0] == 0.5 and points[-1] == 0.9
+    trial = optuna.create_study().ask()
+    assert 0.5 <= space.suggest(trial, stepped)["gpu_memory_utilization"] <= 0.9
+
+
+def test_a_trial_splits_into_its_config_and_its_model_json():
+    params = {"max_batch_size": 8, "max_num_seqs": 16, "kv_cache_gib": 2}
+    config, engine = space.split(params)
+    assert config == {"max_batch_size": 8} and engine == {"max_num_seqs": 16, "kv_cache_gib": 2}
+    base = {"model": "tiny", "max_num_seqs": 4, "kv_cache_memory_bytes": 2**30}
+    args = space.apply_engine(base, engine)
+    assert args == {"model": "tiny", "max_num_seqs": 16, "kv_cache_memory_bytes": 2 * 2**30}
+    assert base["max_num_seqs"] == 4  # a copy
+    assert "kv_cache_memory_bytes" not in space.apply_engine(base, {"kv_cache_gib": 0})  # 0: vLLM's own size
+    with pytest.raises(ConfigError, match="kv_cache_gib: a vLLM engine argument, written to model.json"):
+        space.apply(with_base(""), params)
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(8\) must be greater than or equal to"):
+        space.apply_engine(base, {"max_num_seqs": 16, "max_num_batched_tokens": 8})
+
+
+def test_the_incumbents_engine_knobs_are_its_model_json_or_vllms_defaults():
+    from tuner.llm import engineargs
+    engine = engineargs.resolved({"max_num_seqs": 48, "kv_cache_memory_bytes": 3 * 2**30}, "cpu")
+    assert space.from_config(with_base(""), ENGINE_SEARCH, engine=engine) == {
+        "max_num_seqs": 48, "max_num_batched_tokens": 2048, "enable_chunked_prefill": True, "kv_cache_gib": 3}
+    assert space.from_config(with_base(""), ENGINE_SEARCH, engine=engineargs.resolved({}))["kv_cache_gib"] == 0
+    with pytest.raises(ConfigError, match="engine arguments"):
+        space.from_config(with_base(""), ENGINE_SEARCH)
+    assert space.outside({"max_num_seqs": 128, "kv_cache_gib": 0}, ENGINE_SEARCH) == [
+        "max_num_seqs 128 (search.max_num_seqs: 8..64)", "kv_cache_gib 0 (search.kv_cache_gib: 1..4)"]
+
+
+def test_a_study_tunes_the_knobs_of_its_models_kind():
+    engine_only = SearchSettings(max_num_seqs=IntRange(8, 64))
+    narrowed = space.study_space(engine_only, vllm=True, source="s.yaml")
+    assert [k.name for k in space.tuned(narrowed)] == ["max_num_seqs"]
+    assert space.study_space(SearchSettings(), vllm=False, source="s.yaml") == SearchSettings()
+    with pytest.raises(SettingsError, match="s.yaml: search.max_batch_size: Triton's dynamic batcher does nothing on "
+                                            r"a vLLM-backend model \(vLLM handles the batching\)"):
+        space.study_space(SearchSettings(max_batch_size=IntRange(1, 8), max_num_seqs=IntRange(8, 64)),
+                          vllm=True, source="s.yaml")
+    with pytest.raises(SettingsError, match="search.instance_count: Triton's dynamic batcher does nothing"):
+        space.study_space(SearchSettings(instance_count=IntRange(1, 2), max_num_seqs=IntRange(8, 64)),
+                          vllm=True, source="s.yaml")
+    with pytest.raises(SettingsError, match="give a range to at least one of max_num_seqs"):
+        space.study_space(SearchSettings(), vllm=True, source="s.yaml")
+    with pytest.raises(SettingsError, match="search.max_num_seqs: a vLLM engine argument .* not a vLLM-backend model"):
+        space.study_space(engine_only, vllm=False, source="s.yaml")
+
+
+def test_set_takes_the_engine_knobs_by_name_or_path():
+    assert space.parse_assignments(["max_num_seqs=64", "model.json:enable_chunked_prefill=false",
+                                    "gpu_memory_utilization=0.8"]) == {
+        "max_num_seqs": 64, "enable_chunked_prefill": False, "gpu_memory_utilization": 0.8}
+    with pytest.raises(ConfigError, match="expected true or false"):
+        space.parse_assignments(["enable_chunked_prefill=maybe"])
+    with pytest.raises(ConfigError, match="0 < value <= 1 must hold"):
+        space.parse_assignments(["gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match="1 <= value"):
+        space.parse_assignments(["max_num_seqs=0"])
+
+
+def test_a_table_row_gives_each_engine_knob_its_type():
+    row = {"max_num_seqs": "32", "enable_chunked_prefill": "False", "gpu_memory_utilization": "0.85"}
+    assert space.from_row(row, space.ENGINE_KNOBS) == {
+        "max_num_seqs": 32, "enable_chunked_prefill": False, "gpu_memory_utilization": 0.85}

@@ -1,4 +1,5 @@
-"""Pure: the SLA check of one measurement, requests per dollar both ways, servers and their cost.
+"""Pure: the SLA check of one measurement, requests per dollar both ways, servers and their cost; for a
+generative model the token SLA (TTFT, TPOT) and tokens per dollar both ways.
 (The capacity search that uses the SLA check is `tuner.trial.capacity`.)
 """
 
@@ -29,11 +30,7 @@ def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:
     """Whether `m` meets the SLA: its latency at the SLA's percentile, its error rate and the violation."""
     latency = m.latency(sla.percentile)
     over_latency = latency / sla.latency_ms - 1.0
-    # an error budget of 0 allows no errors at all: any error breaks it by 1 (100%)
-    if sla.max_error_rate > 0:
-        over_errors = m.error_rate / sla.max_error_rate - 1.0
-    else:
-        over_errors = 1.0 if m.error_rate > 0 else -1.0
+    over_errors = _over_errors(m.error_rate, sla.max_error_rate)
     violation = max(over_latency, over_errors)
     if math.isnan(violation):
         violation = float("inf")
@@ -72,3 +69,83 @@ def servers_needed(peak_rps: float, capacity_rps: float) -> int | None:
 def monthly_cost(servers: int | None, price_per_hour: float) -> float | None:
     """What `servers` servers cost per month (None when the number of servers is unknown)."""
     return None if servers is None else servers * price_per_hour * HOURS_PER_MONTH
+
+
+# --- a generative model: the token SLA and tokens per dollar ---------------------------------------
+# TTFT = the first streamed token's time minus the request's due time; TPOT = (last token - first
+# token) / (output tokens - 1). The SLA: percentile q of TTFT <= sla.ttft_ms and/or of TPOT <=
+# sla.tpot_ms, errors <= sla.max_error_rate. Tokens per dollar = output tokens served per dollar of
+# server time, at capacity (the fastest replay that meets the SLA) or at the recorded load (the
+# engine's busy time); total tokens (prompt + output) beside it.
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenSlaCheck:
+    """The token SLA check of one measurement: whether it holds, TTFT and TPOT at the SLA's
+    percentile, the error rate and the violation (<= 0 when it holds: the Optuna constraint)."""
+
+    ok: bool
+    ttft_ms: float | None
+    tpot_ms: float | None
+    error_rate: float
+    violation: float
+    reason: str = ""
+
+
+def check_token_sla(*, ttft_ms: float | None, tpot_ms: float | None, error_rate: float,
+                    sla: SlaSettings) -> TokenSlaCheck:
+    """Whether a generative measurement meets the SLA: `ttft_ms` and `tpot_ms` are its TTFT and TPOT
+    at `sla.percentile` (None: none measured), each held to its limit when the SLA sets one (a limit
+    with nothing measured is broken: no token came back)."""
+    overs, reasons = [], []
+    for name, measured, limit in (("TTFT", ttft_ms, sla.ttft_ms), ("TPOT", tpot_ms, sla.tpot_ms)):
+        if limit is None:
+            continue
+        over = math.inf if measured is None or math.isnan(measured) else measured / limit - 1.0
+        overs.append(over)
+        if over > 0:
+            shown = "none measured" if measured is None or math.isnan(measured) else f"{measured:.1f} ms"
+            reasons.append(f"p{sla.percentile:g} {name} {shown} > {limit:g} ms")
+    if not overs:
+        raise ValueError("a token SLA needs sla.ttft_ms or sla.tpot_ms (settings.check_generative)")
+    over_errors = _over_errors(error_rate, sla.max_error_rate)
+    if over_errors > 0:
+        reasons.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")
+    violation = max(*overs, over_errors)
+    if math.isnan(violation):
+        violation = math.inf
+    return TokenSlaCheck(ok=violation <= 0, ttft_ms=ttft_ms, tpot_ms=tpot_ms, error_rate=error_rate,
+                         violation=violation, reason="; ".join(reasons))
+
+
+def _over_errors(error_rate: float, budget: float) -> float:
+    # an error budget of 0 allows no errors at all: any error breaks it by 1 (100%)
+    if budget > 0:
+        return error_rate / budget - 1.0
+    return 1.0 if error_rate > 0 else -1.0
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """Tokens per dollar: output tokens (the score), and total tokens (prompt + output) beside it."""
+
+    output: float | None
+    total: float | None
+
+
+def tokens_per_dollar_at_capacity(*, output_tokens_per_s: float, prompt_tokens_per_s: float,
+                                  price_per_hour: float) -> TokenScore:
+    """Tokens per dollar of a server dedicated to the model and kept busy at its capacity (the token
+    rates of the fastest replay that meets the SLA)."""
+    return TokenScore(capacity_score(output_tokens_per_s, price_per_hour),
+                      capacity_score(output_tokens_per_s + prompt_tokens_per_s, price_per_hour))
+
+
+def tokens_per_dollar_at_load(*, output_tokens: float, prompt_tokens: float, busy_s: float,
+                              price_per_hour: float) -> TokenScore:
+    """Tokens per dollar of the engine's busy time at the recorded load (the server shared or billed
+    by use): the tokens served over the busy seconds' price. None when no busy time or no token."""
+    if busy_s <= 0 or output_tokens <= 0:
+        return TokenScore(None, None)
+    dollars = busy_s * price_per_hour / 3600.0
+    return TokenScore(output_tokens / dollars, (output_tokens + prompt_tokens) / dollars)

@@ -142,11 +142,17 @@ class MeasurementSettings:
 
 @dataclass(frozen=True)
 class SlaSettings:
-    """The latency SLA (`sla:`): a percentile's limit and the share of errors allowed."""
+    """The SLA (`sla:`): a percentile's limit and the share of errors allowed. An encoder study limits
+    the request's latency (`latency_ms`); a generative one (a vLLM-backend model replaying token
+    traffic) limits the time to first token (`ttft_ms`: first streamed token minus the request's due
+    time) and/or the time per output token (`tpot_ms`: (last token - first token) / (output tokens -
+    1)), each at the same percentile (`check_generative` holds a study to its kind)."""
 
     latency_ms: float = positive(100.0)
     percentile: float = 99.0
     max_error_rate: float = at_least_zero(0.001)
+    ttft_ms: float | None = positive(None)
+    tpot_ms: float | None = positive(None)
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,17 @@ class IntRange:
 
 
 @dataclass(frozen=True)
+class FloatRange:
+    """A range of numbers of the search space: low and high, on a log scale, or in steps (`step`;
+    the grid walks it, or takes `GRID_POINTS` points across the range without one)."""
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+
+@dataclass(frozen=True)
 class CapacitySettings:
     """The capacity search (`search.capacity:`): where it starts, how far it goes, when it stops."""
 
@@ -188,13 +205,23 @@ class SearchSettings:
     trials: int = positive(20)
     timeout_s: float | None = positive(None)
     seed: int = between(0, 2**32 - 1, 0)  # what Optuna's samplers (numpy's RandomState) take
-    max_batch_size: IntRange = field(default_factory=lambda: IntRange(1, 64, log=True))
-    max_queue_delay_microseconds: IntRange = field(default_factory=lambda: IntRange(0, 20000, step=500))
+    # the dynamic batcher's knobs (config.pbtxt); None: not tuned (a vLLM-backend model's study,
+    # `tuner.space.study_space`)
+    max_batch_size: IntRange | None = field(default_factory=lambda: IntRange(1, 64, log=True))
+    max_queue_delay_microseconds: IntRange | None = field(default_factory=lambda: IntRange(0, 20000, step=500))
     preferred_batch_size: str = one_of(PREFERRED_STRATEGIES, "none")
     instance_count: IntRange | None = None
     # a bounded queue (dynamic_batching.default_queue_policy.max_queue_size; 0 = unbounded) rejects
     # requests instead of letting latency grow: tuned only when given a range
     max_queue_size: IntRange | None = None
+    # vLLM's continuous batching (engine arguments in the model's model.json), tuned when given a range
+    # (a vLLM-backend model only): sequences per step, tokens per step, chunked prefill, and the KV
+    # cache: its share of GPU memory, or its size in GiB (a CPU; kv_cache_memory_bytes)
+    max_num_seqs: IntRange | None = None
+    max_num_batched_tokens: IntRange | None = None
+    enable_chunked_prefill: list[bool] | None = None
+    gpu_memory_utilization: FloatRange | None = None
+    kv_cache_gib: IntRange | None = None
     capacity: CapacitySettings = field(default_factory=CapacitySettings)
     top_k: int = positive(3)
     remeasure_repeats: int = positive(3)
@@ -525,7 +552,8 @@ def _check(s: StudySettings, source: str) -> None:
         raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
     _check_range(s.traffic, source)
     for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
-                         ("search.instance_count", 1), ("search.max_queue_size", 0)):
+                         ("search.instance_count", 1), ("search.max_queue_size", 0), ("search.max_num_seqs", 1),
+                         ("search.max_num_batched_tokens", 1), ("search.kv_cache_gib", 1)):
         r = _get(s, key)
         if r is None:
             continue
@@ -536,6 +564,7 @@ def _check(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
         if r.log and r.low < 1:
             raise SettingsError(f"{source}: {key}: a log range needs low >= 1, got low={r.low}")
+    _check_engine_ranges(s, source)
     if s.search.grace_period_s <= s.search.heartbeat_s:
         raise SettingsError(f"{source}: search.grace_period_s: must be > search.heartbeat_s "
                             f"({s.search.heartbeat_s}), got {s.search.grace_period_s}")
@@ -547,3 +576,41 @@ def _check(s: StudySettings, source: str) -> None:
         parse_host_port(s.server.grpc_url, where=f"{source}: server.grpc_url", schemes=("grpc",))
     if not s.name or not s.model:
         raise SettingsError(f"{source}: name and model must not be empty")
+
+
+def _check_engine_ranges(s: StudySettings, source: str) -> None:
+    """The engine knobs' ranges: the KV cache's share of GPU memory in (0, 1] and not on a CPU, one
+    way of sizing the cache, chunked prefill's choices."""
+    search = s.search
+    r = search.gpu_memory_utilization
+    if r is not None:
+        if not 0 < r.low <= r.high <= 1:
+            raise SettingsError(f"{source}: search.gpu_memory_utilization: 0 < low <= high <= 1 must hold, "
+                                f"but got (low={r.low:g}, high={r.high:g})")
+        if r.step is not None and r.step <= 0:
+            raise SettingsError(f"{source}: search.gpu_memory_utilization.step: must be > 0, got {r.step:g}")
+        if s.cost.gpu == "cpu":
+            raise SettingsError(f"{source}: search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); "
+                                f"size its KV cache with search.kv_cache_gib")
+        if search.kv_cache_gib is not None:
+            raise SettingsError(f"{source}: search: give either gpu_memory_utilization or kv_cache_gib, not both "
+                                f"(vLLM sizes the cache by kv_cache_memory_bytes when it is set)")
+    choices = search.enable_chunked_prefill
+    if choices is not None and (not choices or len(set(choices)) != len(choices)):
+        raise SettingsError(f"{source}: search.enable_chunked_prefill: a list of distinct choices, e.g. "
+                            f"[true, false], got {choices}")
+
+
+def check_generative(s: StudySettings, *, generative: bool) -> None:
+    """Hold the study's SLA to its kind: a generative study (a vLLM-backend model, token traffic)
+    needs sla.ttft_ms or sla.tpot_ms (sla.latency_ms, the encoder's limit, is not used); an encoder
+    study refuses them. SettingsError in one line."""
+    source = s.source or "<study>"
+    given = [key for key in ("ttft_ms", "tpot_ms") if getattr(s.sla, key) is not None]
+    if generative and not given:
+        raise SettingsError(f"{source}: sla: a generative study (a vLLM-backend model, token traffic) needs "
+                            f"sla.ttft_ms and/or sla.tpot_ms (time to first token, time per output token, "
+                            f"at sla.percentile)")
+    if not generative and given:
+        raise SettingsError(f"{source}: sla.{given[0]}: a token limit, for a generative study (a vLLM-backend "
+                            f"model); {s.model} is an encoder: limit sla.latency_ms")

@@ -12,6 +12,14 @@ particular knob (a map's axes, the rows a request needs) names it through the co
 (`MAX_BATCH_SIZE`, ...), never by spelling it: tests/test_knob_names.py checks that. Adding a knob is a
 `Knob` here plus its range in `tuner.settings.SearchSettings`.
 
+A knob lives in one file (`Knob.home`): the dynamic batcher's (`KNOBS`) in config.pbtxt, read from and
+written to a `ModelConfig`; vLLM's continuous-batching knobs (`ENGINE_KNOBS`: sequences and tokens per
+step, chunked prefill, the KV cache's size) in a vLLM-backend model's `model.json`, read from and written
+to its engine arguments (a dict; `tuner.llm.engineargs` reads, checks and writes the file, and maps
+`kv_cache_gib` to vLLM's `kv_cache_memory_bytes`). A study tunes one kind or the other
+(`study_space`): on a vLLM-backend model Triton's dynamic batcher does nothing, vLLM batches. A trial's
+values split by file (`split`): `apply` writes the config's, `apply_engine` the engine arguments'.
+
 Values are plain: ints, and for `preferred_batch_size` a strategy name (`none`, `max`,
 `powers_of_two`: the sizes follow from the trial's `max_batch_size`) or an explicit tuple of sizes.
 """
@@ -23,43 +31,51 @@ import difflib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.errors import ConfigError, SettingsError, TunerError
+from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig, parse, to_text
-from tuner.settings import IntRange, SearchSettings
+from tuner.settings import FloatRange, IntRange, SearchSettings
 
 if TYPE_CHECKING:  # an annotation only: `tuner config` imports this module and must start fast
     import optuna
 
 __all__ = [
-    "INSTANCES", "KNOBS", "LABELS", "MAX_BATCH_SIZE", "NAMES", "PREFERRED", "QUEUE_DELAY", "QUEUE_SIZE",
-    "STRATEGIES", "Knob", "Params", "apply", "check_tunable", "config_diff", "config_fields", "deployed",
-    "describe", "fit_to_rows", "from_config", "from_row", "grid", "grid_size", "outside", "parse_assignments",
-    "preferred_sizes", "sizes_text", "suggest", "tuned", "value_in",
+    "ALL_KNOBS", "CHUNKED_PREFILL", "CONFIG_FILE", "ENGINE_KNOBS", "ENGINE_NAMES", "GPU_MEMORY", "GRID_POINTS",
+    "INSTANCES", "KNOBS", "KV_CACHE_GIB", "LABELS", "MAX_BATCH_SIZE", "MAX_SEQS", "MAX_TOKENS", "NAMES",
+    "PREFERRED", "QUEUE_DELAY", "QUEUE_SIZE", "STRATEGIES", "Knob", "Params", "apply", "apply_engine",
+    "check_tunable", "config_diff", "config_fields", "deployed", "describe", "fit_to_rows", "from_config",
+    "from_row", "grid", "grid_size", "outside", "parse_assignments", "preferred_sizes", "sizes_text", "split",
+    "study_space", "suggest", "tuned", "value_in",
 ]
 
-Value = int | str | tuple[int, ...]
+Value = int | float | bool | str | tuple[int, ...]
 Params = dict[str, Value]
 
 STRATEGIES = ("none", "max", "powers_of_two")  # preferred_batch_size as a function of max_batch_size
 _INT32_MAX = 2**31 - 1
 _UINT64_MAX = 2**64 - 1
+CONFIG_FILE = "config.pbtxt"
+GRID_POINTS = 5  # a grid's points across a range of numbers given without a step
 
 
 @dataclass(frozen=True, kw_only=True)
 class Knob:
-    """One tuned field of config.pbtxt."""
+    """One tuned field of config.pbtxt, or one engine argument of a vLLM-backend model's model.json."""
 
     name: str                          # the trial parameter, a `--set` key, a summary key
-    path: str                          # its place in config.pbtxt (also a `--set` key)
+    path: str                          # its place in its file (also a `--set` key)
     label: str                         # a table's column heading
-    bounds: tuple[int, int]            # what the field accepts
-    range_of: Callable[[SearchSettings], IntRange | tuple[str, ...] | None]  # None: not tuned
-    read: Callable[[ModelConfig], Value | None]  # None: the config does not state it
-    write: Callable[[ModelConfig, Value], None]  # on a copy, after the knobs before it
-    default: int = 0                   # Triton's value where the config does not state it
+    bounds: tuple[float, float]        # what the field accepts
+    range_of: Callable[[SearchSettings], IntRange | FloatRange | tuple | None]  # None: not tuned
+    # config.pbtxt: a ModelConfig; model.json: the engine arguments, a dict
+    read: Callable[[Any], Value | None]  # None: the file does not state it
+    write: Callable[[Any, Value], None]  # on a copy, after the knobs before it
+    default: Value = 0                 # the server's value where the file does not state it
     sizes: bool = False                # a list of batch sizes (or a strategy naming them), not one integer
+    home: str = CONFIG_FILE            # the file it lives in: config.pbtxt or model.json
+    kind: type = int                   # the type of its value (int, float, bool; sizes: see `sizes`)
 
 
 def _batching(config: ModelConfig, field: str):
@@ -175,9 +191,112 @@ _BY_NAME = {k.name: k for k in KNOBS}
 MAX_BATCH_SIZE, QUEUE_DELAY, PREFERRED, INSTANCES, QUEUE_SIZE = NAMES
 
 
+# --- vLLM's continuous batching: engine arguments in model.json -----------------------------------
+
+
+def _engine_reader(key: str):
+    return lambda args: args.get(key)
+
+
+def _engine_writer(key: str):
+    def write(args: dict, value: Value) -> None:
+        args[key] = value
+    return write
+
+
+def _read_cache_gib(args: dict) -> Value | None:
+    size = args.get("kv_cache_memory_bytes")
+    if size is None:
+        return None
+    gib = size / engineargs.GIB
+    return int(gib) if gib == int(gib) else gib
+
+
+def _write_cache_gib(args: dict, value: Value) -> None:
+    if not value:  # 0: vLLM sizes the cache itself (from gpu_memory_utilization)
+        args.pop("kv_cache_memory_bytes", None)
+    else:
+        args["kv_cache_memory_bytes"] = int(value * engineargs.GIB)
+
+
+def _engine_knob(key: str, label: str, *, kind: type = int, bounds=(1, _INT32_MAX), **rest) -> Knob:
+    rest.setdefault("range_of", lambda s: getattr(s, key))
+    return Knob(name=key, path=f"{engineargs.ENGINE_FILE}:{key}", label=label, bounds=bounds,
+                home=engineargs.ENGINE_FILE, read=_engine_reader(key), write=_engine_writer(key), kind=kind,
+                **rest)
+
+
+# vLLM's values where model.json leaves a knob out depend on the device: `from_config` takes them
+# from the incumbent's resolved engine arguments (`engineargs.resolved`), not from `default`.
+ENGINE_KNOBS: tuple[Knob, ...] = (
+    _engine_knob("max_num_seqs", "seqs"),
+    _engine_knob("max_num_batched_tokens", "batched tokens"),
+    _engine_knob("enable_chunked_prefill", "chunked prefill", kind=bool, bounds=(0, 1),
+                 range_of=lambda s: tuple(s.enable_chunked_prefill) if s.enable_chunked_prefill else None),
+    _engine_knob("gpu_memory_utilization", "gpu memory", kind=float, bounds=(0.0, 1.0)),
+    # 0: vLLM's own size (from gpu_memory_utilization); else GiB, written as kv_cache_memory_bytes
+    Knob(name="kv_cache_gib", path=f"{engineargs.ENGINE_FILE}:kv_cache_gib", label="kv cache GiB",
+         bounds=(0, 1 << 20), range_of=lambda s: s.kv_cache_gib, read=_read_cache_gib, write=_write_cache_gib,
+         home=engineargs.ENGINE_FILE),
+)
+ENGINE_NAMES: tuple[str, ...] = tuple(k.name for k in ENGINE_KNOBS)
+MAX_SEQS, MAX_TOKENS, CHUNKED_PREFILL, GPU_MEMORY, KV_CACHE_GIB = ENGINE_NAMES
+ALL_KNOBS: tuple[Knob, ...] = KNOBS + ENGINE_KNOBS
+LABELS.update({k.name: k.label for k in ENGINE_KNOBS})
+_BY_NAME.update({k.name: k for k in ENGINE_KNOBS})
+_ORDER: tuple[str, ...] = NAMES + ENGINE_NAMES
+_SEARCH_FIELDS = {f.name for f in dataclasses.fields(SearchSettings)}
+
+
 def tuned(search: SearchSettings) -> tuple[Knob, ...]:
     """The knobs this study searches (those its `search:` section gives a range)."""
-    return tuple(k for k in KNOBS if k.range_of(search) is not None)
+    return tuple(k for k in ALL_KNOBS if k.range_of(search) is not None)
+
+
+def split(params: Params) -> tuple[Params, Params]:
+    """A trial's values by the file they live in: (config.pbtxt's, model.json's)."""
+    return ({k: v for k, v in params.items() if k not in ENGINE_NAMES},
+            {k: v for k, v in params.items() if k in ENGINE_NAMES})
+
+
+def apply_engine(base: dict, params: Params) -> dict:
+    """A copy of the engine arguments `base` (the incumbent's model.json) with the engine knobs named
+    in `params` written in, checked as vLLM would (`engineargs.check`: ConfigError in one line)."""
+    unknown = sorted(set(params) - set(ENGINE_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown engine knob {unknown[0]!r} (known: {', '.join(ENGINE_NAMES)})")
+    args = dict(base)
+    for knob in ENGINE_KNOBS:
+        if knob.name in params:
+            knob.write(args, params[knob.name])
+    engineargs.check(args, source=f"the trial's {engineargs.ENGINE_FILE}")
+    return args
+
+
+def study_space(search: SearchSettings, *, vllm: bool, source: str) -> SearchSettings:
+    """The search a study runs on its model: on a vLLM-backend model (`vllm`) the engine knobs only
+    (the dynamic batcher's ranges dropped: Triton's dynamic batcher does nothing there, vLLM handles
+    the batching), elsewhere the dynamic batcher's. SettingsError in one line for a knob of the
+    other kind the study asks for (a range other than the default), or a vLLM study with no engine
+    knob to tune."""
+    defaults = SearchSettings()
+    engine = [k.name for k in ENGINE_KNOBS if k.range_of(search) is not None]
+    if not vllm:
+        if engine:
+            raise SettingsError(f"{source}: search.{engine[0]}: a vLLM engine argument (model.json), but the "
+                                f"model is not a vLLM-backend model (config.pbtxt backend \"vllm\", or a Python "
+                                f"backend with a model.json): tune the dynamic batcher's knobs")
+        return search
+    asked = [k.name for k in KNOBS if getattr(search, k.name) != getattr(defaults, k.name)]
+    if asked:
+        raise SettingsError(f"{source}: search.{asked[0]}: Triton's dynamic batcher does nothing on a vLLM-backend "
+                            f"model (vLLM handles the batching): tune {', '.join(ENGINE_NAMES[:3])} or the KV cache")
+    if not engine:
+        raise SettingsError(f"{source}: search: the model is a vLLM-backend model: give a range to at least one "
+                            f"of {', '.join(ENGINE_NAMES)} (e.g. search.{MAX_SEQS}: {{low: 8, high: 256, log: true}})")
+    # the ranges the settings give by default, dropped (a strategy name of "none" already tunes nothing)
+    return dataclasses.replace(search, **{k.name: None for k in KNOBS
+                                          if k.name in _SEARCH_FIELDS and not k.sizes and k.range_of(search)})
 
 
 # --- drawing a trial, and the grid -----------------------------------------------------------------
@@ -191,6 +310,9 @@ def suggest(trial: optuna.trial.BaseTrial, search: SearchSettings) -> Params:
         if isinstance(r, IntRange):
             params[knob.name] = (trial.suggest_int(knob.name, r.low, r.high, log=True) if r.log
                                  else trial.suggest_int(knob.name, r.low, r.high, step=r.step))
+        elif isinstance(r, FloatRange):
+            params[knob.name] = trial.suggest_float(knob.name, r.low, r.high, log=r.log,
+                                                    step=None if r.log else r.step)
         else:
             params[knob.name] = trial.suggest_categorical(knob.name, list(r))
     return params
@@ -211,10 +333,19 @@ def grid(search: SearchSettings) -> dict[str, list]:
             return sorted(out)
         return list(range(r.low, r.high + 1, r.step))
 
+    def numbers(r: FloatRange) -> list[float]:
+        if r.step and not r.log:
+            count = int(math.floor((r.high - r.low) / r.step + 1e-9))
+            return [round(r.low + i * r.step, 10) for i in range(count + 1)]
+        if r.log:
+            ratio = (r.high / r.low) ** (1 / (GRID_POINTS - 1))
+            return [round(r.low * ratio**i, 10) for i in range(GRID_POINTS)]
+        return [round(r.low + (r.high - r.low) * i / (GRID_POINTS - 1), 10) for i in range(GRID_POINTS)]
+
     out = {}
     for knob in tuned(search):
         r = knob.range_of(search)
-        out[knob.name] = values(r) if isinstance(r, IntRange) else list(r)
+        out[knob.name] = values(r) if isinstance(r, IntRange) else numbers(r) if isinstance(r, FloatRange) else list(r)
     return out
 
 
@@ -230,6 +361,10 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     """A copy of `base` with only the knobs named in `params` changed. A study that fixes a
     preferred-size strategy without searching it (`search.preferred_batch_size: max`) applies it to
     every configuration."""
+    engine = sorted(set(params) & set(ENGINE_NAMES))
+    if engine:
+        raise ConfigError(f"{engine[0]}: a vLLM engine argument, written to model.json (apply_engine), not to "
+                          f"config.pbtxt")
     unknown = sorted(set(params) - set(NAMES))
     if unknown:
         raise ConfigError(f"unknown tuned field {unknown[0]!r} (known: {', '.join(NAMES)})")
@@ -244,10 +379,18 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     return new
 
 
-def from_config(config: ModelConfig, search: SearchSettings) -> Params:
-    """The config's own values of the knobs the study tunes (the incumbent trial)."""
+def from_config(config: ModelConfig, search: SearchSettings, *, engine: dict | None = None) -> Params:
+    """The config's own values of the knobs the study tunes (the incumbent trial); the engine knobs'
+    from `engine`, the incumbent's engine arguments with vLLM's values where its model.json leaves
+    one out (`engineargs.resolved`; `kv_cache_gib` 0: vLLM sizes the cache itself)."""
     params: Params = {}
     for knob in tuned(search):
+        if knob.home != CONFIG_FILE:
+            if engine is None:
+                raise ConfigError(f"{knob.name}: the incumbent's engine arguments (model.json) are needed")
+            value = knob.read(engine)
+            params[knob.name] = knob.default if value is None else value
+            continue
         value = knob.read(config)
         if knob.sizes:  # a strategy is searched: name the config's
             value = "max" if value == (config.max_batch_size,) else (
@@ -271,8 +414,15 @@ def value_in(config: ModelConfig, name: str) -> Value:
 
 def from_row(row, knobs: Iterable[Knob] = KNOBS) -> Params:
     """The values of `knobs` in a table's row (a simulation's, a trials table's) that has their
-    columns: integers, and the sizes knob's cell as written (a strategy name or a sizes label)."""
-    return {k.name: (row[k.name] if k.sizes else int(row[k.name])) for k in knobs if k.name in row}
+    columns: each of its knob's type, and the sizes knob's cell as written (a strategy name or a sizes
+    label)."""
+    return {k.name: (row[k.name] if k.sizes else _typed(k, row[k.name])) for k in knobs if k.name in row}
+
+
+def _typed(knob: Knob, cell) -> Value:
+    if knob.kind is bool:
+        return cell if isinstance(cell, bool) else str(cell).strip().lower() in ("true", "1")
+    return float(cell) if knob.kind is float else int(cell)
 
 
 def sizes_text(sizes) -> str:
@@ -311,7 +461,7 @@ def describe(params: Params, *, as_set: bool = False, code: bool = False) -> str
     takes (in the knobs' order); `code`: each of those a Markdown code span."""
     if not as_set:
         return ", ".join(f"{LABELS.get(k, k)} {_text(v)}" for k, v in params.items())
-    order = sorted(params, key=lambda k: (NAMES.index(k) if k in NAMES else len(NAMES), k))
+    order = sorted(params, key=lambda k: (_ORDER.index(k) if k in _ORDER else len(_ORDER), k))
     items = [f"{k}={_text(v)}" for k, v in ((k, params[k]) for k in order)]
     return ", ".join(f"`{item}`" if code else item for item in items)
 
@@ -336,6 +486,10 @@ def _canonical(config: ModelConfig | str) -> str:
 
 
 def _text(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as model.json and the study YAML write it
+    if isinstance(value, float):
+        return f"{value:g}"
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
@@ -375,7 +529,8 @@ def outside(params: Params, search: SearchSettings) -> list[str]:
     out = []
     for knob in tuned(search):
         r, value = knob.range_of(search), params.get(knob.name)
-        if isinstance(r, IntRange) and isinstance(value, int) and not r.low <= value <= r.high:
+        if isinstance(r, (IntRange, FloatRange)) and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not r.low <= value <= r.high:
             out.append(f"{knob.name} {value} (search.{knob.name}: {r.low}..{r.high})")
     return out
 
@@ -386,7 +541,7 @@ def outside(params: Params, search: SearchSettings) -> list[str]:
 def parse_assignments(assignments: Iterable[str]) -> Params:
     """`["max_batch_size=8", "preferred_batch_size=4,8", ...]` (from `--set`) as values; the keys are
     the knobs' names or their config.pbtxt paths."""
-    keys = {key: knob for knob in KNOBS for key in (knob.name, knob.path)}
+    keys = {key: knob for knob in ALL_KNOBS for key in (knob.name, knob.path)}
     values: Params = {}
     for item in assignments:
         key, sep, raw = item.partition("=")
@@ -404,9 +559,25 @@ def parse_assignments(assignments: Iterable[str]) -> Params:
             if not parts:
                 raise ConfigError(f"--set {item!r}: expected a comma list of batch sizes, e.g. 4,8")
             values[knob.name] = tuple(_int_in_range(item, p, low, high=high) for p in parts)
+        elif knob.kind is bool:
+            if raw.lower() not in ("true", "false"):
+                raise ConfigError(f"--set {item!r}: expected true or false, got {raw!r}")
+            values[knob.name] = raw.lower() == "true"
+        elif knob.kind is float:
+            values[knob.name] = _float_in_range(item, raw, low, high=high)
         else:
             values[knob.name] = _int_in_range(item, raw, low, high=high)
-    return {k.name: values[k.name] for k in KNOBS if k.name in values}
+    return {k.name: values[k.name] for k in ALL_KNOBS if k.name in values}
+
+
+def _float_in_range(item: str, raw: str, low: float, *, high: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"--set {item!r}: {raw!r} is not a number") from None
+    if not (math.isfinite(value) and low < value <= high):
+        raise ConfigError(f"--set {item!r}: {low:g} < value <= {high:g} must hold, but got {raw}")
+    return value
 
 
 def _int_in_range(item: str, raw: str, low: int, *, high: int) -> int:

@@ -455,3 +455,28 @@ def _http_endpoint(container) -> str:
     args = container.attrs["Args"] + container.attrs["Config"].get("Cmd", [])
     port = next(a.split("=", 1)[1] for a in args if a.startswith("--http-port="))
     return f"127.0.0.1:{port}"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_trials_engine_arguments_reach_the_container_not_the_users_files(engine):
+    """The container mounts the private copy read-only; the trial's model.json is written into that
+    copy on the host and read by the model as it loads (tests/data/engine_models/engine_echo answers
+    with the model.json it read)."""
+    import numpy as np
+
+    from tuner import modelconfig
+    from tuner.llm import engineargs
+
+    from .contract import infer
+
+    models, name = ROOT / "tests" / "data" / "engine_models", "engine_echo"
+    user = (models / name / "1" / "model.json").read_bytes()
+    config = modelconfig.load(models / name / "config.pbtxt")
+    with DockerLauncher(SETTINGS, models, [name]) as launcher:
+        for seqs in (16, 32):
+            trial = {**engineargs.read(models / name), "max_num_seqs": seqs}
+            launcher.apply_engine_args(name, config, trial)
+            answer = infer(launcher.endpoints.http, name, "DUMMY", np.zeros(1, dtype=np.int32))
+            assert json.loads(answer["outputs"][0]["data"][0]) == trial
+    assert (models / name / "1" / "model.json").read_bytes() == user

@@ -12,7 +12,7 @@ import atexit
 import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +52,14 @@ class Launcher(abc.ABC):
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
         """Load `model` with `config` as an override, read the config back from the server and
         raise ServerSetupError if any field asked for differs. Returns the config the server runs."""
+
+    @abc.abstractmethod
+    def apply_engine_args(self, model: str, config: ModelConfig, args: Mapping[str, object]) -> ModelConfig:
+        """Load a vLLM-backend `model` with `config` and the engine arguments `args` as its
+        `model.json` (a trial's, `tuner.space.apply_engine`), never touching the user's own files:
+        a launcher that serves a copy writes it there (`tuner.llm.engineargs.write`) and reloads the
+        model with `config` as the override; a remote server gets the version directory as the load
+        request's file overrides. Returns the config the server runs (as `apply_config`)."""
 
     @abc.abstractmethod
     def model_config(self, model: str) -> ModelConfig:

@@ -6,11 +6,12 @@ OS threads; these calls are few and small, so blocking stdlib HTTP with short ti
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tuner import modelconfig, space
 from tuner.errors import ServerError, ServerSetupError
@@ -116,10 +117,22 @@ class TritonHttp:
         """The Prometheus metrics at `url`, summed by name."""
         return parse_prometheus(self.request("GET", "metrics", url=url).decode(errors="replace"))
 
-    def load(self, model: str, config: ModelConfig | None, timeout_s: float) -> None:
-        """Repository load with `config` as the override (HttpError if Triton refuses)."""
-        body = {"parameters": {"config": modelconfig.to_json(config)}} if config is not None else {}
+    def load(self, model: str, config: ModelConfig | None, timeout_s: float, *,
+             files: Mapping[str, bytes] | None = None) -> None:
+        """Repository load with `config` as the override (HttpError if Triton refuses). `files`
+        (`{"file:1/model.json": bytes, ...}`, sent base64 as Triton's load API takes them) replace
+        the model's directory on the server for this load: it is loaded from them and `config`."""
+        params: dict[str, str] = {}
+        if config is not None:
+            params["config"] = modelconfig.to_json(config)
+        for key, data in (files or {}).items():
+            params[key] = base64.b64encode(data).decode("ascii")
+        body = {"parameters": params} if params else {}
         self.post_json(f"v2/repository/models/{model}/load", body, timeout_s=timeout_s)
+
+    def unload(self, model: str, timeout_s: float) -> None:
+        """Repository unload of `model` (HttpError if Triton refuses)."""
+        self.post_json(f"v2/repository/models/{model}/unload", {}, timeout_s=timeout_s)
 
 
 def _json_object(raw: bytes, base: str, call: str) -> dict:
@@ -164,10 +177,16 @@ def _excerpt(raw: bytes, limit: int = 40) -> str:
 
 
 def apply_and_verify(http: TritonHttp, model: str, config: ModelConfig, *, timeout_s: float,
-                     explain_refusal: Callable[[str], str]) -> ModelConfig:
-    """Load `model` with `config`, read it back, and fail loudly on any difference in a tuned field."""
+                     explain_refusal: Callable[[str], str], files: Mapping[str, bytes] | None = None,
+                     fresh: bool = False) -> ModelConfig:
+    """Load `model` with `config` (and `files`, the model directory's overrides), read it back, and
+    fail loudly on any difference in a tuned field. `fresh`: unload it first, so that its files are
+    read again (Triton 2.51 keeps a model loaded from file overrides when the next load's overrides
+    differ only in a file's content, and skips a reload it judges by modification times)."""
     try:
-        http.load(model, config, timeout_s=timeout_s)
+        if fresh:
+            http.unload(model, timeout_s=timeout_s)
+        http.load(model, config, timeout_s=timeout_s, files=files)
     except HttpError as exc:
         raise ServerSetupError(f"model '{model}': Triton refused the configuration: {explain_refusal(exc.message)}") from None
     running = http.model_config(model)

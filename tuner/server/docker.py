@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import docker.errors  # binds `docker` too (from_env, DockerClient)
@@ -27,6 +27,7 @@ from docker.types import DeviceRequest
 from tqdm import tqdm
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.llm import engineargs
 from tuner.localhost import check_port_free, free_ports, pid_alive
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
@@ -184,11 +185,23 @@ class DockerLauncher(Launcher):
     # --- model control and observation -------------------------------------------------------------
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        return self._load(model, config, fresh=False)
+
+    def _load(self, model: str, config: ModelConfig, *, fresh: bool) -> ModelConfig:
         http = self._require_http()
         offset = len(self._fetch_logs(self._container)) if self._container is not None else 0
         with self._died_to_server_error():
-            return apply_and_verify(http, model, config, timeout_s=LOAD_TIMEOUT_S,
+            return apply_and_verify(http, model, config, timeout_s=LOAD_TIMEOUT_S, fresh=fresh,
                                     explain_refusal=lambda message: self._explain_refusal(message, offset))
+
+    def apply_engine_args(self, model: str, config: ModelConfig, args: Mapping[str, object]) -> ModelConfig:
+        self._require_http()
+        if self._repo_copy is None or not (self._repo_copy / model).is_dir():
+            raise ServerSetupError(f"model '{model}' is not in the served repository (copied from {self.model_repository})")
+        # the container mounts the host's private copy read-only: written here, it reads the new file
+        # as the model loads (unloaded first: read anew)
+        engineargs.write(self._repo_copy / model, args, user_dir=self.model_repository / model)
+        return self._load(model, config, fresh=True)
 
     def model_config(self, model: str) -> ModelConfig:
         with self._died_to_server_error():

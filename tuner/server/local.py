@@ -11,10 +11,11 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.llm import engineargs
 from tuner.localhost import check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
@@ -186,6 +187,9 @@ class LocalLauncher(Launcher):
     # --- control --------------------------------------------------------------------------------
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
+        return self._load(model, config, fresh=False)
+
+    def _load(self, model: str, config: ModelConfig, *, fresh: bool) -> ModelConfig:
         http = self._checked()
         if not (self.repository / model).is_dir():
             raise ServerSetupError(f"model '{model}' is not in the served repository "
@@ -193,11 +197,20 @@ class LocalLauncher(Launcher):
         offset = self._log_size()
         self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
-            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s,
+            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
                                     explain_refusal=lambda msg: self._refusal(msg, offset))
         except ServerError:
             self._checked()  # a server that died during the load says so
             raise
+
+    def apply_engine_args(self, model: str, config: ModelConfig, args: Mapping[str, object]) -> ModelConfig:
+        self._checked()
+        if not (self.repository / model).is_dir():
+            raise ServerSetupError(f"model '{model}' is not in the served repository "
+                                   f"(copied from {self.model_repository})")
+        # the served copy's model.json, read by the model as it loads (unloaded first: read anew)
+        engineargs.write(self.repository / model, args, user_dir=self.model_repository / model)
+        return self._load(model, config, fresh=True)
 
     def model_config(self, model: str) -> ModelConfig:
         return self._checked().model_config(model)

@@ -12,9 +12,11 @@ metrics or gRPC port, another web server), in one line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
 from tuner.server.client import HttpError, NotTritonError, TritonHttp, apply_and_verify
@@ -64,7 +66,7 @@ class RemoteLauncher(Launcher):
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
                  *,
                  metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
-                 read_only: bool = False):
+                 read_only: bool = False, model_repository: str | Path | None = None):
         host, port = parse_host_port(url, where="server.url", error=ServerSetupError)
         if grpc_url:
             grpc = "{}:{}".format(*parse_host_port(grpc_url, where="server.grpc_url", schemes=("grpc",),
@@ -84,6 +86,9 @@ class RemoteLauncher(Launcher):
         self._changed: set[str] = set()
         self._started = False
         self.read_only = read_only
+        # the user's local copy of the served models: a trial's engine arguments go with its version
+        # directory's other files (a Python-backend model's code), which the server's own are replaced by
+        self.model_repository = Path(model_repository) if model_repository else None
 
     @property
     def endpoints(self) -> Endpoints:
@@ -113,6 +118,21 @@ class RemoteLauncher(Launcher):
             self._originals[model] = self._http.model_config(model)
         self._changed.add(model)
         return apply_and_verify(self._http, model, config, timeout_s=self.load_timeout_s,
+                                explain_refusal=lambda msg: f"{msg} (the reason is in the server's log)")
+
+    def apply_engine_args(self, model: str, config: ModelConfig, args: Mapping[str, object]) -> ModelConfig:
+        """Triton's load API with file overrides: the model is loaded from `config` and the files sent
+        (the version directory of the local copy, `model_repository`, with `args` as its model.json;
+        only the model.json without one: NVIDIA's vllm backend needs no other file). `stop()` loads
+        the original configuration without overrides, from the server's own repository."""
+        if self.read_only:
+            raise ServerSetupError(f"the server at {self.url} is attached read-only: its configuration is not changed")
+        local = self.model_repository / model if self.model_repository else None
+        files = engineargs.version_files(local if local and local.is_dir() else None, args)
+        if model not in self._originals:
+            self._originals[model] = self._http.model_config(model)
+        self._changed.add(model)
+        return apply_and_verify(self._http, model, config, timeout_s=self.load_timeout_s, files=files, fresh=True,
                                 explain_refusal=lambda msg: f"{msg} (the reason is in the server's log)")
 
     def model_config(self, model: str) -> ModelConfig:
