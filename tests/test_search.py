@@ -158,12 +158,41 @@ def test_an_interrupt_inside_optunas_bookkeeping_fails_its_trial_and_the_study_r
     assert trials[at].user_attrs["error_kind"] == "interrupted"
 
     again = new_study(s)
-    assert search.requeue_interrupted(again) == ([at] if at == 0 else [])  # the incumbent is measured again
+    # the trial's configuration was drawn before the interrupt was let through: it is measured again
+    assert search.requeue_interrupted(again) == [at]
     fake = FakeEvaluation()
     search.run_trials(again, s, fake, n_trials=5)
     measured = [t for t in again.get_trials() if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(measured) == 5 and not again.get_trials(states=(TrialState.RUNNING,))
     assert INCUMBENT in [t.params for t in measured]
+
+
+def test_an_interrupt_inside_ask_of_a_grid_study_loses_no_grid_point(tmp_path):
+    """The grid point's id is given inside `ask`: the interrupted trial must be retried with it, or the
+    study ends with that point never measured (CI once finished a two-worker grid study one short)."""
+    s = fake_settings(tmp_path, trials=10_000, sampler="grid")
+    study = new_study(s)
+    sampler = study.sampler
+    original = sampler.before_trial
+
+    def interrupting(study_, trial):
+        original(study_, trial)
+        if trial.number == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sampler.before_trial = interrupting
+    with pytest.raises(KeyboardInterrupt):
+        search.run_trials(study, s, FakeEvaluation(), n_trials=10_000)
+    sampler.before_trial = original
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert [t.number for t in failed] == [2] and failed[0].params and "grid_id" in failed[0].system_attrs
+
+    again = new_study(s)
+    assert search.requeue_interrupted(again) == [2]
+    search.run_trials(again, s, FakeEvaluation(), n_trials=10_000)
+    measured = {tuple(sorted(t.params.items())) for t in again.get_trials()
+                if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}  # the incumbent is a grid point here
+    assert len(measured) == space.grid_size(s.search)
 
 
 def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_retried(tmp_path):

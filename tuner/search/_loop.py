@@ -164,22 +164,28 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
     guard = InterruptGuard()
 
     def objective(trial: optuna.Trial) -> float:
+        # drawn before an interrupt may land (one arriving in `ask` or here is held until `open`): a
+        # trial begun has its configuration, so an interrupted one is retried as it was drawn. A grid
+        # point's id is given in `ask`: a trial interrupted before its draw would hold the point, unmeasured
+        params = draw(trial)
         try:
             with guard.open():
-                return measured(trial)
+                return measured(trial, params)
         except KeyboardInterrupt:
             if "error_kind" not in trial.user_attrs:
                 trial.set_user_attr("error", INTERRUPTED)
                 trial.set_user_attr("error_kind", INTERRUPTED)
             raise
 
-    def measured(trial: optuna.Trial) -> float:
-        nonlocal failures, ran
+    def draw(trial: optuna.Trial) -> space.Params:
         for key, value in host.as_dict().items():
             trial.set_user_attr(key, value)
         with warnings.catch_warnings():  # an incumbent outside the ranges: tuner says so itself
             warnings.filterwarnings("ignore", message="Fixed parameter")
-            params = space.suggest(trial, settings.search)
+            return space.suggest(trial, settings.search)
+
+    def measured(trial: optuna.Trial, params: space.Params) -> float:
+        nonlocal failures, ran
         twin = _twin(study, trial.number, trial.params) if isinstance(study.sampler, _GridSampler) else None
         if twin is not None:  # two hosts drew one grid point at once: the earlier trial measures it
             trial.set_user_attr("error", f"trial {twin} measures this configuration")
