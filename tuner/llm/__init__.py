@@ -1,0 +1,1 @@
+"""Generative models served by Triton's vLLM backend: the tiny model, engine arguments, prompts."""
