@@ -208,3 +208,34 @@ def test_the_calibration_sink_answers_like_triton(protocol):
             tensor.set_data_from_numpy(np.zeros((1, 64), np.int32))
             assert client.infer("calibration", [tensor]).as_numpy("OUT").tolist() == [[4]]
             client.close()
+
+
+def test_server_sent_events_are_handed_over_whatever_their_framing():
+    from tuner.replay._http import generate_request
+
+    first, second = b'data: {"text_output":" w0","num_output_tokens":1}\n\n', b'data: {"error":"late failure"}\n\n'
+    answers = [
+        # an event split across two chunks, each chunk written in two pieces
+        [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+         + b"%x\r\n" % 20 + first[:10], first[10:20] + b"\r\n",
+         b"%x\r\n" % (len(first) - 20) + first[20:] + b"\r\n", b"%x\r\n" % len(second) + second + b"\r\n0\r\n\r\n"],
+        # an error before the stream starts: a whole JSON answer
+        [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 22\r\n\r\n{\"error\":\"bad prompt\"}"],
+        # the events as one whole body
+        [b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(first) * 2) + first + first],
+    ]
+    got: list[bytes] = []
+    with scripted_server(answers) as address:
+        connections = Connections(address, timeout_s=5.0)
+        request = generate_request(address, "llm", "w1 w2", tokens=4)
+        assert request.startswith(b"POST /v2/models/llm/generate_stream HTTP/1.1\r\n")
+        body = json.loads(request.split(b"\r\n\r\n", 1)[1])
+        assert body["stream"] is True and body["exclude_input_in_output"] and body["return_num_output_tokens"]
+        assert json.loads(body["sampling_parameters"]) == {"max_tokens": 4, "min_tokens": 4, "ignore_eos": True,
+                                                           "temperature": 0}
+        assert connections.stream(request, got.append) == (200, b"")
+        assert got == [first[6:-2], second[6:-2]]
+        assert connections.stream(request, got.append) == (400, b'{"error":"bad prompt"}')
+        got.clear()
+        assert connections.stream(request, got.append) == (200, b"") and got == [first[6:-2]] * 2
+        assert connections.opened == 1

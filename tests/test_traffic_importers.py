@@ -364,8 +364,10 @@ def test_import_azure_renames_and_keeps_times(tmp_path):
         "2023-11-16 18:17:04.0319600,3180,8\n2023-11-16 18:17:03.9799600,4808,10\n"
     )
     df = import_azure(path)
-    assert list(df.columns) == ["timestamp", "batch_size", "seq_len"]
+    assert list(df.columns) == ["timestamp", "batch_size", "seq_len", "prompt_tokens", "output_tokens"]
     assert df["seq_len"].tolist() == [4808, 3180]
+    assert df["prompt_tokens"].tolist() == [4808, 3180] and df["output_tokens"].tolist() == [10, 8]
+    assert df["output_tokens"].dtype == np.int64
     assert df["timestamp"].iloc[0] == pytest.approx(1700158623.97996, abs=1e-6)
 
 
@@ -380,6 +382,11 @@ def test_import_azure_with_a_byte_order_mark(tmp_path):
     ("2023-11-16 18:17:04,3180,8\n,4808,10\n", "line 3, column 'timestamp': empty (NaN)"),
     ("2023-11-16 18:17:04,3180,8\n2023-11-16 18:17:05,inf,10\n", "line 3, column 'seq_len': not a finite number: inf"),
     ("2023-11-16 18:17:04,1e300,8\n", "line 2, column 'seq_len': too large: 1e+300"),
+    ("2023-11-16 18:17:04,3180,8\n2023-11-16 18:17:05,10,\n",
+     "line 3, column 'output_tokens': empty (NaN) (every generative request needs its output tokens, at least 1)"),
+    ("2023-11-16 18:17:04,3180,0\n",
+     "line 2, column 'output_tokens': must be a positive integer, got 0 "
+     "(every generative request needs its output tokens, at least 1)"),
 ])
 def test_import_azure_refuses_a_bad_cell_naming_its_line(rows, expected, tmp_path):
     path = tmp_path / "az.csv"
@@ -478,3 +485,17 @@ def pq_row_groups(path) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).metadata.num_row_groups
+
+
+def test_a_csv_mapping_names_the_token_columns(tmp_path):
+    src = tmp_path / "vllm_log.csv"
+    src.write_text("t,input_len,output_len,conversation\n0.5,120,30,c1\n0.1,80,5,c2\n0.9,200,1,c1\n")
+    df = import_csv(src, {"timestamp": "t", "prompt_tokens": "input_len", "output_tokens": "output_len",
+                          "prefix_id": "conversation"})
+    assert list(df.columns) == ["timestamp", "batch_size", "prompt_tokens", "output_tokens", "prefix_id"]
+    assert df["prompt_tokens"].tolist() == [80, 120, 200] and df["output_tokens"].tolist() == [5, 30, 1]
+    assert df["prefix_id"].tolist() == ["c2", "c1", "c1"]
+    # a file whose columns already carry our names keeps them unmapped
+    same = tmp_path / "ours.csv"
+    same.write_text("timestamp,prompt_tokens,output_tokens,other\n1,2,3,x\n")
+    assert list(import_csv(same).columns) == ["timestamp", "batch_size", "prompt_tokens", "output_tokens"]

@@ -330,3 +330,40 @@ def test_a_parquet_binary_model_column_reads_as_the_names(tmp_path):
     path = tmp_path / "binary.parquet"
     pd.DataFrame({"timestamp": [1.0, 2.0], "model": [b"bert", b"resnet"]}).to_parquet(path)
     assert read_traffic(path)["model"].tolist() == ["bert", "resnet"]
+
+
+def test_a_generative_table_keeps_its_tokens_and_prefix_ids(tmp_path):
+    from tuner.traffic.io import is_generative
+
+    df = pd.DataFrame({"timestamp": [2.0, 1.0, 3.0], "prompt_tokens": [100, 7, 3000],
+                       "output_tokens": [20, 1, 500], "prefix_id": ["chat-1", "chat-1", 42]})
+    for suffix in ("csv", "parquet"):
+        back = read_traffic(write_traffic(df, tmp_path / f"g.{suffix}"))
+        assert back["prompt_tokens"].tolist() == [7, 100, 3000] and back["output_tokens"].tolist() == [1, 20, 500]
+        assert back["prompt_tokens"].dtype == np.int64 and back["output_tokens"].dtype == np.int64
+        assert back["prefix_id"].tolist() == ["chat-1", "chat-1", "42"]  # an id, not a size
+        assert is_generative(back) and shape_columns(back) == ["prompt_tokens", "output_tokens"]
+    assert not is_generative(df.drop(columns="output_tokens"))
+    ids = pd.DataFrame({"timestamp": [1.0, 2.0], "prompt_tokens": 5, "output_tokens": 5, "prefix_id": [3.0, 12.0]})
+    assert validate_traffic(ids, "x")["prefix_id"].tolist() == ["3", "12"]  # a CSV's ids with a gap read as floats
+
+
+@pytest.mark.parametrize("cells,expected", [
+    ("1.0,10,\n", "line 2, column 'output_tokens': empty (NaN) (every generative request needs its output tokens, "
+                  "at least 1)"),
+    ("1.0,10,5\n2.0,10,0\n", "line 3, column 'output_tokens': must be a positive integer, got 0 (every generative "
+                             "request needs its output tokens, at least 1)"),
+    ("1.0,0,5\n", "line 2, column 'prompt_tokens': must be a positive integer, got 0 (every generative request "
+                  "needs its prompt tokens, at least 1)"),
+])
+def test_a_row_without_its_output_length_is_one_line_naming_it(cells, expected, tmp_path, capsys):
+    path = tmp_path / "g.csv"
+    path.write_text("timestamp,prompt_tokens,output_tokens\n" + cells)
+    assert main(["traffic", "stats", str(path)]) == 2
+    assert capsys.readouterr().err == f"tuner: error: {path}: {expected}\n"
+
+
+def test_an_empty_prefix_id_is_named():
+    df = pd.DataFrame({"timestamp": [1.0, 2.0], "prompt_tokens": 5, "output_tokens": 5, "prefix_id": ["a", " "]})
+    with pytest.raises(TrafficError, match=r"^x: row 2, column 'prefix_id': empty$"):
+        validate_traffic(df, "x")

@@ -37,7 +37,7 @@ def test_azure_samples_import_with_count_and_first_last_timestamps(source, shipp
     expected_ns = _source_times(source)
     for df in (import_azure(TRACES / source), read_traffic(PROFILES / shipped)):
         assert len(df) == count
-        assert list(df.columns) == ["timestamp", "batch_size", "seq_len"]
+        assert list(df.columns) == ["timestamp", "batch_size", "seq_len", "prompt_tokens", "output_tokens"]
         # float64 seconds near 1.7e9 resolve about 0.24 us; the source has 0.1 us digits
         for got, want in (
             (df["timestamp"].iloc[0], expected_ns.min()),
@@ -46,6 +46,8 @@ def test_azure_samples_import_with_count_and_first_last_timestamps(source, shipp
             assert abs(got * 1e9 - want) < 300, (got, want)
         raw = pd.read_csv(TRACES / source)
         assert sorted(df["seq_len"].tolist()) == sorted(raw["ContextTokens"].tolist())
+        assert (df["prompt_tokens"] == df["seq_len"]).all()
+        assert sorted(df["output_tokens"].tolist()) == sorted(raw["GeneratedTokens"].tolist())
     assert "CC-BY 4.0" in README and "Splitwise" in README and "Creative Commons Attribution 4.0" in README
 
 

@@ -68,3 +68,30 @@ def test_plot_of_a_long_profile_uses_coarser_bins(tmp_path):
     df = pd.DataFrame({"timestamp": np.linspace(0, 7 * 86400, 20_000), "batch_size": 1})
     plot_stats(df, tmp_path / "week.png")
     assert (tmp_path / "week.png").stat().st_size > 5000
+
+
+def _generative() -> pd.DataFrame:
+    # 5 requests over 4 s: prompts 10..50 tokens, outputs 1..5
+    return pd.DataFrame({"timestamp": np.arange(5.0), "prompt_tokens": np.arange(1, 6) * 10,
+                         "output_tokens": np.arange(1, 6), "prefix_id": ["a", "a", "b", "c", "c"]})
+
+
+def test_tokens_are_described_with_percentiles_and_rates(tmp_path, capsys):
+    stats = describe(_generative())
+    tokens = stats["tokens"]
+    assert tokens["prompt_tokens"]["p50"] == 30 and tokens["prompt_tokens"]["max"] == 50
+    assert tokens["output_tokens"]["p90"] == pytest.approx(4.6) and tokens["output_tokens"]["total"] == 15
+    # per second as the mean rate is: (requests - 1) / duration requests a second, of the mean size
+    assert tokens["prompt_tokens"]["per_s"] == pytest.approx(150 * 4 / 5 / 4.0)
+    assert tokens["all"] == {"total": 165, "per_s": pytest.approx(165 * 4 / 5 / 4.0)}
+    assert "prefix_id" not in stats["sizes"] and "tokens" not in describe(_frame())
+    path = write_traffic(_generative(), tmp_path / "g.parquet")
+    assert main(["traffic", "stats", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("tokens") or "per s" in line)
+    assert header.split() == ["p50", "p90", "p99", "mean", "max", "total", "per", "s"]
+    rows = {line.split()[0]: line.split() for line in out if line.startswith(("prompt ", "output "))
+            and "+" not in line}
+    assert rows["prompt"] == ["prompt", "30", "46", "49.60", "30", "50", "150", "30"]
+    assert rows["output"] == ["output", "3", "4.60", "4.96", "3", "5", "15", "3"]
+    assert next(line for line in out if line.startswith("prompt + output")).split()[-2:] == ["165", "33"]

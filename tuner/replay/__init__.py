@@ -25,6 +25,9 @@ _EXPORTS = {
     "peak_rate": "tuner.replay._plan",
     "model_info": "tuner.replay._plan",
     "statistics": "tuner.replay._plan",
+    "plan_generate": "tuner.replay._generate",
+    "GeneratePlan": "tuner.replay._generate",
+    "is_generative_model": "tuner.replay._generate",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,4 +1,5 @@
-"""Triton's binary-tensor HTTP infer request, prepared as bytes, and a small keep-alive HTTP/1.1 client.
+"""Triton's binary-tensor HTTP infer request and its generate_stream request, prepared as bytes, and a
+small keep-alive HTTP/1.1 client (whole answers, or Server-Sent Events handed over as they arrive).
 
 The load generator sends the same few request shapes thousands of times a second, so each distinct
 request is laid out once (`infer_request`) and sent as prepared bytes (`Connections.post`): no JSON,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
 import numpy as np
@@ -76,6 +77,21 @@ def infer_request(host: str, model: str, inputs: Sequence[tuple[str, str, Sequen
     return [head + header, *data]
 
 
+def generate_request(host: str, model: str, prompt: str, *, tokens: int) -> bytes:
+    """One streaming generate request (`POST /v2/models/<model>/generate_stream`, the vLLM backend's
+    inputs): the prompt, and exactly `tokens` tokens to generate (max_tokens = min_tokens,
+    ignore_eos, greedy); each response is to carry its token count (`num_output_tokens`)."""
+    sampling = json.dumps({"max_tokens": tokens, "min_tokens": tokens, "ignore_eos": True, "temperature": 0},
+                          separators=(",", ":"))
+    body = json.dumps({"text_input": prompt, "stream": True, "exclude_input_in_output": True,
+                       "return_num_output_tokens": True, "sampling_parameters": sampling},
+                      separators=(",", ":")).encode()
+    head = (f"POST /v2/models/{quote(model)}/generate_stream HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+    return head + body
+
+
 def error_text(status: int, body: bytes) -> str:
     """The error Triton gave for a failed request (its JSON `error`), else the status and the body."""
     try:
@@ -128,6 +144,31 @@ class Connections:
                 sock.close()
             return status, body
 
+    def stream(self, request: bytes, on_event: Callable[[bytes], None]) -> tuple[int, bytes]:
+        """Send one request and hand each Server-Sent Event's data to `on_event` as soon as it arrives;
+        returns the status, and the body when it was not an event stream (an error before the start)."""
+        while True:
+            reused = bool(self._idle)
+            sock = self._idle.pop() if reused else self._connect()
+            try:
+                status, body, keep = _exchange(sock, (request,), on_event)
+            except _Stale:
+                sock.close()
+                if reused:
+                    continue
+                raise HttpProtocolError("the server closed the connection without answering") from None
+            except BaseException:
+                sock.close()
+                raise
+            if keep:
+                self._idle.append(sock)
+            else:
+                sock.close()
+            if status == 200 and body:  # the events sent as one whole body, not chunked
+                _Events(on_event).feed(body)
+                body = b""
+            return status, body
+
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self.address, timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -135,9 +176,12 @@ class Connections:
         return sock
 
 
-def _exchange(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes, bool]:
+def _exchange(sock: socket.socket, parts: Sequence[bytes | memoryview],
+              on_event: Callable[[bytes], None] | None = None) -> tuple[int, bytes, bool]:
     """Write a request on `sock` and read one response: (status, body, whether the connection stays
-    open). Reads a Content-Length or chunked body, or a body up to the end of the connection."""
+    open). Reads a Content-Length or chunked body, or a body up to the end of the connection. With
+    `on_event`, a 200 answer's chunked body is read as Server-Sent Events, each handed over on arrival
+    (the body returned is then empty)."""
     try:
         for part in parts:
             sock.sendall(part)
@@ -166,6 +210,9 @@ def _exchange(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> tuple
             token = value.strip().lower()
             keep = True if token == b"keep-alive" else False if token == b"close" else keep
     rest = buf[end + 4:]
+    if chunked and on_event is not None and status == 200:
+        _read_chunked(sock, rest, _Events(on_event))
+        return status, b"", keep
     if chunked:
         return status, _read_chunked(sock, rest), keep
     if length is None:  # the body runs to the end of the connection
@@ -193,7 +240,26 @@ def _recv(sock: socket.socket, what: str) -> bytes:
     return data
 
 
-def _read_chunked(sock: socket.socket, buf: bytes) -> bytes:
+class _Events:
+    """Server-Sent Events from a body's pieces as they come: each `data:` field to `on_event`."""
+
+    def __init__(self, on_event: Callable[[bytes], None]):
+        self.on_event = on_event
+        self.buf = b""
+
+    def feed(self, data: bytes) -> None:
+        """Take the next piece of the body; hand over every event it completes."""
+        buf = self.buf + data
+        while (end := buf.find(b"\n\n")) >= 0:
+            for line in buf[:end].split(b"\n"):
+                if line.startswith(b"data:"):
+                    self.on_event(line[5:].strip())
+            buf = buf[end + 2:]
+        self.buf = buf
+
+
+def _read_chunked(sock: socket.socket, buf: bytes, events: _Events | None = None) -> bytes:
+    """A chunked body; with `events`, each chunk goes to it as soon as it is whole (nothing kept)."""
     body = bytearray()
     while True:
         while (eol := buf.find(b"\r\n")) < 0:
@@ -206,5 +272,8 @@ def _read_chunked(sock: socket.socket, buf: bytes) -> bytes:
             return bytes(body)
         while len(buf) < size + 2:
             buf += _recv(sock, "the end of a chunk")
-        body += buf[:size]
+        if events is None:
+            body += buf[:size]
+        else:
+            events.feed(buf[:size])
         buf = buf[size + 2:]

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tuner.errors import InputError, ServerError, TrafficError
+from tuner.llm.prompts import Prompts
 from tuner.localhost import owned_temporary_dir
-from tuner.replay import _plan
+from tuner.replay import _generate, _plan
 from tuner.replay._calibrate import Calibration, available_cpus, cached_calibration, calibrate, choose_workers
 from tuner.replay._processes import REPLAY_PREFIX, Watch, run_load_generator
 from tuner.server.base import Endpoints
@@ -35,7 +36,10 @@ Stats = Callable[[], dict]
 class ReplayResult:
     """What one replay produced. `records` has one row per request of the schedule:
     row (position in the traffic, sorted by timestamp), due_s / send_s / end_s (seconds from the replay's start),
-    latency_ms (end - due: from the due time), send_lag_ms (send - due), ok, error, worker."""
+    latency_ms (end - due: from the due time), send_lag_ms (send - due), ok, error, worker. A generative
+    replay (`generative`) adds prompt_tokens and output_tokens (asked), tokens (received), first_token_s
+    and last_token_s (seconds from the start; NaN without tokens) and itl_ms (an array per request: the
+    gaps between its responses that carried tokens)."""
 
     records: pd.DataFrame
     stats_before: dict | None   # Triton's model statistics at the end of the warm-up
@@ -52,6 +56,7 @@ class ReplayResult:
     calibration: Calibration | None = None
     peak_rps: float = 0.0       # the offered rate in the busiest second of the schedule
     stopped: bool = False       # ended early by `watch`: no records
+    generative: bool = False    # streamed generate requests (tuner.measurement_tokens measures them)
 
     def measured(self) -> pd.DataFrame:
         """The records of the measured part (due at or after the warm-up)."""
@@ -71,6 +76,7 @@ def replay(
     progress: bool = False,
     watch: Watch | None = None,
     watch_every_s: float = 1.0,
+    prompts: Prompts | None = None,
 ) -> ReplayResult:
     """Replay `traffic` against `model` at `speed`, open loop, and return the per-request records.
 
@@ -78,7 +84,9 @@ def replay(
     `warmup_s` defaults to `settings.warmup_s`; `stats` returns the model's Triton statistics
     (default: `v2/models/<model>/stats` over HTTP). `watch(seconds since the start) -> stop?` is called
     every `watch_every_s` and may end the replay early (`stopped`: no records; the warm-up uses it to
-    stop once the server is steady). Raises ServerSetupError (unreachable server,
+    stop once the server is steady). A model that takes `text_input` (the vLLM backend's interface) is
+    replayed generatively: each row streamed over HTTP with `prompts` (default: the tiny model's words;
+    tuner.replay._generate), whatever `settings.protocol` says. Raises ServerSetupError (unreachable server,
     model not loaded), TrafficError (shapes that do not fit the model), ReplayError (the load
     generator failed).
     """
@@ -94,10 +102,14 @@ def replay(
         traffic, due = traffic[keep], due[keep]
     if len(due) == 0:
         raise TrafficError("traffic has no requests to replay")
-    plan = _plan.plan_requests(metadata, config, traffic)  # its errors name the traffic's own row labels
+    generative = _generate.is_generative_model(config)
+    if generative:
+        plan = _generate.plan_generate(config, traffic, prompts)
+    else:
+        plan = _plan.plan_requests(metadata, config, traffic)  # its errors name the traffic's own row labels
+    protocol = "http" if generative else settings.protocol
     stats = _mid_replay(stats or (lambda: _plan.statistics(endpoints.http, model)))
-    calibration = calibrate(settings.protocol) if settings.workers == 0 else cached_calibration(
-        settings.protocol)
+    calibration = calibrate(protocol) if settings.workers == 0 else cached_calibration(protocol)
     peak_rps = _plan.peak_rate(due)
     workers, reason = choose_workers(
         settings.workers, peak_rps, cpus=available_cpus(),
@@ -105,8 +117,8 @@ def replay(
 
     with owned_temporary_dir(REPLAY_PREFIX) as tmp:
         outcome = run_load_generator(
-            tmp, protocol=settings.protocol,
-            url=endpoints.grpc if settings.protocol == "grpc" else endpoints.http,
+            tmp, protocol=protocol,
+            url=endpoints.grpc if protocol == "grpc" else endpoints.http,
             plan=plan.to_json(), due=due, shape_ids=plan.shape_ids, workers=workers,
             max_in_flight=settings.max_in_flight, request_timeout_s=settings.request_timeout_s,
             warmup_s=warmup_s, stats=stats, progress=progress, watch=watch, watch_every_s=watch_every_s)
@@ -117,9 +129,10 @@ def replay(
         speed=speed, warmup_s=warmup_s, duration_s=float(due[-1]),
         mode="local" if workers == 1 else "distributed", workers=workers, reason=reason,
         load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
-        details={"processes": summaries, "t0_monotonic": outcome.t0, "plan_shapes": len(plan.shapes),
+        details={"processes": summaries, "t0_monotonic": outcome.t0,
+                 "plan_shapes": len(plan.requests if generative else plan.shapes),
                  "locust": outcome.locust},
-        calibration=calibration, peak_rps=peak_rps, stopped=outcome.stopped,
+        calibration=calibration, peak_rps=peak_rps, stopped=outcome.stopped, generative=generative,
     )
 
 

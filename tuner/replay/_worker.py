@@ -13,6 +13,12 @@ gRPC request). Each request's send and end times go straight into preallocated a
 Parquet at the end; Locust's `events.request` is fired for them in the walk's idle gaps (its latency
 measured from the due time), so its statistics count every request without slowing the sends.
 Progress goes to stdout as `START <t0>` (monotonic clock, system-wide on Linux) and `P <sent> <done>`.
+
+Generative mode (a plan with `generate`): each row is one streaming generate request over HTTP (a
+prompt of exactly its prompt tokens, exactly its output tokens), sent the same way from its own
+greenlet; its Server-Sent Events are read as they arrive and the arrival of every response carrying
+tokens is kept, so the records add first-token and last-token times, the tokens received and the gaps
+between token responses (`GenerativeShare`).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from greenlet import greenlet
 from locust.env import Environment
 from locust.exception import StopUser
 
+from tuner.llm.prompts import compose
 from tuner.replay import _http
 
 LEAD_S = 0.5  # between picking the start time and the first due time: every process is waiting by then
@@ -148,6 +155,10 @@ class Client:
         self.model = plan["model"]
         self.timeout_s = spec["request_timeout_s"]
         self.http = spec["protocol"] != "grpc"
+        self.generative = "generate" in plan
+        if self.generative:
+            self._init_generate(spec, plan["generate"])
+            return
         self.inputs = [(i["name"], i["datatype"]) for i in plan["inputs"]]
         self.outputs = list(plan["outputs"])
         self.shapes = plan["shapes"]
@@ -162,10 +173,33 @@ class Client:
             self.connections.open(min(PREOPEN, spec["max_in_flight"]))
         else:
             self._init_grpc(spec["url"])
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Every distinct request as bytes, made before the start, not at send time (up to
+        PREPARED_BYTES; the rest are made per send)."""
         self.prepared: list = [None] * len(self.shapes)
         self.prepared_bytes = 0
-        for shape_id in range(len(self.shapes)):  # made before the start, not at send time
+        for shape_id in range(len(self.shapes)):
             self.prepared[shape_id] = self._keep(self._build(shape_id))
+
+    def _init_generate(self, spec: dict, plan: dict) -> None:
+        """Streaming generate requests over HTTP: one per distinct (prompt tokens, output tokens,
+        first prompt piece), prepared like the tensor requests."""
+        self.http = True
+        self.pieces, self.special = plan["pieces"], plan["special"]
+        self.shapes = plan["requests"]  # shape id -> [prompt tokens, output tokens, first piece]
+        self.host = spec["url"]
+        self.connections = _http.Connections(spec["url"], timeout_s=self.timeout_s)
+        self.connections.open(min(PREOPEN, spec["max_in_flight"]))
+        self._prepare()
+
+    def generate(self, shape_id: int, on_event) -> str:
+        """Send one streaming request; each event's data goes to `on_event` on arrival. "" when it
+        was answered with a stream, else the error."""
+        request = self.prepared[shape_id] or self._build(shape_id)
+        status, body = self.connections.stream(request, on_event)
+        return "" if status == 200 else _http.error_text(status, body)
 
     def _init_grpc(self, url: str) -> None:
         import grpc
@@ -190,6 +224,10 @@ class Client:
         return inputs, data
 
     def _build(self, shape_id: int):
+        if self.generative:
+            prompt, output, start = self.shapes[shape_id]
+            text = compose(self.pieces, prompt - self.special, start)
+            return _http.generate_request(self.host, self.model, text, tokens=output)
         inputs, data = self._parts(shape_id)
         if self.http:
             parts = _http.infer_request(self.host, self.model, inputs, outputs=self.outputs, data=data)
@@ -265,6 +303,40 @@ class Share:
         })
 
 
+class GenerativeShare(Share):
+    """A share of streaming requests: besides each request's send and end, the arrival of each
+    response that carried tokens and how many it carried."""
+
+    def __init__(self, schedule: pd.DataFrame, index: int, count: int, *, requests: list):
+        super().__init__(schedule, index, count)
+        n = len(self.rows)
+        self.asked = np.array([requests[i][1] for i in self.shape_id], dtype=np.int64)
+        self.prompt = np.array([requests[i][0] for i in self.shape_id], dtype=np.int64)
+        self.token_times: list[list[float] | None] = [None] * n
+        self.token_counts: list[list[int] | None] = [None] * n
+
+    def frame(self, t0: float) -> pd.DataFrame:
+        """Share.frame's columns, then prompt_tokens, output_tokens (asked), tokens (received),
+        first_token_s, last_token_s (seconds from t0) and itl_ms (the gaps between token responses)."""
+        out = super().frame(t0)
+        first = np.full(len(self.rows), np.nan)
+        last = np.full(len(self.rows), np.nan)
+        tokens = np.zeros(len(self.rows), dtype=np.int64)
+        itl = []
+        for k, times in enumerate(self.token_times):
+            if times:
+                first[k], last[k] = times[0] - t0, times[-1] - t0
+                tokens[k] = sum(self.token_counts[k])
+            itl.append((np.diff(times) * 1000.0) if times else np.empty(0))
+        out["prompt_tokens"] = self.prompt
+        out["output_tokens"] = self.asked
+        out["tokens"] = tokens
+        out["first_token_s"] = first
+        out["last_token_s"] = last
+        out["itl_ms"] = itl
+        return out
+
+
 class Replayer:
     """Walks a share of the schedule from t0; `run` returns once every request has finished.
 
@@ -301,7 +373,10 @@ class Replayer:
 
     def assign(self, index: int, count: int, t0: float) -> None:
         """Take rows `index`, `index + count`, ... of the schedule and start the walk at `t0`."""
-        self.share = Share(self.schedule, index, count)
+        if self.client.generative:
+            self.share = GenerativeShare(self.schedule, index, count, requests=self.client.shapes)
+        else:
+            self.share = Share(self.schedule, index, count)
         self.t0 = t0
         self.started.set()
 
@@ -314,6 +389,63 @@ class Replayer:
         except BaseException as exc:  # the server's failures are data, not the load generator's
             error = (str(exc) or type(exc).__name__).splitlines()[0]
         share.end[k] = time.monotonic()
+        if error:
+            share.errors[k] = error[:300]
+        else:
+            share.ok[k] = True
+        share.done += 1
+        share.finished.append(k)
+        self.in_flight -= 1
+        if not self.in_flight and not self.walking:
+            self.drained.set()
+
+    def _send_stream(self, k: int, shape_id: int) -> None:
+        """_send of a streaming request: the arrival of each response carrying tokens is kept; a
+        stream that ends in an error event, or with other than the tokens asked (when the server
+        counts them), is an error."""
+        share = self.share
+        share.send[k] = time.monotonic()
+        share.sent += 1
+        times: list[float] = []
+        counts: list[int] = []
+        problems: list[str] = []
+        counted = False
+
+        def on_event(data: bytes) -> None:
+            nonlocal counted
+            now = time.monotonic()
+            try:
+                event = json.loads(data)
+            except ValueError:
+                problems.append(f"not a JSON event: {bytes(data[:80])!r}")
+                return
+            if not isinstance(event, dict):
+                problems.append(f"not a JSON object event: {bytes(data[:80])!r}")
+                return
+            if "error" in event:
+                problems.append(str(event["error"]) or "an error event")
+                return
+            n = event.get("num_output_tokens")
+            if n is None:  # a server that does not count: one token per response with text
+                n = 1 if event.get("text_output") else 0
+            else:
+                counted = True
+                n = int(n[0] if isinstance(n, list) else n)
+            if n:
+                times.append(now)
+                counts.append(n)
+
+        try:
+            error = self.client.generate(shape_id, on_event)
+        except BaseException as exc:  # the server's failures are data, not the load generator's
+            error = (str(exc) or type(exc).__name__).splitlines()[0]
+        share.end[k] = time.monotonic()
+        error = error or (problems[0] if problems else "")
+        if not error and counted and sum(counts) != share.asked[k]:
+            error = f"{sum(counts)} of {share.asked[k]} output tokens streamed"
+        if not error and not times:
+            error = "no tokens streamed"
+        share.token_times[k], share.token_counts[k] = times, counts
         if error:
             share.errors[k] = error[:300]
         else:
@@ -369,6 +501,7 @@ class Replayer:
         walker = gevent.getcurrent()
         run_callback = hub.loop.run_callback
         shape_ids = share.shape_id
+        send = self._send_stream if self.client.generative else self._send
         timer = DueTimer()
         self.walking = True
         for k, offset in enumerate(share.due.tolist()):
@@ -388,11 +521,13 @@ class Replayer:
                 # greenlet under the hub: nothing links to it, nothing waits for it.
                 self.in_flight += 1
                 run_callback(walker.switch)
-                greenlet(self._send, hub).switch(k, shape_ids[k])
+                greenlet(send, hub).switch(k, shape_ids[k])
         self.walking = False
         if self.in_flight:
             self.drained.clear()
-            self.drained.wait(timeout=self.spec["request_timeout_s"] + 5.0)
+            # a stream may rightly last longer than one request's timeout (each read waits at most
+            # that long): streams are waited for until they end
+            self.drained.wait(timeout=None if self.client.generative else self.spec["request_timeout_s"] + 5.0)
         self._report()  # what the gaps left: its cost is counted with the rest
         self.cpu_s = cpu_seconds() - cpu0
         self.wall_s = now() - t0

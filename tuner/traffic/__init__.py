@@ -1,7 +1,8 @@
 """Recorded traffic: the table every later stage replays, and the tools that make and inspect it.
 
 io         read_traffic / write_traffic / validate_traffic, shape_columns, check_output / check_writable
-           (an output path checked before the work that fills it)
+           (an output path checked before the work that fills it), is_generative (prompt_tokens and
+           output_tokens: requests to a generative model; PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
 windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, peak_rps
            (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
@@ -17,9 +18,13 @@ from tuner.traffic.importers import import_azure, import_csv, import_triton_trac
 from tuner.traffic.io import (
     BATCH_SIZE,
     MODEL,
+    OUTPUT_TOKENS,
+    PREFIX_ID,
+    PROMPT_TOKENS,
     TIMESTAMP,
     check_output,
     check_writable,
+    is_generative,
     read_traffic,
     shape_columns,
     validate_traffic,
@@ -41,6 +46,9 @@ from tuner.traffic.windows import (
 __all__ = [
     "BATCH_SIZE",
     "MODEL",
+    "OUTPUT_TOKENS",
+    "PREFIX_ID",
+    "PROMPT_TOKENS",
     "TIMESTAMP",
     "SizeSpec",
     "busiest_window",
@@ -53,6 +61,7 @@ __all__ = [
     "import_azure",
     "import_csv",
     "import_triton_trace",
+    "is_generative",
     "mean_rps",
     "parse_duration",
     "peak_rps",

@@ -16,6 +16,9 @@ from tuner.errors import TrafficError
 from tuner.files import open_input, os_reason
 from tuner.traffic.io import (
     MODEL,
+    OUTPUT_TOKENS,
+    PREFIX_ID,
+    PROMPT_TOKENS,
     TIMESTAMP,
     column_names,
     iter_csv,
@@ -25,7 +28,9 @@ from tuner.traffic.io import (
     validate_traffic,
 )
 
-AZURE_MAPPING = {TIMESTAMP: "TIMESTAMP", "seq_len": "ContextTokens"}  # ours: the Azure trace's
+# ours: the Azure trace's. `seq_len` (what encoder studies size their inputs by) is the prompt too.
+AZURE_MAPPING = {TIMESTAMP: "TIMESTAMP", "seq_len": "ContextTokens", PROMPT_TOKENS: "ContextTokens",
+                 OUTPUT_TOKENS: "GeneratedTokens"}
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
 # request start (gRPC's GRPC_WAITREAD_START includes idle waiting for the message, so it is not used)
@@ -34,7 +39,9 @@ TRITON_ARRIVAL = ("HTTP_RECV_START", "REQUEST_START")
 
 def import_azure(path: str | os.PathLike) -> pd.DataFrame:
     """The Azure LLM inference trace (`TIMESTAMP, ContextTokens, GeneratedTokens`): `TIMESTAMP` (UTC)
-    becomes `timestamp` (Unix-epoch seconds) and `ContextTokens` the `seq_len` shape column."""
+    becomes `timestamp` (Unix-epoch seconds), `ContextTokens` both `prompt_tokens` and the `seq_len`
+    shape column (what an encoder study sizes its inputs by), `GeneratedTokens` `output_tokens`. A row
+    whose output length is missing or 0 is refused, naming its line."""
     return import_csv(path, AZURE_MAPPING, time_unit="s")
 
 
@@ -43,7 +50,9 @@ def import_csv(
 ) -> pd.DataFrame:
     """Any CSV or Parquet table: `mapping` names, for each column of ours, the file's column.
 
-    Only mapped columns (and unmapped ones already named timestamp, batch_size or model) are kept.
+    Only mapped columns (and unmapped ones already named timestamp, batch_size, model, prompt_tokens,
+    output_tokens or prefix_id) are kept: e.g. `{"prompt_tokens": "input_len", "output_tokens":
+    "output_len"}` makes a generative table.
     Numeric times are multiplied by `time_unit` (s, ms, us, ns); text times are read as ISO-8601.
     """
     _check_unit(time_unit)
@@ -102,7 +111,7 @@ def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_
             raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} "
                                f"(columns found: {column_names(raw)})")
     keep = {ours: raw[theirs] for ours, theirs in mapping.items()}
-    for col in ("batch_size", MODEL):
+    for col in ("batch_size", MODEL, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID):
         if col not in keep and col in raw.columns:
             keep[col] = raw[col]
     table = pd.DataFrame(keep)

@@ -2,7 +2,9 @@
 
 One row per request: `timestamp` (float64 seconds; ISO-8601 or datetime input becomes seconds since
 the Unix epoch, naive times taken as UTC), `batch_size` (int64, 1 when absent), shape columns such as
-`seq_len` (int64), and an optional `model` (str). Every check is vectorised and the first bad row is
+`seq_len` (int64), and an optional `model` (str). A *generative* table (requests to an LLM) also has
+`prompt_tokens` and `output_tokens` (int64 >= 1: the prompt's length and the tokens to generate) and
+may have `prefix_id` (str: requests sharing one share their prompt's beginning, for prefix caching). Every check is vectorised and the first bad row is
 named with its file, row and column, so a 10-million-row file fails in one clear line. A CSV is
 UTF-8, with or without the byte-order mark Excel writes; each cell holds one value (a Parquet list or
 struct column is refused).
@@ -25,7 +27,11 @@ from tuner.errors import TrafficError
 TIMESTAMP = "timestamp"
 BATCH_SIZE = "batch_size"
 MODEL = "model"
-RESERVED = (TIMESTAMP, BATCH_SIZE, MODEL)
+PROMPT_TOKENS = "prompt_tokens"
+OUTPUT_TOKENS = "output_tokens"
+PREFIX_ID = "prefix_id"
+TOKEN_COLUMNS = (PROMPT_TOKENS, OUTPUT_TOKENS)
+RESERVED = (TIMESTAMP, BATCH_SIZE, MODEL, PREFIX_ID)
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 _PANDAS_MAJOR = int(pd.__version__.split(".")[0])
@@ -33,8 +39,14 @@ _BLANKS = " \t\ufeff"
 
 
 def shape_columns(df: pd.DataFrame) -> list[str]:
-    """The per-request shape columns (e.g. `seq_len`): every column but timestamp, batch_size, model."""
+    """The per-request size columns (e.g. `seq_len`, `prompt_tokens`): every column but timestamp,
+    batch_size, model and prefix_id."""
     return [c for c in df.columns if c not in RESERVED]
+
+
+def is_generative(df: pd.DataFrame) -> bool:
+    """Whether the table holds generative requests: both `prompt_tokens` and `output_tokens`."""
+    return all(c in df.columns for c in TOKEN_COLUMNS)
 
 
 def _kind(path: Path) -> str:
@@ -185,6 +197,8 @@ def validate_part(df: pd.DataFrame, source: str, *, first_line: int | None = Non
         out[str(col)] = _positive_int(df[col], str(col), where, shape=True)
     if MODEL in df.columns:
         out[MODEL] = _model(df[MODEL], where)
+    if PREFIX_ID in df.columns:
+        out[PREFIX_ID] = _text(df[PREFIX_ID], PREFIX_ID, where)
     table = pd.DataFrame(out)
     ts = table[TIMESTAMP].to_numpy()
     if len(ts) > 1 and not (np.diff(ts) >= 0).all():
@@ -317,7 +331,9 @@ def _datetime_seconds(parsed: pd.Series, raw: pd.Series, where: _Where) -> np.nd
 
 
 def _positive_int(col: pd.Series, name: str, where: _Where, *, shape: bool = False) -> np.ndarray:
-    hint = " (columns other than timestamp, batch_size and model are shape sizes)" if shape else ""
+    hint = " (columns other than timestamp, batch_size, model and prefix_id are shape sizes)" if shape else ""
+    if name in TOKEN_COLUMNS:
+        hint = f" (every generative request needs its {name.replace('_', ' ')}, at least 1)"
     if pd.api.types.is_bool_dtype(col):
         raise where.fail(0, name, f"not an integer (booleans){hint}")
     if pd.api.types.is_integer_dtype(col) and not col.isna().any():
@@ -328,7 +344,7 @@ def _positive_int(col: pd.Series, name: str, where: _Where, *, shape: bool = Fal
         if bad is not None:
             raw = col.iloc[bad]
             if pd.isna(raw):
-                problem = "empty (NaN)"
+                problem = "empty (NaN)" + (hint if name in TOKEN_COLUMNS else "")
             elif isinstance(raw, (float, np.floating)):
                 problem = f"not a finite number: {_show(raw)}"
             else:
@@ -343,18 +359,28 @@ def _positive_int(col: pd.Series, name: str, where: _Where, *, shape: bool = Fal
         values = numbers.astype(np.int64)
     bad = _first_bad(values <= 0)
     if bad is not None:
-        raise where.fail(bad, name, f"must be a positive integer, got {_show(col.iloc[bad])}")
+        tokens = hint if name in TOKEN_COLUMNS else ""
+        raise where.fail(bad, name, f"must be a positive integer, got {_show(col.iloc[bad])}{tokens}")
     return values
 
 
 def _model(col: pd.Series, where: _Where) -> pd.Series:
+    return _text(col, MODEL, where, what="empty model name")
+
+
+def _text(col: pd.Series, name: str, where: _Where, *, what: str = "empty") -> pd.Series:
+    """A column of names (model, prefix_id) as strings; an empty cell is refused."""
     if col.dtype == object and pd.api.types.infer_dtype(col, skipna=True) == "bytes":
         col = col.str.decode("utf-8", errors="replace")  # a Parquet binary column: the names, not "b'...'"
     text = col.astype("str")
     empty = (col.isna() | (text.str.strip() == "")).to_numpy()
     bad = _first_bad(empty)
     if bad is not None:
-        raise where.fail(bad, MODEL, "empty model name")
+        raise where.fail(bad, name, what)
+    if pd.api.types.is_float_dtype(col):  # a CSV's integer ids with a gap read as floats: 3.0 is "3"
+        whole = col.to_numpy(dtype=np.float64)
+        if (whole == np.floor(whole)).all():
+            text = pd.Series(whole.astype(np.int64)).astype("str")
     return text.reset_index(drop=True)
 
 

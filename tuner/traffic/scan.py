@@ -23,7 +23,7 @@ from tuner.errors import TrafficError
 from tuner.instants import instant_text
 from tuner.traffic.io import BATCH_SIZE, MODEL, RESERVED, TIMESTAMP
 from tuner.traffic.recording import Recording
-from tuner.traffic.stats import PERCENTILES
+from tuner.traffic.stats import PERCENTILES, add_tokens
 
 __all__ = ["busiest_in", "describe_recording", "read_all", "read_range", "read_since", "read_window"]
 
@@ -215,6 +215,7 @@ def describe_recording(rec: Recording, busiest_s: float = 60.0) -> dict[str, Any
     stats["sizes"] = {col: counter.summary() for col, counter in sizes.items()}
     if MODEL in rec.columns:
         stats["models"] = dict(sorted(models.items(), key=lambda kv: -kv[1]))
+    add_tokens(stats)
     return stats
 
 

@@ -10,7 +10,15 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.traffic.io import BATCH_SIZE, MODEL, TIMESTAMP, check_writable, replacing, shape_columns
+from tuner.traffic.io import (
+    BATCH_SIZE,
+    MODEL,
+    TIMESTAMP,
+    TOKEN_COLUMNS,
+    check_writable,
+    replacing,
+    shape_columns,
+)
 from tuner.traffic.windows import busiest_window, offsets
 
 PERCENTILES = (50, 90, 99)
@@ -50,7 +58,25 @@ def describe(df: pd.DataFrame, busiest_s: float = 60.0) -> dict[str, Any]:
     }
     if MODEL in df:
         stats["models"] = {str(k): int(v) for k, v in df[MODEL].value_counts(sort=True).items()}
+    add_tokens(stats)
     return stats
+
+
+def add_tokens(stats: dict[str, Any]) -> None:
+    """A generative table's tokens (`stats["tokens"]`): per column, the total and the mean per second
+    over the table's duration ((requests - 1) / duration, as the mean rate), from the size percentiles."""
+    sizes = stats["sizes"]
+    if not all(c in sizes for c in TOKEN_COLUMNS):
+        return
+    n, duration = stats["requests"], stats["duration_s"]
+    tokens: dict[str, dict[str, float]] = {}
+    for col in TOKEN_COLUMNS:
+        total = float(round(sizes[col]["mean"] * n))
+        per_s = total * (n - 1) / n / duration if duration > 0 else float("nan")
+        tokens[col] = {**sizes[col], "total": total, "per_s": per_s}
+    tokens["all"] = {"total": sum(t["total"] for t in tokens.values()),
+                     "per_s": sum(t["per_s"] for t in tokens.values())}
+    stats["tokens"] = tokens
 
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:
@@ -88,9 +114,16 @@ def format_stats(stats: dict[str, Any], source: str | None = None) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [source] if source else []
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
-    sizes = pd.DataFrame(stats["sizes"]).T
+    tokens = stats.get("tokens")
+    sizes = pd.DataFrame({k: v for k, v in stats["sizes"].items() if not tokens or k not in tokens}).T
     if len(sizes):
         lines += ["", sizes.map(_num).to_string()]
+    if tokens:
+        table = pd.DataFrame({"prompt": tokens["prompt_tokens"], "output": tokens["output_tokens"],
+                              "prompt + output": tokens["all"]}).T
+        table = table.rename(columns={"per_s": "per s"}).map(_num).replace("-", "")
+        table.index.name = "tokens"
+        lines += ["", table.to_string()]
     return "\n".join(lines)
 
 

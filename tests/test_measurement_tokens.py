@@ -1,0 +1,95 @@
+"""tuner.measurement_tokens: a generative replay's figures from its records, against hand-worked values."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.measurement_tokens import RECORD_COLUMNS, TokenMeasurement, measure_tokens
+
+
+def record(due: float, *, first: float, tokens: int, gap: float, prompt: int = 10, ok: bool = True,
+           lag: float = 0.1) -> dict:
+    """One request streamed `tokens` tokens, the first at `first` s after its due time, then one every `gap` s."""
+    times = due + first + np.arange(tokens) * gap
+    return {"row": 0, "due_s": due, "send_s": due + lag / 1000, "end_s": times[-1] + 0.001, "send_lag_ms": lag,
+            "ok": ok, "error": "" if ok else "boom", "prompt_tokens": prompt, "output_tokens": tokens,
+            "tokens": tokens, "first_token_s": times[0], "last_token_s": times[-1],
+            "itl_ms": np.diff(times) * 1000}
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    out = pd.DataFrame(rows)
+    out["row"] = np.arange(len(out))
+    return out
+
+
+def test_ttft_tpot_itl_e2e_and_tokens_per_second():
+    rows = [record(0.0, first=9.0, tokens=3, gap=1.0)]  # in the warm-up: left out
+    rows += [record(1.0 + k, first=0.1 * (k + 1), tokens=11, gap=0.02 * (k + 1), prompt=100) for k in range(4)]
+    rows += [record(5.0, first=0.05, tokens=1, gap=0.0, prompt=40)]  # one token: no TPOT, no ITL
+    rows += [record(5.5, first=0.05, tokens=4, gap=0.01, ok=False)]   # an error: counted, not timed
+    m = measure_tokens(frame(rows), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0, ttft_ms=250.0, tpot_ms=50.0)
+    assert m.requests == 6 and m.errors == 1 and m.error_rate == pytest.approx(1 / 6)
+    assert m.ttft_ms["p50"] == pytest.approx(200.0) and m.ttft_ms["max"] == pytest.approx(400.0)
+    assert sorted(m.ttfts_ms) == pytest.approx([50, 100, 200, 300, 400])
+    assert sorted(m.tpots_ms) == pytest.approx([20, 40, 60, 80])      # (last - first) / (tokens - 1)
+    assert m.tpot_ms["p50"] == pytest.approx(50.0)
+    assert m.itl_ms["p50"] == pytest.approx(50.0) and m.itl_ms["max"] == pytest.approx(80.0)  # 10 gaps each
+    # end to end = last token - due: first + 10 gaps
+    assert m.e2e_ms["max"] == pytest.approx(400 + 800) and m.e2e_ms["p50"] == pytest.approx(200 + 400)
+    # the last successful completion: request 3 at 4.0 + 0.4 + 0.8 + 0.001
+    span = 4.0 + 1.2 + 0.001 - 1.0
+    assert m.output_tokens == 45 and m.prompt_tokens == 440
+    assert m.output_tokens_per_s == pytest.approx(45 / span)
+    assert m.total_tokens_per_s == pytest.approx((45 + 440) / span)
+    assert m.throughput_rps == pytest.approx(5 / span)
+    # goodput: TTFT <= 250 and TPOT <= 50: requests 0 (100 ms, 20) and 1 (200 ms, 40), and the one-token one
+    assert m.good_requests == 3 and m.goodput_rps == pytest.approx(3 / span)
+    assert m.valid and m.duration_s == pytest.approx(4.5) and m.offered_rps == pytest.approx(6 / 4.5)
+    assert m.ttft(50) == m.ttft_ms["p50"] and m.tpot(100) == m.tpot_ms["max"]
+
+
+def test_goodput_counts_each_limit_given_and_none_without_limits():
+    rows = [record(1.0 + k, first=0.1 * (k + 1), tokens=5, gap=0.01 * (k + 1)) for k in range(4)]
+    records = frame(rows)
+    only_ttft = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, ttft_ms=200.5)
+    assert only_ttft.good_requests == 2 and only_ttft.tpot_limit_ms is None
+    only_tpot = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, tpot_ms=30.5)
+    assert only_tpot.good_requests == 3
+    no_limit = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0)
+    assert no_limit.good_requests == 4 and no_limit.goodput_rps == pytest.approx(no_limit.throughput_rps)
+
+
+def test_the_sla_percentile_is_kept_and_send_lag_decides_validity():
+    rows = [record(float(k), first=0.01 * k, tokens=3, gap=0.01, lag=0.1 if k < 90 else 20.0) for k in range(100)]
+    m = measure_tokens(frame(rows), speed=2.0, warmup_s=0.0, lag_budget_ms=5.0, sla_percentile=97.5)
+    assert "p97.5" in m.ttft_ms and "p97.5" in m.tpot_ms and m.sla_percentile == 97.5
+    assert not m.valid and m.invalid_reason.startswith("send lag p99 20.00 ms > budget 5 ms")
+    assert m.ttft(97.5) == pytest.approx(np.percentile(np.arange(100) * 10.0, 97.5))
+
+
+def test_no_request_in_the_window_is_invalid_with_nan_figures():
+    m = measure_tokens(frame([record(0.0, first=0.1, tokens=2, gap=0.01)]), speed=1.0, warmup_s=5.0,
+                       lag_budget_ms=5.0, duration_s=4.0)
+    assert not m.valid and "no requests due in the measured window" in m.invalid_reason
+    assert m.requests == 0 and math.isnan(m.ttft_ms["p99"]) and m.output_tokens_per_s == 0.0
+
+
+def test_records_of_an_encoder_replay_are_refused_by_name():
+    with pytest.raises(ValueError, match="no prompt_tokens, tokens, first_token_s"):
+        measure_tokens(pd.DataFrame({"due_s": [0.0], "end_s": [0.1], "send_lag_ms": [0.1], "ok": [True]}),
+                       speed=1.0, warmup_s=0.0, lag_budget_ms=5.0)
+    assert set(RECORD_COLUMNS) <= set(record(0.0, first=0.1, tokens=2, gap=0.01))
+
+
+def test_the_measurement_is_frozen():
+    m = measure_tokens(frame([record(0.0, first=0.1, tokens=2, gap=0.01)]), speed=1.0, warmup_s=0.0,
+                       lag_budget_ms=5.0)
+    assert isinstance(m, TokenMeasurement)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.speed = 2.0

@@ -1,0 +1,129 @@
+"""The generative (streaming) replay against a real tritonserver: `stream_echo`
+(tests/data/replay_models) speaks the vLLM backend's interface and streams exactly max_tokens tokens,
+the first 20 ms + 1 ms per prompt token after a request arrives, then one every 10 ms; a request
+with a 13-token prompt fails after half its tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.errors import ServerSetupError, TrafficError
+from tuner.measurement_tokens import measure_tokens
+from tuner.replay import replay
+from tuner.replay._generate import is_generative_model, plan_generate
+from tuner.server.local import LocalLauncher
+from tuner.settings import ReplaySettings
+
+MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
+FIRST_MS, PROMPT_MS, TOKEN_MS = 20.0, 1.0, 10.0
+FAILING_PROMPT = 13
+COLUMNS = ["row", "due_s", "send_s", "end_s", "latency_ms", "send_lag_ms", "ok", "error", "worker",
+           "prompt_tokens", "output_tokens", "tokens", "first_token_s", "last_token_s", "itl_ms"]
+
+
+@pytest.fixture(scope="module")
+def server(triton_install):
+    with LocalLauncher(MODELS, models=["stream_echo", "echo"], install=triton_install) as launcher:
+        yield launcher
+
+
+def settings(**kw) -> ReplaySettings:
+    return ReplaySettings(**{"workers": 1, "warmup_s": 0.0, **kw})
+
+
+def generative(rate: float, count: int, *, prompt, output) -> pd.DataFrame:
+    return pd.DataFrame({"timestamp": 50.0 + np.arange(count) / rate, "prompt_tokens": prompt,
+                         "output_tokens": output})
+
+
+@pytest.mark.slow
+def test_ttft_and_tpot_measured_agree_with_the_model_s_sleeps(server):
+    prompt = np.arange(60) % 40 + 20  # 20 .. 59 tokens: TTFT 40 .. 79 ms
+    traffic = generative(20, 60, prompt=prompt, output=np.arange(60) % 3 * 8 + 8)  # 8, 16, 24 tokens
+    result = replay(server.endpoints, "stream_echo", traffic, speed=1.0, settings=settings())
+    recs = result.records
+    assert result.generative and list(recs.columns) == COLUMNS
+    assert recs["ok"].all(), recs["error"].unique()
+    # every request got exactly its output tokens
+    assert (recs["tokens"] == recs["output_tokens"]).all() and (recs["prompt_tokens"] == prompt).all()
+    assert [len(x) for x in recs["itl_ms"]] == (recs["tokens"] - 1).tolist()
+    over = (recs["first_token_s"] - recs["due_s"]) * 1000 - (FIRST_MS + PROMPT_MS * recs["prompt_tokens"])
+    assert over.min() > -1.0 and over.median() < 5.0, over.describe()  # HTTP and Triton's own overhead
+    m = measure_tokens(recs, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, ttft_ms=200.0, tpot_ms=12.0)
+    assert m.tpot_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.05) and m.tpot_ms["p99"] < TOKEN_MS * 1.25
+    assert m.itl_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.2)
+    expected_ttft = FIRST_MS + PROMPT_MS * prompt
+    assert m.ttft_ms["p50"] == pytest.approx(np.median(expected_ttft), rel=0.1, abs=3.0)
+    assert m.output_tokens == recs["output_tokens"].sum() and m.errors == 0 and m.valid
+    assert m.good_requests >= 55, m.tpots_ms  # TPOT within 12 ms for nearly all
+    assert result.details["locust"] == {"requests": 60, "failures": 0}
+
+
+@pytest.mark.slow
+def test_hundreds_of_concurrent_streams_keep_the_send_lag_within_budget(server):
+    # a 2,000-token prompt waits 2.02 s for its first token: at 200 requests/s, ~400 streams are open
+    traffic = generative(200, 500, prompt=2000, output=5)
+    result = replay(server.endpoints, "stream_echo", traffic, speed=1.0, settings=settings())
+    recs = result.records
+    assert recs["ok"].all(), recs["error"].unique()[:3]
+    edges = np.concatenate([np.stack([recs["send_s"], np.ones(len(recs))], 1),
+                            np.stack([recs["end_s"], -np.ones(len(recs))], 1)])
+    open_streams = np.cumsum(edges[np.argsort(edges[:, 0], kind="stable"), 1]).max()
+    assert open_streams >= 300, open_streams
+    m = measure_tokens(recs, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0)
+    print(f"{open_streams:.0f} streams open at once; send lag p50 {m.send_lag_ms['p50']:.3f} ms, "
+          f"p99 {m.send_lag_ms['p99']:.3f} ms, max {m.send_lag_ms['max']:.3f} ms; "
+          f"load generator {result.load_generator_cpu:.2f} CPU s/s")
+    assert m.send_lag_ms["p99"] < 5.0 and m.valid, m.send_lag_ms
+    assert m.ttft_ms["p50"] == pytest.approx(FIRST_MS + 2000 * PROMPT_MS, rel=0.05)
+    # a budget the walk cannot meet is said, not hidden
+    tight = measure_tokens(recs, speed=1.0, warmup_s=0.0, lag_budget_ms=1e-6)
+    assert not tight.valid and "the load generator was the bottleneck" in tight.invalid_reason
+
+
+@pytest.mark.slow
+def test_a_stream_that_fails_midway_is_an_error(server):
+    prompt = np.where(np.arange(40) % 4 == 0, FAILING_PROMPT, 30)
+    traffic = generative(40, 40, prompt=prompt, output=10)
+    recs = replay(server.endpoints, "stream_echo", traffic, speed=1.0, settings=settings()).records
+    failed = recs[recs["prompt_tokens"] == FAILING_PROMPT]
+    assert len(failed) == 10 and not failed["ok"].any()
+    assert (failed["error"] == "failed on purpose after 5 tokens").all()
+    assert (failed["tokens"] == 5).all()  # what came before the error is kept
+    assert recs.loc[recs["prompt_tokens"] != FAILING_PROMPT, "ok"].all()
+    m = measure_tokens(recs, speed=1.0, warmup_s=0.0, lag_budget_ms=50.0)
+    assert m.errors == 10 and m.error_rate == pytest.approx(0.25) and m.output_tokens == 300
+
+
+@pytest.mark.slow
+def test_traffic_without_output_lengths_is_refused_and_encoders_replay_as_before(server):
+    no_tokens = pd.DataFrame({"timestamp": np.arange(5.0), "seq_len": 8})
+    with pytest.raises(TrafficError, match="model 'stream_echo' generates text and the traffic has no "
+                                           "'prompt_tokens' or 'output_tokens' column"):
+        replay(server.endpoints, "stream_echo", no_tokens, speed=1.0, settings=settings())
+    # a generative table replayed against an encoder: its seq_len sizes the tensors, as always
+    both = no_tokens.assign(prompt_tokens=8, output_tokens=3)
+    result = replay(server.endpoints, "echo", both, speed=10.0, settings=settings())
+    assert not result.generative and result.records["ok"].all() and "tokens" not in result.records
+
+
+def test_the_plan_shares_a_prompt_beginning_only_within_a_prefix_id():
+    config = {"name": "m", "model_transaction_policy": {"decoupled": True},
+              "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}]}
+    assert is_generative_model(config) and not is_generative_model({"input": [{"name": "INPUT_IDS"}]})
+    traffic = pd.DataFrame({"timestamp": np.arange(6.0), "prompt_tokens": [5, 5, 9, 5, 5, 5],
+                            "output_tokens": [3, 3, 3, 3, 4, 3],
+                            "prefix_id": ["a", "a", "a", None, None, "b"]})
+    plan = plan_generate(config, traffic)
+    starts = [plan.requests[i][2] for i in plan.shape_ids]
+    assert starts[0] == starts[1] == starts[2] and len({starts[0], starts[3], starts[4], starts[5]}) == 4
+    assert plan.shape_ids[0] == plan.shape_ids[1] and len(plan.requests) == 5  # rows 0 and 1 are one request
+    assert [plan.requests[i][:2] for i in plan.shape_ids] == [[5, 3], [5, 3], [9, 3], [5, 3], [5, 4], [5, 3]]
+    with pytest.raises(ServerSetupError, match="takes text_input but is not decoupled"):
+        plan_generate({**config, "model_transaction_policy": {}}, traffic)
+    with pytest.raises(TrafficError, match=r"traffic row 2: output_tokens=0 is not a positive integer"):
+        plan_generate(config, traffic.assign(output_tokens=[3, 3, 0, 3, 3, 3]))

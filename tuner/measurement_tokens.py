@@ -1,0 +1,152 @@
+"""One generative replay's measurement, from its per-request records (pure).
+
+A generative replay (`tuner.replay.replay` against a model that takes `text_input`) streams each
+traffic row as one request: a prompt of exactly its `prompt_tokens`, exactly its `output_tokens`
+generated (`ignore_eos`). Its records give, per request, the due, send and end times, the first and
+last token times, the tokens received and the gaps between token responses. Definitions:
+- the measured window runs from `warmup_s` to the last due time; requests due in it are measured;
+- TTFT (time to first token) = first streamed token - due time;
+- TPOT (time per output token) = (last token - first token) / (output tokens - 1), for requests of
+  two tokens or more;
+- ITL (inter-token latency) = the gaps between successive streamed responses that carried tokens;
+- end to end = last token - due time;
+- percentiles are over the measured requests that succeeded (errors count in the error rate);
+- output tokens per second = tokens streamed by the successful measured requests / (the last of their
+  completions - window start), as `tuner.measurement` defines throughput; total tokens per second
+  counts their prompt tokens too;
+- goodput = successful measured requests whose own TTFT and TPOT meet every limit given
+  (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit), per second over the
+  same span;
+- valid unless the send lag p99 exceeded its budget (the load generator was the bottleneck) or no
+  request was due in the window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tuner.measurement import percentiles
+
+__all__ = ["RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
+
+# what measure_tokens reads of a generative replay's records (tuner.replay.ReplayResult.records)
+RECORD_COLUMNS = ("due_s", "end_s", "send_lag_ms", "ok", "prompt_tokens", "tokens", "first_token_s",
+                  "last_token_s", "itl_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenMeasurement:
+    """One generative replay's figures over its measured window (see the module doc)."""
+
+    speed: float                      # replay speed s
+    offered_rps: float                # requests due per second in the measured window
+    duration_s: float                 # length of the measured window
+    requests: int                     # requests due in the measured window
+    errors: int
+    error_rate: float
+    throughput_rps: float             # successful requests per second
+    output_tokens: int                # streamed by the successful measured requests
+    prompt_tokens: int                # their prompts
+    output_tokens_per_s: float
+    total_tokens_per_s: float         # prompt + output tokens per second
+    ttft_ms: dict[str, float]         # p50, p90, p95, p99, max (and the SLA's percentile)
+    tpot_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    goodput_rps: float                # successful requests meeting every limit, per second
+    good_requests: int
+    ttft_limit_ms: float | None = None
+    tpot_limit_ms: float | None = None
+    sla_percentile: float = 99.0
+    send_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
+    valid: bool = True
+    invalid_reason: str = ""
+    load_generator_cpu: float = 0.0   # CPU seconds used by the load generator per wall second
+    workers: int = 1                  # load-generator processes used
+    # per successful measured request (for CDFs); not part of the figures
+    ttfts_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
+    tpots_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
+
+    def ttft(self, percentile: float) -> float:
+        """TTFT at a kept percentile (p50/p90/p95/p99/max, and the SLA's)."""
+        return _at(self.ttft_ms, percentile, "TTFT")
+
+    def tpot(self, percentile: float) -> float:
+        """TPOT at a kept percentile (p50/p90/p95/p99/max, and the SLA's)."""
+        return _at(self.tpot_ms, percentile, "TPOT")
+
+
+def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_budget_ms: float,
+                   sla_percentile: float = 99.0, ttft_ms: float | None = None, tpot_ms: float | None = None,
+                   load_generator_cpu: float = 0.0, workers: int = 1,
+                   duration_s: float | None = None) -> TokenMeasurement:
+    """The figures of a generative replay's `records` (RECORD_COLUMNS, one row per request of the
+    whole schedule, warm-up included). `ttft_ms` / `tpot_ms`: the SLA's limits goodput counts
+    against (None: no such limit); `duration_s`: the schedule's length (default: the last due time)."""
+    missing = [c for c in RECORD_COLUMNS if c not in records.columns]
+    if missing:
+        raise ValueError(f"not the records of a generative replay: no {', '.join(missing)}")
+    end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
+    window = records[records["due_s"].to_numpy(dtype=float) >= warmup_s]
+    good = window[window["ok"].to_numpy(dtype=bool)]
+    due = good["due_s"].to_numpy(dtype=float)
+    first = good["first_token_s"].to_numpy(dtype=float)
+    last = good["last_token_s"].to_numpy(dtype=float)
+    tokens = good["tokens"].to_numpy(dtype=np.int64)
+    ttft = (first - due) * 1000.0
+    several = tokens >= 2
+    tpot_all = np.full(len(good), np.nan)
+    tpot_all[several] = (last[several] - first[several]) / (tokens[several] - 1) * 1000.0
+    itl = [np.asarray(v, dtype=float) for v in good["itl_ms"]]
+    itl = np.concatenate(itl) if itl else np.empty(0)
+
+    meets = np.ones(len(good), dtype=bool)
+    if ttft_ms is not None:
+        meets &= ttft <= ttft_ms
+    if tpot_ms is not None:
+        meets &= ~several | (tpot_all <= tpot_ms)
+
+    span = max(end - warmup_s, 0.0)
+    served_span = float(good["end_s"].max()) - warmup_s if len(good) else 0.0
+    per_s = 1.0 / served_span if served_span > 0 else 0.0
+    requests = len(window)
+    out_tokens = int(tokens.sum())
+    in_tokens = int(good["prompt_tokens"].to_numpy(dtype=np.int64).sum())
+
+    lag = window["send_lag_ms"].to_numpy(dtype=float)
+    lag = lag[np.isfinite(lag)]
+    send_lag = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
+    reasons = [f"no requests due in the measured window (after the {warmup_s:g} s warm-up)"] if not requests else []
+    if len(lag) and send_lag["p99"] > lag_budget_ms:
+        reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
+                       "the load generator was the bottleneck")
+    tpots = tpot_all[several]
+    return TokenMeasurement(
+        speed=speed, offered_rps=requests / span if span > 0 else 0.0, duration_s=span, requests=requests,
+        errors=requests - len(good), error_rate=(requests - len(good)) / requests if requests else 0.0,
+        throughput_rps=len(good) * per_s, output_tokens=out_tokens, prompt_tokens=in_tokens,
+        output_tokens_per_s=out_tokens * per_s, total_tokens_per_s=(out_tokens + in_tokens) * per_s,
+        ttft_ms=percentiles(ttft, sla_percentile=sla_percentile),
+        tpot_ms=percentiles(tpots, sla_percentile=sla_percentile),
+        itl_ms=percentiles(itl, sla_percentile=sla_percentile),
+        e2e_ms=percentiles((last - due) * 1000.0, sla_percentile=sla_percentile),
+        goodput_rps=int(meets.sum()) * per_s, good_requests=int(meets.sum()),
+        ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, sla_percentile=sla_percentile,
+        send_lag_ms=send_lag, valid=not reasons, invalid_reason="; ".join(reasons),
+        load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots,
+    )
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def _at(figures: dict[str, float], percentile: float, what: str) -> float:
+    key = "max" if percentile >= 100 else f"p{percentile:g}"
+    if key not in figures:
+        raise KeyError(f"{what} percentile {key} was not measured")
+    return figures[key]
