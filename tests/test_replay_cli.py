@@ -25,7 +25,7 @@ MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
 
 @pytest.fixture(scope="module")
 def server(triton_install):
-    with LocalLauncher(MODELS, models=["echo"], install=triton_install) as launcher:
+    with LocalLauncher(MODELS, models=["echo", "stream_echo"], install=triton_install) as launcher:
         yield launcher
 
 
@@ -161,3 +161,25 @@ def test_the_example_study_runs_on_the_embedded_default(tmp_path):
     assert run.returncode == 0, run.stderr
     m = json.loads(out.read_text())["measurement"]
     assert m["requests"] > 0 and m["errors"] == 0 and m["execution_count"] > 0
+
+
+@pytest.mark.slow
+def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path):
+    """stream_echo (the vLLM backend's interface; a first token 20 ms + 1 ms per prompt token after
+    the request arrives, then one every 10 ms): the replay's TTFT and TPOT follow its sleeps, every
+    output token counted; it reports no engine series. A dynamic-batcher knob is refused in one line."""
+    n = 20
+    traffic = pd.DataFrame({"timestamp": np.arange(n) * 0.1, "prompt_tokens": 5 + np.arange(n) % 4,
+                            "output_tokens": 6})
+    path = study(tmp_path, server.endpoints.http, model="stream_echo", traffic=traffic)
+    run = tuner("replay", str(path), "--json", str(tmp_path / "r.json"))
+    assert run.returncode == 0, run.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    everything = data["all_requests"]
+    assert everything["requests"] == n and everything["errors"] == 0 and everything["output_tokens"] == 6 * n
+    assert 10.0 <= everything["tpot_ms"]["p50"] <= 14.0
+    assert 25.0 <= everything["ttft_ms"]["p50"] <= 60.0
+    assert data["engine"] is None
+    assert "TTFT (replay)" in run.stdout and "(engine)" not in run.stdout and "output tokens/s" in run.stdout
+    assert_one_line_error(tuner("replay", str(path), "--set", "max_batch_size=4"), "vLLM handles the batching")
+    assert_one_line_error(tuner("replay", str(path), "--set", "max_num_seqs=4"), "not a vLLM-backend model")

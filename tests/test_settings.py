@@ -301,3 +301,15 @@ def test_a_study_keeps_the_sla_of_its_kind():
         check_generative(study_from_dict(MINIMAL), generative=True)
     with pytest.raises(SettingsError, match="sla.ttft_ms: a token limit, for a generative study"):
         check_generative(generative, generative=False)
+
+
+@pytest.mark.parametrize("url,ok", [("http://127.0.0.1:9002/metrics", True), ("http://127.0.0.1:9002/metrics/", True),
+                                    ("127.0.0.1:9002", False), ("http://127.0.0.1/metrics", False),
+                                    ("https://127.0.0.1:9002/metrics", False)])
+def test_a_remote_servers_metrics_url_is_an_http_metrics_endpoint(url, ok):
+    data = {**MINIMAL, "server": {"launcher": "remote", "url": "127.0.0.1:9000", "metrics_url": url}}
+    if ok:
+        assert study_from_dict(data).server.metrics_url == url
+    else:
+        with pytest.raises(SettingsError, match="server.metrics_url: expected"):
+            study_from_dict(data, source="study.yaml")

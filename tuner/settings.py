@@ -75,6 +75,9 @@ class ServerSettings:
     # remote: the running server's HTTP address (host:port) and optional gRPC address
     url: str | None = None
     grpc_url: str | None = None
+    # and its Prometheus endpoint when it is not the HTTP port + 2 (Triton's 8000 / 8002), e.g.
+    # http://127.0.0.1:9002/metrics: where a vLLM model's engine series are read
+    metrics_url: str | None = None
     # docker: image, GPUs ("all", a count, or a list of device ids), shared memory, networking
     image: str = "nvcr.io/nvidia/tritonserver:25.10-py3"
     gpus: str | int | list[int] | None = None
@@ -574,6 +577,12 @@ def _check(s: StudySettings, source: str) -> None:
         parse_host_port(s.server.url, where=f"{source}: server.url")
     if s.server.grpc_url:
         parse_host_port(s.server.grpc_url, where=f"{source}: server.grpc_url", schemes=("grpc",))
+    if s.server.metrics_url:  # http://host:port/metrics
+        address = s.server.metrics_url.strip()
+        if not address.startswith("http://") or not address.rstrip("/").endswith("/metrics"):
+            raise SettingsError(f"{source}: server.metrics_url: expected http://host:port/metrics, "
+                                f"got {s.server.metrics_url!r}")
+        parse_host_port(address.rstrip("/")[: -len("/metrics")], where=f"{source}: server.metrics_url")
     if not s.name or not s.model:
         raise SettingsError(f"{source}: name and model must not be empty")
 

@@ -133,6 +133,41 @@ def test_the_engine_statistics_count_the_requests_sent(server):
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
 
 
+def test_tuner_replay_measures_the_tokens_the_engine_counts(server, tmp_path, capsys):
+    """`tuner replay` of a token trace against the engine (the server attached as a remote one): the
+    requests and output tokens it measured are those vLLM counted, and its per-request TPOT and TTFT
+    stand beside the engine's histograms of the same requests (the replay's TTFT counts from the due
+    time, so it is never below the engine's, which starts when the request reaches the model)."""
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    from tuner.cli import main
+
+    n = 12
+    pd.DataFrame({"timestamp": np.arange(n) * 0.25, "prompt_tokens": 8 + 3 * (np.arange(n) % 5),
+                  "output_tokens": 16}).to_csv(tmp_path / "tokens.csv", index=False)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "llm-replay", "model_repository": str(server.repository), "model": MODEL,
+        "traffic": {"path": "tokens.csv"}, "server": {"launcher": "remote", "url": server.endpoints.http,
+                                                   "metrics_url": server.endpoints.metrics},
+        "replay": {"warmup_s": 0.0, "workers": 1, "lag_budget_ms": 200, "request_timeout_s": 120},
+        "sla": {"ttft_ms": 5000, "tpot_ms": 1000}, "cost": {"gpu": "cpu"}}))
+    assert main(["replay", str(study), "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT (replay)" in out and "TTFT (engine)" in out and "TPOT (engine)" in out
+    data = json.loads((tmp_path / "r.json").read_text())
+    mine, engine = data["all_requests"], data["engine"]
+    assert mine["requests"] == n and mine["errors"] == 0 and mine["output_tokens"] == 16 * n
+    assert engine["requests"] == n and engine["generation_tokens"] == 16 * n
+    assert engine["prompt_tokens"] == mine["prompt_tokens"] == int((8 + 3 * (np.arange(n) % 5)).sum())
+    assert engine["tpot_ms"]["count"] == n and engine["ttft_ms"]["count"] == n
+    replay_tpot = mine["tpot_ms"]["p50"]
+    assert 0.75 * engine["tpot_ms"]["mean"] <= replay_tpot <= 1.35 * engine["tpot_ms"]["mean"], (mine, engine)
+    assert mine["ttft_ms"]["p50"] >= 0.95 * engine["ttft_ms"]["p50"], (mine, engine)
+
+
 def test_a_stream_the_client_drops_is_aborted_in_the_engine(server):
     before = vllm_series(server)
     host, port = server.endpoints.http.rsplit(":", 1)

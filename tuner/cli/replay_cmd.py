@@ -71,6 +71,8 @@ def _replay(args: argparse.Namespace) -> int:
         workers=settings.replay.workers if args.workers is None else args.workers,
     ))
     params = space.parse_assignments(args.assignments)
+    if _is_generative(settings):
+        return _replay_generate(settings, params, speed=speed, args=args)
     config = space.apply(base_config(settings), params) if params else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url)
@@ -100,6 +102,112 @@ def _replay(args: argparse.Namespace) -> int:
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
+
+
+def _is_generative(settings) -> bool:
+    """Whether the study's model generates text: it takes `text_input` (the vLLM backend's interface)."""
+    from tuner.study import base_config
+
+    return any(i.name == "text_input" for i in base_config(settings).input)
+
+
+def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Namespace) -> int:
+    """`tuner replay` of a generative model: the trial's engine arguments applied, the token traffic
+    streamed, and the replay's figures set beside the engine's own."""
+    from pathlib import Path
+
+    from tuner.llm import engineargs
+    from tuner.server import make_launcher
+    from tuner.server.remote import check_triton
+    from tuner.study import base_config, study_traffic
+    from tuner.trial.generate import replay_generate
+
+    config_params, engine_params = space.split(params)
+    if config_params:
+        raise SettingsError(f"--set {next(iter(config_params))}: Triton's dynamic batcher does nothing on a "
+                            "vLLM-backend model (vLLM handles the batching); set its engine knobs "
+                            f"({', '.join(space.ENGINE_NAMES)})")
+    base = base_config(settings)
+    model_dir = Path(settings.model_repository) / settings.model
+    if engine_params and not engineargs.is_vllm_model(model_dir, base):
+        raise SettingsError(f"--set {next(iter(engine_params))}: {settings.model} is not a vLLM-backend model "
+                            "(no model.json of engine arguments)")
+    engine_args = space.apply_engine(engineargs.read(model_dir), engine_params) if engine_params else None
+    if settings.server.launcher == "remote":
+        check_triton(settings.server.url)
+    traffic = study_traffic(settings)
+    with make_launcher(settings) as launcher:
+        if engine_args is not None:
+            launcher.apply_engine_args(settings.model, base, engine_args)
+        run = replay_generate(launcher, settings, traffic, speed=speed, duration_s=args.duration, progress=True)
+    m = run.measurement
+    print(f"replay: {settings.model} at speed {speed:g}, {m.requests} requests streamed, "
+          f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
+    print(format_generate(run, settings.sla.percentile))
+    if args.json:
+        data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
+                "engine": _engine_figures(run.engine),
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+        write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
+    return 0
+
+
+def _figures(m) -> dict:
+    return {k: v for k, v in dataclasses.asdict(m).items() if k not in ("ttfts_ms", "tpots_ms")}
+
+
+def _engine_figures(engine) -> dict | None:
+    if engine is None:
+        return None
+    from tuner.llm.engine_metrics import E2E, ITL, TPOT, TTFT
+
+    out = {k: v for k, v in dataclasses.asdict(engine).items() if k != "histograms"}
+    for key, name in (("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2e", E2E)):
+        hist = engine.seconds(name)
+        if hist is not None:
+            out[f"{key}_ms"] = {"mean": hist.mean() * 1e3, "p50": hist.quantile(0.5) * 1e3,
+                                "p99": hist.quantile(0.99) * 1e3, "count": hist.count}
+    return out
+
+
+def format_generate(run, sla_percentile: float = 99.0) -> str:
+    """A generative replay as two tables: the replay's figures, then TTFT / TPOT / ITL / end to end
+    as the replay and as the engine saw the same requests."""
+    from tuner.llm.engine_metrics import E2E, ITL, TPOT, TTFT
+
+    m = run.measurement
+    limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms))
+                       if limit is not None)
+    rows = [
+        ("offered", f"{m.offered_rps:.2f} req/s over {m.duration_s:.1f} s ({m.requests} requests)"),
+        ("throughput", f"{m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.0f} output tokens/s, "
+                       f"{m.total_tokens_per_s:.0f} tokens/s with the prompts"),
+        ("goodput", f"{m.goodput_rps:.2f} req/s ({m.good_requests} requests meeting {limits or 'no limit'})"),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})"),
+        ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
+        ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        ("load generator", f"{m.load_generator_cpu:.2f} CPU cores, {m.workers} process(es)"),
+    ]
+    engine = run.engine
+    if engine is not None:
+        rows.append(("engine", f"{engine.requests:.0f} requests, {engine.generation_tokens:.0f} output tokens, "
+                               f"{engine.preemptions:.0f} preemptions, KV cache {engine.kv_cache_usage:.0%} used at the end"))
+    width = max(len(name) for name, _ in rows)
+    top = "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+    w = run.whole
+    lines = [f"{'ms, from the due time':<22} {'p50':>9} {'p99':>9} {'mean':>9}   (all {w.requests} requests sent; "
+             "the engine's from its histograms: linear within a bucket)"]
+    for label, figures, values, name in (("TTFT", w.ttft_ms, w.ttfts_ms, TTFT), ("TPOT", w.tpot_ms, w.tpots_ms, TPOT),
+                                         ("ITL", w.itl_ms, None, ITL), ("end to end", w.e2e_ms, None, E2E)):
+        mean = float(values.mean()) if values is not None and len(values) else float("nan")
+        lines.append(f"{label + ' (replay)':<22} {figures.get('p50', float('nan')):>9.2f} "
+                     f"{figures.get('p99', float('nan')):>9.2f} {mean:>9.2f}")
+        hist = engine.seconds(name) if engine is not None else None
+        if hist is not None and hist.count > 0:
+            lines.append(f"{label + ' (engine)':<22} {hist.quantile(0.5) * 1e3:>9.2f} {hist.quantile(0.99) * 1e3:>9.2f} "
+                         f"{hist.mean() * 1e3:>9.2f}")
+    return top + "\n\n" + "\n".join(lines)
 
 
 def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:

@@ -32,8 +32,8 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
     if server.launcher == "remote":
         if not server.url:
             raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
-        return RemoteLauncher(server.url, grpc_url=server.grpc_url, models=models, read_only=read_only,
-                              model_repository=settings.model_repository or None)
+        return RemoteLauncher(server.url, grpc_url=server.grpc_url, metrics_url=server.metrics_url, models=models,
+                              read_only=read_only, model_repository=settings.model_repository or None)
     if server.launcher == "docker":
         from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
 

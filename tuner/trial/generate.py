@@ -1,0 +1,70 @@
+"""One generative replay of a vLLM-backend model, measured twice: by the replay, from each request's
+due time (`tuner.measurement_tokens`), and by the engine, from its own `vllm:` series on Triton's
+`/metrics` over the same replay (`tuner.llm.engine_metrics`), so that each can be checked against the
+other. The engine's histograms count every request the replay sent, warm-up included: `whole` is the
+replay's measurement of those same requests.
+
+    replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import pandas as pd
+
+from tuner.llm.engine_metrics import EngineFigures, EngineSnapshot, engine_delta, read_engine
+from tuner.measurement_tokens import TokenMeasurement, measure_tokens
+from tuner.server import Launcher
+from tuner.settings import StudySettings
+
+__all__ = ["GenerateRun", "replay_generate"]
+
+METRICS_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """A generative replay's figures: its measured window, all its requests, and the engine's view."""
+
+    measurement: TokenMeasurement  # the requests due after the warm-up
+    whole: TokenMeasurement        # every request sent (the engine's histograms count them all)
+    engine: EngineFigures | None   # None: the server reports no vllm: series for the model
+
+
+def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
+                    duration_s: float | None = None, progress: bool = False, prompts=None) -> GenerateRun:
+    """Replay `traffic` (rows with prompt_tokens and output_tokens) at `speed` against the generative
+    model the server runs, streaming each request, and measure it (`duration_s`: measure only that
+    long after the warm-up)."""
+    from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
+
+    model, sla = settings.model, settings.sla
+    warmup_s = settings.replay.warmup_s
+    before = _engine(launcher, model)
+    result = replay(launcher.endpoints, model, traffic, speed=speed, settings=settings.replay, warmup_s=warmup_s,
+                    duration_s=None if duration_s is None else warmup_s + duration_s,
+                    stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts)
+    after = _engine(launcher, model)
+
+    def measured(warmup: float) -> TokenMeasurement:
+        return measure_tokens(result.records, speed=speed, warmup_s=warmup,
+                              lag_budget_ms=settings.replay.lag_budget_ms, sla_percentile=sla.percentile,
+                              ttft_ms=sla.ttft_ms, tpot_ms=sla.tpot_ms, load_generator_cpu=result.load_generator_cpu,
+                              workers=result.workers, duration_s=result.duration_s)
+
+    engine = engine_delta(before, after) if before is not None and after is not None else None
+    return GenerateRun(measured(result.warmup_s), measured(0.0), engine)
+
+
+def _engine(launcher: Launcher, model: str) -> EngineSnapshot | None:
+    """The model's vllm: series now; None when the server's metrics cannot be read or hold none."""
+    try:
+        with urllib.request.urlopen(launcher.endpoints.metrics, timeout=METRICS_TIMEOUT_S) as response:
+            text = response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    snapshot = read_engine(text, model)
+    return snapshot if snapshot.values or snapshot.histograms else None
