@@ -183,3 +183,19 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert "TTFT (replay)" in run.stdout and "(engine)" not in run.stdout and "output tokens/s" in run.stdout
     assert_one_line_error(tuner("replay", str(path), "--set", "max_batch_size=4"), "vLLM handles the batching")
     assert_one_line_error(tuner("replay", str(path), "--set", "max_num_seqs=4"), "not a vLLM-backend model")
+
+
+def test_a_request_longer_than_the_engines_context_is_refused_before_any_server(tmp_path):
+    """llm_vllm's tiny model takes 2,048 tokens: a trace with longer requests is one line, exit 2,
+    before a server is started (the local launcher would start one: nothing is left behind)."""
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.5, 1.0], "prompt_tokens": [100, 2000, 3000],
+                            "output_tokens": [10, 100, 10]})
+    traffic.to_csv(tmp_path / "tokens.csv", index=False)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "too-long", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "llm_vllm", "traffic": {"path": "tokens.csv"},
+                                    "sla": {"ttft_ms": 1000}, "output": str(tmp_path / "out")}))
+    run = tuner("replay", str(path))
+    assert_one_line_error(run, "2 of 3 requests need more tokens than llm_vllm's context of 2,048",
+                          "row 1", "2,000 prompt + 100 output tokens")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml", "tokens.csv"]

@@ -145,3 +145,13 @@ def test_the_tables_are_the_installed_vllms_when_it_is_their_version():
     assert fields["gpu_memory_utilization"] == engineargs.defaults()["gpu_memory_utilization"]
     unset = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "kv_cache_memory_bytes"}
     assert {k: fields[k] for k in unset} == dict.fromkeys(unset)  # resolved at start: the _RESOLVED table
+
+
+def test_the_context_is_max_model_len_else_the_models_own(tmp_path):
+    from tuner.llm.engineargs import context_tokens
+
+    assert context_tokens({"model": "tuner-tiny-llama"}) == 2048
+    assert context_tokens({"model": "tuner-tiny-llama", "max_model_len": 1024}) == 1024
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
+    assert context_tokens({"model": str(tmp_path)}) == 8192
+    assert context_tokens({"model": "meta-llama/Llama-3.1-8B-Instruct"}) is None  # vLLM would download it

@@ -120,7 +120,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
     from tuner.study import base_config, study_traffic
-    from tuner.trial.generate import replay_generate
+    from tuner.trial.generate import check_context, replay_generate
 
     config_params, engine_params = space.split(params)
     if config_params:
@@ -136,6 +136,10 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     if settings.server.launcher == "remote":
         check_triton(settings.server.url)
     traffic = study_traffic(settings)
+    if engineargs.is_vllm_model(model_dir, base):
+        context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
+        if context is not None:
+            check_context(traffic, context, model=settings.model)
     with make_launcher(settings) as launcher:
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)

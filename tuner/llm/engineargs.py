@@ -43,6 +43,7 @@ from pathlib import Path
 
 from tuner.errors import ConfigError
 from tuner.files import read_json_object, write_atomic
+from tuner.llm import tiny
 from tuner.modelconfig import ModelConfig, load
 
 __all__ = [
@@ -242,6 +243,25 @@ def read(model_dir: str | Path) -> dict:
                             "engine arguments there)", error=ConfigError)
     check(args, source=str(path))
     return args
+
+
+def context_tokens(args: Mapping[str, object]) -> int | None:
+    """The longest sequence (prompt + output tokens) the engine takes: `max_model_len` when set, else
+    the model's own `max_position_embeddings` (the tiny model's, or a local model directory's
+    config.json); None when it cannot be known here (a model id vLLM would download)."""
+    if args.get("max_model_len"):
+        return int(args["max_model_len"])
+    model = str(args.get("model") or "")
+    if model == tiny.NAME:
+        return int(tiny.SHAPE["max_position_embeddings"])
+    config = Path(model) / "config.json"
+    if model and config.is_file():
+        try:
+            value = json.loads(config.read_text()).get("max_position_embeddings")
+        except (OSError, ValueError):
+            return None
+        return int(value) if isinstance(value, int) and value > 0 else None
+    return None
 
 
 def check(args: Mapping[str, object], *, source: str = ENGINE_FILE) -> None:

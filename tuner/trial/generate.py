@@ -5,6 +5,7 @@ other. The engine's histograms count every request the replay sent, warm-up incl
 replay's measurement of those same requests.
 
     replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
+    check_context(traffic, context, *, model)   before a server starts: every request fits the engine
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from tuner.errors import TrafficError
 from tuner.llm.engine_metrics import EngineFigures, EngineSnapshot, engine_delta, read_engine
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 
-__all__ = ["GenerateRun", "replay_generate"]
+__all__ = ["GenerateRun", "check_context", "replay_generate"]
 
 METRICS_TIMEOUT_S = 10.0
 
@@ -68,3 +70,17 @@ def _engine(launcher: Launcher, model: str) -> EngineSnapshot | None:
         return None
     snapshot = read_engine(text, model)
     return snapshot if snapshot.values or snapshot.histograms else None
+
+
+def check_context(traffic: pd.DataFrame, context: int, *, model: str) -> None:
+    """Refuse, in one line, traffic holding a request longer (prompt + output tokens) than the model's
+    context: the engine would refuse each such request, and a replay would measure refusals."""
+    total = traffic["prompt_tokens"].to_numpy() + traffic["output_tokens"].to_numpy()
+    over = total > context
+    if over.any():
+        first = int(over.argmax())
+        raise TrafficError(
+            f"{int(over.sum()):,} of {len(traffic):,} requests need more tokens than {model}'s context of "
+            f"{context:,} (the first: row {first} of the replayed traffic, {int(traffic['prompt_tokens'].iloc[first]):,} "
+            f"prompt + {int(traffic['output_tokens'].iloc[first]):,} output tokens); raise max_model_len in "
+            "model.json where the model allows it, or replay a trace of shorter requests")
