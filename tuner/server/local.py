@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ WORKDIR_PREFIX = "tuner-triton-"
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
+MODEL_PYTHON_ENV = "TUNER_MODEL_PYTHON"
 SHM_DIR = Path("/dev/shm")  # where the Python backend's shared-memory regions live (POSIX shm on Linux)
 
 
@@ -130,6 +132,7 @@ class LocalLauncher(Launcher):
             p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)
         env[GPU_LOCK_ENV] = str(self._workdir / "emulated-gpu.lock")
         env[MODEL_PYTHONPATH_ENV] = model_pythonpath(install, env.get(MODEL_PYTHONPATH_ENV, ""))
+        env[MODEL_PYTHON_ENV] = sys.executable  # a Python for a model's own child processes (llm_vllm's vLLM)
         with open(self._log_file, "ab") as log:
             self._log_start = self._log_mark = log.tell()
             self._mark_what = "the server started"

@@ -24,6 +24,7 @@ import json
 import locale
 import os
 import queue
+import shutil
 import site
 import sys
 import threading
@@ -142,6 +143,20 @@ class _Stream:
         self.cancelled = False  # set by the sending thread, read by the engine's
 
 
+def _registry_child_on_python():
+    """vLLM inspects a model's architecture once in a child process of `sys.executable` (then caches
+    it under ~/.cache/vllm): in the stub that is the stub itself, not Python, and the inspection fails
+    ("Model architectures [...] failed to be inspected") on a machine with no cache yet. vLLM keeps the
+    child's command in `_SUBPROCESS_COMMAND` for changing it: run it on the Python that started tuner
+    (`TUNER_MODEL_PYTHON`, set by the local launcher), else the system's python3 with the stub's paths."""
+    from vllm.model_executor.models import registry
+
+    python = os.environ.get("TUNER_MODEL_PYTHON") or shutil.which("python3") or "/usr/bin/python3"
+    if not os.environ.get("TUNER_MODEL_PYTHON"):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # for the child only
+    registry._SUBPROCESS_COMMAND = [python, "-m", "vllm.model_executor.models.registry"]
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
@@ -149,6 +164,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 "llm_vllm streams its tokens: its config.pbtxt needs model_transaction_policy { decoupled: true }")
         _import_vllm()
+        _registry_child_on_python()
         from vllm import EngineArgs, LLMEngine
 
         engine_args = engine_arguments(pb_utils.get_model_dir())
