@@ -86,7 +86,8 @@ def main() -> None:
                 print(f"{speed:5g} {what:>4} {len(values):5d}  {cells[0]}  {cells[1]}  {mean_diff:+9.1%}  {load}")
             print(f"{'':5} errors {run.whole.errors} of {run.whole.requests}, engine counted "
                   f"{run.engine.requests:.0f} requests, {run.engine.preemptions:.0f} preemptions; "
-                  f"send lag p99 {run.whole.send_lag_ms.get('p99', float('nan')):.2f} ms")
+                  f"send lag p99 {run.whole.send_lag_ms.get('p99', float('nan')):.2f} ms"
+                  + (f"; first error: {run.first_error[:200]}" if run.first_error else ""))
 
 
 if __name__ == "__main__":

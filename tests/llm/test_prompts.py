@@ -100,3 +100,13 @@ def test_a_prompt_shorter_than_the_special_tokens_or_no_tokenizer_is_one_line(tm
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no tokenizer could be read"):
         Prompts(tmp_path / "empty")
+
+
+def test_the_tiny_models_prompts_stay_within_vllms_five_characters_a_token():
+    """vLLM refuses a prompt of more than 5 characters per token of its context before tokenizing it:
+    the longest prompt that fits the tiny model's 2,048 tokens must pass that check from any start."""
+    from tuner.llm.prompts import Prompts
+
+    prompts = Prompts()
+    for start in (0, 7, 999, 12345):
+        assert len(prompts.text(2048, start=start)) <= 5 * 2048

@@ -187,7 +187,7 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
         ("throughput", f"{m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.0f} output tokens/s, "
                        f"{m.total_tokens_per_s:.0f} tokens/s with the prompts"),
         ("goodput", f"{m.goodput_rps:.2f} req/s ({m.good_requests} requests meeting {limits or 'no limit'})"),
-        ("errors", f"{m.errors} ({m.error_rate:.2%})"),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {run.first_error[:160]}" if run.first_error else "")),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
         ("load generator", f"{m.load_generator_cpu:.2f} CPU cores, {m.workers} process(es)"),

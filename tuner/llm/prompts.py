@@ -22,8 +22,11 @@ from tuner.errors import InputError
 
 __all__ = ["TINY_WORDS", "Prompts", "compose"]
 
-# Words w0 .. w3999: inside the tiny model's vocabulary (its w0 .. w4089), one token each.
-TINY_WORDS = 4000
+# Words w0 .. w999: inside the tiny model's vocabulary (its w0 .. w4091), one token each, at most 4
+# characters and a space: vLLM refuses a prompt of more characters than 5 per token of its context
+# before tokenizing it ("more than 10240 characters" at 2,048), so longer words would fail the longest
+# prompts that fit.
+TINY_WORDS = 1000
 _WORD = re.compile(r"^[a-z][a-z0-9]{1,11}$")  # "w17", "the": plain words, no punctuation
 _MAX_PIECES = 4000
 

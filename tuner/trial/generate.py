@@ -34,6 +34,7 @@ class GenerateRun:
     measurement: TokenMeasurement  # the requests due after the warm-up
     whole: TokenMeasurement        # every request sent (the engine's histograms count them all)
     engine: EngineFigures | None   # None: the server reports no vllm: series for the model
+    first_error: str = ""          # the first failed request's error, as the replay recorded it
 
 
 def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
@@ -58,7 +59,9 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                               workers=result.workers, duration_s=result.duration_s)
 
     engine = engine_delta(before, after) if before is not None and after is not None else None
-    return GenerateRun(measured(result.warmup_s), measured(0.0), engine)
+    failed = result.records[~result.records["ok"].to_numpy(dtype=bool)]
+    first_error = str(failed["error"].iloc[0]) if len(failed) else ""
+    return GenerateRun(measured(result.warmup_s), measured(0.0), engine, first_error)
 
 
 def _engine(launcher: Launcher, model: str) -> EngineSnapshot | None:
