@@ -26,6 +26,16 @@ __all__ = ["check_output_dir", "check_writable", "json_safe", "open_input", "os_
            "read_text", "replacing", "write_atomic"]
 
 
+def user_cache(variable: str, name: str) -> Path:
+    """A cache directory of tuner's: $`variable` when set, else `$XDG_CACHE_HOME/tuner/<name>`, else
+    `~/.cache/tuner/<name>`."""
+    given = os.environ.get(variable)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tuner" / name
+
+
 def json_safe(value):
     """A value JSON can hold: NaN and infinity (an unmeasured figure) become null, numpy scalars
     plain numbers, mapping keys text."""

@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tuner.files import user_cache
+
 __all__ = ["NAME", "SHAPE", "cache_dir", "tiny_model"]
 
 # The name model.json's "model" gives to mean this model (the llm_vllm template resolves it here).
@@ -41,11 +43,7 @@ VERSION = 1
 
 def cache_dir() -> Path:
     """Where tiny models are kept: $TUNER_LLM_CACHE, else the user cache (`.../tuner/llm`)."""
-    given = os.environ.get("TUNER_LLM_CACHE")
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tuner" / "llm"
+    return user_cache("TUNER_LLM_CACHE", "llm")
 
 
 def tiny_model(cache: str | os.PathLike | None = None) -> Path:

@@ -125,11 +125,26 @@ class Connections:
 
     def post(self, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes]:
         """Send one request (its parts in order) and return the response's status and body."""
+        return self._send(parts)
+
+    def stream(self, request: bytes, on_event: Callable[[bytes], None]) -> tuple[int, bytes]:
+        """Send one request and hand each Server-Sent Event's data to `on_event` as soon as it arrives;
+        returns the status, and the body when it was not an event stream (an error before the start)."""
+        status, body = self._send((request,), on_event)
+        if status == 200 and body:  # the events sent as one whole body, not chunked
+            _Events(on_event).feed(body)
+            body = b""
+        return status, body
+
+    def _send(self, parts: Sequence[bytes | memoryview],
+              on_event: Callable[[bytes], None] | None = None) -> tuple[int, bytes]:
+        """One exchange on an idle connection, or a new one; a reused connection the server had closed
+        while idle is dropped and the request sent again (it never reached the server)."""
         while True:
             reused = bool(self._idle)
             sock = self._idle.pop() if reused else self._connect()
             try:
-                status, body, keep = _exchange(sock, parts)
+                status, body, keep = _exchange(sock, parts, on_event)
             except _Stale:
                 sock.close()
                 if reused:
@@ -142,31 +157,6 @@ class Connections:
                 self._idle.append(sock)
             else:
                 sock.close()
-            return status, body
-
-    def stream(self, request: bytes, on_event: Callable[[bytes], None]) -> tuple[int, bytes]:
-        """Send one request and hand each Server-Sent Event's data to `on_event` as soon as it arrives;
-        returns the status, and the body when it was not an event stream (an error before the start)."""
-        while True:
-            reused = bool(self._idle)
-            sock = self._idle.pop() if reused else self._connect()
-            try:
-                status, body, keep = _exchange(sock, (request,), on_event)
-            except _Stale:
-                sock.close()
-                if reused:
-                    continue
-                raise HttpProtocolError("the server closed the connection without answering") from None
-            except BaseException:
-                sock.close()
-                raise
-            if keep:
-                self._idle.append(sock)
-            else:
-                sock.close()
-            if status == 200 and body:  # the events sent as one whole body, not chunked
-                _Events(on_event).feed(body)
-                body = b""
             return status, body
 
     def _connect(self) -> socket.socket:

@@ -389,15 +389,7 @@ class Replayer:
         except BaseException as exc:  # the server's failures are data, not the load generator's
             error = (str(exc) or type(exc).__name__).splitlines()[0]
         share.end[k] = time.monotonic()
-        if error:
-            share.errors[k] = error[:300]
-        else:
-            share.ok[k] = True
-        share.done += 1
-        share.finished.append(k)
-        self.in_flight -= 1
-        if not self.in_flight and not self.walking:
-            self.drained.set()
+        self._finish(k, error)
 
     def _send_stream(self, k: int, shape_id: int) -> None:
         """_send of a streaming request: the arrival of each response carrying tokens is kept; a
@@ -446,6 +438,11 @@ class Replayer:
         if not error and not times:
             error = "no tokens streamed"
         share.token_times[k], share.token_counts[k] = times, counts
+        self._finish(k, error)
+
+    def _finish(self, k: int, error: str) -> None:
+        """Row `k` answered: its outcome recorded (an error, or ok), and the walk told when it was the last."""
+        share = self.share
         if error:
             share.errors[k] = error[:300]
         else:

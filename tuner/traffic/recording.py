@@ -121,11 +121,7 @@ def _ahead(read: Callable[[list[Part]], T], segments: Iterator[list[Part]]) -> I
 
 def cache_dir() -> Path:
     """Where CSV recordings are converted to Parquet: $TUNER_TRAFFIC_CACHE, else the user cache."""
-    given = os.environ.get("TUNER_TRAFFIC_CACHE")
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tuner" / "traffic"
+    return files.user_cache("TUNER_TRAFFIC_CACHE", "traffic")
 
 
 def recording_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
