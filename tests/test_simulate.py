@@ -262,6 +262,25 @@ def test_a_queued_batch_the_batcher_is_not_woken_for_does_not_grow():
     assert run.exec_rows.tolist() == [1, 1, 2]
 
 
+def test_when_the_batcher_sees_an_execution_end_before_its_instance_does():
+    # instance_first=False: the batcher, told of an execution's end, looks before the instance is back
+    r = reqs([0.0, 6.0, 14.0, 16.0])
+    delay = BatcherConfig(max_batch_size=8, max_queue_delay_microseconds=5000)
+    # the batch queued behind the instance (2, alone) still grows by 3 and 4 when the batcher goes first
+    assert simulate(r, delay, slow_profile(), instance_first=False).exec_rows.tolist() == [1, 3]
+    # without prefetching, it finds no instance waiting and waits for the next arrival: 4 at 16 ms
+    # finds it free (20 ms: 1's run ends) only when it arrives after that; here at 30 ms
+    late = reqs([0.0, 2.0, 4.0, 30.0])
+    bounded = BatcherConfig(max_batch_size=8, max_queue_size=100)
+    first = simulate(late, bounded, slow_profile())
+    assert first.exec_rows.tolist() == [1, 2, 1] and first.dispatch_s[1] == pytest.approx(20 * MS)
+    second = simulate(late, bounded, slow_profile(), instance_first=False)
+    assert second.exec_rows.tolist() == [1, 3] and second.dispatch_s[1] == pytest.approx(30 * MS)
+    # with no arrival, its 500 ms wait ends it
+    alone = simulate(reqs([0.0, 2.0]), bounded, slow_profile(), instance_first=False)
+    assert alone.dispatch_s[1] == pytest.approx(520 * MS, abs=3 * MS)
+
+
 def test_a_queue_timeout_rejects_or_delays_the_requests_queued_past_it():
     r = reqs([0.0, 2.0, 4.0, 15.0, 28.0])
     config = {"max_batch_size": 4, "default_timeout_microseconds": 10_000}

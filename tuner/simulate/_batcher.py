@@ -159,10 +159,19 @@ class BatchRun:
 
 def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
              *,
-             device_cache: dict | None = None) -> BatchRun:
+             device_cache: dict | None = None, instance_first: bool = True) -> BatchRun:
     """Run `requests` through the dynamic batcher of `config` on a model costed by `profile`.
 
-    `device_cache` memoizes device seconds by (rows, length) across calls with the same profile."""
+    `device_cache` memoizes device seconds by (rows, length) across calls with the same profile.
+
+    `instance_first` settles a race in Triton. When an execution ends, its instance thread goes on to
+    take the next queued batch (or to wait for one), while the batcher, notified by the same end
+    (`Payload::Execute`'s callback), looks at its queue. True (the default): the instance goes first,
+    as on an idle host. False: the batcher does, as on a host with every core busy, where it won on
+    most ends (measured against Triton 2.51: tests/test_simulate_conformance.py). Then a batch queued
+    behind the instance still grows by what arrived since; and without prefetching (a queue policy)
+    the batcher finds no instance waiting (`RateLimiter::PayloadSlotAvailable`) and waits on, until
+    the next arrival or its 500 ms wait ends."""
     if len(requests) > 1 and (np.diff(requests.due_s) < 0).any():
         first = int(np.argmax(np.diff(requests.due_s) < 0)) + 1
         raise TrafficError(f"requests: due times must not decrease, but request {first} is due at "
@@ -379,7 +388,9 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
             if not slot_ok():  # WaitForPayloadSlotAvailable
                 if not slot_wait:
                     slot_wait = True
-                    wake = now + 0.5 if timeout and reject else inf
+                    # its wait ends every 500 ms: REJECT drops expired requests, and an instance it did
+                    # not see free (instance_first) is seen
+                    wake = now + 0.5 if (timeout and reject) or not instance_first else inf
                 return
             slot_wait = False
             until, take, taken = dynamic_batch(now)
@@ -447,10 +458,24 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         elif t_fin <= t_wake:  # an execution ends: the instance takes the next payload, the batcher is told
             now = t_fin
             busy[kf] = False
+            queued = head < len(q) or delayed
+            if not instance_first and queued:  # the batcher looks before the instance is back (instance_first)
+                if prefetch:
+                    batcher(now)  # a payload queued behind the instance grows
+                else:  # no instance waiting: it waits for a slot
+                    if sat or cur[5]:
+                        cur = [[], 0, inf, -1, False, False, False]
+                        sat = False
+                        next_pref = 0
+                    if not slot_wait:
+                        slot_wait = True
+                        wake = now + 0.5
             idle += 1
             if pq:
                 execute(pq.pop(0), now)
-            if head == len(q) and not delayed:  # the batcher's first steps, inline: it finds nothing queued
+            if not instance_first and queued and not prefetch:
+                pass  # it waits on for an arrival or its timer
+            elif head == len(q) and not delayed:  # the batcher's first steps, inline: it finds nothing queued
                 if sat or cur[5]:
                     cur = [[], 0, inf, -1, False, False, False]
                     sat = False
@@ -462,12 +487,15 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         else:  # the batcher's own timer
             now = t_wake
             if slot_wait:  # every 500 ms while waiting for a slot, REJECT drops expired requests
-                keep = [i for i in q[head:] if not now > expire[i]]
-                for i in q[head:]:
-                    if now > expire[i]:
-                        expired(i, now)
-                q[head:] = keep
+                if timeout and reject:
+                    keep = [i for i in q[head:] if not now > expire[i]]
+                    for i in q[head:]:
+                        if now > expire[i]:
+                            expired(i, now)
+                    q[head:] = keep
                 wake = now + 0.5
+                if slot_ok():  # an instance it did not see free (instance_first)
+                    batcher(now)
             else:
                 wake = inf
                 batcher(now)
