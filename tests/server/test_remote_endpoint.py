@@ -48,10 +48,15 @@ def scripted(answer: bytes, *, reset: bool = False) -> Iterator[tuple[str, list[
                 return
             threading.Thread(target=serve, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     try:
         yield f"127.0.0.1:{listener.getsockname()[1]}", seen
     finally:
+        # a close alone leaves a blocked accept() listening on the port, which the next listener may be given
+        # (SO_REUSEADDR): its connections would reach this script. A shutdown wakes the accept
+        listener.shutdown(socket.SHUT_RDWR)
+        acceptor.join(timeout=5)
         listener.close()
 
 
