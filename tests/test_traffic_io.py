@@ -367,3 +367,40 @@ def test_an_empty_prefix_id_is_named():
     df = pd.DataFrame({"timestamp": [1.0, 2.0], "prompt_tokens": 5, "output_tokens": 5, "prefix_id": ["a", " "]})
     with pytest.raises(TrafficError, match=r"^x: row 2, column 'prefix_id': empty$"):
         validate_traffic(df, "x")
+
+
+def test_a_csv_written_as_parquet_chunk_by_chunk_reads_back_as_the_csv(tmp_path):
+    """csv_to_parquet: each chunk made a table by the caller (its first file line given), the rows
+    written counted after each chunk, and the file the same table read_traffic reads from the CSV."""
+    from tuner.traffic.io import csv_to_parquet, validate_part
+
+    src = tmp_path / "t.csv"
+    write_traffic(_table(), src)
+    lines, written = [], []
+
+    def table(chunk, line):
+        lines.append(line)
+        return validate_part(chunk, str(src), first_line=line)
+
+    rows = csv_to_parquet(src, tmp_path / "t.parquet", rows=200, table=table, on_rows=written.append)
+    assert rows == 500 and written == [200, 400, 500] and lines == [2, 202, 402]
+    pd.testing.assert_frame_equal(read_traffic(tmp_path / "t.parquet"), read_traffic(src))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("timestamp,seq_len\n", "t.csv: no requests (a header but no rows)"),
+    # a broken row past the first chunk: pandas' error comes as that chunk is read, and is one line
+    ("timestamp,seq_len\n1,3\n2,4\n3,5,9,9\n", "t.csv: not a readable CSV table ("),
+])
+def test_a_csv_that_cannot_become_parquet_is_one_line_and_nothing_is_written(text, expected, tmp_path):
+    from tuner.traffic.io import csv_to_parquet, validate_part
+
+    src = tmp_path / "t.csv"
+    src.write_text(text)
+    with pytest.raises(TrafficError) as caught:
+        csv_to_parquet(src, tmp_path / "t.parquet", rows=2,
+                       table=lambda chunk, line: validate_part(chunk, str(src), first_line=line))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path}/{expected}") and "\n" not in message, message
+    assert ("line 4" in message) == ("5,9,9" in text)  # pandas names the broken row's line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]

@@ -84,3 +84,24 @@ def test_parse_duration(text, seconds):
 def test_parse_duration_rejects_nonsense():
     with pytest.raises(TrafficError, match="--start: cannot read 'soon'"):
         parse_duration("soon", "--start")
+
+
+@pytest.mark.parametrize("start, duration, message", [
+    (-1.0, None, "window start must be >= 0 s from the first request, got -1.0"),
+    (float("nan"), None, "window start must be >= 0 s from the first request, got nan"),
+    (0.0, 0.0, "window duration must be a positive number of seconds, got 0.0"),
+    (None, float("inf"), "window duration must be a positive number of seconds, got inf"),
+])
+def test_a_window_with_bad_bounds_is_refused_alike_in_a_table_and_a_recording(start, duration, message, tmp_path):
+    """The table's window and the recording's (tuner.traffic.scan.read_window) check bounds as one."""
+    from tuner.traffic import write_traffic
+    from tuner.traffic.recording import open_recording
+    from tuner.traffic.scan import read_window
+
+    df = _frame([100.0, 101.0, 102.0])
+    write_traffic(df, tmp_path / "t.parquet")
+    with pytest.raises(TrafficError) as in_table:
+        window(df, start, duration)
+    with pytest.raises(TrafficError) as in_recording:
+        read_window(open_recording(tmp_path / "t.parquet"), start, duration)
+    assert str(in_table.value) == str(in_recording.value) == message

@@ -25,10 +25,10 @@ import pandas as pd
 
 
 @dataclass(frozen=True, kw_only=True)
-class Measurement:
-    """One replay's figures over its measured window, with Triton's statistics deltas over it."""
+class Served:
+    """The load a replay offered over its measured window (warm-up excluded) and what came back: the
+    figures every measurement begins with, a generative replay's (`TokenMeasurement`) too."""
 
-    # offered load and what came back, over the measured window (warm-up excluded)
     speed: float                    # replay speed s
     offered_rps: float              # requests due per second in the measured window
     duration_s: float               # length of the measured window
@@ -36,6 +36,12 @@ class Measurement:
     errors: int
     error_rate: float
     throughput_rps: float           # successful responses per second
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement(Served):
+    """One replay's figures over its measured window, with Triton's statistics deltas over it."""
+
     latency_ms: dict[str, float]    # p50, p90, p95, p99, max: from the due time
     send_lag_ms: dict[str, float]   # p50, p99
     valid: bool                     # False when send lag p99 exceeded the budget
@@ -65,7 +71,8 @@ class Measurement:
         return self.latency_ms[key]
 
 
-__all__ = ["PERCENTILES", "Measurement", "assemble", "measure", "percentiles", "stat_deltas"]
+__all__ = ["PERCENTILES", "Measurement", "Served", "assemble", "measure", "percentiles", "send_lag_figures",
+           "stat_deltas"]
 
 PERCENTILES = (50, 90, 95, 99)
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -91,13 +98,7 @@ def measure(
     end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
     window = records[records["due_s"] >= warmup_s]
     good = window[window["ok"].to_numpy(dtype=bool)]
-    lag = window["send_lag_ms"].to_numpy(dtype=float)
-    lag = lag[np.isfinite(lag)]
-    send_lag = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
-    lag_reason = ""
-    if len(lag) and send_lag["p99"] > lag_budget_ms:
-        lag_reason = (f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
-                      f"the load generator was the bottleneck")
+    send_lag, lag_reason = send_lag_figures(window["send_lag_ms"].to_numpy(dtype=float), lag_budget_ms)
     deltas = stat_deltas(stats_before, stats_after)
     return assemble(
         speed=speed, warmup_s=warmup_s, end_s=end, requests=len(window),
@@ -153,6 +154,17 @@ def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, late
         workers=workers,
         latencies_ms=latencies_ms,
     )
+
+
+def send_lag_figures(lag_ms: np.ndarray, budget_ms: float) -> tuple[dict[str, float], str]:
+    """The send lag's p50, p99 and max over a window's requests (those never sent, NaN, left out), and
+    why the measurement is invalid when its p99 broke `budget_ms` ("" when it did not)."""
+    lag = lag_ms[np.isfinite(lag_ms)]
+    figures = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
+    if len(lag) and figures["p99"] > budget_ms:
+        return figures, (f"send lag p99 {figures['p99']:.2f} ms > budget {budget_ms:g} ms: "
+                         "the load generator was the bottleneck")
+    return figures, ""
 
 
 def _pct(values: np.ndarray, q: float) -> float:

@@ -23,13 +23,12 @@ last token times, the tokens received and the gaps between token responses. Defi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from tuner.measurement import percentiles
+from tuner.measurement import Served, percentiles, send_lag_figures
 
 __all__ = ["RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
 
@@ -39,16 +38,10 @@ RECORD_COLUMNS = ("due_s", "end_s", "send_lag_ms", "ok", "prompt_tokens", "token
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenMeasurement:
-    """One generative replay's figures over its measured window (see the module doc)."""
+class TokenMeasurement(Served):
+    """One generative replay's figures over its measured window (see the module doc); throughput_rps
+    counts successful requests."""
 
-    speed: float                      # replay speed s
-    offered_rps: float                # requests due per second in the measured window
-    duration_s: float                 # length of the measured window
-    requests: int                     # requests due in the measured window
-    errors: int
-    error_rate: float
-    throughput_rps: float             # successful requests per second
     output_tokens: int                # streamed by the successful measured requests
     prompt_tokens: int                # their prompts
     output_tokens_per_s: float
@@ -117,13 +110,10 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
     out_tokens = int(tokens.sum())
     in_tokens = int(good["prompt_tokens"].to_numpy(dtype=np.int64).sum())
 
-    lag = window["send_lag_ms"].to_numpy(dtype=float)
-    lag = lag[np.isfinite(lag)]
-    send_lag = {"p50": _pct(lag, 50), "p99": _pct(lag, 99), "max": float(lag.max()) if len(lag) else math.nan}
+    send_lag, lag_reason = send_lag_figures(window["send_lag_ms"].to_numpy(dtype=float), lag_budget_ms)
     reasons = [f"no requests due in the measured window (after the {warmup_s:g} s warm-up)"] if not requests else []
-    if len(lag) and send_lag["p99"] > lag_budget_ms:
-        reasons.append(f"send lag p99 {send_lag['p99']:.2f} ms > budget {lag_budget_ms:g} ms: "
-                       "the load generator was the bottleneck")
+    if lag_reason:
+        reasons.append(lag_reason)
     tpots = tpot_all[several]
     return TokenMeasurement(
         speed=speed, offered_rps=requests / span if span > 0 else 0.0, duration_s=span, requests=requests,
@@ -139,10 +129,6 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         send_lag_ms=send_lag, valid=not reasons, invalid_reason="; ".join(reasons),
         load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots,
     )
-
-
-def _pct(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 def _at(figures: dict[str, float], percentile: float, what: str) -> float:

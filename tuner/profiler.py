@@ -331,7 +331,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     if max_length is None:
         max_length = model_max_length(base)
     rows_grid, lengths = row_grid(mbs), length_buckets(traffic, length_column, max_length)
-    config = space.apply(base, {"max_batch_size": mbs, "max_queue_delay_microseconds": 0, "instance_count": 1})
+    config = space.apply(base, {space.MAX_BATCH_SIZE: mbs, space.QUEUE_DELAY: 0, space.INSTANCES: 1})
     launcher.apply_config(model, config)
     warm = None
     if settings.measurement.warmup:

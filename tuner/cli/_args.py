@@ -194,6 +194,30 @@ def add_json(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"also write {what} as JSON to OUT")
 
 
+class _Textfile(PathArg):
+    """node_exporter's textfile: an output file whose directory exists (the collector reads a directory
+    that nothing here makes)."""
+
+    def __init__(self) -> None:
+        super().__init__("output file", "--textfile {path}")
+
+    def check(self, path: str) -> None:
+        """PathArg's check of an output file, then its directory's existence (tuner.production)."""
+        super().check(path)
+        # imported only where --textfile is given: tuner.production loads prometheus_client
+        from tuner.production import check_textfile
+
+        check_textfile(path)
+
+
+def add_textfile(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--textfile PATH`: also write `what` as Prometheus metrics for node_exporter's textfile collector
+    (checked before the work, its directory too)."""
+    parser.add_argument("--textfile", metavar="PATH", type=_Textfile(),
+                        help=f"also write {what} as Prometheus metrics to PATH, for node_exporter's textfile "
+                        "collector (PATH ending in .prom, in its --collector.textfile.directory)")
+
+
 def add_assignments(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
     """`--set KEY=VALUE`, repeatable: config fields to change, as `args.assignments`."""
     # Where it is optional, none given is an empty list: the command need not check for None.

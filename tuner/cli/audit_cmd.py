@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 
-from tuner.cli._args import add_command, add_flag, add_input, add_json, add_output_file, add_study
+from tuner.cli._args import add_command, add_flag, add_input, add_json, add_study, add_textfile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,19 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--window", metavar="DURATION",
                    help="with --prometheus: how far back, in whole hours (e.g. 7d, 36h; default 7d)")
     add_json(p, "the audit")
-    add_output_file(p, flags=("--textfile",), metavar="PATH", label="--textfile {path}",
-                    help="also write the audit's figures as Prometheus metrics to PATH, for node_exporter's "
-                    "textfile collector (PATH ending in .prom, in its --collector.textfile.directory)")
+    add_textfile(p, "the audit's figures")
 
 
 def run(args: argparse.Namespace) -> int:
     """Audit the study's deployment and print the findings; the audit's exit code."""
     from tuner.errors import InputError
 
-    if args.textfile:
-        from tuner.production import check_textfile
-
-        check_textfile(args.textfile)
     if args.prometheus is not None:
         return _production(args)
     if args.window is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.cli._args import add_command, add_flag, add_input, add_output_file
+from tuner.cli._args import add_command, add_flag, add_input, add_textfile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,9 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--history", "show the history of past nights as a table")
     add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
              "traffic and the output directory; start nothing")
-    add_output_file(p, flags=("--textfile",), metavar="PATH", label="--textfile {path}",
-                    help="also write the night's verdict (with --history: the last night's) and when it ran as "
-                    "Prometheus metrics to PATH, for node_exporter's textfile collector")
+    add_textfile(p, "the night's verdict (with --history: the last night's) and when it ran")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,10 +34,6 @@ def run(args: argparse.Namespace) -> int:
     from tuner.errors import InputError
     from tuner.nightly import format_history, load_nightly, read_history
 
-    if args.textfile:
-        from tuner.production import check_textfile
-
-        check_textfile(args.textfile)
     if args.textfile and Path(args.nightly).is_dir():
         raise InputError(f"--textfile: give NIGHTLY.yaml, not its output directory {args.nightly} "
                          "(the metrics' labels come from its study)")

@@ -21,9 +21,8 @@ from tuner.traffic.io import (
     PROMPT_TOKENS,
     TIMESTAMP,
     column_names,
-    iter_csv,
+    csv_to_parquet,
     read_raw,
-    replacing,
     validate_part,
     validate_traffic,
 )
@@ -65,33 +64,9 @@ def import_csv_to_parquet(path: str | os.PathLike, out: str | os.PathLike, *,
     """import_csv of a CSV written straight to a Parquet file, a million rows at a time: the input
     is never held whole. Each chunk is validated and sorted; a file out of time order across chunks
     stays so (its row groups overlap, and every reader sorts them). Returns the rows written."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     _check_unit(time_unit)
-    rows, writer = 0, None
-    with replacing(out) as tmp:
-        try:
-            for chunk, line in iter_csv(path, CHUNK_ROWS):
-                if len(chunk) == 0:
-                    continue
-                table = validate_part(_mapped(chunk, path, mapping, time_unit=time_unit), str(path), first_line=line)
-                arrow = pa.Table.from_pandas(table, preserve_index=False)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, arrow.schema)
-                try:
-                    arrow = arrow.cast(writer.schema)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, TypeError):
-                    raise TrafficError(f"{path}: line {line}: the columns change type from the rows before "
-                                       "(one type per column)") from None
-                writer.write_table(arrow)
-                rows += len(arrow)
-            if writer is None:
-                raise TrafficError(f"{path}: no requests (a header but no rows)")
-        finally:
-            if writer is not None:
-                writer.close()
-    return rows
+    return csv_to_parquet(path, out, rows=CHUNK_ROWS, table=lambda chunk, line: validate_part(
+        _mapped(chunk, path, mapping, time_unit=time_unit), str(path), first_line=line))
 
 
 CHUNK_ROWS = 1_000_000

@@ -13,8 +13,9 @@ struct column is refused).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -81,53 +82,99 @@ def _read_parquet(fh: BinaryIO, path: Path) -> pd.DataFrame:
 
 def _read_csv(fh: BinaryIO, path: Path) -> pd.DataFrame:
     """A CSV in UTF-8, with or without the byte-order mark that Excel's "CSV UTF-8" writes."""
-    if fh.peek(2)[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-        raise TrafficError(f"{path}: not a readable CSV table (UTF-16 text; save it as UTF-8 CSV)")
-    # a float written by write_traffic must read back bit for bit: pandas 3 does so by default,
-    # pandas 2 only with round_trip
-    extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
-    try:
-        table = pd.read_csv(fh, encoding="utf-8-sig", skipinitialspace=True, **extra)
-    except pd.errors.EmptyDataError:
-        raise TrafficError(f"{path}: empty file (no header, no rows)") from None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
-    # a header's spaces and stray byte-order marks (a file marked twice) are no part of its names
-    table.columns = [c.strip(_BLANKS) if isinstance(c, str) else c for c in table.columns]
-    return table
+    _refuse_utf16(fh, path)
+    with _csv_errors(path):
+        table = pd.read_csv(fh, **_CSV_OPTIONS)
+    return _stripped(table)
 
 
-def iter_csv(path: str | os.PathLike, rows: int) -> Iterator[tuple[pd.DataFrame, int]]:
+def _iter_csv(path: str | os.PathLike, rows: int) -> Iterator[tuple[pd.DataFrame, int]]:
     """A CSV traffic file `rows` rows at a time, unvalidated, each with the file line of its first
     row: read as read_raw reads it, without ever holding the whole file."""
     path = Path(path)
     with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
         if os.fstat(fh.fileno()).st_size == 0:
             raise TrafficError(f"{path}: empty file")
-        if fh.peek(2)[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
-            raise TrafficError(f"{path}: not a readable CSV table (UTF-16 text; save it as UTF-8 CSV)")
-        extra = {"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {}
+        _refuse_utf16(fh, path)
         line = 2
-        try:
-            reader = pd.read_csv(fh, encoding="utf-8-sig", skipinitialspace=True, chunksize=rows, **extra)
-            for chunk in reader:
-                chunk.columns = [c.strip(_BLANKS) if isinstance(c, str) else c for c in chunk.columns]
-                yield chunk, line
+        with _csv_errors(path):  # a chunk's parse error surfaces as it is read, not at the first call
+            for chunk in pd.read_csv(fh, chunksize=rows, **_CSV_OPTIONS):
+                yield _stripped(chunk), line
                 line += len(chunk)
-        except pd.errors.EmptyDataError:
-            raise TrafficError(f"{path}: empty file (no header, no rows)") from None
-        except OSError as exc:
-            raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
-        except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-            raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+
+
+# How every CSV traffic file is read, whole or a chunk at a time. A float written by write_traffic
+# must read back bit for bit: pandas 3 does so by default, pandas 2 only with round_trip.
+_CSV_OPTIONS = {"encoding": "utf-8-sig", "skipinitialspace": True,
+                **({"float_precision": "round_trip"} if _PANDAS_MAJOR < 3 else {})}
+
+
+def _refuse_utf16(fh: BinaryIO, path: Path) -> None:
+    if fh.peek(2)[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        raise TrafficError(f"{path}: not a readable CSV table (UTF-16 text; save it as UTF-8 CSV)")
+
+
+@contextlib.contextmanager
+def _csv_errors(path: Path) -> Iterator[None]:
+    """pandas' failures to read a CSV, each as one line naming the file."""
+    try:
+        yield
+    except pd.errors.EmptyDataError:
+        raise TrafficError(f"{path}: empty file (no header, no rows)") from None
+    except OSError as exc:
+        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+
+
+def _stripped(table: pd.DataFrame) -> pd.DataFrame:
+    # a header's spaces and stray byte-order marks (a file marked twice) are no part of its names
+    table.columns = [c.strip(_BLANKS) if isinstance(c, str) else c for c in table.columns]
+    return table
 
 
 def read_traffic(path: str | os.PathLike) -> pd.DataFrame:
     """Load and validate a traffic file (.csv or .parquet); sorted by timestamp (stable)."""
     raw, first_line = read_raw(path)
     return validate_traffic(raw, str(path), first_line=first_line)
+
+
+def csv_to_parquet(path: str | os.PathLike, target: str | os.PathLike, *, rows: int,
+                   table: Callable[[pd.DataFrame, int], pd.DataFrame],
+                   on_rows: Callable[[int], None] | None = None) -> int:
+    """The CSV traffic file `path` written as Parquet at `target`, `rows` rows at a time, whole or not
+    at all: the input is never held whole. `table(chunk, line)` makes each chunk (its first row on
+    file line `line`) a validated traffic table; `on_rows(written)` after each. Returns the rows
+    written. A file out of time order across chunks stays so (its row groups overlap; every reader
+    sorts them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    written, writer = 0, None
+    with replacing(target) as tmp:
+        try:
+            for chunk, line in _iter_csv(path, rows):
+                if len(chunk) == 0:
+                    continue
+                arrow = pa.Table.from_pandas(table(chunk, line), preserve_index=False)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, arrow.schema)
+                elif arrow.schema != writer.schema:
+                    try:
+                        arrow = arrow.cast(writer.schema)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError, TypeError):
+                        raise TrafficError(f"{path}: line {line}: the columns change type from the rows "
+                                           "before (one type per column)") from None
+                writer.write_table(arrow)
+                written += len(arrow)
+                if on_rows is not None:
+                    on_rows(written)
+            if writer is None:
+                raise TrafficError(f"{path}: no requests (a header but no rows)")
+        finally:
+            if writer is not None:
+                writer.close()
+    return written
 
 
 def write_traffic(df: pd.DataFrame, path: str | os.PathLike) -> Path:

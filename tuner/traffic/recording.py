@@ -35,7 +35,7 @@ from tuner.traffic.io import (
     CSV_SUFFIXES,
     PARQUET_SUFFIXES,
     TIMESTAMP,
-    iter_csv,
+    csv_to_parquet,
     validate_part,
     validate_times,
 )
@@ -338,36 +338,14 @@ def _as_parquet(path: Path, *, progress: bool) -> Path:
 def convert_csv(path: Path, target: Path, *, progress: bool = False) -> Path:
     """Write the CSV traffic file `path` as Parquet at `target`, CSV_ROWS rows at a time (each
     chunk validated as read_traffic validates the whole), whole or not at all."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     target.parent.mkdir(parents=True, exist_ok=True)
-    rows = 0
-    with files.replacing(target, error=TrafficError) as tmp:
-        writer = None
-        try:
-            for chunk, line in iter_csv(path, CSV_ROWS):
-                if len(chunk) == 0:
-                    continue
-                table = pa.Table.from_pandas(validate_part(chunk, str(path), first_line=line),
-                                             preserve_index=False)
-                if writer is None:
-                    writer = pq.ParquetWriter(tmp, table.schema)
-                elif table.schema != writer.schema:
-                    try:
-                        table = table.cast(writer.schema)
-                    except (pa.ArrowInvalid, ValueError, TypeError):
-                        raise TrafficError(f"{path}: line {line}: the columns change type from the rows "
-                                           "before (one type per column)") from None
-                writer.write_table(table)
-                rows += len(table)
-                if progress and rows >= CSV_ROWS:  # a file that takes more than a moment
-                    print(f"  converting {path.name} to Parquet: {rows:,} rows", file=sys.stderr, flush=True)
-            if writer is None:
-                raise TrafficError(f"{path}: no requests (a header but no rows)")
-        finally:
-            if writer is not None:
-                writer.close()
+
+    def said(rows: int) -> None:
+        if progress and rows >= CSV_ROWS:  # a file that takes more than a moment
+            print(f"  converting {path.name} to Parquet: {rows:,} rows", file=sys.stderr, flush=True)
+
+    csv_to_parquet(path, target, rows=CSV_ROWS, table=lambda chunk, line: validate_part(
+        chunk, str(path), first_line=line), on_rows=said)
     return target
 
 

@@ -24,6 +24,7 @@ from tuner.instants import instant_text
 from tuner.traffic.io import BATCH_SIZE, MODEL, RESERVED, TIMESTAMP
 from tuner.traffic.recording import Recording
 from tuner.traffic.stats import PERCENTILES, add_tokens
+from tuner.traffic.windows import window_start
 
 __all__ = ["busiest_in", "describe_recording", "read_all", "read_range", "read_since", "read_window"]
 
@@ -236,11 +237,7 @@ def busiest_in(rec: Recording, duration_s: float) -> tuple[float, int]:
 def read_window(rec: Recording, start_s: float | None = None, duration_s: float | None = None) -> pd.DataFrame:
     """windows.window of the whole recording: the requests with start_s <= offset < start_s +
     duration_s, reading only the row groups whose time range meets the window."""
-    start = 0.0 if start_s is None else float(start_s)
-    if start < 0 or not np.isfinite(start):
-        raise TrafficError(f"window start must be >= 0 s from the first request, got {start_s}")
-    if duration_s is not None and not (float(duration_s) > 0 and np.isfinite(float(duration_s))):
-        raise TrafficError(f"window duration must be a positive number of seconds, got {duration_s}")
+    start = window_start(start_s, duration_s)
     t0 = rec.start
     end = None if duration_s is None else start + float(duration_s)
     # a part is read when its range may hold an offset in the window; the exact test is on offsets,

@@ -56,16 +56,23 @@ def scale_time(df: pd.DataFrame, speed: float) -> pd.DataFrame:
     return out
 
 
-def window(df: pd.DataFrame, start_s: float | None = None, duration_s: float | None = None) -> pd.DataFrame:
-    """The requests with `start_s <= offset < start_s + duration_s` (offsets from the first request).
-
-    Either bound may be omitted. Timestamps are kept as recorded. An empty result is an error.
-    """
+def window_start(start_s: float | None, duration_s: float | None) -> float:
+    """A window's start as a number of seconds (0 when omitted), once both bounds are sane: the start
+    >= 0 and finite, the duration (None: to the end) > 0 and finite; TrafficError otherwise."""
     start = 0.0 if start_s is None else float(start_s)
     if start < 0 or not np.isfinite(start):
         raise TrafficError(f"window start must be >= 0 s from the first request, got {start_s}")
     if duration_s is not None and not (float(duration_s) > 0 and np.isfinite(float(duration_s))):
         raise TrafficError(f"window duration must be a positive number of seconds, got {duration_s}")
+    return start
+
+
+def window(df: pd.DataFrame, start_s: float | None = None, duration_s: float | None = None) -> pd.DataFrame:
+    """The requests with `start_s <= offset < start_s + duration_s` (offsets from the first request).
+
+    Either bound may be omitted. Timestamps are kept as recorded. An empty result is an error.
+    """
+    start = window_start(start_s, duration_s)
     off = offsets(df)
     lo = int(np.searchsorted(off, start, side="left"))
     hi = len(off) if duration_s is None else int(np.searchsorted(off, start + float(duration_s), side="left"))

@@ -91,9 +91,9 @@ class Figures:
         return cls(
             speed=m.speed, offered_rps=m.offered_rps, requests=m.requests, errors=m.errors,
             error_rate=m.error_rate, throughput_rps=m.throughput_rps,
-            latency_ms={k: _num(v) for k, v in m.latency_ms.items()}, fill_rate=m.fill_rate,
-            mean_batch_size=m.mean_batch_size, queue_ms=_num(m.queue_ms_mean), compute_ms=_num(m.compute_ms_mean),
-            busy_s=m.busy_s, send_lag_p99_ms=_num(m.send_lag_ms.get("p99")),
+            latency_ms={k: _finite(v) for k, v in m.latency_ms.items()}, fill_rate=m.fill_rate,
+            mean_batch_size=m.mean_batch_size, queue_ms=_finite(m.queue_ms_mean), compute_ms=_finite(m.compute_ms_mean),
+            busy_s=m.busy_s, send_lag_p99_ms=_finite(m.send_lag_ms.get("p99")),
             batch_histogram=dict(m.batch_histogram), valid=m.valid, invalid_reason=m.invalid_reason,
             attempts=m.attempts, repeats=m.repeats, workers=m.workers,
         )
@@ -207,9 +207,9 @@ def to_attrs(record: TrialRecord) -> dict[str, object]:
     """The record as flat, JSON-able attributes: the trial's own figures at the recorded load
     unprefixed (`latency_p99_ms`), those at capacity prefixed `capacity_`, the scores `score_<name>`."""
     out: dict[str, object] = {"config": _jsonable(record.params), "feasible": record.meets_sla,
-                              "sla_met": record.sla_met, "violation": _num(record.violation)}
+                              "sla_met": record.sla_met, "violation": _finite(record.violation)}
     out.update({name: getattr(record, name) for name in _SCALARS})
-    out.update({f"score_{name}": _num(value) for name, value in record.scores.items()})
+    out.update({f"score_{name}": _finite(value) for name, value in record.scores.items()})
     if record.warmup is not None:
         w = record.warmup
         out.update(warmup_seconds=w.seconds, warmup_sweep_requests=w.sweep_requests,
@@ -263,11 +263,11 @@ def _flat_figures(f: Figures, prefix: str) -> dict[str, object]:
     for spec in dataclasses.fields(Figures):
         value = getattr(f, spec.name)
         if spec.name == "latency_ms":
-            out.update({f"{prefix}latency_{k}_ms": _num(v) for k, v in value.items()})
+            out.update({f"{prefix}latency_{k}_ms": _finite(v) for k, v in value.items()})
         elif spec.name == "batch_histogram":
             out[f"{prefix}batch_histogram"] = json.dumps({str(k): n for k, n in sorted(value.items())})
         else:
-            out[f"{prefix}{spec.name}"] = _num(value) if isinstance(value, float) else value
+            out[f"{prefix}{spec.name}"] = _finite(value) if isinstance(value, float) else value
     return out
 
 
@@ -301,7 +301,8 @@ def is_feasible(trial: optuna.trial.FrozenTrial) -> bool:
             and all(c <= 0 for c in trial.constraints.values()))
 
 
-def _num(value):
+def _finite(value):
+    # a figure as JSON and Optuna's attributes hold it: a float, None where it was not measured (NaN, inf)
     if value is None:
         return None
     value = float(value)
