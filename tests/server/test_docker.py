@@ -149,6 +149,27 @@ def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, 
         assert again.is_alive()
 
 
+@pytest.mark.docker
+@pytest.mark.slow
+def test_a_killed_containers_log_tail_is_only_what_it_wrote_for_the_current_config(engine, tmp_path):
+    with DockerLauncher(SETTINGS, TEMPLATES, [MODEL], log_dir=tmp_path) as launcher:
+        launcher.apply_config(MODEL, with_batching(template(MODEL), 4, 500))  # the previous trial
+        container = engine.containers.get(launcher.container_name)
+        before = container.logs().decode(errors="replace").rstrip("\n")
+        launcher.apply_config(MODEL, with_batching(template(MODEL), 8, 100))  # the current one
+        container.kill()
+        deadline = time.monotonic() + 10
+        while launcher.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        since = [line for line in container.logs().decode(errors="replace")[len(before):].splitlines() if line.strip()]
+        quoted = launcher.logs(500)
+    # only the current configuration's lines (or a line saying there are none): not the earlier trial's
+    assert quoted == ("\n".join(since) if since else
+                      "(the server wrote nothing to its log since this configuration was applied)")
+    assert "successfully loaded" in before
+    assert not any(line in quoted for line in before.splitlines()[:3] if line.strip())
+
+
 def test_no_engine_is_a_clear_setup_error(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(ServerSetupError, match="no Docker engine at unix://.*no-engine.sock"):
@@ -441,7 +462,9 @@ def test_a_container_killed_in_the_middle_of_a_trial_fails_that_trial_and_the_st
         assert killed, "the container was never killed: the replay did not start"
         assert crashed.outcome == CRASHED and not crashed.meets_sla
         assert "the server crashed" in crashed.sla_reason
-        assert "Started HTTPService" in crashed.note  # the container's last log lines
+        # the container's last log lines, those written since the trial's configuration was applied: its load,
+        # not the server's start
+        assert "successfully loaded" in crashed.note and "Started HTTPService" not in crashed.note
         # a new container took its place and the next trial is measured normally
         now = ours()
         assert len(now) == 1 and now[0].id != first[0].id

@@ -70,6 +70,8 @@ class DockerLauncher(Launcher):
         self._endpoints: Endpoints | None = None
         self._http: TritonHttp | None = None
         self._final_logs = ""
+        self._log_mark = 0  # where the current configuration's lines begin in the container's log
+        self._mark_what = "the server started"
         self._port_retries = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -92,6 +94,7 @@ class DockerLauncher(Launcher):
                 check_port_free(port)
         http_port, grpc_port, metrics_port = self._ports or free_ports(3)
         LIVE.add(self)
+        self._log_mark, self._mark_what = 0, "the server started"  # a new container, a new log
         try:
             self._run(client, image, models, ports=(http_port, grpc_port, metrics_port))
         except BaseException:  # also Ctrl-C in the middle of creating the container
@@ -190,6 +193,7 @@ class DockerLauncher(Launcher):
     def _load(self, model: str, config: ModelConfig, *, fresh: bool) -> ModelConfig:
         http = self._require_http()
         offset = len(self._fetch_logs(self._container)) if self._container is not None else 0
+        self._log_mark, self._mark_what = offset, "this configuration was applied"
         with self._died_to_server_error():
             return apply_and_verify(http, model, config, timeout_s=LOAD_TIMEOUT_S, fresh=fresh,
                                     explain_refusal=lambda message: self._explain_refusal(message, offset))
@@ -216,9 +220,12 @@ class DockerLauncher(Launcher):
             return self._require_http().metrics(self.endpoints.metrics)
 
     def logs(self, tail: int = 40) -> str:
-        if self._container is None:
-            return "\n".join(self._final_logs.splitlines()[-tail:])
-        return self._fetch_logs(self._container, tail)
+        # as the local launcher's: only what the container wrote since the current configuration was applied
+        text = self._final_logs if self._container is None else self._fetch_logs(self._container)
+        lines = [line for line in text[self._log_mark:].splitlines() if line.strip()]
+        if not lines:
+            return f"(the server wrote nothing to its log since {self._mark_what})" if text else ""
+        return "\n".join(lines[-tail:])
 
     # --- helpers ------------------------------------------------------------------------------------
 
