@@ -560,6 +560,26 @@ def test_a_profile_of_this_model_passes_the_check(tmp_path, capsys):
     assert "ok (nothing was started)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"search.strategy": "model"}, "search.strategy model measures a handful of configurations on one server"),
+    ({"server": {"launcher": "remote", "url": "127.0.0.1:9"}}, "server.launcher remote drives one running server"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_workers_that_cannot_each_have_a_server_are_refused_by_the_check_too(tmp_path, capsys, overrides, message,
+                                                                             check):
+    study = write_tune_study(tmp_path, "many", **overrides)
+    assert main(["tune", str(study), "--workers", "2", *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert message in line and "--workers must be 1" in line, line
+    assert not (tmp_path / "many").exists()
+
+
+def test_the_check_says_how_many_workers_measure(tmp_path, capsys):
+    study = write_tune_study(tmp_path, "two")
+    assert main(["tune", str(study), "--workers", "2", "--check"]) == 0
+    assert "(2 workers, a server each)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("check", [False, True])
 def test_an_unreachable_database_is_refused_and_leaves_no_output_directory(tmp_path, capsys, check):
     study = write_tune_study(tmp_path, "pg")

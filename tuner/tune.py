@@ -41,7 +41,7 @@ from tuner.traffic import mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
 
-__all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "finish",
+__all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "check_workers", "finish",
            "outputs_from_storage", "prepare", "tune"]
 
 
@@ -217,7 +217,7 @@ def _studies_in(url: str) -> set[str]:
         return set()
 
 
-def check_table(p: Prepared) -> list[tuple[str, str]]:
+def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
     """What a study would do, as (what, value) rows: the dry run's answer (nothing is started)."""
     s = p.settings
     price = price_for(s.cost)
@@ -235,7 +235,7 @@ def check_table(p: Prepared) -> list[tuple[str, str]]:
         ("search", _describe_search(s.search)),
         ("SLA", f"p{s.sla.percentile:g} <= {s.sla.latency_ms:g} ms, errors <= {s.sla.max_error_rate:.2%}"),
         ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}"),
-        ("server", server),
+        ("server", server + (f" ({workers} workers, a server each)" if workers > 1 else "")),
         ("storage", search.safe_url(p.storage)),
         ("output", s.output),
         *[("note", note) for note in p.notes[1:]],
@@ -310,9 +310,7 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
     the summary, or on the other hosts a `Handover`. UnmeasuredError after writing the outputs when
     no trial could be measured."""
     progress = progress or Progress()
-    if settings.search.strategy == "model" and workers > 1:
-        raise SettingsError("search.strategy model measures a handful of configurations on one server: "
-                            "--workers must be 1")
+    check_workers(settings, workers)
     new_output = not os.path.lexists(settings.output)
     try:
         return _tune(settings, trials, timeout_s=timeout_s, storage=storage, workers=workers, progress=progress)
@@ -320,6 +318,21 @@ def tune(settings: StudySettings, trials: int, *, timeout_s: float | None = None
         if new_output:  # refused before anything was written: no empty directory left behind
             _remove_empty_tree(Path(settings.output))
         raise
+
+
+def check_workers(settings: StudySettings, workers: int) -> None:
+    """Refuse more than one worker where the study cannot give each its own server (each worker
+    measures on a server of its own)."""
+    if workers <= 1:
+        return
+    if settings.search.strategy == "model":
+        raise SettingsError("search.strategy model measures a handful of configurations on one server: "
+                            "--workers must be 1")
+    if settings.server.launcher == "remote":
+        raise SettingsError(f"--workers {workers}: server.launcher remote drives one running server "
+                            f"({settings.server.url}), which the workers would each reconfigure under the others' "
+                            "measurements: --workers must be 1 (run tuner tune on several hosts sharing the "
+                            "study's --storage instead, each with its own server)")
 
 
 def _remove_empty_tree(path: Path) -> None:

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner import export
     from tuner.cli._common import print_outcome
     from tuner.cli._progress import Bars
-    from tuner.tune import Handover, check_table, prepare, tune
+    from tuner.tune import Handover, check_table, check_workers, prepare, tune
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says what matters
     settings = read_study(args.study)
@@ -67,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value <= 0:
             raise SettingsError(f"{flag}: must be > 0, got {value}")
     if args.check:
+        check_workers(settings, args.workers)
         prepared = prepare(settings, args.storage, dry_run=True)
-        rows = check_table(prepared)
+        rows = check_table(prepared, workers=args.workers)
         width = max(len(what) for what, _ in rows)
         print("\n".join(f"{what:<{width}}  {value}" for what, value in rows))
         print(f"\n{settings.source or 'the study'}: ok (nothing was started)")
