@@ -4,6 +4,7 @@ measures the config that runs, changes nothing, and judges it; the verdict rules
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import urllib.parse
@@ -124,6 +125,10 @@ def test_the_audit_searches_the_capacity_and_compares_with_a_baseline(deployment
     verdicts = {f["check"]: f["verdict"] for f in report["findings"]}
     assert verdicts["throughput ratio"] == "inefficient" and verdicts["SLA at the recorded load"] == "ok"
     assert running(deployment) == DEPLOYED
+    # its --json is the production audit's baseline: the deployed config at its measured capacity
+    measured = load_baseline(tmp_path / "audit.json", read_study(write_study(tmp_path)))
+    assert measured.capacity_rps == report["capacity_rps"]
+    assert {k: measured.params[k] for k in DEPLOYED} == DEPLOYED
 
 
 def test_a_deployment_that_misses_its_sla_exits_3(deployment, tmp_path, capsys):
@@ -148,7 +153,7 @@ def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deploy
 
 
 @pytest.mark.parametrize("case, message", [
-    ("missing", "nowhere: no such directory"),
+    ("missing", "nowhere: no such file or directory"),  # a tune's directory or a replay audit's --json
     ("empty", "summary.json: not found (give the output directory of a `tuner tune`)"),
     ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
@@ -286,3 +291,34 @@ def test_a_baseline_without_a_feasible_best_is_refused(tmp_path):
     (out / "summary.json").write_text(json.dumps({"best": None, "sla": {"latency_ms": 200.0}}))
     with pytest.raises(InputError, match="nothing to compare with"):
         load_baseline(out, read_study(write_study(tmp_path)))
+
+
+def audit_json(tmp_path, monkeypatch, capacity_rps: float | None, *, latency_ms: float = 200.0) -> Path:
+    """What `tuner audit --json` writes for an audit that measured `capacity_rps` (None: --at-load-only)."""
+    from tuner.cli.audit_cmd import _write_json
+
+    study = tmp_path / f"sla{latency_ms:g}"
+    study.mkdir()
+    a, _ = judged(study, monkeypatch, capacity_rps or 0.0, None)
+    if latency_ms != 200.0:
+        a = dataclasses.replace(a, sla={**a.sla, "latency_ms": latency_ms})
+    path = tmp_path / "deployed.json"
+    _write_json(str(path), a.as_dict())
+    return path
+
+
+def test_a_replay_audits_json_is_a_baseline_its_measured_capacity(tmp_path, monkeypatch):
+    baseline = load_baseline(audit_json(tmp_path, monkeypatch, 80.0), read_study(write_study(tmp_path)))
+    assert baseline.capacity_rps == 80.0 and baseline.params["max_batch_size"] == 8  # the deployed config
+
+
+@pytest.mark.parametrize("capacity, latency_ms, message", [
+    (None, 200.0, "that audit measured no capacity (--at-load-only, or the SLA missed)"),
+    (80.0, 50.0, "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
+])
+def test_a_replay_audit_without_a_comparable_capacity_is_refused(tmp_path, monkeypatch, capsys, capacity,
+                                                                  latency_ms, message):
+    path = audit_json(tmp_path, monkeypatch, capacity, latency_ms=latency_ms)
+    code = main(["audit", str(write_study(tmp_path)), "--prometheus", "http://127.0.0.1:9", "--baseline", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and err.count("\n") == 1, err

@@ -73,6 +73,9 @@ class AuditResult:
     ratio: float | None = None
     recoverable_per_month: float | None = None
     findings: list[Finding] = field(default_factory=list)
+    # what the capacity was measured under: its --json is a baseline (load_baseline) only against these
+    sla: dict = field(default_factory=dict)  # latency_ms, percentile
+    traffic_path: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -96,6 +99,7 @@ class AuditResult:
             "figures": to_attrs(self.result),
             "findings": [f.__dict__ for f in self.findings],
             "exit_code": self.exit_code,
+            "sla": self.sla, "traffic": {"path": self.traffic_path},
         }
 
 
@@ -119,15 +123,23 @@ def ratio_verdict(ratio: float) -> tuple[str, str]:
 
 
 def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
-    """The best configuration of a finished `tuner tune` (its output directory or summary.json),
-    refused when it was tuned for another SLA or other traffic: the capacities would not compare."""
+    """The best configuration of a finished `tuner tune` (its output directory or summary.json), or the
+    deployed one a replay audit measured (`tuner audit --json`: its capacity is the method's baseline
+    under ideal conditions); refused when measured for another SLA or on other traffic: the capacities
+    would not compare."""
     path = Path(path)
     summary_path = path if path.suffix == ".json" else path / "summary.json"
     summary = read_json_object(summary_path, label=f"--baseline: {summary_path}",
                                missing="not found (give the output directory of a `tuner tune`)")
-    if "sla" not in summary:
-        raise InputError(f"--baseline: {summary_path}: not a tuner summary (no 'sla')")
-    best = summary.get("best")
+    if not summary.get("sla"):
+        raise InputError(f"--baseline: {summary_path}: not a tuner summary or `tuner audit --json` (no 'sla')")
+    if "outcome" in summary and "best" not in summary:  # a replay audit's --json
+        best = {"params": summary.get("params"), "capacity_rps": summary.get("capacity_rps")}
+        if not best["capacity_rps"]:
+            raise InputError(f"--baseline: {summary_path}: that audit measured no capacity (--at-load-only, "
+                             "or the SLA missed), so there is nothing to compare with")
+    else:
+        best = summary.get("best")
     if not best or not best.get("capacity_rps"):
         raise InputError(f"--baseline: {summary_path}: that study found no configuration with a capacity "
                          "under its SLA, so there is nothing to compare with")
@@ -164,7 +176,9 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         ratio = result.capacity_rps / baseline.capacity_rps
         cost = result.monthly_cost
         recoverable = max(0.0, 1.0 - ratio) * cost if cost is not None else None
-    out = AuditResult(model=settings.model, server=server, params=space.deployed(config), result=result, price_per_hour=price, baseline=baseline, ratio=ratio, recoverable_per_month=recoverable)
+    out = AuditResult(model=settings.model, server=server, params=space.deployed(config), result=result, price_per_hour=price, baseline=baseline, ratio=ratio, recoverable_per_month=recoverable,
+                      sla={"latency_ms": settings.sla.latency_ms, "percentile": settings.sla.percentile},
+                      traffic_path=str(settings.traffic.path))
     return dataclasses.replace(out, findings=findings(out, settings, at_load_only))
 
 

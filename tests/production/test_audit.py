@@ -178,3 +178,19 @@ def test_bad_input_against_a_real_prometheus_is_one_line_exit_2(week, tmp_path, 
     code = main(["audit", str(write_study(tmp_path, model=model)), "--prometheus", url, "--window", window])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err, out + err
+
+
+def test_a_prometheus_without_triton_metrics_is_one_line_exit_2(prometheus_tools, tmp_path, capsys):
+    # a real Prometheus whose last hour holds another exporter's series, none of Triton's: as when
+    # Triton runs without --allow-metrics (or its metrics port is not scraped)
+    end = math.floor(time.time() / 3600) * 3600
+    other = tmp_path / "other.om"
+    samples = "".join(f'node_load1{{instance="10.0.0.1:9100"}} 1 {t}\n' for t in range(end - 3600, end + 1, 15))
+    other.write_text(f"# TYPE node_load1 gauge\n{samples}# EOF\n")
+    backfill([other], tmp_path / "data")
+    with prometheus_server(tmp_path / "data") as url:
+        assert Prometheus(url).query("count(node_load1)", at=end - 1800)  # the window is not empty
+        code = main(["audit", str(write_study(tmp_path)), "--prometheus", url, "--window", "1h"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert f"Prometheus {url}: no Triton metrics (nv_inference_request_success) in the window" in err, err

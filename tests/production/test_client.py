@@ -142,6 +142,15 @@ def test_bad_input_is_one_line_exit_2_and_nothing_else(tmp_path, capsys, case, m
     assert not (tmp_path / "a.json").exists()
 
 
+def test_a_query_api_that_times_out_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("tuner.production._client.TIMEOUT_S", 0.5)  # the command's own client, not 30 s
+    with silent() as url:
+        code = main(["audit", str(write_study(tmp_path)), "--prometheus", url])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, out + err
+    assert f"--prometheus {url}: no answer within 0.5 s (a timeout)" in err, err
+
+
 def test_a_window_without_prometheus_is_refused(tmp_path, capsys):
     code = main(["audit", str(write_study(tmp_path)), "--window", "7d", "--url", "127.0.0.1:9"])
     err = capsys.readouterr().err

@@ -1,7 +1,8 @@
 """Triton's counters as Prometheus scrapes them from a real tritonserver (tuner/production/_series.py)
 while tuner replays traffic against it: the production audit's figures over the replay's minutes
-agree with what the replay itself measured (throughput within 2 %, fill rate within 0.02). And
-Triton's own HTTP port given as --prometheus: one line, exit 2, nothing replayed."""
+agree with what the replay itself measured (throughput within 2 %, fill rate within 0.02), across a
+restart of the server (a counter reset) and the scrape gap while it was down too. And Triton's own
+HTTP port given as --prometheus: one line, exit 2, nothing replayed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from benchmarks.production_audit import prometheus_server, write_study
 from tuner.cli import main
+from tuner.errors import ServerSetupError
+from tuner.localhost import check_port_free, free_ports
 from tuner.measurement import measure
 from tuner.production import Prometheus, production_audit
 from tuner.replay import replay
@@ -77,3 +80,54 @@ def test_triton_http_port_is_not_a_prometheus_and_nothing_is_replayed(scraped, t
     assert code == 2 and out == "" and err.count("\n") == 1, out + err
     assert "not a Prometheus query API (GET /api/v1/query answered HTTP" in err, err
     assert int(server.statistics("echo")["inference_count"]) == before
+
+
+
+def wait_free(ports: tuple[int, ...], timeout_s: float = 90.0) -> None:
+    """Until nothing holds `ports`: the connections a stopped server closed wait out TCP's TIME_WAIT
+    (Triton itself would rebind at once; tuner's launcher checks first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            for port in ports:
+                check_port_free(port)
+            return
+        except ServerSetupError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+
+def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_tools, triton_install, tmp_path):
+    # two tritonservers one after the other on the same ports (one `instance` to Prometheus), each scraped
+    # before and after its traffic: the window holds both replays, the restart (a counter reset) and the
+    # failed scrapes while no server was up. (Its edges are quiet: increase() extrapolates a window's
+    # partial first and last scrape interval at the window's mean rate; an hour's step at a 15 s scrape
+    # makes that a fraction of a per cent, this minute's at 1 s would not.)
+    ports = free_ports(3)
+    n = int(RATE * 12)
+    traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
+    starts, ends, counts = [], [], []  # each replay's start and its ok requests' ends (wall clock); stats
+    with prometheus_server(tmp_path / "data", scrape=[f"127.0.0.1:{ports[2]}"], wait_for=0) as url:
+        for _ in range(2):
+            wait_free(ports)
+            with LocalLauncher(MODELS, models=["echo"], install=triton_install, ports=ports) as server:
+                time.sleep(2.5)  # scraped before its traffic: its counters' zero
+                result = replay(server.endpoints, "echo", traffic, speed=1.0,
+                                settings=ReplaySettings(workers=1, warmup_s=0.0))
+                t0 = time.time() - (time.monotonic() - result.details["t0_monotonic"])
+                starts.append(t0)
+                ends.append(t0 + result.records.loc[result.records["ok"], "end_s"].to_numpy())
+                stats = server.statistics("echo")
+                counts.append((int(stats["inference_count"]), int(stats["execution_count"])))
+                time.sleep(2.5)  # and after it: what a server serves after its last scrape is lost to Prometheus
+        start, end = math.floor(starts[0]) - 1, math.ceil(ends[1].max()) + 2
+        settings = read_study(write_study(tmp_path, model="echo", repository=MODELS))
+        a = production_audit(settings, Prometheus(url), window_s=end - start, end=end, step_s=end - start)
+    assert a.restarts == {f"127.0.0.1:{ports[2]}": 1} and a.figures.replicas == 1
+    served = sum(len(e) for e in ends)
+    assert served == 2 * n and a.figures.throughput_rps == pytest.approx(served / (end - start), rel=0.02)
+    inferences, executions = (sum(c) for c in zip(*counts, strict=True))
+    assert a.figures.fill_rate == pytest.approx(inferences / executions / 32, abs=0.02)
+    assert a.figures.mean_batch > 3 and a.figures.error_rate == 0

@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
                    help="the deployment's Triton HTTP endpoint (default: the study's server section)")
-    add_input(p, "--baseline", kind="directory", metavar="DIR", help="the output directory of a `tuner tune` to compare with")
+    add_input(p, "--baseline", kind="file or directory", metavar="DIR",
+              help="the output directory of a `tuner tune` to compare with (or a replay audit's --json: "
+              "the deployed configuration's measured capacity)")
     add_flag(p, "--at-load-only", "replay only at the recorded load: no capacity search, no throughput ratio")
     p.add_argument("--prometheus", metavar="URL",
                    help="audit production from this Prometheus query API (any Prometheus-compatible one): "

@@ -47,9 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input(
         p,
         "--baseline",
-        kind="directory",
+        kind="file or directory",
         metavar="DIR",
-        help="the output directory of a `tuner tune`: the baseline's requests per dollar, the ratio",
+        help="the output directory of a `tuner tune` (or a replay audit's --json): the baseline's requests "
+        "per dollar, the ratio",
     )
     add_input(
         p,

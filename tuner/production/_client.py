@@ -40,9 +40,10 @@ def normalise_url(url: str) -> str:
 class Prometheus:
     """The query API at `url` (its root, as `http://prometheus:9090`; a path prefix is kept)."""
 
-    def __init__(self, url: str, *, timeout_s: float = TIMEOUT_S):
+    def __init__(self, url: str, *, timeout_s: float | None = None):
         self.url = normalise_url(url)
-        self.timeout_s = timeout_s
+        # read at construction, not bound at import: the commands' default can be changed (the tests)
+        self.timeout_s = TIMEOUT_S if timeout_s is None else timeout_s
 
     def check(self) -> None:
         """PrometheusError unless `url` answers a query as Prometheus's API does."""
