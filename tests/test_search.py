@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -443,6 +444,32 @@ def test_a_journal_is_taken_by_its_name_or_by_what_it_holds(tmp_path):
     renamed.write_bytes(fresh.read_bytes())
     search.check_storage(str(renamed))
     assert search.load_study(str(renamed), "j").study_name == "j"
+
+
+@pytest.mark.parametrize("storage, reason", [
+    ("{long}.journal", "File name too long"),
+    ("sqlite:///{long}.db", "File name too long"),
+    ("{tmp}/loop", "Too many levels of symbolic links"),
+    ("sqlite:///{tmp}/loop/study.db", "Too many levels of symbolic links"),
+])
+def test_loading_a_study_from_a_storage_path_the_os_refuses_is_one_line(tmp_path, storage, reason):
+    # `tuner export --storage`, `tuner report`: read, so a missing file is the loader's word, not this
+    (tmp_path / "loop").symlink_to("loop")
+    storage = storage.format(long=tmp_path / ("n" * 300), tmp=tmp_path)
+    with pytest.raises(SettingsError) as exc:
+        search.load_study(storage, "s")
+    text = str(exc.value)
+    assert text.startswith(f"storage {storage}: ") and reason in text and "\n" not in text, text
+    with pytest.raises(SettingsError, match="no such storage file"):
+        search.load_study(str(tmp_path / "missing.journal"), "s")
+
+
+def test_a_storage_written_is_checked_as_an_output_and_one_read_only_by_its_name():
+    # /proc takes no new file, whoever runs this (root too)
+    for url in ("/proc/tuner-storage/s.journal", "sqlite:////proc/tuner-storage/s.db"):
+        search.check_storage(url)  # export and report only read: checked by its name
+        with pytest.raises(SettingsError, match=f"^storage {re.escape(url)}: cannot write: the directory /proc "):
+            search.check_storage(url, write=True)
 
 
 def test_tuner_uses_no_private_optuna_attribute():

@@ -10,12 +10,14 @@ replays of the shipped bursty profile, a real Optuna journal storage. Small spac
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -453,6 +455,59 @@ def test_a_storage_that_is_not_one_is_refused_before_anything_is_written(tmp_pat
     assert f"storage {storage}: {message}" in line, line
     assert (tmp_path / "notes.txt").read_text() == "my notes\n"
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output directory, no journal
+
+
+@pytest.mark.parametrize("storage, reason", [
+    ("{long}.journal", "File name too long"),
+    ("sqlite:///{long}.db", "File name too long"),
+    ("{tmp}/loop/study.journal", "Too many levels of symbolic links"),
+    ("sqlite:///{tmp}/loop", "Too many levels of symbolic links"),
+    ("{tmp}/notes.txt/study.journal", "Not a directory"),
+    ("sqlite:////proc/tuner-storage/study.db", "takes no new file"),
+])
+@pytest.mark.parametrize("check", [False, True])
+def test_a_storage_path_the_os_refuses_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch,
+                                                                            storage, reason, check):
+    # the storage is a path the user gave (tuner.paths): `--check` says so, not a traceback in the real run
+    monkeypatch.chdir(tmp_path)
+    study = write_tune_study(tmp_path, "st")
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "loop").symlink_to("loop")
+    storage = storage.format(long="n" * 300, tmp=tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["tune", str(study), "--storage", storage, *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert f"storage {storage}: " in line and reason in line, line
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output directory, no probe left
+
+
+class _MetricsLike(http.server.BaseHTTPRequestHandler):
+    """Answers every GET as Triton's metrics port answers GET /v2: 200 with an empty body."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_remote_url_that_answers_but_is_not_triton_is_refused_before_anything(tmp_path, capsys, check):
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MetricsLike) as listener:
+        threading.Thread(target=listener.serve_forever, daemon=True).start()
+        address = f"127.0.0.1:{listener.server_address[1]}"
+        study = write_tune_study(tmp_path, "remote", **{"server": {"launcher": "remote", "url": address}})
+        try:
+            code = main(["tune", str(study), *(["--check"] if check else [])])
+        finally:
+            listener.shutdown()
+    assert code == 2
+    line = _one_line_error(capsys)
+    assert f"{address} answers but is not Triton's HTTP endpoint (GET /v2: an empty answer" in line, line
+    assert not (tmp_path / "remote").exists()  # no output directory, no study.db
 
 
 def _outputs_of(tmp: Path, name: str) -> Path:

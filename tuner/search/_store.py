@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from tuner import paths
 from tuner.errors import SettingsError
 from tuner.search._hosts import Host, check_gpu
 from tuner.search._urls import JOURNAL_SUFFIXES, check_scheme, first_line, is_journal, safe_url, sqlite_path
@@ -45,15 +46,19 @@ def storage_url(settings: StudySettings, override: str | None = None) -> str:
     return f"sqlite:///{Path(settings.output) / DEFAULT_STORAGE_FILE}"
 
 
-def check_storage(url: str, *, connect: bool = False) -> None:
+def check_storage(url: str, *, connect: bool = False, write: bool = False) -> None:
     """Refuse, before anything is written, a storage that is not one: a URL SQLAlchemy cannot parse
     or with a scheme it does not know; a plain path that neither is an Optuna journal already nor
-    is named like one (*.journal, *.log); a `sqlite:///` file that exists and is no SQLite database.
-    With `connect`, a database server is reached (a short timeout) and left as it was: no table is
-    made (`tune --check`). One line naming the storage (SettingsError)."""
+    is named like one (*.journal, *.log); a `sqlite:///` file that exists and is no SQLite database;
+    a file's name the OS refuses (too long, a symbolic-link loop), and with `write` a file that
+    cannot be written there (tuner.paths: its directory must take a new file, as the journal's lock
+    and SQLite's own journal are made beside it). With `connect`, a database server is reached (a
+    short timeout) and left as it was: no table is made (`tune --check`). One line naming the
+    storage (SettingsError)."""
     where = f"storage {safe_url(url)}"
     if is_journal(url):
         _check_journal_path(Path(url), where)
+        _check_file(url, where, write=write)
         return
     try:
         check_scheme(url)
@@ -62,8 +67,17 @@ def check_storage(url: str, *, connect: bool = False) -> None:
     database = sqlite_path(url)
     if database is not None:
         _check_existing(Path(database), where, _is_sqlite, kind="an SQLite database")
+        _check_file(database, where, write=write)
     elif connect and url.startswith(("postgresql", "mysql", "mariadb")):
         _reach(url, where)
+
+
+def _check_file(path: str, where: str, *, write: bool) -> None:
+    """A storage file's path, as every path a user gives is checked (tuner.paths); nothing is made."""
+    if write:
+        paths.writable_file(path, label=where, error=SettingsError)
+    else:  # read (export, report): what is missing or read-only is left to the step that opens it
+        paths.nameable(path, label=where, error=SettingsError)
 
 
 def _check_journal_path(path: Path, where: str) -> None:
@@ -316,6 +330,9 @@ def _short(value: object, limit: int = 60) -> str:
 
 def load_study(storage: str, name: str | None) -> optuna.Study:
     """A study from any Optuna storage (URL or journal file); `name` may be omitted if it holds one."""
+    file = storage if is_journal(storage) else sqlite_path(storage)
+    if file is not None:  # a name the OS refuses: one line, before asking whether it is a file
+        _check_file(file, f"storage {safe_url(storage)}", write=False)
     if is_journal(storage) and not Path(storage).is_file():
         raise SettingsError(f"{storage}: no such storage file")
     if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).is_file():
