@@ -11,11 +11,13 @@ judges a deployment (tuner.audit: its thresholds, findings table and exit codes)
     _audit     the audit: read, figure, judge
     _metrics   the figures as Prometheus metrics (prometheus_client), and the textfile
     _exporter  `tuner exporter`: those metrics on /metrics, the audit recomputed as scraped
+    _samples   Triton's /metrics parsed, the last window's samples in memory (counter resets handled)
+    _triton    `tuner exporter --triton`: the Tritons' /metrics scraped here, no Prometheus
 """
 
 from tuner.production._audit import HOUR_S, judge, production_audit, window_bounds
 from tuner.production._client import Prometheus
-from tuner.production._errors import NoSeriesError, PrometheusError, WindowError
+from tuner.production._errors import NoSeriesError, PrometheusError, TritonMetricsError, WindowError
 from tuner.production._exporter import DEFAULT_PORT, AuditCollector, serve
 from tuner.production._figures import ProductionFigures
 from tuner.production._metrics import (
@@ -29,7 +31,9 @@ from tuner.production._metrics import (
     write_textfile,
 )
 from tuner.production._result import ProductionAudit
+from tuner.production._samples import CounterWindow, parse_scrape
 from tuner.production._series import METRICS, QUERIES, Counters, read_counters
+from tuner.production._triton import TritonSource
 from tuner.production._window import parse_duration
 
 __all__ = [
@@ -48,14 +52,18 @@ __all__ = [
     "METRICS",
     "QUERIES",
     "Counters",
+    "CounterWindow",
     "ProductionFigures",
     "NoSeriesError",
     "ProductionAudit",
     "Prometheus",
     "PrometheusError",
+    "TritonMetricsError",
+    "TritonSource",
     "WindowError",
     "judge",
     "parse_duration",
+    "parse_scrape",
     "production_audit",
     "read_counters",
     "window_bounds",

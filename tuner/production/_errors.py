@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tuner.errors import InputError, ServerSetupError
 
-__all__ = ["NoSeriesError", "PrometheusError", "WindowError"]
+__all__ = ["NoSeriesError", "PrometheusError", "TritonMetricsError", "WindowError"]
 
 
 class PrometheusError(ServerSetupError):
@@ -17,3 +17,7 @@ class WindowError(InputError):
 
 class NoSeriesError(InputError):
     """Nothing to audit: no Triton metrics in Prometheus, or none for the study's model."""
+
+
+class TritonMetricsError(ServerSetupError):
+    """A --triton metrics port that cannot be read: unreachable, not Triton's metrics, no series of the model."""

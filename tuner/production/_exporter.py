@@ -1,7 +1,7 @@
 """The long-running exporter (`tuner exporter`): /metrics on 127.0.0.1 with the study's constants, the
 production audit of the last --window (its figures from Prometheus, recomputed at most every
-`refresh_s`) and, given the nightly job's output, the last night's verdict (tuner/production/_metrics.py
-builds them all)."""
+`refresh_s`, or from the samples a TritonSource holds of Tritons it scrapes itself) and, given the
+nightly job's output, the last night's verdict (tuner/production/_metrics.py builds them all)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tuner.nightly.history import read_history
 from tuner.production import _metrics as m
 from tuner.production._audit import production_audit
 from tuner.production._client import Prometheus
+from tuner.production._triton import TritonSource
 from tuner.settings import StudySettings
 from tuner.study import base_config
 
@@ -31,13 +32,14 @@ REFRESH_S = 30.0
 
 
 class AuditCollector:
-    """A prometheus_client collector of the tuner's metrics for one study. A failed audit (Prometheus
-    down, no Triton series yet) keeps the study's constants and says so in `tuner_exporter_up` 0."""
+    """A prometheus_client collector of the tuner's metrics for one study, its audit from `prometheus`
+    (a Prometheus, or a TritonSource scraping the Tritons itself). A failed audit (Prometheus down, no
+    Triton series yet, a Triton that stopped answering) says so in `tuner_exporter_up` 0."""
 
     def __init__(
         self,
         settings: StudySettings,
-        prometheus: Prometheus,
+        prometheus: Prometheus | TritonSource,
         *,
         window_s: float,
         baseline: Baseline | None = None,
@@ -67,7 +69,8 @@ class AuditCollector:
         yield from audit
         yield from self._nightly()
         up = GaugeMetricFamily(
-            "tuner_exporter_up", "1: the last audit from Prometheus succeeded.", labels=[*m.LABELS]
+            "tuner_exporter_up", "1: the last audit (from Prometheus, or every Triton's last scrape) succeeded.",
+            labels=[*m.LABELS],
         )
         up.add_metric(self.labels.values, 0.0 if error else 1.0)
         yield up
@@ -75,6 +78,12 @@ class AuditCollector:
     def _refresh(self) -> None:
         self._at = time.monotonic()
         try:
+            if isinstance(self.prometheus, TritonSource):  # the window held in memory, as last scraped
+                audit = self.prometheus.audit(self.settings, baseline=self.baseline)
+                failing = self.prometheus.failing
+                self._audit = m.audit_families(audit, self.labels)
+                self._error = "; ".join(failing.values()) if failing else None
+                return
             # the window ends now: one step, the window itself
             audit = production_audit(
                 self.settings,
