@@ -177,7 +177,9 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     data = json.loads((tmp_path / "r.json").read_text())
     everything = data["all_requests"]
     assert everything["requests"] == n and everything["errors"] == 0 and everything["output_tokens"] == 6 * n
-    assert 10.0 <= everything["tpot_ms"]["p50"] <= 14.0
+    # a token cannot come faster than the model's 10 ms, but its arrival can: the first token's delivery
+    # delayed by a busy machine shortens (last - first) / (n - 1) (CI measured 9.99)
+    assert 9.5 <= everything["tpot_ms"]["p50"] <= 14.0
     assert 25.0 <= everything["ttft_ms"]["p50"] <= 60.0
     assert data["engine"] is None
     assert "TTFT (replay)" in run.stdout and "(engine)" not in run.stdout and "output tokens/s" in run.stdout
