@@ -215,23 +215,11 @@ def test_the_recording_rules_agree_with_the_dashboard(stack, rule, panel):
     assert v == pytest.approx(value(prom.query(substituted(board[panel]["targets"][0]["expr"]), at=at)), rel=0.01)
 
 
-def test_the_exporter_serves_until_sigterm_and_stops_cleanly(stack, tmp_path):
+def test_the_exporter_serves_until_sigterm_and_stops_cleanly(stack, tmp_path, exporter_process):
     # an exporter of its own: the stack's keeps serving the other tests, in whatever order they run
     port = free_ports(1)[0]
     study = write_study(tmp_path, model="echo", repository=MODELS, price_per_hour=PRICE)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", "exporter", str(study), "--prometheus", stack["url"], "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        line = proc.stdout.readline()
+    with exporter_process(str(study), "--prometheus", stack["url"], port=port) as (_, line):  # stopped by SIGTERM
         assert line.startswith(f"serving http://127.0.0.1:{port}/metrics (model echo"), line
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             assert "tuner_gpu_price_dollars_per_hour" in r.read().decode()
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert proc.stdout.read() == "tuner exporter: stopped\n"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

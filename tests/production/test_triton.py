@@ -8,10 +8,6 @@ prometheus_client exporter), a Triton without the study's model, neither or both
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -60,17 +56,11 @@ def served(port: int) -> dict[str, float]:
 
 
 @pytest.mark.slow
-def test_the_exporters_figures_agree_with_tritons_statistics(server, tmp_path):
+def test_the_exporters_figures_agree_with_tritons_statistics(server, tmp_path, exporter_process):
     port = free_ports(1)[0]
     study = write_study(tmp_path, model="echo", repository=MODELS, price_per_hour=PRICE)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner", "exporter", str(study), "--triton", metrics_port(server),
-         "--port", str(port), "--window", "10m", "--scrape-interval", f"{SCRAPE_S:g}s"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-        start_new_session=True,
-    )
-    try:
-        line = proc.stdout.readline()  # after its first scrape: the window's first sample
+    with exporter_process(str(study), "--triton", metrics_port(server), "--window", "10m",
+                          "--scrape-interval", f"{SCRAPE_S:g}s", port=port) as (proc, line):  # line: after its first scrape
         assert line.startswith(f"serving http://127.0.0.1:{port}/metrics (model echo"), line
         before = counts(server.statistics("echo"))  # no traffic since that scrape: its counters
         n = int(RATE * DURATION_S)  # bursts of BURST due together: batches form
@@ -92,13 +82,6 @@ def test_the_exporters_figures_agree_with_tritons_statistics(server, tmp_path):
         assert got["tuner_requests_per_dollar"] == pytest.approx(ok / window_s * 3600 / PRICE, rel=0.02)
         assert got["tuner_production_replicas"] == 1 and got["tuner_production_error_ratio"] == 0
         assert got["tuner_exporter_up"] == 1
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert proc.stdout.read() == "tuner exporter: stopped\n"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def exporter(tmp_path, *triton: str, model: str = "echo", extra: tuple[str, ...] = ()) -> int:
