@@ -189,20 +189,24 @@ def executions(launcher, name: str) -> dict[int, tuple[int, int]]:
             for item in stats.get("batch_stats", []) if int(item["compute_infer"]["count"])}
 
 
+def executions_counting(launcher, name: str, before: dict[int, tuple[int, int]], *, rows: int):
+    """`executions` once they count `rows` more rows than `before` (up to 2 s): Triton records an execution's
+    statistics after its responses are sent, so a run's last executions (or a warm-up's) may not count yet."""
+    for _ in range(100):
+        after = executions(launcher, name)
+        if sum(size * (count - before.get(size, (0, 0))[0]) for size, (count, _) in after.items()) >= rows:
+            break
+        time.sleep(0.02)
+    return after
+
+
 def timed_run(launcher, name: str, requests: Requests, *, exec_ms: float) -> tuple[Counter, int, str, np.ndarray]:
     """One run of the arrivals: Triton's executions per batch size in it, its errors, why its
     timing did not hold ('' when it did: every send on time, no execution overran `exec_ms`), and
     when (s) each response came."""
     before = executions(launcher, name)
     codes, late_ms, done_s = send(launcher.endpoints.http, name, requests)
-    served = int(requests.rows[np.asarray(codes) == 200].sum())
-    # Triton records an execution's statistics after its responses are sent: wait until they count every row
-    for _ in range(100):
-        after = executions(launcher, name)
-        rows = sum(size * (count - before.get(size, (0, 0))[0]) for size, (count, _) in after.items())
-        if rows >= served:
-            break
-        time.sleep(0.02)
+    after = executions_counting(launcher, name, before, rows=int(requests.rows[np.asarray(codes) == 200].sum()))
     batches, longest_ms = Counter(), 0.0
     for size, (count, ns) in after.items():
         count0, ns0 = before.get(size, (0, 0))
@@ -263,10 +267,13 @@ def conforming_run(launcher, config_path: Path, name: str, requests: Requests, *
     outcomes = {f"instance_first={first}": simulated(config_path, requests, exec_ms=exec_ms, instance_first=first)
                 for first in (True, False)}
     # an instance's first execution runs late (a fresh Python backend process): one request per instance,
-    # each sent while the ones before it execute, warms them
+    # each sent while the ones before it execute, warms them; a run counts from once their statistics are in
+    # (CI: the second warm-up's execution, recorded late, was counted in the run)
+    before = executions(launcher, name)
     send(launcher.endpoints.http, name, Requests(due_s=np.arange(instances) * 0.02,
                                                  rows=np.ones(instances, dtype=np.int64),
                                                  length=np.full(instances, 4, dtype=np.int64)))
+    executions_counting(launcher, name, before, rows=instances)
     voided = []
     for _ in range(ATTEMPTS):
         batches, errors, void, done_s = timed_run(launcher, name, requests, exec_ms=exec_ms)
