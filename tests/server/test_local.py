@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from tuner.errors import ServerError, ServerSetupError
 from tuner.localhost import sweep_owned
+from tuner.server.install import system_libpython
 from tuner.server.local import WORKDIR_PREFIX, LocalLauncher
 
 from .contract import LauncherContract, infer, template, with_batching
@@ -231,3 +234,39 @@ def test_a_killed_servers_shared_memory_is_removed_and_no_one_elses(triton_insta
         assert other.exists()
     finally:
         other.unlink(missing_ok=True)
+
+
+_PROBE_MODEL = '''
+import json, os, sys
+sys.path[:0] = [p for p in os.environ.get("TUNER_MODEL_PYTHONPATH", "").split(os.pathsep) if p]  # numpy, for the stub
+import _ssl  # a C module of the standard library: another build's fails to load in the stub
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        with open(os.environ["PROBE_OUT"], "w") as out:
+            json.dump({"prefix": sys.prefix, "os": os.__file__, "ssl": _ssl.__file__}, out)
+
+    def execute(self, requests):
+        return []
+'''
+
+
+def test_the_stub_runs_the_system_pythons_standard_library_whatever_python3_is_first_on_path(
+        triton_install, tmp_path, monkeypatch):
+    # CI: with a virtual environment's python3 first on PATH, the stub took pyenv 3.11.7's C modules, and
+    # `_ssl` failed on the system's 3.11.2 libpython
+    model = tmp_path / "repo" / "probe"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 0\n'
+                                        'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
+                                        'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n')
+    (model / "1" / "model.py").write_text(_PROBE_MODEL)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PROBE_OUT", str(tmp_path / "probe.json"))
+    with LocalLauncher(tmp_path / "repo", models=["probe"], install=triton_install, startup_timeout_s=60):
+        pass
+    stub = json.loads((tmp_path / "probe.json").read_text())
+    library = system_libpython(triton_install.python_version).resolve()
+    assert library.is_relative_to(stub["prefix"]), (library, stub)  # the libpython's own installation
+    assert Path(stub["os"]).is_relative_to(stub["prefix"]) and Path(stub["ssl"]).is_relative_to(stub["prefix"])

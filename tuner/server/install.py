@@ -83,6 +83,32 @@ def model_pythonpath(install: TritonInstall, user_path: str = "") -> str:
     return os.pathsep.join(dict.fromkeys(entries))  # in order, each once
 
 
+def pin_stub_python(install: TritonInstall, env: dict[str, str], bin_dir: Path) -> None:
+    """Pins, in `env` (a server's environment), the stub's standard library to the system Python's.
+
+    The stub embeds the system's libpython3.X without naming its program, so Python looks for its
+    standard library from the first `python3` on PATH: a virtual environment's or pyenv's there gives it
+    another build's C modules (CI: pyenv 3.11.7's `_ssl`, which needs a symbol the system's 3.11.2 lacks).
+    `bin_dir` gets a `python3` that is the system's python3.X, first on PATH (so the stub's
+    `sys.executable` is the Python it runs); without that interpreter, PYTHONHOME names its prefix."""
+    library = system_libpython(install.python_version)
+    if library is None:  # the stub will not start either; its own error says why
+        return
+    prefix = next((d for d in library.resolve().parents
+                   if (d / "lib" / f"python{install.python_version}" / "os.py").is_file()), None)
+    if prefix is None:
+        return
+    interpreter = prefix / "bin" / f"python{install.python_version}"
+    if interpreter.is_file():
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        link = bin_dir / "python3"
+        link.unlink(missing_ok=True)
+        link.symlink_to(interpreter)
+        env["PATH"] = os.pathsep.join(p for p in (str(bin_dir), env.get("PATH", "")) if p)
+    else:
+        env["PYTHONHOME"] = str(prefix)
+
+
 def check_platform() -> None:
     """Raise ServerSetupError unless this machine can run the wheel's tritonserver (x86_64, glibc >= 2.35)."""
     machine = platform.machine()

@@ -21,7 +21,7 @@ from tuner.localhost import check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
-from tuner.server.install import TritonInstall, find_tritonserver, model_pythonpath
+from tuner.server.install import TritonInstall, find_tritonserver, model_pythonpath, pin_stub_python
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
@@ -133,6 +133,7 @@ class LocalLauncher(Launcher):
         env[GPU_LOCK_ENV] = str(self._workdir / "emulated-gpu.lock")
         env[MODEL_PYTHONPATH_ENV] = model_pythonpath(install, env.get(MODEL_PYTHONPATH_ENV, ""))
         env[MODEL_PYTHON_ENV] = sys.executable  # a Python for a model's own child processes (llm_vllm's vLLM)
+        pin_stub_python(install, env, self._workdir / "stub-bin")
         with open(self._log_file, "ab") as log:
             self._log_start = self._log_mark = log.tell()
             self._mark_what = "the server started"
