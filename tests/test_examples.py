@@ -16,9 +16,10 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 STUDIES = sorted(p for p in EXAMPLES.glob("*.yaml") if "study" not in yaml.safe_load(p.read_text()))
 NIGHTLY = sorted(p for p in EXAMPLES.glob("*.yaml") if "study" in yaml.safe_load(p.read_text()))
 # meant for this machine: a local server and a template that needs nothing more (encoder_torch needs
-# PyTorch and is meant for a GPU host: its header says so, its dry run runs here)
+# PyTorch and is meant for a GPU host: its header says so, its dry run runs here; the LLM quick start's
+# short tune is tests/llm/test_tune.py, which checks its outputs in tokens too)
 LOCAL = [p for p in STUDIES if (yaml.safe_load(p.read_text()).get("server") or {}).get("launcher", "local") == "local"
-         and yaml.safe_load(p.read_text())["model"] != "encoder_torch"]
+         and yaml.safe_load(p.read_text())["model"] not in ("encoder_torch", "llm_vllm")]
 
 
 def test_there_are_examples_of_each_kind():

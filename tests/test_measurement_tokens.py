@@ -52,6 +52,9 @@ def test_ttft_tpot_itl_e2e_and_tokens_per_second():
     assert m.good_requests == 3 and m.goodput_rps == pytest.approx(3 / span)
     assert m.valid and m.duration_s == pytest.approx(4.5) and m.offered_rps == pytest.approx(6 / 4.5)
     assert m.ttft(50) == m.ttft_ms["p50"] and m.tpot(100) == m.tpot_ms["max"]
+    # busy: the union of the measured requests' spans, due to end (the one-token request at 5.0 lies inside
+    # the span of the request due at 4.0; the error's span counts: the engine held it)
+    assert m.busy_s == pytest.approx(0.301 + 0.601 + 0.901 + 1.201 + 0.081)
 
 
 def test_goodput_counts_each_limit_given_and_none_without_limits():

@@ -1,4 +1,4 @@
-"""`tuner traffic synth|window|scale|convert`: each command end to end through `tuner.cli.main`."""
+"""`tuner traffic synth|window|fit|scale|convert`: each command end to end through `tuner.cli.main`."""
 
 from __future__ import annotations
 
@@ -49,6 +49,31 @@ def test_window_errors_are_exit_2(profile, tmp_path, capsys, args, expected):
     assert main(["traffic", "window", str(profile), *args, "-o", str(tmp_path / "x.csv")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0]
+
+
+def test_fit_keeps_the_requests_within_the_context_and_says_how_many_it_left_out(tmp_path, capsys):
+    tokens = pd.DataFrame({"timestamp": np.arange(5.0), "prompt_tokens": [100, 2000, 1948, 3000, 10],
+                           "output_tokens": [10, 100, 100, 5, 2038]})
+    source = write_traffic(tokens, tmp_path / "tokens.csv")
+    before = source.read_bytes()
+    out = tmp_path / "fit.csv"
+    assert main(["traffic", "fit", str(source), "--context", "2048", "-o", str(out)]) == 0
+    kept = read_traffic(out)
+    assert kept["timestamp"].tolist() == [0.0, 2.0, 4.0]  # 2,048 tokens exactly fit; 2,100 and 3,005 do not
+    assert "2 of 5 requests need more than 2,048 tokens: left out" in capsys.readouterr().out
+    assert source.read_bytes() == before
+    for args, expected in ((["--context", "0"], "must be at least 1 token"),
+                           (["--context", "5"], "none of the 5 requests fits a context of 5 tokens")):
+        assert main(["traffic", "fit", str(source), *args, "-o", str(tmp_path / "x.csv")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expected in err[0]
+    assert not (tmp_path / "x.csv").exists()
+
+
+def test_fit_of_a_trace_without_tokens_is_one_line(profile, tmp_path, capsys):
+    assert main(["traffic", "fit", str(profile), "--context", "2048", "-o", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "only a generative trace has tokens to fit" in err[0]
 
 
 def test_refuses_to_overwrite_the_input(profile, capsys):

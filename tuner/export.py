@@ -1,6 +1,7 @@
 """What a finished study leaves behind, built from the Optuna storage alone:
 
-    write_outputs(study, output_dir) -> dict   recommended/config.pbtxt, incumbent/config.pbtxt,
+    write_outputs(study, output_dir) -> dict   recommended/config.pbtxt (a vLLM-backend model's:
+                                               recommended/model.json), incumbent/config.pbtxt,
                                                summary.json, trials.csv; returns the summary
     summarize(study) -> dict                   the summary (best, incumbent, improvement, ...)
     recommended_config(study, summary) -> str  the user's config with only the tuned fields changed
@@ -46,13 +47,14 @@ from tuner.search import (
 from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
-__all__ = ["RECOMMENDED", "SUMMARY", "TRIALS", "closing_table", "export", "hosts", "hosts_table",
-           "recommended_config", "storage_of", "summarize", "trials_frame", "unmeasured_advice",
+__all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "closing_table", "export", "hosts", "hosts_table",
+           "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
+RECOMMENDED_ENGINE = Path("recommended") / "model.json"  # a vLLM-backend model's (tuner.llm.engineargs.ENGINE_FILE)
 INCUMBENT = Path("incumbent") / "config.pbtxt"
 RECORDS = Path("records")
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
@@ -66,11 +68,20 @@ def _block(record: TrialRecord, at: str) -> dict:
     if figures is None:
         return {"latency_ms": {p: None for p in PERCENTILES}, "fill_rate": None,
                 "mean_batch_size": None, "queue_ms": None, "compute_ms": None, "error_rate": None}
-    latency = {p: figures.latency_ms.get(p) for p in PERCENTILES}
-    latency.update({k: v for k, v in figures.latency_ms.items() if k not in latency})  # the SLA's own percentile
-    return {"latency_ms": latency, "fill_rate": figures.fill_rate,
-            "mean_batch_size": figures.mean_batch_size, "queue_ms": figures.queue_ms,
-            "compute_ms": figures.compute_ms, "error_rate": figures.error_rate}
+    block = {"latency_ms": _percentiles(figures.latency_ms), "fill_rate": figures.fill_rate,
+             "mean_batch_size": figures.mean_batch_size, "queue_ms": figures.queue_ms,
+             "compute_ms": figures.compute_ms, "error_rate": figures.error_rate}
+    if figures.generative:  # latency_ms is then end to end
+        block.update(ttft_ms=_percentiles(figures.ttft_ms), tpot_ms=_percentiles(figures.tpot_ms),
+                     output_tokens_per_s=figures.output_tokens_per_s, total_tokens_per_s=figures.total_tokens_per_s,
+                     goodput_rps=figures.goodput_rps)
+    return block
+
+
+def _percentiles(values: dict) -> dict:
+    out = {p: values.get(p) for p in PERCENTILES}
+    out.update({k: v for k, v in values.items() if k not in out})  # the SLA's own percentile
+    return out
 
 
 def _entry(record: TrialRecord, scoring: str, trial: int | None, *, feasible: bool) -> dict:
@@ -88,12 +99,15 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, *, feasible: bo
         "capacity_speed": record.capacity_speed or None,  # the replay speed of the recorded traffic at capacity
         "capacity_bracket": ({"lower_rps": b.rps, "upper_rps": b.upper_rps, "converged": b.converged,
                               "limited_by": b.limited_by, "peak_rps": b.peak_rps} if b is not None and b.rps else None),
-        "requests_per_dollar": record.scores.get(scoring),
+        "unit": record.unit,  # what the score counts: requests, or a generative model's output tokens
+        "per_dollar": record.scores.get(scoring),
+        f"{record.unit}_per_dollar": record.scores.get(scoring),
         "scores": {"capacity": record.scores.get("capacity"), "utilization": record.scores.get("utilization")},
         "latency_ms": point["latency_ms"],
         "fill_rate": point["fill_rate"],
         "queue_ms": point["queue_ms"],
         "compute_ms": point["compute_ms"],
+        **{k: point[k] for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s") if k in point},  # generative
         "servers_needed": record.servers_needed,
         "monthly_cost": record.monthly_cost,
         "sla_reason": record.sla_reason or "",
@@ -114,7 +128,7 @@ def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
     e = _entry(record, scoring, r.get("trial"), feasible=met_sla(r))
     e["capacity_rps"] = r.get("capacity_rps")
     e["capacity_speed"] = r.get("capacity_speed")
-    e["requests_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
+    e["per_dollar"] = e[f"{e['unit']}_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
     e["repeats"] = {"values": r.get("values"), "spread": r.get("spread"),
                     "observed_spread": r.get("observed_spread"), "bracket_width": r.get("bracket_width"),
                     "feasible_runs": r.get("feasible_runs"), "unmeasured_runs": r.get("unmeasured_runs", 0)}
@@ -125,7 +139,7 @@ def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
 def _range(entry: dict, scoring: str, price: float | None) -> tuple[float, float] | None:
     """Where an entry's requests per dollar may really lie: under capacity scoring from the capacity
     bracket (last passing, first failing speed); from the spread of its repeats; the union of both."""
-    value = entry.get("requests_per_dollar")
+    value = entry.get("per_dollar")
     if not entry.get("feasible") or not value:
         return None
     low = high = float(value)
@@ -176,8 +190,8 @@ def summarize(study: optuna.Study) -> dict:
     for entry in [*ranked_or_best, *([incumbent] if incumbent else [])]:
         span = _range(entry, scoring, price)
         entry["range"] = list(span) if span else None
-    if best and incumbent and incumbent["feasible"] and (incumbent["requests_per_dollar"] or 0) > 0:
-        improvement = best["requests_per_dollar"] / incumbent["requests_per_dollar"] - 1.0
+    if best and incumbent and incumbent["feasible"] and (incumbent["per_dollar"] or 0) > 0:
+        improvement = best["per_dollar"] / incumbent["per_dollar"] - 1.0
         if best.get("range") and incumbent.get("range"):
             (b_low, b_high), (i_low, i_high) = best["range"], incumbent["range"]
             improvement_range = [b_low / i_high - 1.0, b_high / i_low - 1.0]
@@ -192,6 +206,7 @@ def summarize(study: optuna.Study) -> dict:
         "study_file": meta.get("study_file"),
         "model": meta.get("model"),
         "scoring": scoring,
+        "unit": (best or incumbent or {}).get("unit", "requests"),  # what per_dollar counts
         "sla": sla,
         "lag_budget_ms": meta.get("lag_budget_ms"),
         "traffic": meta.get("traffic") or {},
@@ -212,8 +227,7 @@ def summarize(study: optuna.Study) -> dict:
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
-        what = f"p{sla.get('percentile', 99):g} <= {sla.get('latency_ms')} ms, errors <= " \
-               f"{sla.get('max_error_rate', 0.001):.2%}"
+        what = f"{sla_limits(sla)}, errors <= {sla.get('max_error_rate', 0.001):.2%}"
         summary["message"] = (
             f"no configuration met the SLA ({what})"
             + (f"; closest: trial {closest['trial']} {space.describe(closest['params'], as_set=True)}"
@@ -224,7 +238,7 @@ def summarize(study: optuna.Study) -> dict:
     elif incumbent is not None and best.get("trial") == incumbent.get("trial"):
         summary["message"] = "the incumbent is the best configuration measured: keep it"
     else:
-        summary["message"] = f"{improvement:+.1%} requests per dollar over the incumbent" + (
+        summary["message"] = f"{improvement:+.1%} {summary['unit']} per dollar over the incumbent" + (
             f" (between {improvement_range[0]:+.1%} and {improvement_range[1]:+.1%})" if improvement_range else "")
     if indistinguishable:
         summary["message"] += (f"; trial(s) {', '.join(map(str, indistinguishable))} cannot be told apart from "
@@ -233,6 +247,14 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def sla_limits(sla: dict) -> str:
+    """The SLA's latency limits as text: an encoder's latency, or a generative model's TTFT and TPOT."""
+    pct = f"p{sla.get('percentile', 99):g}"
+    tokens = [f"{pct} {name} <= {sla[key]:g} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+              if sla.get(key) is not None]
+    return ", ".join(tokens) if tokens else f"{pct} <= {sla.get('latency_ms')} ms"
 
 
 def unmeasured_advice(summary: dict) -> str:
@@ -309,6 +331,16 @@ def recommended_config(study: optuna.Study, summary: dict) -> str:
         config, comments_from=study.user_attrs.get("base_config_source"))
 
 
+def recommended_engine(study: optuna.Study, summary: dict) -> str:
+    """A vLLM-backend model's recommended model.json: its own engine arguments with only the tuned
+    knobs changed. JSON holds no comment: what the config.pbtxt's header says is in the summary."""
+    if not summary.get("best"):
+        raise NoFeasibleConfigError(summary.get("message") or "no configuration met the SLA")
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["best"]["params"].items()}
+    args = space.apply_engine(dict(study.user_attrs["base_engine"]), space.split(params)[1])
+    return json.dumps(args, indent=2) + "\n"
+
+
 def _header(summary: dict, base, config) -> str:
     sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
     changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(base, config)]
@@ -334,6 +366,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial: parameters, measurements (the record's attributes), state."""
     skip = {"config"}  # host, pid and gpu say where each trial was measured
     scoring = study.user_attrs.get("scoring", "capacity")
+    unit = "tokens" if study.user_attrs.get("base_engine") is not None else "requests"  # a vLLM-backend model's
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = {"number": t.number, "state": t.state.name,
@@ -342,7 +375,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
                "duration_s": t.duration.total_seconds() if t.duration else None}
         row.update({k: v for k, v in t.user_attrs.items() if k not in skip})
         row["feasible"] = is_feasible(t)
-        row["requests_per_dollar"] = t.user_attrs.get(f"score_{scoring}")
+        row[f"{unit}_per_dollar"] = t.user_attrs.get(f"score_{scoring}")
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -358,7 +391,7 @@ def closing_table(summary: dict) -> str:
         rows.append(inc)
     if not rows and summary.get("closest"):
         rows = [summary["closest"]]
-    base = inc["requests_per_dollar"] if inc and inc["feasible"] and inc["requests_per_dollar"] else None
+    base = inc["per_dollar"] if inc and inc["feasible"] and inc["per_dollar"] else None
     table = []
     for r in rows:
         is_best = bool(summary.get("best")) and r.get("trial") == summary["best"].get("trial")
@@ -379,11 +412,13 @@ def closing_table(summary: dict) -> str:
             **{space.LABELS.get(k, k): ",".join(map(str, v)) if isinstance(v, list) else v
                for k, v in r["params"].items()},
             "capacity req/s": capacity,
-            f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
-            "fill rate": _fmt(r.get("fill_rate")),
-            "queue ms": _fmt(r.get("queue_ms")),
-            "compute ms": _fmt(r.get("compute_ms")),
-            "req/$": _fmt(r.get("requests_per_dollar")) if r["feasible"] else "SLA missed",
+            **(_token_columns(r, pct) if r.get("unit") == "tokens" else {
+                f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
+                "fill rate": _fmt(r.get("fill_rate")),
+                "queue ms": _fmt(r.get("queue_ms")),
+                "compute ms": _fmt(r.get("compute_ms"))}),
+            "tokens/$" if r.get("unit") == "tokens" else "req/$":
+                _fmt(r.get("per_dollar")) if r["feasible"] else "SLA missed",
             "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
             "vs incumbent": _gain(r, inc, base),
         })
@@ -417,11 +452,18 @@ def closing_table(summary: dict) -> str:
     return text
 
 
+def _token_columns(r: dict, pct: str) -> dict:
+    """A generative configuration's columns: TTFT and TPOT at the SLA's percentile, output tokens per second."""
+    return {f"TTFT {pct} ms": _fmt((r.get("ttft_ms") or {}).get(pct)),
+            f"TPOT {pct} ms": _fmt((r.get("tpot_ms") or {}).get(pct)),
+            "output tok/s": _fmt(r.get("output_tokens_per_s"))}
+
+
 def _gain(r: dict, inc: dict | None, base: float | None) -> str:
     """The gain over the incumbent and, where both have a range, the range it may really have."""
-    if not base or not r["feasible"] or not r.get("requests_per_dollar") or r is inc:
+    if not base or not r["feasible"] or not r.get("per_dollar") or r is inc:
         return ""
-    text = f"{r['requests_per_dollar'] / base - 1:+.1%}"
+    text = f"{r['per_dollar'] / base - 1:+.1%}"
     if r.get("range") and inc and inc.get("range") and r is not inc:
         (low, high), (i_low, i_high) = r["range"], inc["range"]
         text += f" ({low / i_high - 1:+.0%}..{high / i_low - 1:+.0%})"
@@ -449,7 +491,9 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
         write_atomic(out / INCUMBENT, base_text)
-    if summary["best"]:
+    if summary["best"] and study.user_attrs.get("base_engine") is not None:  # vLLM batches: its model.json
+        write_atomic(out / RECOMMENDED_ENGINE, recommended_engine(study, summary))
+    elif summary["best"]:
         write_atomic(out / RECOMMENDED, recommended_config(study, summary))
     write_atomic(out / SUMMARY, json.dumps(summary, indent=2, default=_json_default) + "\n")
     return summary
@@ -499,7 +543,7 @@ def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
 
 
 def export(storage: str, name: str | None, output: str | Path) -> Path:
-    """Write the recommended config of a finished study to `output`."""
+    """Write the recommended config of a finished study to `output` (a vLLM-backend model's: its model.json)."""
     path, label = Path(output), f"-o {output}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -507,4 +551,18 @@ def export(storage: str, name: str | None, output: str | Path) -> Path:
         raise OutputError(f"{label}: cannot write ({os_reason(exc)})") from None
     check_writable(path, label=label)  # before the study is read
     study = load_study(storage, name)
-    return write_atomic(path, recommended_config(study, summarize(study)), label=label)
+    return write_atomic(path, recommended_text(study, summarize(study)), label=label)
+
+
+def recommended_text(study: optuna.Study, summary: dict) -> str:
+    """The study's recommendation as its file holds it: config.pbtxt, or a vLLM-backend model's model.json."""
+    if study.user_attrs.get("base_engine") is not None:
+        return recommended_engine(study, summary)
+    return recommended_config(study, summary)
+
+
+def recommended_path(output_dir: str | Path) -> Path:
+    """Where a `tuner tune` output directory keeps its recommendation (by its summary's kind)."""
+    summary = Path(output_dir) / SUMMARY
+    tokens = summary.is_file() and read_json_object(summary, error=SettingsError).get("unit") == "tokens"
+    return Path(output_dir) / (RECOMMENDED_ENGINE if tokens else RECOMMENDED)

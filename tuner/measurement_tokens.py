@@ -17,6 +17,10 @@ last token times, the tokens received and the gaps between token responses. Defi
 - goodput = successful measured requests whose own TTFT and TPOT meet every limit given
   (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit), per second over the
   same span;
+- busy seconds = the union of the measured requests' spans (due time to last response): the seconds
+  the engine held at least one of them. A continuous-batching engine steps exactly while it holds a
+  request, and vLLM reports no busy-time counter of its own, so this is the engine's busy time at the
+  recorded load (what tokens per dollar by utilization divides by);
 - valid unless the send lag p99 exceeded its budget (the load generator was the bottleneck) or no
   request was due in the window.
 """
@@ -58,8 +62,11 @@ class TokenMeasurement(Served):
     send_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     valid: bool = True
     invalid_reason: str = ""
+    busy_s: float = 0.0               # seconds the engine held a measured request (see the module doc)
     load_generator_cpu: float = 0.0   # CPU seconds used by the load generator per wall second
     workers: int = 1                  # load-generator processes used
+    attempts: int = 1                 # replays run to get a valid one (the retry policy's count)
+    repeats: int = 1                  # never repeated near the SLA's limit (tuner.trial.step's repeats: latency)
     # per successful measured request (for CDFs); not part of the figures
     ttfts_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
     tpots_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
@@ -126,9 +133,23 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         e2e_ms=percentiles((last - due) * 1000.0, sla_percentile=sla_percentile),
         goodput_rps=int(meets.sum()) * per_s, good_requests=int(meets.sum()),
         ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, sla_percentile=sla_percentile,
-        send_lag_ms=send_lag, valid=not reasons, invalid_reason="; ".join(reasons),
+        send_lag_ms=send_lag, busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
+        valid=not reasons, invalid_reason="; ".join(reasons),
         load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots,
     )
+
+
+def _busy_s(starts: np.ndarray, ends: np.ndarray) -> float:
+    """The length of the union of the spans [starts, ends] (seconds)."""
+    keep = np.isfinite(starts) & np.isfinite(ends) & (ends > starts)
+    if not keep.any():
+        return 0.0
+    order = np.argsort(starts[keep], kind="stable")
+    start, end = starts[keep][order], ends[keep][order]
+    reach = np.maximum.accumulate(end)  # the furthest end so far: a span starting past it opens a new run
+    new_run = np.concatenate([[True], start[1:] > reach[:-1]])
+    run_end = np.maximum.reduceat(end, np.flatnonzero(new_run))
+    return float((run_end - start[new_run]).sum())
 
 
 def _at(figures: dict[str, float], percentile: float, what: str) -> float:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tuner.cost import HOURS_PER_MONTH
 from tuner.measurement import Measurement
+from tuner.measurement_tokens import TokenMeasurement
 from tuner.settings import SlaSettings
 
 
@@ -116,6 +117,17 @@ def check_token_sla(*, ttft_ms: float | None, tpot_ms: float | None, error_rate:
         violation = math.inf
     return TokenSlaCheck(ok=violation <= 0, ttft_ms=ttft_ms, tpot_ms=tpot_ms, error_rate=error_rate,
                          violation=violation, reason="; ".join(reasons))
+
+
+def check_tokens(m: TokenMeasurement, sla: SlaSettings) -> SlaCheck:
+    """`check_token_sla` of a generative measurement, as the capacity search and the trial's record read
+    an SLA check (`latency_ms`: its TTFT at the SLA's percentile when the SLA limits TTFT, else its TPOT)."""
+    served = m.requests > m.errors
+    ttft = m.ttft(sla.percentile) if served else None
+    tpot = m.tpot(sla.percentile) if served else None
+    check = check_token_sla(ttft_ms=ttft, tpot_ms=tpot, error_rate=m.error_rate, sla=sla)
+    shown = check.ttft_ms if sla.ttft_ms is not None else check.tpot_ms
+    return SlaCheck(check.ok, math.nan if shown is None else shown, check.error_rate, check.violation, check.reason)
 
 
 def _over_errors(error_rate: float, budget: float) -> float:

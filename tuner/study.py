@@ -4,6 +4,10 @@
                               the study's window: only that window is read, tuner.traffic.recording)
     base_config(settings)     the model's config.pbtxt in the study's repository: the incumbent, and
                               the base every trial's configuration changes only the tuned fields of
+    base_engine(settings, base)   a vLLM-backend model's engine arguments (its model.json): the same, for
+                              the engine knobs; None for a model vLLM does not serve
+    check_batcher_study(settings, command)   refuse, in one line, a vLLM-backend model's study in a
+                              command that measures Triton's dynamic batcher only
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from tuner.settings import StudySettings
 from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "study_traffic"]
+__all__ = ["base_config", "base_engine", "check_batcher_study", "study_traffic"]
 
 
 def study_traffic(settings: StudySettings) -> pd.DataFrame:
@@ -46,3 +50,25 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
 def base_config(settings: StudySettings) -> ModelConfig:
     """The model's current config.pbtxt in the study's repository (the incumbent)."""
     return modelconfig.load(Path(settings.model_repository) / settings.model / "config.pbtxt")
+
+
+def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:
+    """The engine arguments of the study's model when vLLM serves it (`tuner.llm.engineargs`), else None."""
+    from tuner.llm import engineargs
+
+    model_dir = Path(settings.model_repository) / settings.model
+    return engineargs.read(model_dir) if engineargs.is_vllm_model(model_dir, base) else None
+
+
+def check_batcher_study(settings: StudySettings, command: str) -> None:
+    """SettingsError in one line when the study's model is served by vLLM: `command` (audit, nightly, soak,
+    simulate, profile, exporter) reads Triton's dynamic batcher and its statistics, which such a model,
+    batched inside its engine, does not have; `tuner tune` and `tuner replay` take it."""
+    from tuner.errors import SettingsError
+    from tuner.llm import engineargs
+
+    model_dir = Path(settings.model_repository) / settings.model
+    if (model_dir / "config.pbtxt").is_file() and engineargs.is_vllm_model(model_dir):
+        raise SettingsError(f"{settings.source or '<study>'}: {settings.model} is served by vLLM (its batching is the "
+                            f"engine's): tuner {command} does not take a generative study yet; tuner tune and "
+                            f"tuner replay do")

@@ -34,9 +34,10 @@ from tuner.errors import (
     UnmeasuredError,
 )
 from tuner.files import check_output_dir, write_atomic
+from tuner.llm import engineargs
 from tuner.report import write_report
-from tuner.settings import StudySettings
-from tuner.study import base_config, study_traffic
+from tuner.settings import StudySettings, check_generative
+from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
@@ -89,7 +90,7 @@ class Handover:
                 f"--storage URL")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     """A study checked and ready to run: everything known before a server starts."""
 
@@ -99,6 +100,7 @@ class Prepared:
     storage: str
     notes: tuple[str, ...] = ()
     profile: object = None            # the model strategy's profile file, read (None: measured in the run)
+    engine: dict | None = None        # a vLLM-backend model's engine arguments, vLLM's values filled in
 
 
 def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: bool = False) -> Prepared:
@@ -110,21 +112,33 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = base_config(settings)
     modelconfig.validate(base, str(base_path))
-    space.check_tunable(base, str(base_path))
+    engine = base_engine(settings, base)  # a vLLM-backend model: vLLM batches, its engine knobs are tuned
+    if engine is None:
+        space.check_tunable(base, str(base_path))
+    check_generative(settings, generative=engine is not None)
+    settings = dataclasses.replace(settings, search=space.study_space(settings.search, vllm=engine is not None,
+                                                                      source=settings.source or "<study>"))
+    if engine is not None:
+        engine = engineargs.resolved(engine, "cpu" if settings.cost.gpu == "cpu" else "gpu")
+        if settings.search.strategy == "model":
+            raise SettingsError(f"{settings.source or '<study>'}: search.strategy: model simulates Triton's dynamic "
+                                f"batcher; {settings.model} is batched by vLLM: use search.strategy: measure")
     traffic = study_traffic(settings)
     price_for(settings.cost)
     notes = []
-    largest, where = _largest_request(traffic)
-    if largest > base.max_batch_size:
-        raise ConfigError(
-            f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
-            f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
-    _check_replayable(settings, base, traffic)
-    narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
-    if note:
-        notes.append(note)
-    settings = dataclasses.replace(settings, search=narrowed)
-    incumbent = space.from_config(base, settings.search)
+    if engine is None:
+        largest, where = _largest_request(traffic)
+        if largest > base.max_batch_size:
+            raise ConfigError(
+                f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
+                f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
+    _check_replayable(settings, base, traffic, engine=engine)
+    if engine is None:
+        narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
+        if note:
+            notes.append(note)
+        settings = dataclasses.replace(settings, search=narrowed)
+    incumbent = space.from_config(base, settings.search, engine=engine)
     off = space.outside(incumbent, settings.search)
     if off:
         notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "
@@ -139,20 +153,30 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     check_outputs_owner(settings.output, settings.name)
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
-    return Prepared(settings, base, traffic, url, tuple(notes), profile)
+    return Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes), profile=profile,
+                    engine=engine)
 
 
-def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame) -> None:
+def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,
+                      engine: dict | None = None) -> None:
     """Refuse up front what every trial's replay would refuse or find empty: a row the replay's
-    plan refuses (a shape the model does not take, a request above the replay's size limit), and
-    traffic with no request in the first replay's measured window (one row, equal timestamps, a
-    warm-up as long as the traffic)."""
-    from tuner.replay import plan_requests
+    plan refuses (a shape the model does not take, a request above the replay's size limit; for a
+    generative model: no token columns, a model that does not stream, a request longer than the
+    engine's context), and traffic with no request in the first replay's measured window (one row,
+    equal timestamps, a warm-up as long as the traffic)."""
+    from tuner.replay import plan_generate, plan_requests
     from tuner.traffic import due_offsets
+    from tuner.trial.generate import check_context
     from tuner.trial.step import step_windows
 
     config = json.loads(modelconfig.to_json(base))
-    plan_requests({"name": settings.model}, config, traffic)  # the replay's own check, row by row
+    if engine is None:
+        plan_requests({"name": settings.model}, config, traffic)  # the replay's own check, row by row
+    else:
+        plan_generate({**config, "name": settings.model}, traffic)
+        context = engineargs.context_tokens(engine)
+        if context is not None:
+            check_context(traffic, context, model=settings.model)
     path, speed = settings.traffic.path, settings.traffic.speed
     stamps = traffic["timestamp"]
     if stamps.nunique() < 2:
@@ -227,15 +251,18 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
         f" {s.server.url}" if s.server.launcher == "remote" else "")
     span = float(p.traffic["timestamp"].iloc[-1] - p.traffic["timestamp"].iloc[0]) if len(p.traffic) > 1 else 0.0
     return [
-        ("model", f"{s.model} in {s.model_repository} (max_batch_size {p.base.max_batch_size})"),
-        ("incumbent", space.describe(space.from_config(p.base, s.search))),
+        ("model", f"{s.model} in {s.model_repository} " + (
+            f"(max_batch_size {p.base.max_batch_size})" if p.engine is None else
+            f"(vLLM batches: its engine arguments in {engineargs.ENGINE_FILE}, context {engineargs.context_tokens(p.engine)})")),
+        ("incumbent", space.describe(space.from_config(p.base, s.search, engine=p.engine))),
         ("traffic", f"{s.traffic.path}: {len(p.traffic)} requests over {span:,.0f} s, at speed "
                     f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
         ("search", _describe_search(s.search)),
-        ("SLA", f"p{s.sla.percentile:g} <= {s.sla.latency_ms:g} ms, errors <= {s.sla.max_error_rate:.2%}"),
-        ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}"),
+        ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
+        ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}, "
+                 + ("output tokens" if p.engine is not None else "requests") + " per dollar"),
         ("server", server + (f" ({workers} workers, a server each)" if workers > 1 else "")),
         ("storage", search.safe_url(p.storage)),
         ("output", s.output),
@@ -256,7 +283,7 @@ def _describe_search(search_settings) -> str:
 def _span(r) -> str:
     if dataclasses.is_dataclass(r):
         return f"{r.low}..{r.high}" + (" (log)" if r.log else f" step {r.step}" if r.step != 1 else "")
-    return "|".join(r)
+    return "|".join(map(str, r)).lower()  # choices: preferred-size strategies, chunked prefill's true|false
 
 
 def _largest_request(traffic: pd.DataFrame) -> tuple[int, str]:
@@ -283,6 +310,7 @@ def identity(p: Prepared) -> dict:
                   "grid_per_octave": s.search.grid_per_octave},
         "measurement": {"capacity": dataclasses.asdict(s.search.capacity), "warmup_s": s.replay.warmup_s,
                         "protocol": s.replay.protocol},
+        **({"engine": p.engine} if p.engine is not None else {}),  # a vLLM-backend model's model.json, resolved
     }
 
 
@@ -301,6 +329,7 @@ def _metadata(p: Prepared) -> dict:
         "traffic": {**dataclasses.asdict(s.traffic), "requests": len(p.traffic),
                     "peak_rps": peak_rps(p.traffic, s.traffic.speed), "mean_rps": mean_rps(p.traffic)},
         "price": price_for(s.cost).as_dict(),
+        **({"base_engine": engineargs.read(Path(s.model_repository) / s.model)} if p.engine is not None else {}),
     }
 
 
@@ -353,7 +382,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
         progress.note(note)
     s = p.settings
     host = search.this_host()
-    incumbent = space.from_config(p.base, s.search)
+    incumbent = space.from_config(p.base, s.search, engine=p.engine)
     with search.exclusive(p.storage, s.name):  # hosts starting at once: one creates, each checks
         study = search.open_study(s, p.storage, sampler=search.make_sampler(s.search), incumbent=incumbent,
                                   metadata=_metadata(p), identity=identity(p), host=host)

@@ -58,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
     from tuner.server.remote import check_triton
     from tuner.settings import parse_host_port, read_study, with_overrides
+    from tuner.study import check_batcher_study
 
     settings = read_study(args.study)
+    check_batcher_study(settings, "audit")
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
@@ -90,7 +92,10 @@ def _production(args: argparse.Namespace) -> int:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
+    from tuner.study import check_batcher_study
+
     settings = read_study(args.study)
+    check_batcher_study(settings, "audit")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")
     baseline = load_baseline(args.baseline, settings) if args.baseline else None

@@ -1,9 +1,8 @@
-"""`tuner export OUTPUT_DIR | --storage URL --study NAME [-o config.pbtxt]`."""
+"""`tuner export OUTPUT_DIR | --storage URL --study NAME [-o config.pbtxt | model.json]`."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from tuner.cli._args import add_command, add_output_file, add_storage, add_tune_output
 from tuner.errors import SettingsError
@@ -24,8 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_storage(parser, "an Optuna storage URL or journal file")
     parser.add_argument("--study", metavar="NAME", help="the study's name (needed if the storage holds several)")
     add_output_file(parser, metavar="FILE",
-                    help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, or stdout "
-                    "with --storage)")
+                    help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, a vLLM-backend "
+                    "model's OUTPUT_DIR/recommended/model.json, or stdout with --storage)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -36,12 +35,12 @@ def run(args: argparse.Namespace) -> int:
         raise SettingsError("give either OUTPUT_DIR or --storage URL (not both)")
     if args.output_dir:
         storage, name = export.storage_of(args.output_dir)
-        target = args.output or str(Path(args.output_dir) / export.RECOMMENDED)
+        target = args.output or str(export.recommended_path(args.output_dir))
     else:
         storage, name, target = args.storage, args.study, args.output
     if target is None:
         study = export.load_study(storage, args.study or name)
-        print(export.recommended_config(study, export.summarize(study)), end="")
+        print(export.recommended_text(study, export.summarize(study)), end="")
         return 0
     path = export.export(storage, args.study or name, target)
     print(f"wrote {path}")

@@ -88,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port {args.port}: not a TCP port (1 to 65535)")
     window_s = parse_duration(args.window)
     interval_s = parse_duration(args.scrape_interval, where="--scrape-interval")
+    from tuner.study import check_batcher_study
+
     settings = read_study(args.study)
+    check_batcher_study(settings, "exporter")
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     if args.triton:
         source = TritonSource(args.triton, model=settings.model, window_s=window_s, interval_s=interval_s)

@@ -62,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, count.dest)
         if value is not None and value < 1:
             raise SettingsError(f"{count.flag}: must be >= 1, got {value}")
+    from tuner.study import check_batcher_study
+
     settings = read_study(args.study)
+    check_batcher_study(settings, "profile")
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")

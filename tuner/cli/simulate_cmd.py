@@ -89,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before the ranking is printed, not after
+    from tuner.study import check_batcher_study
+
     settings = read_study(args.study)
+    check_batcher_study(settings, "simulate")
     overrides = {}
     if args.speed is not None:
         overrides["traffic.speed"] = args.speed

@@ -82,9 +82,10 @@ def run(args: argparse.Namespace) -> int:
     from tuner import space
     from tuner.settings import read_study
     from tuner.soak import make_plan, restart_windows, run_soak, soak_config
-    from tuner.study import study_traffic
+    from tuner.study import check_batcher_study, study_traffic
 
     settings = read_study(args.study)
+    check_batcher_study(settings, "soak")
     output = Path(args.output).resolve() if args.output else Path(settings.output)
     settings = dataclasses.replace(settings, output=str(output))
     if not (0 <= args.margin < 1):

@@ -1,4 +1,4 @@
-"""`tuner traffic stats|import|synth|window|scale|convert`: thin wrappers over `tuner.traffic`."""
+"""`tuner traffic stats|import|synth|window|fit|scale|convert`: thin wrappers over `tuner.traffic`."""
 
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Recorded traffic profiles: one row per request (timestamp, batch_size, shape "
         "columns such as seq_len, optional model), as CSV or Parquet.",
     )
-    for declare in (_stats_command, _import_command, _synth_command, _window_command, _scale_command,
-                    _convert_command):
+    for declare in (_stats_command, _import_command, _synth_command, _window_command, _fit_command,
+                    _scale_command, _convert_command):
         declare(sub)
 
 
@@ -174,6 +174,17 @@ def _window_command(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--since", metavar="T", help="window start, a date and time (e.g. 2026-11-25T06:00, UTC)")
     p.add_argument("--duration", metavar="D", help="window length (with --start; default: to the end)")
     p.add_argument("--until", metavar="T", help="window end, excluded (with --since; default: to the end)")
+    add_output_file(p, required=True)
+
+
+def _fit_command(sub: argparse._SubParsersAction) -> None:
+    p = _file_command(
+        sub, "fit", run=_fit, help="keep the generative requests that fit a model's context",
+        description="Keep the requests whose prompt_tokens + output_tokens fit a context of --context "
+        "tokens: a trace recorded on a model of a longer context, replayed on one of a shorter (a study "
+        "refuses traffic holding a request its engine cannot take). Says how many were left out.",
+    )
+    p.add_argument("--context", type=int, required=True, metavar="N", help="the model's context, in tokens")
     add_output_file(p, required=True)
 
 
@@ -317,6 +328,16 @@ def _window(args: argparse.Namespace) -> int:
         length = None if args.duration is None else traffic.parse_duration(args.duration, "--duration")
         rec = _open(args)
     return _write(read_window(rec, start, length), args)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from tuner import traffic
+
+    traffic.check_output(args.output)
+    table = traffic.read_traffic(args.input)
+    kept = traffic.fit_context(table, args.context)
+    print(f"{len(table) - len(kept):,} of {len(table):,} requests need more than {args.context:,} tokens: left out")
+    return _write(kept, args)
 
 
 def _scale(args: argparse.Namespace) -> int:

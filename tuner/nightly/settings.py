@@ -15,6 +15,7 @@ from pathlib import Path
 from tuner.errors import SettingsError
 from tuner.nightly.rule import RULES
 from tuner.settings import StudySettings, parse_yaml, read_settings, read_study, resolve_path, with_overrides
+from tuner.study import check_batcher_study
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def load_nightly(path: str | Path) -> NightlySettings:
 def read_study_for(settings: NightlySettings) -> StudySettings:
     """The study the nightly YAML names (its errors name the study file), with the overrides."""
     study = read_study(settings.study)
+    check_batcher_study(study, "nightly")
     if not settings.study_overrides:
         return study
     # the loader keeps mapping values as text; read each back as the YAML scalar or list it was

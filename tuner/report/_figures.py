@@ -75,16 +75,16 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
     for which, name, color, symbol in (("incumbent", "incumbent" + remeasured, INCUMBENT, "x"),
                                        ("best", "recommended" + remeasured, WINNER, "star")):
         x = out.summary_latency(which).get(q)
-        y = _dig(out.summary, f"{which}.requests_per_dollar")
+        y = out.per_dollar(which)
         if x is not None and y is not None:
             fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
                                      marker={"color": color, "size": 16, "symbol": symbol}))
     unmeasured = len(frame) - len(measured)
-    title = "Trials: requests per dollar against the SLA latency"
+    title = f"Trials: {out.score_label} against the SLA {out.latency_name}"
     if unmeasured:
         title += f" ({unmeasured} trials without a measurement not shown)"
-    fig.update_layout(title=title, xaxis_title=f"latency {q} at the recorded load (ms)",
-                      yaxis_title="requests per dollar", **LAYOUT)
+    fig.update_layout(title=title, xaxis_title=f"{out.latency_name} {q} at the recorded load (ms)",
+                      yaxis_title=out.score_label, **LAYOUT)
     return fig
 
 
@@ -93,7 +93,7 @@ def search_history(out: StudyOutput) -> go.Figure:
     if out.study is not None and len(out.study.directions) == 1:
         complete = out.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if complete:
-            fig = optuna.visualization.plot_optimization_history(out.study, target_name="requests per dollar")
+            fig = optuna.visualization.plot_optimization_history(out.study, target_name=out.score_label)
             fig.update_layout(title="Search history (Optuna)", **LAYOUT)
             return fig
     frame = out.trials.sort_values("number")
@@ -102,7 +102,7 @@ def search_history(out: StudyOutput) -> go.Figure:
         go.Scatter(x=frame["number"], y=frame["requests_per_dollar"], mode="markers", name="trial"),
         go.Scatter(x=frame["number"], y=best, mode="lines", name="best feasible so far"),
     ])
-    fig.update_layout(title="Search history", xaxis_title="trial", yaxis_title="requests per dollar", **LAYOUT)
+    fig.update_layout(title="Search history", xaxis_title="trial", yaxis_title=out.score_label, **LAYOUT)
     return fig
 
 
@@ -117,7 +117,7 @@ def param_importance(out: StudyOutput) -> go.Figure | None:
     try:
         target = None if len(out.study.directions) == 1 else (lambda t: t.values[0])
         fig = optuna.visualization.plot_param_importances(out.study, target=target,
-                                                          target_name="requests per dollar")
+                                                          target_name=out.score_label)
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
         out.notes.append(f"parameter importance could not be computed: {exc}")
         return None

@@ -45,12 +45,12 @@ def recommendation_line(out: StudyOutput) -> str:
     """One line: what to set, its score and the gain over the incumbent."""
     if not isinstance(out.summary.get("best"), dict):
         sla = out.sla
-        return (f"No configuration met the SLA (latency p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms): "
+        return (f"No configuration met the SLA ({out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms): "
                 f"nothing to recommend; the incumbent scores "
-                f"{_num(_dig(out.summary, 'incumbent.requests_per_dollar'), 0)} requests per dollar.")
+                f"{_num(out.per_dollar('incumbent'), 0)} {out.score_label}.")
     params = _dig(out.summary, "best.params") or {}
     setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "(no parameters recorded)"
-    best, incumbent = (_dig(out.summary, f"{w}.requests_per_dollar") for w in ("best", "incumbent"))
+    best, incumbent = (out.per_dollar(w) for w in ("best", "incumbent"))
     improvement = out.summary.get("improvement")
     if improvement is None and best and incumbent:
         improvement = float(best) / float(incumbent) - 1
@@ -60,14 +60,14 @@ def recommendation_line(out: StudyOutput) -> str:
         gain = "the incumbent did not meet the SLA"
     else:
         gain = "no incumbent to compare with"
-    return f"Recommended: {setting} — {_num(best, 0)} requests per dollar, {gain}."
+    return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}, {gain}."
 
 
 def _facts(out: StudyOutput) -> str:
     sla = out.sla
     counts = out.summary.get("trials") or {}
     trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
-    return (f"SLA: latency p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
+    return (f"SLA: {out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
             f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
 
@@ -90,9 +90,12 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
         rows[name] = {
             **{k: v for k, v in (_dig(out.summary, f"{which}.params") or {}).items()},
             "capacity (req/s)": _num(_dig(out.summary, f"{which}.capacity_rps")),
-            "req/$ (capacity)": _num(_dig(out.summary, f"{which}.scores.capacity"), 0),
-            "req/$ (utilization)": _num(_dig(out.summary, f"{which}.scores.utilization"), 0),
+            f"{out.score_short} (capacity)": _num(_dig(out.summary, f"{which}.scores.capacity"), 0),
+            f"{out.score_short} (utilization)": _num(_dig(out.summary, f"{which}.scores.utilization"), 0),
             **{f"{q} (ms)": _num(_dig(out.summary, f"{which}.latency_ms.{q}")) for q in ("p50", "p95", "p99")},
+            **({f"TTFT {q} (ms)": _num(_dig(out.summary, f"{which}.ttft_ms.{q}")) for q in ("p50", "p99")}
+               | {f"TPOT {q} (ms)": _num(_dig(out.summary, f"{which}.tpot_ms.{q}")) for q in ("p50", "p99")}
+               if out.unit == "tokens" else {}),
             "fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2),
             "servers at peak": servers[0] if servers else "n/a",
             "monthly cost": _money(servers[1]) if servers else "n/a",

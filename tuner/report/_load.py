@@ -43,7 +43,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "number": ("number", "trial"),
     "state": ("state",),
     "capacity_rps": ("capacity_rps", "user_attrs_capacity_rps"),
-    "requests_per_dollar": ("requests_per_dollar", "user_attrs_requests_per_dollar", "value"),
+    # the score per dollar under the study's scoring (a generative study's trials.csv: tokens_per_dollar)
+    "requests_per_dollar": ("requests_per_dollar", "tokens_per_dollar", "user_attrs_requests_per_dollar", "value"),
     "score_capacity": ("scores.capacity", "score_capacity", "user_attrs_score_capacity"),
     "score_utilization": ("scores.utilization", "score_utilization", "user_attrs_score_utilization"),
     "latency_p50_ms": ("latency_ms.p50", "latency_p50_ms", "p50_ms", "user_attrs_latency_p50_ms"),
@@ -52,6 +53,9 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "latency_p99_ms": ("latency_ms.p99", "latency_p99_ms", "p99_ms", "user_attrs_latency_p99_ms"),
     "latency_max_ms": ("latency_ms.max", "latency_max_ms", "max_ms", "user_attrs_latency_max_ms"),
     "fill_rate": ("fill_rate", "user_attrs_fill_rate"),
+    # a generative model's: time to first token and per output token at the recorded load
+    **{f"{what}_{q}_ms": (f"{what}_{q}_ms", f"user_attrs_{what}_{q}_ms")
+       for what in ("ttft", "tpot") for q in ("p50", "p90", "p95", "p99", "max")},
     # at capacity (`tuner tune` keeps both: at the recorded load and at the capacity found)
     **{f"capacity_latency_{q}_ms": (f"capacity_latency_{q}_ms", f"user_attrs_capacity_latency_{q}_ms")
        for q in ("p50", "p90", "p95", "p99", "max")},
@@ -92,10 +96,40 @@ class StudyOutput:
         return float(value) if value is not None else None
 
     @property
+    def unit(self) -> str:
+        """What the study's scores count per dollar: "requests", or a generative model's output "tokens"."""
+        return "tokens" if self.summary.get("unit") == "tokens" else "requests"
+
+    @property
+    def score_label(self) -> str:
+        """The score's name in titles and axes."""
+        return "output tokens per dollar" if self.unit == "tokens" else "requests per dollar"
+
+    @property
+    def score_short(self) -> str:
+        """The score's name in a table header or a colour bar."""
+        return "tokens/$" if self.unit == "tokens" else "req/$"
+
+    @property
+    def latency_name(self) -> str:
+        """What the report's latency is: the request's, or for a generative study the TTFT (the TPOT when
+        the SLA limits only that), as `sla_of` reads the limit."""
+        if self.unit != "tokens":
+            return "latency"
+        return "TTFT" if _dig(self.summary, "sla.ttft_ms") is not None else "TPOT"
+
+    def per_dollar(self, which: str) -> float | None:
+        """best/incumbent's score under the study's scoring (`per_dollar`; older summaries:
+        `requests_per_dollar`)."""
+        value = _dig(self.summary, f"{which}.per_dollar")
+        return value if value is not None else _dig(self.summary, f"{which}.requests_per_dollar")
+
+    @property
     def latency_column(self) -> str:
-        """The trials column of the SLA's percentile (p99 by default)."""
-        key = f"latency_p{self.sla['percentile']:g}_ms"
-        return key if key in self.trials else "latency_p99_ms"
+        """The trials column of the SLA's percentile (p99 by default): a generative study's TTFT or TPOT."""
+        stem = {"latency": "latency", "TTFT": "ttft", "TPOT": "tpot"}[self.latency_name]
+        key = f"{stem}_p{self.sla['percentile']:g}_ms"
+        return key if key in self.trials else f"{stem}_p99_ms"
 
     def peak_rps(self) -> float | None:
         """The most requests in any one second of the profile (or the summary's figure)."""
@@ -133,8 +167,10 @@ class StudyOutput:
         return servers, servers * price * HOURS_PER_MONTH
 
     def summary_latency(self, which: str, at: str = "load") -> dict[str, float]:
-        """best/incumbent latency percentiles at the recorded load or at capacity."""
-        block = _dig(self.summary, f"{which}.at_{at}.latency_ms") or _dig(self.summary, f"{which}.latency_ms")
+        """best/incumbent latency percentiles at the recorded load or at capacity (a generative study's
+        TTFT or TPOT: `latency_name`)."""
+        key = {"latency": "latency_ms", "TTFT": "ttft_ms", "TPOT": "tpot_ms"}[self.latency_name]
+        block = _dig(self.summary, f"{which}.at_{at}.{key}") or _dig(self.summary, f"{which}.{key}")
         return {k: float(v) for k, v in (block or {}).items() if v is not None}
 
     def trial_attr(self, number: int | None, key: str) -> Any:
@@ -159,8 +195,10 @@ def sla_of(summary: dict[str, Any]) -> dict[str, float]:
     sla = summary.get("sla") or {}
     if not isinstance(sla, dict):
         sla = {}
+    # a generative study's latency is its TTFT (its TPOT when only that is limited): `StudyOutput.latency_name`
+    limit = next((sla[k] for k in ("ttft_ms", "tpot_ms") if sla.get(k) is not None), sla.get("latency_ms", float("nan")))
     return {
-        "latency_ms": float(sla.get("latency_ms", float("nan"))),
+        "latency_ms": float(limit),
         "percentile": float(sla.get("percentile", 99.0)),
         "max_error_rate": float(sla.get("max_error_rate", 0.001)),
     }
@@ -244,7 +282,7 @@ def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
         frame["number"] = range(len(raw))
     for column in raw.columns:
         name = column.removeprefix("params_").removeprefix("param.").removeprefix("params.")
-        if name in space.NAMES and name not in frame:
+        if name in (*space.NAMES, *space.ENGINE_NAMES) and name not in frame:
             frame[name] = raw[column]
     numeric = [c for c in COLUMNS if c not in ("state", "feasible")]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")

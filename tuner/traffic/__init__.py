@@ -2,7 +2,8 @@
 
 io         read_traffic / write_traffic / validate_traffic, shape_columns, check_output / check_writable
            (an output path checked before the work that fills it), is_generative (prompt_tokens and
-           output_tokens: requests to a generative model; PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
+           output_tokens: requests to a generative model; PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID),
+           fit_context (the generative requests that fit a model's context)
 windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, peak_rps
            (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
@@ -24,6 +25,7 @@ from tuner.traffic.io import (
     TIMESTAMP,
     check_output,
     check_writable,
+    fit_context,
     is_generative,
     read_traffic,
     shape_columns,
@@ -57,6 +59,7 @@ __all__ = [
     "check_writable",
     "describe",
     "due_offsets",
+    "fit_context",
     "format_stats",
     "import_azure",
     "import_csv",

@@ -50,6 +50,20 @@ def is_generative(df: pd.DataFrame) -> bool:
     return all(c in df.columns for c in TOKEN_COLUMNS)
 
 
+def fit_context(df: pd.DataFrame, context: int) -> pd.DataFrame:
+    """The generative requests of `df` whose prompt and output tokens together fit a model's context of
+    `context` tokens (a trace recorded on a larger model, replayed on a smaller one); TrafficError in
+    one line when the table has no token columns or nothing fits."""
+    if not is_generative(df):
+        raise TrafficError(f"no {' and '.join(TOKEN_COLUMNS)} columns: only a generative trace has tokens to fit")
+    if context < 1:
+        raise TrafficError(f"context {context}: must be at least 1 token")
+    fits = (df[PROMPT_TOKENS] + df[OUTPUT_TOKENS]).to_numpy() <= context
+    if not fits.any():
+        raise TrafficError(f"none of the {len(df):,} requests fits a context of {context:,} tokens")
+    return df[fits].reset_index(drop=True)
+
+
 def _kind(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix in CSV_SUFFIXES:

@@ -20,6 +20,7 @@ from tuner.trial.record import (
     CRASHED,
     MEASURED,
     NO_VERDICT,
+    REFUSED,
     UNMEASURED,
     UNSTABLE,
     Bracket,
@@ -35,7 +36,7 @@ from tuner.trial.record import (
 )
 
 __all__ = [
-    "CRASHED", "MEASURED", "NO_VERDICT", "UNMEASURED", "UNSTABLE", "Bracket", "Capacity", "Evaluate", "Figures",
+    "CRASHED", "REFUSED", "MEASURED", "NO_VERDICT", "UNMEASURED", "UNSTABLE", "Bracket", "Capacity", "Evaluate", "Figures",
     "Hints", "Probe", "Step", "TrialRecord", "Warmup", "assess", "find_capacity", "from_attrs", "is_feasible",
     "record_of", "to_attrs",
 ]

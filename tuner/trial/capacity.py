@@ -78,6 +78,7 @@ def find_capacity(
     lower: Step | None = None,
     upper_guess: float | None = None,
     on_step: Callable[[Step], None] | None = None,
+    check: Callable[[Measurement, SlaSettings], SlaCheck] = check_sla,
 ) -> Capacity:
     """Bracket, then bisect, the replay speed at which the SLA stops holding.
 
@@ -91,6 +92,7 @@ def find_capacity(
     `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
     speed even when each step replays a different window). Default: the step's measured offered rate.
     `lower`: a step already measured that met the SLA (e.g. at the recorded load): a lower bound.
+    `check`: the SLA check of a step's measurement (`tuner.score.check_tokens` for a generative model's).
     `upper_guess`: a speed an earlier search found breaking the SLA (its bracket's upper edge): once a
     step passes below it, it is probed next, instead of `growth` above. A re-measurement that starts at
     the earlier bracket's lower edge thus confirms a converged bracket in two steps (pass at the lower
@@ -120,7 +122,7 @@ def find_capacity(
 
     while len(steps) < settings.max_steps:
         m = probe(speed)
-        step = Step(speed, m, check_sla(m, sla))
+        step = Step(speed, m, check(m, sla))
         steps.append(step)
         if on_step:
             on_step(step)

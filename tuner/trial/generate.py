@@ -5,13 +5,17 @@ other. The engine's histograms count every request the replay sent, warm-up incl
 replay's measurement of those same requests.
 
     replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
+    make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step
+                                      (`tuner.trial.step`'s windows and retry policy; never repeated)
     check_context(traffic, context, *, model)   before a server starts: every request fits the engine
 """
 
 from __future__ import annotations
 
+import dataclasses
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -21,8 +25,10 @@ from tuner.llm.engine_metrics import EngineFigures, EngineSnapshot, engine_delta
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
+from tuner.trial.capacity import Probe
+from tuner.trial.step import TRIES, Windows, retry_workers, with_retries
 
-__all__ = ["GenerateRun", "check_context", "replay_generate"]
+__all__ = ["GenerateRun", "check_context", "make_token_probe", "replay_generate"]
 
 METRICS_TIMEOUT_S = 10.0
 
@@ -38,16 +44,18 @@ class GenerateRun:
 
 
 def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
-                    duration_s: float | None = None, progress: bool = False, prompts=None) -> GenerateRun:
+                    duration_s: float | None = None, progress: bool = False, prompts=None,
+                    warmup_s: float | None = None, workers: int | None = None) -> GenerateRun:
     """Replay `traffic` (rows with prompt_tokens and output_tokens) at `speed` against the generative
     model the server runs, streaming each request, and measure it (`duration_s`: measure only that
-    long after the warm-up)."""
+    long after the warm-up; `warmup_s` and `workers` override `replay.warmup_s` and `replay.workers`)."""
     from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
 
     model, sla = settings.model, settings.sla
-    warmup_s = settings.replay.warmup_s
+    warmup_s = settings.replay.warmup_s if warmup_s is None else warmup_s
+    replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
     before = _engine(launcher, model)
-    result = replay(launcher.endpoints, model, traffic, speed=speed, settings=settings.replay, warmup_s=warmup_s,
+    result = replay(launcher.endpoints, model, traffic, speed=speed, settings=replay_settings, warmup_s=warmup_s,
                     duration_s=None if duration_s is None else warmup_s + duration_s,
                     stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts)
     after = _engine(launcher, model)
@@ -62,6 +70,20 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     failed = result.records[~result.records["ok"].to_numpy(dtype=bool)]
     first_error = str(failed["error"].iloc[0]) if len(failed) else ""
     return GenerateRun(measured(result.warmup_s), measured(0.0), engine, first_error)
+
+
+def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, tries: int = TRIES,
+                     on_measure: Callable[[TokenMeasurement], None] | None = None) -> Probe:
+    """Measure the generative model the server runs at a speed, as `tuner.trial.step.make_probe` measures an
+    encoder: the step's window, and again with more load-generator processes while the send lag broke its
+    budget. Not repeated near the SLA's limit (that policy reads an encoder's latency)."""
+    def run(speed: float, attempt: int) -> TokenMeasurement:
+        part, warmup, end = windows(speed)
+        workers = retry_workers(settings.replay.workers, attempt) if attempt else None
+        return replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
+                               duration_s=None if end is None else end - warmup).measurement
+
+    return with_retries(run, tries=tries, on_measure=on_measure)
 
 
 def _engine(launcher: Launcher, model: str) -> EngineSnapshot | None:

@@ -15,7 +15,8 @@ Outcomes: `measured` (the SLA check at the recorded load is the configuration's)
 load generator could not keep its send-lag budget even after retries: neither feasible nor
 infeasible, never scored), `unstable` (the server never reached steady state after the load: its
 figures are kept, it is never recommended), `crashed` (the configuration brought the server down:
-infeasible).
+infeasible), `refused` (the engine refuses the combination, as vLLM refuses batched tokens below its
+sequences: infeasible, nothing run).
 """
 
 from __future__ import annotations
@@ -25,26 +26,32 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 from tuner.measurement import Measurement
+from tuner.measurement_tokens import TokenMeasurement
 from tuner.score import (
+    SlaCheck,
     capacity_score,
     check_sla,
+    check_tokens,
     monthly_cost,
     servers_needed,
+    tokens_per_dollar_at_capacity,
+    tokens_per_dollar_at_load,
     utilization_score,
 )
 from tuner.settings import SlaSettings
 from tuner.space import Params
 from tuner.trial.capacity import Capacity, Hints, Step
 
-__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "NO_VERDICT", "Bracket", "Evaluate", "Figures", "TrialRecord",
-           "Warmup", "assess", "from_attrs", "is_feasible", "record_of", "to_attrs"]
+__all__ = ["MEASURED", "UNMEASURED", "UNSTABLE", "CRASHED", "REFUSED", "NO_VERDICT", "Bracket", "Evaluate", "Figures", "REQUESTS", "Scoring",
+           "TOKENS", "TrialRecord", "Warmup", "assess", "from_attrs", "is_feasible", "record_of", "to_attrs"]
 
-MEASURED, UNMEASURED, UNSTABLE, CRASHED = "measured", "unmeasured", "unstable", "crashed"
+MEASURED, UNMEASURED, UNSTABLE, CRASHED, REFUSED = "measured", "unmeasured", "unstable", "crashed", "refused"
 NO_VERDICT = (UNMEASURED, UNSTABLE)  # outcomes that say nothing for or against the configuration
 
 
@@ -84,6 +91,32 @@ class Figures:
     attempts: int = 1                  # replays run to get a valid one (the retry policy's count)
     repeats: int = 1                   # valid replays near the SLA's limit; the figures are the median one's
     workers: int = 1                   # load-generator processes of the last attempt
+    # a generative model's (tuner.measurement_tokens; latency_ms is then end to end): None for an encoder's
+    ttft_ms: dict[str, float | None] = field(default_factory=dict)  # time to first token, from the due time
+    tpot_ms: dict[str, float | None] = field(default_factory=dict)  # time per output token
+    output_tokens: int | None = None
+    prompt_tokens: int | None = None
+    output_tokens_per_s: float | None = None
+    total_tokens_per_s: float | None = None
+    goodput_rps: float | None = None
+
+    @property
+    def generative(self) -> bool:
+        """Whether these are a generative replay's figures (tokens)."""
+        return self.output_tokens is not None
+
+    @classmethod
+    def of_tokens(cls, m: TokenMeasurement) -> Figures:
+        """The figures of a generative measurement."""
+        return cls(
+            speed=m.speed, offered_rps=m.offered_rps, requests=m.requests, errors=m.errors, error_rate=m.error_rate,
+            throughput_rps=m.throughput_rps, latency_ms={k: _finite(v) for k, v in m.e2e_ms.items()},
+            busy_s=m.busy_s, send_lag_p99_ms=_finite(m.send_lag_ms.get("p99")), valid=m.valid,
+            invalid_reason=m.invalid_reason, attempts=m.attempts, repeats=m.repeats, workers=m.workers,
+            ttft_ms={k: _finite(v) for k, v in m.ttft_ms.items()}, tpot_ms={k: _finite(v) for k, v in m.tpot_ms.items()},
+            output_tokens=m.output_tokens, prompt_tokens=m.prompt_tokens, output_tokens_per_s=m.output_tokens_per_s,
+            total_tokens_per_s=m.total_tokens_per_s, goodput_rps=m.goodput_rps,
+        )
 
     @classmethod
     def of(cls, m: Measurement) -> Figures:
@@ -153,6 +186,11 @@ class TrialRecord:
         return self.capacity.speed if self.capacity else 0.0
 
     @property
+    def unit(self) -> str:
+        """What the scores count per dollar: "tokens" (output tokens) for a generative model, else "requests"."""
+        return "tokens" if self.at_load is not None and self.at_load.generative else "requests"
+
+    @property
     def meets_sla(self) -> bool:
         """Measured, and the SLA held at the recorded load."""
         return self.outcome == MEASURED and self.sla_met
@@ -167,15 +205,42 @@ class TrialRecord:
 Evaluate = Callable[[Params, Hints], TrialRecord]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Scoring:
+    """How one kind of measurement is checked against the SLA, kept and scored: an encoder's replay
+    (`REQUESTS`: requests per dollar) or a generative model's (`TOKENS`: output tokens per dollar)."""
+
+    check: Callable[[Any, SlaSettings], SlaCheck]
+    figures: Callable[[Any], Figures]
+    # (the replay at capacity, the capacity in requests/s, the price per hour) -> the capacity score
+    capacity: Callable[[Any, float, float], float | None]
+    utilization: Callable[[Any, float], float | None]  # (the replay at the load, the price) -> its score
+    latencies: Callable[[Any], Any]  # what the report's CDF draws, per request at capacity
+
+
+REQUESTS = Scoring(check=check_sla, figures=Figures.of,
+                   capacity=lambda _at, rps, price: capacity_score(rps, price) if rps > 0 else None,
+                   utilization=utilization_score, latencies=lambda m: m.latencies_ms)
+TOKENS = Scoring(
+    check=check_tokens, figures=Figures.of_tokens,
+    capacity=lambda at, rps, price: tokens_per_dollar_at_capacity(
+        output_tokens_per_s=at.output_tokens_per_s, prompt_tokens_per_s=at.total_tokens_per_s - at.output_tokens_per_s,
+        price_per_hour=price).output if at is not None and rps > 0 else None,
+    utilization=lambda m, price: tokens_per_dollar_at_load(output_tokens=m.output_tokens, prompt_tokens=m.prompt_tokens,
+                                                           busy_s=m.busy_s, price_per_hour=price).output,
+    latencies=lambda m: m.ttfts_ms)
+
+
 def assess(params: Params, load: Measurement, sla: SlaSettings, *, capacity: Callable[[Step], Capacity] | None,
            price_per_hour: float, load_speed: float, peak_rps: float,
-           peak_at: Callable[[float], float] | None = None, **extra) -> TrialRecord:
+           peak_at: Callable[[float], float] | None = None, scoring: Scoring = REQUESTS, **extra) -> TrialRecord:
     """A measured trial's record from its replay at the recorded load: the SLA there, then (if it
     held and `capacity` is given: the capacity search, from that replay as its lower bound) the
     bracket, both scores and the servers the peak needs. The one assessment the real search and the
-    simulation share; `extra` goes to the record (warm-up, note)."""
-    check = check_sla(load, sla)
-    bracket, latencies, pruned = None, (), False
+    simulation share (`scoring`: an encoder's or a generative model's); `extra` goes to the record
+    (warm-up, note)."""
+    check = scoring.check(load, sla)
+    bracket, latencies, pruned, at_cap = None, (), False, None
     if check.ok and capacity is not None:
         found = capacity(Step(load_speed, load, check))
         at_cap = found.at_capacity
@@ -183,14 +248,14 @@ def assess(params: Params, load: Measurement, sla: SlaSettings, *, capacity: Cal
                           upper_speed=found.upper_speed, steps=len(found.steps), converged=found.converged,
                           limited_by=found.limited_by, lag_retries=sum(s.attempts - 1 for s in found.steps),
                           peak_rps=peak_at(found.speed) if peak_at is not None and found.speed > 0 else None,
-                          at_capacity=Figures.of(at_cap) if at_cap is not None else None)
-        latencies = tuple(at_cap.latencies_ms.tolist()) if at_cap is not None else ()
+                          at_capacity=scoring.figures(at_cap) if at_cap is not None else None)
+        latencies = tuple(scoring.latencies(at_cap).tolist()) if at_cap is not None else ()
         pruned = found.pruned
     capacity_rps = bracket.rps if bracket else 0.0
     servers = servers_needed(load_speed, bracket.speed) if bracket else None  # peaks scale with the speed
-    scores = {"capacity": capacity_score(capacity_rps, price_per_hour) if capacity_rps > 0 else None,
-              "utilization": utilization_score(load, price_per_hour) if check.ok else None}
-    return TrialRecord(params=dict(params), at_load=Figures.of(load), sla_met=check.ok, violation=check.violation,
+    scores = {"capacity": scoring.capacity(at_cap, capacity_rps, price_per_hour),
+              "utilization": scoring.utilization(load, price_per_hour) if check.ok else None}
+    return TrialRecord(params=dict(params), at_load=scoring.figures(load), sla_met=check.ok, violation=check.violation,
                        sla_reason=check.reason, capacity=bracket, scores=scores, pruned=pruned,
                        servers_needed=servers, monthly_cost=monthly_cost(servers, price_per_hour),
                        price_per_hour=price_per_hour, peak_rps=peak_rps, latencies_ms=latencies, **extra)
@@ -258,12 +323,16 @@ def from_attrs(attrs: dict) -> TrialRecord:
     )
 
 
+_PERCENTILE_DICTS = ("latency_ms", "ttft_ms", "tpot_ms")  # flat as <stem>_<percentile>_ms
+
+
 def _flat_figures(f: Figures, prefix: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for spec in dataclasses.fields(Figures):
         value = getattr(f, spec.name)
-        if spec.name == "latency_ms":
-            out.update({f"{prefix}latency_{k}_ms": _finite(v) for k, v in value.items()})
+        if spec.name in _PERCENTILE_DICTS:
+            stem = spec.name[:-len("_ms")]
+            out.update({f"{prefix}{stem}_{k}_ms": _finite(v) for k, v in value.items()})
         elif spec.name == "batch_histogram":
             out[f"{prefix}batch_histogram"] = json.dumps({str(k): n for k, n in sorted(value.items())})
         else:
@@ -275,9 +344,9 @@ def _figures_from(attrs: dict, prefix: str) -> Figures:
     values: dict = {}
     for spec in dataclasses.fields(Figures):
         key = f"{prefix}{spec.name}"
-        if spec.name == "latency_ms":
-            start, end = f"{prefix}latency_", "_ms"
-            values["latency_ms"] = {k[len(start):-len(end)]: v for k, v in attrs.items()
+        if spec.name in _PERCENTILE_DICTS:
+            start, end = f"{prefix}{spec.name[:-len('_ms')]}_", "_ms"
+            values[spec.name] = {k[len(start):-len(end)]: v for k, v in attrs.items()
                                     if k.startswith(start) and k.endswith(end)
                                     and "_" not in k[len(start):-len(end)]}
         elif spec.name == "batch_histogram":

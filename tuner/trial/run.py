@@ -13,6 +13,10 @@ that never settles leaves the trial `unstable`), then
    `unmeasured`: not the configuration's fault, and no score;
 2. if the SLA held, the capacity is searched (bracketing + bisection on the speed, `tuner.trial.capacity`), each
    step a probe of the profile's busiest stretch at the step's speed.
+A vLLM-backend model's trial writes its engine knobs into the served copy's model.json instead (a combination
+vLLM refuses is the trial's result: `refused`), is not warmed (the warm-up reads Triton's batch statistics,
+which an engine batching on its own has not), streams each replay (`tuner.trial.generate`) and is checked
+and scored in tokens (`tuner.trial.record.TOKENS`: TTFT and TPOT limits, output tokens per dollar).
 """
 
 from __future__ import annotations
@@ -26,15 +30,26 @@ import pandas as pd
 
 from tuner import space
 from tuner.cost import price_for
-from tuner.errors import ServerError
+from tuner.errors import ConfigError, ServerError
 from tuner.measurement import Measurement
 from tuner.modelconfig import ModelConfig
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
-from tuner.study import base_config, study_traffic
+from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import mean_rps, peak_rps
 from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
-from tuner.trial.record import CRASHED, UNMEASURED, UNSTABLE, Evaluate, Figures, TrialRecord, assess
+from tuner.trial.generate import make_token_probe
+from tuner.trial.record import (
+    CRASHED,
+    REFUSED,
+    REQUESTS,
+    TOKENS,
+    UNMEASURED,
+    UNSTABLE,
+    Evaluate,
+    TrialRecord,
+    assess,
+)
 from tuner.trial.step import make_probe, step_windows
 from tuner.trial.warmup import warm_up
 
@@ -47,16 +62,27 @@ CRASHED_VIOLATION = 1000.0
 
 
 
-def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, *, traffic: pd.DataFrame
-                  ) -> Evaluate:
-    """An `Evaluate` for the study on a started server: apply the trial's config, then measure it."""
-    measure_running = make_measure(launcher, settings, traffic)
+def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, *, traffic: pd.DataFrame,
+                  engine: dict | None = None) -> Evaluate:
+    """An `Evaluate` for the study on a started server: apply the trial's config, then measure it.
+    `engine`: a vLLM-backend model's engine arguments (its model.json), which the trial's engine knobs
+    change instead (`tuner.study.base_engine`)."""
+    measure_running = make_measure(launcher, settings, traffic, generative=engine is not None)
     price = price_for(settings.cost).price_per_hour
 
     def evaluate(params: space.Params, hints: Hints) -> TrialRecord:
         if not launcher.is_alive():  # a previous configuration crashed it: start afresh
             _restart(launcher)
-        launcher.apply_config(settings.model, space.apply(base, params, settings.search))
+        if engine is None:
+            launcher.apply_config(settings.model, space.apply(base, params, settings.search))
+        else:  # vLLM batches: the engine knobs go to model.json, config.pbtxt stays the model's
+            try:
+                args = space.apply_engine(engine, space.split(params)[1])
+            except ConfigError as exc:  # a combination vLLM will not start: the configuration's result
+                return TrialRecord(params=dict(params), outcome=REFUSED, violation=CRASHED_VIOLATION,
+                                   sla_reason=f"vLLM refuses it: {str(exc).split(': ', 1)[-1]}", price_per_hour=price,
+                                   peak_rps=peak_rps(traffic, settings.traffic.speed))
+            launcher.apply_engine_args(settings.model, base, args)
         try:
             return measure_running(params, hints)
         except ServerError as exc:
@@ -82,23 +108,31 @@ def _restart(launcher: Launcher) -> None:
 
 
 def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, capacity: bool = True,
-                 on_measure: Callable[[Measurement], None] | None = None) -> Evaluate:
+                 on_measure: Callable[[Measurement], None] | None = None, generative: bool = False) -> Evaluate:
     """Measure the configuration the server runs now, as a trial is measured: `(params, Hints) ->
-    TrialRecord` (`params` must hold its max_batch_size). Without `capacity`, only the recorded load
-    is replayed. `on_measure` sees every replay's measurement (progress)."""
+    TrialRecord` (`params` must hold its max_batch_size, unless `generative`: a vLLM-backend model,
+    streamed and scored in tokens). Without `capacity`, only the recorded load is replayed.
+    `on_measure` sees every replay's measurement (progress)."""
     price = price_for(settings.cost).price_per_hour
     cap = settings.search.capacity
     load_speed = settings.traffic.speed
     peak = peak_rps(traffic, load_speed)
     rate = mean_rps(traffic)
     windows = step_windows(traffic, settings)
+    scoring = TOKENS if generative else REQUESTS
 
     def measure_running(params: space.Params, hints: Hints) -> TrialRecord:
-        mbs = int(params["max_batch_size"])
-        warm = warm_up(launcher, settings, traffic, max_batch_size=mbs) if settings.measurement.warmup else None
-        probe = make_probe(launcher, settings, windows, max_batch_size=mbs, on_measure=on_measure)
+        if generative:
+            # no warm-up: its shape sweep and steady-state windows read Triton's batch statistics, which a
+            # model that batches inside its engine does not have; the engine starts with each trial's load
+            warm = None
+            probe = make_token_probe(launcher, settings, windows, on_measure=on_measure)
+        else:
+            mbs = int(params["max_batch_size"])
+            warm = warm_up(launcher, settings, traffic, max_batch_size=mbs) if settings.measurement.warmup else None
+            probe = make_probe(launcher, settings, windows, max_batch_size=mbs, on_measure=on_measure)
         load = probe(load_speed)
-        common = {"params": dict(params), "at_load": Figures.of(load), "price_per_hour": price, "peak_rps": peak,
+        common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}
         if not load.valid:  # the load generator's limit, not the configuration's: no verdict
             return TrialRecord(outcome=UNMEASURED, note=load.invalid_reason, **common)
@@ -108,10 +142,11 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             start = hints.start_speed or max(cap.start_speed, load_speed)
             return find_capacity(probe, settings.sla, cap, start_speed=start, beat_rps=hints.beat_rps,
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
-                                 rate=rate, lower=lower, upper_guess=hints.upper_speed)
+                                 rate=rate, lower=lower, upper_guess=hints.upper_speed, check=scoring.check)
 
         return assess(params, load, settings.sla, capacity=capacity_search if capacity else None, price_per_hour=price,
-                      load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm)
+                      load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm,
+                      scoring=scoring)
 
     return measure_running
 
@@ -121,7 +156,8 @@ def session(settings: StudySettings, log_dir: str | None = None) -> Iterator[Eva
     """Start the study's server, yield its `Evaluate`, stop the server."""
     base = base_config(settings)
     traffic = study_traffic(settings)
+    engine = base_engine(settings, base)
     if log_dir is not None:  # one folder per process: workers each run their own server
         log_dir = str(Path(log_dir) / f"pid-{os.getpid()}")
     with make_launcher(settings, log_dir=log_dir) as launcher:  # a remote one restores its config
-        yield make_evaluate(launcher, settings, base, traffic=traffic)
+        yield make_evaluate(launcher, settings, base, traffic=traffic, engine=engine)
