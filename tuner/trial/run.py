@@ -78,9 +78,9 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
         else:  # vLLM batches: the engine knobs go to model.json, config.pbtxt stays the model's
             try:
                 args = space.apply_engine(engine, space.split(params)[1])
-            except ConfigError as exc:  # a combination vLLM will not start (its rule, said by engineargs.check)
+            except ConfigError as exc:  # a combination vLLM will not start: the configuration's result
                 return TrialRecord(params=dict(params), outcome=REFUSED, violation=CRASHED_VIOLATION,
-                                   sla_reason=str(exc).split(": ", 1)[-1], price_per_hour=price,
+                                   sla_reason=f"vLLM refuses it: {str(exc).split(': ', 1)[-1]}", price_per_hour=price,
                                    peak_rps=peak_rps(traffic, settings.traffic.speed))
             launcher.apply_engine_args(settings.model, base, args)
         try:
