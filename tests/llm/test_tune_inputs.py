@@ -63,7 +63,7 @@ def test_the_example_checks_and_says_what_it_tunes(tmp_path, capsys):
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"search__max_batch_size": {"low": 1, "high": 8}}, "Triton's dynamic batcher does nothing on a vLLM-backend"),
     ({"search__strategy": "model"}, "search.strategy: model simulates Triton's dynamic batcher"),
-    ({"sla": {"latency_ms": 200}}, "needs sla.ttft_ms and/or sla.tpot_ms"),
+    ({"sla": {"latency_ms": 200}}, "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms"),
 ])
 def test_a_study_of_the_wrong_kind_is_one_line(tmp_path, capsys, changes, expected):
     assert expected in refused(capsys, "tune", str(study(tmp_path, **changes)), "--check")

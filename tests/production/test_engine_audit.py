@@ -319,7 +319,7 @@ def test_no_vllm_series_is_one_line_exit_2(week, tmp_path, case, message):
 def test_a_study_without_a_token_limit_is_refused(week, tmp_path):
     w, url = week
     study = write_study(tmp_path, sla={"latency_ms": 200, "percentile": 99})
-    with pytest.raises(SettingsError, match="needs sla.ttft_ms and/or sla.tpot_ms") as refused:
+    with pytest.raises(SettingsError, match="needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms") as refused:
         production_engine_audit(read_study(study), Prometheus(url), window_s=86400, end=w.end)
     assert refused.value.exit_code == 2
 
@@ -392,3 +392,14 @@ def test_a_live_engine_scraped_by_prometheus_is_audited_from_its_own_series(
     assert f.kv_cache_peak is not None and f.preemptions == 0
     assert a.exit_code == EXIT_OK, [x.__dict__ for x in a.findings]
     assert tight.over_sla == list(tight.steps.index) and tight.exit_code == EXIT_SLA_UNMET
+
+
+def test_an_end_to_end_limit_without_its_histogram_is_one_line_exit_2(week, tmp_path):
+    # the synthetic week writes TTFT and TPOT histograms, not vllm:e2e_request_latency_seconds
+    w, url = week
+    study = write_study(tmp_path, sla={"e2e_ms": 20000, "percentile": 99})
+    with pytest.raises(NoSeriesError) as refused:
+        production_engine_audit(read_study(study), Prometheus(url), window_s=86400, end=w.end)
+    message = str(refused.value)
+    assert "has no end-to-end histogram (vllm:e2e_request_latency_seconds)" in message
+    assert "sla.e2e_ms cannot be judged" in message and "\n" not in message and refused.value.exit_code == 2

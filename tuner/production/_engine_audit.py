@@ -16,7 +16,7 @@ from tuner.production._audit import HOUR_S, _utc, check_prometheus, window_bound
 from tuner.production._client import Prometheus
 from tuner.production._engine_figures import EngineSeries, engine_steps, engine_totals, over_sla
 from tuner.production._engine_result import EngineAudit, EngineBaseline, engine_findings
-from tuner.production._engine_series import TPOT, TTFT, read_engine_series
+from tuner.production._engine_series import E2E, TPOT, TTFT, read_engine_series
 from tuner.production._errors import NoSeriesError
 from tuner.production._figures import recoverable_per_month
 from tuner.settings import SlaSettings, StudySettings, check_generative
@@ -42,13 +42,14 @@ def production_engine_audit(
     series = read_engine_series(prometheus, model=settings.model, quantile=settings.sla.percentile / 100,
                                 start=start, end=end, step_s=step_s, on_query=on_query)
     sla = settings.sla
-    for name, limit, column in (("TTFT", sla.ttft_ms, "ttft_s"), ("TPOT", sla.tpot_ms, "tpot_s")):
+    for name, limit, column, names in (("TTFT", sla.ttft_ms, "ttft_s", TTFT), ("TPOT", sla.tpot_ms, "tpot_s", TPOT),
+                                       ("end-to-end", sla.e2e_ms, "e2e_s", E2E)):
         # a limit with no histogram behind it cannot be judged: said, not counted as every hour broken
         if limit is not None and len(series.counters) and series.quantiles[column].isna().all() and math.isnan(
                 series.window[column]):
-            names = " or ".join(TTFT if name == "TTFT" else TPOT)
+            key = {"TTFT": "ttft_ms", "TPOT": "tpot_ms"}.get(name, "e2e_ms")
             raise NoSeriesError(f"Prometheus {prometheus.url}: model {settings.model!r} has no {name} "
-                                f"histogram ({names}) in the window: sla.{name.lower()}_ms cannot be judged")
+                                f"histogram ({' or '.join(names)}) in the window: sla.{key} cannot be judged")
     return judge_engine(series, model=settings.model, prometheus=prometheus.url, start=start, end=end,
                         step_s=step_s, price_per_hour=price_for(settings.cost).price_per_hour, sla=sla,
                         baseline=baseline)

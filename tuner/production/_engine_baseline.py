@@ -33,9 +33,9 @@ def load_engine_baseline(path: str | Path, settings: StudySettings) -> EngineBas
     if not best.get("capacity_rps") or not capacity:
         raise InputError(f"{where}: that study found no configuration with a capacity under its SLA, so "
                          f"there is nothing to compare with")
-    ours, theirs = settings.sla, {k: sla.get(k) for k in ("percentile", "ttft_ms", "tpot_ms")}
-    if (float(theirs["percentile"] or 99), theirs["ttft_ms"], theirs["tpot_ms"]) != (
-            float(ours.percentile), ours.ttft_ms, ours.tpot_ms):
+    ours, theirs = settings.sla, {k: sla.get(k) for k in ("percentile", "ttft_ms", "tpot_ms", "e2e_ms")}
+    if (float(theirs["percentile"] or 99), theirs["ttft_ms"], theirs["tpot_ms"], theirs["e2e_ms"]) != (
+            float(ours.percentile), ours.ttft_ms, ours.tpot_ms, ours.e2e_ms):
         raise InputError(f"{where} was tuned for {_limits(theirs)}, this audit's SLA is "
                          f"{_limits(ours.__dict__)}: the capacities do not compare")
     traffic = (summary.get("traffic") or {}).get("path")
@@ -47,6 +47,7 @@ def load_engine_baseline(path: str | Path, settings: StudySettings) -> EngineBas
 
 def _limits(sla: dict) -> str:
     pct = f"p{float(sla.get('percentile') or 99):g}"
-    given = [f"{pct} {name} <= {sla[key]:g} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+    given = [f"{pct} {name} <= {sla[key]:g} ms"
+             for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("end to end", "e2e_ms"))
              if sla.get(key) is not None]
     return ", ".join(given) or "no token limit"

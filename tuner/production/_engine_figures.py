@@ -31,8 +31,8 @@ class EngineSeries:
     counters: pd.DataFrame  # index (end, instance); ENGINE_COUNTERS' columns (increases)
     gauges: pd.DataFrame  # index (end, instance); kv_cache/running/waiting _max and _mean
     errors: pd.DataFrame  # index (end, instance); succeeded, failed (Triton's); empty when not scraped
-    quantiles: pd.DataFrame  # index end; ttft_s, tpot_s at the percentile (NaN: no observation)
-    window: dict[str, float]  # ttft_s, tpot_s at the percentile over the whole window
+    quantiles: pd.DataFrame  # index end; ttft_s, tpot_s, e2e_s at the percentile (NaN: no observation)
+    window: dict[str, float]  # ttft_s, tpot_s, e2e_s at the percentile over the whole window
     tpot_metric: str | None  # the histogram TPOT was read from (None: none of TPOT's)
     ends: pd.DatetimeIndex  # every step's end in the window, with samples or not
     resets: dict[str, int]  # instance -> resets of vllm:generation_tokens (engine restarts)
@@ -60,6 +60,7 @@ class EngineTotals:
     tokens_per_dollar: float | None  # output tokens per dollar of the replicas' time
     ttft_ms: float | None  # at the SLA's percentile over the window
     tpot_ms: float | None
+    e2e_ms: float | None = None
     error_rate: float | None
     kv_cache_peak: float | None  # the highest use of any engine's KV cache (0-1)
     kv_cache_mean: float | None
@@ -93,6 +94,7 @@ def engine_steps(series: EngineSeries, *, step_s: float) -> pd.DataFrame:
     out["preemptions"] = sums["preemptions"]
     out["ttft_ms"] = series.quantiles["ttft_s"] * 1000
     out["tpot_ms"] = series.quantiles["tpot_s"] * 1000
+    out["e2e_ms"] = series.quantiles["e2e_s"] * 1000 if "e2e_s" in series.quantiles else np.nan
     if len(e):
         errors = e.groupby(level="end").sum().reindex(series.ends)
         asked = errors["succeeded"] + errors["failed"]
@@ -135,6 +137,7 @@ def engine_totals(
         tokens_per_dollar=tokens / dollars if dollars > 0 else None,
         ttft_ms=_value(series.window.get("ttft_s", np.nan) * 1000),
         tpot_ms=_value(series.window.get("tpot_s", np.nan) * 1000),
+        e2e_ms=_value(series.window.get("e2e_s", np.nan) * 1000),
         error_rate=float(errors["failed"]) / asked if asked > 0 else None,
         kv_cache_peak=_value(steps["kv_cache_max"].max()),
         kv_cache_mean=_value(series.gauges["kv_cache_mean"].mean()) if "kv_cache_mean" in series.gauges else None,
@@ -153,6 +156,7 @@ def over_sla(steps: pd.DataFrame, sla: SlaSettings) -> pd.Series:
         check = check_token_sla(
             ttft_ms=_value(row["ttft_ms"]),
             tpot_ms=_value(row["tpot_ms"]),
+            e2e_ms=_value(row["e2e_ms"]),
             error_rate=0.0 if pd.isna(row["error_rate"]) else float(row["error_rate"]),
             sla=sla,
         )

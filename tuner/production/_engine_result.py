@@ -130,7 +130,8 @@ def engine_findings(a: EngineAudit) -> list[Finding]:
         f"{hours:,.4g} server-hours x ${a.price_per_hour:g})",
         "info", f"prompt tokens beside them: {f.prompt_tokens:,.0f}; requests finished: {f.requests:,.0f}"))
     pct = f"p{sla.percentile:g}"
-    for name, value, limit in (("TTFT", f.ttft_ms, sla.ttft_ms), ("TPOT", f.tpot_ms, sla.tpot_ms)):
+    for name, value, limit in (("TTFT", f.ttft_ms, sla.ttft_ms), ("TPOT", f.tpot_ms, sla.tpot_ms),
+                               ("end to end", f.e2e_ms, sla.e2e_ms)):
         if limit is None:
             out.append(Finding(f"{pct} {name} over the window", _ms(value), "info", "the SLA sets no limit"))
         elif f.requests > 0:

@@ -38,12 +38,13 @@ TTFT = ("vllm:time_to_first_token_seconds",)
 # per request (last - first token) / (tokens - 1) first, as the replay's TPOT; else the gaps between tokens
 TPOT = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds",
         "vllm:inter_token_latency_seconds")
+E2E = ("vllm:e2e_request_latency_seconds",)  # arrival to the last token (sla.e2e_ms)
 GAUGES = {"kv_cache": "vllm:kv_cache_usage_perc", "running": "vllm:num_requests_running",
           "waiting": "vllm:num_requests_waiting"}
 ERRORS = {"succeeded": TRITON["succeeded"], "failed": TRITON["failed"]}
-# the models, the counters, Triton's two, TTFT and TPOT (a step's and the window's), the gauges' max
-# and mean, the restarts (a TPOT read from a fallback name asks two more)
-ENGINE_QUERIES = 1 + len(ENGINE_COUNTERS) + len(ERRORS) + 4 + 2 * len(GAUGES) + 1
+# the models, the counters, Triton's two, TTFT, TPOT and end to end (a step's and the window's), the
+# gauges' max and mean, the restarts (a TPOT read from a fallback name asks two more)
+ENGINE_QUERIES = 1 + len(ENGINE_COUNTERS) + len(ERRORS) + 6 + 2 * len(GAUGES) + 1
 
 
 def _name(metric: str, *, counter: bool = False) -> str:
@@ -109,7 +110,7 @@ def read_engine_series(
                                 f"{column}_{'mean' if how == 'avg' else how}"))
     ends = pd.DatetimeIndex(_times(np.arange(start + step_s, end + 1e-6, step_s)), name="end")
     quantiles, window, tpot_metric = {}, {}, None
-    for column, names in (("ttft_s", TTFT), ("tpot_s", TPOT)):
+    for column, names in (("ttft_s", TTFT), ("tpot_s", TPOT), ("e2e_s", E2E)):
         for name in names:
             say(name)
             per_step = prometheus.query_range(
