@@ -28,7 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error. "
         "With --prometheus URL: nothing is replayed and no server touched; production's own history over "
         "--window (Triton's counters in Prometheus: throughput, fill rate, queue and compute time, errors, "
-        "per hour and per instance) is judged the same way (exit 3: the error rate over the SLA's).",
+        "per hour and per instance) is judged the same way (exit 3: the error rate over the SLA's). "
+        "A model vLLM serves (a generative study) is measured in tokens, as tune measures it: its engine "
+        "arguments from the study's model.json, the TTFT/TPOT SLA, the capacity in output tokens/s against a "
+        "generative `tuner tune` baseline, vLLM's own preemptions, KV-cache use and sequences at the recorded "
+        "load in place of the batcher's findings (the replay audit only).",
     )
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
@@ -54,20 +58,23 @@ def run(args: argparse.Namespace) -> int:
         return _production(args)
     if args.window is not None:
         raise InputError("--window: only with --prometheus (the replay audit replays the study's traffic)")
-    from tuner.audit import audit, format_audit, load_baseline
+    from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
+    from tuner.audit_engine import is_generative
     from tuner.files import check_writable
     from tuner.server.remote import check_triton
-    from tuner.settings import parse_host_port, read_study, with_overrides
-    from tuner.study import check_batcher_study
+    from tuner.settings import check_generative, parse_host_port, read_study, with_overrides
 
     settings = read_study(args.study)
-    check_batcher_study(settings, "audit")
+    generative = is_generative(settings)  # a model vLLM serves: measured in tokens (tuner.audit_engine)
+    if generative:
+        check_generative(settings, generative=True)  # its SLA limits TTFT and/or TPOT
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before the measuring, not after
-    baseline = load_baseline(args.baseline, settings) if args.baseline else None
+    unit = TOKENS if generative else REQUESTS
+    baseline = load_baseline(args.baseline, settings, unit=unit) if args.baseline else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url, where="--url" if args.url is not None else "server.url")
     result = audit(settings, baseline, at_load_only=args.at_load_only)
@@ -76,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if args.textfile:
         from tuner.production import labels_for, replay_audit_families, write_textfile
 
-        write_textfile(args.textfile, replay_audit_families(result, labels_for(settings)))
+        if result.unit == TOKENS:  # in output tokens, named so: never read as requests
+            from tuner.audit_engine import textfile_families
+
+            families = textfile_families(result, labels_for(settings))
+        else:
+            families = replay_audit_families(result, labels_for(settings))
+        write_textfile(args.textfile, families)
     return result.exit_code
 
 
