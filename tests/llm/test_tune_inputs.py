@@ -94,7 +94,7 @@ def test_engine_arguments_vllm_refuses_and_a_model_that_does_not_stream_are_one_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [["audit"], ["soak"], ["profile"], ["simulate", "--profile", "p.csv"]])
+@pytest.mark.parametrize("command", [["profile"], ["simulate", "--profile", "p.csv"]])
 def test_commands_that_read_the_dynamic_batcher_refuse_a_generative_study(tmp_path, capsys, command):
     (tmp_path / "p.csv").write_text("rows,length,ms\n1,4,1.0\n")
     line = refused(capsys, command[0], str(study(tmp_path)), *[str(tmp_path / a) if a.endswith(".csv") else a

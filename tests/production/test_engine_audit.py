@@ -403,3 +403,23 @@ def test_an_end_to_end_limit_without_its_histogram_is_one_line_exit_2(week, tmp_
     message = str(refused.value)
     assert "has no end-to-end histogram (vllm:e2e_request_latency_seconds)" in message
     assert "sla.e2e_ms cannot be judged" in message and "\n" not in message and refused.value.exit_code == 2
+
+
+def test_the_command_line_audits_a_generative_study_from_vllms_series(week, tmp_path, capsys):
+    # `tuner audit --prometheus` sends a vLLM-served model to the engine audit: the same figures, its exit code
+    from tuner.cli import main
+
+    w, url = week
+    study = write_study(tmp_path)
+    direct = production_engine_audit(read_study(study), Prometheus(url), window_s=7 * 86400, end=w.end)
+    out, textfile = tmp_path / "audit.json", tmp_path / "audit.prom"
+    code = main(["audit", str(study), "--prometheus", url, "--window", "7d", "--json", str(out),
+                 "--textfile", str(textfile)])
+    printed = capsys.readouterr().out
+    assert code == direct.exit_code == EXIT_SLA_UNMET
+    written = json.loads(out.read_text())
+    assert written["unit"] == "tokens" and written["kind"] == "generative"
+    assert written == json.loads(json.dumps(json_safe(direct.as_dict()), default=str))
+    assert "output tokens per dollar" in printed and "fill rate" not in printed
+    names = {f.name for f in text_string_to_metric_families(textfile.read_text())}
+    assert "tuner_output_tokens_per_dollar" in names

@@ -105,14 +105,17 @@ def _production(args: argparse.Namespace) -> int:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
-    from tuner.study import check_batcher_study
+    from pathlib import Path
+
+    from tuner.llm import engineargs
 
     settings = read_study(args.study)
-    check_batcher_study(settings, "audit")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")
-    baseline = load_baseline(args.baseline, settings) if args.baseline else None
     prometheus = Prometheus(args.prometheus)
+    if engineargs.is_vllm_model(Path(settings.model_repository) / settings.model):
+        return _production_engine(args, settings, prometheus, window_s)
+    baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
     print(format_audit(result))
@@ -126,14 +129,38 @@ def _production(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _production_engine(args: argparse.Namespace, settings, prometheus, window_s: float) -> int:
+    """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA."""
+    from tuner.audit import format_audit
+    from tuner.production import (
+        ENGINE_QUERIES,
+        engine_audit_families,
+        labels_for,
+        load_engine_baseline,
+        production_engine_audit,
+        write_textfile,
+    )
+
+    baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
+    with _query_progress(ENGINE_QUERIES) as on_query:
+        result = production_engine_audit(settings, prometheus, window_s=window_s, baseline=baseline,
+                                         on_query=on_query)
+    print(format_audit(result))
+    _write_json(args.json, result.as_dict())
+    if args.textfile:
+        write_textfile(args.textfile, engine_audit_families(result, labels_for(settings)))
+    return result.exit_code
+
+
 @contextlib.contextmanager
-def _query_progress() -> Iterator[Callable[[str], None]]:
-    """A bar over the queries on stderr, drawn only once they take more than a second."""
+def _query_progress(total: int | None = None) -> Iterator[Callable[[str], None]]:
+    """A bar over the queries on stderr (`total`: the production audit's), drawn only once they take
+    more than a second."""
     from tqdm import tqdm
 
     from tuner.production import QUERIES
 
-    with tqdm(total=QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
+    with tqdm(total=total or QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
               leave=False) as bar:
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
 

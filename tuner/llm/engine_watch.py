@@ -37,6 +37,9 @@ class Stretch:
     running_peak: float         # sequences the engine ran at once (NaN: the engine reports none)
     waiting_peak: float         # requests waiting for the scheduler
     kv_cache_peak: float        # KV-cache use, 0..1
+    # the gauges ({running, waiting, kv_cache_usage: value}) of each sample taken during the stretch, the
+    # closing snapshot left out: a soak's window takes their mean as well as their peak
+    gauge_samples: tuple[dict[str, float], ...] = ()
 
     def as_dict(self) -> dict:
         """Plain numbers (no histograms), for a JSON output."""
@@ -54,8 +57,11 @@ def stretch_of(start: EngineSnapshot, samples: Sequence[EngineSnapshot], seconds
         values = [s.values[GAUGES[key]] for s in samples if GAUGES[key] in s.values]
         return max(values) if values else math.nan
 
+    during = tuple(g for g in ({key: s.values[name] for key, name in GAUGES.items() if name in s.values}
+                               for s in samples[:-1]) if g)
     return Stretch(seconds=seconds, samples=len(samples), figures=engine_delta(start, samples[-1]),
-                   running_peak=peak("running"), waiting_peak=peak("waiting"), kv_cache_peak=peak("kv_cache_usage"))
+                   running_peak=peak("running"), waiting_peak=peak("waiting"), kv_cache_peak=peak("kv_cache_usage"),
+                   gauge_samples=during)
 
 
 class EngineWatch:
