@@ -219,4 +219,4 @@ def test_a_generative_study_without_a_token_sla_is_refused(study, capsys):
     s["sla"] = {"latency_ms": 200}
     study.write_text(yaml.safe_dump(s))
     assert main(["soak", str(study), "--hours", "0.05", "--speed", "1", "--window", "0.5"]) == 2
-    assert "needs sla.ttft_ms and/or sla.tpot_ms" in capsys.readouterr().err
+    assert "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms" in capsys.readouterr().err

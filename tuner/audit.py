@@ -266,7 +266,7 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
         out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
                            f"{r.servers_needed} server(s) for the peak, ${cost}/month", "info"))
     baseline_rps = a.baseline.capacity_rps if a.baseline is not None else 0.0
-    return out + ratio_findings(a, r.capacity_rps, baseline_rps, "req/s") + soak_findings(settings.output)
+    return out + ratio_findings(a, r.capacity_rps, baseline_rps, unit="req/s") + soak_findings(settings.output)
 
 
 def no_verdict(r: TrialRecord) -> list[Finding]:
@@ -280,7 +280,7 @@ def no_verdict(r: TrialRecord) -> list[Finding]:
                     f"measurement.warmup_max_s)")]
 
 
-def ratio_findings(a: AuditResult, mine: float, theirs: float, unit: str) -> list[Finding]:
+def ratio_findings(a: AuditResult, mine: float, theirs: float, *, unit: str) -> list[Finding]:
     """The throughput ratio against the baseline and the recoverable budget (or: no baseline)."""
     if a.baseline is not None and a.ratio is not None:
         out = [Finding("throughput ratio", f"{a.ratio:.2f} ({mine:.1f} vs {theirs:.1f} {unit} of "

@@ -106,7 +106,7 @@ def engine_params(args: dict, *, gpu: bool) -> space.Params:
     return out
 
 
-def _check_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, args: dict) -> None:
+def _check_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, *, args: dict) -> None:
     """Refuse, before a server starts, traffic a generative replay cannot send: no token columns, a model
     that does not stream, a request longer than the engine's context (as tune does)."""
     from tuner.replay import plan_generate
@@ -124,7 +124,7 @@ def audit_engine(settings: StudySettings, baseline: Baseline | None = None, at_l
     check_generative(settings, generative=True)
     args, where = deployed_engine(settings)
     traffic = study_traffic(settings)
-    _check_traffic(settings, base_config(settings), traffic, args)
+    _check_traffic(settings, base_config(settings), traffic, args=args)
     price = price_for(settings.cost).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     params = engine_params(args, gpu=_device(settings) != "cpu")
@@ -189,7 +189,7 @@ def engine_findings(a: AuditResult, settings: StudySettings, at_load_only: bool)
                            f"{r.capacity_speed:.2f}), {formats.number(r.scores.get('capacity'), ',.0f')} output "
                            f"tokens/$; {r.servers_needed} server(s) for the peak, ${cost}/month", "info"))
     theirs = a.baseline.output_tokens_per_s if a.baseline is not None else None
-    return out + ratio_findings(a, mine or 0.0, theirs or 0.0, "output tokens/s") + soak_findings(settings.output)
+    return out + ratio_findings(a, mine or 0.0, theirs or 0.0, unit="output tokens/s") + soak_findings(settings.output)
 
 
 def _engine_statistics(stats: dict | None, params: space.Params, every_s: float, *,

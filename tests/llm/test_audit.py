@@ -193,7 +193,7 @@ def test_a_generative_study_without_a_token_sla_is_refused(tmp_path, capsys):
     study.write_text(yaml.safe_dump(s))
     code = main(["audit", str(study), "--url", "127.0.0.1:9"])
     err = capsys.readouterr().err
-    assert code == 2 and "needs sla.ttft_ms and/or sla.tpot_ms" in err and err.count("\n") == 1, err
+    assert code == 2 and "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms" in err and err.count("\n") == 1, err
 
 
 # --- the engine's findings and verdicts, on their own ------------------------------------------------

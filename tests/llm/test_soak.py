@@ -73,7 +73,7 @@ def soaked(tmp_path_factory):
     settings = read_study(str(study))
     traffic = study_traffic(settings)
     config, engine, source = soak_engine(settings, settings.output, [f"max_num_seqs={MAX_SEQS}"])
-    check_generative_traffic(settings, config, traffic, engine)
+    check_generative_traffic(settings, config, traffic, args=engine)
     # three windows of 6 s at twice the study's load (speed 0.5: 3 s of the recording each)
     plan = SoakPlan(hours=3 * 6 * 0.5 / 3600, speed=0.5, window_wall_s=6.0, cycle_s=cycle_length(traffic))
     result = run_soak(settings, config, plan, traffic=traffic, output=settings.output, quiet=None,

@@ -114,7 +114,7 @@ def _production(args: argparse.Namespace) -> int:
         check_writable(args.json, label=f"--json {args.json}")
     prometheus = Prometheus(args.prometheus)
     if engineargs.is_vllm_model(Path(settings.model_repository) / settings.model):
-        return _production_engine(args, settings, prometheus, window_s)
+        return _production_engine(args, settings, prometheus, window_s=window_s)
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
@@ -129,7 +129,7 @@ def _production(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _production_engine(args: argparse.Namespace, settings, prometheus, window_s: float) -> int:
+def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float) -> int:
     """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA."""
     from tuner.audit import format_audit
     from tuner.production import (

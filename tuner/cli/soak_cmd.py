@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     else:  # vLLM batches: its engine arguments are what is soaked
         config, engine, source = generative
         check_generative(settings, generative=True)
-        check_generative_traffic(settings, config, traffic, engine)
+        check_generative_traffic(settings, config, traffic, args=engine)
         knobs = ", ".join(f"{k}={engine[k]}" for k in space.ENGINE_NAMES if engine.get(k) is not None)
     print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
           f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "

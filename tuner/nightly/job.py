@@ -192,7 +192,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         proposal = None
         if decision.decision == "change":
             proposal = deployed.proposal(candidate, study.search)
-            _write_proposal(staging / "proposed", proposal, _header(stamp, study, decision, deployed, proposal))
+            _write_proposal(staging / "proposed", proposal, _header(stamp, study, decision, deployed=deployed, proposal=proposal))
 
         sla = f"{_sla(study)}, errors <= {study.sla.max_error_rate:.2%}"
         soak = last_soak(study.output)
@@ -270,7 +270,7 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
     return decide(pairs, settings.confirm.margin, settings.confirm.pairs, rule=settings.confirm.rule), pairs
 
 
-def _header(stamp: str, study: StudySettings, decision: Decision, deployed: Deployed, proposal: Proposal) -> str:
+def _header(stamp: str, study: StudySettings, decision: Decision, *, deployed: Deployed, proposal: Proposal) -> str:
     """What the proposal is, as lines (a config.pbtxt's comment header; model.json holds none: the summary says it)."""
     return "\n".join([f"Proposed by tuner nightly on {stamp} for model {study.model} (production: {deployed.path})",
                       f"SLA: {_sla(study)}, error rate <= "

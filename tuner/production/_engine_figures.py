@@ -24,7 +24,7 @@ from tuner.settings import SlaSettings
 __all__ = ["EngineSeries", "EngineTotals", "engine_steps", "engine_totals", "over_sla"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSeries:
     """vLLM's figures of one model over a window, per step (index `end`: the step's end, UTC)."""
 

@@ -52,7 +52,7 @@ def _name(metric: str, *, counter: bool = False) -> str:
     return f'__name__=~"{metric}(_total)?"' if counter else f'__name__="{metric}"'
 
 
-def _quantile(q: float, histogram: str, labels: str, range_: str) -> str:
+def _quantile(q: float, histogram: str, *, labels: str, range_: str) -> str:
     """Prometheus's quantile of a histogram's observations in a range, every instance's together."""
     return f"histogram_quantile({q:g}, sum by (le) (increase({histogram}_bucket{{{labels}}}{range_})))"
 
@@ -114,7 +114,7 @@ def read_engine_series(
         for name in names:
             say(name)
             per_step = prometheus.query_range(
-                _quantile(quantile, name, labels, range_),
+                _quantile(quantile, name, labels=labels, range_=range_),
                 start=start + step_s, end=end, step_s=step_s,
             )
             if per_step or name == names[-1]:
@@ -123,7 +123,7 @@ def read_engine_series(
             tpot_metric = name
         say(f"{name} over the window")
         whole = prometheus.query(
-            _quantile(quantile, name, labels, f"[{end - start:g}s]"), at=end
+            _quantile(quantile, name, labels=labels, range_=f"[{end - start:g}s]"), at=end
         )
         values = _long(per_step, column).droplevel("instance")
         quantiles[column] = values.groupby(level="end").first().reindex(ends)

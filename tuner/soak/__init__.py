@@ -6,7 +6,7 @@ everything outside this package imports from here.
     soak_config(settings, output, assignments, config_path=) -> (config, source)   what is soaked
     soak_engine(settings, output, assignments, config_path=) -> (config, engine, source) | None
                                         what is soaked when vLLM serves the model (its model.json)
-    check_generative_traffic(settings, config, traffic, engine)   traffic a generative soak can stream
+    check_generative_traffic(settings, config, traffic, args=)   traffic a generative soak can stream
     restart_windows(traffic, minutes=, day_hours=) -> (QuietWindows | None, line)   the restart slot
     run_soak(settings, config, plan, traffic, output=, quiet=, engine=, ...) -> SoakResult   the soak (IO)
     analyze(windows, executions, meta) -> SoakFindings   the findings of a soak's tables (pure)

@@ -87,7 +87,7 @@ def soak_engine(settings: StudySettings, output: str | Path, assignments: Iterab
     return base, args, source
 
 
-def check_generative_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, args: dict) -> None:
+def check_generative_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, *, args: dict) -> None:
     """Refuse, in one line, traffic a generative soak's replays would refuse: no token columns, a
     model that does not stream, a request longer than the engine's context."""
     from tuner.replay import plan_generate

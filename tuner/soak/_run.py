@@ -126,7 +126,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, tr
                 if measure_capacity:  # a generative trial's: streamed, the token SLA, no warm-up
                     meta["capacity"] = _capacity(launcher, settings, traffic, say=say, generative=True,
                                                  params={k: engine[k] for k in space.ENGINE_NAMES if k in engine})
-                kind = _generative(launcher, settings, config, engine)
+                kind = _generative(launcher, settings, config, engine=engine)
             _files.write_json(folder / _files.META, meta)
             _windows(launcher, settings, kind, plan=plan, traffic=traffic, folder=folder, progress=progress)
     except KeyboardInterrupt:
@@ -190,7 +190,7 @@ def _encoder(launcher: Launcher, settings: StudySettings, config: ModelConfig, *
     return _Kind(measure, restart, window_columns(sla.percentile), _ENCODER_LINE)
 
 
-def _generative(launcher: Launcher, settings: StudySettings, config: ModelConfig, engine: dict) -> _Kind:
+def _generative(launcher: Launcher, settings: StudySettings, config: ModelConfig, *, engine: dict) -> _Kind:
     """A vLLM-served model's soak: each window streamed and measured in tokens, the engine's statistics."""
     model = settings.model
 
@@ -241,7 +241,7 @@ def _windows(launcher: Launcher, settings: StudySettings, kind: _Kind, *, plan: 
                 _files.append_rows(folder / _files.EXECUTIONS, [{**e, "window": k} for e in executions],
                                    EXECUTION_COLUMNS)
             bar.update()
-            tqdm.write(_line(row, plan.windows, kind.printed, pct), file=sys.stdout)
+            tqdm.write(_line(row, plan.windows, kind.printed, percentile=pct), file=sys.stdout)
 
 
 def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, *, speed: float, warmup: float,
@@ -367,7 +367,7 @@ def _header(printed: tuple[Column, ...], percentile: float) -> str:
     return "  ".join(cells) + f"   (hours: {TIME_AXIS})"
 
 
-def _line(row: dict, total: int, printed: tuple[Column, ...], percentile: float) -> str:
+def _line(row: dict, total: int, printed: tuple[Column, ...], *, percentile: float) -> str:
     def num(key: str, fmt: str) -> str:
         value = row.get(_columns_at(key, percentile))
         try:
