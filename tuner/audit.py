@@ -35,7 +35,7 @@ from tuner.score import check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
-from tuner.study import study_traffic
+from tuner.study import is_vllm_study, study_traffic
 from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, to_attrs
 from tuner.trial.run import make_measure
 
@@ -212,7 +212,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
     `tuner.audit_engine.audit_engine`)."""
     from tuner import audit_engine  # it builds on this module
 
-    if audit_engine.is_generative(settings):
+    if is_vllm_study(settings):
         return audit_engine.audit_engine(settings, baseline, at_load_only, progress=progress)
     traffic = study_traffic(settings)
     price = price_for(settings.cost).price_per_hour

@@ -16,7 +16,6 @@ traffic), the KV cache's peak use, the running and waiting sequences (`watch` wh
 was taken and requests waited). The capacity is in output tokens/s (its replay at the capacity speed),
 and the throughput ratio divides it by the baseline's, a `tuner tune` of the generative study.
 
-    is_generative(settings)            the study's model, in its repository, is one vLLM serves
     check_not_vllm(settings, config)   refuse the batcher's audit of a server whose model vLLM serves
     deployed_engine(settings)          the engine arguments the deployment runs, and where they were read
     audit_engine(settings, baseline, at_load_only, *, progress) -> AuditResult
@@ -57,16 +56,7 @@ from tuner.study import base_config, base_engine, study_traffic
 from tuner.trial import NO_VERDICT, Hints
 from tuner.trial.run import make_measure
 
-__all__ = ["audit_engine", "check_not_vllm", "deployed_engine", "engine_findings", "is_generative",
-           "textfile_families"]
-
-
-def is_generative(settings: StudySettings) -> bool:
-    """Whether the study's model, as its repository holds it, is one vLLM serves."""
-    if not settings.model_repository:
-        return False
-    model_dir = Path(settings.model_repository) / settings.model
-    return (model_dir / space.CONFIG_FILE).is_file() and engineargs.is_vllm_model(model_dir)
+__all__ = ["audit_engine", "check_not_vllm", "deployed_engine", "engine_findings", "textfile_families"]
 
 
 def check_not_vllm(settings: StudySettings, config: ModelConfig) -> None:

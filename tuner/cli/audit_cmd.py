@@ -59,13 +59,13 @@ def run(args: argparse.Namespace) -> int:
     if args.window is not None:
         raise InputError("--window: only with --prometheus (the replay audit replays the study's traffic)")
     from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
-    from tuner.audit_engine import is_generative
     from tuner.files import check_writable
     from tuner.server.remote import check_triton
     from tuner.settings import check_generative, parse_host_port, read_study, with_overrides
+    from tuner.study import is_vllm_study
 
     settings = read_study(args.study)
-    generative = is_generative(settings)  # a model vLLM serves: measured in tokens (tuner.audit_engine)
+    generative = is_vllm_study(settings)  # a model vLLM serves: measured in tokens (tuner.audit_engine)
     if generative:
         check_generative(settings, generative=True)  # its SLA limits TTFT and/or TPOT
     if args.url is not None:
@@ -105,15 +105,13 @@ def _production(args: argparse.Namespace) -> int:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
-    from pathlib import Path
-
-    from tuner.llm import engineargs
+    from tuner.study import is_vllm_study
 
     settings = read_study(args.study)
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")
     prometheus = Prometheus(args.prometheus)
-    if engineargs.is_vllm_model(Path(settings.model_repository) / settings.model):
+    if is_vllm_study(settings):
         return _production_engine(args, settings, prometheus, window_s=window_s)
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:

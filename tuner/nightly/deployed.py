@@ -29,6 +29,7 @@ from tuner.files import read_json_object
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings, check_generative
+from tuner.study import is_vllm_study
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -83,17 +84,11 @@ def _lines(diff) -> str:
     return "".join(line + "\n" for line in diff)
 
 
-def is_generative(study: StudySettings) -> bool:
-    """Whether vLLM serves the study's model (its batching is the engine's)."""
-    model_dir = Path(study.model_repository) / study.model
-    return (model_dir / CONFIG_FILE).is_file() and engineargs.is_vllm_model(model_dir)
-
-
 def study_for_model(study: StudySettings) -> StudySettings:
     """The study held to its model's kind, as `tuner tune` holds it: a vLLM-backend model's searches its
     engine knobs only and limits TTFT/TPOT; an encoder's searches the dynamic batcher (SettingsError in
     one line for a knob or a limit of the other kind)."""
-    generative = is_generative(study)
+    generative = is_vllm_study(study)
     check_generative(study, generative=generative)
     return dataclasses.replace(study, search=space.study_space(study.search, vllm=generative,
                                                                source=study.source or "<study>"))
@@ -105,7 +100,7 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
     read); default: the study model's own files."""
     model_dir = Path(study.model_repository) / study.model
     given = Path(production) if production else None
-    if not is_generative(study):
+    if not is_vllm_study(study):
         path = given or model_dir / CONFIG_FILE
         config = modelconfig.load(path)
         return Deployed(path=path, config=config, params=space.from_config(config, study.search))
