@@ -50,10 +50,10 @@ def nightly(tmp_path):
         if os.environ.get("TUNER_REQUIRE_ALL") == "1":  # CI: a missing dependency is a failure
             pytest.fail(f"TUNER_REQUIRE_ALL=1 but {reason}", pytrace=False)
         pytest.skip(reason)
-    # tonight: the trace's busiest 30 s, each request's tokens capped so that a replay lasts seconds
+    # tonight: the trace's busiest 15 s (a minute's replay at speed 0.25), each request's tokens capped
     trace = read_traffic(TRACE)
-    start, _ = busiest_window(trace, 30.0)
-    tonight = window(trace, start, 30.0)
+    start, _ = busiest_window(trace, 15.0)
+    tonight = window(trace, start, 15.0)
     tonight = tonight.assign(prompt_tokens=tonight["prompt_tokens"].clip(upper=256),
                              output_tokens=tonight["output_tokens"].clip(upper=32))
     (tmp_path / "traffic").mkdir()

@@ -337,7 +337,7 @@ def _stream(http: str, *, model: str, prompt_tokens: int, output_tokens: int) ->
 
 
 def test_a_live_engine_scraped_by_prometheus_is_audited_from_its_own_series(
-        prometheus_tools, triton_install, templates_dir, tmp_path):
+        prometheus_tools, triton_install, templates_dir, tmp_path, one_vllm_engine_at_a_time):
     """The llm_vllm template (vLLM's CPU engine in a real tritonserver) scraped every second by a real
     Prometheus: a burst of streamed requests, then the audit of the minute around it. Its output
     tokens are those sent, its p99 TTFT and TPOT Prometheus's rule on the engine's own buckets (read
