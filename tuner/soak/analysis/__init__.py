@@ -19,9 +19,6 @@ plan           make_plan -> SoakPlan: how the soak is cut into windows; window_t
 windows        one window's figures from its measurement (the row windows.csv gets: `_run` builds it
                there), its executions split into successes and failures, the compute time at a fixed
                batch mix
-tokens         a generative soak's (a vLLM-served model's) window in tokens: TTFT, TPOT, tokens, the
-               engine's own statistics (preemptions, KV-cache use, sequences); the figures, limits and
-               engine table its findings read (`analyze` takes them when soak.json's unit is `tokens`)
 """
 
 from tuner.soak.analysis._batches import BatchLimits, SizeHistory, batch_limits
@@ -61,7 +58,6 @@ from tuner.soak.analysis._restart import (
     quiet_windows,
     restart_advice,
 )
-from tuner.soak.analysis._tokens import NOT_MEASURED, is_tokens, tpot_column, ttft_column
 from tuner.soak.analysis._trend import DOWN, DRIFT, IMPROVING, NO_DRIFT, UP, Trend, fit_trend, huber_fit
 from tuner.soak.analysis._windows import (
     CAPACITY_FIGURE,
@@ -81,7 +77,6 @@ __all__ = [
     "IMPROVING",
     "LAST_WINDOWS",
     "MIN_WINDOWS",
-    "NOT_MEASURED",
     "NO_DRIFT",
     "TIME_AXIS",
     "TREND_FIGURES",
@@ -109,7 +104,6 @@ __all__ = [
     "fit_windows",
     "fixed_mix",
     "huber_fit",
-    "is_tokens",
     "latency_column",
     "make_plan",
     "observed_break",
@@ -118,7 +112,5 @@ __all__ = [
     "restart_advice",
     "split_failures",
     "summary_lines",
-    "tpot_column",
-    "ttft_column",
     "window_traffic",
 ]
