@@ -7,6 +7,7 @@ changes a model's configuration on it must put the template's configuration back
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import signal
 import sys
@@ -97,15 +98,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=key)  # stable: the rest keep their order
 
 
+@contextlib.contextmanager
+def take_turns(tmp_path_factory, name: str):
+    """Hold the lock file `name`, shared by the session's pytest workers, while in use."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if root.name.startswith("popen-gw") else root  # the workers' common directory
+    with open(root / name, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture
 def one_multi_process_study_at_a_time(tmp_path_factory):
     """For a test that runs several `tuner tune` processes, each with its own server, and times their
     kills and heartbeats: two such tests side by side (one per pytest worker) overload two cores and
     miss their timing, so they take turns (a lock file shared by the session's workers)."""
-    root = tmp_path_factory.getbasetemp()
-    root = root.parent if root.name.startswith("popen-gw") else root  # the workers' common directory
-    with open(root / "multi-process-study.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with take_turns(tmp_path_factory, "multi-process-study.lock"):
+        yield
+
+
+@pytest.fixture
+def one_vllm_engine_at_a_time(tmp_path_factory):
+    """For a test that starts vLLM's CPU engine (a few GB, both cores while it loads and steps): two
+    engines side by side starve each other and every timed test of the third worker, so the tests that
+    start one take turns (tests/llm/conftest.py holds it for each of its files)."""
+    with take_turns(tmp_path_factory, "vllm-engine.lock"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_vllm_engine_file_at_a_time(tmp_path_factory):
+    """The same turn, held for a whole file (its module-scoped servers included): tests/llm/conftest.py."""
+    with take_turns(tmp_path_factory, "vllm-engine.lock"):
         yield
 
 

@@ -157,6 +157,7 @@ def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deploy
     ("empty", "summary.json: not found (give the output directory of a `tuner tune`)"),
     ("other sla", "was tuned for p99 <= 50 ms, this audit's SLA is p99 <= 200 ms"),
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
+    ("tokens", "is a generative study's (capacity in output tokens/s), this audit is an encoder study's"),
     ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
@@ -170,6 +171,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
         args += ["--baseline", str(write_baseline(tmp_path, 100.0, latency_ms=50.0))]
     elif case == "other traffic":
         args += ["--baseline", str(write_baseline(tmp_path, 100.0, traffic=tmp_path / "other.csv"))]
+    elif case == "tokens":  # a generative study's tune: its capacity counts output tokens
+        summary = write_baseline(tmp_path, 100.0) / "summary.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "unit": "tokens"}))
+        args += ["--baseline", str(summary.parent)]
     args += ["--url", "127.0.0.1:9"]
     code = main(args)
     err = capsys.readouterr().err

@@ -64,6 +64,11 @@ def test_goodput_counts_each_limit_given_and_none_without_limits():
     assert only_ttft.good_requests == 2 and only_ttft.tpot_limit_ms is None
     only_tpot = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, tpot_ms=30.5)
     assert only_tpot.good_requests == 3
+    # end to end = first + 4 gaps = 140, 280, 420, 560 ms
+    only_e2e = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, e2e_ms=300.0)
+    assert only_e2e.good_requests == 2 and only_e2e.e2e_limit_ms == 300.0 and only_e2e.e2e(100) == pytest.approx(560)
+    both = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, tpot_ms=30.5, e2e_ms=430.0)
+    assert both.good_requests == 3
     no_limit = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0)
     assert no_limit.good_requests == 4 and no_limit.goodput_rps == pytest.approx(no_limit.throughput_rps)
 

@@ -46,7 +46,7 @@ def run_dirs(output: Path) -> list[Path]:
 
 
 def R(arm, rpd, ok=True, valid=True, note=""):
-    return d.ArmResult(arm=arm, meets_sla=ok, requests_per_dollar=rpd, latency_ms=10.0, valid=valid, note=note)
+    return d.ArmResult(arm=arm, meets_sla=ok, per_dollar=rpd, latency_ms=10.0, valid=valid, note=note)
 
 
 def test_every_pair_needs_the_margin_in_every_pair():
@@ -352,13 +352,13 @@ class TableEngine:
         if self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
         self.replays.append(arm)
-        return d.ArmResult(arm=arm, meets_sla=True, requests_per_dollar=self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
+        return d.ArmResult(arm=arm, meets_sla=True, per_dollar=self.confirm_rpd[params["max_batch_size"]], latency_ms=5.0)
 
 
 def _factory(engine):
     @contextmanager
-    def factory(study, production, traffic_path, *, staging):
-        assert traffic_path.is_file()
+    def factory(study, production, traffic_path, *, staging, **kw):
+        assert traffic_path.is_file() and kw.get("engine") is None  # an encoder: no engine arguments
         yield engine
 
     return factory
@@ -537,3 +537,161 @@ def test_the_scheduler_wrapper_passes_sigterm_on_to_tuner(tmp_path):
             job.kill()
     assert (tmp_path / "term").exists()
     assert job.returncode == 143
+
+
+# --- a generative model (vLLM batches): production's model.json, tokens per dollar ------------------
+
+LLM_TEMPLATE = Path(__file__).parent.parent / "model_repository_templates" / "llm_vllm"
+SEQS = {"max_num_seqs": 34}
+
+
+def _write_llm_setup(tmp_path: Path, *, sla: str = "{ttft_ms: 1000, tpot_ms: 100}", production: bool = True) -> Path:
+    """A copy of the llm_vllm template as the study's model; production's model.json caps it at 2 sequences."""
+    import shutil
+
+    shutil.copytree(LLM_TEMPLATE, tmp_path / "repo" / "llm_vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    args = json.loads((LLM_TEMPLATE / "1" / "model.json").read_text())
+    (tmp_path / "production").mkdir()
+    (tmp_path / "production" / "model.json").write_text(json.dumps({**args, "max_num_seqs": 2}, indent=2))
+    (tmp_path / "traffic").mkdir()
+    tokens = synth_poisson(4, 60, seed=0).assign(prompt_tokens=100, output_tokens=20)
+    write_traffic(tokens, tmp_path / "traffic" / "night.csv")
+    (tmp_path / "study.yaml").write_text(textwrap.dedent(f"""
+        name: llm-study
+        model_repository: repo
+        model: llm_vllm
+        traffic: {{path: traffic}}
+        sla: {sla}
+        cost: {{gpu: cpu}}
+        search: {{max_num_seqs: {{low: 8, high: 64, log: true}}}}
+        """))
+    (tmp_path / "nightly.yaml").write_text(textwrap.dedent(f"""
+        study: study.yaml
+        {"production: production/model.json" if production else ""}
+        traffic: {{path: traffic, hours: 1}}
+        output: out
+        search: {{trials: 2}}
+        """))
+    return tmp_path / "nightly.yaml"
+
+
+class TokenEngine:
+    """Output tokens per dollar by max_num_seqs; the arms' TTFT and TPOT as a streamed replay gives them."""
+
+    def __init__(self, tpd: dict[int, float]):
+        self.tpd = tpd
+        self.replays: list[dict] = []
+
+    def search(self, enqueue, trials, workdir, *, production):
+        return SearchResult(dict(SEQS), self.tpd[34], trials + len(enqueue), 2, self.tpd[production["max_num_seqs"]])
+
+    def replay(self, params, arm):
+        self.replays.append(params)
+        return d.ArmResult(arm=arm, meets_sla=True, per_dollar=self.tpd[params["max_num_seqs"]], unit="tokens",
+                           latency_ms=900.0, ttft_ms=120.0, tpot_ms=15.0)
+
+
+def test_production_of_a_vllm_model_is_its_model_json_resolved(tmp_path, capsys):
+    from tuner.nightly.deployed import read_deployed
+    from tuner.nightly.settings import read_study_for
+
+    nightly = _write_llm_setup(tmp_path)
+    settings = load_nightly(nightly)
+    study = read_study_for(settings)
+    assert study.search.max_batch_size is None  # the dynamic batcher is not searched: vLLM batches
+    deployed = read_deployed(study, settings.production)
+    assert deployed.unit == "tokens" and deployed.params == {"max_num_seqs": 2}
+    assert deployed.path == tmp_path / "production" / "model.json"
+    proposal = deployed.proposal(dict(SEQS), study.search)
+    proposed = json.loads(proposal.text)
+    assert proposal.name == "model.json" and proposed == {**deployed.engine, "max_num_seqs": 34}
+    assert proposal.changed == ("max_num_seqs: 2 -> 34",)
+    assert '-  "max_num_seqs": 2' in proposal.diff and '+  "max_num_seqs": 34' in proposal.diff
+    # without `production:`, the study model's own model.json with vLLM's CPU default (128 sequences)
+    default = _write_llm_setup(tmp_path / "default", production=False)
+    assert read_deployed(read_study_for(load_nightly(default)), None).params == {"max_num_seqs": 128}
+    assert main(["nightly", str(nightly), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "output tokens per dollar" in out and "model.json: seqs 2" in out
+
+
+def test_a_generative_night_with_bad_input_is_one_line(tmp_path, capsys):
+    def refused(nightly) -> str:
+        assert main(["nightly", str(nightly), "--check"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        return err[0]
+
+    assert "sla.ttft_ms" in refused(_write_llm_setup(tmp_path / "a", sla="{latency_ms: 50}"))
+    no_tokens = _write_llm_setup(tmp_path / "b")
+    write_traffic(synth_poisson(4, 60, seed=0), tmp_path / "b" / "traffic" / "night.csv")
+    assert "prompt_tokens" in refused(no_tokens)
+    batcher = _write_llm_setup(tmp_path / "c")
+    (tmp_path / "c" / "study.yaml").write_text((tmp_path / "c" / "study.yaml").read_text().replace(
+        "search: {", "search: {max_batch_size: {low: 1, high: 8}, "))
+    assert "dynamic batcher does nothing" in refused(batcher)
+
+
+def test_a_generative_night_proposes_a_model_json_scored_in_tokens(tmp_path, capsys):
+    nightly = _write_llm_setup(tmp_path)
+    engine = TokenEngine({2: 1.0e6, 34: 1.5e6})
+    night = run_night(load_nightly(nightly), _factory_with_engine_args(engine, {"max_num_seqs": 2}),
+                      now=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))
+    assert night.exit_code == EXIT_ACT and len(engine.replays) == 6
+    assert "output tokens per dollar" in night.decision.reason
+    proposed = night.run_dir / "proposed"
+    assert sorted(p.name for p in proposed.iterdir()) == ["model.diff", "model.json"]
+    production = json.loads((tmp_path / "production" / "model.json").read_text())
+    assert json.loads((proposed / "model.json").read_text()) == {**production, "max_num_seqs": 34}
+    entry = history.read_history(tmp_path / "out")[-1]
+    assert entry["unit"] == "tokens" and entry["best_tokens_per_dollar"] == 1.5e6
+    assert entry["production_tokens_per_dollar"] == 1.0e6 and "best_requests_per_dollar" not in entry
+    assert entry["proposed"] == "proposed/model.json" and entry["changed"] == ["max_num_seqs: 2 -> 34"]
+    summary_md = (night.run_dir / "summary.md").read_text()
+    assert "scoring: capacity (output tokens per dollar)" in summary_md and "req/$" not in summary_md
+    assert "| production tokens/$ | candidate tokens/$ |" in summary_md and "candidate TTFT p99 ms" in summary_md
+    assert "p99 TTFT <= 1000 ms, p99 TPOT <= 100 ms" in summary_md
+    assert "### Proposed model.json change" in summary_md
+    # the history table and the textfile name the unit; nothing is written as requests per dollar
+    prom = tmp_path / "nightly.prom"
+    assert main(["nightly", "--history", str(nightly), "--textfile", str(prom)]) == 0
+    assert "1.5e+06 tokens/$" in capsys.readouterr().out
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels.get("config")): s.value
+               for f in text_string_to_metric_families(prom.read_text()) for s in f.samples}
+    assert samples[("tuner_nightly_output_tokens_per_dollar", "best")] == 1.5e6
+    assert samples[("tuner_nightly_output_tokens_per_dollar", "production")] == 1.0e6
+    assert not any(name == "tuner_nightly_requests_per_dollar" for name, _ in samples)
+
+
+def _factory_with_engine_args(engine, seqs: dict):
+    @contextmanager
+    def factory(study, production, traffic_path, *, staging, **kw):
+        args = kw["engine"]  # production's model.json, as the real engine writes it into the served copy
+        assert {k: args[k] for k in seqs} == seqs and production.backend == "python"
+        yield engine
+
+    return factory
+
+
+def test_the_rule_names_its_unit_and_refuses_to_mix_units():
+    pairs = [(d.ArmResult(arm="production", meets_sla=True, per_dollar=100.0, unit="tokens"),
+              d.ArmResult(arm="candidate", meets_sla=True, per_dollar=120.0, unit="tokens"))] * 3
+    got = d.decide(pairs)
+    assert got.decision == "change" and "production's output tokens per dollar" in got.reason
+    assert "production's requests per dollar" in d.decide([(R("production", 100), R("candidate", 120))] * 3).reason
+    mixed = [(R("production", 100), pairs[0][1])] * 3
+    with pytest.raises(ValueError, match="different units"):
+        d.decide(mixed)
+
+
+def test_token_traffic_drifts_in_its_token_figures():
+    night = synth_poisson(20, 120, seed=1).assign(prompt_tokens=400, output_tokens=100)
+    longer = synth_poisson(20, 120, seed=2).assign(prompt_tokens=400, output_tokens=300)
+    table = drift.drift_table(night, longer).set_index("metric")
+    assert table.loc["output_tokens_p99", "current"] == 300 and table.loc["output_tokens_p99", "drift"]
+    assert table.loc["output_tokens_per_s", "drift"] and not table.loc["prompt_tokens_p50", "drift"]
+    assert table.loc["output_tokens_per_s", "current"] == pytest.approx(300 * 20, rel=0.2)
+    plain = drift.drift_table(None, synth_poisson(20, 60, seed=1)).set_index("metric")
+    assert not any(m.endswith("_per_s") or m.endswith("_p99") for m in plain.index)

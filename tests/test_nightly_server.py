@@ -164,8 +164,8 @@ def test_a_candidate_slowed_during_confirmation_is_not_proposed(server, template
     slowed: list[str] = []
 
     @contextmanager
-    def factory(study, production, traffic_path, staging):
-        with real_engine(study, production, traffic_path, staging=staging, launcher=server) as engine:
+    def factory(study, production, traffic_path, staging, engine=None):
+        with real_engine(study, production, traffic_path, staging=staging, engine=engine, launcher=server) as engine:
             replay = engine.replay
 
             def slowed_candidate(params, arm):

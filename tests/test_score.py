@@ -62,8 +62,22 @@ def test_the_token_sla_holds_each_limit_it_sets():
     assert check_token_sla(ttft_ms=400.0, tpot_ms=None, error_rate=0.0, sla=ttft_only).ok  # TPOT not limited
     none = check_token_sla(ttft_ms=None, tpot_ms=None, error_rate=0.0, sla=ttft_only)
     assert not none.ok and none.violation == float("inf") and "TTFT none measured" in none.reason
-    with pytest.raises(ValueError, match="needs sla.ttft_ms or sla.tpot_ms"):
+    with pytest.raises(ValueError, match="needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms"):
         check_token_sla(ttft_ms=1.0, tpot_ms=1.0, error_rate=0.0, sla=SlaSettings())
+
+
+def test_the_token_sla_holds_an_end_to_end_limit_beside_the_others():
+    from tuner.score import check_token_sla
+    e2e_only = SlaSettings(e2e_ms=2000.0)
+    ok = check_token_sla(ttft_ms=900.0, tpot_ms=80.0, e2e_ms=1500.0, error_rate=0.0, sla=e2e_only)
+    assert ok.ok and ok.violation == pytest.approx(-0.25) and ok.e2e_ms == 1500.0  # TTFT, TPOT not limited
+    late = check_token_sla(ttft_ms=10.0, tpot_ms=1.0, e2e_ms=3000.0, error_rate=0.0, sla=e2e_only)
+    assert not late.ok and late.violation == pytest.approx(0.5) and late.reason == "p99 end to end 3000.0 ms > 2000 ms"
+    both = SlaSettings(ttft_ms=500.0, e2e_ms=2000.0)
+    slow_first = check_token_sla(ttft_ms=600.0, tpot_ms=None, e2e_ms=1000.0, error_rate=0.0, sla=both)
+    assert not slow_first.ok and slow_first.violation == pytest.approx(0.2)
+    none = check_token_sla(ttft_ms=None, tpot_ms=None, error_rate=0.0, sla=e2e_only)  # no token came back
+    assert not none.ok and "end to end none measured" in none.reason
 
 
 def test_tokens_per_dollar_at_capacity_and_at_the_recorded_load():

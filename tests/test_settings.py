@@ -297,7 +297,10 @@ def test_a_study_keeps_the_sla_of_its_kind():
     check_generative(generative, generative=True)
     check_generative(study_from_dict({**MINIMAL, "sla": {"tpot_ms": 50}}), generative=True)  # either one
     check_generative(study_from_dict(MINIMAL), generative=False)
-    with pytest.raises(SettingsError, match="a generative study .* needs sla.ttft_ms and/or sla.tpot_ms"):
+    check_generative(study_from_dict({**MINIMAL, "sla": {"e2e_ms": 20000}}), generative=True)  # or end to end
+    with pytest.raises(SettingsError, match="sla.e2e_ms: a token limit"):
+        check_generative(study_from_dict({**MINIMAL, "sla": {"e2e_ms": 20000}}), generative=False)
+    with pytest.raises(SettingsError, match="a generative study .* needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms"):
         check_generative(study_from_dict(MINIMAL), generative=True)
     with pytest.raises(SettingsError, match="sla.ttft_ms: a token limit, for a generative study"):
         check_generative(generative, generative=False)

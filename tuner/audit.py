@@ -12,6 +12,9 @@ The verdicts (the audit ratios of the design):
   `tuner tune` study with the same SLA and traffic): > 0.75 healthy, 0.60-0.75 watch, < 0.60 inefficient;
 - fill rate at the recorded load < 0.5: max_batch_size is larger than the traffic fills;
 - recoverable budget = throughput gap x what the deployment costs: (1 - ratio) x servers x price.
+
+A model vLLM serves (a generative deployment) is audited by `tuner.audit_engine` (`audit` hands it over):
+measured in tokens, with the engine's own statistics in place of the batcher's.
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ from tuner.score import check_sla
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
-from tuner.study import study_traffic
+from tuner.study import is_vllm_study, study_traffic
 from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, to_attrs
 from tuner.trial.run import make_measure
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
 LOW_FILL = 0.5      # fill rate at the recorded load below which max_batch_size is too large
+
+
+REQUESTS, TOKENS = "requests", "tokens"  # what an audit's capacity and scores count (TrialRecord.unit)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Baseline:
     source: str
     params: dict
     capacity_rps: float
+    unit: str = REQUESTS  # a generative study's: tokens, its capacity the output tokens/s below
+    output_tokens_per_s: float | None = None  # at capacity (a generative baseline's, what the ratio divides)
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,10 @@ class AuditResult:
     recoverable_per_month: float | None = None
     findings: list[Finding] = field(default_factory=list)
     # what the capacity was measured under: its --json is a baseline (load_baseline) only against these
-    sla: dict = field(default_factory=dict)  # latency_ms, percentile
+    sla: dict = field(default_factory=dict)  # latency_ms, percentile (a generative study's: ttft_ms, tpot_ms)
     traffic_path: str | None = None
+    unit: str = REQUESTS  # tokens: a generative deployment's, its capacity in output tokens/s
+    engine: dict | None = None  # a generative deployment's engine arguments and statistics (tuner.audit_engine)
 
     @property
     def exit_code(self) -> int:
@@ -100,7 +110,17 @@ class AuditResult:
             "findings": [f.__dict__ for f in self.findings],
             "exit_code": self.exit_code,
             "sla": self.sla, "traffic": {"path": self.traffic_path},
+            "unit": self.unit,
+            **({"capacity_output_tokens_per_s": self.capacity_output_tokens_per_s,
+                "tokens_per_dollar": self.result.scores.get("capacity"), "engine": self.engine}
+               if self.unit == TOKENS else {}),
         }
+
+    @property
+    def capacity_output_tokens_per_s(self) -> float | None:
+        """A generative deployment's capacity: the output tokens/s of its fastest replay within the SLA."""
+        b = self.result.capacity
+        return b.at_capacity.output_tokens_per_s if b is not None and b.rps > 0 and b.at_capacity else None
 
 
 def exit_code_of(findings: list[Finding], *, sla_met: bool = True) -> int:
@@ -122,19 +142,24 @@ def ratio_verdict(ratio: float) -> tuple[str, str]:
     return "inefficient", f"< {INEFFICIENT:g}: the tuned configuration serves the traffic for less"
 
 
-def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
+def load_baseline(path: str | Path, settings: StudySettings, *, unit: str = REQUESTS) -> Baseline:
     """The best configuration of a finished `tuner tune` (its output directory or summary.json), or the
     deployed one a replay audit measured (`tuner audit --json`: its capacity is the method's baseline
-    under ideal conditions); refused when measured for another SLA or on other traffic: the capacities
-    would not compare."""
+    under ideal conditions); refused when measured for another SLA or on other traffic (the capacities
+    would not compare), or in another `unit` (requests against a generative study's output tokens)."""
     path = Path(path)
     summary_path = path if path.suffix == ".json" else path / "summary.json"
     summary = read_json_object(summary_path, label=f"--baseline: {summary_path}",
                                missing="not found (give the output directory of a `tuner tune`)")
     if not summary.get("sla"):
         raise InputError(f"--baseline: {summary_path}: not a tuner summary or `tuner audit --json` (no 'sla')")
+    theirs_unit = summary.get("unit") or REQUESTS  # written before generative studies: requests
+    if theirs_unit != unit:
+        raise InputError(f"--baseline: {summary_path} is {_KIND.get(theirs_unit, theirs_unit)}, this audit is "
+                         f"{_KIND.get(unit, unit)}: the capacities do not compare")
     if "outcome" in summary and "best" not in summary:  # a replay audit's --json
-        best = {"params": summary.get("params"), "capacity_rps": summary.get("capacity_rps")}
+        best = {"params": summary.get("params"), "capacity_rps": summary.get("capacity_rps"),
+                "at_capacity": {"output_tokens_per_s": summary.get("capacity_output_tokens_per_s")}}
         if not best["capacity_rps"]:
             raise InputError(f"--baseline: {summary_path}: that audit measured no capacity (--at-load-only, "
                              "or the SLA missed), so there is nothing to compare with")
@@ -143,28 +168,58 @@ def load_baseline(path: str | Path, settings: StudySettings) -> Baseline:
     if not best or not best.get("capacity_rps"):
         raise InputError(f"--baseline: {summary_path}: that study found no configuration with a capacity "
                          "under its SLA, so there is nothing to compare with")
-    sla = summary["sla"]
+    tokens = ((best.get("at_capacity") or {}).get("output_tokens_per_s") or None) if unit == TOKENS else None
+    if unit == TOKENS and not tokens:
+        raise InputError(f"--baseline: {summary_path}: its best configuration has no output tokens/s at "
+                         "capacity, so there is nothing to compare with")
+    _check_same_sla(summary_path, summary["sla"], settings, unit=unit)
+    traffic = (summary.get("traffic") or {}).get("path")
+    if traffic and Path(traffic).name != Path(settings.traffic.path).name:
+        raise InputError(f"--baseline: {summary_path} was tuned on {Path(traffic).name}, this audit replays "
+                         f"{Path(settings.traffic.path).name}: the capacities do not compare")
+    return Baseline(str(summary_path), dict(best.get("params") or {}), float(best["capacity_rps"]), unit=unit,
+                    output_tokens_per_s=float(tokens) if tokens else None)
+
+
+_KIND = {REQUESTS: "an encoder study's (capacity in requests/s)",
+         TOKENS: "a generative study's (capacity in output tokens/s)"}
+
+
+def _check_same_sla(summary_path: Path, sla: dict, settings: StudySettings, *, unit: str) -> None:
+    """InputError in one line when the baseline was measured for another SLA: its limits (an encoder's
+    latency, or a generative study's TTFT and TPOT) or its percentile."""
+    if unit == TOKENS:
+        from tuner.export import sla_limits
+
+        ours = {"percentile": settings.sla.percentile, "ttft_ms": settings.sla.ttft_ms, "tpot_ms": settings.sla.tpot_ms}
+        theirs = {k: sla.get(k, 99.0 if k == "percentile" else None) for k in ours}
+        if {k: None if v is None else float(v) for k, v in ours.items()} != \
+                {k: None if v is None else float(v) for k, v in theirs.items()}:
+            raise InputError(f"--baseline: {summary_path} was tuned for {sla_limits(theirs)}, this audit's SLA is "
+                             f"{sla_limits(ours)}: the capacities do not compare")
+        return
     ours = (float(settings.sla.latency_ms), float(settings.sla.percentile))
     theirs = (float(sla.get("latency_ms", -1)), float(sla.get("percentile", 99)))
     if ours != theirs:
         raise InputError(f"--baseline: {summary_path} was tuned for p{theirs[1]:g} <= {theirs[0]:g} ms, this "
                          f"audit's SLA is p{ours[1]:g} <= {ours[0]:g} ms: the capacities do not compare")
-    traffic = (summary.get("traffic") or {}).get("path")
-    if traffic and Path(traffic).name != Path(settings.traffic.path).name:
-        raise InputError(f"--baseline: {summary_path} was tuned on {Path(traffic).name}, this audit replays "
-                         f"{Path(settings.traffic.path).name}: the capacities do not compare")
-    return Baseline(str(summary_path), dict(best.get("params") or {}), float(best["capacity_rps"]))
 
 
 def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False,
           *,
           progress: bool = True) -> AuditResult:
-    """Measure the configuration the study's server runs now and judge it."""
+    """Measure the configuration the study's server runs now and judge it (a model vLLM serves:
+    `tuner.audit_engine.audit_engine`)."""
+    from tuner import audit_engine  # it builds on this module
+
+    if is_vllm_study(settings):
+        return audit_engine.audit_engine(settings, baseline, at_load_only, progress=progress)
     traffic = study_traffic(settings)
     price = price_for(settings.cost).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     with make_launcher(settings, read_only=True) as launcher:
         config = launcher.model_config(settings.model)
+        audit_engine.check_not_vllm(settings, config)
         measured = make_measure(launcher, settings, traffic, capacity=not at_load_only,
                                          on_measure=_say_step(settings) if progress else None)
         params = space.from_config(config, settings.search)
@@ -186,14 +241,8 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
     """The audit's findings: the SLA and fill rate at the recorded load, the capacity, the ratio, the soak."""
     r, load = a.result, a.result.at_load
     pct = f"p{settings.sla.percentile:g}"
-    if r.outcome == UNMEASURED:
-        return [Finding("SLA at the recorded load", "unmeasured", "broken",
-                        f"{r.note}; raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed "
-                        f"and audit again (no verdict on the deployment)")]
     if r.outcome in NO_VERDICT:
-        return [Finding("SLA at the recorded load", r.outcome, "broken",
-                        f"{r.note} (no verdict on the deployment: audit it again, or raise "
-                        f"measurement.warmup_max_s)")]
+        return no_verdict(r)
     out = [Finding(
         "SLA at the recorded load",
         f"{pct} {formats.number(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
@@ -216,18 +265,33 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
         cost = formats.number(r.monthly_cost, ",.0f")
         out.append(Finding("capacity", f"{r.capacity_rps:.1f} req/s (speed {r.capacity_speed:.2f}); "
                            f"{r.servers_needed} server(s) for the peak, ${cost}/month", "info"))
+    baseline_rps = a.baseline.capacity_rps if a.baseline is not None else 0.0
+    return out + ratio_findings(a, r.capacity_rps, baseline_rps, unit="req/s") + soak_findings(settings.output)
+
+
+def no_verdict(r: TrialRecord) -> list[Finding]:
+    """The one finding of an audit whose replay at the recorded load gave no verdict (unmeasured, unstable)."""
+    if r.outcome == UNMEASURED:
+        return [Finding("SLA at the recorded load", "unmeasured", "broken",
+                        f"{r.note}; raise replay.lag_budget_ms, set replay.workers, or lower traffic.speed "
+                        f"and audit again (no verdict on the deployment)")]
+    return [Finding("SLA at the recorded load", r.outcome, "broken",
+                    f"{r.note} (no verdict on the deployment: audit it again, or raise "
+                    f"measurement.warmup_max_s)")]
+
+
+def ratio_findings(a: AuditResult, mine: float, theirs: float, *, unit: str) -> list[Finding]:
+    """The throughput ratio against the baseline and the recoverable budget (or: no baseline)."""
     if a.baseline is not None and a.ratio is not None:
-        b = a.baseline
-        out.append(Finding(
-            "throughput ratio", f"{a.ratio:.2f} ({r.capacity_rps:.1f} vs {b.capacity_rps:.1f} req/s of "
-            f"{space.describe(b.params)})", *ratio_verdict(a.ratio)))
+        out = [Finding("throughput ratio", f"{a.ratio:.2f} ({mine:.1f} vs {theirs:.1f} {unit} of "
+                       f"{space.describe(a.baseline.params)})", *ratio_verdict(a.ratio))]
         recoverable = formats.number(a.recoverable_per_month, ",.0f")
-        out.append(Finding("recoverable budget", f"${recoverable}/month", "info",
-                           "throughput gap x the deployment's monthly cost"))
-    elif a.baseline is None:
-        out.append(Finding("throughput ratio", "no baseline", "info",
-                           "run `tuner tune` on the same study and pass its output with --baseline"))
-    return out + soak_findings(settings.output)
+        return out + [Finding("recoverable budget", f"${recoverable}/month", "info",
+                              "throughput gap x the deployment's monthly cost")]
+    if a.baseline is None:
+        return [Finding("throughput ratio", "no baseline", "info",
+                        "run `tuner tune` on the same study and pass its output with --baseline")]
+    return []
 
 
 def soak_findings(output: str | Path) -> list[Finding]:

@@ -250,9 +250,11 @@ def summarize(study: optuna.Study) -> dict:
 
 
 def sla_limits(sla: dict) -> str:
-    """The SLA's latency limits as text: an encoder's latency, or a generative model's TTFT and TPOT."""
+    """The SLA's latency limits as text: an encoder's latency, or a generative model's TTFT, TPOT and
+    end to end."""
     pct = f"p{sla.get('percentile', 99):g}"
-    tokens = [f"{pct} {name} <= {sla[key]:g} ms" for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"))
+    tokens = [f"{pct} {name} <= {sla[key]:g} ms"
+              for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("end to end", "e2e_ms"))
               if sla.get(key) is not None]
     return ", ".join(tokens) if tokens else f"{pct} <= {sla.get('latency_ms')} ms"
 

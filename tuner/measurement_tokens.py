@@ -58,6 +58,7 @@ class TokenMeasurement(Served):
     good_requests: int
     ttft_limit_ms: float | None = None
     tpot_limit_ms: float | None = None
+    e2e_limit_ms: float | None = None
     sla_percentile: float = 99.0
     send_lag_ms: dict[str, float] = field(default_factory=dict)  # p50, p99, max
     valid: bool = True
@@ -79,13 +80,17 @@ class TokenMeasurement(Served):
         """TPOT at a kept percentile (p50/p90/p95/p99/max, and the SLA's)."""
         return _at(self.tpot_ms, percentile, "TPOT")
 
+    def e2e(self, percentile: float) -> float:
+        """End to end (due time to the last token) at a kept percentile."""
+        return _at(self.e2e_ms, percentile, "end-to-end time")
+
 
 def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_budget_ms: float,
                    sla_percentile: float = 99.0, ttft_ms: float | None = None, tpot_ms: float | None = None,
-                   load_generator_cpu: float = 0.0, workers: int = 1,
+                   e2e_ms: float | None = None, load_generator_cpu: float = 0.0, workers: int = 1,
                    duration_s: float | None = None) -> TokenMeasurement:
     """The figures of a generative replay's `records` (RECORD_COLUMNS, one row per request of the
-    whole schedule, warm-up included). `ttft_ms` / `tpot_ms`: the SLA's limits goodput counts
+    whole schedule, warm-up included). `ttft_ms` / `tpot_ms` / `e2e_ms`: the SLA's limits goodput counts
     against (None: no such limit); `duration_s`: the schedule's length (default: the last due time)."""
     missing = [c for c in RECORD_COLUMNS if c not in records.columns]
     if missing:
@@ -109,6 +114,8 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         meets &= ttft <= ttft_ms
     if tpot_ms is not None:
         meets &= ~several | (tpot_all <= tpot_ms)
+    if e2e_ms is not None:
+        meets &= (last - due) * 1000.0 <= e2e_ms
 
     span = max(end - warmup_s, 0.0)
     served_span = float(good["end_s"].max()) - warmup_s if len(good) else 0.0
@@ -132,7 +139,7 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         itl_ms=percentiles(itl, sla_percentile=sla_percentile),
         e2e_ms=percentiles((last - due) * 1000.0, sla_percentile=sla_percentile),
         goodput_rps=int(meets.sum()) * per_s, good_requests=int(meets.sum()),
-        ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, sla_percentile=sla_percentile,
+        ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, e2e_limit_ms=e2e_ms, sla_percentile=sla_percentile,
         send_lag_ms=send_lag, busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
         valid=not reasons, invalid_reason="; ".join(reasons),
         load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots,

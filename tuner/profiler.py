@@ -33,7 +33,8 @@ in one payload, which grows until the instance frees (with delay 0 and N <= max_
 one execution of N requests, as `DynamicBatchScheduler::BatcherThread` / `GetDynamicBatch` add
 requests to a payload waiting for its instance). A try counts only when Triton's statistics show
 exactly the two executions, the blocker's and one of N; otherwise it is tried again (at most
-`HELD_TRIES` times). Triton's `TRITONSERVER_DELAY_SCHEDULER` variable is not used: the batcher thread
+`HELD_TRIES` times, the later tries after growing pauses, so that a burst of load on the host does not
+spoil them all). Triton's `TRITONSERVER_DELAY_SCHEDULER` variable is not used: the batcher thread
 reads it once, when the model loads, and holds only the first batch after each load (core
 `src/dynamic_batch_scheduler.cc`), so every batch would need a reload and be a cold instance's.
 
@@ -97,7 +98,10 @@ LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 MERGE_LENGTHS = 0.15             # a length within 15 % below the next one is measured as that one
 OOM_ERROR = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
 STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
-HELD_TRIES = 5                   # tries per batch of separate requests before its N is given up
+HELD_TRIES = 8                   # tries per batch of separate requests before its N is given up
+# pauses before the 2nd, 3rd, ... try: a burst of load on the host (another process starting) can make
+# every try within a few ms miss; spread over ~10 s, the tries outlast it (only a failing N waits)
+HELD_PAUSES_S = (0.0, 0.1, 0.3, 0.6, 1.0, 2.0, 3.0, 3.0)
 _PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
@@ -434,7 +438,8 @@ def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count
             rows_b, length_b, blocker_ms = blocker
             for k in range(repeats + 1):
                 sample = None
-                for _ in range(HELD_TRIES):
+                for pause in HELD_PAUSES_S[:HELD_TRIES]:
+                    time.sleep(pause)
                     sample = sender.send_held(n, length, blocker=(rows_b, length_b, blocker_ms), measured=k > 0)
                     if sample is not None:
                         break

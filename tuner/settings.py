@@ -149,13 +149,15 @@ class SlaSettings:
     the request's latency (`latency_ms`); a generative one (a vLLM-backend model replaying token
     traffic) limits the time to first token (`ttft_ms`: first streamed token minus the request's due
     time) and/or the time per output token (`tpot_ms`: (last token - first token) / (output tokens -
-    1)), each at the same percentile (`check_generative` holds a study to its kind)."""
+    1)) and/or the end-to-end time (`e2e_ms`: last token minus due time, the limit vLLM's auto-tune
+    script uses), each at the same percentile (`check_generative` holds a study to its kind)."""
 
     latency_ms: float = positive(100.0)
     percentile: float = 99.0
     max_error_rate: float = at_least_zero(0.001)
     ttft_ms: float | None = positive(None)
     tpot_ms: float | None = positive(None)
+    e2e_ms: float | None = positive(None)
 
 
 @dataclass(frozen=True)
@@ -612,14 +614,14 @@ def _check_engine_ranges(s: StudySettings, source: str) -> None:
 
 def check_generative(s: StudySettings, *, generative: bool) -> None:
     """Hold the study's SLA to its kind: a generative study (a vLLM-backend model, token traffic)
-    needs sla.ttft_ms or sla.tpot_ms (sla.latency_ms, the encoder's limit, is not used); an encoder
-    study refuses them. SettingsError in one line."""
+    needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms (sla.latency_ms, the encoder's limit, is not used); an
+    encoder study refuses them. SettingsError in one line."""
     source = s.source or "<study>"
-    given = [key for key in ("ttft_ms", "tpot_ms") if getattr(s.sla, key) is not None]
+    given = [key for key in ("ttft_ms", "tpot_ms", "e2e_ms") if getattr(s.sla, key) is not None]
     if generative and not given:
         raise SettingsError(f"{source}: sla: a generative study (a vLLM-backend model, token traffic) needs "
-                            f"sla.ttft_ms and/or sla.tpot_ms (time to first token, time per output token, "
-                            f"at sla.percentile)")
+                            f"sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms (time to first token, time per output "
+                            f"token, end to end, at sla.percentile)")
     if not generative and given:
         raise SettingsError(f"{source}: sla.{given[0]}: a token limit, for a generative study (a vLLM-backend "
                             f"model); {s.model} is an encoder: limit sla.latency_ms")

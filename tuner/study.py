@@ -6,6 +6,8 @@
                               the base every trial's configuration changes only the tuned fields of
     base_engine(settings, base)   a vLLM-backend model's engine arguments (its model.json): the same, for
                               the engine knobs; None for a model vLLM does not serve
+    is_vllm_study(settings)   whether vLLM serves the study's model (its batching is the engine's):
+                              the one test every command that treats such a study apart asks
     check_batcher_study(settings, command)   refuse, in one line, a vLLM-backend model's study in a
                               command that measures Triton's dynamic batcher only
 """
@@ -24,7 +26,7 @@ from tuner.settings import StudySettings
 from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "base_engine", "check_batcher_study", "study_traffic"]
+__all__ = ["base_config", "base_engine", "check_batcher_study", "is_vllm_study", "study_traffic"]
 
 
 def study_traffic(settings: StudySettings) -> pd.DataFrame:
@@ -60,15 +62,24 @@ def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:
     return engineargs.read(model_dir) if engineargs.is_vllm_model(model_dir, base) else None
 
 
+def is_vllm_study(settings: StudySettings) -> bool:
+    """Whether vLLM serves the study's model as its repository holds it (`engineargs.is_vllm_model`:
+    `backend: "vllm"`, or a Python-backend model with a model.json); False without a config.pbtxt."""
+    from tuner.llm import engineargs
+
+    if not settings.model_repository:
+        return False
+    model_dir = Path(settings.model_repository) / settings.model
+    return (model_dir / "config.pbtxt").is_file() and engineargs.is_vllm_model(model_dir)
+
+
 def check_batcher_study(settings: StudySettings, command: str) -> None:
     """SettingsError in one line when the study's model is served by vLLM: `command` (audit, nightly, soak,
     simulate, profile, exporter) reads Triton's dynamic batcher and its statistics, which such a model,
     batched inside its engine, does not have; `tuner tune` and `tuner replay` take it."""
     from tuner.errors import SettingsError
-    from tuner.llm import engineargs
 
-    model_dir = Path(settings.model_repository) / settings.model
-    if (model_dir / "config.pbtxt").is_file() and engineargs.is_vllm_model(model_dir):
+    if is_vllm_study(settings):
         raise SettingsError(f"{settings.source or '<study>'}: {settings.model} is served by vLLM (its batching is the "
                             f"engine's): tuner {command} does not take a generative study yet; tuner tune and "
                             f"tuner replay do")

@@ -63,7 +63,7 @@ def test_the_example_checks_and_says_what_it_tunes(tmp_path, capsys):
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"search__max_batch_size": {"low": 1, "high": 8}}, "Triton's dynamic batcher does nothing on a vLLM-backend"),
     ({"search__strategy": "model"}, "search.strategy: model simulates Triton's dynamic batcher"),
-    ({"sla": {"latency_ms": 200}}, "needs sla.ttft_ms and/or sla.tpot_ms"),
+    ({"sla": {"latency_ms": 200}}, "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms"),
 ])
 def test_a_study_of_the_wrong_kind_is_one_line(tmp_path, capsys, changes, expected):
     assert expected in refused(capsys, "tune", str(study(tmp_path, **changes)), "--check")
@@ -94,7 +94,7 @@ def test_engine_arguments_vllm_refuses_and_a_model_that_does_not_stream_are_one_
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [["audit"], ["soak"], ["profile"], ["simulate", "--profile", "p.csv"]])
+@pytest.mark.parametrize("command", [["profile"], ["simulate", "--profile", "p.csv"]])
 def test_commands_that_read_the_dynamic_batcher_refuse_a_generative_study(tmp_path, capsys, command):
     (tmp_path / "p.csv").write_text("rows,length,ms\n1,4,1.0\n")
     line = refused(capsys, command[0], str(study(tmp_path)), *[str(tmp_path / a) if a.endswith(".csv") else a

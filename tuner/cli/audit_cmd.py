@@ -28,7 +28,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "10 inefficient, 3 SLA missed at the recorded load, 2 bad input, 1 error. "
         "With --prometheus URL: nothing is replayed and no server touched; production's own history over "
         "--window (Triton's counters in Prometheus: throughput, fill rate, queue and compute time, errors, "
-        "per hour and per instance) is judged the same way (exit 3: the error rate over the SLA's).",
+        "per hour and per instance) is judged the same way (exit 3: the error rate over the SLA's). "
+        "A model vLLM serves (a generative study) is measured in tokens, as tune measures it: its engine "
+        "arguments from the study's model.json, the TTFT/TPOT SLA, the capacity in output tokens/s against a "
+        "generative `tuner tune` baseline, vLLM's own preemptions, KV-cache use and sequences at the recorded "
+        "load in place of the batcher's findings (the replay audit only).",
     )
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
@@ -54,20 +58,23 @@ def run(args: argparse.Namespace) -> int:
         return _production(args)
     if args.window is not None:
         raise InputError("--window: only with --prometheus (the replay audit replays the study's traffic)")
-    from tuner.audit import audit, format_audit, load_baseline
+    from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
     from tuner.files import check_writable
     from tuner.server.remote import check_triton
-    from tuner.settings import parse_host_port, read_study, with_overrides
-    from tuner.study import check_batcher_study
+    from tuner.settings import check_generative, parse_host_port, read_study, with_overrides
+    from tuner.study import is_vllm_study
 
     settings = read_study(args.study)
-    check_batcher_study(settings, "audit")
+    generative = is_vllm_study(settings)  # a model vLLM serves: measured in tokens (tuner.audit_engine)
+    if generative:
+        check_generative(settings, generative=True)  # its SLA limits TTFT and/or TPOT
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before the measuring, not after
-    baseline = load_baseline(args.baseline, settings) if args.baseline else None
+    unit = TOKENS if generative else REQUESTS
+    baseline = load_baseline(args.baseline, settings, unit=unit) if args.baseline else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url, where="--url" if args.url is not None else "server.url")
     result = audit(settings, baseline, at_load_only=args.at_load_only)
@@ -76,7 +83,13 @@ def run(args: argparse.Namespace) -> int:
     if args.textfile:
         from tuner.production import labels_for, replay_audit_families, write_textfile
 
-        write_textfile(args.textfile, replay_audit_families(result, labels_for(settings)))
+        if result.unit == TOKENS:  # in output tokens, named so: never read as requests
+            from tuner.audit_engine import textfile_families
+
+            families = textfile_families(result, labels_for(settings))
+        else:
+            families = replay_audit_families(result, labels_for(settings))
+        write_textfile(args.textfile, families)
     return result.exit_code
 
 
@@ -92,14 +105,15 @@ def _production(args: argparse.Namespace) -> int:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
-    from tuner.study import check_batcher_study
+    from tuner.study import is_vllm_study
 
     settings = read_study(args.study)
-    check_batcher_study(settings, "audit")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")
-    baseline = load_baseline(args.baseline, settings) if args.baseline else None
     prometheus = Prometheus(args.prometheus)
+    if is_vllm_study(settings):
+        return _production_engine(args, settings, prometheus, window_s=window_s)
+    baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
     print(format_audit(result))
@@ -113,14 +127,38 @@ def _production(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float) -> int:
+    """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA."""
+    from tuner.audit import format_audit
+    from tuner.production import (
+        ENGINE_QUERIES,
+        engine_audit_families,
+        labels_for,
+        load_engine_baseline,
+        production_engine_audit,
+        write_textfile,
+    )
+
+    baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
+    with _query_progress(ENGINE_QUERIES) as on_query:
+        result = production_engine_audit(settings, prometheus, window_s=window_s, baseline=baseline,
+                                         on_query=on_query)
+    print(format_audit(result))
+    _write_json(args.json, result.as_dict())
+    if args.textfile:
+        write_textfile(args.textfile, engine_audit_families(result, labels_for(settings)))
+    return result.exit_code
+
+
 @contextlib.contextmanager
-def _query_progress() -> Iterator[Callable[[str], None]]:
-    """A bar over the queries on stderr, drawn only once they take more than a second."""
+def _query_progress(total: int | None = None) -> Iterator[Callable[[str], None]]:
+    """A bar over the queries on stderr (`total`: the production audit's), drawn only once they take
+    more than a second."""
     from tqdm import tqdm
 
     from tuner.production import QUERIES
 
-    with tqdm(total=QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
+    with tqdm(total=total or QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
               leave=False) as bar:
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
 

@@ -17,8 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="retune on the newest traffic and propose a change only when an A/B confirmation shows it",
         description="Take the newest traffic, compare it with the previous run's (drift table), run a "
         "search warm-started from the previous night, confirm the best candidate against production "
-        "(A/B/A/B... on tonight's traffic) and write the decision, the proposed config.pbtxt and its diff, "
-        "a Markdown summary and a history line into a dated run directory. Exit codes: 0 keep, 10 change "
+        "(A/B/A/B... on tonight's traffic) and write the decision, the proposed config.pbtxt (a model vLLM "
+        "serves: its engine knobs, streamed replays scored in output tokens per dollar, the proposed model.json) "
+        "and its diff, a Markdown summary and a history line into a dated run directory. Exit codes: 0 keep, 10 change "
         "proposed, 3 SLA unmeetable, 2 bad input, 1 error (another run holds the lock, server failure).",
     )
     add_input(p, "nightly", kind="file or directory", metavar="NIGHTLY.yaml",
@@ -66,8 +67,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_textfile(path: str, settings, entry: dict) -> None:
-    """The night's verdict as Prometheus metrics, labelled with its study's model and GPU."""
+    """The night's verdict as Prometheus metrics, labelled with its study's model and GPU; a generative
+    model's night scores output tokens, written as their own series (never as requests per dollar)."""
     from tuner.nightly.settings import read_study_for
     from tuner.production import labels_for, nightly_families, write_textfile
 
-    write_textfile(path, nightly_families(entry, labels_for(read_study_for(settings))))
+    labels = labels_for(read_study_for(settings))
+    families = nightly_families(entry, labels)  # its requests per dollar: an encoder's night only
+    if entry.get("unit") == "tokens":
+        families += [f for f in (labels.gauge("tuner_nightly_output_tokens_per_dollar",
+                                              "Output tokens per dollar tonight's search measured.",
+                                              entry.get(f"{config}_tokens_per_dollar"), config=config)
+                                 for config in ("production", "best")) if f is not None]
+    write_textfile(path, families)

@@ -180,7 +180,8 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
     from tuner.llm.engine_metrics import E2E, ITL, TPOT, TTFT
 
     m = run.measurement
-    limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms))
+    limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms),
+                                                                     ("end to end", m.e2e_limit_ms))
                        if limit is not None)
     rows = [
         ("offered", f"{m.offered_rps:.2f} req/s over {m.duration_s:.1f} s ({m.requests} requests)"),

@@ -61,13 +61,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "OUTPUT/soak/windows.csv as it ends. At the end (or at Ctrl-C) a trend test per figure with the "
         "offered load as covariate, the projected SLA breach, the largest batch still succeeding, the "
         "recording's quietest stretch per day and the restart advice go to OUTPUT/soak/findings.json and "
-        "the terminal. Hours are hours of recorded traffic. Exit codes: 0 no drift detected, 10 drift "
+        "the terminal. A model vLLM serves soaks its engine arguments instead (--config a model.json, else "
+        "OUTPUT/recommended/model.json, else its own; --set its engine knobs): each window streamed and "
+        "measured in tokens (TTFT, TPOT, output tokens/s, the token SLA) with vLLM's own statistics "
+        "(preemptions, KV-cache use, sequences waiting), no batch or compute-time figures. Hours are hours "
+        "of recorded traffic. Exit codes: 0 no drift detected, 10 drift "
         "detected, 2 bad input, 1 error, 130 interrupted (the finished windows are kept).",
     )
     add_study(p, "the study file (model, server, traffic, SLA)")
     add_assignments(p, "change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
     add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
-              help="soak this config.pbtxt instead of the recommendation")
+              help="soak this config.pbtxt (a vLLM-served model: this model.json) instead of the recommendation")
     add_numbers(p, PACE)
     add_output_dir(p, note="the soak goes to DIR/soak/")
     add_numbers(p, RESTART)
@@ -80,12 +84,19 @@ def run(args: argparse.Namespace) -> int:
     """Soak one configuration and print the findings; exit 10 when drift was detected, else 0."""
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner import space
-    from tuner.settings import read_study
-    from tuner.soak import make_plan, restart_windows, run_soak, soak_config
-    from tuner.study import check_batcher_study, study_traffic
+    from tuner.settings import check_generative, read_study
+    from tuner.soak import (
+        NOT_MEASURED,
+        check_generative_traffic,
+        make_plan,
+        restart_windows,
+        run_soak,
+        soak_config,
+        soak_engine,
+    )
+    from tuner.study import study_traffic
 
     settings = read_study(args.study)
-    check_batcher_study(settings, "soak")
     output = Path(args.output).resolve() if args.output else Path(settings.output)
     settings = dataclasses.replace(settings, output=str(output))
     if not (0 <= args.margin < 1):
@@ -99,9 +110,16 @@ def run(args: argparse.Namespace) -> int:
                      restart_at_hours=args.restart_at)
     quiet, quiet_text = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours,
                                         recording=f"the recording {settings.traffic.path}")
-    config, source = soak_config(settings, output, args.assignments, config_path=args.config)
-
-    knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
+    generative = soak_engine(settings, output, args.assignments, config_path=args.config)
+    engine = None
+    if generative is None:
+        config, source = soak_config(settings, output, args.assignments, config_path=args.config)
+        knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
+    else:  # vLLM batches: its engine arguments are what is soaked
+        config, engine, source = generative
+        check_generative(settings, generative=True)
+        check_generative_traffic(settings, config, traffic, args=engine)
+        knobs = ", ".join(f"{k}={engine[k]}" for k in space.ENGINE_NAMES if engine.get(k) is not None)
     print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
           f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "
           f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), about "
@@ -109,13 +127,14 @@ def run(args: argparse.Namespace) -> int:
           + (f"; restart after {plan.restart_at_hours:g} h" if plan.restart_at_hours is not None else "")
           + (f"\n  note: the soak offers {plan.speed / settings.traffic.speed:.3g}x the study's recorded load "
              f"(traffic.speed {settings.traffic.speed:g})" if plan.speed != settings.traffic.speed else "")
-          + f"\n  restart window: {quiet_text}", flush=True)
+          + f"\n  restart window: {quiet_text}"
+          + (f"\n  note: {NOT_MEASURED}" if engine is not None else ""), flush=True)
     result = run_soak(settings, config, plan, traffic=traffic, output=output, quiet=quiet, config_source=source,
-                      measure_capacity=not args.no_capacity, replace=args.replace, margin=args.margin,
+                      engine=engine, measure_capacity=not args.no_capacity, replace=args.replace, margin=args.margin,
                       progress=not args.quiet)
     print()
     print(result.findings.text())
-    print(f"\nsoak: {result.folder} (windows.csv, executions.csv, findings.json); "
+    print(f"\nsoak: {result.folder} (windows.csv{'' if engine is not None else ', executions.csv'}, findings.json); "
           f"`tuner report {output}` draws it")
     return EXIT_DRIFT if result.findings.verdict == "drift" else EXIT_NO_DRIFT
 

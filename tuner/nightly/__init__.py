@@ -1,6 +1,8 @@
 """The nightly retuning job: `tuner nightly NIGHTLY.yaml`.
 
     settings  NIGHTLY.yaml -> NightlySettings (load_nightly)
+    deployed  production's configuration: a config.pbtxt, or a vLLM-served model's model.json (its
+              engine knobs, scored in output tokens per dollar); the proposal and its diff
     intake    tonight's traffic: the newest N hours of a file or directory
     drift     tonight's traffic against the previous run's (rate, burstiness, sizes)
     rule      the decision rule over the A/B confirmation replays (pure), with tuner.errors' exit codes

@@ -3,7 +3,9 @@
 Burstiness is read two ways: the coefficient of variation of inter-arrival gaps (1 for Poisson
 arrivals, above for bursts) and the peak-to-mean ratio of requests per second. Sizes are
 `batch_size` and every shape column (e.g. `seq_len`): mean and p90, plus the Kolmogorov-Smirnov
-distance between the two nights' distributions (0 identical, 1 disjoint).
+distance between the two nights' distributions (0 identical, 1 disjoint). Traffic to a generative model
+(`prompt_tokens`, `output_tokens`) also gives each token column's p50 and p99 and its tokens per second,
+what a vLLM engine's batching answers to as much as the request rate.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.traffic import BATCH_SIZE, describe, shape_columns
+from tuner.traffic.io import TOKEN_COLUMNS
 
 
 def profile(df: pd.DataFrame) -> dict[str, float]:
@@ -28,7 +31,11 @@ def profile(df: pd.DataFrame) -> dict[str, float]:
     }
     for col, pct in d["sizes"].items():
         out[f"{col}_mean"] = float(pct["mean"])
-        out[f"{col}_p90"] = float(pct["p90"])
+        for q in ("p50", "p90", "p99") if col in TOKEN_COLUMNS else ("p90",):
+            out[f"{col}_{q}"] = float(pct[q])
+    for col, tokens in d.get("tokens", {}).items():  # a generative table's: prompt and output tokens
+        if col in TOKEN_COLUMNS:
+            out[f"{col}_per_s"] = float(tokens["per_s"])
     return out
 
 
@@ -50,6 +57,7 @@ def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
 
 # which figures can drift (requests and duration follow from the window asked for)
 _COMPARED = ("rate_rps", "peak_rps_1s", "peak_to_mean", "interarrival_cv")
+_COMPARED_SUFFIXES = ("_mean", "_p50", "_p90", "_p99", "_per_s")
 
 
 def drift_table(previous: pd.DataFrame | None, current: pd.DataFrame, threshold: float = 0.2) -> pd.DataFrame:
@@ -62,7 +70,7 @@ def drift_table(previous: pd.DataFrame | None, current: pd.DataFrame, threshold:
     rows = []
     for name, value in cur.items():
         before = prev.get(name, float("nan"))
-        compared = name in _COMPARED or name.endswith(("_mean", "_p90"))
+        compared = name in _COMPARED or name.endswith(_COMPARED_SUFFIXES)
         change = value / before - 1.0 if before == before and before not in (0.0,) else float("nan")
         rows.append({"metric": name, "previous": before, "current": value, "change": change,
                      "drift": bool(compared and change == change and abs(change) > threshold)})

@@ -2,7 +2,10 @@
 and a warm-started Optuna study in the night's run directory.
 
 One server serves the whole night: the search's trials and then the confirmation's alternating
-replays, so both arms of every pair meet the same machine in the same state.
+replays, so both arms of every pair meet the same machine in the same state. A model vLLM serves is
+evaluated as `tuner tune` evaluates it (`tuner.trial.run`'s engine path): each configuration's engine
+knobs written into the served copy's model.json (the engine restarted), every replay streamed, the
+token SLA checked and output tokens per dollar scored; its confirmation replays are the same.
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ class RealEngine:
     """`evaluate` scores a search trial; `load_replay`, when given, is the cheaper confirmation
     replay (utilization scoring needs only the replay at the recorded load, not a capacity search)."""
 
-    def __init__(self, study: StudySettings, evaluate: search.Evaluate, load_replay: LoadReplay | None = None):
+    def __init__(self, study: StudySettings, evaluate: search.Evaluate, load_replay: LoadReplay | None = None,
+                 *, unit: str = "requests"):
         self.study = study
         self.evaluate = evaluate
         self.load_replay = load_replay
+        self.unit = unit  # what the scores count per dollar: requests, or a generative model's output tokens
         self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
 
     def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
@@ -76,23 +81,29 @@ class RealEngine:
             record = self.load_replay(dict(params))
         else:
             record = self.evaluate(dict(params), Hints(start_speed=self.speeds.get(_key(params))))
-        return to_arm(record, arm, self.study.scoring, percentile=self.study.sla.percentile)
+        return to_arm(record, arm, self.study.scoring, percentile=self.study.sla.percentile, unit=self.unit)
 
 
-def to_arm(record: TrialRecord, arm: str, scoring: str, *, percentile: float) -> ArmResult:
-    """A confirmation replay's record as the rule reads it (unmeasured: not valid, no verdict)."""
+def to_arm(record: TrialRecord, arm: str, scoring: str, *, percentile: float, unit: str = "requests") -> ArmResult:
+    """A confirmation replay's record as the rule reads it (unmeasured: not valid, no verdict); a
+    generative model's with its TTFT and TPOT at the SLA's percentile."""
     load = record.at_load
-    latency = load.latency_ms.get(f"p{percentile:g}") if load is not None else None
+    q = f"p{percentile:g}"
+    latency = load.latency_ms.get(q) if load is not None else None
+    ttft = load.ttft_ms.get(q) if load is not None and load.generative else None
+    tpot = load.tpot_ms.get(q) if load is not None and load.generative else None
     score = record.scores.get(scoring)
     valid = record.outcome not in NO_VERDICT
-    return ArmResult(arm=arm, meets_sla=record.meets_sla, requests_per_dollar=None if score is None or not valid else float(score),
-                     latency_ms=float(latency) if latency is not None else float("nan"),
+    return ArmResult(arm=arm, meets_sla=record.meets_sla, per_dollar=None if score is None or not valid else float(score),
+                     unit=unit, latency_ms=float(latency) if latency is not None else float("nan"),
+                     ttft_ms=None if ttft is None else float(ttft), tpot_ms=None if tpot is None else float(tpot),
                      error_rate=load.error_rate if load is not None else 0.0, valid=valid,
                      note=record.note if not valid else record.sla_reason,
                      detail={k: v for k, v in (("requests", load.requests if load else 0),
                                                ("send_lag_p99_ms", load.send_lag_p99_ms if load else None),
                                                ("busy_s", load.busy_s if load else 0.0),
-                                               ("mean_batch_size", load.mean_batch_size if load else 0.0))
+                                               ("mean_batch_size", load.mean_batch_size if load else 0.0),
+                                               ("output_tokens_per_s", load.output_tokens_per_s if load else None))
                              if v is not None})
 
 
@@ -120,14 +131,18 @@ def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
 
 def make_load_replay(launcher: Launcher, study: StudySettings, production: ModelConfig,
                      *,
-                     traffic: pd.DataFrame) -> LoadReplay:
+                     traffic: pd.DataFrame, engine: dict | None = None) -> LoadReplay:
     """One replay at the recorded load, measured and scored as a trial's first step (the same
     measurement step, window, SLA check and utilization score), for utilization scoring, where the
-    confirmation needs no capacity search."""
-    measure = make_measure(launcher, study, traffic, capacity=False)
+    confirmation needs no capacity search. `engine`: a vLLM-backend model's engine arguments, which
+    the parameters change instead of the config (the replay streamed, scored in output tokens)."""
+    measure = make_measure(launcher, study, traffic, capacity=False, generative=engine is not None)
 
     def run(params: dict) -> TrialRecord:
-        launcher.apply_config(study.model, space.apply(production, params, study.search))
+        if engine is None:
+            launcher.apply_config(study.model, space.apply(production, params, study.search))
+        else:  # both arms passed the search (or run in production): vLLM takes them
+            launcher.apply_engine_args(study.model, production, space.apply_engine(engine, space.split(params)[1]))
         return measure(params, Hints())
 
     return run
@@ -135,14 +150,15 @@ def make_load_replay(launcher: Launcher, study: StudySettings, production: Model
 
 @contextmanager
 def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Path, *, staging: Path,
-                launcher: Launcher | None = None) -> Iterator[RealEngine]:
-    """The study's server (or `launcher`, already started, left running: tests share one)."""
+                engine: dict | None = None, launcher: Launcher | None = None) -> Iterator[RealEngine]:
+    """The study's server (or `launcher`, already started, left running: tests share one). `engine`:
+    production's engine arguments, for a model vLLM serves."""
     study = tonight(study, traffic_path)
     traffic = read_traffic(traffic_path)
     with contextlib.ExitStack() as stack:
         if launcher is None:
             launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server"))
-        evaluate = make_evaluate(launcher, study, production, traffic=traffic)
-        load_replay = (make_load_replay(launcher, study, production, traffic=traffic)
+        evaluate = make_evaluate(launcher, study, production, traffic=traffic, engine=engine)
+        load_replay = (make_load_replay(launcher, study, production, traffic=traffic, engine=engine)
                        if study.scoring == "utilization" else None)
-        yield RealEngine(study, evaluate, load_replay)
+        yield RealEngine(study, evaluate, load_replay, unit="requests" if engine is None else "tokens")

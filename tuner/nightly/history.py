@@ -20,6 +20,7 @@ import pandas as pd
 from tuner import formats, space
 from tuner.errors import TunerError
 from tuner.files import os_reason
+from tuner.nightly.rule import UNIT_LABELS
 
 HISTORY_NAME = "history.jsonl"
 
@@ -90,8 +91,17 @@ def _params(p: dict | None) -> str:
     return space.describe(p) if p else "-"
 
 
+def _best(night: dict) -> str:
+    """The search's best score with its unit (`1.2e+06 tokens/$`): a night before units were written
+    scored requests."""
+    unit = night.get("unit", "requests")
+    value = night.get(f"best_{unit}_per_dollar")
+    return "-" if value is None else f"{formats.number(value)} {UNIT_LABELS.get(unit, unit + '/$')}"
+
+
 def history_table(nights: list[dict]) -> pd.DataFrame:
-    """One row per night: the decision, both configurations, the gain, the rate, the drift and why."""
+    """One row per night: the decision, both configurations, the best score with its unit, the gain,
+    the rate, the drift and why."""
     rows = []
     for n in nights:
         drift = n.get("drifted") or []
@@ -101,13 +111,14 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
             "exit": n.get("exit_code", ""),
             "production": _params(n.get("production")),
             "candidate": _params(n.get("candidate")),
+            "best": _best(n),
             "gain": formats.number(n.get("gain"), "+.1%"),
             "rate_rps": formats.number(n.get("rate_rps"), ".1f"),
             "drift": ", ".join(drift) if drift else "-",
             # the whole reason is in the night's decision.json and summary.md
             "reason": textwrap.shorten(n.get("reason", ""), width=100, placeholder=" ..."),
         })
-    return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "gain",
+    return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "best", "gain",
                                        "rate_rps", "drift", "reason"])
 
 

@@ -23,12 +23,14 @@ from tqdm import tqdm
 from tuner import modelconfig, space
 from tuner.errors import EXIT_SLA_UNMET
 from tuner.files import check_output_dir
+from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, rundir
+from tuner.nightly.deployed import Deployed, Proposal, check_traffic, read_deployed
 from tuner.nightly.intake import newest_traffic
 from tuner.nightly.lock import run_lock
-from tuner.nightly.rule import ArmResult, Decision, decide, keep, pair_gains
+from tuner.nightly.rule import UNIT_WORDS, ArmResult, Decision, decide, keep, pair_gains
 from tuner.nightly.settings import NightlySettings, production_config_path, read_study_for
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
@@ -43,11 +45,11 @@ class SearchResult:
     """What tonight's search found: the best feasible parameters and score, the counts, production's score."""
 
     best: dict | None                 # parameters of the best feasible trial; None: none met the SLA
-    best_requests_per_dollar: float | None = None
+    best_per_dollar: float | None = None  # its score: requests, or a generative model's output tokens, per dollar
     trials: int = 0
     feasible: int = 0
     # production's own trial in tonight's search (None: not measured; 0: it broke the SLA)
-    production_requests_per_dollar: float | None = None
+    production_per_dollar: float | None = None
 
 
 class Engine(Protocol):
@@ -62,10 +64,11 @@ class Engine(Protocol):
 
 
 class EngineFactory(Protocol):
-    """(study, production config, tonight's traffic file, staging dir) -> a context manager giving an Engine."""
+    """(study, production config, tonight's traffic file, staging dir, production's engine arguments
+    (a vLLM-backend model's model.json; None for an encoder)) -> a context manager giving an Engine."""
 
     def __call__(self, study: StudySettings, production: ModelConfig, traffic_path: Path, /, *,
-                 staging: Path) -> AbstractContextManager[Engine]: ...
+                 staging: Path, engine: dict | None = None) -> AbstractContextManager[Engine]: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ def _rejected_last_night(previous: dict | None, candidate: dict, production: dic
 
 def _search_gain(found: SearchResult) -> float | None:
     """The best trial over production's trial in tonight's search, when both have a score."""
-    best, prod = found.best_requests_per_dollar, found.production_requests_per_dollar
+    best, prod = found.best_per_dollar, found.production_per_dollar
     if best is None or not prod:
         return None
     return best / prod - 1.0
@@ -129,18 +132,19 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     """The dry run of a night, as (what, value) rows: the study with its overrides, production's
     config, tonight's traffic and the output directory, checked; nothing is started or written."""
     study = read_study_for(settings)
-    prod_path = production_config_path(settings, study)
-    production_cfg = modelconfig.load(prod_path)
-    modelconfig.validate(production_cfg, str(prod_path))
-    space.check_tunable(production_cfg, str(prod_path))
+    deployed = read_deployed(study, settings.production)
+    modelconfig.validate(deployed.config, str(production_config_path(settings, study)))
+    if deployed.engine is None:
+        space.check_tunable(deployed.config, str(deployed.path))
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
+    check_traffic(deployed, study, traffic)
     check_output_dir(settings.output, "output", create=False)
     span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
     server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
     return [
-        ("study", f"{settings.study} (model {study.model}, scoring {study.scoring})"),
-        ("production", f"{prod_path}: {space.describe(space.from_config(production_cfg, study.search))}"),
+        ("study", f"{settings.study} (model {study.model}, scoring {study.scoring}, {UNIT_WORDS[deployed.unit]})"),
+        ("production", f"{deployed.path}: {space.describe(deployed.params)}"),
         ("traffic", f"{len(traffic)} requests over {span:,.0f} s (the last {settings.traffic.hours:g} h) "
                     f"from {len(files)} file(s) in {settings.traffic.path}"),
         ("search", f"{settings.search.trials} trials after last night's best and production's"),
@@ -154,11 +158,11 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
               now: datetime | None = None) -> NightResult:
     """What one nightly run decided, after it has written its run directory and its history line."""
     study = read_study_for(settings)
-    prod_path = production_config_path(settings, study)
-    production_cfg = modelconfig.load(prod_path)
+    deployed = read_deployed(study, settings.production)
     # production's config as trial parameters, in the study's space (the search's own reading)
-    production = space.from_config(production_cfg, study.search)
+    production = deployed.params
     keys = set(production)
+    unit = deployed.unit
     output = Path(settings.output)
     started = now or datetime.now(timezone.utc)
     stamp = rundir.night_stamp(started)
@@ -168,6 +172,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         rundir.clear_stale_staging(output)
         traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                         pattern=settings.traffic.pattern)
+        check_traffic(deployed, study, traffic)
         nights = history.read_history(output)
         previous = nights[-1] if nights else None
         drift = drift_mod.drift_table(_previous_traffic(output, previous), traffic, settings.drift.threshold)
@@ -180,30 +185,24 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             if params and set(params) == set(keys) and params not in enqueue:
                 enqueue.append(dict(params))
 
-        with engine_factory(study, production_cfg, traffic_path, staging=staging) as engine:
+        with engine_factory(study, deployed.config, traffic_path, staging=staging, engine=deployed.engine) as engine:
             found = engine.search(enqueue, settings.search.trials, staging / "search", production=production)
             decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
         candidate = found.best
-        diff = ""
+        proposal = None
         if decision.decision == "change":
-            proposed = space.apply(production_cfg, candidate, study.search)
-            modelconfig.validate(proposed, "proposed config")
-            (staging / "proposed").mkdir()
-            (staging / "proposed" / "config.pbtxt").write_text(
-                _header(stamp, study, decision, production=production_cfg, proposed=proposed, prod_path=prod_path)
-                + modelconfig.to_text(proposed, comments_from=prod_path.read_text()))
-            diff = "".join(line + "\n" for line in space.config_diff(
-                production_cfg, proposed, old_name=f"production/{prod_path.name}", new_name="proposed/config.pbtxt"))
-            (staging / "proposed" / "config.diff").write_text(diff)
+            proposal = deployed.proposal(candidate, study.search)
+            _write_proposal(staging / "proposed", proposal, _header(stamp, study, decision, deployed=deployed, proposal=proposal))
 
-        sla = f"p{study.sla.percentile:g} <= {study.sla.latency_ms:g} ms, errors <= {study.sla.max_error_rate:.2%}"
+        sla = f"{_sla(study)}, errors <= {study.sla.max_error_rate:.2%}"
         soak = last_soak(study.output)
         drift.to_csv(staging / "drift.csv", index=False)
         (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
         _write_pairs(staging / "confirmation.csv", pairs)
         (staging / "summary.md").write_text(markdown_summary(
             stamp=stamp, model=study.model, decision=decision, production=production,
-            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, diff=diff, soak=soak))
+            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, unit=unit,
+            percentile=study.sla.percentile, proposal=proposal, soak=soak))
         rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
         entry = {
             "night": stamp,
@@ -213,8 +212,10 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "production": production,
             "candidate": candidate,
             "best": candidate,
-            "best_requests_per_dollar": found.best_requests_per_dollar,
-            "production_requests_per_dollar": found.production_requests_per_dollar,
+            # named by the unit (requests, or a generative model's output tokens) so nobody reads one as the other
+            "unit": unit,
+            f"best_{unit}_per_dollar": found.best_per_dollar,
+            f"production_{unit}_per_dollar": found.production_per_dollar,
             "gain": decision.median_gain,
             "min_gain": decision.min_gain,
             "gains": list(decision.gains),
@@ -224,7 +225,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "drifted": drift_mod.drifted(drift),
             "last_soak": soak,
             "traffic_files": [str(f) for f in files],
-            "production_config": str(prod_path),
+            "production_config": str(deployed.path),
+            **({"proposed": f"proposed/{proposal.name}", "changed": list(proposal.changed)} if proposal else {}),
             "duration_s": round(time.monotonic() - t_start, 1),
         }
         (staging / "decision.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
@@ -268,15 +270,30 @@ def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult
     return decide(pairs, settings.confirm.margin, settings.confirm.pairs, rule=settings.confirm.rule), pairs
 
 
-def _header(stamp: str, study: StudySettings, decision: Decision, *, production: ModelConfig,
-            proposed: ModelConfig, prod_path: Path) -> str:
-    changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(production, proposed)]
-    lines = [f"Proposed by tuner nightly on {stamp} for model {study.model} (production: {prod_path})",
-             f"SLA: p{study.sla.percentile:g} latency <= {study.sla.latency_ms:g} ms, error rate <= "
-             f"{study.sla.max_error_rate:.2%}; scoring: {study.scoring}",
-             f"confirmation: {decision.reason}",
-             "changed: " + "; ".join(changed)]
-    return "".join(f"# {line}\n" for line in lines) + "\n"
+def _header(stamp: str, study: StudySettings, decision: Decision, *, deployed: Deployed, proposal: Proposal) -> str:
+    """What the proposal is, as lines (a config.pbtxt's comment header; model.json holds none: the summary says it)."""
+    return "\n".join([f"Proposed by tuner nightly on {stamp} for model {study.model} (production: {deployed.path})",
+                      f"SLA: {_sla(study)}, error rate <= "
+                      f"{study.sla.max_error_rate:.2%}; scoring: {study.scoring} ({UNIT_WORDS[deployed.unit]})",
+                      f"confirmation: {decision.reason}",
+                      "changed: " + "; ".join(proposal.changed)])
+
+
+def _sla(study: StudySettings) -> str:
+    """The SLA's latency limits as every output writes them (an encoder's latency; TTFT and TPOT)."""
+    from tuner.export import sla_limits  # here: `tuner nightly --history` does not import Optuna
+
+    return sla_limits(dataclasses.asdict(study.sla))
+
+
+def _write_proposal(folder: Path, proposal: Proposal, header: str) -> None:
+    """proposed/<file> and its diff (config.diff, model.diff); a config.pbtxt opens with the header as comments."""
+    folder.mkdir()
+    text = proposal.text
+    if proposal.name != engineargs.ENGINE_FILE:
+        text = "".join(f"# {line}\n" for line in header.splitlines()) + "\n" + text
+    (folder / proposal.name).write_text(text)
+    (folder / f"{Path(proposal.name).stem}.diff").write_text(proposal.diff)
 
 
 def _write_pairs(path: Path, pairs: list[tuple[ArmResult, ArmResult]]) -> None:

@@ -6,8 +6,8 @@ at least three pairs. A change is proposed only when
   1. the pairs it judges are valid (the load generator kept its send-lag budget in both replays; a pair
      that could not be measured is reported and left out, and fewer than the pairs asked for keeps), and
   2. the candidate met the SLA in every one of its replays, and
-  3. the candidate's requests per dollar beat production's by at least the margin (default 5%),
-     by one of two rules (`confirm.rule`):
+  3. the candidate's score beat production's by at least the margin (default 5%), by one of two rules
+     (`confirm.rule`):
      - `all_replays` (default): the candidate's worst replay beats production's best replay by the
        margin: min(candidate) >= (1 + margin) * max(production). Every candidate replay then ranks
        above every production replay, which is the Mann-Whitney U test at its extreme (U = 0): with
@@ -15,6 +15,10 @@ at least three pairs. A change is proposed only when
        p = 0.05), and the margin on top makes it rarer still.
      - `every_pair`: in each pair, candidate / production - 1 >= margin (noise alone: 1 in 2^n,
        1 in 8 for 3 pairs, before the margin).
+
+The score is the study's, per dollar, in the night's unit (`ArmResult.unit`): requests for an encoder,
+output tokens for a generative model served by vLLM; the rule reads only ratios of it, so it is the
+same rule for both, and its reasons name the unit.
 
 The rule is deliberately strict: a replay on a shared machine can be off by 10-20%, and a change that
 is proposed on noise flaps the configuration night after night. The gains reported are per pair. Exit
@@ -30,6 +34,10 @@ from dataclasses import dataclass, field
 from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET
 from tuner.formats import gain
 
+# what a score counts per dollar, by the night's unit: short (tables) and in words (reasons)
+UNIT_LABELS = {"requests": "req/$", "tokens": "tokens/$"}
+UNIT_WORDS = {"requests": "requests per dollar", "tokens": "output tokens per dollar"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ArmResult:
@@ -37,8 +45,11 @@ class ArmResult:
 
     arm: str                                # "production" or "candidate"
     meets_sla: bool
-    requests_per_dollar: float | None      # under the study's scoring; None: nothing to score
-    latency_ms: float = float("nan")       # at the SLA's percentile
+    per_dollar: float | None               # the score under the study's scoring, in `unit`; None: nothing to score
+    unit: str = "requests"                 # what it counts: "requests", or "tokens" (output tokens)
+    latency_ms: float = float("nan")       # at the SLA's percentile (a generative model's: end to end)
+    ttft_ms: float | None = None           # a generative model's, at the SLA's percentile
+    tpot_ms: float | None = None
     error_rate: float = 0.0
     valid: bool = True                     # False: the load generator, not the server, fell behind
     note: str = ""                         # why it broke the SLA or was invalid
@@ -52,7 +63,7 @@ class Decision:
     decision: str            # "change" or "keep"
     reason: str
     exit_code: int
-    gains: tuple[float, ...] = ()   # per pair: candidate / production requests per dollar - 1
+    gains: tuple[float, ...] = ()   # per pair: candidate / production score - 1
 
     @property
     def min_gain(self) -> float | None:
@@ -75,8 +86,8 @@ def keep(reason: str, exit_code: int = EXIT_OK, gains: tuple[float, ...] = ()) -
 
 
 def pair_gain(production: ArmResult, candidate: ArmResult) -> float:
-    """Candidate / production requests per dollar - 1 (-1: no candidate score; inf: no production score)."""
-    c, p = candidate.requests_per_dollar, production.requests_per_dollar
+    """Candidate / production score - 1 (-1: no candidate score; inf: no production score)."""
+    c, p = candidate.per_dollar, production.per_dollar
     if c is None or not c > 0:
         return -1.0
     if p is None or not p > 0:
@@ -98,6 +109,10 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
     """`pairs` holds (production, candidate) replays in the order they ran."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    units = {r.unit for pair in pairs for r in pair}
+    if len(units) > 1:  # a ratio of requests to tokens means nothing
+        raise ValueError(f"the arms are scored in different units: {sorted(units)}")
+    words = UNIT_WORDS.get(units.pop(), "score") if units else "score"
     # a pair with a replay the load generator could not keep on time says nothing: decide on the rest
     unmeasured = [k for k, pair in enumerate(pairs, 1) if not all(r.valid for r in pair)]
     pairs = [pair for pair in pairs if all(r.valid for r in pair)]
@@ -131,12 +146,12 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
                         f"below the {margin:.0%} margin (gains per pair {_list(gains)})", gains=gains)
         how = f"in every replay (its worst against production's best: {gain(spread)})"
     return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
-                    f"production's requests per dollar by at least {margin:.0%} {how}; "
+                    f"production's {words} by at least {margin:.0%} {how}; "
                     f"gains per pair {_list(gains)}", EXIT_ACT, gains)
 
 
 def _rpd(r: ArmResult) -> float:
-    return r.requests_per_dollar if r.requests_per_dollar is not None else 0.0
+    return r.per_dollar if r.per_dollar is not None else 0.0
 
 
 def _list(gains: tuple[float, ...]) -> str:

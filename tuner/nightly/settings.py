@@ -1,7 +1,8 @@
 """The nightly job's YAML (NIGHTLY.yaml) as validated, frozen dataclasses.
 
 It names a study YAML (model, server, SLA, cost, search space) and says what changes each night: where
-the newest traffic is, which config.pbtxt production runs, the trial budget, and the confirmation.
+the newest traffic is, which config.pbtxt production runs (a model vLLM serves: which model.json), the
+trial budget, and the confirmation.
 Read by the study's loader (tuner.settings.read_settings), so unknown keys and wrong types are named the
 same way.
 """
@@ -13,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.errors import SettingsError
+from tuner.nightly.deployed import study_for_model
 from tuner.nightly.rule import RULES
 from tuner.settings import StudySettings, parse_yaml, read_settings, read_study, resolve_path, with_overrides
-from tuner.study import check_batcher_study
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Confirm:
     """The confirmation (`confirm:`): the production/candidate pairs replayed, the margin and the rule."""
 
     pairs: int = 3               # production/candidate replays, alternated A/B/A/B...
-    margin: float = 0.05         # the candidate must beat production's requests per dollar by this
+    margin: float = 0.05         # the candidate must beat production's score (requests or tokens per dollar) by this
     rule: str = "all_replays"    # all_replays | every_pair (see tuner/nightly/rule.py)
 
 
@@ -61,7 +62,8 @@ class NightlySettings:
     # dotted study keys replaced for the nightly run, e.g. {"server.launcher": "docker"}
     study_overrides: dict[str, str] = field(default_factory=dict)
     output: str = "nightly"       # root: runs/<date>/, history.jsonl, the lock
-    production: str | None = None  # production's config.pbtxt (default: the study model's own)
+    # production's config.pbtxt, or a vLLM-backend model's model.json (default: the study model's own)
+    production: str | None = None
     search: NightSearch = field(default_factory=NightSearch)
     confirm: Confirm = field(default_factory=Confirm)
     drift: Drift = field(default_factory=Drift)
@@ -74,23 +76,24 @@ def load_nightly(path: str | Path) -> NightlySettings:
 
 
 def read_study_for(settings: NightlySettings) -> StudySettings:
-    """The study the nightly YAML names (its errors name the study file), with the overrides."""
+    """The study the nightly YAML names (its errors name the study file), with the overrides, held to its
+    model's kind (a vLLM-backend model's: its engine knobs, its token SLA)."""
     study = read_study(settings.study)
-    check_batcher_study(study, "nightly")
-    if not settings.study_overrides:
-        return study
-    # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
-    values = {k: parse_yaml(v, f"{settings.source}: study_overrides.{k}")
-              for k, v in settings.study_overrides.items()}
-    try:
-        return with_overrides(study, values)
-    except SettingsError as exc:
-        raise SettingsError(f"{settings.source}: study_overrides: {exc}") from None
+    if settings.study_overrides:
+        # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
+        values = {k: parse_yaml(v, f"{settings.source}: study_overrides.{k}")
+                  for k, v in settings.study_overrides.items()}
+        try:
+            study = with_overrides(study, values)
+        except SettingsError as exc:
+            raise SettingsError(f"{settings.source}: study_overrides: {exc}") from None
+    return study_for_model(study)
 
 
 def production_config_path(settings: NightlySettings, study: StudySettings) -> Path:
-    """Production's config.pbtxt: the nightly YAML's `production`, else the study model's own."""
-    if settings.production:
+    """Production's config.pbtxt: the nightly YAML's `production`, else the study model's own (a
+    vLLM-backend model's `production` may name its model.json: the study model's config.pbtxt then)."""
+    if settings.production and not settings.production.lower().endswith(".json"):
         return Path(settings.production)
     return Path(study.model_repository) / study.model / "config.pbtxt"
 

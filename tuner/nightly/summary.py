@@ -8,22 +8,29 @@ import pandas as pd
 
 from tuner import space
 from tuner.nightly import drift as drift_mod
-from tuner.nightly.rule import ArmResult, Decision, pair_gains
+from tuner.nightly.deployed import Proposal
+from tuner.nightly.rule import UNIT_LABELS, UNIT_WORDS, ArmResult, Decision, pair_gains
 
 
 def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: float = 99.0) -> str:
-    """The confirmation pairs as a Markdown table: each arm's requests per dollar and latency, the gain."""
+    """The confirmation pairs as a Markdown table: each arm's score per dollar (in its unit) and
+    latency (a generative model's: TTFT and TPOT), the gain."""
     q = f"p{percentile:g}"
-    lines = [f"| pair | production req/$ | candidate req/$ | gain | production {q} ms | "
-             f"candidate {q} ms | candidate SLA |",
-             "|---:|---:|---:|---:|---:|---:|---|"]
+    unit = pairs[0][0].unit if pairs else "requests"
+    per = UNIT_LABELS.get(unit, "/$")
+    # (heading, value) per latency column: an encoder's latency, a generative model's TTFT and TPOT
+    shown = ([("TTFT", lambda r: r.ttft_ms), ("TPOT", lambda r: r.tpot_ms)] if unit == "tokens"
+             else [("", lambda r: r.latency_ms)])
+    heads = [f"{arm} {(name + ' ') if name else ''}{q} ms" for name, _ in shown for arm in ("production", "candidate")]
+    lines = [f"| pair | production {per} | candidate {per} | gain | {' | '.join(heads)} | candidate SLA |",
+             "|---:|---:|---:|---:|" + "---:|" * len(heads) + "---|"]
     for k, ((p, c), g) in enumerate(zip(pairs, pair_gains(pairs), strict=True), 1):
         if g is None:
             note = next(r.note for r in (p, c) if not r.valid)
-            lines.append(f"| {k} | - | - | unmeasured | - | - | {note} |")
+            lines.append(f"| {k} | - | - | unmeasured | {' | '.join('-' for _ in heads)} | {note} |")
             continue
-        lines.append(f"| {k} | {_rpd(p.requests_per_dollar)} | {_rpd(c.requests_per_dollar)} | "
-                     f"{_gain(g)} | {p.latency_ms:.1f} | {c.latency_ms:.1f} | "
+        cells = [_ms(get(r)) for _, get in shown for r in (p, c)]
+        lines.append(f"| {k} | {_rpd(p.per_dollar)} | {_rpd(c.per_dollar)} | {_gain(g)} | {' | '.join(cells)} | "
                      f"{'met' if c.meets_sla else 'broken: ' + (c.note or '')} |")
     return "\n".join(lines)
 
@@ -39,16 +46,19 @@ def markdown_summary(
     drift: pd.DataFrame,
     sla: str,
     scoring: str,
-    diff: str = "",
+    unit: str = "requests",
+    percentile: float = 99.0,
+    proposal: Proposal | None = None,
     soak: list[str] | tuple[str, ...] = (),
 ) -> str:
-    """The night as Markdown: the decision, both configs, the confirmation, the drift, the diff."""
+    """The night as Markdown: the decision, both configs, the confirmation, the drift, the proposed
+    file's diff. Every score is named by its `unit` (requests, or a generative model's output tokens)."""
     title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
     out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
            f"**Decision: {decision.decision}** (exit {decision.exit_code}): {decision.reason}.", "",
            f"- production: {_params(production)}",
            f"- candidate: {_params(candidate)}",
-           f"- SLA: {sla}; scoring: {scoring} (requests per dollar)"]
+           f"- SLA: {sla}; scoring: {scoring} ({UNIT_WORDS.get(unit, unit)})"]
     if decision.gains:
         out.append(f"- gain over production: median {_gain(decision.median_gain)}, "
                    f"worst pair {_gain(decision.min_gain)}")
@@ -57,10 +67,12 @@ def markdown_summary(
     out.extend(f"- {line}" for line in soak)  # the last `tuner soak` of the study, when there is one
     if pairs:
         out += ["", "### Confirmation (production and candidate alternated on tonight's traffic)", "",
-                confirmation_table(pairs)]
+                confirmation_table(pairs, percentile)]
     out += ["", "### Traffic compared with the previous run", "", drift_mod.to_markdown(drift)]
-    if diff:
-        out += ["", "### Proposed config.pbtxt change", "", "```diff", diff.rstrip("\n"), "```"]
+    if proposal is not None:
+        out += ["", f"### Proposed {proposal.name} change", "",
+                f"proposed/{proposal.name}: " + ("; ".join(proposal.changed) or "no field changed"), "",
+                "```diff", proposal.diff.rstrip("\n"), "```"]
     return "\n".join(out) + "\n"
 
 
@@ -70,6 +82,10 @@ def _params(params: dict | None) -> str:
 
 def _rpd(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.1f}"
 
 
 def _gain(g: float | None) -> str:

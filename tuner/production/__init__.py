@@ -13,10 +13,23 @@ judges a deployment (tuner.audit: its thresholds, findings table and exit codes)
     _exporter  `tuner exporter`: those metrics on /metrics, the audit recomputed as scraped
     _samples   Triton's /metrics parsed, the last window's samples in memory (counter resets handled)
     _triton    `tuner exporter --triton`: the Tritons' /metrics scraped here, no Prometheus
+
+A generative model (vLLM serves it; Triton's batcher does nothing) is audited from vLLM's own series:
+
+    _engine_series    vLLM's counters, histograms and gauges per step (and TTFT/TPOT over the window)
+    _engine_figures   output tokens/s and per dollar, the peak, the steps over the token SLA
+    _engine_result    the audit's result and findings (the same table and exit codes)
+    _engine_baseline  a generative `tuner tune`'s output (unit: tokens) as the baseline
+    _engine_audit     the audit: read, figure, judge
 """
 
 from tuner.production._audit import HOUR_S, judge, production_audit, window_bounds
 from tuner.production._client import Prometheus
+from tuner.production._engine_audit import judge_engine, production_engine_audit
+from tuner.production._engine_baseline import load_engine_baseline
+from tuner.production._engine_figures import EngineSeries
+from tuner.production._engine_result import EngineAudit, EngineBaseline
+from tuner.production._engine_series import ENGINE_QUERIES, read_engine_series
 from tuner.production._errors import NoSeriesError, PrometheusError, TritonMetricsError, WindowError
 from tuner.production._exporter import DEFAULT_PORT, AuditCollector, serve
 from tuner.production._figures import ProductionFigures
@@ -24,6 +37,7 @@ from tuner.production._metrics import (
     Labels,
     audit_families,
     check_textfile,
+    engine_audit_families,
     labels_for,
     nightly_families,
     replay_audit_families,
@@ -38,10 +52,19 @@ from tuner.production._window import parse_duration
 
 __all__ = [
     "DEFAULT_PORT",
+    "ENGINE_QUERIES",
+    "EngineAudit",
+    "EngineBaseline",
+    "EngineSeries",
+    "judge_engine",
+    "load_engine_baseline",
+    "production_engine_audit",
+    "read_engine_series",
     "AuditCollector",
     "Labels",
     "audit_families",
     "check_textfile",
+    "engine_audit_families",
     "labels_for",
     "nightly_families",
     "replay_audit_families",

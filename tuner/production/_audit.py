@@ -21,7 +21,7 @@ from tuner.production._window import format_duration, retention_s
 from tuner.settings import StudySettings
 from tuner.study import base_config
 
-__all__ = ["HOUR_S", "judge", "production_audit", "window_bounds"]
+__all__ = ["HOUR_S", "check_prometheus", "judge", "production_audit", "window_bounds"]
 
 HOUR_S = 3600.0
 
@@ -41,6 +41,18 @@ def window_bounds(
     return end - window_s, end
 
 
+def check_prometheus(prometheus: Prometheus, *, window_s: float) -> None:
+    """PrometheusError unless a Prometheus API answers; WindowError when the window is longer than its
+    retention (the start of the window would read as a gap)."""
+    prometheus.check()
+    limit = retention_s(prometheus.retention())
+    if limit is not None and window_s > limit:
+        raise WindowError(
+            f"--window {format_duration(window_s)}: longer than Prometheus's retention "
+            f"({format_duration(limit)}) at {prometheus.url}"
+        )
+
+
 def production_audit(
     settings: StudySettings,
     prometheus: Prometheus,
@@ -54,13 +66,7 @@ def production_audit(
     """Audit the study's model from Prometheus's history: the `window_s` seconds before `end`, in
     steps of `step_s` (an hour). max_batch_size is the study's base config's (tuner.study.base_config)."""
     start, end = window_bounds(window_s, step_s=step_s, end=end)
-    prometheus.check()
-    limit = retention_s(prometheus.retention())
-    if limit is not None and window_s > limit:
-        raise WindowError(
-            f"--window {format_duration(window_s)}: longer than Prometheus's retention "
-            f"({format_duration(limit)}) at {prometheus.url}"
-        )
+    check_prometheus(prometheus, window_s=window_s)
     max_batch_size = base_config(settings).max_batch_size
     counters = read_counters(
         prometheus, model=settings.model, start=start, end=end, step_s=step_s, on_query=on_query

@@ -22,6 +22,7 @@ from tuner.audit import AuditResult, Baseline
 from tuner.cost import price_for
 from tuner.errors import OutputError
 from tuner.paths import os_reason
+from tuner.production._engine_result import EngineAudit
 from tuner.production._result import ProductionAudit
 from tuner.settings import StudySettings
 
@@ -30,6 +31,7 @@ __all__ = [
     "Labels",
     "audit_families",
     "check_textfile",
+    "engine_audit_families",
     "labels_for",
     "nightly_families",
     "registry_of",
@@ -167,6 +169,45 @@ def audit_families(audit: ProductionAudit, labels: Labels) -> list[Metric]:
                 "The end of the audit's window (Unix time).",
                 audit.end.timestamp(),
             ),
+            _exit_code(labels, audit.exit_code),
+        ]
+    )
+
+
+def engine_audit_families(audit: EngineAudit, labels: Labels) -> list[Metric]:
+    """A generative model's production audit over its window: output tokens per dollar and per second,
+    TTFT and TPOT at the SLA's percentile (the quantile label), the steps over the SLA, preemptions,
+    the KV cache's peak, the peak's ratio to the baseline (absent where there was nothing to measure)."""
+    f = audit.figures
+    measured = f.seconds > 0
+    quantile = f"{audit.sla.percentile / 100:g}"
+    seconds = {"ttft": f.ttft_ms, "tpot": f.tpot_ms}
+    return _present(
+        [
+            labels.gauge("tuner_output_tokens_per_dollar", "Output tokens served per dollar of the replicas' time "
+                         "over the audit's window.", f.tokens_per_dollar),
+            labels.gauge("tuner_production_output_tokens_per_second", "Output tokens per second, all replicas.",
+                         f.output_tokens_per_s if measured else None),
+            labels.gauge("tuner_production_replicas", "Engines serving, on average over the window.",
+                         f.replicas if measured else None),
+            *(labels.gauge(f"tuner_production_{k}_seconds", f"The engine's {k.upper()} over the window at the "
+                           "SLA's percentile (the quantile label).", None if v is None else v / 1000,
+                           quantile=quantile) for k, v in seconds.items()),
+            labels.gauge("tuner_production_steps_over_sla", "Steps (hours) of the window whose TTFT, TPOT or "
+                         "error rate broke the SLA.", len(audit.over_sla) if measured else None),
+            labels.gauge("tuner_production_preemptions", "Requests vLLM preempted over the window.",
+                         f.preemptions if measured else None),
+            labels.gauge("tuner_production_kv_cache_peak_ratio", "The highest KV-cache use of any engine (0-1).",
+                         f.kv_cache_peak),
+            labels.gauge("tuner_production_error_ratio", "Failed requests / all requests.", f.error_rate),
+            labels.gauge("tuner_throughput_ratio", "The peak step's output tokens/s per replica / the baseline's "
+                         "capacity.", audit.ratio),
+            labels.gauge("tuner_recoverable_dollars_per_month", "The peak's gap to capacity x the replicas' "
+                         "monthly cost.", audit.recoverable_per_month),
+            labels.gauge("tuner_audit_window_seconds", "The audit's window.",
+                         (audit.end - audit.start).total_seconds()),
+            labels.gauge("tuner_audit_window_end_timestamp_seconds", "The end of the audit's window (Unix time).",
+                         audit.end.timestamp()),
             _exit_code(labels, audit.exit_code),
         ]
     )

@@ -113,10 +113,12 @@ class StudyOutput:
     @property
     def latency_name(self) -> str:
         """What the report's latency is: the request's, or for a generative study the TTFT (the TPOT when
-        the SLA limits only that), as `sla_of` reads the limit."""
+        the SLA limits that and not TTFT, end to end when it limits neither), as `sla_of` reads the limit."""
         if self.unit != "tokens":
             return "latency"
-        return "TTFT" if _dig(self.summary, "sla.ttft_ms") is not None else "TPOT"
+        if _dig(self.summary, "sla.ttft_ms") is not None:
+            return "TTFT"
+        return "TPOT" if _dig(self.summary, "sla.tpot_ms") is not None else "end to end"
 
     def per_dollar(self, which: str) -> float | None:
         """best/incumbent's score under the study's scoring (`per_dollar`; older summaries:
@@ -126,8 +128,9 @@ class StudyOutput:
 
     @property
     def latency_column(self) -> str:
-        """The trials column of the SLA's percentile (p99 by default): a generative study's TTFT or TPOT."""
-        stem = {"latency": "latency", "TTFT": "ttft", "TPOT": "tpot"}[self.latency_name]
+        """The trials column of the SLA's percentile (p99 by default): a generative study's TTFT, TPOT or
+        end to end (its latency column)."""
+        stem = {"latency": "latency", "TTFT": "ttft", "TPOT": "tpot", "end to end": "latency"}[self.latency_name]
         key = f"{stem}_p{self.sla['percentile']:g}_ms"
         return key if key in self.trials else f"{stem}_p99_ms"
 
@@ -169,7 +172,8 @@ class StudyOutput:
     def summary_latency(self, which: str, at: str = "load") -> dict[str, float]:
         """best/incumbent latency percentiles at the recorded load or at capacity (a generative study's
         TTFT or TPOT: `latency_name`)."""
-        key = {"latency": "latency_ms", "TTFT": "ttft_ms", "TPOT": "tpot_ms"}[self.latency_name]
+        # a generative figure's latency_ms is its end-to-end time (trial.record.Figures.of_tokens)
+        key = {"latency": "latency_ms", "TTFT": "ttft_ms", "TPOT": "tpot_ms", "end to end": "latency_ms"}[self.latency_name]
         block = _dig(self.summary, f"{which}.at_{at}.{key}") or _dig(self.summary, f"{which}.{key}")
         return {k: float(v) for k, v in (block or {}).items() if v is not None}
 
@@ -195,8 +199,9 @@ def sla_of(summary: dict[str, Any]) -> dict[str, float]:
     sla = summary.get("sla") or {}
     if not isinstance(sla, dict):
         sla = {}
-    # a generative study's latency is its TTFT (its TPOT when only that is limited): `StudyOutput.latency_name`
-    limit = next((sla[k] for k in ("ttft_ms", "tpot_ms") if sla.get(k) is not None), sla.get("latency_ms", float("nan")))
+    # a generative study's latency is its TTFT (else TPOT, else end to end): `StudyOutput.latency_name`
+    limit = next((sla[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms") if sla.get(k) is not None),
+                 sla.get("latency_ms", float("nan")))
     return {
         "latency_ms": float(limit),
         "percentile": float(sla.get("percentile", 99.0)),

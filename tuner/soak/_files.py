@@ -1,9 +1,11 @@
 """A soak's directory, `OUTPUT/soak/`: what is written there and how it is read back.
 
-    soak.json       what was soaked: study, configuration, plan, capacity at the start, SLA
+    soak.json       what was soaked: study, configuration, plan, capacity at the start, SLA; a
+                    vLLM-served model's also `unit: tokens` and its engine arguments (`engine`)
     windows.csv     one row per finished window, appended (and synced) as each window ends, so that
                     an interrupted soak keeps every finished window
-    executions.csv  per window and batch size: successful and failed executions
+    executions.csv  per window and batch size: successful and failed executions (none for a
+                    vLLM-served model: its engine batches, not Triton)
     findings.json   the analysis (trends, breaches, batch limits, quiet windows, restart advice)
     report.html     the time-series page (`tuner report OUTPUT`)
 

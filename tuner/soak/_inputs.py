@@ -1,7 +1,9 @@
-"""What a soak starts from: the configuration to soak, and the recording's quiet windows."""
+"""What a soak starts from: the configuration to soak (a vLLM-served model's: its engine arguments),
+and the recording's quiet windows."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -10,14 +12,16 @@ import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import SettingsError
-from tuner.files import read_text
+from tuner.files import read_json_object, read_text
+from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
-from tuner.study import base_config
+from tuner.study import base_config, base_engine
 from tuner.traffic import TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"
+RECOMMENDED_ENGINE = Path("recommended") / engineargs.ENGINE_FILE  # a vLLM-served model's (tuner tune's output)
 DEFAULT_RESTART_MINUTES = 5.0
 
 
@@ -42,6 +46,57 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
         source += " with " + ", ".join(f"{k}={v}" for k, v in params.items())
     modelconfig.validate(config, source)
     return config, source
+
+
+def soak_engine(settings: StudySettings, output: str | Path, assignments: Iterable[str] = (), *,
+                config_path: str | Path | None = None) -> tuple[ModelConfig, dict, str] | None:
+    """What a generative soak soaks, when vLLM serves the study's model (None when it does not): the
+    model's config.pbtxt (unchanged: vLLM batches), the engine arguments and where they came from.
+    The engine arguments are `config_path`'s (a model.json) if given, else the study's recommendation
+    (`OUTPUT/recommended/model.json`) if there is one, else the model's own model.json; with vLLM's
+    values filled in for what they leave out (`engineargs.resolved`, as `tuner tune`'s incumbent), and
+    the `--set` engine knobs applied (as a trial's are: `space.apply_engine`)."""
+    base = base_config(settings)
+    own = base_engine(settings, base)
+    if own is None:
+        return None
+    if config_path is not None:
+        path = Path(config_path)
+        args = read_json_object(path, label=f"--config {path}", missing="no such file (a vLLM-served model's "
+                                "--config is a model.json)", error=SettingsError)
+        label = source = str(path)
+    elif (Path(output) / RECOMMENDED_ENGINE).is_file():
+        path = Path(output) / RECOMMENDED_ENGINE
+        args = read_json_object(path, error=SettingsError)
+        label, source = str(path), f"{path} (the study's recommendation)"
+    else:
+        args = own
+        label = str(engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE)
+        source = f"{label} (the model's own)"
+    engineargs.check(args, source=label)
+    args = engineargs.resolved(args, "cpu" if settings.cost.gpu == "cpu" else "gpu")
+    params = space.parse_assignments(assignments)
+    batcher, knobs = space.split(params)
+    if batcher:
+        key = next(iter(batcher))
+        raise SettingsError(f"--set {key}: a field of Triton's dynamic batcher; {settings.model} is batched by vLLM: "
+                            f"--set its engine knobs ({', '.join(space.ENGINE_NAMES)})")
+    if knobs:
+        args = space.apply_engine(args, knobs)
+        source += " with " + ", ".join(f"{k}={v}" for k, v in knobs.items())
+    return base, args, source
+
+
+def check_generative_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, *, args: dict) -> None:
+    """Refuse, in one line, traffic a generative soak's replays would refuse: no token columns, a
+    model that does not stream, a request longer than the engine's context."""
+    from tuner.replay import plan_generate
+    from tuner.trial.generate import check_context
+
+    plan_generate({**json.loads(modelconfig.to_json(base)), "name": settings.model}, traffic)
+    context = engineargs.context_tokens(args)
+    if context is not None:
+        check_context(traffic, context, model=settings.model)
 
 
 def restart_windows(traffic: pd.DataFrame, *, minutes: float | None, day_hours: float | None = None,

@@ -63,7 +63,7 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     def measured(warmup: float) -> TokenMeasurement:
         return measure_tokens(result.records, speed=speed, warmup_s=warmup,
                               lag_budget_ms=settings.replay.lag_budget_ms, sla_percentile=sla.percentile,
-                              ttft_ms=sla.ttft_ms, tpot_ms=sla.tpot_ms, load_generator_cpu=result.load_generator_cpu,
+                              ttft_ms=sla.ttft_ms, tpot_ms=sla.tpot_ms, e2e_ms=sla.e2e_ms, load_generator_cpu=result.load_generator_cpu,
                               workers=result.workers, duration_s=result.duration_s)
 
     engine = engine_delta(before, after) if before is not None and after is not None else None

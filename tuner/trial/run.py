@@ -80,7 +80,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
                 args = space.apply_engine(engine, space.split(params)[1])
             except ConfigError as exc:  # a combination vLLM will not start: the configuration's result
                 return TrialRecord(params=dict(params), outcome=REFUSED, violation=CRASHED_VIOLATION,
-                                   sla_reason=f"vLLM refuses it: {str(exc).split(': ', 1)[-1]}", price_per_hour=price,
+                                   sla_reason=str(exc).split(": ", 1)[-1], price_per_hour=price,
                                    peak_rps=peak_rps(traffic, settings.traffic.speed))
             launcher.apply_engine_args(settings.model, base, args)
         try:

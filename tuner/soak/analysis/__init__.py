@@ -19,6 +19,9 @@ plan           make_plan -> SoakPlan: how the soak is cut into windows; window_t
 windows        one window's figures from its measurement (the row windows.csv gets: `_run` builds it
                there), its executions split into successes and failures, the compute time at a fixed
                batch mix
+tokens         a generative soak's (a vLLM-served model's) window in tokens: TTFT, TPOT, tokens, the
+               engine's own statistics (preemptions, KV-cache use, sequences); the figures, limits and
+               engine table its findings read (`analyze` takes them when soak.json's unit is `tokens`)
 """
 
 from tuner.soak.analysis._batches import BatchLimits, SizeHistory, batch_limits
@@ -58,6 +61,7 @@ from tuner.soak.analysis._restart import (
     quiet_windows,
     restart_advice,
 )
+from tuner.soak.analysis._tokens import NOT_MEASURED, is_tokens, tpot_column, ttft_column
 from tuner.soak.analysis._trend import DOWN, DRIFT, IMPROVING, NO_DRIFT, UP, Trend, fit_trend, huber_fit
 from tuner.soak.analysis._windows import (
     CAPACITY_FIGURE,
@@ -77,6 +81,7 @@ __all__ = [
     "IMPROVING",
     "LAST_WINDOWS",
     "MIN_WINDOWS",
+    "NOT_MEASURED",
     "NO_DRIFT",
     "TIME_AXIS",
     "TREND_FIGURES",
@@ -104,6 +109,7 @@ __all__ = [
     "fit_windows",
     "fixed_mix",
     "huber_fit",
+    "is_tokens",
     "latency_column",
     "make_plan",
     "observed_break",
@@ -112,5 +118,7 @@ __all__ = [
     "restart_advice",
     "split_failures",
     "summary_lines",
+    "tpot_column",
+    "ttft_column",
     "window_traffic",
 ]

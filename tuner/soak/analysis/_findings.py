@@ -12,6 +12,12 @@ than a line. An SLA break the soak saw
 (errors or latency) is reported as observed when it persists: the first window whose SLA broke and
 the window after it too (or it is the last); a single bad window is a blip, not a breach. The
 restart advice is taken from the earlier of the projected and the observed breach.
+
+A generative soak (soak.json's `unit` is `tokens`: a vLLM-served model, see `_tokens`) is read the same
+way on its own columns: the trends of TTFT and TPOT, errors, the engine's KV-cache use and preemptions
+and the server's memory, the offered tokens per second as the load covariate, the token SLA's TTFT and
+TPOT limits projected and observed; no batch limits and no capacity projection (Triton's batcher and
+compute time are not an engine's), and a table of what the engine's own statistics did.
 """
 
 from __future__ import annotations
@@ -28,6 +34,18 @@ from tuner.soak.analysis._fit import SoakAnalysis, fit_windows
 from tuner.soak.analysis._plan import MIN_WINDOWS, TIME_AXIS
 from tuner.soak.analysis._projection import ABOVE, Crossing, Limit
 from tuner.soak.analysis._restart import DAY_S, QuietWindows, RestartAdvice, restart_advice
+from tuner.soak.analysis._tokens import (
+    LOAD as TOKEN_LOAD,
+)
+from tuner.soak.analysis._tokens import (
+    NOT_MEASURED,
+    UNIT,
+    broken_figure,
+    engine_table,
+    is_tokens,
+    sla_limits,
+    trend_figures,
+)
 from tuner.soak.analysis._trend import UP
 from tuner.soak.analysis._windows import CAPACITY_FIGURE, TREND_FIGURES, latency_column
 
@@ -49,6 +67,8 @@ class SoakFindings:
     left_out: int = 0              # finished windows it did not (invalid, or no requests)
     error: str = ""                # why there is no analysis
     notes: tuple[str, ...] = field(default_factory=tuple)
+    unit: str = "requests"         # "tokens": a generative soak (a vLLM-served model)
+    engine: pd.DataFrame | None = field(default=None, compare=False)  # a generative soak's engine statistics
 
     @property
     def verdict(self) -> str:
@@ -63,6 +83,8 @@ class SoakFindings:
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables a person reads, by name (the restart advice the final one)."""
         out = dict(self.analysis.tables()) if self.analysis is not None else {}
+        if self.engine is not None and not self.engine.empty:
+            out["engine (vLLM's own statistics)"] = self.engine
         if self.observed is not None:
             out["observed SLA break"] = self.observed.table()
         if self.restart is not None:
@@ -76,7 +98,8 @@ class SoakFindings:
 
     def text(self) -> str:
         """Every table as text, under a line saying what the hours are."""
-        head = (f"soak findings: {self.windows} window(s) analysed"
+        head = (f"soak findings{' (a vLLM-served model, in tokens)' if self.unit == UNIT else ''}: "
+                f"{self.windows} window(s) analysed"
                 + (f", {self.left_out} left out (invalid or empty)" if self.left_out else "")
                 + f"; verdict: {self.verdict}. Times (h) are {TIME_AXIS} since the server's start.")
         parts = [head]
@@ -101,6 +124,8 @@ class SoakFindings:
             "windows_left_out": self.left_out,
             "error": self.error or None,
             "notes": list(self.notes),
+            "unit": self.unit,
+            "engine": None if self.engine is None else self.engine.to_dict(orient="records"),
         }
 
 
@@ -108,44 +133,55 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
             traffic: pd.DataFrame | None = None, margin: float = 0.2) -> SoakFindings:
     """The findings of a soak from its tables and soak.json (`traffic`: the recording, for the
     quiet windows)."""
+    tokens = is_tokens(meta)
+    unit = UNIT if tokens else "requests"
     if windows.empty:
-        return SoakFindings(analysis=None, restart=None, error="no window finished")
+        return SoakFindings(analysis=None, restart=None, error="no window finished", unit=unit)
     usable = windows[windows["valid"] & (windows["requests"] > 0)] if "valid" in windows else windows
     usable = usable.sort_values("window").reset_index(drop=True)
     left_out = len(windows) - len(usable)
     sla = meta.get("sla") or {}
-    latency = latency_column(float(sla.get("percentile", 99)))
-    figures = [f for f in dict.fromkeys((*TREND_FIGURES, latency))
-               if f in usable.columns and np.isfinite(pd.to_numeric(usable[f], errors="coerce")).sum() >= MIN_WINDOWS]
     notes = []
-    limits = {}
-    if latency in figures and sla.get("latency_ms") is not None:
-        limits[latency] = Limit(float(sla["latency_ms"]), bad=ABOVE)
+    if tokens:  # a vLLM-served model: its own figures, the token SLA's limits
+        wanted, load, bounds = trend_figures(sla), TOKEN_LOAD, sla_limits(sla)
+        notes.append(NOT_MEASURED)
+    else:
+        latency = latency_column(float(sla.get("percentile", 99)))
+        wanted, load = (*TREND_FIGURES, latency), LOAD
+        bounds = {latency: float(sla["latency_ms"])} if sla.get("latency_ms") is not None else {}
+    figures = [f for f in dict.fromkeys(wanted)
+               if f in usable.columns and np.isfinite(pd.to_numeric(usable[f], errors="coerce")).sum() >= MIN_WINDOWS]
+    limits = {f: Limit(value, bad=ABOVE) for f, value in bounds.items() if f in figures}
     capacity = meta.get("capacity") or {}
     cap_rps, rate_rps = capacity.get("capacity_rps"), capacity.get("rate_rps")
-    if not (cap_rps and rate_rps and CAPACITY_FIGURE in figures):
+    if tokens or not (cap_rps and rate_rps and CAPACITY_FIGURE in figures):
         cap_rps = rate_rps = None
-        notes.append("no capacity at the start: the capacity projection is left out")
+        if not tokens:
+            notes.append("no capacity at the start: the capacity projection is left out")
     if "quiet" in meta and meta["quiet"] is None:
         traffic = None  # the soak found the recording too short for a restart window: none to search
         notes.append("no restart window: the recording is shorter than the restart")
     quiet = meta.get("quiet") or {}
-    observed = observed_break(usable, sla, window_hours=float(meta.get("window_hours") or 0.0))
+    engine = None
+    if tokens:  # every window that replayed, valid or not: the engine's counts do not need the send lag
+        served = windows[pd.to_numeric(windows["requests"], errors="coerce").fillna(0) > 0]
+        engine = engine_table(served.sort_values("window").reset_index(drop=True))
+    observed = observed_break(usable, sla, window_hours=float(meta.get("window_hours") or 0.0), tokens=tokens)
     try:
         if len(usable) < MIN_WINDOWS:
             raise SoakDataError(f"{len(usable)} usable window(s); the trend test needs at least {MIN_WINDOWS}")
         if not figures:
             raise SoakDataError("no figure was measured in enough windows")
         analysis = fit_windows(
-            usable, figures=figures, time=TIME, load=LOAD, limits=limits,
+            usable, figures=figures, time=TIME, load=load, limits=limits,
             worse=dict.fromkeys(figures, UP),  # every figure measured is worse when it grows
             compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,
-            executions=_oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
+            executions=None if tokens else _oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
             restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
             step_s=float(quiet.get("step_s", 1.0)), margin=margin)
     except SoakDataError as exc:
         return SoakFindings(analysis=None, restart=None, observed=observed, windows=len(usable), left_out=left_out,
-                            error=str(exc), notes=tuple(notes))
+                            error=str(exc), notes=tuple(notes), unit=unit, engine=engine)
     restart = analysis.restart
     if observed is not None and (analysis.breach is None or observed.hours < analysis.breach.hours):
         restart = restart_advice(observed, analysis.quiet, margin=margin)
@@ -153,12 +189,13 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
         restart = replace(restart, reason=restart.reason.replace("is projected to break", "broke").replace(
             "the projected breach", "the observed breach"))
     return SoakFindings(analysis=analysis, restart=restart, observed=observed, windows=len(usable), left_out=left_out,
-                        notes=tuple(notes))
+                        notes=tuple(notes), unit=unit, engine=engine)
 
 
-def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float) -> Crossing | None:
+def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float, tokens: bool = False) -> Crossing | None:
     """The first window from which the SLA stays broken (it and the next), as a crossing at the
-    start of that window's age; None when the SLA held."""
+    start of that window's age; None when the SLA held. `tokens`: a generative soak's windows, broken
+    by errors, TTFT or TPOT."""
     if "sla_ok" not in windows.columns or windows.empty:
         return None
     broken = ~windows["sla_ok"].to_numpy(dtype=bool)
@@ -167,7 +204,9 @@ def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float) -> 
             continue
         row = windows.iloc[k]
         max_errors = float(sla.get("max_error_rate", 0.0))
-        if float(row.get("error_rate", 0.0)) > max_errors:
+        if tokens:
+            figure, limit = broken_figure(row, sla)
+        elif float(row.get("error_rate", 0.0)) > max_errors:
             figure, limit = "error_rate", max_errors
         else:
             figure, limit = latency_column(float(sla.get("percentile", 99))), float(sla.get("latency_ms", math.nan))
@@ -194,7 +233,9 @@ def summary_lines(findings: dict, meta: dict) -> list[str]:
     """One or two lines on a soak's findings (findings.json and soak.json as read), for the audit and
     the nightly summary."""
     plan = meta.get("plan") or {}
-    head = (f"last soak ({str(meta.get('started_utc', '?'))[:16]}, {plan.get('hours', '?')} h of recorded "
+    head = (f"last soak ({str(meta.get('started_utc', '?'))[:16]}, "
+            + ("vLLM engine, in tokens, " if is_tokens(meta) else "")
+            + f"{plan.get('hours', '?')} h of recorded "
             f"traffic at speed {plan.get('speed', '?')}, {findings.get('windows_analysed', 0)} windows"
             + (", interrupted" if meta.get("interrupted") else "") + f"): {findings.get('verdict', '?')}")
     drifting = [t for t in findings.get("trends") or [] if t.get("verdict") == "drift"]
@@ -210,6 +251,12 @@ def summary_lines(findings: dict, meta: dict) -> list[str]:
     if batches.get("smallest_failing") is not None:
         second.append(f"largest batch still succeeding {batches.get('largest_recent')}, "
                       f"{batches.get('smallest_failing')} and up failed")
+    engine = {row.get("figure"): row for row in findings.get("engine") or []}
+    if engine:
+        preempted = (engine.get("preemptions") or {}).get("total")
+        kv = (engine.get("kv_cache_usage_peak") or {}).get("largest")
+        second.append(f"engine: {formats.number(preempted, missing='?')} preemption(s), KV cache at most "
+                      + ("?" if kv is None else f"{100 * float(kv):.0f}%") + " full")
     restart = findings.get("restart") or {}
     if restart.get("reason"):
         second.append(restart["reason"])
