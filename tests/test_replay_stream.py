@@ -44,7 +44,11 @@ def generative(rate: float, count: int, *, prompt, output) -> pd.DataFrame:
 def test_ttft_and_tpot_measured_agree_with_the_model_s_sleeps(server):
     prompt = np.arange(60) % 40 + 20  # 20 .. 59 tokens: TTFT 40 .. 79 ms
     traffic = generative(20, 60, prompt=prompt, output=np.arange(60) % 3 * 8 + 8)  # 8, 16, 24 tokens
-    result = replay(server.endpoints, "stream_echo", traffic, speed=1.0, settings=settings())
+    for _ in range(3):  # as a trial does (its attempts): a replay the loaded machine sent late is made again
+        result = replay(server.endpoints, "stream_echo", traffic, speed=1.0, settings=settings())
+        m = measure_tokens(result.records, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, ttft_ms=200.0, tpot_ms=12.0)
+        if m.valid:
+            break
     recs = result.records
     assert result.generative and list(recs.columns) == COLUMNS
     assert recs["ok"].all(), recs["error"].unique()
@@ -53,7 +57,6 @@ def test_ttft_and_tpot_measured_agree_with_the_model_s_sleeps(server):
     assert [len(x) for x in recs["itl_ms"]] == (recs["tokens"] - 1).tolist()
     over = (recs["first_token_s"] - recs["due_s"]) * 1000 - (FIRST_MS + PROMPT_MS * recs["prompt_tokens"])
     assert over.min() > -1.0 and over.median() < 5.0, over.describe()  # HTTP and Triton's own overhead
-    m = measure_tokens(recs, speed=1.0, warmup_s=0.0, lag_budget_ms=5.0, ttft_ms=200.0, tpot_ms=12.0)
     # the tail as "nearly all" below: 54 of 60 (a busy CI machine stalled one stream's tokens: p99 18 ms)
     assert m.tpot_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.05) and m.tpot_ms["p90"] < TOKEN_MS * 1.25
     assert m.itl_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.2)

@@ -48,7 +48,8 @@ from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "closing_table", "export", "hosts", "hosts_table",
-           "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of", "summarize", "trials_frame", "unmeasured_advice",
+           "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of",
+           "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
 SUMMARY = "summary.json"
@@ -164,6 +165,12 @@ def _unmeasured(study: optuna.Study) -> list[dict]:
     return out
 
 
+def study_unit(study: optuna.Study) -> str:
+    """What the study's scores count: "tokens" for a vLLM-served model (tune stored its engine
+    arguments), else "requests"; known before any trial is measured."""
+    return "tokens" if study.user_attrs.get("base_engine") is not None else "requests"
+
+
 def summarize(study: optuna.Study) -> dict:
     """The study's summary: the best configuration (re-measured where it was), the incumbent, the
     improvement, the counts, and the trials that could not be measured."""
@@ -206,7 +213,7 @@ def summarize(study: optuna.Study) -> dict:
         "study_file": meta.get("study_file"),
         "model": meta.get("model"),
         "scoring": scoring,
-        "unit": (best or incumbent or {}).get("unit", "requests"),  # what per_dollar counts
+        "unit": study_unit(study),  # what per_dollar counts, even when no trial was measured
         "sla": sla,
         "lag_budget_ms": meta.get("lag_budget_ms"),
         "traffic": meta.get("traffic") or {},
@@ -368,7 +375,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial: parameters, measurements (the record's attributes), state."""
     skip = {"config"}  # host, pid and gpu say where each trial was measured
     scoring = study.user_attrs.get("scoring", "capacity")
-    unit = "tokens" if study.user_attrs.get("base_engine") is not None else "requests"  # a vLLM-backend model's
+    unit = study_unit(study)
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = {"number": t.number, "state": t.state.name,
@@ -493,7 +500,7 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
         write_atomic(out / INCUMBENT, base_text)
-    if summary["best"] and study.user_attrs.get("base_engine") is not None:  # vLLM batches: its model.json
+    if summary["best"] and study_unit(study) == "tokens":  # vLLM batches: its model.json
         write_atomic(out / RECOMMENDED_ENGINE, recommended_engine(study, summary))
     elif summary["best"]:
         write_atomic(out / RECOMMENDED, recommended_config(study, summary))
@@ -558,7 +565,7 @@ def export(storage: str, name: str | None, output: str | Path) -> Path:
 
 def recommended_text(study: optuna.Study, summary: dict) -> str:
     """The study's recommendation as its file holds it: config.pbtxt, or a vLLM-backend model's model.json."""
-    if study.user_attrs.get("base_engine") is not None:
+    if study_unit(study) == "tokens":
         return recommended_engine(study, summary)
     return recommended_config(study, summary)
 
