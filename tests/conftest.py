@@ -83,19 +83,48 @@ def postgres():
 SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_report.py", "test_postgres.py",
                  "test_model_search.py", "test_examples.py", "test_docker.py", "test_soak_cmd.py",
                  "test_warmup.py", "test_audit.py", "test_profiler.py", "test_replay_cli.py")
+# The tests that start vLLM's CPU engine (a few GB, both cores while it loads and steps): one worker runs
+# them all, one after another and first (the longest unit of work), so that two engines never share the
+# two cores and no worker idles on the engine lock (`EngineGroupScheduling`).
+ENGINE_GROUP = "vllm-engine"
+ENGINE_PATHS = ("tests/llm/", "tests/production/test_engine_audit.py")
+
+
+def engine_scope(nodeid: str) -> str | None:
+    """ENGINE_GROUP for a test that starts vLLM's engine (by its file), else None."""
+    return ENGINE_GROUP if nodeid.startswith(ENGINE_PATHS) else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slowest files first; in a file, the tests that take `one_multi_process_study_at_a_time`
-    first: they are done within minutes of the start, before the other worker reaches the other file
-    of such tests (its worker would otherwise idle for minutes on the lock)."""
+    """The engine tests first, then the slowest files; in a file, the tests that take
+    `one_multi_process_study_at_a_time` first: they are done within minutes of the start, before the
+    other worker reaches the other file of such tests (its worker would otherwise idle for minutes on
+    the lock)."""
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
 
-    def key(item: pytest.Item) -> tuple[int, bool]:
+    def key(item: pytest.Item) -> tuple[int, int, bool]:
         takes_lock = "one_multi_process_study_at_a_time" in getattr(item, "fixturenames", ())
-        return rank.get(item.path.name, len(rank)), not takes_lock
+        return (engine_scope(item.nodeid) is None, rank.get(item.path.name, len(rank)), not takes_lock)
 
     items.sort(key=key)  # stable: the rest keep their order
+
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # without pytest-xdist the suite runs in one process: nothing to group
+    LoadFileScheduling = None
+
+if LoadFileScheduling is not None:
+    class EngineGroupScheduling(LoadFileScheduling):
+        """`--dist loadfile`, but every engine test is one unit of work (one worker runs them in turn).
+        xdist's public hook `pytest_xdist_make_scheduler` takes a scheduler; how LoadFileScheduling
+        groups tests (`_split_scope`) is not public API: the one override lives here."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return engine_scope(nodeid) or super()._split_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return EngineGroupScheduling(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 @contextlib.contextmanager
@@ -121,7 +150,9 @@ def one_multi_process_study_at_a_time(tmp_path_factory):
 def one_vllm_engine_at_a_time(tmp_path_factory):
     """For a test that starts vLLM's CPU engine (a few GB, both cores while it loads and steps): two
     engines side by side starve each other and every timed test of the third worker, so the tests that
-    start one take turns (tests/llm/conftest.py holds it for each of its files)."""
+    start one take turns (tests/llm/conftest.py holds it for each of its files). Under xdist the engine
+    tests are one unit on one worker (`EngineGroupScheduling`) and the lock is never contended; it holds
+    for any other way of spreading them."""
     with take_turns(tmp_path_factory, "vllm-engine.lock"):
         yield
 
