@@ -21,7 +21,9 @@ the base config simulated on the study's traffic at its load with the points mea
 not within 15 % of a measured length), is sent closed loop: one request of `rows` rows x `length` tokens, alone
 on the server (`tuner.replay.send_one_by_one`), so it is one execution of exactly that size; the first
 request of a point is not measured (a shape's first run pays compilation/autotuning on a GPU, and
-`encoder_sim` emulates that), then `repeats` are. Each request's execution is read from Triton's
+`encoder_sim` emulates that), then one is; the other `repeats` - 1 are sent in rounds over the whole
+grid (one request of every point that ran per round), so that a stall of a busy host lifts one sample
+of many points rather than every sample of one. Each request's execution is read from Triton's
 statistics before and after it (`batch_stats` of its batch size).
 
 **Batches of separate requests.** Then, at the shortest measured length, for each rows N >= 2 of the
@@ -355,20 +357,19 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         if on_progress is not None:
             on_progress(done, total, what)
 
+    ran: list[tuple[int, int]] = []  # the points that ran, in the order measured: the later rounds' order
+
     def point(rows: int, length: int) -> bool:
-        """Measure one point; True when it ran, False when it ran out of memory."""
+        """Measure one point's first round; True when it ran, False when it ran out of memory."""
         got = [sender.send(rows, length, measured=False)]
-        while got[-1].ok and len(got) <= repeats:
+        if got[-1].ok:
             got.append(sender.send(rows, length))
         samples.extend(got)
         progress_done(f"{rows} x {length}")
-        bad = next((s for s in got if not s.ok), None)
-        if bad is None:
+        if _ran(got, model, rows, length):
+            ran.append((rows, length))
             return True
-        if bad.out_of_memory:
-            return False
-        raise ProfileError(f"{model}: a request of {rows} rows x {length} failed with an error that is not an "
-                           f"out-of-memory: {bad.error}")
+        return False
 
     def one_length(length: int) -> None:
         nonlocal total
@@ -403,6 +404,16 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     total += len(extra) * len(rows_grid)
     for length in extra:
         one_length(length)
+    # The other repeats in rounds over the whole grid, one request of every point each: a stall of a busy
+    # host (seconds) then lifts one sample of many points, which their medians leave out, not every
+    # sample of one point.
+    for k in range(2, repeats + 1):
+        progress_more(1)
+        for rows, length in ran:
+            got = sender.send(rows, length)
+            samples.append(got)
+            _ran([got], model, rows, length)
+        progress_done(f"repeat {k} of {repeats}")
     held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
                                on_progress=progress_done)
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions,
@@ -414,6 +425,18 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     return ProfileRun(profile=profile, samples=tuple(samples), rows=rows_grid, lengths=tuple(sorted(lengths + extra)),
                       max_batch_size=mbs, warmup=warm, seconds=time.monotonic() - started, notes=tuple(notes),
                       padded_lengths=padded)
+
+
+def _ran(got: list[Sample], model: str, rows: int, length: int) -> bool:
+    """True when every request of a point ran; False when one ran out of memory; ProfileError for
+    any other failure."""
+    bad = next((s for s in got if not s.ok), None)
+    if bad is None:
+        return True
+    if bad.out_of_memory:
+        return False
+    raise ProfileError(f"{model}: a request of {rows} rows x {length} failed with an error that is not an "
+                       f"out-of-memory: {bad.error}")
 
 
 def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count: Callable[[int], None],
