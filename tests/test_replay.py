@@ -297,7 +297,7 @@ def test_a_stale_directory_goes_only_when_its_owner_is_gone(tmp_path):
     dead, alive, unowned = (tmp_path / f"{PREFIX}{name}" for name in ("dead", "alive", "unowned"))
     for path in (dead, alive, unowned):
         path.mkdir()
-        (path / "records-0.parquet").write_bytes(b"x")
+        (path / "records-0.npz").write_bytes(b"x")
     (dead / OWNER_FILE).write_text(finished.stdout.strip())
     (alive / OWNER_FILE).write_text(str(os.getpid()))
     assert sweep_owned(PREFIX, tmp_path) == [dead]

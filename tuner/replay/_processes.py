@@ -47,14 +47,16 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
     """Walk the schedule `due` (seconds from the start; request i of shape `shape_ids[i]` of `plan`)
     with `workers` processes (1: one local process; more: a master and that many workers). `watch`,
     called every `watch_every_s` from the start, may end the walk early (then nothing is recorded)."""
-    pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "shape_id": shape_ids}).to_parquet(
-        tmp / "schedule.parquet", index=False)
+    # numpy's own files both ways: the load generator then imports neither pandas nor pyarrow (~1 s of
+    # CPU each time a process starts, with every replay)
+    np.savez(tmp / "schedule.npz", row=np.arange(len(due)), due_s=np.asarray(due, dtype=float),
+             shape_id=np.asarray(shape_ids))
     spec = {
         "protocol": protocol,
         "url": url,
         "plan": plan,
-        "schedule": str(tmp / "schedule.parquet"),
-        "records": str(tmp / "records-{index}.parquet"),
+        "schedule": str(tmp / "schedule.npz"),
+        "records": str(tmp / "records-{index}.npz"),
         "summary": str(tmp / "summary-{name}.json"),
         "max_in_flight": max_in_flight,
         "request_timeout_s": request_timeout_s,
@@ -68,7 +70,7 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
     if stopped:
         return Outcome(records=pd.DataFrame(), summaries=[], locust={}, stats_before=before, stats_after=after,
                        t0=t0, stopped=True)
-    records = pd.concat([pd.read_parquet(tmp / f"records-{k}.parquet") for k in range(workers)])
+    records = pd.concat([_records(tmp / f"records-{k}.npz") for k in range(workers)])
     return Outcome(
         records=records.sort_values("row", kind="stable").reset_index(drop=True),
         summaries=[json.loads((tmp / f"summary-{k}.json").read_text()) for k in range(workers)],
@@ -155,6 +157,19 @@ def _run_processes(tmp: Path, roles: list[str], total: int, *, warmup_s: float, 
                 p.wait()
         for log in logs:
             log.close()
+
+
+def _records(path: Path) -> pd.DataFrame:
+    """One process's records (`_worker.Share.columns`): a generative share's gaps between tokens come
+    as one array and a count per request, and go back to one array per request."""
+    with np.load(path) as saved:
+        columns = {name: saved[name] for name in saved.files}
+    counts = columns.pop("itl_count", None)
+    if counts is not None:
+        columns["itl_ms"] = list(np.split(columns["itl_ms"], np.cumsum(counts)[:-1])) if len(counts) else []
+    frame = pd.DataFrame(columns)
+    frame["error"] = frame["error"].astype(object)
+    return frame
 
 
 def _pump(k: int, stream, lines: queue.Queue) -> None:

@@ -9,8 +9,9 @@ imported by the rest of tuner: importing locust monkey-patches the whole process
 
 The user sleeps (gevent) until each row's due time and sends it from a greenlet of its own, whatever
 earlier requests are doing: a request prepared as bytes before the start (`_http`, or a serialized
-gRPC request). Each request's send and end times go straight into preallocated arrays, written to
-Parquet at the end; Locust's `events.request` is fired for them in the walk's idle gaps (its latency
+gRPC request). Each request's send and end times go straight into preallocated arrays, written as
+numpy's own file (.npz) at the end (this process imports neither pandas nor pyarrow: ~1 s of CPU
+at every start); Locust's `events.request` is fired for them in the walk's idle gaps (its latency
 measured from the due time), so its statistics count every request without slowing the sends.
 Progress goes to stdout as `START <t0>` (monotonic clock, system-wide on Linux) and `P <sent> <done>`.
 
@@ -41,7 +42,6 @@ import time
 import gevent
 import gevent.event
 import numpy as np
-import pandas as pd
 from greenlet import greenlet
 from locust.env import Environment
 from locust.exception import StopUser
@@ -267,11 +267,10 @@ class Client:
 class Share:
     """This process's rows of the schedule and their records."""
 
-    def __init__(self, schedule: pd.DataFrame, index: int, count: int):
-        mine = schedule.iloc[index::count]
-        self.rows = mine["row"].to_numpy()
-        self.due = mine["due_s"].to_numpy(dtype=float)
-        self.shape_id = mine["shape_id"].to_numpy().tolist()  # Python ints: no numpy scalar per send
+    def __init__(self, schedule: dict[str, np.ndarray], index: int, count: int):
+        self.rows = schedule["row"][index::count]
+        self.due = schedule["due_s"][index::count].astype(float)
+        self.shape_id = schedule["shape_id"][index::count].tolist()  # Python ints: no numpy scalar per send
         n = len(self.rows)
         self.send = np.full(n, np.nan)
         self.end = np.full(n, np.nan)
@@ -282,7 +281,7 @@ class Share:
         self.done = 0
         self.index = index
 
-    def frame(self, t0: float) -> pd.DataFrame:
+    def columns(self, t0: float) -> dict[str, np.ndarray]:
         """The share's records, one row per request, times from `t0` (unsent or unanswered: an error)."""
         error = np.full(len(self.rows), "", dtype=object)
         # Requests still open when the walk was given up on (request timeout + 5 s).
@@ -290,7 +289,7 @@ class Share:
         error[np.isnan(self.send)] = "never sent"
         for k, text in self.errors.items():
             error[k] = text
-        return pd.DataFrame({
+        return {
             "row": self.rows,
             "due_s": self.due,
             "send_s": self.send - t0,
@@ -300,14 +299,14 @@ class Share:
             "ok": self.ok,
             "error": error.astype(str),
             "worker": np.full(len(self.rows), self.index, dtype=np.int16),
-        })
+        }
 
 
 class GenerativeShare(Share):
     """A share of streaming requests: besides each request's send and end, the arrival of each
     response that carried tokens and how many it carried."""
 
-    def __init__(self, schedule: pd.DataFrame, index: int, count: int, *, requests: list):
+    def __init__(self, schedule: dict[str, np.ndarray], index: int, count: int, *, requests: list):
         super().__init__(schedule, index, count)
         n = len(self.rows)
         self.asked = np.array([requests[i][1] for i in self.shape_id], dtype=np.int64)
@@ -315,10 +314,11 @@ class GenerativeShare(Share):
         self.token_times: list[list[float] | None] = [None] * n
         self.token_counts: list[list[int] | None] = [None] * n
 
-    def frame(self, t0: float) -> pd.DataFrame:
-        """Share.frame's columns, then prompt_tokens, output_tokens (asked), tokens (received),
-        first_token_s, last_token_s (seconds from t0) and itl_ms (the gaps between token responses)."""
-        out = super().frame(t0)
+    def columns(self, t0: float) -> dict[str, np.ndarray]:
+        """Share.columns, then prompt_tokens, output_tokens (asked), tokens (received), first_token_s,
+        last_token_s (seconds from t0) and itl_ms (the gaps between token responses, every request's
+        in one array, `itl_count` of them per request: `_processes` splits them again)."""
+        out = super().columns(t0)
         first = np.full(len(self.rows), np.nan)
         last = np.full(len(self.rows), np.nan)
         tokens = np.zeros(len(self.rows), dtype=np.int64)
@@ -333,7 +333,8 @@ class GenerativeShare(Share):
         out["tokens"] = tokens
         out["first_token_s"] = first
         out["last_token_s"] = last
-        out["itl_ms"] = itl
+        out["itl_ms"] = np.concatenate(itl) if itl else np.empty(0)
+        out["itl_count"] = np.array([len(x) for x in itl], dtype=np.int64)
         return out
 
 
@@ -349,7 +350,8 @@ class Replayer:
         self.spec = spec
         self.env = environment
         self.client = Client(spec)
-        self.schedule = pd.read_parquet(spec["schedule"])
+        with np.load(spec["schedule"]) as schedule:  # numpy's own files: pandas and pyarrow take ~1 s to import
+            self.schedule = {name: schedule[name] for name in schedule.files}
         self.share: Share | None = None
         self.t0 = 0.0
         self.started = gevent.event.Event()
@@ -530,7 +532,7 @@ class Replayer:
         self.wall_s = now() - t0
         progress.kill()
         self._print_progress()
-        self.share.frame(t0).to_parquet(self.spec["records"].format(index=share.index), index=False)
+        np.savez(self.spec["records"].format(index=share.index), **self.share.columns(t0))
         self.finished.set()
 
     def _print_progress(self) -> None:
@@ -629,6 +631,9 @@ def _worker(spec: dict, env: Environment, replayer: Replayer) -> int:
     runner = env.create_worker_runner("127.0.0.1", spec["master_port"])
     runner.register_message("tuner_start", lambda msg, **_kw: replayer.assign(
         msg.data["index"], msg.data["count"], msg.data["t0"]))
+    # Locust's worker already handles messages while it connects, before a handler can be registered:
+    # the master waits for this word, not for Locust's "ready", before it sends "tuner_start".
+    runner.send_message("tuner_ready", None)
     replayer.finished.wait()
     summary = replayer.summary() if not replayer.error else {"error": replayer.error}
     if not replayer.error:
@@ -655,18 +660,20 @@ def _master(spec: dict) -> int:
         if len(done) == count:
             all_done.set()
 
+    ready: set[str] = set()  # the workers that can take "tuner_start" (see _worker)
     runner.register_message("tuner_done", on_done)
+    runner.register_message("tuner_ready", lambda msg, **_kw: ready.add(msg.node_id))
     deadline = time.monotonic() + spec.get("connect_timeout_s", 60.0)
-    while len(runner.clients.ready) < count:
+    while len(ready) < count or len(runner.clients.ready) < count:
         if time.monotonic() > deadline:
-            print(f"only {len(runner.clients.ready)} of {count} Locust workers connected", file=sys.stderr)
+            print(f"only {len(ready)} of {count} Locust workers connected", file=sys.stderr)
             runner.quit()
             return 1
         gevent.sleep(0.05)
     # Every worker has its clients and tensors ready: one start time for all of them.
     t0 = time.monotonic() + LEAD_S
     print(f"START {t0!r}", flush=True)
-    for index, client_id in enumerate(sorted(runner.clients)):
+    for index, client_id in enumerate(sorted(ready)):
         runner.send_message("tuner_start", {"index": index, "count": count, "t0": t0}, client_id)
     runner.start(count, spawn_rate=count)
     all_done.wait()
