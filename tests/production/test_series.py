@@ -17,8 +17,7 @@ import pytest
 
 from benchmarks.production_audit import prometheus_server, write_study
 from tuner.cli import main
-from tuner.errors import ServerSetupError
-from tuner.localhost import check_port_free, free_ports
+from tuner.localhost import free_ports
 from tuner.measurement import measure
 from tuner.production import Prometheus, production_audit
 from tuner.replay import replay
@@ -83,36 +82,29 @@ def test_triton_http_port_is_not_a_prometheus_and_nothing_is_replayed(scraped, t
 
 
 
-def wait_free(ports: tuple[int, ...], timeout_s: float = 90.0) -> None:
-    """Until nothing holds `ports`: the connections a stopped server closed wait out TCP's TIME_WAIT
-    (Triton itself would rebind at once; tuner's launcher checks first)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            for port in ports:
-                check_port_free(port)
-            return
-        except ServerSetupError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1.0)
-
-
-
 def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_tools, triton_install, tmp_path):
-    # two tritonservers one after the other on the same ports (one `instance` to Prometheus), each scraped
-    # before and after its traffic: the window holds both replays, the restart (a counter reset) and the
-    # failed scrapes while no server was up. (Its edges are quiet: increase() extrapolates a window's
-    # partial first and last scrape interval at the window's mean rate; an hour's step at a 15 s scrape
-    # makes that a fraction of a per cent, this minute's at 1 s would not.)
-    ports = free_ports(3)
-    n = int(RATE * 12)
+    # two tritonservers one after the other on the same metrics port (one `instance` to Prometheus), each
+    # scraped before and after its traffic: the window holds both replays, the restart (a counter reset) and
+    # the failed scrapes while no server was up (checked below: `up` was 0 in between). (Its edges are quiet:
+    # increase() extrapolates a window's partial first and last scrape interval at the window's mean rate;
+    # an hour's step at a 15 s scrape makes that a fraction of a per cent, this minute's at 1 s would not.)
+    # The metrics port is given to tritonserver itself (its last --metrics-port wins): the launcher, given
+    # `ports`, first checks each port with a plain bind, which Prometheus's connection to the stopped server
+    # (closed by the server: TIME_WAIT on the metrics port) refuses for 60 s; Triton binds it at once.
+    # HTTP and gRPC ports are each server's own free ones: Prometheus does not see them.
+    metrics = free_ports(1)[0]
+    n = int(RATE * 8)
     traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
     starts, ends, counts = [], [], []  # each replay's start and its ok requests' ends (wall clock); stats
-    with prometheus_server(tmp_path / "data", scrape=[f"127.0.0.1:{ports[2]}"], wait_for=0) as url:
-        for _ in range(2):
-            wait_free(ports)
-            with LocalLauncher(MODELS, models=["echo"], install=triton_install, ports=ports) as server:
+    down = []  # on the wall clock: the first server stopped, the second about to start, the second stopped
+    with prometheus_server(tmp_path / "data", scrape=[f"127.0.0.1:{metrics}"], wait_for=0) as url:
+        for k in range(2):
+            if k:
+                time.sleep(3.0)  # down for three scrapes at least
+                down.append(time.time())
+            with LocalLauncher(MODELS, models=["echo"], install=triton_install,
+                               extra_args=["--metrics-port", str(metrics)]) as server:
+                assert urllib.parse.urlsplit(server.endpoints.metrics).port != metrics  # the launcher's own pick
                 time.sleep(2.5)  # scraped before its traffic: its counters' zero
                 result = replay(server.endpoints, "echo", traffic, speed=1.0,
                                 settings=ReplaySettings(workers=1, warmup_s=0.0))
@@ -122,10 +114,14 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
                 stats = server.statistics("echo")
                 counts.append((int(stats["inference_count"]), int(stats["execution_count"])))
                 time.sleep(2.5)  # and after it: what a server serves after its last scrape is lost to Prometheus
+            down.append(time.time())
         start, end = math.floor(starts[0]) - 1, math.ceil(ends[1].max()) + 2
         settings = read_study(write_study(tmp_path, model="echo", repository=MODELS))
         a = production_audit(settings, Prometheus(url), window_s=end - start, end=end, step_s=end - start)
-    assert a.restarts == {f"127.0.0.1:{ports[2]}": 1} and a.figures.replicas == 1
+        gap = {f: Prometheus(url).query(f"{f}_over_time(up[3s])", at=down[1]) for f in ("max", "count")}
+    # the scrapes in the 3 s no server was up were made, and failed
+    assert [float(r["value"][1]) for r in gap["max"]] == [0.0] and float(gap["count"][0]["value"][1]) >= 2
+    assert a.restarts == {f"127.0.0.1:{metrics}": 1} and a.figures.replicas == 1
     served = sum(len(e) for e in ends)
     assert served == 2 * n and a.figures.throughput_rps == pytest.approx(served / (end - start), rel=0.02)
     inferences, executions = (sum(c) for c in zip(*counts, strict=True))

@@ -211,10 +211,10 @@ def repository(tmp: Path, **parameters: str) -> Path:
     return repo
 
 
-def write_study(tmp: Path, repo: Path, name: str = "warm", **measurement) -> Path:
+def write_study(tmp: Path, repo: Path, name: str = "warm", traffic: dict | None = None, **measurement) -> Path:
     study = {
         "name": name, "model_repository": str(repo), "model": "encoder_sim",
-        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25},
+        "traffic": {"path": str(PROFILE), "busiest_s": 8, "speed": 0.25, **(traffic or {})},
         "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
         "measurement": {"window_s": 0.5, "warmup_max_s": 15, **measurement},
         "sla": {"latency_ms": 100, "percentile": 99},
@@ -258,7 +258,9 @@ def test_after_the_warm_up_a_cold_server_computes_as_fast_as_a_warm_one(tmp_path
 def test_a_server_that_never_settles_is_unstable_not_recommended_and_the_run_finishes(tmp_path, capsys):
     # every execution 3 % slower than the one before: no three windows ever agree within 10 %
     repo = repository(tmp_path, compute_drift_per_execution="0.03")
-    study = write_study(tmp_path, repo, name="drift", warmup_max_s=6)
+    # each trial still replays its load after the warm-up gave up: the busiest 2 s at speed 0.14 (83 req/s,
+    # the busiest 8 s's 81 req/s at 0.25) make that replay 15 s instead of 32 s
+    study = write_study(tmp_path, repo, name="drift", traffic={"busiest_s": 2, "speed": 0.14}, warmup_max_s=6)
     code = main(["tune", str(study), "--quiet"])
     captured = capsys.readouterr()
     assert code == 1, captured.out + captured.err
