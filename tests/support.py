@@ -140,6 +140,14 @@ def repository(tmp: Path, max_batch_size: int | None = None) -> Path:
     return repo
 
 
+# for a test whose claim is neither the capacity nor the load generator's sizing (resuming, sharing a
+# study, a new knob): the capacity search in two steps (0.5x passes, 1x fails: a bracket of 2x, within
+# this tolerance) instead of 4-5, each step one more replay (a load-generator process, ~3.5 s, several
+# times that on a loaded CI); one load-generator process, as the calibration picks for this traffic on
+# 2 cores, so that no process calibrates (~3-5 s each: every `tuner tune` and every worker it starts)
+QUICK_TRIALS = {"search.capacity.tolerance": 1.0, "search.capacity.max_steps": 2, "replay.workers": 1}
+
+
 def write_tune_study(tmp: Path, name: str, repo: Path | None = None, **over) -> Path:
     """A study of `tuner tune` on encoder_sim, small and quick (one grid point, short steps); `over`
     sets dotted keys (`**{"search.top_k": 2}`)."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from support import FakeEvaluation, fake_settings, fake_worker, write_tune_study
+from support import QUICK_TRIALS, FakeEvaluation, fake_settings, fake_worker, write_tune_study
 
 from tuner import export, search
 from tuner.cli import main
@@ -379,7 +379,8 @@ def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_same_command(tmp_path):
     study_file = write_tune_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
-                                                    "search.max_queue_delay_microseconds": {"low": 0, "high": 0}})
+                                                    "search.max_queue_delay_microseconds": {"low": 0, "high": 0},
+                                                    **QUICK_TRIALS})  # the claim is the resume, not the capacity
     output = tmp_path / "single"
     db = f"sqlite:///{output / 'study.db'}"
     first = tuner_process("tune", str(study_file), "--quiet")

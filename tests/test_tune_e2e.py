@@ -5,7 +5,8 @@ replays of the shipped bursty profile, a real Optuna journal storage. Small spac
   summary reports, and a fresh `tuner replay` at the reported capacity (less 10%) meets the SLA;
 - Ctrl-C in the middle of a two-worker study, then the same command: the study completes, with no
   finished trial lost and none duplicated;
-- an SLA nothing meets: exit 3, the summary says so and names the closest configuration.
+- an SLA nothing meets: exit 3, the summary says so and names the closest configuration; resuming
+  that study with another SLA is refused naming the change.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import optuna
 import pandas as pd
 import pytest
 from optuna.trial import TrialState
-from support import repository, write_tune_study
+from support import QUICK_TRIALS, repository, write_tune_study
 
 from tuner import modelconfig, space
 from tuner.cli import main
@@ -163,7 +164,7 @@ def run_two_worker_study(tmp_path: Path, name: str) -> tuple[Path, Path, subproc
     the background; returns the study file, its output directory and the process."""
     study_file = write_tune_study(
         tmp_path, name, **{"search.max_batch_size": {"low": 8, "high": 16, "log": True},
-                           "search.remeasure_repeats": 1})
+                           "search.remeasure_repeats": 1, **QUICK_TRIALS})
     return study_file, tmp_path / name, run_tune(study_file, "--workers", "2", "--trials", "3")
 
 
@@ -254,7 +255,10 @@ def test_sigterm_to_a_two_worker_study_stops_its_workers_and_servers_and_keeps_t
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_multi_process_study_at_a_time")  # the lock test_resuming_... took (merged here)
 def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
+    # also test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the_change (merged
+    # into this one: the study it resumes is this one's, measured once instead of twice)
     study_file = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 0.5})
     assert main(["tune", str(study_file), "--quiet"]) == 3
     captured = capsys.readouterr()
@@ -267,6 +271,14 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     assert not (tmp_path / "strict" / "recommended" / "config.pbtxt").exists()
     assert (tmp_path / "strict" / "report.html").is_file()  # a report that says nothing met the SLA
     assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
+
+    # resuming the measured study with another SLA is refused naming the change, nothing rewritten
+    before = (tmp_path / "strict" / "summary.json").read_text()
+    changed = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 50})
+    assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
+    line = _one_line_error(capsys)
+    assert "was measured with another sla" in line and "--output NEW_DIR" in line
+    assert (tmp_path / "strict" / "summary.json").read_text() == before  # nothing rewritten
 
 
 def test_bad_input_is_one_line_and_exit_2_before_any_server_starts(tmp_path, capsys):
@@ -367,23 +379,12 @@ def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_multi_process_study_at_a_time")
-def test_resuming_a_study_with_another_model_config_or_sla_is_refused_naming_the_change(tmp_path, capsys):
-    study = write_tune_study(tmp_path, "same", **{"search.remeasure_repeats": 1})
-    assert main(["tune", str(study), "--quiet", "--trials", "1"]) in (0, 3)
-    capsys.readouterr()
-    before = (tmp_path / "same" / "summary.json").read_text()
-    changed = write_tune_study(tmp_path, "same", **{"search.remeasure_repeats": 1, "sla.latency_ms": 50})
-    assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
-    line = _one_line_error(capsys)
-    assert "was measured with another sla" in line and "--output NEW_DIR" in line
-    assert (tmp_path / "same" / "summary.json").read_text() == before  # nothing rewritten
-
-
-@pytest.mark.slow
 def test_every_replay_unmeasured_finishes_the_study_writes_the_summary_and_exits_1(tmp_path, capsys):
+    # no warm-up (its replays keep no send-lag budget and measure nothing this test reads): each trial is
+    # its three attempts at the recorded load, all over the budget
     study = write_tune_study(tmp_path, "lag", **{"replay.lag_budget_ms": 0.001,
-                                            "search.max_batch_size": {"low": 8, "high": 16, "log": True}})
+                                            "search.max_batch_size": {"low": 8, "high": 16, "log": True},
+                                            "measurement": {"warmup": False}})
     assert main(["tune", str(study), "--quiet"]) == 1
     captured = capsys.readouterr()
     line = _one_line_error_from(captured.err)
@@ -415,7 +416,7 @@ def test_a_new_knob_needs_only_the_space_a_bounded_queue_end_to_end(tmp_path, ca
     # dynamic_batching.default_queue_policy.max_queue_size was added to tuner/space.py and the settings
     # only: the search draws it, the server runs it (read back), and every output carries it
     study = write_tune_study(tmp_path, "queue", **{"search.max_queue_size": {"low": 0, "high": 64, "step": 64},
-                                              "search.remeasure_repeats": 1})
+                                              "search.remeasure_repeats": 1, **QUICK_TRIALS})
     assert main(["tune", str(study), "--quiet"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     output = tmp_path / "queue"
