@@ -1,5 +1,6 @@
 """`tuner audit` of a generative deployment (a model vLLM serves), end to end: a real tritonserver with vLLM's
-CPU engine inside (llm_vllm), the LLM quick start's traffic replayed by the real load generator, streamed
+CPU engine inside (llm_vllm), the LLM quick start's traffic (its busiest 30 s, each request's tokens capped)
+replayed by the real load generator, streamed
 and measured in tokens as tune measures a trial; the engine's own statistics read from Triton's /metrics
 while the replay runs. Then the rules on their own (no server): a baseline of the other unit or SLA is
 refused in one line, the engine's findings and their verdicts, the engine's stretch arithmetic."""
@@ -24,6 +25,7 @@ from tuner.llm.engine_metrics import read_engine
 from tuner.llm.engine_watch import stretch_of
 from tuner.server.local import LocalLauncher
 from tuner.settings import read_study
+from tuner.traffic import busiest_window, read_traffic, window, write_traffic
 from tuner.trial import Bracket, Figures, TrialRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,12 +52,12 @@ def _need_vllm() -> None:
 
 
 def write_study(tmp: Path, repository: Path = TEMPLATES, *, sla: dict | None = None, capacity: dict | None = None,
-                metrics_url: str | None = None) -> Path:
+                metrics_url: str | None = None, traffic: Path = TRAFFIC) -> Path:
     """The LLM quick start cut short: its busiest 30 s, 3 s steps (`capacity`: the capacity search's;
-    `metrics_url`: a remote server's /metrics)."""
+    `metrics_url`: a remote server's /metrics; `traffic`: the recording replayed)."""
     s = yaml.safe_load(EXAMPLE.read_text())
     s["model_repository"] = str(repository)
-    s["traffic"].update(path=str(TRAFFIC), busiest_s=30)
+    s["traffic"].update(path=str(traffic), busiest_s=30)
     s["output"] = str(tmp / "out")
     s["sla"].update(sla or {})
     s["search"]["capacity"].update({"step_duration_s": 3.0, "max_steps": 2, **(capacity or {})})
@@ -67,7 +69,8 @@ def write_study(tmp: Path, repository: Path = TEMPLATES, *, sla: dict | None = N
     return path
 
 
-def write_baseline(tmp: Path, *, unit: str = TOKENS, tokens_per_s: float | None = 1e6, sla: dict | None = None) -> Path:
+def write_baseline(tmp: Path, *, unit: str = TOKENS, tokens_per_s: float | None = 1e6, sla: dict | None = None,
+                   traffic: Path = TRAFFIC) -> Path:
     """A `tuner tune` output's summary.json: its best configuration's capacity, in `unit`."""
     out = tmp / f"tuned-{unit}"
     out.mkdir(exist_ok=True)
@@ -76,7 +79,7 @@ def write_baseline(tmp: Path, *, unit: str = TOKENS, tokens_per_s: float | None 
         limits.update(ttft_ms=None, tpot_ms=None)
     best = {"params": {"max_num_seqs": 64}, "capacity_rps": 3.0, "unit": unit,
             "at_capacity": {"output_tokens_per_s": tokens_per_s}}
-    summary = {"unit": unit, "best": best, "sla": {**limits, **(sla or {})}, "traffic": {"path": str(TRAFFIC)}}
+    summary = {"unit": unit, "best": best, "sla": {**limits, **(sla or {})}, "traffic": {"path": str(traffic)}}
     (out / "summary.json").write_text(json.dumps(summary))
     return out
 
@@ -84,15 +87,28 @@ def write_baseline(tmp: Path, *, unit: str = TOKENS, tokens_per_s: float | None 
 # --- end to end: a real server, vLLM's CPU engine, real replays --------------------------------------
 
 
-SEQS = 6  # the deployment's sequence slots: fewer than the ~17 answers of ~10 s the recorded load runs at once
+SEQS = 2  # the deployment's sequence slots: far fewer than the answers the recorded load runs at once
+CAP_PROMPT, CAP_OUTPUT = 256, 64  # each replayed request's tokens capped: short answers, a replay drains in seconds
+
+
+def capped_traffic(folder: Path) -> Path:
+    """The quick start's busiest 30 s with each request's tokens capped (as tests/llm/test_nightly.py):
+    its answers of up to ~500 tokens would hold each replay open for tens of seconds."""
+    trace = read_traffic(TRAFFIC)
+    start, _ = busiest_window(trace, 30.0)
+    busiest = window(trace, start, 30.0)
+    busiest = busiest.assign(prompt_tokens=busiest["prompt_tokens"].clip(upper=CAP_PROMPT),
+                             output_tokens=busiest["output_tokens"].clip(upper=CAP_OUTPUT))
+    return write_traffic(busiest, folder / "capped.csv")
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, triton_install):
     """A running server whose llm_vllm is deployed with SEQS sequence slots in its model.json, which the
-    audit reads from the same repository (a remote Triton does not expose it)."""
+    audit reads from the same repository (a remote Triton does not expose it); the capped traffic beside it."""
     _need_vllm()
     repo = tmp_path_factory.mktemp("deployment") / "models"
+    capped_traffic(repo.parent)
     shutil.copytree(TEMPLATES / MODEL, repo / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
     engine = repo / MODEL / "1" / "model.json"
     engine.write_text(json.dumps({**json.loads(engine.read_text()), "max_num_seqs": SEQS}))
@@ -104,7 +120,7 @@ def audit(deployment, tmp_path, capsys, *flags, **study) -> tuple[int, str, str,
     """`tuner audit` of the deployment through its URL (read-only); exit code, stdout, stderr, --json."""
     server, repo = deployment
     # its metrics on a port of their own (not HTTP's + 2)
-    path = write_study(tmp_path, repo, metrics_url=server.endpoints.metrics, **study)
+    path = write_study(tmp_path, repo, metrics_url=server.endpoints.metrics, traffic=repo.parent / "capped.csv", **study)
     code = main(["audit", str(path), "--url", server.endpoints.http, "--json", str(tmp_path / "audit.json"), *flags])
     out, err = capsys.readouterr()
     return code, out, err, json.loads((tmp_path / "audit.json").read_text())
@@ -114,7 +130,7 @@ def audit(deployment, tmp_path, capsys, *flags, **study) -> tuple[int, str, str,
 def test_a_generative_deployment_is_audited_in_tokens_at_its_load(deployment, tmp_path, capsys):
     before = _digest(deployment[1])
     code, out, err, report = audit(deployment, tmp_path, capsys, "--at-load-only")
-    # SEQS slots for answers of ~10 s arriving several a second: requests wait, TTFT far over its 1 s
+    # SEQS slots for answers arriving several a second: requests wait, TTFT far over its 1 s
     assert code == 3, out + err
     assert report["unit"] == "tokens" and report["outcome"] == "measured" and not report["sla_met"]
     # the deployed model.json, vLLM's CPU values where it leaves a knob out
@@ -139,7 +155,8 @@ def test_a_generative_deployment_is_audited_in_tokens_at_its_load(deployment, tm
 @pytest.mark.slow
 def test_a_generative_deployment_is_compared_with_a_tune_in_output_tokens(deployment, tmp_path, capsys):
     sla = {"ttft_ms": 60000.0, "tpot_ms": 1000.0}  # held at the load, even with requests waiting for a slot
-    baseline = write_baseline(tmp_path, tokens_per_s=1e6, sla=sla)  # far above: inefficient
+    baseline = write_baseline(tmp_path, tokens_per_s=1e6, sla=sla,  # far above: inefficient
+                              traffic=deployment[1].parent / "capped.csv")
     code, out, err, report = audit(deployment, tmp_path, capsys, "--baseline", str(baseline), "--textfile",
                                    str(tmp_path / "audit.prom"), sla=sla,
                                    capacity={"start_speed": 0.3, "max_speed": 0.3, "max_steps": 1})

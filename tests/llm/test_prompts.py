@@ -12,6 +12,13 @@ from tuner.llm.prompts import TINY_WORDS, Prompts, compose
 pytest.importorskip("transformers")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def engine_files_take_turns():
+    """This file starts no vLLM engine: it does not wait for the engine lock that tests/llm/conftest.py's
+    fixture of this name takes for every file here (in CI that wait was this file's whole setup time)."""
+    yield
+
+
 def _save(tokenizer, path: Path, *, bos: bool) -> Path:
     """`tokenizer` (a tokenizers.Tokenizer) saved as a transformers tokenizer in `path`."""
     from tokenizers import processors

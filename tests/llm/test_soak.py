@@ -1,5 +1,6 @@
-"""`tuner soak` of a generative model, end to end: the LLM quick start's study (examples/llm_quickstart.yaml)
-soaked for three short windows on a real tritonserver with vLLM's CPU engine inside (llm_vllm), each
+"""`tuner soak` of a generative model, end to end: the LLM quick start's study (examples/llm_quickstart.yaml),
+its busiest 30 s with each request's tokens capped (short answers: a window drains in seconds), soaked for
+three short windows on a real tritonserver with vLLM's CPU engine inside (llm_vllm), each
 window streamed by the real load generator, measured in tokens and by the engine's own statistics on
 Triton's /metrics. The soak goes through the command's own steps (what is soaked, the traffic check, the
 run) with a plan of three windows: the command's plan needs six for the trend test, which the pure tests
@@ -36,11 +37,12 @@ from tuner.soak import (
 )
 from tuner.soak.analysis import cycle_length, window_traffic
 from tuner.study import study_traffic
+from tuner.traffic import busiest_window, read_traffic, window, write_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llm_quickstart.yaml"
 TEMPLATE = ROOT / "model_repository_templates" / "llm_vllm"
-MAX_SEQS = 16  # below what the windows' load keeps in flight with vLLM's default (128): the engine must queue
+MAX_SEQS = 4  # below what the windows' load keeps in flight at its bursts with vLLM's default (128): it queues
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +65,14 @@ def soaked(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("llm-soak")
     s = yaml.safe_load(EXAMPLE.read_text())
     s["model_repository"] = str((EXAMPLE.parent / s["model_repository"]).resolve())
-    s["traffic"]["path"] = str((EXAMPLE.parent / s["traffic"]["path"]).resolve())
+    # the quick start's busiest 30 s, each request's tokens capped (as tests/llm/test_nightly.py): the
+    # recorded answers of up to ~500 tokens would keep every window draining for tens of seconds
+    trace = read_traffic((EXAMPLE.parent / s["traffic"]["path"]).resolve())
+    start, _ = busiest_window(trace, 30.0)
+    busiest = window(trace, start, 30.0)
+    busiest = busiest.assign(prompt_tokens=busiest["prompt_tokens"].clip(upper=256),
+                             output_tokens=busiest["output_tokens"].clip(upper=32))
+    s["traffic"]["path"] = str(write_traffic(busiest, tmp / "busiest.csv"))
     s["traffic"]["busiest_s"] = 30
     s["output"] = str(tmp / "out")
     study = tmp / "llm.yaml"
@@ -74,8 +83,8 @@ def soaked(tmp_path_factory):
     traffic = study_traffic(settings)
     config, engine, source = soak_engine(settings, settings.output, [f"max_num_seqs={MAX_SEQS}"])
     check_generative_traffic(settings, config, traffic, args=engine)
-    # three windows of 6 s at twice the study's load (speed 0.5: 3 s of the recording each)
-    plan = SoakPlan(hours=3 * 6 * 0.5 / 3600, speed=0.5, window_wall_s=6.0, cycle_s=cycle_length(traffic))
+    # three windows of 4 s at twice the study's load (speed 0.5: 2 s of the recording each)
+    plan = SoakPlan(hours=3 * 4 * 0.5 / 3600, speed=0.5, window_wall_s=4.0, cycle_s=cycle_length(traffic))
     result = run_soak(settings, config, plan, traffic=traffic, output=settings.output, quiet=None,
                       config_source=source, engine=engine, measure_capacity=False, progress=False)
     return dataclasses.make_dataclass("Soaked", ["out", "result", "plan", "traffic", "engine", "before"])(

@@ -24,6 +24,13 @@ if importlib.util.find_spec("transformers") is None:
 ROOT = Path(tuner.__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="module")
+def engine_files_take_turns():
+    """This file starts no vLLM engine: it does not wait for the engine lock that tests/llm/conftest.py's
+    fixture of this name takes for every file here (in CI that wait was this file's whole setup time)."""
+    yield
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> Path:
     return tiny_model(tmp_path_factory.mktemp("llm"))

@@ -1,5 +1,6 @@
 """`tuner tune` of a generative model, end to end: the LLM quick start (examples/llm_quickstart.yaml) cut to
-two trials and short steps, on a real tritonserver with vLLM's CPU engine inside (llm_vllm), replayed by
+two trials and short steps, its busiest 30 s with each request's tokens capped (short answers: a step drains
+in seconds), on a real tritonserver with vLLM's CPU engine inside (llm_vllm), replayed by
 the real load generator and searched by a real Optuna study. Each trial's engine knobs reach the served
 model.json (the repository's stays as it was), every replay is streamed and measured in tokens, the
 scores are output tokens per dollar, and the outputs say so: the closing table, summary.json,
@@ -19,6 +20,7 @@ import yaml
 
 from tuner.cli import main
 from tuner.llm import engineargs
+from tuner.traffic import busiest_window, read_traffic, window, write_traffic
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "llm_quickstart.yaml"
@@ -44,11 +46,19 @@ def study(tmp_path):
         pytest.skip(reason)
     s = yaml.safe_load(EXAMPLE.read_text())
     s["model_repository"] = str((EXAMPLE.parent / s["model_repository"]).resolve())
-    s["traffic"]["path"] = str((EXAMPLE.parent / s["traffic"]["path"]).resolve())
+    # the quick start's traffic, its busiest 30 s, each request's tokens capped (as tests/llm/test_nightly.py):
+    # the recorded answers of up to ~500 tokens would hold every step of a trial open for tens of seconds
+    trace = read_traffic((EXAMPLE.parent / s["traffic"]["path"]).resolve())
+    start, _ = busiest_window(trace, 30.0)
+    busiest = window(trace, start, 30.0)
+    busiest = busiest.assign(prompt_tokens=busiest["prompt_tokens"].clip(upper=256),
+                             output_tokens=busiest["output_tokens"].clip(upper=32))
+    s["traffic"]["path"] = str(write_traffic(busiest, tmp_path / "busiest.csv"))
     s["traffic"]["busiest_s"] = 30
     s["output"] = str(tmp_path / "out")
     s["search"].update(trials=2, top_k=1, remeasure_repeats=1)
-    s["search"]["capacity"].update(step_duration_s=3.0, max_steps=2)
+    # one capacity step per measurement (at the quick start's start speed): what is scored, not how the search brackets
+    s["search"]["capacity"].update(step_duration_s=3.0, max_steps=1)
     path = tmp_path / "llm.yaml"
     path.write_text(yaml.safe_dump(s))
     return path
