@@ -366,7 +366,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
             got.append(sender.send(rows, length))
         samples.extend(got)
         progress_done(f"{rows} x {length}")
-        if _ran(got, model, rows, length):
+        if _ran(got, model, rows=rows, length=length):
             ran.append((rows, length))
             return True
         return False
@@ -412,7 +412,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         for rows, length in ran:
             got = sender.send(rows, length)
             samples.append(got)
-            _ran([got], model, rows, length)
+            _ran([got], model, rows=rows, length=length)
         progress_done(f"repeat {k} of {repeats}")
     held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
                                on_progress=progress_done)
@@ -427,7 +427,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                       padded_lengths=padded)
 
 
-def _ran(got: list[Sample], model: str, rows: int, length: int) -> bool:
+def _ran(got: list[Sample], model: str, *, rows: int, length: int) -> bool:
     """True when every request of a point ran; False when one ran out of memory; ProfileError for
     any other failure."""
     bad = next((s for s in got if not s.ok), None)
