@@ -249,8 +249,9 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
         assert p.count == 5 and p.rows * min(p.length, 512) <= BUDGET
     # A first run's 24 ms is not in the spread: counted, it would be one of every point's six samples and
     # put every p90 past want + 12 ms. Of 5 repeats the p90 is nearly the largest, so one stall of the
-    # loaded machine widens one point: a few such points are allowed, not most.
-    assert len(wide) <= max(2, len(profile.points) // 10), wide
+    # loaded machine widens one point: some such points are allowed, not most (CI saw 4 of 39 while the
+    # other test worker ran; a counted first run makes it 39 of 39).
+    assert len(wide) <= max(2, len(profile.points) // 4), wide
     assert len(slow) <= max(1, len(profile.points) // 20), slow
     # the smallest failing rows, found to one row at each length that fails within 16 rows
     failing = {n: BUDGET // min(n, 512) + 1 for n in lengths if BUDGET // min(n, 512) + 1 <= 16}

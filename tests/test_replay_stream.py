@@ -56,7 +56,12 @@ def test_ttft_and_tpot_measured_agree_with_the_model_s_sleeps(server):
     assert (recs["tokens"] == recs["output_tokens"]).all() and (recs["prompt_tokens"] == prompt).all()
     assert [len(x) for x in recs["itl_ms"]] == (recs["tokens"] - 1).tolist()
     over = (recs["first_token_s"] - recs["due_s"]) * 1000 - (FIRST_MS + PROMPT_MS * recs["prompt_tokens"])
-    assert over.min() > -1.0 and over.median() < 5.0, over.describe()  # HTTP and Triton's own overhead
+    # what the measurement must get right: its origin (the due time: never early, the send lag counted) and
+    # its token (the first: a first token counted at the second would put every request a TOKEN_MS over).
+    # How small the overhead (HTTP, Triton, the model's stub) stays is a speed figure of the machine,
+    # printed by benchmarks/stream_replay.py (docs/replay.md: p50 ~2 ms); a loaded CI machine made it 5.2 ms.
+    assert over.min() > -1.0 and over.quantile(0.25) < TOKEN_MS / 2, over.describe()
+    assert over.median() < TOKEN_MS, over.describe()
     # the tail as "nearly all" below: 54 of 60 (a busy CI machine stalled one stream's tokens: p99 18 ms)
     assert m.tpot_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.05) and m.tpot_ms["p90"] < TOKEN_MS * 1.25
     assert m.itl_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.2)

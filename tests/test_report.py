@@ -33,7 +33,7 @@ STUDY = {
     "model_repository": str(ROOT / "model_repository_templates"),
     "model": "encoder_sim",
     "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv"), "busiest_s": 6, "speed": 0.25},
-    "replay": {"warmup_s": 0.3, "lag_budget_ms": 25},
+    "replay": {"warmup_s": 0.3, "lag_budget_ms": 25, "workers": 1},  # one Locust process: no calibration
     "measurement": {"window_s": 0.5, "warmup_max_s": 30},
     "sla": {"latency_ms": 100, "percentile": 99, "max_error_rate": 0.001},
     "cost": {"gpu": "a100-40gb", "cloud": "gcp"},
@@ -42,7 +42,7 @@ STUDY = {
         "seed": 1,
         "max_batch_size": {"low": 4, "high": 16, "log": True},
         "max_queue_delay_microseconds": {"low": 0, "high": 2000, "step": 2000},
-        "capacity": {"step_duration_s": 1.0, "tolerance": 0.3, "start_speed": 0.5, "max_steps": 4},
+        "capacity": {"step_duration_s": 1.0, "tolerance": 1.0, "start_speed": 0.5, "max_steps": 2},
         "top_k": 1,
         "remeasure_repeats": 1,
     },

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.production import HOUR_S, WindowError, parse_duration, window_bounds
-from tuner.production._window import format_duration, retention_s
+from tuner.production._window import format_duration, promql_range, retention_s
 
 
 @pytest.mark.parametrize(
@@ -65,3 +65,9 @@ def test_the_window_is_whole_steps_ending_on_a_step():
 )
 def test_a_duration_is_said_in_its_largest_whole_unit(seconds, text):
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize("seconds, text", [(3600, "[3600000ms]"), (1209600, "[1209600000ms]"), (33.8144, "[33814ms]")])
+def test_a_promql_range_is_whole_milliseconds_that_prometheus_accepts(seconds, text):
+    # `:g` wrote two weeks as 1.2096e+06s and a replay's window as 33.814s: Prometheus refused both
+    assert promql_range(seconds) == text

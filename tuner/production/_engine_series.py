@@ -24,6 +24,7 @@ from tuner.production._engine_figures import EngineSeries
 from tuner.production._errors import NoSeriesError
 from tuner.production._series import METRICS as TRITON
 from tuner.production._series import _escape, _long, _times
+from tuner.production._window import promql_range
 
 __all__ = ["ENGINE_COUNTERS", "ENGINE_QUERIES", "read_engine_series"]
 
@@ -86,7 +87,7 @@ def read_engine_series(
             f"{', '.join(sorted(models))})"
         )
     labels = f'model="{_escape(model)}"'
-    range_ = f"[{step_s:g}s]"
+    range_ = promql_range(step_s)
 
     def steps(promql: str, column: str) -> pd.Series:
         return _long(prometheus.query_range(promql, start=start + step_s, end=end, step_s=step_s), column)
@@ -123,14 +124,14 @@ def read_engine_series(
             tpot_metric = name
         say(f"{name} over the window")
         whole = prometheus.query(
-            _quantile(quantile, name, labels=labels, range_=f"[{end - start:g}s]"), at=end
+            _quantile(quantile, name, labels=labels, range_=promql_range(end - start)), at=end
         )
         values = _long(per_step, column).droplevel("instance")
         quantiles[column] = values.groupby(level="end").first().reindex(ends)
         window[column] = float(whole[0]["value"][1]) if whole else float("nan")
     say("restarts")
     resets = prometheus.query(
-        f"sum by (instance) (resets({{{_name(tokens, counter=True)},{labels}}}[{end - start:g}s]))", at=end
+        f"sum by (instance) (resets({{{_name(tokens, counter=True)},{labels}}}{promql_range(end - start)}))", at=end
     )
     return EngineSeries(
         counters=counters,

@@ -18,6 +18,7 @@ import pandas as pd
 from tuner.production._client import Prometheus
 from tuner.production._errors import NoSeriesError
 from tuner.production._figures import COLUMNS
+from tuner.production._window import promql_range
 
 __all__ = ["METRICS", "QUERIES", "Counters", "read_counters"]
 
@@ -79,7 +80,7 @@ def read_counters(
             f"metrics: {', '.join(sorted(models))})"
         )
     selector = f'{{model="{_escape(model)}"}}'
-    range_ = f"[{step_s:g}s]"
+    range_ = promql_range(step_s)
     frames = []
     for column, metric in METRICS.items():
         say(metric)
@@ -100,7 +101,7 @@ def read_counters(
     increases = pd.concat(frames, axis=1, join="inner").sort_index()
     say("restarts")
     resets = prometheus.query(
-        f"sum by (instance) (resets({METRICS['succeeded']}{selector}[{end - start:g}s]))", at=end
+        f"sum by (instance) (resets({METRICS['succeeded']}{selector}{promql_range(end - start)}))", at=end
     )
     ends = _times(np.arange(start + step_s, end + 1e-6, step_s))
     return Counters(

@@ -6,7 +6,7 @@ import re
 
 from tuner.production._errors import WindowError
 
-__all__ = ["format_duration", "parse_duration", "retention_s"]
+__all__ = ["format_duration", "parse_duration", "promql_range", "retention_s"]
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
@@ -34,6 +34,12 @@ def retention_s(text: str | None) -> float | None:
 
 def _is_duration(s: str) -> bool:
     return bool(s) and "".join(n + u for n, u in _PART.findall(s)) == s
+
+
+def promql_range(seconds: float) -> str:
+    """A range selector for PromQL, `[33814ms]`: whole milliseconds, since Prometheus refuses a fractional
+    duration (`33.8s`) and `:g` writes two weeks as `1.2096e+06s`."""
+    return f"[{round(seconds * 1000)}ms]"
 
 
 def format_duration(seconds: float) -> str:
