@@ -39,8 +39,11 @@ def free_ports(n: int) -> tuple[int, ...]:
 
 
 def check_port_free(port: int) -> None:
-    """ServerSetupError when `port` on 127.0.0.1 is taken."""
+    """ServerSetupError when `port` on 127.0.0.1 is taken: something listens on it. A connection to a
+    stopped server that lingers in TIME_WAIT (for a minute after a scraper's or client's last request)
+    does not count: tritonserver binds such a port (SO_REUSEADDR), and so does this check."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError as exc:

@@ -86,11 +86,10 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
     # two tritonservers one after the other on the same metrics port (one `instance` to Prometheus), each
     # scraped before and after its traffic: the window holds both replays, the restart (a counter reset) and
     # the failed scrapes while no server was up (checked below: `up` was 0 in between).
-    # The metrics port is given to tritonserver itself (its last --metrics-port wins): the launcher, given
-    # `ports`, first checks each port with a plain bind, which Prometheus's connection to the stopped server
-    # (closed by the server: TIME_WAIT on the metrics port) refuses for 60 s; Triton binds it at once.
-    # HTTP and gRPC ports are each server's own free ones: Prometheus does not see them.
-    metrics = free_ports(1)[0]
+    # The second server takes the first one's ports while Prometheus's last connection to the first lingers
+    # (closed by the server: TIME_WAIT on the metrics port), as a restarted deployment does.
+    ports = free_ports(3)
+    metrics = ports[2]
     n = int(RATE * 8)
     traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
     starts, ends, counts = [], [], []  # each replay's start and its ok requests' ends (wall clock); stats
@@ -100,9 +99,8 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
             if k:
                 time.sleep(3.0)  # down for three scrapes at least
                 down.append(time.time())
-            with LocalLauncher(MODELS, models=["echo"], install=triton_install,
-                               extra_args=["--metrics-port", str(metrics)]) as server:
-                assert urllib.parse.urlsplit(server.endpoints.metrics).port != metrics  # the launcher's own pick
+            with LocalLauncher(MODELS, models=["echo"], install=triton_install, ports=ports) as server:
+                assert urllib.parse.urlsplit(server.endpoints.metrics).port == metrics
                 time.sleep(2.5)  # scraped before its traffic: its counters' zero
                 result = replay(server.endpoints, "echo", traffic, speed=1.0,
                                 settings=ReplaySettings(workers=1, warmup_s=0.0))

@@ -496,7 +496,9 @@ def test_a_trials_engine_arguments_reach_the_container_not_the_users_files(engin
     models, name = ROOT / "tests" / "data" / "engine_models", "engine_echo"
     user = (models / name / "1" / "model.json").read_bytes()
     config = modelconfig.load(models / name / "config.pbtxt")
-    with DockerLauncher(SETTINGS, models, [name]) as launcher:
+    # as a vLLM study starts it: no model loaded until the first trial loads it with its engine arguments
+    with DockerLauncher(SETTINGS, models, [name], load_models=False) as launcher:
+        assert not launcher._require_http().ok(f"v2/models/{name}/ready")
         for seqs in (16, 32):
             trial = {**engineargs.read(models / name), "max_num_seqs": seqs}
             launcher.apply_engine_args(name, config, trial)

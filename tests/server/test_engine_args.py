@@ -86,3 +86,30 @@ def test_the_remote_launcher_sends_the_version_directory_and_puts_the_original_b
     # stop() loads the original configuration from the server's own repository again
     assert _served_args(server.endpoints.http) == original
     assert _tree_hash(MODELS) == before
+
+
+@pytest.mark.parametrize("load_models, loads", [(True, 2), (False, 1)])
+def test_a_model_its_first_step_loads_is_loaded_once_when_the_launcher_loads_none_at_start(
+        triton_install, tmp_path, load_models, loads):
+    # a vLLM model's engine would start twice (the repository's model.json, then the trial's): the study
+    # starts its server with load_models=False (tuner.trial.run.session, the nightly's and the soak's)
+    log = tmp_path / "tritonserver.log"
+    config = modelconfig.load(MODELS / MODEL / "config.pbtxt")
+    trial = {**engineargs.read(MODELS / MODEL), "max_num_seqs": 8}
+    with LocalLauncher(MODELS, models=[MODEL], install=triton_install, log_path=log,
+                       load_models=load_models) as launcher:
+        assert server_has_it_ready(launcher) == load_models
+        launcher.apply_engine_args(MODEL, config, trial)
+        assert _served_args(launcher.endpoints.http) == trial
+    assert log.read_text().count(f"successfully loaded '{MODEL}'") == loads, log.read_text()[-2000:]
+
+
+def server_has_it_ready(launcher: LocalLauncher) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{launcher.endpoints.http}/v2/models/{MODEL}/ready", timeout=5) as r:
+            return r.status == 200
+    except urllib.error.HTTPError:
+        return False

@@ -157,7 +157,8 @@ def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Pat
     traffic = read_traffic(traffic_path)
     with contextlib.ExitStack() as stack:
         if launcher is None:
-            launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server"))
+            # a vLLM model is loaded by its first replay, with that arm's engine arguments: not at start too
+            launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server", load_models=engine is None))
         evaluate = make_evaluate(launcher, study, production, traffic=traffic, engine=engine)
         load_replay = (make_load_replay(launcher, study, production, traffic=traffic, engine=engine)
                        if study.scoring == "utilization" else None)

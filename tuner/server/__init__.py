@@ -19,16 +19,19 @@ __all__ = ["Endpoints", "Launcher", "LocalLauncher", "RemoteLauncher", "TritonIn
            "find_tritonserver", "make_launcher"]
 
 
-def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool = False) -> Launcher:
+def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool = False, *,
+                  load_models: bool = True) -> Launcher:
     """The launcher a study's `server:` section asks for (`settings` is a tuner.settings.StudySettings).
-    `read_only`: a remote server is only measured, never reconfigured."""
+    `read_only`: a remote server is only measured, never reconfigured. `load_models=False`: a server
+    this launcher starts loads no model until asked (the caller's first step loads it with files of its
+    own: a vLLM model's engine arguments); a remote server is already running its models."""
     server = settings.server
     models = [settings.model]
     if server.launcher == "local":
         log_path = Path(log_dir) / "tritonserver.log" if log_dir else None
         return LocalLauncher(settings.model_repository, models=models, install_dir=server.install_dir,
                              log_path=log_path, startup_timeout_s=server.startup_timeout_s,
-                             extra_args=server.extra_args)
+                             extra_args=server.extra_args, load_models=load_models)
     if server.launcher == "remote":
         if not server.url:
             raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
@@ -37,5 +40,5 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
     if server.launcher == "docker":
         from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
 
-        return DockerLauncher(server, settings.model_repository, models, log_dir=log_dir)
+        return DockerLauncher(server, settings.model_repository, models, log_dir=log_dir, load_models=load_models)
     raise ServerSetupError(f"{settings.source or '<study>'}: server.launcher: unknown launcher '{server.launcher}'")

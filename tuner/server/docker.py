@@ -55,9 +55,11 @@ class DockerLauncher(Launcher):
 
     def __init__(self, settings: ServerSettings, model_repository: str | Path,
                  models: Sequence[str] = (), *, log_dir: str | Path | None = None,
-                 ports: tuple[int, int, int] | None = None):
-        """`ports` (http, grpc, metrics) pins the host ports; by default free ones are chosen."""
+                 ports: tuple[int, int, int] | None = None, load_models: bool = True):
+        """`ports` (http, grpc, metrics) pins the host ports; by default free ones are chosen.
+        `load_models=False`: none is loaded at start (as LocalLauncher's)."""
         self.settings = settings
+        self.load_models = load_models
         self.model_repository = Path(model_repository)
         self.models = list(models)
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -151,7 +153,7 @@ class DockerLauncher(Launcher):
             if state not in ("created", "running"):
                 raise ServerSetupError(self._startup_failure(f"the container stopped ({state}) before the "
                                                              "server was ready"))
-            if http.ok("v2/health/ready") and all(http.ok(f"v2/models/{m}/ready") for m in self.models):
+            if http.ok("v2/health/ready") and all(http.ok(f"v2/models/{m}/ready") for m in self.loaded_at_start):
                 return
             if time.monotonic() > deadline:
                 raise ServerSetupError(self._startup_failure(f"the server was not ready within {timeout_s:g} s"))
@@ -267,8 +269,14 @@ class DockerLauncher(Launcher):
                f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
                f"--http-port={ports[0]}", f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}",
                "--model-control-mode=explicit", "--exit-timeout-secs=5"]
-        cmd += [f"--load-model={m}" for m in self.models] or ["--load-model=*"]
+        if self.load_models:
+            cmd += [f"--load-model={m}" for m in self.models] or ["--load-model=*"]
         return cmd + list(self.settings.extra_args)
+
+    @property
+    def loaded_at_start(self) -> list[str]:
+        """The models the server is ready only once they are."""
+        return self.models if self.load_models else []
 
     def _require_http(self) -> TritonHttp:
         if self._http is None:

@@ -39,6 +39,9 @@ class LocalLauncher(Launcher):
     The user's repository is copied to a private temp dir (never modified); the server runs in explicit
     model-control mode in its own process group, its log in a file; `stop()` ends the group.
     `ports=(http, grpc, metrics)` pins the ports (default: free ones chosen at start).
+    `load_models=False`: the models are copied but none is loaded at start, for a caller whose first step
+    loads one with its own files (a vLLM model's engine arguments: loaded twice, its engine would start
+    twice, seconds on a CPU, minutes for a large model on a GPU).
     """
 
     name = "local"
@@ -46,8 +49,10 @@ class LocalLauncher(Launcher):
     def __init__(self, model_repository: str | Path, models: Sequence[str] | None = None,
                  install_dir: str | Path | None = None, *, log_path: str | Path | None = None,
                  startup_timeout_s: float = 120.0, extra_args: Sequence[str] = (),
-                 ports: tuple[int, int, int] | None = None, install: TritonInstall | None = None):
+                 ports: tuple[int, int, int] | None = None, install: TritonInstall | None = None,
+                 load_models: bool = True):
         self.model_repository = Path(model_repository)
+        self.load_models = load_models
         self.models = list(models) if models is not None else None
         self.install_dir = install_dir
         self.log_path = Path(log_path) if log_path else None
@@ -126,7 +131,7 @@ class LocalLauncher(Launcher):
                "--exit-timeout-secs", "5",
                # a unique shared-memory prefix, so servers running side by side do not collide
                f"--backend-config=python,shm-region-prefix-name={prefix}",
-               *[f"--load-model={m}" for m in models], *self.extra_args]
+               *[f"--load-model={m}" for m in models if self.load_models], *self.extra_args]
         env = dict(os.environ)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(install.lib_dir), env.get("LD_LIBRARY_PATH", "")) if p)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -82,11 +83,12 @@ class SoakResult:
 def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, traffic: pd.DataFrame,
              output: str | Path, quiet: QuietWindows | None, config_source: str, engine: dict | None = None,
              measure_capacity: bool = True, replace: bool = False, margin: float = 0.2, progress: bool = True,
-             launcher_factory: Callable[[StudySettings], Launcher] = make_launcher) -> SoakResult:
+             launcher_factory: Callable[[StudySettings], Launcher] | None = None) -> SoakResult:
     """Soak `config` on the study's server for `plan` and write `OUTPUT/soak/` (see `tuner.soak`);
     `engine`: a vLLM-served model's engine arguments (its model.json), soaked with `config` as is.
     A KeyboardInterrupt (Ctrl-C, SIGTERM) still writes the findings of the finished windows, then
-    goes on up."""
+    goes on up. `launcher_factory`: the study's server (default: `make_launcher`; a vLLM model is then
+    loaded once, with `engine`, not also at start)."""
     folder = _files.prepare(output, replace=replace)
     model = settings.model
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if progress else (lambda text: None)
@@ -110,7 +112,8 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, tr
                     not_measured=NOT_MEASURED, warmup=None)
     interrupted, failure = False, None
     try:
-        with launcher_factory(settings) as launcher:
+        factory = launcher_factory or functools.partial(make_launcher, load_models=engine is None)
+        with factory(settings) as launcher:
             if engine is None:
                 running = launcher.apply_config(model, config)
                 mbs = int(running.max_batch_size)

@@ -159,5 +159,6 @@ def session(settings: StudySettings, log_dir: str | None = None) -> Iterator[Eva
     engine = base_engine(settings, base)
     if log_dir is not None:  # one folder per process: workers each run their own server
         log_dir = str(Path(log_dir) / f"pid-{os.getpid()}")
-    with make_launcher(settings, log_dir=log_dir) as launcher:  # a remote one restores its config
+    # a vLLM model is loaded by its first trial, with that trial's engine arguments: not at start too
+    with make_launcher(settings, log_dir=log_dir, load_models=engine is None) as launcher:  # a remote one restores its config
         yield make_evaluate(launcher, settings, base, traffic=traffic, engine=engine)
