@@ -118,6 +118,19 @@ def test_the_nightly_verdict_is_one_on_its_decision_with_its_time(tmp_path):
     assert got[("tuner_nightly_last_run_timestamp_seconds", lab(decision="change"))] == when
     assert got[("tuner_nightly_exit_code", LABELS)] == 10
     assert got[("tuner_nightly_requests_per_dollar", lab(config="best"))] == 130
+    assert not any(name == "tuner_nightly_output_tokens_per_dollar" for name, _ in got)
+
+
+def test_a_generative_nights_score_is_output_tokens_per_dollar_wherever_it_is_written(tmp_path):
+    # one builder for `tuner nightly --textfile` and `tuner exporter --nightly` (the exporter wrote no score
+    # for a generative night: it read only requests per dollar)
+    labels = labels_for(study(tmp_path))
+    entry = {"night": "2026-11-30T021500Z", "decision": "keep", "exit_code": 0, "unit": "tokens",
+             "production_tokens_per_dollar": 1.0e6, "best_tokens_per_dollar": 1.2e6}
+    got = samples(write_textfile(tmp_path / "n.prom", nightly_families(entry, labels)).read_text())
+    assert got[("tuner_nightly_output_tokens_per_dollar", lab(config="production"))] == 1.0e6
+    assert got[("tuner_nightly_output_tokens_per_dollar", lab(config="best"))] == 1.2e6
+    assert not any(name == "tuner_nightly_requests_per_dollar" for name, _ in got)
 
 
 def test_nightly_history_writes_the_last_nights_textfile(tmp_path, capsys):

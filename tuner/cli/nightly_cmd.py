@@ -73,10 +73,4 @@ def _write_textfile(path: str, settings, entry: dict) -> None:
     from tuner.production import labels_for, nightly_families, write_textfile
 
     labels = labels_for(read_study_for(settings))
-    families = nightly_families(entry, labels)  # its requests per dollar: an encoder's night only
-    if entry.get("unit") == "tokens":
-        families += [f for f in (labels.gauge("tuner_nightly_output_tokens_per_dollar",
-                                              "Output tokens per dollar tonight's search measured.",
-                                              entry.get(f"{config}_tokens_per_dollar"), config=config)
-                                 for config in ("production", "best")) if f is not None]
-    write_textfile(path, families)
+    write_textfile(path, nightly_families(entry, labels))

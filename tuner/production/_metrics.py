@@ -253,7 +253,9 @@ def replay_audit_families(audit: AuditResult, labels: Labels) -> list[Metric]:
 
 def nightly_families(entry: dict, labels: Labels) -> list[Metric]:
     """The last night's verdict (a line of the nightly history, tuner/nightly/history.py): 1 on its
-    decision, 0 on the other; when it ran; its exit code; production's and the best requests per dollar."""
+    decision, 0 on the other; when it ran; its exit code; production's and the best score per dollar in
+    the night's unit: requests, or a generative model's output tokens (their own series, never written
+    as requests per dollar). `tuner nightly --textfile` and `tuner exporter --nightly` both write these."""
     decision = entry.get("decision")
     verdict = GaugeMetricFamily(
         "tuner_nightly_verdict",
@@ -287,6 +289,16 @@ def nightly_families(entry: dict, labels: Labels) -> list[Metric]:
                 "Requests per dollar tonight's search measured.",
                 entry.get("best_requests_per_dollar"),
                 config="best",
+            ),
+            *(
+                labels.gauge(
+                    "tuner_nightly_output_tokens_per_dollar",
+                    "Output tokens per dollar tonight's search measured.",
+                    entry.get(f"{config}_tokens_per_dollar"),
+                    config=config,
+                )
+                for config in ("production", "best")
+                if entry.get("unit") == "tokens"
             ),
         ]
     )
