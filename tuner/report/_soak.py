@@ -24,6 +24,7 @@ from tuner.soak import (
     SoakFindings,
     analyze,
     has_soak,
+    is_tokens,
     latency_column,
     quiet_line,
     read_executions,
@@ -31,6 +32,7 @@ from tuner.soak import (
     read_windows,
     soak_dir,
 )
+from tuner.soak.analysis import tpot_column, ttft_column
 from tuner.traffic import read_traffic
 
 REPORT = "report.html"
@@ -95,15 +97,7 @@ def timeseries(view: SoakView) -> go.Figure | None:
         return None
     x = w["t_hours"]
     sla = view.meta.get("sla") or {}
-    panels = [("offered and served (req/s)", [("offered_rps", "offered"), ("throughput_rps", "served")]),
-              ("latency (ms, from the due time)", [("latency_p50_ms", "p50"), (view.latency, view.latency[8:-3])]),
-              ("Triton compute (ms)", [("compute_ms_per_request", "per request"),
-                                       ("compute_ms_fixed_mix", "per request, first window's batch mix"),
-                                       ("compute_ms_per_execution", "per execution")]),
-              ("errors (fraction of requests)", [("error_rate", "errors"), ("oom_error_rate", "out of memory")]),
-              ("batch (rows)", [("largest_batch", "largest executed"), ("largest_ok_batch", "largest succeeding"),
-                                ("mean_batch_size", "mean")]),
-              ("server memory (MB)", [("memory_mb", _memory_label(w))])]
+    panels, limits = _panels(view)
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=[title for title, _ in panels])
     trends = {t.figure: t for t in view.findings.analysis.trends} if view.findings.analysis else {}
@@ -123,11 +117,13 @@ def timeseries(view: SoakView) -> go.Figure | None:
                     name=f"{name}: fit ({trend.verdict}, {100 * trend.relative_per_hour:+.2g} %/h)"
                     if math.isfinite(trend.relative_per_hour) else f"{name}: fit ({trend.verdict})",
                     line={"color": TREND_COLOR, "dash": "dash" if not trend.drifting else "solid"}), row=row, col=1)
-    if sla.get("latency_ms") is not None:
-        fig.add_hline(y=float(sla["latency_ms"]), line_dash="dot", line_color=SLA_COLOR, row=2, col=1,
-                      annotation_text="SLA", annotation_position="top left")
     if sla.get("max_error_rate") is not None:
-        fig.add_hline(y=float(sla["max_error_rate"]), line_dash="dot", line_color=SLA_COLOR, row=4, col=1)
+        limits["error_rate"] = float(sla["max_error_rate"])
+    for row, (_, series) in enumerate(panels, 1):  # each SLA limit on the panel of its figure
+        for column, _name in series:
+            if column in limits:
+                said = {} if column == "error_rate" else {"annotation_text": "SLA", "annotation_position": "top left"}
+                fig.add_hline(y=limits[column], line_dash="dot", line_color=SLA_COLOR, row=row, col=1, **said)
     for hours in w.loc[w["restarted"], "start_hours"] if "restarted" in w else []:
         fig.add_vline(x=float(hours), line_dash="dash", line_color=RESTART_COLOR,
                       annotation_text="restart", annotation_position="top right")
@@ -135,6 +131,39 @@ def timeseries(view: SoakView) -> go.Figure | None:
     fig.update_layout(template="plotly_white", height=230 * len(panels), margin={"l": 60, "r": 20, "t": 50, "b": 50},
                       title="Every window of the soak (orange: the fitted trend at each window's load)")
     return fig
+
+
+def _panels(view: SoakView) -> tuple[list[tuple[str, list[tuple[str, str]]]], dict[str, float]]:
+    """The page's panels (title, [(windows.csv column, name)]) for what was soaked, and the SLA's latency
+    limits by column. A generative soak's windows hold tokens, TTFT/TPOT and vLLM's own gauges (KV cache,
+    running and waiting sequences, preemptions), not Triton's batches (the engine batches)."""
+    w, sla = view.windows, view.meta.get("sla") or {}
+    pct = float(sla.get("percentile", 99))
+    memory = ("server memory (MB)", [("memory_mb", _memory_label(w))])
+    errors = ("errors (fraction of requests)", [("error_rate", "errors"), ("oom_error_rate", "out of memory")])
+    if is_tokens(view.meta):
+        ttft, tpot = ttft_column(pct), tpot_column(pct)
+        limits = {c: float(sla[k]) for c, k in ((ttft, "ttft_ms"), (tpot, "tpot_ms")) if sla.get(k) is not None}
+        return [("offered and served (output tokens/s)", [("offered_tokens_per_s", "offered"),
+                                                          ("output_tokens_per_s", "served")]),
+                ("time to first token (ms, from the due time)", [("ttft_p50_ms", "p50"), (ttft, ttft[5:-3])]),
+                ("time per output token (ms)", [("tpot_p50_ms", "p50"), (tpot, tpot[5:-3])]),
+                errors,
+                ("vLLM KV cache (1 = full)", [("kv_cache_usage_peak", "peak"), ("kv_cache_usage_mean", "mean")]),
+                ("vLLM sequences", [("running_mean", "running, mean"), ("running_peak", "running, peak"),
+                                    ("waiting_mean", "waiting, mean"), ("waiting_peak", "waiting, peak")]),
+                ("preemptions per finished request", [("preemptions_per_request", "preemptions")]),
+                memory], limits
+    limits = {view.latency: float(sla["latency_ms"])} if sla.get("latency_ms") is not None else {}
+    return [("offered and served (req/s)", [("offered_rps", "offered"), ("throughput_rps", "served")]),
+            ("latency (ms, from the due time)", [("latency_p50_ms", "p50"), (view.latency, view.latency[8:-3])]),
+            ("Triton compute (ms)", [("compute_ms_per_request", "per request"),
+                                     ("compute_ms_fixed_mix", "per request, first window's batch mix"),
+                                     ("compute_ms_per_execution", "per execution")]),
+            errors,
+            ("batch (rows)", [("largest_batch", "largest executed"), ("largest_ok_batch", "largest succeeding"),
+                              ("mean_batch_size", "mean")]),
+            memory], limits
 
 
 def capacity_projection(view: SoakView) -> go.Figure | None:
