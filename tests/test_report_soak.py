@@ -41,12 +41,13 @@ def test_a_generative_soak_is_drawn_in_tokens_ttft_tpot_and_the_engines_own_gaug
     meta = {"unit": "tokens", "sla": {"percentile": 99, "ttft_ms": 500.0, "tpot_ms": 40.0, "max_error_rate": 0.01}}
     fig = timeseries(_view(meta, windows))
     titles = _titles(fig)
-    assert titles[:3] == ["offered and served (output tokens/s)", "time to first token (ms, from the due time)",
+    assert titles[:3] == ["offered and served (tokens/s)", "time to first token (ms, from the due time)",
                           "time per output token (ms)"]
     assert {"vLLM KV cache (1 = full)", "vLLM sequences", "preemptions per finished request"} <= set(titles)
     assert not any("Triton compute" in t or "batch (rows)" in t for t in titles)  # the engine batches, not Triton
     names = {trace.name for trace in fig.data}
-    assert {"p99", "served", "peak", "running, mean", "preemptions"} <= names
+    assert {"offered, prompt + output", "served, prompt + output", "served, output", "p99", "peak", "running, mean",
+            "preemptions"} <= names
     # each SLA limit on its own figure's panel
     assert _hlines(fig) == {"time to first token (ms, from the due time)": 500.0, "time per output token (ms)": 40.0,
                             "errors (fraction of requests)": 0.01}

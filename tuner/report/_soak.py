@@ -144,8 +144,10 @@ def _panels(view: SoakView) -> tuple[list[tuple[str, list[tuple[str, str]]]], di
     if is_tokens(view.meta):
         ttft, tpot = ttft_column(pct), tpot_column(pct)
         limits = {c: float(sla[k]) for c, k in ((ttft, "ttft_ms"), (tpot, "tpot_ms")) if sla.get(k) is not None}
-        return [("offered and served (output tokens/s)", [("offered_tokens_per_s", "offered"),
-                                                          ("output_tokens_per_s", "served")]),
+        # offered as the load is counted (prompt + output tokens due), served the same way, and its output
+        return [("offered and served (tokens/s)", [("offered_tokens_per_s", "offered, prompt + output"),
+                                                   ("total_tokens_per_s", "served, prompt + output"),
+                                                   ("output_tokens_per_s", "served, output")]),
                 ("time to first token (ms, from the due time)", [("ttft_p50_ms", "p50"), (ttft, ttft[5:-3])]),
                 ("time per output token (ms)", [("tpot_p50_ms", "p50"), (tpot, tpot[5:-3])]),
                 errors,
@@ -224,7 +226,7 @@ def render_soak(view: SoakView) -> str:
     """The soak's page as one HTML document."""
     meta, plan = view.meta, view.meta.get("plan") or {}
     config = ", ".join(f"{k}={v}" for k, v in (meta.get("config") or {}).items() if v not in ([], None, 0))
-    facts = (f"model {meta.get('model')} ({config}) from {meta.get('config_source')} · {plan.get('hours')} h of "
+    facts = (f"model {meta.get('model')} ({config}) from {meta.get('config_source')} · {plan.get('hours')} "
              f"{TIME_AXIS} at speed {plan.get('speed')} in {plan.get('windows')} windows of "
              f"{plan.get('window_minutes')} min · started {meta.get('started_utc')} · "
              f"{len(view.windows)} window(s) finished")
