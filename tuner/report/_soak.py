@@ -31,8 +31,9 @@ from tuner.soak import (
     read_meta,
     read_windows,
     soak_dir,
+    tpot_column,
+    ttft_column,
 )
-from tuner.soak.analysis import tpot_column, ttft_column
 from tuner.traffic import read_traffic
 
 REPORT = "report.html"

@@ -49,6 +49,8 @@ from tuner.soak.analysis import (
     latency_column,
     make_plan,
     quiet_line,
+    tpot_column,
+    ttft_column,
 )
 
 __all__ = [
@@ -76,4 +78,6 @@ __all__ = [
     "soak_config",
     "soak_dir",
     "soak_engine",
+    "tpot_column",
+    "ttft_column",
 ]
