@@ -149,8 +149,9 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
     lo, hi, sim_cap = table["capacity_measured"], table["capacity_upper_measured"], table["capacity_simulated"]
     table["in_bracket"] = table["pruned"] & sim_cap.ge(lo) & (sim_cap.le(hi) | hi.isna())
     table.loc[table["pruned"], "capacity_score_measured"] = np.nan  # a lower bound, not a score
+    # (a complete trial by its lower edge: both sides bisected at the same tolerance here, edge to edge)
     table["capacity_error"] = [relative_error(r.capacity_simulated, r.capacity_measured, pruned=r.pruned,
-                                              upper=None if pd.isna(r.capacity_upper_measured)
+                                              upper=None if pd.isna(r.capacity_upper_measured) or not r.pruned
                                               else r.capacity_upper_measured) for r in table.itertuples()]
     table["latency_error"] = table["latency_simulated"] / table["latency_measured"] - 1
     table["utilization_error"] = [relative_error(r.utilization_simulated, r.utilization_measured)

@@ -3,6 +3,7 @@ the fallback to a measured search when the simulation is wrong (a profile that l
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path
     err = capsys.readouterr().err
     study = load(tmp_path / "model", "model")
     measured = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("retry_of")]
-    assert len(measured) == 3  # the incumbent and the simulation's top 2, of a 18-point space
+    assert len(measured) == 3, err  # the incumbent and the simulation's top 2, of a 18-point space
     ranked = [t for t in measured if "simulated_rank" in t.user_attrs]
     assert [t.user_attrs["simulated_rank"] for t in ranked][0] == 1  # the simulation's best, measured first
     # then not a near-copy of it: the best-ranked of another region (batch size to the half octave) than
@@ -233,6 +234,10 @@ def test_the_error_rule_counts_a_wrong_verdict_as_100_percent_and_a_pruned_trial
     assert relative_error(90.0, 100.0, upper=130.0, pruned=True) == pytest.approx(-0.1)
     assert relative_error(143.0, 100.0, upper=130.0, pruned=True) == pytest.approx(0.1)
     assert math.isnan(relative_error(500.0, 100.0, upper=None, pruned=True))  # an open bracket: left out
+    # a complete trial's capacity is a bracket too: a simulation inside it is as right as it can tell
+    assert relative_error(228.6, 176.7, upper=229.7) == 0.0  # (the lower edge alone said +29 %)
+    assert relative_error(250.0, 176.7, upper=229.7) == pytest.approx(250.0 / 229.7 - 1)
+    assert relative_error(228.6, 176.7, upper=None) == pytest.approx(228.6 / 176.7 - 1)  # open: the edge
 
 
 def test_the_measured_order_is_checked_against_the_simulated():
@@ -252,30 +257,33 @@ def test_the_measured_order_is_checked_against_the_simulated():
     assert "1 of 1 pairs" in order_agreement([2.0, 1.0], [1.0, 2.0]).describe()
 
 
+def _add_trial(study: optuna.Study, params: dict, *, sla_met: bool, rps: float = 0.0, upper: float | None = None,
+               state=optuna.trial.TrialState.COMPLETE) -> None:
+    """A measured trial in the real record format: capacity `rps` in the bracket [rps, upper], 100
+    requests per dollar per request/s."""
+    from tuner.trial import Bracket, Figures, TrialRecord, to_attrs
+
+    dist = {"max_batch_size": optuna.distributions.IntDistribution(1, 32, log=True),
+            "max_queue_delay_microseconds": optuna.distributions.IntDistribution(0, 2000, step=1000)}
+    bracket = Bracket(rps=rps, speed=1.0, upper_rps=upper, steps=2) if sla_met else None
+    record = TrialRecord(params=params, at_load=Figures(latency_ms={"p99": 50.0}), sla_met=sla_met,
+                         violation=-1.0 if sla_met else 1.0, capacity=bracket, pruned=state.name == "PRUNED",
+                         scores={"capacity": rps * 100 if sla_met else None, "utilization": None})
+    value = record.value("capacity") if state == optuna.trial.TrialState.COMPLETE else None
+    study.add_trial(optuna.trial.create_trial(
+        state=state, value=value, params=params, distributions=dist, user_attrs=to_attrs(record),
+        system_attrs={"constraints": [record.violation]}))
+
+
 def test_a_feasible_simulation_the_server_refutes_counts_in_the_median_and_forces_the_fallback(tmp_path):
     """`simulation_errors` and the verdict on a study of synthetic records (the real record format): the
     point measured infeasible is +100 % (it used to drop out as NaN), the pruned one is judged by its bracket."""
-    import optuna
-
     from tuner.search import _model
-    from tuner.trial import Bracket, Figures, TrialRecord, to_attrs
 
     settings = _settings(tmp_path)
     ranking = _ranking([(16, 2000, 300.0), (8, 2000, 200.0), (4, 0, 100.0)])
     study = optuna.create_study(direction="maximize")
-    dist = {"max_batch_size": optuna.distributions.IntDistribution(1, 32, log=True),
-            "max_queue_delay_microseconds": optuna.distributions.IntDistribution(0, 2000, step=1000)}
-
-    def add(params, *, sla_met, rps=0.0, upper=None, state=optuna.trial.TrialState.COMPLETE):
-        bracket = Bracket(rps=rps, speed=1.0, upper_rps=upper, steps=2) if sla_met else None
-        record = TrialRecord(params=params, at_load=Figures(latency_ms={"p99": 50.0}), sla_met=sla_met,
-                             violation=-1.0 if sla_met else 1.0, capacity=bracket, pruned=state.name == "PRUNED",
-                             scores={"capacity": rps * 100 if sla_met else None, "utilization": None})
-        value = record.value("capacity") if state == optuna.trial.TrialState.COMPLETE else None
-        study.add_trial(optuna.trial.create_trial(
-            state=state, value=value, params=params, distributions=dist, user_attrs=to_attrs(record),
-            system_attrs={"constraints": [record.violation]}))
-
+    add = functools.partial(_add_trial, study)
     add({"max_batch_size": 16, "max_queue_delay_microseconds": 2000}, sla_met=False)  # simulated 3 rps
     add({"max_batch_size": 8, "max_queue_delay_microseconds": 2000}, sla_met=True, rps=2.0, upper=2.6)  # exact
     add({"max_batch_size": 4, "max_queue_delay_microseconds": 0}, sla_met=True, rps=0.8, upper=1.2,
@@ -283,11 +291,38 @@ def test_a_feasible_simulation_the_server_refutes_counts_in_the_median_and_force
     errors = _model.simulation_errors(study, ranking, settings)
     assert list(errors["capacity_error"]) == pytest.approx([1.0, 0.0, 0.0])
     assert list(errors["pruned"]) == [False, False, True]
-    # a complete trial's value is final; a pruned one's spans its capacity bracket (capacity scoring)
-    assert list(errors["measured_value_upper"]) == pytest.approx([0.0, 200.0, 120.0])
+    # the value spans the capacity's bracket under capacity scoring, complete or pruned; none when infeasible
+    assert list(errors["measured_value_upper"]) == pytest.approx([0.0, 260.0, 120.0])
     verdict = _model._judge(errors, settings)
     assert verdict["median_error"] == 0.0 and verdict["infeasible_measured"] == 1 and verdict["compared"] == 3
     # the simulation's best measured below the two it ranked under it: the order says no
     assert verdict["pairs"] == 3 and verdict["discordant"] == 2 and verdict["fallback"]
     text = _model._describe(verdict, len(errors), settings.search.model_error)
     assert "1 feasible in simulation, not on the server (counted as 100 %)" in text and "2 of 3 pairs" in text
+
+
+def test_the_simulations_fine_capacity_is_judged_against_the_measured_bracket(tmp_path):
+    """The ranking's figures are at the study's tolerance, its order at 1 % (`ranking_capacity_rps`); a
+    measured capacity is a bracket at the study's tolerance. The simulation's 1 % estimate inside the
+    bracket is no error, though the two brackets' lower edges differ by a whole step (the case of a CI
+    run that fell back: 229 simulated, [177, 230] measured, 30 % by the lower edges)."""
+    from tuner.search import _model
+
+    settings = _settings(tmp_path)
+    ranking = _ranking([(16, 2000, 17700.0), (8, 2000, 15000.0), (4, 0, 9000.0)])
+    ranking["ranking_capacity_rps"] = [228.6, 160.0, 95.0]  # the 1 % bisection's, above the coarse edges
+    study = optuna.create_study(direction="maximize")
+    _add_trial(study, {"max_batch_size": 16, "max_queue_delay_microseconds": 2000}, sla_met=True, rps=176.7,
+               upper=229.7)  # the simulation inside the bracket
+    _add_trial(study, {"max_batch_size": 8, "max_queue_delay_microseconds": 2000}, sla_met=True, rps=100.0,
+               upper=130.0)  # above it: by the distance to its upper edge
+    _add_trial(study, {"max_batch_size": 4, "max_queue_delay_microseconds": 0}, sla_met=True, rps=95.0)  # open
+    errors = _model.simulation_errors(study, ranking, settings)
+    assert list(errors["simulated_capacity_rps"]) == [228.6, 160.0, 95.0]
+    assert list(errors["capacity_error"]) == pytest.approx([0.0, 160.0 / 130.0 - 1, 0.0])
+    # the value follows the capacity under capacity scoring: the simulated one at 1 %, the measured a bracket
+    assert errors["simulated_value"].iloc[0] == pytest.approx(17700.0 * 228.6 / 177.0)
+    assert list(errors["measured_value_upper"]) == pytest.approx([22970.0, 13000.0, 9500.0])
+    assert errors["value_error"].iloc[0] == 0.0
+    verdict = _model._judge(errors, settings)
+    assert verdict["median_error"] == pytest.approx(0.0) and not verdict["fallback"]

@@ -217,12 +217,14 @@ def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySe
 def relative_error(simulated: float, measured: float, *, upper: float | None = None, pruned: bool = False) -> float:
     """The simulation's relative error on one point, by one rule for the strategy and the fidelity
     benchmark. Feasible in simulation but not on the server (`measured` 0): +100 %, not left out; the
-    other way: -100 %. A pruned trial's `measured` is only its bracket's lower edge: 0 inside the bracket
-    [measured, upper], else the distance to the nearer edge, and NaN (left out: say so) when the bracket
-    is open. NaN when both are 0 (both infeasible: nothing to compare)."""
-    if pruned:
-        if upper is None or not math.isfinite(upper) or measured <= 0:
-            return math.nan
+    other way: -100 %. With `upper`, the measurement is a capacity bracket [measured, upper] (the last
+    speed that met the SLA, the first that did not): 0 when the simulation falls inside it (the
+    measurement cannot tell them apart), else the distance to the nearer edge. A pruned trial without a
+    closed bracket is left out (NaN: say so); so is a point infeasible in both."""
+    bracket = upper is not None and math.isfinite(upper) and measured > 0 and upper > measured
+    if pruned and not bracket:
+        return math.nan
+    if bracket:
         if simulated < measured:
             return simulated / measured - 1.0
         return simulated / upper - 1.0 if simulated > upper else 0.0
@@ -270,8 +272,9 @@ def order_agreement(simulated, low, high=None, *, tolerance: float = 0.0) -> Ord
 def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings) -> pd.DataFrame:
     """Simulated against measured for every measured trial the simulation ranked: capacity, the SLA
     percentile at the load, and the scoring's requests per dollar, with the relative errors
-    (`relative_error`: feasible in simulation, infeasible measured = +100 %; a pruned trial by its
-    bracket, `bracket` says which). A trial with no verdict (unstable, unmeasured) is left out."""
+    (`relative_error`: feasible in simulation, infeasible measured = +100 %; the simulation's capacity
+    at its ranking's 1 % against the measured capacity bracket, pruned or complete). A trial with no
+    verdict (unstable, unmeasured) is left out."""
     pct = f"latency_p{settings.sla.percentile:g}_ms"
     tuned = [k.name for k in space.tuned(settings.search)]
     index = {tuple(_params(row, settings).values()): row for _, row in ranking.iterrows()}
@@ -286,16 +289,24 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
         score = t.user_attrs.get(f"score_{settings.scoring}")
         measured_value = (score or 0.0) if is_feasible(t) or (pruned and record.sla_met) else 0.0
         lower, upper = record.capacity_rps, record.capacity.upper_rps if record.capacity else None
-        # a pruned trial's value has the capacity's bracket under capacity scoring (the value follows it)
-        value_upper = (measured_value if not pruned else measured_value * upper / lower
-                       if upper and lower > 0 and settings.scoring == "capacity" else None)
+        # the measured capacity is a bracket, at the study's tolerance: the simulation's estimate is its
+        # finer one (the ranking's 1 % bisection), judged against the bracket, not against the bracket's
+        # lower edge (that would charge the simulation with the measurement's own step, up to the tolerance)
+        coarse = float(sim["capacity_rps"])
+        fine = sim.get("ranking_capacity_rps")
+        estimate = float(fine) if fine is not None and pd.notna(fine) else coarse
+        capacity_scored = settings.scoring == "capacity"
+        simulated_value = float(sim["value"]) * (estimate / coarse if capacity_scored and coarse > 0 else 1.0)
+        # under capacity scoring the value follows the capacity, and so does its bracket
+        value_upper = (measured_value * upper / lower if capacity_scored and upper and lower > 0
+                       else None if pruned else measured_value)
         rows.append({
             "trial": t.number, **dict(zip(tuned, key, strict=True)), "pruned": pruned, "simulated_rank": int(sim["rank"]),
-            "simulated_capacity_rps": float(sim["capacity_rps"]), "measured_capacity_rps": lower,
+            "simulated_capacity_rps": estimate, "measured_capacity_rps": lower,
             "measured_capacity_upper_rps": upper,
             "simulated_sla_ms": sim.get(pct), "measured_sla_ms":
                 record.at_load.latency_ms.get(pct[len("latency_"):-len("_ms")]) if record.at_load else None,
-            "simulated_value": float(sim["value"]), "measured_value": float(measured_value),
+            "simulated_value": simulated_value, "measured_value": float(measured_value),
             "measured_value_upper": value_upper,
         })
     table = pd.DataFrame(rows)
