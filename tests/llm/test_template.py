@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import tuner
+from tuner.llm.prompts import Prompts
 from tuner.llm.tiny import tiny_model
 from tuner.server.local import LocalLauncher
 
@@ -208,3 +209,74 @@ def test_engine_arguments_vllm_refuses_fail_the_load_with_its_message(server, ch
     assert "vLLM refused the engine arguments in model.json" in message and vllm_says in message, message
     assert server.is_alive() and generate(server, prompt_tokens=3, output_tokens=2)  # the good model serves on
     assert "Segfault" not in server.log_path.read_text()  # the failed stub let go of its metrics in order
+
+
+def test_an_emulated_gpu_holds_each_step_to_its_roofline_and_a_long_prefill_stalls_the_decodes(server, templates_dir):
+    """llm_sim (vLLM's scheduler on the tiny model, each step held to an A100's roofline, here x2) loaded
+    beside the real engine: a decode step lasts the weights' and KV cache's read, a prefill its tokens'
+    compute, never less; a 2,000-token prompt scheduled with a decoding stream stalls that stream for its
+    whole prefill (chunked prefill, 2,048 tokens a step), the GPU trade-off a CPU engine does not show."""
+    name, scale = "llm_sim", 2.0
+    target = server.repository / name
+    shutil.copytree(templates_dir / name, target)  # the linked model.py copied as a file
+    config = target / "config.pbtxt"
+    config.write_text(re.sub(r'(key: "time_scale" value: \{ string_value: )"[^"]*"', rf'\1"{scale:g}"',
+                             config.read_text()))
+    params = {m[1]: float(m[2]) for m in re.finditer(r'key: "(\w+)" value: \{ string_value: "([0-9.]+)" \}',
+                                                       config.read_text())}
+    assert params["time_scale"] == scale
+
+    def step_ms(tokens: int, context: int) -> float:
+        memory = params["weights_ms"] + params["kv_us_per_token"] * context / 1000
+        return scale * (params["step_overhead_ms"] + max(memory, params["compute_us_per_token"] * tokens / 1000))
+
+    load = urllib.request.Request(f"http://{server.endpoints.http}/v2/repository/models/{name}/load",
+                                  data=b"{}", method="POST")
+    urllib.request.urlopen(load, timeout=240).read()
+    try:
+        prompts = Prompts()  # words short enough for vLLM's 5 characters per context token
+
+        def timed(prompt: int, output: int, *, start: int = 0, delay_s: float = 0.0) -> tuple[list[float], int]:
+            time.sleep(delay_s)
+            sent = time.monotonic()
+            stamps, tokens = [], 0
+            params_ = {"max_tokens": output, "min_tokens": output, "ignore_eos": True, "temperature": 0}
+            body = {"text_input": prompts.text(prompt, start), "stream": True,
+                    "return_num_output_tokens": True, "sampling_parameters": json.dumps(params_)}
+            request = urllib.request.Request(
+                f"http://{server.endpoints.http}/v2/models/{name}/generate_stream", data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                for raw in answer:
+                    line = raw.decode().strip()
+                    if line.startswith("data:"):
+                        stamps.append((time.monotonic() - sent) * 1000)
+                        tokens += json.loads(line[5:])["num_output_tokens"]
+            return stamps, tokens
+
+        stamps, tokens = timed(512, 24)
+        assert tokens == 24 and len(stamps) == 24  # one token a step, one response a token
+        assert stamps[0] >= 0.95 * step_ms(512, 512), (stamps[0], step_ms(512, 512))  # the prefill's compute
+        decode = step_ms(1, 530)  # memory-bound: the weights read once a step
+        # the mean gap: two responses read at once (one short gap, one long) leave it as it is
+        mean_gap = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+        assert 0.95 * decode <= mean_gap <= 1.3 * decode, (stamps, decode)
+        # a long prompt arrives while a stream decodes: one step computes its 2,000 tokens and the decode
+        with ThreadPoolExecutor(2) as pool:
+            streaming = pool.submit(timed, 8, 40)
+            # (its own words from the first: none of its blocks in vLLM's prefix cache)
+            long_prompt = pool.submit(timed, 2000, 2, start=517, delay_s=10 * decode / 1000)
+            stamps, tokens = streaming.result()
+            assert long_prompt.result()[1] == 2
+        gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+        stall = step_ms(2001, 2020)
+        assert tokens == 40 and max(gaps) >= 0.95 * stall, (max(gaps), stall)
+        assert sorted(gaps)[len(gaps) // 2] <= 1.3 * decode, (gaps, decode)  # the rest of it as before
+        text = urllib.request.urlopen(server.endpoints.metrics, timeout=10).read().decode()
+        steps = re.search(rf'tuner_emulated_gpu_steps_total\{{model="{name}",version="1"\}} (\S+)', text)
+        assert steps and float(steps[1]) >= 24 + 40, text[-2000:]
+        assert re.search(rf'tuner_emulated_gpu_overrun_steps_total\{{model="{name}",version="1"\}} \S+', text)
+    finally:
+        unload = urllib.request.Request(f"http://{server.endpoints.http}/v2/repository/models/{name}/unload",
+                                        data=b"{}", method="POST")
+        urllib.request.urlopen(unload, timeout=60).read()

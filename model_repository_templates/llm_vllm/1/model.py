@@ -15,6 +15,15 @@ streaming, each response carries the text produced since the previous one and, w
 `num_output_tokens` = the tokens in that response; the last has TRITONSERVER_RESPONSE_COMPLETE_FINAL.
 Not streaming: one response with the whole text (after the prompt unless `exclude_input_in_output`).
 
+An EMULATED GPU (the `llm_sim` template: this file, with `parameters` in its config.pbtxt): vLLM's own
+scheduler forms every step (continuous batching, chunked prefill, KV-cache blocks, preemption), the
+tiny model computes it on the CPU, and the step then lasts as long as a GPU's roofline says it would
+(`_StepTime`: weights and KV cache read from memory, or the step's tokens computed, whichever is longer,
+plus a fixed overhead per step, x `time_scale`), so that the GPU's trade-offs (a long prefill step
+stalls every decode in it; more sequences per step are almost free until the KV cache is read) show on a
+CPU. A step the CPU takes longer than that is counted (`tuner_emulated_gpu_overrun_steps_total`): there
+the emulation is slower than the GPU it emulates.
+
 The engine's statistics go to Triton's /metrics with the Python backend's custom metrics, under vLLM's
 names (`vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds`, `vllm:num_preemptions`,
 `vllm:num_requests_running`, ...), labelled with the model's name and version.
@@ -157,6 +166,78 @@ def _registry_child_on_python():
     registry._SUBPROCESS_COMMAND = [python, "-m", "vllm.model_executor.models.registry"]
 
 
+class _StepTime:
+    """An emulated GPU's time for one engine step (seconds), from config.pbtxt's `parameters`: None when
+    they name none (a real engine). The roofline of a decoder on one GPU: the weights and every scheduled
+    sequence's KV cache read once per step, or the scheduled tokens' matrix products, whichever takes
+    longer, plus the step's fixed overhead (scheduling, sampling), all x `time_scale`."""
+
+    KEYS = ("step_overhead_ms", "weights_ms", "kv_us_per_token", "compute_us_per_token", "time_scale")
+
+    def __init__(self, values):
+        self.overhead_ms, self.weights_ms, self.kv_us, self.compute_us, self.scale = values
+
+    @classmethod
+    def from_config(cls, config):
+        params = config.get("parameters", {})
+        given = [key for key in cls.KEYS if key in params]
+        if not given:
+            return None
+        missing = [key for key in cls.KEYS if key not in params]
+        if missing:
+            raise pb_utils.TritonModelException(
+                f"an emulated GPU needs every one of parameters {', '.join(cls.KEYS)}: {', '.join(missing)} missing")
+        values = []
+        for key in cls.KEYS:
+            text = params[key].get("string_value", "")
+            try:
+                value = float(text)
+            except ValueError:
+                raise pb_utils.TritonModelException(f"parameters.{key}: expected a number, got {text!r}") from None
+            if not value >= 0 or (key == "time_scale" and value <= 0):
+                raise pb_utils.TritonModelException(f"parameters.{key}: must be {'> 0' if key == 'time_scale' else '>= 0'}, got {text!r}")
+            values.append(value)
+        return cls(values)
+
+    def seconds(self, tokens, context):
+        """`tokens` computed in the step (prefill and decode), `context` the KV-cache tokens it reads."""
+        memory_ms = self.weights_ms + self.kv_us * context / 1000.0
+        compute_ms = self.compute_us * tokens / 1000.0
+        return self.scale * (self.overhead_ms + max(memory_ms, compute_ms)) / 1000.0
+
+
+def _paced_scheduler(step_time, counts):
+    """vLLM's scheduler, each step held until `step_time` has passed since it was scheduled. vLLM takes a
+    scheduler class as an engine argument (`scheduler_cls`, made for replacing it); the hold is at the
+    start of `update_from_output`, before the step's outputs and their timestamps exist, so that vLLM's
+    own TTFT and TPOT count it as the replay does. `counts` ([steps, overruns]) is shared with the metrics."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class PacedScheduler(Scheduler):
+        _started = None
+
+        def schedule(self, *args, **kwargs):
+            self._started = time.monotonic()
+            return super().schedule(*args, **kwargs)
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            tokens = scheduler_output.total_num_scheduled_tokens
+            if tokens and self._started is not None:
+                # the KV cache each scheduled sequence reads: its tokens so far, this step's included
+                context = sum(self.requests[r].num_computed_tokens for r in scheduler_output.num_scheduled_tokens
+                              if r in self.requests)
+                left = step_time.seconds(tokens, context) - (time.monotonic() - self._started)
+                counts[0] += 1
+                if left > 0:
+                    time.sleep(left)
+                else:
+                    counts[1] += 1
+            self._started = None
+            return super().update_from_output(scheduler_output, model_runner_output)
+
+    return PacedScheduler
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
@@ -168,11 +249,23 @@ class TritonPythonModel:
         from vllm import EngineArgs, LLMEngine
 
         engine_args = engine_arguments(pb_utils.get_model_dir())
+        step_time = _StepTime.from_config(self.model_config)
+        self._emulated = [0, 0]  # the emulated GPU's steps, and those the CPU ran past their time
+        if step_time is not None:
+            if "scheduler_cls" in engine_args:
+                raise pb_utils.TritonModelException(
+                    f"{ENGINE_ARGS_FILE}: scheduler_cls cannot be given to an emulated GPU (it paces vLLM's own)")
+            if engine_args.get("async_scheduling"):
+                raise pb_utils.TritonModelException(
+                    f"{ENGINE_ARGS_FILE}: async_scheduling cannot be on for an emulated GPU (its steps are held one by one)")
+            engine_args["scheduler_cls"] = _paced_scheduler(step_time, self._emulated)
+            engine_args["async_scheduling"] = False  # schedule, compute, hold, then the next step
         report = self.model_config.get("parameters", {}).get("REPORT_CUSTOM_METRICS", {})
         self._metrics = None
         loggers = []
         if str(report.get("string_value", "")).lower() == "true" and not engine_args.get("disable_log_stats"):
-            self._metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
+            self._metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]},
+                                     emulated=self._emulated if step_time is not None else None)
             loggers.append(self._metrics.factory())
         try:
             self._engine = LLMEngine.from_engine_args(EngineArgs(**engine_args), stat_loggers=loggers)
@@ -337,6 +430,7 @@ class TritonPythonModel:
 
 METRICS = ("prompt_tokens", "generation_tokens", "preemptions", "requests_success", "running", "waiting",
            "kv_cache", "ttft", "tpot", "e2e", "request_tpot", "queue")  # _Metrics' metric attributes
+EMULATED_METRICS = ("emulated_steps", "emulated_overruns")
 
 
 class _IdleStats:
@@ -350,7 +444,7 @@ _IDLE = _IdleStats()
 class _Metrics:
     """vLLM's statistics as Triton custom metrics; a thread of its own makes the (IPC) updates."""
 
-    def __init__(self, labels):
+    def __init__(self, labels, *, emulated=None):
         def family(name, kind, description):
             return pb_utils.MetricFamily(name=name, description=description, kind=kind)
 
@@ -382,6 +476,15 @@ class _Metrics:
                                    "Histogram of time_per_output_token_seconds per request.", TPOT_BUCKETS)
         self.queue = metric("vllm:request_queue_time_seconds", histogram,
                             "Histogram of time spent in WAITING phase for request.", TTFT_BUCKETS)
+        # an emulated GPU's steps, and those the CPU took longer than the emulated time (`emulated`: the
+        # paced scheduler's [steps, overruns], counted in the engine's thread, sent from here per step)
+        self._emulated, self._emulated_sent = emulated, [0, 0]
+        if emulated is not None:
+            self.emulated_steps = metric("tuner_emulated_gpu_steps_total", counter,
+                                         "Engine steps held to the emulated GPU's time.")
+            self.emulated_overruns = metric(
+                "tuner_emulated_gpu_overrun_steps_total", counter,
+                "Engine steps the CPU took longer than the emulated GPU's time (slower than the GPU emulated).")
         self._updates = queue.Queue()
         self._last = {}
         self._thread = threading.Thread(target=self._loop, name="llm_vllm-metrics", daemon=True)
@@ -415,6 +518,12 @@ class _Metrics:
                 if self._last.get(id(gauge)) != value:
                     self._last[id(gauge)] = value
                     put((gauge.set, value))
+        if self._emulated is not None:
+            for i, counter in enumerate((self.emulated_steps, self.emulated_overruns)):
+                now = self._emulated[i]
+                if now > self._emulated_sent[i]:
+                    put((counter.increment, now - self._emulated_sent[i]))
+                    self._emulated_sent[i] = now
         if iteration is None:
             return
         for counter, value in ((self.prompt_tokens, iteration.num_prompt_tokens),
@@ -452,6 +561,6 @@ class _Metrics:
         Python backend's rule: a family deleted first, at the interpreter's exit, crashes the stub)."""
         self._updates.put(None)
         self._thread.join(timeout=30)
-        for name in METRICS:
+        for name in METRICS + (EMULATED_METRICS if self._emulated is not None else ()):
             delattr(self, name)
         self._families.clear()

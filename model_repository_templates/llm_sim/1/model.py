@@ -1,0 +1,1 @@
+../../llm_vllm/1/model.py
