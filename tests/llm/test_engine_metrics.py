@@ -66,3 +66,20 @@ def test_the_quantile_is_prometheus_histogram_quantile():
     assert hist.quantile(0.99) == pytest.approx(0.02 + 0.02 * (9.9 - 6) / 4)
     assert Histogram((0.01,), (0, 3), total=1.0, count=3).quantile(0.5) == 0.01  # in +Inf: the last bound
     assert math.isnan(Histogram((0.01,), (0, 0), total=0.0, count=0).quantile(0.5))
+
+
+def test_an_emulated_gpus_step_counters_are_read_and_differenced_with_the_engines():
+    def with_steps(steps: int, overruns: int) -> str:
+        return exposition(ttft_counts=(1, 0, 0, 0), preemptions=0) + "\n".join([
+            "# HELP tuner_emulated_gpu_steps_total Engine steps held to the emulated GPU's time.",
+            "# TYPE tuner_emulated_gpu_steps_total counter",
+            f'tuner_emulated_gpu_steps_total{{model="llm",version="1"}} {steps}',
+            'tuner_emulated_gpu_steps_total{model="other",version="1"} 5000',
+            "# HELP tuner_emulated_gpu_overrun_steps_total Engine steps the CPU took longer.",
+            "# TYPE tuner_emulated_gpu_overrun_steps_total counter",
+            f'tuner_emulated_gpu_overrun_steps_total{{model="llm",version="1"}} {overruns}']) + "\n"
+
+    figures = engine_delta(read_engine(with_steps(100, 1), "llm"), read_engine(with_steps(500, 21), "llm"))
+    assert (figures.emulated_steps, figures.emulated_overruns) == (400, 20) and figures.overrun_share == 0.05
+    real = engine_delta(*(read_engine(exposition(ttft_counts=(1, 0, 0, 0), preemptions=0), "llm"),) * 2)
+    assert real.emulated_steps == 0 and math.isnan(real.overrun_share)  # a real engine: no share to judge

@@ -177,7 +177,7 @@ def _engine_figures(engine) -> dict | None:
 def format_generate(run, sla_percentile: float = 99.0) -> str:
     """A generative replay as two tables: the replay's figures, then TTFT / TPOT / ITL / end to end
     as the replay and as the engine saw the same requests."""
-    from tuner.llm.engine_metrics import E2E, ITL, TPOT, TTFT
+    from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
 
     m = run.measurement
     limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms),
@@ -197,6 +197,12 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
     if engine is not None:
         rows.append(("engine", f"{engine.requests:.0f} requests, {engine.generation_tokens:.0f} output tokens, "
                                f"{engine.preemptions:.0f} preemptions, KV cache {engine.kv_cache_usage:.0%} used at the end"))
+        if engine.emulated_steps > 0:  # llm_sim: where the CPU was slower than the GPU it emulates
+            share = engine.overrun_share
+            rows.append(("emulated GPU", f"{engine.emulated_steps:.0f} engine steps, {engine.emulated_overruns:.0f} "
+                                         f"({share:.1%}) ran past their emulated time on this CPU"
+                                         + (": the figures are partly the CPU's (raise time_scale)"
+                                            if share > OVERRUN_LIMIT else "")))
     width = max(len(name) for name, _ in rows)
     top = "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 

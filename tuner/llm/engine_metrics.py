@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["EngineFigures", "EngineSnapshot", "Histogram", "engine_delta", "read_engine"]
+__all__ = ["OVERRUN_LIMIT", "EngineFigures", "EngineSnapshot", "Histogram", "engine_delta", "read_engine"]
 
 PREFIX = "vllm:"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -30,6 +30,9 @@ COUNTERS = {"prompt_tokens": "vllm:prompt_tokens", "generation_tokens": "vllm:ge
             "preemptions": "vllm:num_preemptions", "requests": "vllm:request_success"}
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
           "kv_cache_usage": "vllm:kv_cache_usage_perc"}
+# the llm_sim template's (an emulated GPU): its engine steps, and those the CPU ran past their emulated time
+EMULATED = {"emulated_steps": "tuner_emulated_gpu_steps", "emulated_overruns": "tuner_emulated_gpu_overrun_steps"}
+OVERRUN_LIMIT = 0.05  # past this share of overrun steps, an emulated GPU's figures are partly the CPU's
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,14 @@ class EngineFigures:
     waiting: float
     kv_cache_usage: float
     histograms: dict[str, Histogram]
+    emulated_steps: float = 0.0     # an emulated GPU's (llm_sim) engine steps; 0 on a real engine
+    emulated_overruns: float = 0.0  # ... those the CPU took longer than the emulated GPU would have
+
+    @property
+    def overrun_share(self) -> float:
+        """The share of an emulated GPU's steps the CPU ran past their time (NaN on a real engine):
+        above a few per cent, the figures are partly the CPU's, not the emulated GPU's."""
+        return self.emulated_overruns / self.emulated_steps if self.emulated_steps > 0 else math.nan
 
     def seconds(self, name: str) -> Histogram | None:
         """One histogram (`TTFT`, `TPOT`, `ITL`, `E2E`, `QUEUE`), None when the engine reports none."""
@@ -98,13 +109,13 @@ class EngineFigures:
 
 def read_engine(text: str, model: str) -> EngineSnapshot:
     """The `vllm:` series of `model` (label `model`; a series without that label is taken too) in a
-    Prometheus text exposition."""
+    Prometheus text exposition, with an emulated GPU's step counters (`EMULATED`)."""
     values: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if not family.name.startswith(PREFIX):
+        if not family.name.startswith(PREFIX) and family.name not in EMULATED.values():
             continue
         for sample in family.samples:
             if sample.labels.get("model", model) != model:
@@ -145,4 +156,6 @@ def engine_delta(before: EngineSnapshot, after: EngineSnapshot) -> EngineFigures
                          running=after.values.get(GAUGES["running"], math.nan),
                          waiting=after.values.get(GAUGES["waiting"], math.nan),
                          kv_cache_usage=after.values.get(GAUGES["kv_cache_usage"], math.nan),
-                         histograms=histograms)
+                         histograms=histograms,
+                         **{key: after.values.get(name, 0.0) - before.values.get(name, 0.0)
+                            for key, name in EMULATED.items()})
