@@ -92,17 +92,20 @@ def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path
 def test_a_profile_that_lies_falls_back_to_a_measured_search(tmp_path, capsys, factor):
     lying = encoder_sim.profile(factor=factor, rows=ROWS, lengths=LENGTHS)
     profile = write_profile(lying, tmp_path / "lying.csv")
-    # 4 trials: the incumbent, the simulation's top 2, and one past them (the search goes on); one capacity
-    # step and no repeat: the lie is far beyond any noise (a lower bound of the capacity only widens the
-    # error of 0.05's ~4x over-estimate; 20.0 ranks nothing feasible, nothing to compare)
-    study_file = write_study(tmp_path, profile, name="lie", model_error=0.2, trials=4, max_steps=1, max_repeats=1)
+    # 4 trials: the incumbent, the simulation's top 2, and one past them (the search goes on); no repeat:
+    # the lie is far beyond any noise. Two capacity steps, not one: with one, the simulation's capacity
+    # stops at the first step's speed (it passes there, its bracket open) and the server's bracket ends at
+    # that same speed (it fails there): the brackets touch and show no error however large the lie (a CI
+    # run fell back on none). A second step takes the simulation past the server's bracket. (20.0 ranks
+    # nothing feasible, nothing to compare.)
+    study_file = write_study(tmp_path, profile, name="lie", model_error=0.2, trials=4, max_steps=2, max_repeats=1)
     code = main(["tune", str(study_file), "--quiet"])
     err = capsys.readouterr().err
     assert code == 0, err  # every configuration of this space meets the SLA on the emulated GPU
     study = load(tmp_path / "lie", "lie")
     info = study.user_attrs["model_search"]
     finished = [t for t in study.trials if t.state.is_finished()]
-    assert info["fallback"] and len(finished) == 4  # the sampler searched on to the trial budget
+    assert info["fallback"] and len(finished) == 4, err  # the sampler searched on to the trial budget
     if factor < 1:
         assert len(info["measured"]) == 2 and info["median_error"] > 0.2
         assert f"median {info['median_error']:.1%} (above search.model_error 20%)" in err
