@@ -24,6 +24,7 @@ import re
 import shutil
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.cost import price_for  # noqa: E402
+from tuner.llm.engine_metrics import EngineSnapshot, engine_delta, read_engine  # noqa: E402
 from tuner.server import make_launcher  # noqa: E402
 from tuner.settings import CostSettings, read_study  # noqa: E402
 from tuner.study import base_config, base_engine, study_traffic  # noqa: E402
@@ -78,10 +80,12 @@ def study(out: Path, model: str, gpu: str, *, scale: float, capacity: dict) -> P
     return path
 
 
-def overruns(launcher) -> tuple[float, float]:
-    """The emulated GPU's steps and overrun steps so far (0, 0 on a real engine)."""
-    m = launcher.metrics()
-    return m.get("tuner_emulated_gpu_steps_total", 0.0), m.get("tuner_emulated_gpu_overrun_steps_total", 0.0)
+def overruns(launcher, model: str) -> tuple[float, float]:
+    """The emulated GPU's steps and overrun steps since the model's load (0, 0 on a real engine), read as
+    `tuner replay` reads them."""
+    with urllib.request.urlopen(launcher.endpoints.metrics, timeout=10) as response:
+        figures = engine_delta(EngineSnapshot(), read_engine(response.read().decode(errors="replace"), model))
+    return figures.emulated_steps, figures.emulated_overruns
 
 
 def measure(path: Path, grid: list[dict], *, scale: float = 1.0) -> pd.DataFrame:
@@ -96,7 +100,7 @@ def measure(path: Path, grid: list[dict], *, scale: float = 1.0) -> pd.DataFrame
         for params in grid:
             started = time.monotonic()
             record = evaluate(params, Hints())
-            steps, over = overruns(launcher)  # counters of this load of the model (reloaded per trial)
+            steps, over = overruns(launcher, settings.model)  # this load of the model's (reloaded per trial)
             at = record.at_load
             rows.append({
                 **params, "outcome": record.outcome,
