@@ -32,6 +32,8 @@ if cpu:  # the example's own CPU smoke settings (see its header)
     base["replay"]["lag_budget_ms"] = 50
     base["search"]["capacity"] = {"step_duration_s": 2.0, "tolerance": 0.3, "start_speed": 0.5,
                                   "max_speed": 4, "max_steps": 4}
+    # batches up to 8: the CPU shape's 64 x 512 tokens take seconds each, the profile's grid minutes
+    base["search"]["max_batch_size"] = {"low": 1, "high": 8, "log": True}
 else:  # the example's load and SLA, its measurements shortened to fit a lease of minutes: the busiest
     # 6 s (at 32x) of the trace as the recorded load, capacity steps of 4 s to within 20 %
     base["traffic"]["busiest_s"] = 192
@@ -40,7 +42,8 @@ else:  # the example's load and SLA, its measurements shortened to fit a lease o
                                   "max_speed": 1000, "max_steps": 5}
 for name, search in {
     "profile": {},
-    "fidelity": {"sampler": "grid", "trials": 10, "max_batch_size": {"low": 8, "high": 32, "step": 24},
+    "fidelity": {"sampler": "grid", "trials": 10,
+                 "max_batch_size": {"low": 2, "high": 8, "step": 6} if cpu else {"low": 8, "high": 32, "step": 24},
                  "max_queue_delay_microseconds": {"low": 0, "high": 4000, "step": 4000},
                  "instance_count": {"low": 1, "high": 1}},
     # the model strategy reads step 1's profile (it would measure the same one again)
@@ -56,6 +59,7 @@ STEPS=" ${STEPS:-profile model fidelity conformance} "
 step() {  # step NAME LIMIT_S COMMAND...: runs it, logs to OUT/NAME.log, records rc and seconds
     local name=$1 limit=$2; shift 2
     case "$STEPS" in *" $name "*) ;; *) echo "$name not-run 0" >>"$out/steps.txt"; return ;; esac
+    [ "${CPU:-0}" = 1 ] && limit=$((limit * 3))  # a CPU computes the model far slower
     local t0=$SECONDS
     echo "gpu_check: $name (limit ${limit}s): $*" >&2
     timeout --signal=INT --kill-after=20 "$limit" "$@" >"$out/$name.log" 2>&1

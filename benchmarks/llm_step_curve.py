@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -94,7 +95,7 @@ def fit_roofline(points: list[Point]) -> dict[str, float]:
     measured = np.array([p.ms for p in points])
 
     def residuals(x):
-        params = dict(zip(keys, x))
+        params = dict(zip(keys, x, strict=True))
         return np.array([roofline_ms(params, p.tokens, p.context) for p in points]) / measured - 1.0
 
     # start where each term alone explains its own extreme: the max() leaves a term without gradient
@@ -107,7 +108,7 @@ def fit_roofline(points: list[Point]) -> dict[str, float]:
                       1e3 * most_tokens.ms / most_tokens.tokens])
     fits = [least_squares(residuals, start * scale, bounds=(0, np.inf)) for scale in (0.5, 1.0, 2.0)]
     best = min(fits, key=lambda f: f.cost)
-    return dict(zip(keys, (float(v) for v in best.x)))
+    return dict(zip(keys, (float(v) for v in best.x), strict=True))
 
 
 def measure(shape: str, device: str, *, warmup: int, repeats: int, graphs: bool) -> list[Point]:
@@ -185,7 +186,7 @@ def measure(shape: str, device: str, *, warmup: int, repeats: int, graphs: bool)
         for i, (b, c) in enumerate(decodes, 1):
             x = torch.randn(b, hidden, device=device, dtype=dtype)
             attend, last = decode_attention(b, c), slice(None)
-            eager = timed(lambda: step(x, attend, last))
+            eager = timed(partial(step, x, attend, last))
             graph_ms = None
             if graphs and device != "cpu":
                 side = torch.cuda.Stream()
@@ -204,7 +205,7 @@ def measure(shape: str, device: str, *, warmup: int, repeats: int, graphs: bool)
         for i, t in enumerate(prefills, len(decodes) + 1):
             x = torch.randn(t, hidden, device=device, dtype=dtype)
             attend = prefill_attention(t)
-            eager = timed(lambda: step(x, attend, slice(t - 1, t)))
+            eager = timed(partial(step, x, attend, slice(t - 1, t)))
             points.append(Point("prefill", 1, t, t, eager, None))
             print(f"[{i}/{total}] prefill {t}: {eager:.2f} ms", file=sys.stderr, flush=True)
     return points

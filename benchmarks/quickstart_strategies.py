@@ -42,7 +42,8 @@ def run_tune(study: Path, output: Path) -> tuple[float, float | None]:
     command = [sys.executable, "-m", "tuner", "tune", str(study), "--output", str(output)]
     print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
     started = time.monotonic()
-    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the caller's after
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": path},
                                stderr=subprocess.PIPE, text=True, bufsize=1)
     profile_s = None
     for line in process.stderr:

@@ -59,7 +59,9 @@ def tuner(*args: str) -> None:
     """Run the tuner command line (this checkout's), its progress on the terminal."""
     command = [sys.executable, "-m", "tuner", *args]
     print("$ " + " ".join(command[1:]), file=sys.stderr, flush=True)
-    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # this checkout first, the caller's own path after it (where tuner's dependencies may live)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    result = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
     if result.returncode not in (0, 3):  # 3: no configuration met the SLA, still a measured grid
         sys.exit(f"tuner {args[0]} failed with exit code {result.returncode}")
 
