@@ -239,3 +239,24 @@ def test_a_full_disk_while_writing_the_report_is_one_line_and_leaves_no_partial_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "report.html: cannot write (No space left on device)" in err, err
     assert sorted(p.name for p in small_disk.iterdir()) == before  # no report.html, no temporary file
+
+
+def test_a_generative_closing_table_shows_the_engines_batching_and_warns_of_a_late_emulated_gpu():
+    def row(trial, seqs, per_dollar, engine):
+        return {"trial": trial, "params": {"max_num_seqs": seqs}, "feasible": True, "per_dollar": per_dollar,
+                "unit": "tokens", "capacity_rps": 2.0, "capacity_bracket": None, "latency_ms": {"p99": 900.0},
+                "ttft_ms": {"p99": 120.0}, "tpot_ms": {"p99": 20.0}, "output_tokens_per_s": 300.0, "engine": engine}
+
+    best = row(1, 256, 2.0e6, {"preemptions": 0.0, "running_peak": 41.0, "waiting_peak": 0.0, "kv_cache_peak": 0.35,
+                               "emulated_overrun_share": 0.01})
+    incumbent = row(0, 8, 1.0e6, {"preemptions": 12.0, "running_peak": 8.0, "waiting_peak": 30.0,
+                                  "kv_cache_peak": 0.97, "emulated_overrun_share": 0.12})
+    summary = {"sla": {"percentile": 99}, "top": [best, incumbent], "incumbent": incumbent, "best": best}
+    table = export.closing_table(summary)
+    header, first, second = table.splitlines()[:3]
+    assert "running" in header and "KV peak" in header and "preempt" in header
+    assert re.search(r"\b41\b.*\b35%.*\b0\b", first) and re.search(r"\b97%\s+12\b", second), table
+    # the incumbent's emulated GPU ran 12 % of its steps late, the best's 1 %: only the first is named
+    assert "emulated GPU" in table and "trial 0: 12%" in table and "trial 1" not in table.split("emulated GPU")[1]
+    real = export.closing_table({**summary, "top": [{**best, "engine": {}}], "incumbent": None, "best": best})
+    assert "emulated GPU" not in real and re.search(r"-\s+-\s+-", real.splitlines()[1])  # an engine not read

@@ -6,6 +6,7 @@ a generative soak soaks (its engine arguments) and the one-line refusals, with n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -159,6 +160,22 @@ def test_the_window_row_counts_tokens_and_the_engine_gauges_over_the_window():
     assert row["ttft_p99_ms"] == pytest.approx(m.ttft(99)) and row["latency_max_ms"] == pytest.approx(1200.0)
     assert math.isnan(window_row(m, sla_ok=True, sla_reason="", engine=None, gauges=gauge_figures([], None),
                                  sent_output_tokens=0, offered_tokens=offered, memory={})["preemptions"])
+    assert math.isnan(row["emulated_overrun_share"])  # a real engine counts no emulated steps
+    emulated = dataclasses.replace(engine, emulated_steps=200, emulated_overruns=30)
+    assert window_row(m, sla_ok=True, sla_reason="", engine=emulated, gauges=gauges, sent_output_tokens=17,
+                      offered_tokens=offered, memory={})["emulated_overrun_share"] == pytest.approx(0.15)
+
+
+def test_an_emulated_gpu_running_late_in_a_window_is_in_the_engine_table_and_the_summary():
+    late = windows(8).assign(emulated_overrun_share=[0.01] * 7 + [0.12])
+    findings = analyze(late, pd.DataFrame(), META)
+    engine = findings.tables()["engine (vLLM's own statistics)"].set_index("figure")
+    assert engine.loc["emulated_overrun_share", "largest"] == pytest.approx(0.12)
+    assert "emulated GPU: up to 12% of a window's steps ran past" in "\n".join(summary_lines(findings.as_dict(), META))
+    on_time = analyze(windows(8).assign(emulated_overrun_share=0.01), pd.DataFrame(), META)
+    assert "emulated GPU" not in "\n".join(summary_lines(on_time.as_dict(), META))
+    real = analyze(windows(8), pd.DataFrame(), META)  # no column, or NaN: a real engine has no such row
+    assert "emulated_overrun_share" not in real.tables()["engine (vLLM's own statistics)"]["figure"].tolist()
 
 
 # --- what a generative soak soaks (no server) ------------------------------------------------------

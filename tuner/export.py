@@ -31,6 +31,8 @@ import pandas as pd
 from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
 from tuner.files import check_writable, os_reason, read_json_object, write_atomic
+from tuner.llm.engine_metrics import OVERRUN_LIMIT
+from tuner.llm.engine_watch import BATCH_FIGURES
 from tuner.search import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
@@ -75,7 +77,8 @@ def _block(record: TrialRecord, at: str) -> dict:
     if figures.generative:  # latency_ms is then end to end
         block.update(ttft_ms=_percentiles(figures.ttft_ms), tpot_ms=_percentiles(figures.tpot_ms),
                      output_tokens_per_s=figures.output_tokens_per_s, total_tokens_per_s=figures.total_tokens_per_s,
-                     goodput_rps=figures.goodput_rps)
+                     goodput_rps=figures.goodput_rps,
+                     engine={name: getattr(figures, name) for name in BATCH_FIGURES})  # the engine's own batching
     return block
 
 
@@ -108,7 +111,7 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, *, feasible: bo
         "fill_rate": point["fill_rate"],
         "queue_ms": point["queue_ms"],
         "compute_ms": point["compute_ms"],
-        **{k: point[k] for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s") if k in point},  # generative
+        **{k: point[k] for k in ("ttft_ms", "tpot_ms", "output_tokens_per_s", "engine") if k in point},  # generative
         "servers_needed": record.servers_needed,
         "monthly_cost": record.monthly_cost,
         "sla_reason": record.sla_reason or "",
@@ -440,6 +443,7 @@ def closing_table(summary: dict) -> str:
                  f"it at {best['capacity_speed']:.3g}x the recorded speed (mean {best['capacity_rps']:.1f} req/s"
                  + (f", busiest second {peak:.0f} req/s" if peak else "") + "); a range runs from the last passing "
                  "to the first failing speed")
+    text += _overrun_note(rows)
     if any((r.get("capacity_bracket") or {}).get("limited_by") == "load_generator" for r in rows):
         text += ("\n* limited by the load generator: above this speed its send lag broke the budget even with "
                  "more processes, so the server may serve more (raise replay.lag_budget_ms or replay.workers)")
@@ -462,10 +466,28 @@ def closing_table(summary: dict) -> str:
 
 
 def _token_columns(r: dict, pct: str) -> dict:
-    """A generative configuration's columns: TTFT and TPOT at the SLA's percentile, output tokens per second."""
+    """A generative configuration's columns: TTFT and TPOT at the SLA's percentile, output tokens per second,
+    and how the engine batched (the peak of its running sequences and of its KV-cache use, preemptions)."""
+    engine = r.get("engine") or {}
+    kv = engine.get("kv_cache_peak")
     return {f"TTFT {pct} ms": _fmt((r.get("ttft_ms") or {}).get(pct)),
             f"TPOT {pct} ms": _fmt((r.get("tpot_ms") or {}).get(pct)),
-            "output tok/s": _fmt(r.get("output_tokens_per_s"))}
+            "output tok/s": _fmt(r.get("output_tokens_per_s")),
+            "running": _fmt(engine.get("running_peak")),
+            "KV peak": f"{kv:.0%}" if isinstance(kv, (int, float)) else "-",
+            "preempt": _fmt(engine.get("preemptions"))}
+
+
+def _overrun_note(rows: list[dict]) -> str:
+    """A warning where an emulated GPU (llm_sim) ran more than a few per cent of its steps late: those
+    figures are partly the CPU's."""
+    late = [(r.get("trial"), (r.get("engine") or {}).get("emulated_overrun_share")) for r in rows]
+    late = [(t, share) for t, share in late if isinstance(share, (int, float)) and share > OVERRUN_LIMIT]
+    if not late:
+        return ""
+    which = ", ".join(f"trial {t}: {share:.0%}" for t, share in late)
+    return (f"\n* emulated GPU: the CPU ran steps past their emulated time ({which}; more than "
+            f"{OVERRUN_LIMIT:.0%}): those figures are partly the CPU's (raise the model's time_scale)")
 
 
 def _gain(r: dict, inc: dict | None, base: float | None) -> str:

@@ -68,6 +68,9 @@ class TokenMeasurement(Served):
     workers: int = 1                  # load-generator processes used
     attempts: int = 1                 # replays run to get a valid one (the retry policy's count)
     repeats: int = 1                  # never repeated near the SLA's limit (tuner.trial.step's repeats: latency)
+    # the engine's own view of the replay, where a trial watched it (tuner.llm.engine_watch.batch_figures:
+    # preemptions, peaks of running / waiting sequences and KV-cache use, an emulated GPU's overrun share)
+    engine: dict[str, float] = field(default_factory=dict)
     # per successful measured request (for CDFs); not part of the figures
     ttfts_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
     tpots_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)

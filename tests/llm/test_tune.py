@@ -86,6 +86,14 @@ def test_a_generative_study_is_tuned_in_output_tokens_per_dollar(study, tmp_path
     assert {"ttft_p99_ms", "tpot_p99_ms", "output_tokens_per_s", "max_num_seqs"} <= set(trials.columns)
     assert "max_batch_size" not in trials.columns  # Triton's dynamic batcher is not tuned: vLLM batches
     assert "tokens/$" in captured.out and "TTFT p99 ms" in captured.out
+    # the engine's own batching, sampled from its /metrics while the replay ran (it is at rest after it)
+    engine = incumbent["at_load"]["engine"]
+    assert engine["running_peak"] >= 1 and 0 < engine["kv_cache_peak"] <= 1 and engine["preemptions"] >= 0, engine
+    assert engine["emulated_overrun_share"] is None  # a real engine: no emulated steps
+    assert {"running_peak", "waiting_peak", "kv_cache_peak", "preemptions"} <= set(trials.columns)
+    measured = trials[trials["outcome"] == "measured"]
+    assert (measured["running_peak"] >= 1).all() and (measured["kv_cache_peak"] > 0).all(), measured
+    assert "KV peak" in captured.out and "preempt" in captured.out
     if summary["best"]:
         recommended = json.loads((out / "recommended" / "model.json").read_text())
         own = engineargs.read(TEMPLATE)
@@ -97,5 +105,5 @@ def test_a_generative_study_is_tuned_in_output_tokens_per_dollar(study, tmp_path
         assert main(["export", str(out), "-o", str(tmp_path / "exported.json")]) == 0
         assert json.loads((tmp_path / "exported.json").read_text()) == recommended
     report = (out / "report.html").read_text()
-    assert "output tokens per dollar" in report and "TTFT" in report
+    assert "output tokens per dollar" in report and "TTFT" in report and "KV cache (peak)" in report
     assert _digest(TEMPLATE) == before  # the repository's model.json and config.pbtxt as they were

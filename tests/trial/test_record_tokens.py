@@ -3,6 +3,9 @@ per dollar both ways, kept as Figures, and through Optuna's attributes and back 
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,7 +14,7 @@ from tuner.measurement_tokens import measure_tokens
 from tuner.score import check_tokens
 from tuner.settings import CapacitySettings, SlaSettings
 from tuner.trial.capacity import find_capacity
-from tuner.trial.record import TOKENS, assess, from_attrs, to_attrs
+from tuner.trial.record import TOKENS, Figures, assess, from_attrs, to_attrs
 
 PRICE = 3.6  # $/h: a token per second is 1,000 tokens per dollar
 
@@ -66,3 +69,28 @@ def test_a_generative_trial_is_scored_in_output_tokens_per_dollar_and_survives_t
     assert back.at_load.ttft_ms == record.at_load.ttft_ms and back.at_load.tpot_ms == record.at_load.tpot_ms
     assert back.capacity.at_capacity.output_tokens_per_s == pytest.approx(at_cap.output_tokens_per_s)
     assert back.at_load.latency_ms == record.at_load.latency_ms  # end to end
+
+
+def test_the_engines_batching_is_kept_at_the_load_and_at_capacity_and_survives_the_storage():
+    engine = {"preemptions": 4.0, "running_peak": 16.0, "waiting_peak": 3.0, "kv_cache_peak": 0.91,
+              "emulated_overrun_share": math.nan}
+
+    def watched(speed: float):  # as tuner.trial.generate's probe returns it: the replay, the engine beside it
+        return dataclasses.replace(measured(speed), engine={**engine, "preemptions": 4.0 * speed})
+
+    def capacity(lower):
+        return find_capacity(watched, SLA, CapacitySettings(start_speed=2.0, tolerance=0.05, max_speed=16, max_steps=8),
+                             lower=lower, check=check_tokens, rate=1.0)
+
+    record = assess({"max_num_seqs": 8}, watched(1.0), SLA, capacity=capacity, price_per_hour=PRICE, load_speed=1.0,
+                    peak_rps=1.0, scoring=TOKENS)
+    attrs = to_attrs(record)
+    assert attrs["kv_cache_peak"] == 0.91 and attrs["preemptions"] == 4.0 and attrs["running_peak"] == 16.0
+    assert attrs["capacity_preemptions"] == pytest.approx(4.0 * record.capacity.speed)
+    assert attrs["emulated_overrun_share"] is None  # NaN (a real engine) is stored as not measured
+    back = from_attrs(attrs)
+    assert back.at_load.kv_cache_peak == 0.91 and back.at_load.waiting_peak == 3.0
+    assert back.capacity.at_capacity.preemptions == pytest.approx(4.0 * record.capacity.speed)
+    # a replay nobody watched (the engine's metrics unread) keeps none of them
+    plain = Figures.of_tokens(measured(1.0))
+    assert plain.kv_cache_peak is None and plain.preemptions is None

@@ -6,6 +6,7 @@ read at rest. The peaks are of the samples: a spike shorter than `interval_s` ca
 
     EngineWatch(url, model, interval_s=0.5)   a context manager; .mark() -> Stretch | None
     stretch_of(start, samples, seconds)       the arithmetic, on snapshots (pure)
+    batch_figures(stretch)                    what a trial keeps of it: the engine's batching, in numbers
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from tuner.llm.engine_metrics import GAUGES, EngineFigures, EngineSnapshot, engine_delta, read_engine
 
-__all__ = ["EngineWatch", "Stretch", "stretch_of"]
+__all__ = ["BATCH_FIGURES", "EngineWatch", "Stretch", "batch_figures", "stretch_of"]
 
 INTERVAL_S = 0.5
 TIMEOUT_S = 5.0
@@ -46,6 +47,22 @@ class Stretch:
         figures = {k: v for k, v in dataclasses.asdict(self.figures).items() if k != "histograms"}
         return {"seconds": self.seconds, "samples": self.samples, "running_peak": self.running_peak,
                 "waiting_peak": self.waiting_peak, "kv_cache_usage_peak": self.kv_cache_peak, **figures}
+
+
+# what a trial keeps of the engine over one replay (tuner.trial.record.Figures has a field of each name)
+BATCH_FIGURES = ("preemptions", "running_peak", "waiting_peak", "kv_cache_peak", "emulated_overrun_share")
+
+
+def batch_figures(stretch: Stretch | None) -> dict[str, float]:
+    """How the engine batched over a stretch: its preemptions, the peaks of its running and waiting
+    sequences and of its KV-cache use (0..1), and an emulated GPU's share of overrun steps (NaN on a
+    real engine, or where the engine reports none of it). Empty where the engine could not be read."""
+    if stretch is None:
+        return {}
+    figures = {"preemptions": stretch.figures.preemptions, "running_peak": stretch.running_peak,
+               "waiting_peak": stretch.waiting_peak, "kv_cache_peak": stretch.kv_cache_peak,
+               "emulated_overrun_share": stretch.figures.overrun_share}
+    return figures
 
 
 def stretch_of(start: EngineSnapshot, samples: Sequence[EngineSnapshot], seconds: float) -> Stretch:

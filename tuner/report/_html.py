@@ -95,6 +95,10 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
             **{f"{q} (ms)": _num(_dig(out.summary, f"{which}.latency_ms.{q}")) for q in ("p50", "p95", "p99")},
             **({f"TTFT {q} (ms)": _num(_dig(out.summary, f"{which}.ttft_ms.{q}")) for q in ("p50", "p99")}
                | {f"TPOT {q} (ms)": _num(_dig(out.summary, f"{which}.tpot_ms.{q}")) for q in ("p50", "p99")}
+               # how the engine batched there: its sequences and KV cache at their peak, its preemptions
+               | {"running sequences (peak)": _num(_dig(out.summary, f"{which}.engine.running_peak"), 0),
+                  "KV cache (peak)": _num(_dig(out.summary, f"{which}.engine.kv_cache_peak"), 2),
+                  "preemptions": _num(_dig(out.summary, f"{which}.engine.preemptions"), 0)}
                if out.unit == "tokens" else {}),
             "fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2),
             "servers at peak": servers[0] if servers else "n/a",

@@ -5,7 +5,8 @@ other. The engine's histograms count every request the replay sent, warm-up incl
 replay's measurement of those same requests.
 
     replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
-    make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step
+    make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step,
+                                                             with the engine's batching watched meanwhile
                                       (`tuner.trial.step`'s windows and retry policy; never repeated)
     check_context(traffic, context, *, model)   before a server starts: every request fits the engine
 """
@@ -22,6 +23,7 @@ import pandas as pd
 
 from tuner.errors import TrafficError
 from tuner.llm.engine_metrics import EngineFigures, EngineSnapshot, engine_delta, read_engine
+from tuner.llm.engine_watch import EngineWatch, batch_figures
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
@@ -80,8 +82,12 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
     def run(speed: float, attempt: int) -> TokenMeasurement:
         part, warmup, end = windows(speed)
         workers = retry_workers(settings.replay.workers, attempt) if attempt else None
-        return replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
-                               duration_s=None if end is None else end - warmup).measurement
+        # the engine's gauges sampled while it runs: after the replay they read an engine at rest
+        with EngineWatch(launcher.endpoints.metrics, settings.model) as watch:
+            measurement = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
+                                          duration_s=None if end is None else end - warmup).measurement
+            stretch = watch.mark()
+        return dataclasses.replace(measurement, engine=batch_figures(stretch))
 
     return with_retries(run, tries=tries, on_measure=on_measure)
 

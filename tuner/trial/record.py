@@ -99,6 +99,12 @@ class Figures:
     output_tokens_per_s: float | None = None
     total_tokens_per_s: float | None = None
     goodput_rps: float | None = None
+    # ... and the engine's batching over the replay (tuner.llm.engine_watch.BATCH_FIGURES), where it was read
+    preemptions: float | None = None
+    running_peak: float | None = None  # sequences running at once, the peak of the samples
+    waiting_peak: float | None = None
+    kv_cache_peak: float | None = None  # KV-cache use, 0..1
+    emulated_overrun_share: float | None = None  # an emulated GPU's (llm_sim) steps the CPU ran past their time
 
     @property
     def generative(self) -> bool:
@@ -116,6 +122,7 @@ class Figures:
             ttft_ms={k: _finite(v) for k, v in m.ttft_ms.items()}, tpot_ms={k: _finite(v) for k, v in m.tpot_ms.items()},
             output_tokens=m.output_tokens, prompt_tokens=m.prompt_tokens, output_tokens_per_s=m.output_tokens_per_s,
             total_tokens_per_s=m.total_tokens_per_s, goodput_rps=m.goodput_rps,
+            **{name: _finite(value) for name, value in m.engine.items()},
         )
 
     @classmethod

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from tuner import formats
+from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.soak.analysis._common import SoakDataError
 from tuner.soak.analysis._fit import SoakAnalysis, fit_windows
 from tuner.soak.analysis._plan import MIN_WINDOWS, TIME_AXIS
@@ -257,6 +258,10 @@ def summary_lines(findings: dict, meta: dict) -> list[str]:
         kv = (engine.get("kv_cache_usage_peak") or {}).get("largest")
         second.append(f"engine: {formats.number(preempted, missing='?')} preemption(s), KV cache at most "
                       + ("?" if kv is None else f"{100 * float(kv):.0f}%") + " full")
+        late = (engine.get("emulated_overrun_share") or {}).get("largest")
+        if late is not None and float(late) > OVERRUN_LIMIT:  # the emulated GPU's figures are partly the CPU's
+            second.append(f"emulated GPU: up to {100 * float(late):.0f}% of a window's steps ran past their "
+                          "emulated time (raise the model's time_scale)")
     restart = findings.get("restart") or {}
     if restart.get("reason"):
         second.append(restart["reason"])

@@ -163,6 +163,8 @@ def window_row(m: TokenMeasurement, *, sla_ok: bool, sla_reason: str, engine: En
     finished = counted["engine_requests"]
     row["preemptions_per_request"] = (counted["preemptions"] / finished
                                       if isinstance(finished, int) and finished > 0 else math.nan)
+    # an emulated GPU's (llm_sim) steps the CPU ran past their time, as a share (NaN: a real engine)
+    row["emulated_overrun_share"] = engine.overrun_share if engine is not None else math.nan
     row.update(gauges)
     row.update(memory)
     row["first_error"] = first_error
@@ -192,7 +194,8 @@ def engine_table(windows: pd.DataFrame) -> pd.DataFrame:
                                 ("kv_cache_usage_peak", "KV-cache use, peak in the window (1 = full)", False),
                                 ("kv_cache_usage_mean", "KV-cache use, mean in the window", False),
                                 ("running_peak", "sequences running, peak", False),
-                                ("waiting_peak", "sequences waiting, peak", False)):
+                                ("waiting_peak", "sequences waiting, peak", False),
+                                ("emulated_overrun_share", "emulated GPU: steps run late, share", False)):
         if column not in windows.columns:
             continue
         values = pd.to_numeric(windows[column], errors="coerce")
