@@ -306,6 +306,23 @@ def test_a_worker_killed_mid_trial_is_retried_by_the_other_after_the_grace_perio
     assert retry[0].user_attrs["pid"] == workers[1].pid
 
 
+def test_a_trial_whose_worker_dies_before_optunas_first_heartbeat_is_still_found_stale(tmp_path):
+    # Optuna's heartbeat thread writes a trial's first heartbeat when it is first scheduled, and never
+    # finds a RUNNING trial without one stale: a worker killed in between left a trial the others waited
+    # for for good (CI, under load). A trial's draw writes one at once (search._store.beat_now).
+    from tuner.search._store import beat_now
+
+    s = fake_settings(tmp_path, sampler="grid", trials=100)
+    s = dataclasses.replace(s, search=dataclasses.replace(s.search, heartbeat_s=1, grace_period_s=1))
+    study = new_study(s, incumbent=None)
+    silent, beaten = study.ask(), study.ask()  # two workers killed before their heartbeat thread ran
+    beat_now(beaten)
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(study)
+    states = {t.number: t.state for t in study.get_trials()}
+    assert states[silent.number] == TrialState.RUNNING and states[beaten.number] == TrialState.FAIL
+
+
 def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
     s = fake_settings(tmp_path, trials=12, sampler="grid", top_k=2, remeasure_repeats=3)
     s = dataclasses.replace(

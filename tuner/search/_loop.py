@@ -37,7 +37,7 @@ from tuner.localhost import pid_alive
 from tuner.search._hosts import Host, this_host
 from tuner.search._interrupts import InterruptGuard
 from tuner.search._results import best_trial
-from tuner.search._store import fail_dead_local_trials, open_storage
+from tuner.search._store import beat_now, fail_dead_local_trials, open_storage
 from tuner.search._urls import is_journal
 from tuner.settings import SearchSettings, StudySettings
 from tuner.trial import NO_VERDICT, Evaluate, Hints, TrialRecord, to_attrs
@@ -178,6 +178,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             raise
 
     def draw(trial: optuna.Trial) -> space.Params:
+        beat_now(trial)  # before anything is drawn: a worker killed from here on leaves a trial found stale
         for key, value in host.as_dict().items():
             trial.set_user_attr(key, value)
         with warnings.catch_warnings():  # an incumbent outside the ranges: tuner says so itself

@@ -16,6 +16,7 @@ import contextlib
 import json
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import optuna
@@ -166,6 +167,25 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
+def beat_now(trial: optuna.Trial) -> None:
+    """Write the trial's first heartbeat at once. Optuna's heartbeat thread writes it whenever that
+    thread is first scheduled, and Optuna never finds a RUNNING trial without a heartbeat stale (its
+    RDBStorage._get_stale_trial_ids skips it): a worker killed in between (seen under load, after the
+    trial had drawn its configuration) left a trial that the other workers waited for for good. Through
+    the storage `open_study` opened (Optuna gives no public handle to a study's storage or a trial's id);
+    a study opened otherwise, or a journal (no heartbeats), is left as it is."""
+    backend = _BACKENDS.get(trial.study)
+    interval = getattr(backend, "get_heartbeat_interval", None)
+    if interval is None or interval() is None:
+        return
+    study_id = backend.get_study_id_from_name(trial.study.study_name)
+    backend.record_heartbeat(backend.get_trial_id_from_study_id_trial_number(study_id, trial.number))
+
+
+# the storage each study open_study opened, for beat_now
+_BACKENDS: weakref.WeakKeyDictionary[optuna.Study, optuna.storages.BaseStorage] = weakref.WeakKeyDictionary()
+
+
 def _open_rdb(url: str, search: SearchSettings | None) -> optuna.storages.BaseStorage:
     heartbeat = {}
     for attempt in range(CREATE_TRIES):
@@ -252,6 +272,7 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
                                 f"(it holds: {', '.join(names) or 'none'})")
     study = optuna.create_study(study_name=settings.name, storage=backend, sampler=sampler,
                                 direction="maximize", load_if_exists=True)
+    _BACKENDS[study] = backend
     if study.user_attrs.get("created"):
         _check_same_study(study, settings, storage, identity=identity)
         if host is not None:
