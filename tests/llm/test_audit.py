@@ -129,8 +129,10 @@ def audit(deployment, tmp_path, capsys, *flags, **study) -> tuple[int, str, str,
 @pytest.mark.slow
 def test_a_generative_deployment_is_audited_in_tokens_at_its_load(deployment, tmp_path, capsys):
     before = _digest(deployment[1])
-    code, out, err, report = audit(deployment, tmp_path, capsys, "--at-load-only")
-    # SEQS slots for answers arriving several a second: requests wait, TTFT far over its 1 s
+    # SEQS slots for answers arriving several a second: a request that waits for a slot waits for a whole
+    # answer (64 tokens, 0.2-0.5 s on CPUs this suite ran on), so TTFT is far over a limit of 100 ms. (The
+    # quick start's 1 s held once on a fast machine: p99 TTFT 770-905 ms, with 3 requests waiting.)
+    code, out, err, report = audit(deployment, tmp_path, capsys, "--at-load-only", sla={"ttft_ms": 100.0})
     assert code == 3, out + err
     assert report["unit"] == "tokens" and report["outcome"] == "measured" and not report["sla_met"]
     # the deployed model.json, vLLM's CPU values where it leaves a knob out
@@ -140,7 +142,7 @@ def test_a_generative_deployment_is_audited_in_tokens_at_its_load(deployment, tm
     findings = {f["check"]: f for f in report["findings"]}
     assert findings["SLA at the recorded load"]["verdict"] == "broken"
     assert "TTFT" in findings["SLA at the recorded load"]["why"]
-    assert report["figures"]["ttft_p99_ms"] > 1000 and report["figures"]["output_tokens"] > 0
+    assert report["figures"]["ttft_p99_ms"] > 100 and report["figures"]["output_tokens"] > 0
     # the engine's own statistics over that replay: every slot taken while requests waited
     engine = report["engine"]["at_load"]
     assert engine["requests"] > 0 and engine["generation_tokens"] > 0 and engine["samples"] >= 2

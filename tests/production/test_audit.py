@@ -6,6 +6,7 @@ rate within 2 %, the hours under the thresholds exactly."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import time
@@ -108,8 +109,8 @@ def test_the_command_prints_the_table_and_writes_the_json(week, tmp_path, capsys
     )
     study = str(write_study(tmp_path, price_per_hour=PRICE))
     code = main(
-        ["audit", study, "--prometheus", url, "--baseline", str(baseline), "--json", str(tmp_path / "a.json"),
-         "--textfile", str(tmp_path / "a.prom")]
+        ["audit", study, "--prometheus", url, "--until", str(w.end), "--baseline", str(baseline),
+         "--json", str(tmp_path / "a.json"), "--textfile", str(tmp_path / "a.prom")]
     )
     out = capsys.readouterr().out
     assert code == EXIT_INEFFICIENT, out
@@ -130,7 +131,9 @@ def test_the_command_prints_the_table_and_writes_the_json(week, tmp_path, capsys
     assert metrics["tuner_batch_fill_ratio"] == pytest.approx(report["figures"]["fill_rate"])
     assert metrics["tuner_audit_exit_code"] == EXIT_INEFFICIENT
     # without a baseline: no ratio, and the week is otherwise healthy
-    assert main(["audit", study, "--prometheus", url, "--window", "7d"]) == EXIT_HEALTHY
+    # --until as a date and time (naive: UTC), the same instant
+    until = datetime.datetime.fromtimestamp(w.end, datetime.UTC).replace(tzinfo=None).isoformat()
+    assert main(["audit", study, "--prometheus", url, "--window", "7d", "--until", until]) == EXIT_HEALTHY
     assert "no baseline" in capsys.readouterr().out
 
 
@@ -175,7 +178,8 @@ def test_a_window_before_any_data_has_no_triton_metrics(week, tmp_path):
 def test_bad_input_against_a_real_prometheus_is_one_line_exit_2(week, tmp_path, capsys, case, message):
     w, url = week
     model, window = ("absent", "7d") if case == "absent model" else ("m", "60d")
-    code = main(["audit", str(write_study(tmp_path, model=model)), "--prometheus", url, "--window", window])
+    code = main(["audit", str(write_study(tmp_path, model=model)), "--prometheus", url, "--window", window,
+                 "--until", str(w.end)])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err, out + err
 
@@ -190,7 +194,7 @@ def test_a_prometheus_without_triton_metrics_is_one_line_exit_2(prometheus_tools
     backfill([other], tmp_path / "data")
     with prometheus_server(tmp_path / "data") as url:
         assert Prometheus(url).query("count(node_load1)", at=end - 1800)  # the window is not empty
-        code = main(["audit", str(write_study(tmp_path)), "--prometheus", url, "--window", "1h"])
+        code = main(["audit", str(write_study(tmp_path)), "--prometheus", url, "--window", "1h", "--until", str(end)])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1, out + err
     assert f"Prometheus {url}: no Triton metrics (nv_inference_request_success) in the window" in err, err

@@ -124,6 +124,8 @@ def test_a_store_without_prometheus_status_endpoint_has_no_retention_to_check():
         ("bad window", "--window 'abc': not a duration"),
         ("part of an hour", "--window 90m: a whole number of 1h steps"),
         ("with --url", "--prometheus reads production's history: --url and --at-load-only"),
+        ("bad until", "--until: cannot read 'tuesday' as a date and time"),
+        ("until to come", "--until 2999-01-01: still to come; the window must have passed"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_else(tmp_path, capsys, case, message):
@@ -135,6 +137,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_else(tmp_path, capsys, case, m
             "bad window": ["--prometheus", page, "--window", "abc"],
             "part of an hour": ["--prometheus", page, "--window", "90m"],
             "with --url": ["--prometheus", page, "--url", "127.0.0.1:9"],
+            "bad until": ["--prometheus", page, "--until", "tuesday"],
+            "until to come": ["--prometheus", page, "--until", "2999-01-01"],
         }[case]
         code = main(["audit", study, *args, "--json", str(tmp_path / "a.json")])
     out, err = capsys.readouterr()
@@ -151,7 +155,8 @@ def test_a_query_api_that_times_out_is_one_line_exit_2(tmp_path, capsys, monkeyp
     assert f"--prometheus {url}: no answer within 0.5 s (a timeout)" in err, err
 
 
-def test_a_window_without_prometheus_is_refused(tmp_path, capsys):
-    code = main(["audit", str(write_study(tmp_path)), "--window", "7d", "--url", "127.0.0.1:9"])
+@pytest.mark.parametrize("flag, value", [("--window", "7d"), ("--until", "2026-11-30")])
+def test_a_window_without_prometheus_is_refused(tmp_path, capsys, flag, value):
+    code = main(["audit", str(write_study(tmp_path)), flag, value, "--url", "127.0.0.1:9"])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "--window: only with --prometheus" in err, err
+    assert code == 2 and err.count("\n") == 1 and f"{flag}: only with --prometheus" in err, err

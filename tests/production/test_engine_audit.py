@@ -413,8 +413,8 @@ def test_the_command_line_audits_a_generative_study_from_vllms_series(week, tmp_
     study = write_study(tmp_path)
     direct = production_engine_audit(read_study(study), Prometheus(url), window_s=7 * 86400, end=w.end)
     out, textfile = tmp_path / "audit.json", tmp_path / "audit.prom"
-    code = main(["audit", str(study), "--prometheus", url, "--window", "7d", "--json", str(out),
-                 "--textfile", str(textfile)])
+    code = main(["audit", str(study), "--prometheus", url, "--window", "7d", "--until", str(w.end),
+                 "--json", str(out), "--textfile", str(textfile)])
     printed = capsys.readouterr().out
     assert code == direct.exit_code == EXIT_SLA_UNMET
     written = json.loads(out.read_text())

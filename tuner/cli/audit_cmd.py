@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "Triton's counters over --window, nothing replayed")
     p.add_argument("--window", metavar="DURATION",
                    help="with --prometheus: how far back, in whole hours (e.g. 7d, 36h; default 7d)")
+    p.add_argument("--until", metavar="T",
+                   help="with --prometheus: the window's end, e.g. 2026-11-30T00:00 (naive times UTC) or Unix "
+                   "seconds; default: the last whole hour, so a past week can be audited again as it was")
     add_json(p, "the audit")
     add_textfile(p, "the audit's figures")
 
@@ -56,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prometheus is not None:
         return _production(args)
-    if args.window is not None:
-        raise InputError("--window: only with --prometheus (the replay audit replays the study's traffic)")
+    for flag, value in (("--window", args.window), ("--until", args.until)):
+        if value is not None:
+            raise InputError(f"{flag}: only with --prometheus (the replay audit replays the study's traffic)")
     from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
     from tuner.files import check_writable
     from tuner.server.remote import check_triton
@@ -105,6 +109,7 @@ def _production(args: argparse.Namespace) -> int:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
+    end = _until(args.until)
     from tuner.study import is_vllm_study
 
     settings = read_study(args.study)
@@ -112,10 +117,11 @@ def _production(args: argparse.Namespace) -> int:
         check_writable(args.json, label=f"--json {args.json}")
     prometheus = Prometheus(args.prometheus)
     if is_vllm_study(settings):
-        return _production_engine(args, settings, prometheus, window_s=window_s)
+        return _production_engine(args, settings, prometheus, window_s=window_s, end=end)
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
-        result = production_audit(settings, prometheus, window_s=window_s, baseline=baseline, on_query=on_query)
+        result = production_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
+                                  on_query=on_query)
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
@@ -127,7 +133,8 @@ def _production(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float) -> int:
+def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float,
+                       end: float | None) -> int:
     """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA."""
     from tuner.audit import format_audit
     from tuner.production import (
@@ -141,13 +148,30 @@ def _production_engine(args: argparse.Namespace, settings, prometheus, *, window
 
     baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress(ENGINE_QUERIES) as on_query:
-        result = production_engine_audit(settings, prometheus, window_s=window_s, baseline=baseline,
+        result = production_engine_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                          on_query=on_query)
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
         write_textfile(args.textfile, engine_audit_families(result, labels_for(settings)))
     return result.exit_code
+
+
+def _until(value: str | None) -> float | None:
+    """--until as Unix seconds (None: the audit's default end); a time still to come is refused, its
+    steps would read as gaps."""
+    import time
+
+    from tuner.errors import InputError
+    from tuner.instants import parse_instant
+
+    if value is None:
+        return None
+    end = parse_instant(value, "--until")  # one line (exit 2) when it is not a time
+    if end > time.time():
+        raise InputError(f"--until {value}: still to come; the window must have passed (default: the last "
+                         "whole hour)")
+    return end
 
 
 @contextlib.contextmanager

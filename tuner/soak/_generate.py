@@ -1,7 +1,7 @@
 """One window of a generative soak (IO): the stretch of recorded traffic streamed to the vLLM-served
 model (`tuner.trial.generate.replay_generate`: measured by the replay in tokens, and by the engine's
-counters before and after), with the engine's gauges (KV-cache use, sequences running and waiting)
-sampled from Triton's `/metrics` while it runs (`tuner.llm.engine_watch`): at its end an engine that
+counters over it), with the engine's gauges (KV-cache use, sequences running and waiting) sampled from
+Triton's `/metrics` while it runs (`tuner.llm.engine_watch`, inside the replay): at its end an engine that
 finished every request reads empty, so the peak and the mean over the window are what can drift. The row's arithmetic is pure
 (`tuner.soak.analysis._tokens`)."""
 
@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from tuner.llm.engine_watch import EngineWatch
 from tuner.score import check_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
@@ -23,10 +22,8 @@ def measure_window(launcher: Launcher, settings: StudySettings, part: pd.DataFra
                    warmup_s: float, memory: Callable[[], dict]) -> dict:
     """Stream `part` at `speed` to the model (measured after `warmup_s`) and return the window's figures
     (`tuner.soak.analysis._tokens.window_row`); `memory()`: the server's memory after it."""
-    with EngineWatch(launcher.endpoints.metrics, settings.model) as watch:  # its gauges sampled meanwhile
-        run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup_s)
-        stretch = watch.mark()
-    m = run.measurement
+    run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup_s)  # its gauges sampled meanwhile
+    m, stretch = run.measurement, run.stretch
     check = check_tokens(m, settings.sla)
     return window_row(m, sla_ok=check.ok, sla_reason=check.reason, engine=run.engine,
                       gauges=gauge_figures(stretch.gauge_samples if stretch else (), run.engine),

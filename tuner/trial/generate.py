@@ -2,7 +2,8 @@
 due time (`tuner.measurement_tokens`), and by the engine, from its own `vllm:` series on Triton's
 `/metrics` over the same replay (`tuner.llm.engine_metrics`), so that each can be checked against the
 other. The engine's histograms count every request the replay sent, warm-up included: `whole` is the
-replay's measurement of those same requests.
+replay's measurement of those same requests. Its gauges are sampled while the replay runs
+(`tuner.llm.engine_watch`): after it they read an engine at rest.
 
     replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
     make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step,
@@ -14,16 +15,14 @@ replay's measurement of those same requests.
 from __future__ import annotations
 
 import dataclasses
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.llm.engine_metrics import EngineFigures, EngineSnapshot, engine_delta, read_engine
-from tuner.llm.engine_watch import EngineWatch, batch_figures
+from tuner.llm.engine_metrics import EngineFigures
+from tuner.llm.engine_watch import EngineWatch, Stretch, batch_figures
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
@@ -31,8 +30,6 @@ from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, with_retries
 
 __all__ = ["GenerateRun", "check_context", "make_token_probe", "replay_generate"]
-
-METRICS_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +40,7 @@ class GenerateRun:
     whole: TokenMeasurement        # every request sent (the engine's histograms count them all)
     engine: EngineFigures | None   # None: the server reports no vllm: series for the model
     first_error: str = ""          # the first failed request's error, as the replay recorded it
+    stretch: Stretch | None = None  # the engine over the replay: counters and its gauges' sampled peaks
 
 
 def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
@@ -56,11 +54,11 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     model, sla = settings.model, settings.sla
     warmup_s = settings.replay.warmup_s if warmup_s is None else warmup_s
     replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
-    before = _engine(launcher, model)
-    result = replay(launcher.endpoints, model, traffic, speed=speed, settings=replay_settings, warmup_s=warmup_s,
-                    duration_s=None if duration_s is None else warmup_s + duration_s,
-                    stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts)
-    after = _engine(launcher, model)
+    with EngineWatch(launcher.endpoints.metrics, model) as watch:
+        result = replay(launcher.endpoints, model, traffic, speed=speed, settings=replay_settings,
+                        warmup_s=warmup_s, duration_s=None if duration_s is None else warmup_s + duration_s,
+                        stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts)
+        stretch = watch.mark()
 
     def measured(warmup: float) -> TokenMeasurement:
         return measure_tokens(result.records, speed=speed, warmup_s=warmup,
@@ -68,10 +66,10 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                               ttft_ms=sla.ttft_ms, tpot_ms=sla.tpot_ms, e2e_ms=sla.e2e_ms, load_generator_cpu=result.load_generator_cpu,
                               workers=result.workers, duration_s=result.duration_s)
 
-    engine = engine_delta(before, after) if before is not None and after is not None else None
     failed = result.records[~result.records["ok"].to_numpy(dtype=bool)]
     first_error = str(failed["error"].iloc[0]) if len(failed) else ""
-    return GenerateRun(measured(result.warmup_s), measured(0.0), engine, first_error)
+    return GenerateRun(measured(result.warmup_s), measured(0.0), stretch.figures if stretch is not None else None,
+                       first_error, stretch)
 
 
 def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, tries: int = TRIES,
@@ -82,25 +80,11 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
     def run(speed: float, attempt: int) -> TokenMeasurement:
         part, warmup, end = windows(speed)
         workers = retry_workers(settings.replay.workers, attempt) if attempt else None
-        # the engine's gauges sampled while it runs: after the replay they read an engine at rest
-        with EngineWatch(launcher.endpoints.metrics, settings.model) as watch:
-            measurement = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
-                                          duration_s=None if end is None else end - warmup).measurement
-            stretch = watch.mark()
-        return dataclasses.replace(measurement, engine=batch_figures(stretch))
+        run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
+                              duration_s=None if end is None else end - warmup)
+        return dataclasses.replace(run.measurement, engine=batch_figures(run.stretch))
 
     return with_retries(run, tries=tries, on_measure=on_measure)
-
-
-def _engine(launcher: Launcher, model: str) -> EngineSnapshot | None:
-    """The model's vllm: series now; None when the server's metrics cannot be read or hold none."""
-    try:
-        with urllib.request.urlopen(launcher.endpoints.metrics, timeout=METRICS_TIMEOUT_S) as response:
-            text = response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        return None
-    snapshot = read_engine(text, model)
-    return snapshot if snapshot.values or snapshot.histograms else None
 
 
 def check_context(traffic: pd.DataFrame, context: int, *, model: str) -> None:
