@@ -28,6 +28,17 @@ MODELS = Path(__file__).resolve().parents[1] / "data" / "replay_models"  # echo:
 RATE, DURATION_S, WARMUP_S, BURST = 250.0, 24.0, 2.0, 8
 
 pytestmark = pytest.mark.slow
+COUNTER = 'max(timestamp(nv_inference_request_success{model="echo"}))'
+
+
+def scraped_after(url: str, moment: float, *, timeout_s: float = 30.0) -> float:
+    """Wait until Prometheus holds a sample of echo's counter scraped after wall-clock `moment`; its time.
+    A fixed sleep of 2.5 scrape intervals once lost ~1 s of requests in CI (a scrape came late or failed)."""
+    deadline = time.monotonic() + timeout_s
+    while not ((last := Prometheus(url).query(COUNTER)) and float(last[0]["value"][1]) > moment):
+        assert time.monotonic() < deadline, f"Prometheus scraped echo's counter nothing after {moment:.3f}"
+        time.sleep(0.2)
+    return float(last[0]["value"][1])
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +71,7 @@ def test_the_audit_from_prometheus_agrees_with_the_replay(scraped, tmp_path):
     # the audit's window is the whole seconds of the replay's measured part
     t0 = time.time() - (time.monotonic() - result.details["t0_monotonic"])
     start, end = math.ceil(t0 + WARMUP_S), math.floor(t0 + DURATION_S)
-    time.sleep(2.5)  # Prometheus's scrape after `end`
+    scraped_after(url, end)
     settings = read_study(write_study(tmp_path, model="echo", repository=MODELS))
     a = production_audit(settings, Prometheus(url), window_s=end - start, end=end, step_s=end - start)
     assert a.max_batch_size == 32 and a.figures.seconds == end - start and a.figures.replicas == 1
@@ -94,6 +105,7 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
     traffic = pd.DataFrame({"timestamp": (np.arange(n) // BURST) * BURST / RATE, "seq_len": 16})
     starts, ends, counts = [], [], []  # each replay's start and its ok requests' ends (wall clock); stats
     down = []  # on the wall clock: the first server stopped, the second about to start, the second stopped
+    zeros, lasts = [], []  # each server's first sample, before its traffic, and one after its last response
     with prometheus_server(tmp_path / "data", scrape=[f"127.0.0.1:{metrics}"], wait_for=0) as url:
         for k in range(2):
             if k:
@@ -101,7 +113,7 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
                 down.append(time.time())
             with LocalLauncher(MODELS, models=["echo"], install=triton_install, ports=ports) as server:
                 assert urllib.parse.urlsplit(server.endpoints.metrics).port == metrics
-                time.sleep(2.5)  # scraped before its traffic: its counters' zero
+                zeros.append(scraped_after(url, time.time()))  # scraped before its traffic: its counters' zero
                 result = replay(server.endpoints, "echo", traffic, speed=1.0,
                                 settings=ReplaySettings(workers=1, warmup_s=0.0))
                 t0 = time.time() - (time.monotonic() - result.details["t0_monotonic"])
@@ -109,15 +121,14 @@ def test_a_restart_and_its_scrape_gap_mid_window_keep_the_figures(prometheus_too
                 ends.append(t0 + result.records.loc[result.records["ok"], "end_s"].to_numpy())
                 stats = server.statistics("echo")
                 counts.append((int(stats["inference_count"]), int(stats["execution_count"])))
-                time.sleep(2.5)  # and after it: what a server serves after its last scrape is lost to Prometheus
+                # and after it: what a server serves after its last scrape is lost to Prometheus
+                lasts.append(scraped_after(url, ends[-1].max()))
             down.append(time.time())
-        start, end = math.floor(starts[0]) - 1, math.ceil(ends[1].max()) + 2
-        # the window ends on a scrape: increase() extrapolates a range's last sample to its end at the
-        # window's mean rate (up to a 1 s scrape interval here: 3 % of a 34 s window, seen in CI as +2.3 %);
-        # it starts before the first server's traffic, where its first sample is 0, so that edge adds none
-        last = Prometheus(url).query('max(timestamp(nv_inference_request_success{model="echo"}))', at=end)
-        end = float(last[0]["value"][1])
-        assert end > ends[1].max()  # the second server was scraped after its last response
+        # the window ends on the second server's scrape after its last response: increase() extrapolates a
+        # range's last sample to its end at the window's mean rate (up to a 1 s scrape interval here: 3 % of
+        # a 34 s window, seen in CI as +2.3 %); it starts half a scrape before the first server's zero (its
+        # first sample in the window), and a counter's extrapolation stops at zero, so that edge adds none
+        start, end = zeros[0] - 0.5, lasts[1]
         settings = read_study(write_study(tmp_path, model="echo", repository=MODELS))
         a = production_audit(settings, Prometheus(url), window_s=end - start, end=end, step_s=end - start)
         gap = {f: Prometheus(url).query(f"{f}_over_time(up[3s])", at=down[1]) for f in ("max", "count")}
