@@ -277,3 +277,51 @@ def test_an_emulated_gpu_holds_each_step_to_its_roofline_and_a_long_prefill_stal
         unload = urllib.request.Request(f"http://{server.endpoints.http}/v2/repository/models/{name}/unload",
                                         data=b"{}", method="POST")
         urllib.request.urlopen(unload, timeout=60).read()
+
+
+# --- the response path's order (model.py's pure parts, with the server-only import stubbed) -------------
+
+
+def template_module(monkeypatch):
+    """llm_vllm's model.py as a module: Triton's triton_python_backend_utils stubbed, its environment
+    setting (vLLM in-process) undone after the test."""
+    import importlib.util
+    import sys
+    import types
+
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))
+    spec = importlib.util.spec_from_file_location("llm_vllm_model", Path(__file__).resolve().parents[2]
+                                                  / "model_repository_templates" / MODEL / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_requests_first_response_goes_out_before_other_streams_queued_tokens(monkeypatch):
+    m = template_module(monkeypatch)
+    box = m._Outbox()
+    for name, first in (("a1", False), ("b1", False), ("c-first", True), ("a2", False), ("d-error", True)):
+        box.put(name, f"response {name}", 0, first=first)
+    box.close()
+    box.put("late", "queued after close", 0)  # a close ends the sending after what came before it only
+    sent = []
+    while (item := box.get()) is not None:
+        sent.append(item[0])
+    # first responses ahead, each kind in the order it came: no stream's own responses reordered
+    assert sent == ["c-first", "d-error", "a1", "b1", "a2", "late"]
+
+
+def test_a_steps_outputs_of_requests_not_yet_answered_become_responses_first(monkeypatch):
+    m = template_module(monkeypatch)
+
+    class Output:
+        def __init__(self, request_id):
+            self.request_id = request_id
+
+    streams = {name: m._Stream(sender=None, flags={}) for name in ("old1", "new1", "old2", "new2")}
+    streams["old1"].responded = streams["old2"].responded = True
+    outputs = [Output(r) for r in ("old1", "new1", "old2", "gone", "new2")]  # "gone": no stream (aborted)
+    assert [o.request_id for o in m._first_tokens_first(outputs, streams)] == ["new1", "new2", "old1", "old2", "gone"]
