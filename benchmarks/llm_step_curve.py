@@ -26,16 +26,22 @@ the table from a written JSON without a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import math
+import os
 import statistics
 import sys
 import time
+import types
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository_templates" / "llm_vllm" / "1" / "model.py"
 
 SHAPES = {  # layers, hidden, query heads, KV heads, head size, MLP, vocabulary
     "llama3-8b": (32, 4096, 32, 8, 128, 14336, 128256),
@@ -80,11 +86,36 @@ def spec_roofline(shape: str, *, bandwidth_gbs: float, tflops: float, overhead_m
             "compute_us_per_token": f["flops_per_token"] / (tflops * 1e12 * COMPUTE_EFFICIENCY) * 1e6}
 
 
+def template_model() -> types.ModuleType:
+    """The llm_vllm template's model file (llm_sim's too) as a module, for its pure parts (`_StepTime`,
+    the response order): Triton's triton_python_backend_utils, which only exists inside the server, is
+    stubbed (as benchmarks/encoder_sim.emulation does), and the file's setting of vLLM's environment is
+    undone (it is for the server's process)."""
+    stub = sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    if not hasattr(stub, "TRITONSERVER_RESPONSE_COMPLETE_FINAL"):
+        stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    spec = importlib.util.spec_from_file_location("llm_vllm_model", TEMPLATE)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+    return module
+
+
 def roofline_ms(params: dict[str, float], tokens: float, context: float) -> float:
-    """llm_sim's step time at time_scale 1 (model_repository_templates/llm_vllm/1/model.py's _StepTime)."""
-    memory = params["weights_ms"] + params["kv_us_per_token"] * context / 1000.0
-    compute = params["compute_us_per_token"] * tokens / 1000.0
-    return params["step_overhead_ms"] + max(memory, compute)
+    """llm_sim's step time at time_scale 1: the template's own `_StepTime` (not a copy of its formula)."""
+    step_time = _step_time_class()
+    return step_time([params[key] for key in step_time.KEYS[:-1]] + [1.0]).seconds(tokens, context) * 1e3
+
+
+@functools.cache
+def _step_time_class():
+    return template_model()._StepTime
 
 
 def fit_roofline(points: list[Point]) -> dict[str, float]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import tuner
+from benchmarks.llm_step_curve import template_model
 from tuner.llm.prompts import Prompts
 from tuner.llm.tiny import tiny_model
 from tuner.server.local import LocalLauncher
@@ -279,29 +280,11 @@ def test_an_emulated_gpu_holds_each_step_to_its_roofline_and_a_long_prefill_stal
         urllib.request.urlopen(unload, timeout=60).read()
 
 
-# --- the response path's order (model.py's pure parts, with the server-only import stubbed) -------------
+# --- the response path's order (model.py's pure parts, Triton's module stubbed: template_model) ---------
 
 
-def template_module(monkeypatch):
-    """llm_vllm's model.py as a module: Triton's triton_python_backend_utils stubbed, its environment
-    setting (vLLM in-process) undone after the test."""
-    import importlib.util
-    import sys
-    import types
-
-    stub = types.ModuleType("triton_python_backend_utils")
-    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", stub)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))
-    spec = importlib.util.spec_from_file_location("llm_vllm_model", Path(__file__).resolve().parents[2]
-                                                  / "model_repository_templates" / MODEL / "1" / "model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_a_requests_first_response_goes_out_before_other_streams_queued_tokens(monkeypatch):
-    m = template_module(monkeypatch)
+def test_a_requests_first_response_goes_out_before_other_streams_queued_tokens():
+    m = template_model()
     box = m._Outbox()
     for name, first in (("a1", False), ("b1", False), ("c-first", True), ("a2", False), ("d-error", True)):
         box.put(name, f"response {name}", 0, first=first)
@@ -314,8 +297,8 @@ def test_a_requests_first_response_goes_out_before_other_streams_queued_tokens(m
     assert sent == ["c-first", "d-error", "a1", "b1", "a2", "late"]
 
 
-def test_a_steps_outputs_of_requests_not_yet_answered_become_responses_first(monkeypatch):
-    m = template_module(monkeypatch)
+def test_a_steps_outputs_of_requests_not_yet_answered_become_responses_first():
+    m = template_model()
 
     class Output:
         def __init__(self, request_id):
