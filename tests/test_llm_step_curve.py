@@ -1,6 +1,6 @@
-"""benchmarks/llm_step_curve.py's arithmetic (no GPU, no PyTorch): its roofline is llm_sim's own step time
-(the template's `_StepTime`, loaded with Triton's module stubbed), and its fit finds the numbers a roofline
-was made of."""
+"""benchmarks/llm_step_curve.py's arithmetic (no GPU, no PyTorch, no engine: so not in tests/llm, whose
+files take turns on the engine lock): its roofline is llm_sim's own step time (the template's
+`_StepTime`, loaded with Triton's module stubbed), and its fit finds the numbers a roofline was made of."""
 
 from __future__ import annotations
 
