@@ -16,7 +16,15 @@ from benchmarks.encoder_sim import emulation
 from tuner import modelconfig
 from tuner.cli import main
 from tuner.errors import ProfileError
-from tuner.profiler import Sample, build_profile, length_buckets, model_max_length, request_extras, row_grid
+from tuner.profiler import (
+    Sample,
+    build_profile,
+    concurrency_of,
+    length_buckets,
+    model_max_length,
+    request_extras,
+    row_grid,
+)
 from tuner.settings import read_study
 from tuner.simulate import read_profile
 from tuner.study import study_traffic
@@ -177,6 +185,15 @@ def test_the_per_request_cost_is_the_slope_of_n_requests_over_one_request_of_n_r
     assert build_profile([s for s in samples if s.requests == 1])[0].host_ms_per_request == 0
 
 
+def test_executions_at_once_are_k_times_one_alone_over_k_together_rounded_within_one_and_k():
+    assert concurrency_of(2, 100.0, 200.0) == 1  # two together took twice one: they took turns
+    assert concurrency_of(2, 100.0, 104.0) == 2  # as long as one: side by side
+    assert concurrency_of(2, 100.0, 125.0) == 2  # 1.6 at once: a whole second slot
+    assert concurrency_of(2, 100.0, 150.0) == 1  # 1.33
+    assert concurrency_of(4, 100.0, 90.0) == 4 and concurrency_of(3, 100.0, 400.0) == 1  # never past 1..k
+    assert concurrency_of(2, 0.0, 100.0) == 1  # nothing measured: the shared device
+
+
 # --- on a real server --------------------------------------------------------------------------------
 
 
@@ -284,3 +301,48 @@ def test_bad_arguments_are_one_line_before_any_server_starts(study, tmp_path, ca
     assert f"{tmp_path / 'in-the-way'}: cannot write: it is a directory" in err[-1]
     assert main(["profile", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_a_space_of_two_instances_measures_how_many_executions_run_at_once(gpus, tmp_path, triton_install, capsys):
+    """encoder_sim's instances share one emulated GPU (its lock: they take turns), or with `gpus` 2
+    each has its own: the profile finds 1 and 2."""
+    repo = tmp_path / "models"
+    shutil.copytree(TEMPLATE, repo / "encoder_sim")
+    path = repo / "encoder_sim" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.parameters["gpus"].string_value = str(gpus)
+    # 5x the template's time: an execution of 2 x 512 takes ~45 ms, against which the few ms of HTTP and
+    # the Python backend's IPC around it (which two requests at once partly queue for on a 2-core host) are small
+    config.parameters["time_scale"].string_value = "30"
+    path.write_text(modelconfig.to_text(config))
+    traffic = tmp_path / "traffic.csv"  # one length: a profile of two points
+    pd.DataFrame({"timestamp": np.arange(200) / 20.0, "batch_size": 1, "seq_len": 512}).to_csv(traffic, index=False)
+    study = {
+        "name": "instances", "model_repository": str(repo), "model": "encoder_sim",
+        "traffic": {"path": str(traffic), "busiest_s": 4},
+        "replay": {"warmup_s": 0.5, "lag_budget_ms": 100},
+        "measurement": {"window_s": 0.5, "warmup_max_s": 10},
+        "sla": {"latency_ms": 100, "percentile": 99},
+        "cost": {"gpu": "a100-40gb"},
+        "search": {"sampler": "grid", "max_batch_size": {"low": 1, "high": 2, "log": True},
+                   "max_queue_delay_microseconds": {"low": 0, "high": 0}, "instance_count": {"low": 1, "high": 2}},
+        "output": str(tmp_path / "out"),
+    }
+    file = tmp_path / "study.yaml"
+    file.write_text(yaml.safe_dump(study))
+    out = tmp_path / "profile.csv"
+    assert main(["profile", str(file), "--repeats", "2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("instances at once: "))
+    print(line)  # the figures, with -s
+    ratio = float(line.split(" ms: ")[1].split(" executions at once")[0])
+    assert read_profile(out).concurrent_executions == gpus, line
+    # the ratio is near 1 (turns) or near 2 (side by side), not at the rounding's edge
+    assert (0.85 <= ratio <= 1.25) if gpus == 1 else (1.7 <= ratio <= 2.1), line
+    if gpus == 1:  # one instance in the space: nothing to measure; or the device's count given
+        study["search"]["instance_count"] = {"low": 1, "high": 1}
+        file.write_text(yaml.safe_dump(study))
+        capsys.readouterr()
+        assert main(["profile", str(file), "--repeats", "2", "-o", str(out), "--concurrent-executions", "3"]) == 0
+        assert "instances at once" not in capsys.readouterr().out and read_profile(out).concurrent_executions == 3

@@ -10,9 +10,7 @@
 
 **How.** The server loads the model with `max_batch_size` = the space's largest, no queue delay and one
 instance (the profile is per execution: how instances share the device is the profile's
-`concurrent_executions`, 1 by default, as for the emulated GPU, whose instances serialise on one lock;
-a device that runs several executions at once, e.g. separate GPUs per instance, is set with
-`--concurrent-executions N` or the CSV's `# concurrent_executions:` line). The configuration is warmed
+`concurrent_executions`, see "Instances at once" below). The configuration is warmed
 up as a trial is (`tuner.trial.warmup.warm_up`: the shape sweep, then the traffic until steady). Then each
 point of the grid, rows (`row_grid`: 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, ... up to the largest
 max_batch_size) x padded length (`length_buckets`: quantiles of the traffic's length column, capped at
@@ -39,6 +37,19 @@ exactly the two executions, the blocker's and one of N; otherwise it is tried ag
 spoil them all). Triton's `TRITONSERVER_DELAY_SCHEDULER` variable is not used: the batcher thread
 reads it once, when the model loads, and holds only the first batch after each load (core
 `src/dynamic_batch_scheduler.cc`), so every batch would need a reload and be a cold instance's.
+
+**Instances at once.** When the space tries more than one instance (`search.instance_count`), the
+profile measures how many executions the device runs at once (`concurrent_executions`): the model is
+loaded again with that many instances (k) and `max_batch_size` = the rows of the slowest point measured
+(so that no two of its requests share a batch), warmed with rounds of k such requests sent together
+(every instance runs one per round) until the mean of the last three is within 5 % of the three
+before (a cold start still fading makes the together rounds slower than the one alone), then
+`CONCURRENCY_REPEATS` times one request alone and k together, alternately: k x (one alone) / (k
+together), rounded, between 1 and k. One GPU shared by its instances takes turns (1, as the emulated
+GPU's lock does); a CPU whose instances each run a thread on a core of their own, or instances on
+separate GPUs, run k at once. A space of one instance leaves it 1; `--concurrent-executions N` (or the
+CSV's `# concurrent_executions:` line) sets it instead. The simulation grants whole device slots: a
+device that runs two executions at 1.6x the speed of one counts as 2 (the note says the ratio).
 
 **What maps to what.** Triton times an execution in three parts (`batch_stats`): `compute_input`
 (Triton hands the requests' inputs to the backend), `compute_infer` (the backend's execute: for the
@@ -91,14 +102,18 @@ from tuner.simulate import ExecutionSize, Profile, ProfilePoint, Simulator, batc
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
-__all__ = ["HELD_TRIES", "LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample", "build_profile",
-           "describe_split", "largest_rows", "length_buckets", "measure_profile", "model_max_length", "padded_lengths",
+__all__ = ["CONCURRENCY_REPEATS", "HELD_TRIES", "LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample",
+           "build_profile", "concurrency_of", "describe_split", "largest_rows", "length_buckets", "measure_profile", "model_max_length", "padded_lengths",
            "request_extras", "request_table", "row_grid", "table"]
 
 REPEATS = 7                      # measured requests per point, after one that is not measured
 LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 MERGE_LENGTHS = 0.15             # a length within 15 % below the next one is measured as that one
 OOM_ERROR = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
+CONCURRENCY_REPEATS = 3          # timings of one request alone and k together, for the instances at once
+CONCURRENCY_WARM_ROUNDS = 60     # at most, until the mean of the last CONCURRENCY_SETTLED rounds is within
+CONCURRENCY_SETTLED = 3          # 5 % of the 3 before (encoder_sim's cold start, 21x fading by half every 4
+                                 # executions, takes ~35 rounds; rounds that agree with each other can still fall)
 STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
 HELD_TRIES = 8                   # tries per batch of separate requests before its N is given up
 # pauses before the 2nd, 3rd, ... try: a burst of load on the host (another process starting) can make
@@ -146,6 +161,8 @@ class ProfileRun:
     seconds: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     padded_lengths: tuple[int, ...] = ()  # quantiles of the incumbent's simulated padded lengths
+    # the instances-at-once measurement: (instances, rows, length, ms alone, ms together), None if not measured
+    concurrency: tuple[int, int, int, float, float] | None = None
 
 
 # --- the grid --------------------------------------------------------------------------------------
@@ -318,12 +335,14 @@ def largest_rows(settings: StudySettings, given: int | None = None) -> int:
 
 def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, base: ModelConfig,
                     length_column: str | None, max_rows: int | None = None, max_length: int | None = None,
-                    repeats: int = REPEATS, concurrent_executions: int = 1,
+                    repeats: int = REPEATS, concurrent_executions: int | None = None,
                     on_progress: Callable[[int, int, str], None] | None = None,
                     on_window: Callable[[float], None] | None = None) -> ProfileRun:
     """Profile the study's model on a started server (see the module docstring). `length_column`:
     the traffic's sequence-length column (`tuner.simulate.length_column`), None for none; `max_rows`:
-    the largest rows measured (`max_rows`); `on_window(ms)` after each warm-up window; `on_progress(done, total, what)` after each point."""
+    the largest rows measured (`max_rows`); `concurrent_executions`: the device's executions at once,
+    None to measure them when the space tries several instances; `on_window(ms)` after each warm-up
+    window; `on_progress(done, total, what)` after each point."""
     started = time.monotonic()
     model = settings.model
     mbs = largest_rows(settings, max_rows)
@@ -395,7 +414,8 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     early_notes: list[str] = []
     if length_column is not None:
         try:  # the lengths the incumbent's batches are padded to, simulated with what is measured so far
-            provisional, _ = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions)
+            provisional, _ = build_profile(samples, max_length=max_length,
+                                           concurrent_executions=concurrent_executions or 1)
             padded = padded_lengths(settings, traffic, base=base, profile=provisional, column=length_column)
         except (SettingsError, ProfileError, TrafficError) as exc:
             early_notes.append(f"the incumbent's padded lengths could not be simulated ({exc}): lengths are the "
@@ -416,7 +436,15 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         progress_done(f"repeat {k} of {repeats}")
     held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
                                on_progress=progress_done)
-    profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions,
+    concurrency = None
+    instances = int(settings.search.instance_count.high) if settings.search.instance_count else 1
+    if concurrent_executions is None and instances > 1:
+        progress_more(1)
+        concurrency = _measure_concurrency(launcher, base, sender, samples, instances=instances)
+        k, _, _, alone_ms, together_ms = concurrency
+        concurrent_executions = concurrency_of(k, alone_ms, together_ms)
+        progress_done(f"{instances} instances at once")
+    profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
                                    model=model)
     notes.extend(early_notes + held_notes)
     if warm is not None and not warm.stable:
@@ -424,7 +452,40 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                         f"server still warming up")
     return ProfileRun(profile=profile, samples=tuple(samples), rows=rows_grid, lengths=tuple(sorted(lengths + extra)),
                       max_batch_size=mbs, warmup=warm, seconds=time.monotonic() - started, notes=tuple(notes),
-                      padded_lengths=padded)
+                      padded_lengths=padded, concurrency=concurrency)
+
+
+def concurrency_of(instances: int, alone_ms: float, together_ms: float) -> int:
+    """Executions the device runs at once, from one request alone and `instances` sent together: k x
+    alone / together, rounded, between 1 and k (pure)."""
+    if not alone_ms > 0 or not together_ms > 0:
+        return 1
+    return min(max(round(instances * alone_ms / together_ms), 1), instances)
+
+
+def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender, samples: list[Sample], *,
+                         instances: int) -> tuple[int, int, int, float, float]:
+    """(instances, rows, length, ms alone, ms together): see "Instances at once" in the module docstring."""
+    ran: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        if s.ok and s.measured and s.requests == 1:
+            ran.setdefault((s.rows, s.length), []).append(s.execution_ms)
+    _, rows, length = max((statistics.median(v), r, n) for (r, n), v in ran.items())
+    launcher.apply_config(sender.model, space.apply(base, {space.MAX_BATCH_SIZE: rows, space.QUEUE_DELAY: 0,
+                                                           space.INSTANCES: instances}))
+    rounds: list[float] = []  # every instance runs one per round: new instance processes start cold
+    n = CONCURRENCY_SETTLED
+    while len(rounds) < CONCURRENCY_WARM_ROUNDS:
+        rounds.append(sender.wall(rows, length, instances))
+        if len(rounds) >= 2 * n:
+            last, before = statistics.mean(rounds[-n:]), statistics.mean(rounds[-2 * n:-n])
+            if abs(last - before) <= 0.05 * last:
+                break
+    alone, together = [], []
+    for _ in range(CONCURRENCY_REPEATS):
+        alone.append(sender.wall(rows, length, 1))
+        together.append(sender.wall(rows, length, instances))
+    return instances, rows, length, statistics.median(alone), statistics.median(together)
 
 
 def _ran(got: list[Sample], model: str, *, rows: int, length: int) -> bool:
@@ -530,6 +591,19 @@ class _Sender:
                       infer_ms=parts["compute_infer"], output_ms=parts["compute_output"], measured=measured,
                       requests=n)
 
+    def wall(self, rows: int, length: int, count: int) -> float:
+        """ms from sending `count` requests of `rows` x `length` at once until the last answer."""
+        from tuner.replay import send_together
+
+        frame = pd.DataFrame({"timestamp": [0.0] * count, "batch_size": [rows] * count})
+        if self.column is not None:
+            frame[self.column] = [length] * count
+        sent = send_together(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
+        if sent.errors:
+            raise ProfileError(f"{self.model}: {count} request(s) of {rows} rows x {length} sent at once to as many "
+                               f"instances failed: {sent.first_error}")
+        return sent.seconds * 1e3
+
     def _after(self, before: dict, executions: int = 1) -> dict:
         """The statistics once Triton has counted the executions (it does so just after answering)."""
         deadline = time.monotonic() + STATS_WAIT_S
@@ -601,6 +675,11 @@ def describe_split(run: ProfileRun) -> list[str]:
         lines.append("no out-of-memory up to the largest size measured")
     if p.max_length is not None:
         lines.append(f"the model truncates inputs to {p.max_length} tokens")
+    if run.concurrency is not None:
+        k, rows, length, alone, together = run.concurrency
+        lines.append(f"instances at once: {k} requests of {rows} x {length} on {k} instances took {together:.1f} ms, "
+                     f"one alone {alone:.1f} ms: {k * alone / together:.2f} executions at once, counted as "
+                     f"{p.concurrent_executions}")
     w = run.warmup
     if w is not None:
         lines.append(f"warm-up: {w.seconds:.1f} s, {w.sweep_requests} shape-sweep requests, "

@@ -20,9 +20,10 @@ COUNTS = (
     Number("--max-length", "N", "the model truncates inputs to N tokens (default: its config's "
            "max_sequence_length parameter if it has one, else no truncation)"),
     Number("--repeats", "N", "measured requests per point, after one that is not measured (default 7)"),
-    Number("--concurrent-executions", "N", "executions the device runs at once (default 1: instances share "
-           "one device and take turns on it, as a GPU shared by instances does; N for N devices or a device "
-           "that truly runs N at once)", default=1),
+    Number("--concurrent-executions", "N", "executions the device runs at once (default: measured with the "
+           "space's largest instance_count when it is above 1, else 1; 1: instances share one device and take "
+           "turns on it, as a GPU shared by instances does; N for N devices or a device that truly runs N at "
+           "once)"),
 )
 
 
@@ -37,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "queue delay and one instance, warm it up as a trial is, then send one request of each (rows, padded "
         "length) alone, a few times, and read each execution's time from Triton's statistics: device time "
         "(compute_infer, median and p10-p90), host time (compute_input + compute_output), the per-request "
-        "overhead outside the model, and where the model runs out of memory. Prints the table and writes "
+        "overhead outside the model, and where the model runs out of memory; when the space tries several "
+        "instances, how many executions run at once. Prints the table and writes "
         "the profile CSV (format: tuner/simulate/_profile.py). Exit codes: 0 done, 2 bad input.",
     )
     add_study(p, "the study file (model, server, traffic, search space)")

@@ -4,7 +4,8 @@ Nothing here computes an encoder: each execution sleeps for the time the emulate
 batch's padded tokens (rows x longest sequence in the batch), read from a published latency table in
 `parameters` (see README.md), steeper past a memory-bound point and failing like an out-of-memory past a
 padded-token budget. All instances share one emulated GPU: executions are serialized across the instance
-processes with an fcntl lock, while the per-request host work (pre/post-processing) runs outside it.
+processes with an fcntl lock, while the per-request host work (pre/post-processing) runs outside it (or,
+with the `gpus` parameter, instances take N emulated GPUs in turn, as Triton spreads KIND_GPU instances).
 
 What a real GPU does over time is emulated too (README.md gives the formulas): a cold start (an instance's
 first executions after its load are slower, and so is the first execution of each new shape bucket),
@@ -151,6 +152,10 @@ class TritonPythonModel:
         # One lock file per emulated GPU: the launcher names it; otherwise one per server process.
         lock_path = os.environ.get("TUNER_EMULATED_GPU_LOCK") or os.path.join(
             tempfile.gettempdir(), f"tuner-emulated-gpu-{os.getppid()}.lock")
+        gpus = int(_param(config, "gpus", 1, minimum=1))
+        if gpus > 1:  # instance k on GPU k mod N ("<model>_<group>_<k>": the Python backend's instance name)
+            index = str(args.get("model_instance_name", "")).rsplit("_", 1)[-1]
+            lock_path = f"{lock_path}.gpu{int(index) % gpus if index.isdigit() else 0}"
         self.lock_file = open(lock_path, "a")  # held for the instance's life
         self.counter_fd = None
         if self.frag_rate > 0:
