@@ -22,6 +22,7 @@ from tuner.profiler import (
     concurrency_of,
     length_buckets,
     model_max_length,
+    overlap_of,
     request_extras,
     row_grid,
 )
@@ -192,6 +193,12 @@ def test_executions_at_once_are_k_times_one_alone_over_k_together_rounded_within
     assert concurrency_of(2, 100.0, 150.0) == 1  # 1.33
     assert concurrency_of(4, 100.0, 90.0) == 4 and concurrency_of(3, 100.0, 400.0) == 1  # never past 1..k
     assert concurrency_of(2, 0.0, 100.0) == 1  # nothing measured: the shared device
+    # taking turns, each other execution of 100 ms device time added 80 ms: a fifth of it ran beside;
+    # the 5 ms outside the device (HTTP, Triton) in both wall times cancel
+    assert overlap_of(2, 100.0, 105.0, 185.0) == pytest.approx(0.2)
+    assert overlap_of(3, 100.0, 105.0, 265.0) == pytest.approx(0.2)
+    assert overlap_of(2, 100.0, 105.0, 215.0) == 0.0 and overlap_of(1, 100.0, 105.0, 105.0) == 0.0  # >= 0; one
+    assert overlap_of(2, 100.0, 105.0, 105.0) == 0.95  # at most MAX_OVERLAP
 
 
 # --- on a real server --------------------------------------------------------------------------------
@@ -340,6 +347,9 @@ def test_a_space_of_two_instances_measures_how_many_executions_run_at_once(gpus,
     assert read_profile(out).concurrent_executions == gpus, line
     # the ratio is near 1 (turns) or near 2 (side by side), not at the rounding's edge
     assert (0.85 <= ratio <= 1.25) if gpus == 1 else (1.7 <= ratio <= 2.1), line
+    # taking turns, the little that overlaps is the host work around the emulated GPU's sleep (a few %)
+    overlap = read_profile(out).device_overlap
+    assert (0 <= overlap <= 0.2) if gpus == 1 else overlap == 0, (overlap, line)
     if gpus == 1:  # one instance in the space: nothing to measure; or the device's count given
         study["search"]["instance_count"] = {"low": 1, "high": 1}
         file.write_text(yaml.safe_dump(study))

@@ -190,6 +190,13 @@ def test_two_instances_serialise_on_one_device_and_overlap_their_host_work():
     two_devices = linear_profile(host_ms_per_row=2.0, concurrent_executions=2)
     both = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), two_devices)
     assert latencies_ms(both, r) == [4.0, 4.0]  # the profile lets executions run together
+    # a quarter of the device time overlapping (work inside the execute the device does not hold): B
+    # takes the device once A's exclusive 1.5 ms are done, at 2.5 ms, and ends 0.5 ms earlier
+    overlapping = linear_profile(host_ms_per_row=2.0, device_overlap=0.25)
+    run = simulate(r, BatcherConfig(max_batch_size=1, instance_count=2), overlapping)
+    assert latencies_ms(run, r) == pytest.approx([4.0, 5.5])
+    alone = simulate(r, BatcherConfig(max_batch_size=1, instance_count=1), overlapping)
+    assert latencies_ms(alone, r) == [4.0, 8.0]  # one instance: the instance is held all the same
     per_execution = linear_profile(host_ms_per_execution=2.0)  # the same host time, per execution
     run = simulate(reqs([0.0, 0.0, 0.0]), BatcherConfig(max_batch_size=2), per_execution)
     # 2 rows: 1 + 3 + 1 = 5 ms; then 1 row from 5 ms: 1 + 2 + 1 = 4 ms

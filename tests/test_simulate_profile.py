@@ -62,16 +62,18 @@ def test_out_of_memory_is_decided_by_the_limit_of_the_nearest_measured_lengths()
 
 
 def test_the_new_keys_round_trip_and_an_older_file_reads_without_them(tmp_path):
-    p = _measured(host_ms_per_request=0.035, host_ms_per_row=0.01, oom_ms=2.0)
+    p = _measured(host_ms_per_request=0.035, host_ms_per_row=0.01, oom_ms=2.0, device_overlap=0.2)
     path = write_profile(p, tmp_path / "p.csv")
     text = path.read_text()
     assert "# host_ms_per_request: 0.035\n" in text and "# oom_rows: 128:25, 512:9\n" in text
+    assert "# device_overlap: 0.2\n" in text and "20% of device time overlapping" in p.describe()
     assert read_profile(path) == p
     older = tmp_path / "older.csv"
     older.write_text("# tuner profile v1\n# host_ms_per_row: 0.1\n# oom_tokens: 4608\nrows,length,median_ms\n"
                      "1,512,2.0\n8,512,9.0\n")
     back = read_profile(older)
     assert back.host_ms_per_request == 0 and back.oom_rows == () and back.oom_tokens == 4608
+    assert back.device_overlap == 0 and "overlapping" not in back.describe()
 
 
 @pytest.mark.parametrize("header, message", [
@@ -80,6 +82,7 @@ def test_the_new_keys_round_trip_and_an_older_file_reads_without_them(tmp_path):
     ("# oom_rows: 512:9, 512:12", r"oom_rows: one limit per length"),
     ("# oom_rows: 512:8", r"point 2 \(rows=8, length=512\) is at or above the 8 rows that failed at length 512"),
     ("# host_ms_per_request: -1", r"host_ms_per_request must be a number >= 0, got -1"),
+    ("# device_overlap: 1", r"device_overlap must be a number >= 0 and < 1, got 1"),
 ])
 def test_bad_limits_and_costs_are_refused_in_one_line(tmp_path, header, message):
     path = tmp_path / "p.csv"

@@ -44,12 +44,15 @@ loaded again with that many instances (k) and `max_batch_size` = the rows of the
 (so that no two of its requests share a batch), warmed with rounds of k such requests sent together
 (every instance runs one per round) until the mean of the last three is within 5 % of the three
 before (a cold start still fading makes the together rounds slower than the one alone), then
-`CONCURRENCY_REPEATS` times one request alone and k together, alternately: k x (one alone) / (k
-together), rounded, between 1 and k. One GPU shared by its instances takes turns (1, as the emulated
+`CONCURRENCY_REPEATS` times one request alone and k together, alternately, the median of each: k x
+(one alone) / (k together), rounded, between 1 and k. One GPU shared by its instances takes turns (1, as the emulated
 GPU's lock does); a CPU whose instances each run a thread on a core of their own, or instances on
-separate GPUs, run k at once. A space of one instance leaves it 1; `--concurrent-executions N` (or the
-CSV's `# concurrent_executions:` line) sets it instead. The simulation grants whole device slots: a
-device that runs two executions at 1.6x the speed of one counts as 2 (the note says the ratio).
+separate GPUs, run k at once. When that rounds to 1, what the k together gained over k in turn is the
+profile's `device_overlap` f, the share of an execution's device time another one runs beside (each
+of the k - 1 others adds (1 - f) x its device time to one alone): the Python backend's own work inside
+compute_infer, a model's host work, kernels sharing the device. A space of one instance leaves both at 1 and 0; `--concurrent-executions N` (or the
+CSV's `# concurrent_executions:` line) sets the count instead. The simulation grants whole device slots:
+a device that runs two executions at 1.6x the speed of one counts as 2 (the note says the ratio).
 
 **What maps to what.** Triton times an execution in three parts (`batch_stats`): `compute_input`
 (Triton hands the requests' inputs to the backend), `compute_infer` (the backend's execute: for the
@@ -103,15 +106,16 @@ from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
 __all__ = ["CONCURRENCY_REPEATS", "HELD_TRIES", "LENGTH_QUANTILES", "OOM_ERROR", "REPEATS", "ProfileRun", "Sample",
-           "build_profile", "concurrency_of", "describe_split", "largest_rows", "length_buckets", "measure_profile", "model_max_length", "padded_lengths",
+           "build_profile", "concurrency_of", "describe_split", "overlap_of", "largest_rows", "length_buckets", "measure_profile", "model_max_length", "padded_lengths",
            "request_extras", "request_table", "row_grid", "table"]
 
 REPEATS = 7                      # measured requests per point, after one that is not measured
 LENGTH_QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 MERGE_LENGTHS = 0.15             # a length within 15 % below the next one is measured as that one
 OOM_ERROR = re.compile(r"out of memory|OutOfMemory|\bOOM\b", re.IGNORECASE)
-CONCURRENCY_REPEATS = 3          # timings of one request alone and k together, for the instances at once
+CONCURRENCY_REPEATS = 5          # timings of one request alone and k together, for the instances at once
 CONCURRENCY_WARM_ROUNDS = 60     # at most, until the mean of the last CONCURRENCY_SETTLED rounds is within
+MAX_OVERLAP = 0.95              # device_overlap at most (the rest of the time two executions rounded to 1 take turns)
 CONCURRENCY_SETTLED = 3          # 5 % of the 3 before (encoder_sim's cold start, 21x fading by half every 4
                                  # executions, takes ~35 rounds; rounds that agree with each other can still fall)
 STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
@@ -246,7 +250,8 @@ def model_max_length(config: ModelConfig) -> int | None:
 
 
 def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int | None = None,
-                  concurrent_executions: int = 1, model: str = "") -> tuple[Profile, list[str]]:
+                  concurrent_executions: int = 1, device_overlap: float = 0.0,
+                  model: str = "") -> tuple[Profile, list[str]]:
     """The profile the samples give (see the module docstring for each field), and notes on what
     was left out."""
     notes: list[str] = []
@@ -283,7 +288,8 @@ def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int
                       host_ms_per_execution=round(per_execution, 6), host_ms_per_request=round(per_request, 6),
                       overhead_ms=round(overhead, 6), oom_rows=tuple(sorted(failing.items())),
                       oom_ms=round(statistics.median(oom_runs), 6) if oom_runs else 0.0,
-                      max_length=max_length, concurrent_executions=concurrent_executions, model=model)
+                      max_length=max_length, concurrent_executions=concurrent_executions,
+                      device_overlap=round(device_overlap, 4), model=model)
     return profile, notes
 
 
@@ -436,16 +442,20 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         progress_done(f"repeat {k} of {repeats}")
     held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
                                on_progress=progress_done)
-    concurrency = None
+    concurrency, overlap = None, 0.0
     instances = int(settings.search.instance_count.high) if settings.search.instance_count else 1
     if concurrent_executions is None and instances > 1:
         progress_more(1)
         concurrency = _measure_concurrency(launcher, base, sender, samples, instances=instances)
-        k, _, _, alone_ms, together_ms = concurrency
+        k, rows, length, alone_ms, together_ms = concurrency
         concurrent_executions = concurrency_of(k, alone_ms, together_ms)
+        if concurrent_executions == 1:
+            device_ms = statistics.median(s.infer_ms for s in samples if s.ok and s.measured and s.requests == 1
+                                          and (s.rows, s.length) == (rows, length))
+            overlap = overlap_of(k, device_ms, alone_ms, together_ms)
         progress_done(f"{instances} instances at once")
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
-                                   model=model)
+                                   device_overlap=overlap, model=model)
     notes.extend(early_notes + held_notes)
     if warm is not None and not warm.stable:
         notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "
@@ -461,6 +471,18 @@ def concurrency_of(instances: int, alone_ms: float, together_ms: float) -> int:
     if not alone_ms > 0 or not together_ms > 0:
         return 1
     return min(max(round(instances * alone_ms / together_ms), 1), instances)
+
+
+def overlap_of(instances: int, device_ms: float, alone_ms: float, together_ms: float) -> float:
+    """The share of an execution's device time (`device_ms`, Triton's compute_infer) another one runs
+    beside, on a device where they otherwise take turns, from one request alone and `instances` together
+    (wall times): each of the k - 1 others adds its exclusive part, together - alone = (k - 1) x device x
+    (1 - f), as the simulation has it (the time outside the device, HTTP and Triton's own, overlaps
+    either way and cancels). f within 0..MAX_OVERLAP (pure)."""
+    if instances < 2 or not device_ms > 0 or not together_ms > 0:
+        return 0.0
+    f = 1.0 - (together_ms - alone_ms) / ((instances - 1) * device_ms)
+    return min(max(f, 0.0), MAX_OVERLAP)
 
 
 def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender, samples: list[Sample], *,
@@ -485,6 +507,9 @@ def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender,
     for _ in range(CONCURRENCY_REPEATS):
         alone.append(sender.wall(rows, length, 1))
         together.append(sender.wall(rows, length, instances))
+    # medians: on a CPU the k together always share the cores with Triton's and the client's threads, one
+    # alone only sometimes, so the fastest of each said fewer at once (1.42-1.60 for encoder_torch's two
+    # instances on 2 cores, against 1.47-1.97 by medians; under load they served 1.9-2.1x one)
     return instances, rows, length, statistics.median(alone), statistics.median(together)
 
 
@@ -679,7 +704,8 @@ def describe_split(run: ProfileRun) -> list[str]:
         k, rows, length, alone, together = run.concurrency
         lines.append(f"instances at once: {k} requests of {rows} x {length} on {k} instances took {together:.1f} ms, "
                      f"one alone {alone:.1f} ms: {k * alone / together:.2f} executions at once, counted as "
-                     f"{p.concurrent_executions}")
+                     f"{p.concurrent_executions}" + (f" with {p.device_overlap:.0%} of each overlapping"
+                                                     if p.device_overlap else ""))
     w = run.warmup
     if w is not None:
         lines.append(f"warm-up: {w.seconds:.1f} s, {w.sweep_requests} shape-sweep requests, "

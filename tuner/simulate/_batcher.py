@@ -56,8 +56,10 @@ before the batcher runs again.
   the device, holds it for `profile.device_ms(R, L)`, then does the host post-processing (the other
   half); each request after the first adds `host_ms_per_request`, split alike. The device runs
   `profile.concurrent_executions` executions at a time, granted in dispatch order (1: instances
-  serialise on it, as the emulated GPU's lock does). An execution the profile says runs out of
-  memory (`profile.fails(R, L)`: by measured length) fails every request in it after `oom_ms` on
+  serialise on it, as the emulated GPU's lock does); of the device time, the share
+  `profile.device_overlap` holds the instance but not the device (another execution runs beside it).
+  An execution the profile says runs out of memory (`profile.fails(R, L)`: by measured length) fails
+  every request in it after `oom_ms` on
   the device. A request completes when its execution does, plus `overhead_ms`.
 """
 
@@ -214,6 +216,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
     free = [0.0] * ninst          # when each instance is free again
     busy = [False] * ninst
     device = [0.0] * profile.concurrent_executions  # when each device slot is free again
+    exclusive = 1.0 - profile.device_overlap  # the device time's share no other execution runs beside
     prefetch = config.prefetching
     slots = 2 * ninst             # RateLimiter::PayloadSlotAvailable: 2 x instances queued payloads
     timeout = config.default_timeout_microseconds * 1e-6
@@ -276,7 +279,7 @@ def simulate(requests: Requests, config: BatcherConfig, profile: Profile,
         else:
             held = oom_s
             finish = start + held + exec_half  # the model raises: no post-processing of its own
-        device[d] = start + held
+        device[d] = start + held * exclusive
         free[k] = finish
         busy[k] = True
         for i in take:

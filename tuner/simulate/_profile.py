@@ -8,6 +8,12 @@ around it. Its parts, as the simulation (`tuner.simulate`) uses them:
   the count of repeats. Executions hold the device exclusively, `concurrent_executions` at a time
   (1: instances share one device and their executions serialise, as the emulated GPU's fcntl lock
   does in `model_repository_templates/encoder_sim`).
+- `device_overlap`: the share (0 to < 1) of an execution's device time that another instance's
+  execution can run beside, when the executions otherwise take turns (`concurrent_executions` 1):
+  what Triton counts as compute but the device does not hold (the Python backend's work inside the
+  model's execute, a model's own pre/post-processing) and kernels that share the device. The device is
+  held for the rest; the instance for the whole. Measured by `tuner profile` with its instances at
+  once; 0 (the whole device time exclusive) in profiles that do not say.
 - `host_ms_per_row`, `host_ms_per_execution`: host work per row (pre/post-processing) and per
   execution (e.g. the Python backend's exchange with its stub) that occupies the model instance but
   not the device: half before the device part, half after it (so a second instance can use the
@@ -54,6 +60,7 @@ dominate small executions).
     # oom_ms: 3
     # max_length: 512
     # concurrent_executions: 1
+    # device_overlap: 0.2
     # basis: auto
     rows,length,median_ms,p10_ms,p90_ms,count
     1,128,3.48,3.40,3.61,20
@@ -120,6 +127,7 @@ class Profile:
     oom_ms: float = 0.0
     max_length: int | None = None
     concurrent_executions: int = 1
+    device_overlap: float = 0.0
     basis: str = "auto"
     model: str = ""
     # derived in __post_init__: the interpolator of the chosen basis and the cross-validation errors
@@ -215,7 +223,8 @@ class Profile:
                 f"{self.host_ms_per_execution:g} ms/execution + {self.host_ms_per_request:g} ms/request "
                 f"after the first, overhead "
                 f"{self.overhead_ms:g} ms/request, {oom}, "
-                f"{self.concurrent_executions} concurrent execution(s)")
+                f"{self.concurrent_executions} concurrent execution(s)"
+                + (f", {self.device_overlap:.0%} of device time overlapping" if self.device_overlap else ""))
 
     def to_frame(self) -> pd.DataFrame:
         """The points as a table (the CSV's body)."""
@@ -242,7 +251,7 @@ class Profile:
 # --- checks ----------------------------------------------------------------------------------------
 
 _HEADER_KEYS = ("host_ms_per_row", "host_ms_per_execution", "host_ms_per_request", "overhead_ms", "oom_tokens",
-                "oom_rows", "oom_ms", "max_length", "concurrent_executions", "basis", "model")
+                "oom_rows", "oom_ms", "max_length", "concurrent_executions", "device_overlap", "basis", "model")
 
 
 def _check(p: Profile, where: str = "profile") -> None:
@@ -252,6 +261,8 @@ def _check(p: Profile, where: str = "profile") -> None:
         value = getattr(p, key)
         if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
             raise ProfileError(f"{where}: {key} must be a number >= 0, got {value!r}")
+    if not (isinstance(p.device_overlap, int | float) and 0 <= p.device_overlap < 1):
+        raise ProfileError(f"{where}: device_overlap must be a number >= 0 and < 1, got {p.device_overlap!r}")
     for key in ("oom_tokens", "max_length", "concurrent_executions"):
         value = getattr(p, key)
         if value is None and key != "concurrent_executions":
