@@ -1,7 +1,8 @@
 """Simulator fidelity on real Triton: does the simulation predict what the real server measures?
 
     python benchmarks/simulator_fidelity.py [examples/grid.yaml] [--grid DIR] [--profile P]
-                                            [--output runs/fidelity] [--landscape]
+                                            [--output runs/fidelity] [--landscape] [--preferred S]
+    python benchmarks/simulator_fidelity.py --merge OUTPUT [OUTPUT ...]
 
 1. The measured grid: every configuration of the study's space measured on a real local Triton by
    `tuner tune` on a copy of the study scored by utilization (OUTPUT/grid; about 45-60 minutes on 2
@@ -22,6 +23,12 @@
    server orders the other way (`tuner.search.order_agreement`), the same for utilization scoring, the
    SLA verdicts that agree (goal >= 90 %), and what the simulation's favourite measured.
 
+`--preferred none|max|powers_of_two` sets the study's `search.preferred_batch_size` (for the grid it
+measures and the simulation alike): a space's preferred-size half is its own grid, as a searched
+strategy would triple the grid. `--merge` prints the figures over several outputs' fidelity.csv together
+(the halves of one space, measured with one profile: pass `--profile`) and writes OUTPUT/merged.json
+into the first.
+
 `--landscape` also ranks the study's whole space in simulation (every batch size) and writes it as
 `simulation.csv` (and `tuner report` then shows the simulated landscape) into the grid's directory when
 this script measured it, else into OUTPUT. Results: OUTPUT/fidelity.csv and OUTPUT/fidelity.json.
@@ -30,6 +37,7 @@ this script measured it, else into OUTPUT. Results: OUTPUT/fidelity.csv and OUTP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -66,10 +74,12 @@ def tuner(*args: str) -> None:
         sys.exit(f"tuner {args[0]} failed with exit code {result.returncode}")
 
 
-def unpruned_copy(study: Path, out: Path) -> Path:
+def unpruned_copy(study: Path, out: Path, *, preferred: str | None = None) -> Path:
     """The study file scored by utilization (which never prunes), its paths made absolute, with a
     minimal final re-measurement (it decides nothing here)."""
     data = yaml.safe_load(study.read_text())
+    if preferred is not None:
+        data["search"]["preferred_batch_size"] = preferred
     here = study.resolve().parent
     data["model_repository"] = str((here / data["model_repository"]).resolve())
     data["traffic"]["path"] = str((here / data["traffic"]["path"]).resolve())
@@ -125,6 +135,8 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
         feasible = bool(m["feasible"])
         rows.append({
             **{k: v for k, v in params.items()},
+            **{k: fill[f] for k, f in (("preferred_batch_size", "preferred"), ("instance_count", "instance_count"),
+                                       ("max_queue_size", "max_queue_size")) if k not in params},
             "trial": int(m["number"]),
             "pruned": m["state"] == "PRUNED",  # its capacity search stopped early: a lower bound
             "feasible_measured": feasible,
@@ -204,8 +216,12 @@ def figures(table: pd.DataFrame) -> dict:
 
 
 def print_table(table: pd.DataFrame, pct: str) -> None:
+    knobs_shown = {"mbs": table["max_batch_size"], "delay_us": table["max_queue_delay_microseconds"]}
+    for name, label in (("instance_count", "inst"), ("max_queue_size", "queue"), ("preferred_batch_size", "preferred")):
+        if name in table and table[name].nunique() > 1:  # the wider space's knobs, where they vary
+            knobs_shown[label] = table[name]
     shown = pd.DataFrame({
-        "mbs": table["max_batch_size"], "delay_us": table["max_queue_delay_microseconds"],
+        **knobs_shown,
         "trial": table["trial"].astype(str) + np.where(table["pruned"], " (pruned)", ""),
         "feasible m/s": [f"{'y' if a else 'n'}/{'y' if b else 'n'}"
                          for a, b in zip(table["feasible_measured"], table["feasible_simulated"], strict=True)],
@@ -223,7 +239,7 @@ def print_table(table: pd.DataFrame, pct: str) -> None:
         "util req/$ sim": table["utilization_simulated"].map("{:,.0f}".format),
         "util err": table["utilization_error"].map(lambda v: "-" if pd.isna(v) else f"{v:+.1%}"),
     })
-    print(shown.sort_values(["mbs", "delay_us"]).to_string(index=False))
+    print(shown.sort_values(list(knobs_shown)).to_string(index=False))
 
 
 def print_figures(f: dict) -> None:
@@ -282,6 +298,18 @@ def landscape(settings, sim: Simulator, fill: dict, path: Path) -> None:
           f"-> {path}", file=sys.stderr)
 
 
+def merge(outputs: list[Path]) -> int:
+    """The figures over several outputs' points together (one space's halves)."""
+    tables = [pd.read_csv(out / "fidelity.csv") for out in outputs]
+    table = pd.concat(tables, ignore_index=True)
+    print(f"{len(table)} points from {', '.join(f'{out} ({len(t)})' for out, t in zip(outputs, tables, strict=True))}")
+    f = figures(table)
+    print_figures(f)
+    f.update(outputs=[str(out) for out in outputs], loadavg=os.getloadavg())
+    (outputs[0] / "merged.json").write_text(json.dumps(f, indent=2, default=str) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
@@ -289,15 +317,22 @@ def main() -> int:
     parser.add_argument("--profile", type=Path, help="an existing profile CSV of the study's model")
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "fidelity")
     parser.add_argument("--landscape", action="store_true", help="also rank the whole space as simulation.csv")
+    parser.add_argument("--preferred", choices=knobs.STRATEGIES, help="the study's search.preferred_batch_size")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="OUTPUT", help="figures over these outputs together")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge)
     args.output = args.output.resolve()
     args.output.mkdir(parents=True, exist_ok=True)
     settings = read_study(args.study)
+    if args.preferred:
+        settings = dataclasses.replace(settings, search=dataclasses.replace(settings.search,
+                                                                             preferred_batch_size=args.preferred))
     started = time.monotonic()
     grid = args.grid
     if grid is None:
         grid = args.output / "grid"
-        tuner("tune", str(unpruned_copy(Path(args.study), args.output)))
+        tuner("tune", str(unpruned_copy(Path(args.study), args.output, preferred=args.preferred)))
     grid_s = time.monotonic() - started
     profile_path = args.profile
     if profile_path is None:
