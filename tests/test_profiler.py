@@ -195,10 +195,11 @@ def test_executions_at_once_are_k_times_one_alone_over_k_together_rounded_within
     assert concurrency_of(2, 0.0, 100.0) == 1  # nothing measured: the shared device
     # taking turns, each other execution of 100 ms device time added 80 ms: a fifth of it ran beside;
     # the 5 ms outside the device (HTTP, Triton) in both wall times cancel
-    assert overlap_of(2, 100.0, 105.0, 185.0) == pytest.approx(0.2)
-    assert overlap_of(3, 100.0, 105.0, 265.0) == pytest.approx(0.2)
-    assert overlap_of(2, 100.0, 105.0, 215.0) == 0.0 and overlap_of(1, 100.0, 105.0, 105.0) == 0.0  # >= 0; one
-    assert overlap_of(2, 100.0, 105.0, 105.0) == 0.95  # at most MAX_OVERLAP
+    assert overlap_of(2, 100.0, alone_ms=105.0, together_ms=185.0) == pytest.approx(0.2)
+    assert overlap_of(3, 100.0, alone_ms=105.0, together_ms=265.0) == pytest.approx(0.2)
+    assert overlap_of(2, 100.0, alone_ms=105.0, together_ms=215.0) == 0.0  # never below 0
+    assert overlap_of(1, 100.0, alone_ms=105.0, together_ms=105.0) == 0.0  # one instance: nothing to share
+    assert overlap_of(2, 100.0, alone_ms=105.0, together_ms=105.0) == 0.95  # at most MAX_OVERLAP
 
 
 # --- on a real server --------------------------------------------------------------------------------

@@ -449,7 +449,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     if concurrent_executions is None and instances > 1:
         progress_more(1)
         try:
-            concurrency = _measure_concurrency(launcher, base, sender, samples, instances=instances)
+            concurrency = _measure_concurrency(launcher, base, sender, samples=samples, instances=instances)
         except (ProfileError, ServerError, ServerSetupError) as exc:  # e.g. k copies do not fit the device
             notes_later = [f"instances at once not measured ({exc}): counted as 1"]
         else:
@@ -459,7 +459,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
             if concurrent_executions == 1:
                 device_ms = statistics.median(s.infer_ms for s in samples if s.ok and s.measured and s.requests == 1
                                               and (s.rows, s.length) == (rows, length))
-                overlap = overlap_of(k, device_ms, alone_ms, together_ms)
+                overlap = overlap_of(k, device_ms, alone_ms=alone_ms, together_ms=together_ms)
         held_notes.extend(notes_later)
         progress_done(f"{instances} instances at once")
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
@@ -481,7 +481,7 @@ def concurrency_of(instances: int, alone_ms: float, together_ms: float) -> int:
     return min(max(round(instances * alone_ms / together_ms), 1), instances)
 
 
-def overlap_of(instances: int, device_ms: float, alone_ms: float, together_ms: float) -> float:
+def overlap_of(instances: int, device_ms: float, *, alone_ms: float, together_ms: float) -> float:
     """The share of an execution's device time (`device_ms`, Triton's compute_infer) another one runs
     beside, on a device where they otherwise take turns, from one request alone and `instances` together
     (wall times): each of the k - 1 others adds its exclusive part, together - alone = (k - 1) x device x
@@ -493,7 +493,7 @@ def overlap_of(instances: int, device_ms: float, alone_ms: float, together_ms: f
     return min(max(f, 0.0), MAX_OVERLAP)
 
 
-def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender, samples: list[Sample], *,
+def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender, *, samples: list[Sample],
                          instances: int) -> tuple[int, int, int, float, float]:
     """(instances, rows, length, ms alone, ms together): see "Instances at once" in the module docstring."""
     ran: dict[tuple[int, int], list[float]] = {}
