@@ -146,7 +146,8 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
             and pd.notna(m.get("capacity_upper_rps")) else math.nan,
             "capacity_simulated": float(record.capacity_rps or 0.0),
             "latency_measured": float(m[pct] if pct in m else m["latency_p99_ms"]),
-            "latency_simulated": float(s_load.latency_ms.get(f"p{settings.sla.percentile:g}", math.nan)),
+            # None: no request completed at the recorded load (all refused)
+            "latency_simulated": float(s_load.latency_ms.get(f"p{settings.sla.percentile:g}") or math.nan),
             "fill_measured": float(m["fill_rate"]),
             "fill_simulated": float(s_load.fill_rate),
             "capacity_score_measured": float(m["score_capacity"]) if feasible and pd.notna(m["score_capacity"]) else 0.0,

@@ -17,6 +17,7 @@ import time
 import warnings
 
 import optuna
+import pandas as pd
 import pytest
 from optuna.trial import TrialState
 from support import FakeEvaluation, SlowFakeEvaluation, capacity_of, fake_settings, fake_worker, latency_of
@@ -545,3 +546,48 @@ def test_worker_processes_on_a_sqlite_storage_never_take_the_same_waiting_trial(
         assert all(p.exitcode == 0 for p in procs)
         taken = list(numbers)
     assert len(taken) == 60 and len(set(taken)) == 60
+
+
+def fake_ranking(s, *, factor: float = 1.0):
+    """The fake evaluation's space as a simulation would rank it, capacities `factor` x the fake's (its
+    speed is capacity / 10, as the fake measures it), the finer estimate 2 % above the coarse one."""
+    rows = []
+    for b in range(1, 65):
+        for d in range(0, 4001, 1000):
+            p = {"max_batch_size": b, "max_queue_delay_microseconds": d}
+            cap = capacity_of(p) * factor
+            ok = latency_of(p) <= s.sla.latency_ms
+            rows.append({**p, "capacity_rps": cap, "capacity_speed": cap / 10.0, "ranking_capacity_rps": cap * 1.02,
+                         "value": cap * 3600 / 0.1 if ok else 0.0})
+    table = pd.DataFrame(rows).sort_values("ranking_capacity_rps", ascending=False, kind="stable")
+    table.insert(0, "rank", range(1, len(table) + 1))
+    return table.reset_index(drop=True)
+
+
+def test_the_model_strategys_capacity_searches_start_around_the_simulated_capacity(tmp_path):
+    """Each configuration the simulation ranked, the incumbent with them, is measured from its simulated
+    capacity (`Hints.around` its finer estimate); once the simulation is judged wrong, the sampler's
+    trials start where the best reached, as in any study."""
+    s = fake_settings(tmp_path, trials=4, strategy="model", model_top=2)
+    ranking = fake_ranking(s)
+    speeds = search.expected_speeds(ranking, s)
+    fake = FakeEvaluation()
+    search.model_search(new_study(s), s, ranking, evaluate=fake, trials=4, host=search.this_host())
+    assert len(fake.calls) == 3  # the incumbent and the top 2: the simulation held
+    tolerance = s.search.capacity.tolerance
+    for params, hints in fake.calls:
+        expected = speeds[tuple(sorted(params.items()))]
+        assert expected == pytest.approx(capacity_of(params) * 1.02 / 10.0)
+        assert hints.start_speed == pytest.approx(expected / (1.0 + tolerance) ** 0.5)
+        assert hints.start_speed < expected < hints.upper_speed <= hints.start_speed * (1.0 + tolerance)
+    # infeasible in simulation: no estimate
+    assert (64, 4000) not in {(p["max_batch_size"], p["max_queue_delay_microseconds"]) for p in
+                              (dict(k) for k in speeds)}
+
+    wrong = FakeEvaluation()  # the simulation 3x too optimistic: the fallback, from the best so far
+    s2 = dataclasses.replace(s, output=str(tmp_path / "out2"))
+    search.model_search(new_study(s2, storage=f"sqlite:///{tmp_path / 'wrong.db'}"), s2, fake_ranking(s2, factor=3.0),
+                        evaluate=wrong, trials=5, host=search.this_host())
+    assert len(wrong.calls) == 5
+    assert all(h.upper_speed is not None for _, h in wrong.calls[:3])
+    assert all(h.upper_speed is None and h.start_speed for _, h in wrong.calls[3:])

@@ -10,7 +10,7 @@ from support import BASE_RPS, measurement
 from tuner.measurement import Measurement
 from tuner.score import check_sla
 from tuner.settings import CapacitySettings, SlaSettings
-from tuner.trial.capacity import Step, find_capacity
+from tuner.trial.capacity import Hints, Step, find_capacity
 from tuner.trial.step import with_retries
 
 
@@ -160,3 +160,32 @@ def test_a_bracket_that_moved_is_searched_as_usual_from_its_edges(capacity):
     assert result.converged and result.speed <= capacity < result.upper_speed
     assert result.upper_speed / result.speed <= 1.05
     assert [speed for speed, _ in fake.calls].count(10.4) <= 1
+
+
+@pytest.mark.parametrize("tolerance", [0.05, 0.15, 0.3])
+@pytest.mark.parametrize("off", [0.93, 1.0, 1.06])
+def test_an_estimate_within_half_the_tolerance_is_confirmed_in_two_steps(tolerance, off):
+    """The simulation's capacity as a start (`Hints.around`): pass at the lower edge, fail at the upper,
+    converged at the tolerance however the floats round."""
+    estimate = 10.0
+    fake = FakeServer(estimate * off)
+    hints = Hints.around(estimate, tolerance, beat_rps=3.0)
+    assert hints.beat_rps == 3.0
+    assert hints.start_speed < estimate < hints.upper_speed
+    assert hints.upper_speed / hints.start_speed <= 1.0 + tolerance
+    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=tolerance, max_steps=20),
+                           start_speed=hints.start_speed, upper_guess=hints.upper_speed, growth=1.3)
+    if hints.start_speed <= estimate * off < hints.upper_speed:
+        assert [speed for speed, _ in fake.calls] == [hints.start_speed, hints.upper_speed]
+    assert result.converged and result.speed <= estimate * off < result.upper_speed
+
+
+@pytest.mark.parametrize("off", [0.25, 0.7, 1.4, 4.0])
+def test_a_wrong_estimate_is_searched_from_there(off):
+    estimate = 10.0
+    fake = FakeServer(estimate * off)
+    hints = Hints.around(estimate, 0.15)
+    result = find_capacity(with_retries(fake), SLA, CapacitySettings(tolerance=0.15, max_steps=20),
+                           start_speed=hints.start_speed, upper_guess=hints.upper_speed, growth=1.3)
+    assert result.converged and result.speed <= estimate * off < result.upper_speed
+    assert len(fake.calls) > 2

@@ -11,6 +11,7 @@ what it found.
     check_simulatable / model_space / rank_space / model_search   _model: `search.strategy: model`, the
         / enqueue_ranked / simulation_errors / met_sla_in_simulation   one simulation-based strategy (`tune`
         / diverse_top / region / relative_error                 and `tuner simulate` both rank through it;
+        / expected_speeds                                       where its capacity searches start;
         / order_agreement / Order                               what to measure, how its error is judged)
 
 The evaluation is injected: `evaluate(params, hints) -> TrialRecord` (`tuner.trial.run` for the real
@@ -32,6 +33,7 @@ from tuner.search._model import (
     check_simulatable,
     diverse_top,
     enqueue_ranked,
+    expected_speeds,
     met_sla_in_simulation,
     model_search,
     model_space,
@@ -68,8 +70,8 @@ from tuner.search._urls import is_journal, safe_url, without_password
 from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
-    "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked", "met_sla_in_simulation",
-    "model_search", "model_space", "order_agreement", "rank_space", "region", "relative_error", "simulation_errors",
+    "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked", "expected_speeds",
+    "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region", "relative_error", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",

@@ -81,14 +81,16 @@ class _GridSampler(optuna.samplers.GridSampler):
             super().after_trial(study, trial, state, values)
 
 
-def _hints(study: optuna.Study, scoring: str, prune: bool = True) -> Hints:
-    """Start the capacity search where the best configuration so far reached; prune against it."""
+def _hints(study: optuna.Study, settings: StudySettings, *, expected: float | None = None) -> Hints:
+    """Start the capacity search around the `expected` capacity speed when there is one, else where
+    the best configuration so far reached; prune against the best."""
     best = best_trial(study)
+    beat = (best.user_attrs.get("capacity_rps") or None) if best and settings.scoring == "capacity" else None
+    if expected:
+        return Hints.around(expected, settings.search.capacity.tolerance, beat_rps=beat)
     if best is None:
         return Hints()
-    speed = best.user_attrs.get("capacity_speed") or None
-    beat = best.user_attrs.get("capacity_rps") if prune and scoring == "capacity" else None
-    return Hints(start_speed=speed, beat_rps=beat or None)
+    return Hints(start_speed=best.user_attrs.get("capacity_speed") or None, beat_rps=beat)
 
 
 def spent(study: optuna.Study) -> int:
@@ -153,9 +155,12 @@ def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRec
 
 
 def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, *, n_trials: int,
-               timeout_s: float | None = None, on_trial: OnTrial | None = None, host: Host | None = None) -> int:
+               timeout_s: float | None = None, on_trial: OnTrial | None = None, host: Host | None = None,
+               estimate: Callable[[dict], float | None] | None = None) -> int:
     """Run trials until the study holds `n_trials` (all workers together), the grid is used up, or
-    `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here."""
+    `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here.
+    `estimate`: a configuration's expected capacity speed (the simulation's), where known: its capacity
+    search starts around it (`Hints.around`) instead of at the best trial's speed."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     host = host or this_host()
     ran = 0
@@ -193,7 +198,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             trial.set_user_attr("error_kind", DUPLICATE)
             raise _TrialFailed(DUPLICATE)
         try:
-            record = evaluate(params, _hints(study, settings.scoring))
+            record = evaluate(params, _hints(study, settings, expected=estimate(params) if estimate else None))
         except TunerError as exc:
             trial.set_user_attr("error", str(exc)[:500])
             trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))

@@ -24,6 +24,7 @@ near-copies of its best that would share its error.
     rank_space(...) -> DataFrame                                   both at once, as `tune` ranks
     met_sla_in_simulation(table) -> bool                           whether the best met the SLA
     diverse_top(ranking, settings, count=, known=) -> [params]     what to measure: the best, then regions
+    expected_speeds(ranking, settings) -> {params: speed}          where each measured capacity search starts
     relative_error(simulated, measured, upper=, pruned=) -> float  the error rule (infeasible = 100 %)
     order_agreement(simulated, low, high, tolerance=) -> Order     the measured order against the simulated
     model_search(study, settings, ranking, evaluate, ...) -> int   the measuring half (`tune`)
@@ -48,8 +49,8 @@ from tuner.simulate import CONFIG_KEYS, Profile, Simulator, batcher_config, chec
 from tuner.trial import MEASURED, is_feasible, record_of
 
 __all__ = ["RANKING_TOLERANCE", "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked",
-           "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
-           "relative_error", "simulation_errors"]
+           "expected_speeds", "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space",
+           "region", "relative_error", "simulation_errors"]
 
 # The capacity bisection's tolerance that orders the space. The study's own tolerance (5-15 %) is what
 # a real measurement can afford; at it, configurations a few per cent apart end in the same bracket
@@ -214,6 +215,19 @@ def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySe
     return picks
 
 
+def expected_speeds(ranking: pd.DataFrame, settings: StudySettings) -> dict[tuple, float]:
+    """The replay speed at which each configuration that met the SLA in simulation stops meeting it,
+    by its parameters (sorted items): the ranking's finest capacity (`ranking_capacity_rps`, else
+    `capacity_rps`) as a speed."""
+    out = {}
+    fine = ranking["ranking_capacity_rps"] if "ranking_capacity_rps" in ranking else ranking["capacity_rps"]
+    for (_, row), rps in zip(ranking.iterrows(), fine, strict=True):
+        coarse, speed = row["capacity_rps"], row["capacity_speed"]
+        if row["value"] > 0 and pd.notna(rps) and pd.notna(coarse) and pd.notna(speed) and coarse > 0 and speed > 0:
+            out[tuple(sorted(_params(row, settings).items()))] = float(speed * rps / coarse)
+    return out
+
+
 def relative_error(simulated: float, measured: float, *, upper: float | None = None, pruned: bool = False) -> float:
     """The simulation's relative error on one point, by one rule for the strategy and the fidelity
     benchmark. Feasible in simulation but not on the server (`measured` 0): +100 %, not left out; the
@@ -336,7 +350,10 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
         note("simulation's picks to measure (its best, then the best of other regions): "
              + "; ".join(space.describe(p) for p in picks))
     first = min(trials, spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
-    ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial)
+    speeds = expected_speeds(ranking, s)
+    # each capacity search starts around the simulated capacity: a right one is confirmed in two steps
+    ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial,
+                     estimate=lambda params: speeds.get(tuple(sorted(params.items()))))
     errors = simulation_errors(study, ranking, s)
     verdict = _judge(errors, s)
     fallback = verdict["fallback"]
@@ -344,7 +361,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
                                          "threshold": s.search.model_error, **verdict})
     if not errors.empty:
         note(_describe(verdict, len(errors), s.search.model_error))
-    if fallback and trials > spent(study):
+    if fallback and trials > spent(study):  # the simulation not trusted: no start from its capacities either
         _enqueue_ranked_within(study, ranking, s, trials=trials)
         ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
     return ran

@@ -10,6 +10,7 @@ there and says so (`limited_by="load_generator"`) instead of counting it as a se
     Probe                 speed -> Measurement: one step's measurement, the one definition
     find_capacity(...)    -> Capacity (its Steps, the bracket, why it stopped)
     Hints                 what the search knows before a trial: where to start, what to beat
+    Hints.around(s, tol)  a two-step confirmation of an estimated capacity (the simulation's)
 """
 
 from __future__ import annotations
@@ -161,3 +162,13 @@ class Hints:
     start_speed: float | None = None
     beat_rps: float | None = None  # prune once the bracket cannot beat this capacity
     upper_speed: float | None = None  # a speed found breaking the SLA before: probed next after a pass
+
+    @classmethod
+    def around(cls, speed: float, tolerance: float, *, beat_rps: float | None = None) -> Hints:
+        """Start from an estimated capacity `speed` (the simulation's): the search begins at the lower
+        edge of a bracket just within `tolerance` wide with `speed` at its geometric middle and probes
+        its upper edge next, so an estimate off by less than half the tolerance either way is confirmed
+        in two steps (pass, then fail: converged), and a wrong one is searched from there as usual."""
+        lower = speed / math.sqrt(1.0 + tolerance)
+        # a hair inside the tolerance: the search's `upper / lower <= 1 + tolerance` must hold in floats
+        return cls(start_speed=lower, upper_speed=lower * (1.0 + tolerance) * (1.0 - 1e-9), beat_rps=beat_rps)
