@@ -338,7 +338,7 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
     noisy = FakeEvaluation(noise={32: [0.5, 0.5, 3.0], 16: [1.0]})
     remeasured = search.remeasure(study, noisy, s)
     order = [p["max_batch_size"] for p, _ in noisy.calls]
-    assert order == [32, 16, 4] * 3  # top 2 and the incumbent, interleaved
+    assert order == [32, 16, 4, 4, 16, 32, 32, 16, 4]  # top 2 and the incumbent, interleaved in mirrored rounds
     ranked = search.recommend([search.repeats_as_dict(r) for r in remeasured])  # as `tuner export` reads them
     assert [r["params"]["max_batch_size"] for r in ranked] == [16, 32, 4]
     best = next(r for r in remeasured if r.trial == ranked[0]["trial"])

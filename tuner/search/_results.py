@@ -142,10 +142,14 @@ class Repeats:
 def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
               *,
               progress: Callable[[], None] | None = None) -> list[Repeats]:
-    """Measure the top configurations (and the incumbent) again, interleaved (A B C A B C ...), so
-    that drift on the machine hits them alike. Each run starts its capacity search at the lower edge of
-    the trial's capacity bracket and probes its upper edge next: a bracket that still holds is
-    confirmed in two steps (A/B at the edges, no bisection); one that moved is searched as usual."""
+    """Measure the top configurations (and the incumbent) again, interleaved in mirrored rounds (A B C,
+    C B A, A B C, ...), so that drift on the machine hits them alike: over each two rounds every
+    configuration sits at the same mean position, which a linear drift cannot tell apart (A B C A B C
+    would favour A). The configuration at a round's end starts the next one on the server as it is,
+    without a reload or a warm-up (`tuner.trial.run`); the incumbent is placed there. Each run starts its
+    capacity search at the lower edge of the trial's capacity bracket and probes its upper edge next: a
+    bracket that still holds is confirmed in two steps (A/B at the edges, no bisection); one that moved
+    is searched as usual."""
     candidates = top_trials(study, settings.search.top_k)
     if not candidates:  # nothing met the SLA: nothing to recommend, nothing to compare
         return []
@@ -153,8 +157,8 @@ def remeasure(study: optuna.Study, evaluate: Evaluate, settings: StudySettings,
     if incumbent is not None and all(t.params != incumbent.params for t in candidates):
         candidates.append(incumbent)
     runs: dict[int, list[TrialRecord]] = {t.number: [] for t in candidates}
-    for _ in range(settings.search.remeasure_repeats):
-        for t in candidates:
+    for k in range(settings.search.remeasure_repeats):
+        for t in candidates if k % 2 == 0 else candidates[::-1]:
             start = t.user_attrs.get("capacity_speed") or None
             upper = t.user_attrs.get("capacity_upper_speed") or None
             runs[t.number].append(evaluate(config_of(t), Hints(start_speed=start, upper_speed=upper)))

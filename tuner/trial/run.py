@@ -13,6 +13,8 @@ that never settles leaves the trial `unstable`), then
    `unmeasured`: not the configuration's fault, and no score;
 2. if the SLA held, the capacity is searched (bracketing + bisection on the speed, `tuner.trial.capacity`), each
    step a probe of the profile's busiest stretch at the step's speed.
+An evaluation of the configuration the server has run since the last one, measured (the re-measurement's
+mirrored rounds, `A B C C B A`), is neither loaded again nor warmed: the server is at steady state on it.
 A vLLM-backend model's trial writes its engine knobs into the served copy's model.json instead (a combination
 vLLM refuses is the trial's result: `refused`), is not warmed (the warm-up reads Triton's batch statistics,
 which an engine batching on its own has not), streams each replay (`tuner.trial.generate`) and is checked
@@ -41,6 +43,7 @@ from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
 from tuner.trial.generate import make_token_probe
 from tuner.trial.record import (
     CRASHED,
+    MEASURED,
     REFUSED,
     REQUESTS,
     TOKENS,
@@ -69,10 +72,21 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
     change instead (`tuner.study.base_engine`)."""
     measure_running = make_measure(launcher, settings, traffic, generative=engine is not None)
     price = price_for(settings.cost).price_per_hour
+    running: list[space.Params | None] = [None]  # the configuration measured last, still loaded
 
     def evaluate(params: space.Params, hints: Hints) -> TrialRecord:
+        record = _evaluate(params, hints)
+        running[0] = dict(params) if engine is None and record.outcome == MEASURED else None
+        return record
+
+    def _evaluate(params: space.Params, hints: Hints) -> TrialRecord:
         if not launcher.is_alive():  # a previous configuration crashed it: start afresh
             _restart(launcher)
+            running[0] = None
+        if running[0] == params:  # loaded and measured just now: at steady state (a vLLM engine is never
+            # kept: its prefix cache would hold the replay's prompts)
+            return measure_running(params, hints, warmed=True)
+        running[0] = None
         if engine is None:
             launcher.apply_config(settings.model, space.apply(base, params, settings.search))
         else:  # vLLM batches: the engine knobs go to model.json, config.pbtxt stays the model's
@@ -121,7 +135,8 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
     windows = step_windows(traffic, settings)
     scoring = TOKENS if generative else REQUESTS
 
-    def measure_running(params: space.Params, hints: Hints) -> TrialRecord:
+    def measure_running(params: space.Params, hints: Hints, *, warmed: bool = False) -> TrialRecord:
+        """`warmed`: the server has run this configuration at steady state since it was loaded: no warm-up."""
         if generative:
             # no warm-up: its shape sweep and steady-state windows read Triton's batch statistics, which a
             # model that batches inside its engine does not have; the engine starts with each trial's load
@@ -129,7 +144,8 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             probe = make_token_probe(launcher, settings, windows, on_measure=on_measure)
         else:
             mbs = int(params["max_batch_size"])
-            warm = warm_up(launcher, settings, traffic, max_batch_size=mbs) if settings.measurement.warmup else None
+            warm = (warm_up(launcher, settings, traffic, max_batch_size=mbs)
+                    if settings.measurement.warmup and not warmed else None)
             probe = make_probe(launcher, settings, windows, max_batch_size=mbs, on_measure=on_measure)
         load = probe(load_speed)
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
