@@ -150,6 +150,10 @@ def compare(settings, measured: pd.DataFrame, sim: Simulator, fill: dict) -> pd.
             "latency_simulated": float(s_load.latency_ms.get(f"p{settings.sla.percentile:g}") or math.nan),
             "fill_measured": float(m["fill_rate"]),
             "fill_simulated": float(s_load.fill_rate),
+            # per execution at the load: Triton's compute (input + infer + output) against the simulated
+            # instance's hold (its host work and device time, and any wait for the device)
+            "compute_measured": float(m["compute_ms"]) if "compute_ms" in m and pd.notna(m["compute_ms"]) else math.nan,
+            "compute_simulated": float(s_load.compute_ms or math.nan),
             "capacity_score_measured": float(m["score_capacity"]) if feasible and pd.notna(m["score_capacity"]) else 0.0,
             "capacity_score_simulated": float(record.scores.get("capacity") or 0.0),
             "utilization_measured": float(m["score_utilization"]) if feasible and pd.notna(m["score_utilization"])
@@ -236,6 +240,8 @@ def print_table(table: pd.DataFrame, pct: str) -> None:
         f"{pct} sim": table["latency_simulated"].map("{:.0f}".format),
         "fill meas": table["fill_measured"].map("{:.2f}".format),
         "fill sim": table["fill_simulated"].map("{:.2f}".format),
+        "exec ms meas": table["compute_measured"].map("{:.1f}".format),
+        "exec ms sim": table["compute_simulated"].map("{:.1f}".format),
         "util req/$ meas": table["utilization_measured"].map("{:,.0f}".format),
         "util req/$ sim": table["utilization_simulated"].map("{:,.0f}".format),
         "util err": table["utilization_error"].map(lambda v: "-" if pd.isna(v) else f"{v:+.1%}"),
