@@ -496,13 +496,10 @@ def overlap_of(instances: int, device_ms: float, *, alone_ms: float, together_ms
 def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender, *, samples: list[Sample],
                          instances: int) -> tuple[int, int, int, float, float]:
     """(instances, rows, length, ms alone, ms together): see "Instances at once" in the module docstring."""
-    ran: dict[tuple[int, int], list[float]] = {}
-    for s in samples:
-        if s.ok and s.measured and s.requests == 1:
-            ran.setdefault((s.rows, s.length), []).append(s.execution_ms)
-    if not ran:
+    points = _points_slowest_first(samples)
+    if not points:
         raise ProfileError("no execution ran")
-    _, rows, length = max((statistics.median(v), r, n) for (r, n), v in ran.items())
+    _, rows, length = points[0]
     launcher.apply_config(sender.model, space.apply(base, {space.MAX_BATCH_SIZE: rows, space.QUEUE_DELAY: 0,
                                                            space.INSTANCES: instances}))
     rounds: list[float] = []  # every instance runs one per round: new instance processes start cold
@@ -523,6 +520,16 @@ def _measure_concurrency(launcher: Launcher, base: ModelConfig, sender: _Sender,
     return instances, rows, length, statistics.median(alone), statistics.median(together)
 
 
+def _points_slowest_first(samples: list[Sample]) -> list[tuple[float, int, int]]:
+    """(median execution ms, rows, length) of each point measured with one request at a time, the
+    slowest first: what the batches of separate requests and the instances at once are timed behind."""
+    ms: dict[tuple[int, int], list[float]] = {}
+    for s in samples:
+        if s.ok and s.measured and s.requests == 1:
+            ms.setdefault((s.rows, s.length), []).append(s.execution_ms)
+    return sorted(((statistics.median(v), r, n) for (r, n), v in ms.items()), reverse=True)
+
+
 def _ran(got: list[Sample], model: str, *, rows: int, length: int) -> bool:
     """True when every request of a point ran; False when one ran out of memory; ProfileError for
     any other failure."""
@@ -539,15 +546,11 @@ def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count
                   on_progress: Callable[[str], None]) -> list[str]:
     """Time batches of N separate one-row requests at the shortest measured length (see the module
     docstring), appending their samples; returns notes on the N given up."""
-    ran = [s for s in samples if s.ok and s.measured and s.requests == 1]
-    if not ran:
+    slowest = _points_slowest_first(samples)
+    if not slowest:
         return []
-    length = min(s.length for s in ran)
-    ms: dict[tuple[int, int], list[float]] = {}
-    for s in ran:
-        ms.setdefault((s.rows, s.length), []).append(s.execution_ms)
-    slowest = sorted(((statistics.median(v), r, n) for (r, n), v in ms.items()), reverse=True)
-    ns = sorted({r for r, n in ms if n == length and r >= 2})
+    length = min(n for _, _, n in slowest)
+    ns = sorted({r for _, r, n in slowest if n == length and r >= 2})
     count(len(ns))
     notes = []
     for n in ns:

@@ -152,7 +152,7 @@ class TritonPythonModel:
         # One lock file per emulated GPU: the launcher names it; otherwise one per server process.
         lock_path = os.environ.get("TUNER_EMULATED_GPU_LOCK") or os.path.join(
             tempfile.gettempdir(), f"tuner-emulated-gpu-{os.getppid()}.lock")
-        gpus = int(_param(config, "gpus", 1, minimum=1))
+        gpus = _param(config, "gpus", 1, minimum=1)  # an int: the default's type
         if gpus > 1:  # instance k on GPU k mod N ("<model>_<group>_<k>": the Python backend's instance name)
             index = str(args.get("model_instance_name", "")).rsplit("_", 1)[-1]
             lock_path = f"{lock_path}.gpu{int(index) % gpus if index.isdigit() else 0}"
