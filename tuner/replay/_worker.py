@@ -70,7 +70,8 @@ REPORT_CHUNK = 8
 # handles answers while it waits, without spinning. Elsewhere, gevent's timer (later by up to ~1 ms).
 CLOCK_MONOTONIC, TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
 PR_SET_TIMERSLACK = 29
-# Sends this close to their due time go out at once rather than through a wakeup.
+# Sends this close to their due time wait for it by reading the clock rather than through a wakeup
+# (a send is never early: the replay must not compress the recorded gaps).
 EARLY_S = 0.00002
 
 log = logging.getLogger("tuner.replay")
@@ -512,6 +513,8 @@ class Replayer:
                 if self.reported < len(share.finished) and due - now() > REPORT_GAP_S:
                     self._report(until=due - REPORT_MARGIN_S)
                 timer.wait_until(due)
+            while now() - t0 < offset:  # as the records count it; at most EARLY_S (or gevent's timer's error)
+                pass
             # Open loop: send and move on. With max_in_flight requests already open the request is
             # dropped and counted as an error (as k6 drops iterations): waiting for a free slot would
             # turn an overloaded server into send lag, and the trial into an invalid one.
