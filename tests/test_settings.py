@@ -34,12 +34,18 @@ def test_defaults_and_the_search_section():
     tuned = study_from_dict({**MINIMAL, "search": {"preferred_batch_size": "search", "sampler": "grid",
                                                    "instance_count": {"low": 1, "high": 2}}})
     assert tuned.search.preferred_batch_size == "search" and tuned.search.instance_count.high == 2
+    some = study_from_dict({**MINIMAL, "search": {"preferred_batch_size": ["none", "powers_of_two"]}})
+    assert some.search.preferred_batch_size == ["none", "powers_of_two"]
 
 
 @pytest.mark.parametrize("data,message", [
     ({"search": {"sampler": "cmaes"}}, "search.sampler: must be one of tpe, gp, random, grid, got 'cmaes'"),
     ({"scoring": "latency"}, "scoring: must be one of capacity, utilization"),
     ({"search": {"preferred_batch_size": "all"}}, "search.preferred_batch_size: must be one of"),
+    ({"search": {"preferred_batch_size": ["none", "search"]}},
+     "search.preferred_batch_size: a list must name distinct choices among none, max, powers_of_two, got"),
+    ({"search": {"preferred_batch_size": ["max", "max"]}}, "search.preferred_batch_size: a list must name distinct"),
+    ({"search": {"preferred_batch_size": []}}, "search.preferred_batch_size: a list must name distinct"),
     ({"search": {"max_batch_size": {"low": 8, "high": 4}}},
      "search.max_batch_size: 1 <= low <= high must hold, but got (low=8, high=4)"),
     ({"search": {"capacity": {"tolerance": 0}}}, "search.capacity.tolerance: must be > 0"),

@@ -665,6 +665,23 @@ def test_cli_prints_the_ranked_table_and_answers_what_ifs(study, capsys):
     assert code == 3
 
 
+def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(study, capsys):
+    text = (study / "study.yaml").read_text().replace("  capacity:", "  preferred_batch_size: [none, powers_of_two]\n"
+                                                                    "  max_batch_size: {low: 4, high: 16, log: true}\n"
+                                                                    "  capacity:", 1)
+    (study / "study.yaml").write_text(text.replace("  max_batch_size: {low: 1, high: 16, log: true}\n", "", 1))
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--json", str(out_json)])
+    assert code == 0, capsys.readouterr()
+    ranking = pd.DataFrame(json.loads(out_json.read_text())["ranking"])
+    searched = ranking[ranking["max_batch_size"] <= 16]
+    assert len(searched) == 13 * 3 * 2  # every batch size 4..16 x 3 delays x both strategies, and the incumbent (64)
+    # each configuration as its sizes: none is Triton's default, powers of two up to the batch size
+    for (batch, _), both in searched.groupby(["max_batch_size", "max_queue_delay_microseconds"]):
+        pow2 = ",".join(map(str, sorted({2**k for k in range(batch.bit_length()) if 2**k < batch} | {batch})))
+        assert sorted(both["preferred_batch_size"]) == sorted(["default", pow2])
+
+
 def test_cli_refuses_a_bad_profile_in_one_line(study, capsys):
     (study / "bad.csv").write_text("rows,length,median_ms\n")
     for profile, message in ((study / "bad.csv", "no points"), (study / "missing.csv", "no such file")):

@@ -90,6 +90,12 @@ def test_preferred_size_strategies():
     searched = SearchSettings(preferred_batch_size="search")
     base = modelconfig.parse("max_batch_size: 8 dynamic_batching { preferred_batch_size: [8] }", "x")
     assert space.from_config(base, searched)["preferred_batch_size"] == "max"
+    some = SearchSettings(preferred_batch_size=["none", "powers_of_two"], max_batch_size=IntRange(8, 8),
+                          max_queue_delay_microseconds=IntRange(0, 0))
+    assert space.grid(some)["preferred_batch_size"] == ["none", "powers_of_two"] and space.grid_size(some) == 2
+    # a searched strategy is each configuration's own, never the study's
+    config = space.apply(base, {"max_batch_size": 8, "preferred_batch_size": "powers_of_two"}, some)
+    assert list(config.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8]
 
 
 # --- writing a config -----------------------------------------------------------------------------

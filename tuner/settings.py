@@ -30,7 +30,8 @@ PROTOCOLS = ("http", "grpc")
 SAMPLERS = ("tpe", "gp", "random", "grid")
 STRATEGIES = ("measure", "model")  # measure every trial the sampler draws | rank in simulation, measure the top
 SCORINGS = ("capacity", "utilization")
-PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice
+PREFERRED_STRATEGIES = ("none", "max", "powers_of_two", "search")  # search: a tuned choice of the three
+# ... or a list of strategies: a tuned choice among those (e.g. [none, powers_of_two])
 
 
 _RULE = "tuner.rule"  # a field's metadata: the bound its number keeps when set, or its choices
@@ -214,7 +215,7 @@ class SearchSettings:
     # `tuner.space.study_space`)
     max_batch_size: IntRange | None = field(default_factory=lambda: IntRange(1, 64, log=True))
     max_queue_delay_microseconds: IntRange | None = field(default_factory=lambda: IntRange(0, 20000, step=500))
-    preferred_batch_size: str = one_of(PREFERRED_STRATEGIES, "none")
+    preferred_batch_size: str | list[str] = one_of(PREFERRED_STRATEGIES, "none")
     instance_count: IntRange | None = None
     # a bounded queue (dynamic_batching.default_queue_policy.max_queue_size; 0 = unbounded) rejects
     # requests instead of letting latency grow: tuned only when given a range
@@ -541,7 +542,11 @@ def _check_range(t: TrafficSettings, source: str) -> None:
 
 def _check(s: StudySettings, source: str) -> None:
     for key, rule, value in _ruled(s):
-        if isinstance(rule, tuple):
+        if isinstance(rule, tuple) and isinstance(value, list):  # a choice among the rule's (not its "search")
+            if not value or len(set(value)) != len(value) or not set(value) <= set(rule) - {"search"}:
+                raise SettingsError(f"{source}: {key}: a list must name distinct choices among "
+                                    f"{', '.join(c for c in rule if c != 'search')}, got {value!r}")
+        elif isinstance(rule, tuple):
             if value not in rule:
                 raise SettingsError(f"{source}: {key}: must be one of {', '.join(rule)}, got {value!r}")
         elif isinstance(rule, Between):

@@ -165,7 +165,11 @@ def _read_queue_size(config: ModelConfig) -> Value | None:
 
 
 def _strategies(search: SearchSettings) -> tuple[str, ...] | None:
-    return STRATEGIES if search.preferred_batch_size == "search" else None
+    """The preferred-size strategies searched: all ("search"), those listed, or none (a fixed one)."""
+    chosen = search.preferred_batch_size
+    if isinstance(chosen, list):
+        return tuple(chosen)
+    return STRATEGIES if chosen == "search" else None
 
 
 # The order is the order of writing: max_batch_size first (the preferred sizes follow from it).

@@ -286,7 +286,7 @@ def study_space(settings: StudySettings, base, *, every_batch_size: bool = True)
     configs = [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
     strategy = getattr(search, space.PREFERRED)
     defaults = {
-        "preferred": strategy if strategy != "search" else "none",
+        "preferred": strategy if strategy in space.STRATEGIES else "none",  # a searched one: each config's
         "base_preferred": space.value_in(base, space.PREFERRED) or None,
         space.INSTANCES: space.value_in(base, space.INSTANCES),
         space.QUEUE_SIZE: space.value_in(base, space.QUEUE_SIZE),
