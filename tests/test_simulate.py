@@ -676,10 +676,10 @@ def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(s
     ranking = pd.DataFrame(json.loads(out_json.read_text())["ranking"])
     searched = ranking[ranking["max_batch_size"] <= 16]
     assert len(searched) == 13 * 3 * 2  # every batch size 4..16 x 3 delays x both strategies, and the incumbent (64)
-    # each configuration as its sizes: none is Triton's default, powers of two up to the batch size
-    for (batch, _), both in searched.groupby(["max_batch_size", "max_queue_delay_microseconds"]):
-        pow2 = ",".join(map(str, sorted({2**k for k in range(batch.bit_length()) if 2**k < batch} | {batch})))
-        assert sorted(both["preferred_batch_size"]) == sorted(["default", pow2])
+    # each configuration with each strategy, named as the study's parameter is
+    pairs = searched.groupby(["max_batch_size", "max_queue_delay_microseconds"])["preferred_batch_size"].apply(sorted)
+    assert all(both == ["none", "powers_of_two"] for both in pairs)
+    assert ranking.loc[ranking["max_batch_size"] == 64, "preferred_batch_size"].tolist() == ["none"]  # the incumbent
 
 
 def test_cli_refuses_a_bad_profile_in_one_line(study, capsys):
@@ -741,6 +741,35 @@ def test_the_strategy_orders_the_space_by_a_finer_bisection_and_reports_the_stud
     assert feasible["ranking_capacity_rps"].is_monotonic_decreasing
     assert feasible["capacity_rps"].nunique() < feasible["ranking_capacity_rps"].nunique()
     assert (feasible["capacity_rps"] <= feasible["ranking_capacity_rps"] * 1.001).all()
+
+
+def test_a_searched_preferred_strategy_is_enqueued_as_the_studys_parameter(study):
+    """The strategy enqueues the simulation's picks as trial parameters: a searched preferred-size
+    strategy by its name (a sizes label, `default` or `1,2,4`, is no choice Optuna has), and places
+    the incumbent in the ranking by its parameters."""
+    import optuna
+
+    from tuner import search, space
+    from tuner.settings import read_study
+    from tuner.simulate import read_profile
+    from tuner.study import base_config, study_traffic
+
+    text = (study / "study.yaml").read_text()
+    (study / "study.yaml").write_text(text.replace("  capacity:", "  preferred_batch_size: [none, powers_of_two]\n"
+                                                                   "  instance_count: {low: 1, high: 2}\n  capacity:", 1))
+    settings = read_study(study / "study.yaml")
+    base, traffic = base_config(settings), study_traffic(settings)
+    model = search.model_space(settings, base=base, traffic=traffic, profile=read_profile(study / "profile.csv"))
+    ranking = model.rank()
+    assert set(ranking["preferred_batch_size"]) == {"none", "powers_of_two"}
+    placed = model.against_incumbent(ranking)
+    assert placed.loc[placed["tag"].str.contains("incumbent"), "max_batch_size"].tolist() == [64]
+    trials = optuna.create_study(direction="maximize")
+    trials.enqueue_trial(model.incumbent)
+    picked = search.enqueue_ranked(trials, ranking, settings, count=3)
+    assert len(picked) == 3
+    for expected in (model.incumbent, *picked):
+        assert space.suggest(trials.ask(), settings.search) == expected
 
 
 def _refused(capsys, code: int, *words: str) -> str:

@@ -108,9 +108,11 @@ class SpaceModel:
             table = pd.concat([table, extra], ignore_index=True)
         config = batcher_config(self.incumbent, **self.defaults)
         mask = pd.Series(True, index=table.index)
-        for knob in space.KNOBS:  # the incumbent's row: every knob as the simulation writes it
+        for knob in space.KNOBS:  # the incumbent's row: its parameters as given, the rest as simulated
             value = getattr(config, knob.name)
-            mask &= table[knob.name] == (space.sizes_text(value) if knob.sizes else value)
+            given = self.incumbent.get(knob.name)
+            mask &= table[knob.name] == (given if isinstance(given, str) else
+                                         space.sizes_text(value) if knob.sizes else value)
         value = float(table.loc[mask, "value"].iloc[0]) if mask.any() else 0.0
         table["tag"] = ["incumbent" if m else "" for m in mask]
         if table.loc[0, "value"] > 0:

@@ -227,16 +227,21 @@ class Simulator:
         """Every configuration's trial, best first under the study's scoring (then the other score,
         then capacity). `configs`: BatcherConfig or parameter dicts (`batcher_config` keys; `defaults`
         go to `batcher_config`). `on_config(done, total)` reports progress."""
+        # a configuration given as parameters keeps them as given in its row: a searched preferred-size
+        # strategy by its name (the study's parameter, as the model strategy enqueues and matches it)
+        given = [{} if isinstance(c, BatcherConfig)
+                 else {k: v for k, v in c.items() if k in space.NAMES and not isinstance(v, tuple)} for c in configs]
         configs = [c if isinstance(c, BatcherConfig) else batcher_config(c, **defaults) for c in configs]
         pct = f"p{self.sla.percentile:g}"
         other = "utilization" if self.scoring == "capacity" else "capacity"
         rows = []
-        for done, config in enumerate(configs, start=1):
+        for done, (config, params) in enumerate(zip(configs, given, strict=True), start=1):
             result, device_s = self._trial(config, tolerance=tolerance)
             a = to_attrs(result)
             rows.append({
                 **{k.name: space.sizes_text(getattr(config, k.name)) if k.sizes else getattr(config, k.name)
                    for k in space.KNOBS},
+                **params,
                 "feasible": result.meets_sla,
                 "capacity_rps": result.capacity_rps,
                 "capacity_speed": result.capacity_speed,
