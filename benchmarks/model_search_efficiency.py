@@ -1,12 +1,17 @@
 """Search efficiency of `search.strategy: model`: how close does it get to the exhaustive grid's optimum,
 measuring how little, beside TPE at the same budget?
 
-    python benchmarks/model_search_efficiency.py [examples/grid.yaml] --grid DIR [--runs 10]
+    python benchmarks/model_search_efficiency.py [examples/grid.yaml] --grid DIR [DIR ...] [--runs 10]
            [--profiles DIR] [--repeats 3] [--tpe-seeds 100] [--output runs/model-efficiency]
            [--independent]
 
 1. The ground truth: a measured grid of the study (`--grid DIR`: a `tuner tune` output of the whole grid,
    scored by utilization so that nothing was pruned; `simulator_fidelity.py` writes one as OUTPUT/grid).
+   A space measured in halves (`simulator_fidelity.py --preferred`: one grid per preferred-size strategy)
+   is given as several: `--grid A/grid B/grid`, each grid's fixed strategy read from its summary.json, for
+   a study that searches those strategies (`search.preferred_batch_size: [none, powers_of_two]`). A
+   configuration is the study's every tuned knob (batch size, delay, and the instances, queue bound and
+   preferred sizes where the study tunes them).
 2. Each run is what the model strategy does before it measures anything: a profile measured afresh on
    the real server (`tuner profile`, about 30 s; `--profiles DIR` reuses DIR/profile-*.csv), then the
    study's whole space simulated and ranked under each scoring (`tuner.search.rank_space`: every batch
@@ -64,9 +69,9 @@ from tuner.study import base_config, study_traffic
 from tuner.trial.run import session
 
 ROOT = Path(__file__).resolve().parent.parent
-KEYS = ("max_batch_size", "max_queue_delay_microseconds")
 SCORINGS = ("capacity", "utilization")
 GOAL_RATIO, GOAL_SHARE, GOAL_RUNS = 0.98, 0.10, 0.9
+Key = tuple  # a configuration: its value of each tuned knob, in the order of `keys_of`
 
 
 def _sibling(name: str):
@@ -75,22 +80,47 @@ def _sibling(name: str):
     return importlib.import_module(name)
 
 
-def grid_tables(grid: Path) -> tuple[dict[str, dict[tuple[int, int], float]], dict[tuple[int, int], float]]:
+def keys_of(settings) -> tuple[str, ...]:
+    """The knobs a configuration is told apart by: those the study tunes, in the space's order."""
+    return tuple(tuner_space.grid(settings.search))
+
+
+def key_of(params, keys: tuple[str, ...]) -> Key:
+    """A configuration's values as a hashable key: numbers as ints, a preferred-size strategy by name."""
+    return tuple(int(params[k]) if isinstance(params[k], (int, float, np.integer, np.floating)) else str(params[k])
+                 for k in keys)
+
+
+def _fixed_strategy(grid: Path) -> str | None:
+    """The preferred-size strategy a grid's study fixed (each of its configurations has it), if one: the
+    study's own record of it (`tuner tune` keeps the settings it ran with in the study's attributes)."""
+    storage = search.open_storage(f"sqlite:///{grid / 'study.db'}")
+    chosen = {s.user_attrs.get("preferred_batch_size") for s in optuna.get_all_study_summaries(storage)}
+    return chosen.pop() if len(chosen) == 1 and chosen <= set(tuner_space.STRATEGIES) else None
+
+
+def grid_tables(grids: list[Path], keys: tuple[str, ...]) -> tuple[dict[str, dict[Key, float]], dict[Key, float]]:
     """Per scoring, each grid point's requests per dollar (0 where it missed the SLA), and each point's
-    capacity speed (where its bisection ended: a start for the final round's)."""
-    trials = pd.read_csv(grid / "trials.csv")
-    # the incumbent (trial 0) is its own grid point: the grid's copy of it is skipped as a duplicate
-    done = trials[trials["state"] == "COMPLETE"]
+    capacity speed (where its bisection ended: a start for the final round's), over every grid given."""
     tables: dict[str, dict] = {s: {} for s in SCORINGS}
     speeds = {}
-    for _, row in done.iterrows():
-        key = (int(row[KEYS[0]]), int(row[KEYS[1]]))
-        feasible = str(row["feasible"]).lower() == "true"
-        for s in SCORINGS:
-            value = row[f"score_{s}"]
-            tables[s][key] = float(value) if feasible and pd.notna(value) else 0.0
-        if pd.notna(row.get("capacity_speed")) and row["capacity_speed"] > 0:
-            speeds[key] = float(row["capacity_speed"])
+    for grid in grids:
+        trials = pd.read_csv(grid / "trials.csv")
+        if tuner_space.PREFERRED in keys and tuner_space.PREFERRED not in trials:
+            fixed = _fixed_strategy(grid)
+            if fixed is None:
+                sys.exit(f"{grid}: its trials have no {tuner_space.PREFERRED} and its study fixed none")
+            trials[tuner_space.PREFERRED] = fixed
+        # the incumbent (trial 0) is its own grid point: the grid's copy of it is skipped as a duplicate
+        done = trials[trials["state"] == "COMPLETE"]
+        for _, row in done.iterrows():
+            key = key_of(row, keys)
+            feasible = str(row["feasible"]).lower() == "true"
+            for s in SCORINGS:
+                value = row[f"score_{s}"]
+                tables[s][key] = float(value) if feasible and pd.notna(value) else 0.0
+            if pd.notna(row.get("capacity_speed")) and row["capacity_speed"] > 0:
+                speeds[key] = float(row["capacity_speed"])
     return tables, speeds
 
 
@@ -101,20 +131,20 @@ def measure_profile(study: str, path: Path) -> float:
     return time.monotonic() - started
 
 
-def model_picks(settings, ranking: pd.DataFrame, incumbent: dict, top: int) -> list[tuple[int, int]]:
+def model_picks(settings, ranking: pd.DataFrame, incumbent: dict, top: int) -> list[Key]:
     """What the strategy measures: the incumbent (trial 0), then what `tuner.search.enqueue_ranked`
     enqueues from the ranking (its `top` best that met the SLA in simulation), on an in-memory study."""
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial(incumbent)
     picked = search.enqueue_ranked(study, ranking, settings, count=top)
-    return [tuple(int(p[k]) for k in KEYS) for p in (incumbent, *picked)]
+    return [key_of(p, keys_of(settings)) for p in (incumbent, *picked)]
 
 
-def final_round(settings, candidates: dict[tuple[int, int], float | None], repeats: int, log_dir: Path
-                ) -> dict[tuple[int, int], dict[str, list[float]]]:
+def final_round(settings, candidates: dict[Key, float | None], repeats: int, log_dir: Path
+                ) -> dict[Key, dict[str, list[float]]]:
     """Every candidate measured `repeats` times, interleaved, unpruned, both scores of each
     (`search_ground_truth.py`'s final round, on a server of its own)."""
-    as_params = {tuple(zip(KEYS, key, strict=True)): speed for key, speed in candidates.items()}
+    as_params = {tuple(zip(keys_of(settings), key, strict=True)): speed for key, speed in candidates.items()}
     with session(settings, log_dir=str(log_dir)) as evaluate_fn:
         runs = _sibling("search_ground_truth").final_round(evaluate_fn, as_params, repeats)
     return {tuple(v for _, v in key): values for key, values in runs.items()}
@@ -152,7 +182,7 @@ def independent_copy(study: str, out: Path, run: int, *, trials: int) -> Path:
     return copy
 
 
-def independent_run(study: str, out: Path, run: int, *, trials: int) -> dict:
+def independent_run(study: str, out: Path, run: int, *, trials: int, keys: tuple[str, ...]) -> dict:
     """One `tuner tune` of the model strategy from scratch; what it measured and recommended."""
     copy = independent_copy(study, out, run, trials=trials)
     data = yaml.safe_load(copy.read_text())
@@ -163,10 +193,10 @@ def independent_run(study: str, out: Path, run: int, *, trials: int) -> dict:
     summary = json.loads((output / "summary.json").read_text())
     stored = optuna.load_study(study_name=data["name"], storage=search.open_storage(f"sqlite:///{output / 'study.db'}"))
     info = stored.user_attrs.get("model_search", {})
-    measured = {tuple(int(t.params[k]) for k in KEYS) for t in stored.trials
-                if t.state.is_finished() and all(k in t.params for k in KEYS)}
+    measured = {key_of(t.params, keys) for t in stored.trials
+                if t.state.is_finished() and all(k in t.params for k in keys)}
     best = summary.get("best") or {}
-    pick = tuple(int(best["params"][k]) for k in KEYS) if best.get("params") else None
+    pick = key_of(best["params"], keys) if best.get("params") else None
     return {"run": run, "wall_s": wall_s, "measured": len(measured), "pick": pick,
             "fallback": bool(info.get("fallback")), "median_error": info.get("median_error"),
             "discordant_pairs": f"{info.get('discordant', 0)} of {info.get('pairs', 0)}",
@@ -182,11 +212,11 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
     print(f"{args.runs} independent runs of the model strategy, each a budget of {budget} trials "
           f"({budget / size:.0%} of the {size}-point grid)", flush=True)
     for i in range(1, args.runs + 1):
-        run = independent_run(args.study, out / "independent", i, trials=budget)
+        run = independent_run(args.study, out / "independent", i, trials=budget, keys=keys_of(settings))
         runs.append(run)
         print(f"run {i}: {run['wall_s'] / 60:.1f} min, measured {run['measured']} configurations, "
               f"fallback {'yes' if run['fallback'] else 'no'}, recommends {run['pick']}", flush=True)
-    candidates: dict[tuple[int, int], float | None] = {}
+    candidates: dict[Key, float | None] = {}
     for key in sorted(tables[s], key=tables[s].get, reverse=True)[:3]:
         candidates.setdefault(key, speeds.get(key))
     for run in runs:
@@ -216,7 +246,7 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
           f"runs {min(r['wall_s'] for r in runs) / 60:.1f}-{max(r['wall_s'] for r in runs) / 60:.1f} min, "
           f"reference round {round_s / 60:.1f} min")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; results: {out}")
-    result = {"study": args.study, "grid": str(args.grid), "grid_size": size, "scoring": s, "repeats": args.repeats,
+    result = {"study": args.study, "grid": [str(g) for g in args.grid], "grid_size": size, "scoring": s, "repeats": args.repeats,
               "optimum": {"params": optimum_key, "median": optimum}, "passes": passes, "runs": runs,
               "goal_met": passes >= GOAL_RUNS * len(runs), "reference_round_s": round_s, "loadavg": os.getloadavg()}
     (out / "independent.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -226,7 +256,8 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
-    parser.add_argument("--grid", type=Path, required=True, help="a measured grid: a `tuner tune` output (trials.csv)")
+    parser.add_argument("--grid", type=Path, nargs="+", required=True,
+                        help="a measured grid: a `tuner tune` output (trials.csv); several: one space's parts")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--profiles", type=Path, help="reuse DIR/profile-1.csv ... instead of profiling")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats in the final round")
@@ -246,10 +277,11 @@ def main() -> int:
     traffic = study_traffic(settings)
     size = tuner_space.grid_size(settings.search)
     top = settings.search.model_top
-    tables, speeds = grid_tables(args.grid)
+    keys = keys_of(settings)
+    tables, speeds = grid_tables(args.grid, keys)
     missing = [k for k in itertools.product(*tuner_space.grid(settings.search).values()) if k not in tables["capacity"]]
     if len(missing) > size // 10:
-        sys.exit(f"{args.grid}: {size - len(missing)} measured grid points of the study's {size}")
+        sys.exit(f"{' '.join(map(str, args.grid))}: {size - len(missing)} measured grid points of the study's {size}")
     for key in missing:  # no verdict (the server never settled): a configuration the tool cannot recommend
         for s in SCORINGS:
             tables[s][tuple(key)] = 0.0
@@ -257,7 +289,10 @@ def main() -> int:
         print(f"grid points without a verdict, counted as missing the SLA: {', '.join(map(str, missing))}")
     if args.independent:
         return independent(args, settings, tables, speeds, size, out)
-    print(f"grid: {args.grid}, {size} configurations; the model strategy measures {top + 1} "
+    if keys != ("max_batch_size", "max_queue_delay_microseconds"):  # sampler_on_grid.score's two axes
+        sys.exit(f"the shared final round's TPE comparison reads a grid of batch size x delay, not "
+                 f"{' x '.join(keys)}: run this space with --independent")
+    print(f"grid: {' '.join(map(str, args.grid))}, {size} configurations ({', '.join(keys)}); the model strategy measures {top + 1} "
           f"({(top + 1) / size:.0%}); goal >= {GOAL_RATIO:.0%} of the optimum with <= {GOAL_SHARE:.0%} "
           f"of the grid in {GOAL_RUNS:.0%} of runs", flush=True)
 
@@ -277,7 +312,7 @@ def main() -> int:
               f"{run['simulated']} configurations simulated in {run['simulate_s']:.1f} s; measures "
               + "; ".join(f"{s}: {run[f'{s}_measures']}" for s in SCORINGS), flush=True)
 
-    candidates: dict[tuple[int, int], float | None] = {}
+    candidates: dict[Key, float | None] = {}
     for s in SCORINGS:
         for key in sorted(tables[s], key=tables[s].get, reverse=True)[:3]:
             candidates.setdefault(key, speeds.get(key))
@@ -290,13 +325,13 @@ def main() -> int:
     measured = final_round(settings, candidates, args.repeats, out / "server")
     final_s = time.monotonic() - started
     medians = {k: {s: statistics.median(v[s]) for s in SCORINGS} for k, v in measured.items()}
-    pd.DataFrame([{KEYS[0]: k[0], KEYS[1]: k[1], "in_grid": k in tables["capacity"],
+    pd.DataFrame([{**dict(zip(keys, k, strict=True)), "in_grid": k in tables["capacity"],
                    **{f"{s}_{j + 1}": v[s][j] for s in SCORINGS for j in range(args.repeats)},
                    **{f"{s}_median": medians[k][s] for s in SCORINGS}} for k, v in measured.items()]
                  ).to_csv(out / "final_round.csv", index=False)
 
     on_grid = _sibling("sampler_on_grid")
-    results = {"study": args.study, "grid": str(args.grid), "grid_size": size, "measured_per_run": top + 1,
+    results = {"study": args.study, "grid": [str(g) for g in args.grid], "grid_size": size, "measured_per_run": top + 1,
                "repeats": args.repeats, "final_round_s": final_s, "loadavg": os.getloadavg(), "scorings": {}}
     rows = []
     for s in SCORINGS:
