@@ -108,7 +108,7 @@ def defaults(settings) -> dict:
     """What a configuration leaves to the base config (as `tuner simulate` fills them)."""
     base = base_config(settings)
     space = settings.search
-    return {"preferred": space.preferred_batch_size if space.preferred_batch_size != "search" else "none",
+    return {"preferred": space.preferred_batch_size if space.preferred_batch_size in knobs.STRATEGIES else "none",
             "base_preferred": tuple(base.dynamic_batching.preferred_batch_size) or None,
             "instance_count": int(base.instance_group[0].count or 1) if len(base.instance_group) else 1,
             "max_queue_size": int(base.dynamic_batching.default_queue_policy.max_queue_size)}
@@ -212,8 +212,8 @@ def figures(table: pd.DataFrame) -> dict:
             "compared_every_verdict": int(len(every)),
             "spearman": float(rho), "spearman_feasible_in_both": float(rho_both),
             "pairs": order.pairs, "pairs_discordant": order.discordant,
-            "simulation_pick": {k: int(pick[k]) for k in ("max_batch_size", "max_queue_delay_microseconds")
-                                if k in pick},
+            "simulation_pick": {k: pick[k] if isinstance(pick[k], str) else int(pick[k]) for k in knobs.NAMES
+                                if k in pick and pd.notna(pick[k])},
             "pick_measured_over_optimum": float(pick[f"{score}_measured"] / best) if best > 0 else math.nan,
         }
     out["latency_median_abs_error"] = float(table["latency_error"].abs().median())
