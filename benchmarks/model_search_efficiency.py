@@ -33,7 +33,8 @@ measuring how little, beside TPE at the same budget?
 Results: OUTPUT/efficiency.json, OUTPUT/runs.csv, OUTPUT/final_round.csv.
 
 `--independent`: instead, `--runs` independent `tuner tune` runs of the study with `search.strategy: model`
-(each its own copy of the study, seed = the run's number, OUTPUT/independent/run-N): each measures its
+(each its own copy of the study, seed = the run's number, OUTPUT/independent/run-N; `--reuse` reads back
+the runs already finished there and runs the rest): each measures its
 own profile, measures what its simulation picks (and searches on if its fallback says so), and decides
 its recommendation by its own final re-measurement, as a user's run does. Then one reference round
 (interleaved, `--repeats`) measures every run's recommendation beside the grid's top 3 under the
@@ -182,13 +183,21 @@ def independent_copy(study: str, out: Path, run: int, *, trials: int) -> Path:
     return copy
 
 
-def independent_run(study: str, out: Path, run: int, *, trials: int, keys: tuple[str, ...]) -> dict:
-    """One `tuner tune` of the model strategy from scratch; what it measured and recommended."""
-    copy = independent_copy(study, out, run, trials=trials)
-    data = yaml.safe_load(copy.read_text())
-    started = time.monotonic()
-    _sibling("simulator_fidelity").tuner("tune", str(copy))
-    wall_s = time.monotonic() - started
+def independent_run(study: str, out: Path, run: int, *, trials: int, keys: tuple[str, ...],
+                    reuse: bool = False) -> dict:
+    """One `tuner tune` of the model strategy from scratch; what it measured and recommended. With
+    `reuse`, a run that finished before (its summary.json written) is read back instead of run again;
+    its wall time is from its study copy's writing to its summary's."""
+    copy, done = out / f"run-{run}.yaml", out / f"run-{run}" / "summary.json"
+    if reuse and copy.exists() and done.exists():
+        data = yaml.safe_load(copy.read_text())
+        wall_s = done.stat().st_mtime - copy.stat().st_mtime
+    else:
+        copy = independent_copy(study, out, run, trials=trials)
+        data = yaml.safe_load(copy.read_text())
+        started = time.monotonic()
+        _sibling("simulator_fidelity").tuner("tune", str(copy))
+        wall_s = time.monotonic() - started
     output = Path(data["output"])
     summary = json.loads((output / "summary.json").read_text())
     stored = optuna.load_study(study_name=data["name"], storage=search.open_storage(f"sqlite:///{output / 'study.db'}"))
@@ -212,7 +221,8 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
     print(f"{args.runs} independent runs of the model strategy, each a budget of {budget} trials "
           f"({budget / size:.0%} of the {size}-point grid)", flush=True)
     for i in range(1, args.runs + 1):
-        run = independent_run(args.study, out / "independent", i, trials=budget, keys=keys_of(settings))
+        run = independent_run(args.study, out / "independent", i, trials=budget, keys=keys_of(settings),
+                              reuse=args.reuse)
         runs.append(run)
         print(f"run {i}: {run['wall_s'] / 60:.1f} min, measured {run['measured']} configurations, "
               f"fallback {'yes' if run['fallback'] else 'no'}, recommends {run['pick']}", flush=True)
@@ -265,6 +275,8 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "model-efficiency")
     parser.add_argument("--independent", action="store_true",
                         help="independent `tuner tune` runs, each its own profile and final re-measurement")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --independent: read back the runs that finished in OUTPUT before, run the rest")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning)  # the incumbent may lie outside the bounds
