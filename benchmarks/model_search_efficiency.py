@@ -39,7 +39,8 @@ own profile, measures what its simulation picks (and searches on if its fallback
 its recommendation by its own final re-measurement, as a user's run does. Then one reference round
 (interleaved, `--repeats`) measures every run's recommendation beside the grid's top 3 under the
 study's scoring, so that each pick / optimum compares like with like; a run passes when that ratio is
->= 98 % and it measured <= 10 % of the grid. Results: OUTPUT/independent.json, OUTPUT/independent.csv.
+>= 98 % and it measured <= 10 % of the grid. Results: OUTPUT/independent.json, OUTPUT/independent.csv,
+OUTPUT/reference_round.csv (each configuration's repeats and median).
 """
 
 from __future__ import annotations
@@ -240,6 +241,14 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
     grid_points = [k for k in medians if k in tables[s]]
     optimum_key = max(grid_points, key=medians.get)
     optimum = medians[optimum_key]
+    keys = keys_of(settings)
+    reference = pd.DataFrame([{**dict(zip(keys, k, strict=True)), "in_grid": k in tables[s], "grid_single": tables[s].get(k),
+                               **{f"{s}_{j + 1}": v[s][j] for j in range(args.repeats)}, f"{s}_median": medians[k],
+                               "of_optimum": medians[k] / optimum if optimum > 0 else 0.0}
+                              for k, v in measured.items()]).sort_values(f"{s}_median", ascending=False)
+    reference.to_csv(out / "reference_round.csv", index=False)
+    print(f"\nreference round, every configuration ({s} scoring):")
+    print(reference.to_string(index=False, float_format=lambda x: f"{x:,.3f}" if abs(x) < 10 else f"{x:,.0f}"))
     for run in runs:
         run["pick_median"] = medians.get(run["pick"], 0.0) if run["pick"] is not None else 0.0
         run["pick / optimum"] = run["pick_median"] / optimum if optimum > 0 else 0.0
