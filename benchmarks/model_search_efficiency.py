@@ -37,8 +37,9 @@ Results: OUTPUT/efficiency.json, OUTPUT/runs.csv, OUTPUT/final_round.csv.
 the runs already finished there and runs the rest): each measures its
 own profile, measures what its simulation picks (and searches on if its fallback says so), and decides
 its recommendation by its own final re-measurement, as a user's run does. Then one reference round
-(interleaved, `--repeats`) measures every run's recommendation beside the grid's top 3 under the
-study's scoring, so that each pick / optimum compares like with like; a run passes when that ratio is
+(interleaved, `--repeats`, capacity bisected to `--reference-tolerance`, 2 %: finer than the goal)
+measures every run's recommendation beside the grid's top 3 under the study's scoring, so that each
+pick / optimum compares like with like; a run passes when that ratio is
 >= 98 % and it measured <= 10 % of the grid. Results: OUTPUT/independent.json, OUTPUT/independent.csv,
 OUTPUT/reference_round.csv (each configuration's repeats and median).
 """
@@ -208,6 +209,7 @@ def independent_run(study: str, out: Path, run: int, *, trials: int, keys: tuple
     best = summary.get("best") or {}
     pick = key_of(best["params"], keys) if best.get("params") else None
     return {"run": run, "wall_s": wall_s, "measured": len(measured), "pick": pick,
+            "pick_speed": best.get("capacity_speed"),
             "fallback": bool(info.get("fallback")), "median_error": info.get("median_error"),
             "discordant_pairs": f"{info.get('discordant', 0)} of {info.get('pairs', 0)}",
             "output": str(output)}
@@ -231,11 +233,18 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
     for key in sorted(tables[s], key=tables[s].get, reverse=True)[:3]:
         candidates.setdefault(key, speeds.get(key))
     for run in runs:
-        if run["pick"] is not None:
-            candidates.setdefault(run["pick"], speeds.get(run["pick"]))
-    print(f"reference round: {len(candidates)} configurations x {args.repeats} repeats", flush=True)
+        if run["pick"] is not None:  # its capacity search starts where its run measured it
+            candidates.setdefault(run["pick"], speeds.get(run["pick"]) or run.get("pick_speed"))
+    # The goal is judged to 2 %: the round bisects each capacity finer than that (the study's own
+    # tolerance, 10 % here, would put configurations within one step of each other on one value or on
+    # two, as its search happened to step: a 3 % difference said nothing)
+    capacity = dataclasses.replace(settings.search.capacity, tolerance=args.reference_tolerance,
+                                   max_steps=max(settings.search.capacity.max_steps, 12))
+    reference = dataclasses.replace(settings, search=dataclasses.replace(settings.search, capacity=capacity))
+    print(f"reference round: {len(candidates)} configurations x {args.repeats} repeats, capacity to "
+          f"{args.reference_tolerance:.0%}", flush=True)
     started = time.monotonic()
-    measured = final_round(settings, candidates, args.repeats, out / "server")
+    measured = final_round(reference, candidates, args.repeats, out / "server")
     round_s = time.monotonic() - started
     medians = {k: statistics.median(v[s]) for k, v in measured.items()}
     grid_points = [k for k in medians if k in tables[s]]
@@ -266,6 +275,7 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
           f"reference round {round_s / 60:.1f} min")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}; results: {out}")
     result = {"study": args.study, "grid": [str(g) for g in args.grid], "grid_size": size, "scoring": s, "repeats": args.repeats,
+              "reference_tolerance": args.reference_tolerance,
               "optimum": {"params": optimum_key, "median": optimum}, "passes": passes, "runs": runs,
               "goal_met": passes >= GOAL_RUNS * len(runs), "reference_round_s": round_s, "loadavg": os.getloadavg()}
     (out / "independent.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -284,6 +294,8 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "model-efficiency")
     parser.add_argument("--independent", action="store_true",
                         help="independent `tuner tune` runs, each its own profile and final re-measurement")
+    parser.add_argument("--reference-tolerance", type=float, default=0.02,
+                        help="with --independent: the reference round's capacity tolerance (finer than the goal)")
     parser.add_argument("--reuse", action="store_true",
                         help="with --independent: read back the runs that finished in OUTPUT before, run the rest")
     args = parser.parse_args()
