@@ -45,7 +45,15 @@ from optuna.trial import TrialState
 from tuner import space
 from tuner.search._loop import run_trials, spent
 from tuner.settings import StudySettings
-from tuner.simulate import CONFIG_KEYS, Profile, Simulator, batcher_config, check_modelled, study_space
+from tuner.simulate import (
+    CONFIG_KEYS,
+    Profile,
+    Simulator,
+    batcher_config,
+    check_modelled,
+    config_row,
+    study_space,
+)
 from tuner.trial import MEASURED, is_feasible, record_of
 
 __all__ = ["RANKING_TOLERANCE", "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked",
@@ -106,13 +114,9 @@ class SpaceModel:
             extra = self.simulator.rank([self.incumbent], tolerance=tolerance, **self.defaults)
             extra["rank"] = 0
             table = pd.concat([table, extra], ignore_index=True)
-        config = batcher_config(self.incumbent, **self.defaults)
         mask = pd.Series(True, index=table.index)
-        for knob in space.KNOBS:  # the incumbent's row: its parameters as given, the rest as simulated
-            value = getattr(config, knob.name)
-            given = self.incumbent.get(knob.name)
-            mask &= table[knob.name] == (given if isinstance(given, str) else
-                                         space.sizes_text(value) if knob.sizes else value)
+        for name, value in config_row(batcher_config(self.incumbent, **self.defaults), self.incumbent).items():
+            mask &= table[name] == value  # the incumbent's row, written as the ranking writes it
         value = float(table.loc[mask, "value"].iloc[0]) if mask.any() else 0.0
         table["tag"] = ["incumbent" if m else "" for m in mask]
         if table.loc[0, "value"] > 0:

@@ -42,6 +42,7 @@ from tuner.simulate._study import (
     CONFIG_KEYS,
     SimStep,
     Simulator,
+    config_row,
     length_column,
     measurement,
     study_space,
@@ -57,6 +58,7 @@ from tuner.simulate._support import (
 
 __all__ = [
     "CONFIG_KEYS",
+    "config_row",
     "ExecutionSize",
     "Profile",
     "ProfilePoint",

@@ -36,6 +36,15 @@ SEQ_LEN = "seq_len"
 CONFIG_KEYS = space.NAMES
 
 
+def config_row(config: BatcherConfig, params: dict | None = None) -> dict:
+    """A configuration's knob columns in a ranking: the parameters it was given as given (a searched
+    preferred-size strategy by its name: the study's parameter, as the model strategy enqueues and
+    matches it), the rest as simulated (preferred sizes as a label, `default` or `4,8`)."""
+    given = {k: v for k, v in (params or {}).items() if k in space.NAMES and not isinstance(v, tuple)}
+    return {**{k.name: space.sizes_text(getattr(config, k.name)) if k.sizes else getattr(config, k.name)
+               for k in space.KNOBS}, **given}
+
+
 # --- traffic -> requests ---------------------------------------------------------------------------
 
 
@@ -227,10 +236,7 @@ class Simulator:
         """Every configuration's trial, best first under the study's scoring (then the other score,
         then capacity). `configs`: BatcherConfig or parameter dicts (`batcher_config` keys; `defaults`
         go to `batcher_config`). `on_config(done, total)` reports progress."""
-        # a configuration given as parameters keeps them as given in its row: a searched preferred-size
-        # strategy by its name (the study's parameter, as the model strategy enqueues and matches it)
-        given = [{} if isinstance(c, BatcherConfig)
-                 else {k: v for k, v in c.items() if k in space.NAMES and not isinstance(v, tuple)} for c in configs]
+        given = [None if isinstance(c, BatcherConfig) else c for c in configs]
         configs = [c if isinstance(c, BatcherConfig) else batcher_config(c, **defaults) for c in configs]
         pct = f"p{self.sla.percentile:g}"
         other = "utilization" if self.scoring == "capacity" else "capacity"
@@ -239,9 +245,7 @@ class Simulator:
             result, device_s = self._trial(config, tolerance=tolerance)
             a = to_attrs(result)
             rows.append({
-                **{k.name: space.sizes_text(getattr(config, k.name)) if k.sizes else getattr(config, k.name)
-                   for k in space.KNOBS},
-                **params,
+                **config_row(config, params),
                 "feasible": result.meets_sla,
                 "capacity_rps": result.capacity_rps,
                 "capacity_speed": result.capacity_speed,
