@@ -8,7 +8,7 @@ measuring how little, beside TPE at the same budget?
 1. The ground truth: a measured grid of the study (`--grid DIR`: a `tuner tune` output of the whole grid,
    scored by utilization so that nothing was pruned; `simulator_fidelity.py` writes one as OUTPUT/grid).
    A space measured in halves (`simulator_fidelity.py --preferred`: one grid per preferred-size strategy)
-   is given as several: `--grid A/grid B/grid`, each grid's fixed strategy read from its summary.json, for
+   is given as several: `--grid A/grid B/grid`, each grid's fixed strategy read from its study, for
    a study that searches those strategies (`search.preferred_batch_size: [none, powers_of_two]`). A
    configuration is the study's every tuned knob (batch size, delay, and the instances, queue bound and
    preferred sizes where the study tunes them).
@@ -217,15 +217,14 @@ def independent_run(study: str, out: Path, run: int, *, trials: int, keys: tuple
 
 def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path) -> int:
     """`--independent`: the runs, then one reference round of their picks beside the grid's top 3."""
-    s = settings.scoring
+    s, keys = settings.scoring, keys_of(settings)
     runs = []
     budget = max(settings.search.model_top + 1, math.floor(GOAL_SHARE * size))
     (out / "independent").mkdir(exist_ok=True)
     print(f"{args.runs} independent runs of the model strategy, each a budget of {budget} trials "
           f"({budget / size:.0%} of the {size}-point grid)", flush=True)
     for i in range(1, args.runs + 1):
-        run = independent_run(args.study, out / "independent", i, trials=budget, keys=keys_of(settings),
-                              reuse=args.reuse)
+        run = independent_run(args.study, out / "independent", i, trials=budget, keys=keys, reuse=args.reuse)
         runs.append(run)
         print(f"run {i}: {run['wall_s'] / 60:.1f} min, measured {run['measured']} configurations, "
               f"fallback {'yes' if run['fallback'] else 'no'}, recommends {run['pick']}", flush=True)
@@ -240,17 +239,16 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
     # two, as its search happened to step: a 3 % difference said nothing)
     capacity = dataclasses.replace(settings.search.capacity, tolerance=args.reference_tolerance,
                                    max_steps=max(settings.search.capacity.max_steps, 12))
-    reference = dataclasses.replace(settings, search=dataclasses.replace(settings.search, capacity=capacity))
+    finer = dataclasses.replace(settings, search=dataclasses.replace(settings.search, capacity=capacity))
     print(f"reference round: {len(candidates)} configurations x {args.repeats} repeats, capacity to "
           f"{args.reference_tolerance:.0%}", flush=True)
     started = time.monotonic()
-    measured = final_round(reference, candidates, args.repeats, out / "server")
+    measured = final_round(finer, candidates, args.repeats, out / "server")
     round_s = time.monotonic() - started
     medians = {k: statistics.median(v[s]) for k, v in measured.items()}
     grid_points = [k for k in medians if k in tables[s]]
     optimum_key = max(grid_points, key=medians.get)
     optimum = medians[optimum_key]
-    keys = keys_of(settings)
     reference = pd.DataFrame([{**dict(zip(keys, k, strict=True)), "in_grid": k in tables[s], "grid_single": tables[s].get(k),
                                **{f"{s}_{j + 1}": v[s][j] for j in range(args.repeats)}, f"{s}_median": medians[k],
                                "of_optimum": medians[k] / optimum if optimum > 0 else 0.0}
