@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
@@ -25,6 +25,7 @@ from tuner.server.install import TritonInstall, find_tritonserver, model_pythonp
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
+WATCH_S = 0.25  # how often a long call checks that the server still runs
 WORKDIR_PREFIX = "tuner-triton-"
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
@@ -206,8 +207,9 @@ class LocalLauncher(Launcher):
         offset = self._log_size()
         self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
-            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
-                                    explain_refusal=lambda msg: self._refusal(msg, offset))
+            with self._watched():
+                return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
+                                        explain_refusal=lambda msg: self._refusal(msg, offset))
         except ServerError:
             self._checked()  # a server that died during the load says so
             raise
@@ -256,6 +258,29 @@ class LocalLauncher(Launcher):
             raise ServerError(f"tritonserver (pid {self._proc.pid}) exited with code {code}; "
                               f"last log lines:\n{self.logs(10)}")
         return self._http
+
+    @contextlib.contextmanager
+    def _watched(self) -> Iterator[None]:
+        """While a call that can take long (a load: up to the startup timeout) runs: if the server dies,
+        end what is left of its process group at once. The Python backend's stubs outlive a killed
+        server for a while and hold its sockets (they were forked from it), so the pending request would
+        otherwise wait out its whole timeout before the death is seen."""
+        proc, done = self._proc, threading.Event()
+
+        def watch() -> None:
+            while not done.wait(WATCH_S):
+                if proc is not None and proc.poll() is not None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group is the server's
+                    return
+
+        watcher = threading.Thread(target=watch, name="tritonserver-watch", daemon=True)
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
 
     def _remove_regions(self) -> None:
         """Remove the shared-memory regions of the servers this launcher started, whose names begin

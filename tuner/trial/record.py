@@ -177,7 +177,8 @@ class TrialRecord:
     peak_rps: float = 0.0
     servers_needed: int | None = None
     monthly_cost: float | None = None
-    note: str = ""                     # why unmeasured or unstable, or what the crash left in the server log
+    note: str = ""                     # why unmeasured or unstable, what the crash left in the server log, or
+                                       # that the server died during a load the next one survived
     warmup: Warmup | None = None       # the warm-up after the configuration's load
     # every request's latency at capacity (for CDFs): kept in memory, not in the storage
     latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)

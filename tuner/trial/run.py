@@ -15,6 +15,9 @@ that never settles leaves the trial `unstable`), then
    step a probe of the profile's busiest stretch at the step's speed.
 An evaluation of the configuration the server has run since the last one, measured (the re-measurement's
 mirrored rounds, `A B C C B A`), is neither loaded again nor warmed: the server is at steady state on it.
+A server that dies is started again: during a measurement, the configuration `crashed` (its result, as an
+out-of-memory on a GPU); during a load, the load is tried once more first (`LOAD_ATTEMPTS`: Triton's own
+crash is no verdict on the configuration), and the measured trial's note says so.
 A vLLM-backend model's trial writes its engine knobs into the served copy's model.json instead (a combination
 vLLM refuses is the trial's result: `refused`), is not warmed (the warm-up reads Triton's batch statistics,
 which an engine batching on its own has not), streams each replay (`tuner.trial.generate`) and is checked
@@ -24,6 +27,8 @@ and scored in tokens (`tuner.trial.record.TOKENS`: TTFT and TPOT limits, output 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,6 +67,10 @@ __all__ = ["make_evaluate", "make_measure", "session"]
 INFORMED_GROWTH = 1.3
 # the SLA constraint of a configuration that crashed the server: worse than any measured violation
 CRASHED_VIOLATION = 1000.0
+# loads of one configuration before a server that dies during them counts as the configuration's crash:
+# one death can be Triton's own (its Python backend once aborted on a reload after ~100 loads, in the
+# shared memory's lock: boost::interprocess::lock_exception), which is no verdict on the configuration
+LOAD_ATTEMPTS = 2
 
 
 
@@ -88,7 +97,8 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
             return measure_running(params, hints, warmed=True)
         running[0] = None
         if engine is None:
-            launcher.apply_config(settings.model, space.apply(base, params, settings.search))
+            config = space.apply(base, params, settings.search)
+            load = functools.partial(launcher.apply_config, settings.model, config)
         else:  # vLLM batches: the engine knobs go to model.json, config.pbtxt stays the model's
             try:
                 args = space.apply_engine(engine, space.split(params)[1])
@@ -96,23 +106,48 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
                 return TrialRecord(params=dict(params), outcome=REFUSED, violation=CRASHED_VIOLATION,
                                    sla_reason=str(exc).split(": ", 1)[-1], price_per_hour=price,
                                    peak_rps=peak_rps(traffic, settings.traffic.speed))
-            launcher.apply_engine_args(settings.model, base, args)
+            load = functools.partial(launcher.apply_engine_args, settings.model, base, args)
+        survived = ""
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                load()
+                break
+            except ServerError as exc:
+                if launcher.is_alive():
+                    raise
+                crash = _crashed(launcher, exc)
+                _restart(launcher)
+                if attempt + 1 == LOAD_ATTEMPTS:  # every load brought it down: the configuration's result
+                    return crashed(params, f"the server crashed loading this configuration "
+                                           f"{LOAD_ATTEMPTS} times: {crash[0]}", crash[1])
+                survived = (f"the server crashed during this configuration's load and was started again, "
+                            f"the second load held: {crash[0]}")
         try:
-            return measure_running(params, hints)
+            record = measure_running(params, hints)
         except ServerError as exc:
             if launcher.is_alive():
                 raise
             # the configuration brought the server down (as an out-of-memory can on a GPU): that is
-            # the configuration's result, not a failed trial. The note keeps the server's last log
-            # lines, read here: the error may be a refused connection that names no cause
-            first_line = str(exc).splitlines()[0]
-            note = f"{first_line}\nlast log lines:\n{launcher.logs(20)}"
+            # the configuration's result, not a failed trial
+            crash = _crashed(launcher, exc)
             _restart(launcher)
-            return TrialRecord(params=dict(params), outcome=CRASHED, violation=CRASHED_VIOLATION,
-                               sla_reason=f"the server crashed: {first_line}", note=note, price_per_hour=price,
-                               peak_rps=peak_rps(traffic, settings.traffic.speed))
+            return crashed(params, f"the server crashed: {crash[0]}", crash[1])
+        if survived:
+            record = dataclasses.replace(record, note="\n".join(filter(None, (survived, record.note))))
+        return record
+
+    def crashed(params: space.Params, reason: str, note: str) -> TrialRecord:
+        return TrialRecord(params=dict(params), outcome=CRASHED, violation=CRASHED_VIOLATION, sla_reason=reason,
+                           note=note, price_per_hour=price, peak_rps=peak_rps(traffic, settings.traffic.speed))
 
     return evaluate
+
+
+def _crashed(launcher: Launcher, exc: ServerError) -> tuple[str, str]:
+    """A dead server's error's first line, and the note a crashed trial keeps: that line and the server's
+    last log lines, read before it starts again (the error may be a refused connection that names no cause)."""
+    first_line = str(exc).splitlines()[0]
+    return first_line, f"{first_line}\nlast log lines:\n{launcher.logs(20)}"
 
 
 def _restart(launcher: Launcher) -> None:
