@@ -270,8 +270,7 @@ class LocalLauncher(Launcher):
         def watch() -> None:
             while not done.wait(WATCH_S):
                 if proc is not None and proc.poll() is not None:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group is the server's
+                    _end_group(proc)  # the stubs left in its process group, as `stop` ends them
                     return
 
         watcher = threading.Thread(target=watch, name="tritonserver-watch", daemon=True)
