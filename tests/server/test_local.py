@@ -270,3 +270,42 @@ def test_the_stub_runs_the_system_pythons_standard_library_whatever_python3_is_f
     library = system_libpython(triton_install.python_version).resolve()
     assert library.is_relative_to(stub["prefix"]), (library, stub)  # the libpython's own installation
     assert Path(stub["os"]).is_relative_to(stub["prefix"]) and Path(stub["ssl"]).is_relative_to(stub["prefix"])
+
+
+def test_a_port_taken_by_another_server_after_it_was_drawn_is_not_mistaken_for_ours(
+        triton_install, templates_dir, monkeypatch):
+    # another process takes the HTTP port between free_ports and the bind, and answers ready there (as a
+    # second tritonserver started in the same second did in CI): ours fails its bind, and must not be
+    # taken for ready because the port answers
+    import http.server
+    import threading
+
+    import tuner.server.local as local
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    drawn = []
+    real = local.free_ports
+
+    def first_one_taken(n):
+        ports = real(n)
+        if not drawn:
+            ports = (other.server_address[1], *ports[1:])
+        drawn.append(ports)
+        return ports
+
+    monkeypatch.setattr(local, "free_ports", first_one_taken)
+    try:
+        with LocalLauncher(templates_dir, models=["encoder_sim"], install=triton_install) as server:
+            assert len(drawn) == 2 and server.endpoints.http != f"127.0.0.1:{other.server_address[1]}"
+            assert server.is_alive() and "encoder_sim" in server.model_config("encoder_sim").name
+    finally:
+        other.shutdown()

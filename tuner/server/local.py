@@ -158,7 +158,9 @@ class LocalLauncher(Launcher):
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     break
-                if http.ok("v2/health/ready", timeout_s=1.0):
+                # ready, and on our port: another server started beside ours can hold the port both
+                # were given (free_ports lets go of it), and answer for ours while ours fails its bind
+                if http.ok("v2/health/ready", timeout_s=1.0) and self._serves_http():
                     return
                 time.sleep(0.2)
             else:
@@ -295,6 +297,12 @@ class LocalLauncher(Launcher):
             if name.startswith(tuple(prefixes)):
                 with contextlib.suppress(OSError):
                     (SHM_DIR / name).unlink()
+
+    def _serves_http(self) -> bool:
+        """Whether this server's own log says it listens on its HTTP address (Triton writes the line
+        before it answers on it)."""
+        lines = _read_from(self._log_file, self._log_start) if self._log_file else []
+        return any(f"Started HTTPService at {self._endpoints.http}" in line for line in lines)
 
     def _first_error(self) -> str:
         """': <the log's last error line>' (Triton prints its usage text before the reason), or ''."""
