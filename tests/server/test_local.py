@@ -274,18 +274,23 @@ def test_the_stub_runs_the_system_pythons_standard_library_whatever_python3_is_f
 
 def test_a_port_taken_by_another_server_after_it_was_drawn_is_not_mistaken_for_ours(
         triton_install, templates_dir, monkeypatch):
-    # another process takes the HTTP port between free_ports and the bind, and answers ready there (as a
-    # second tritonserver started in the same second did in CI): ours fails its bind, and must not be
-    # taken for ready because the port answers
+    # another process takes the HTTP port between free_ports and the bind, and answers there as a Triton
+    # (as a second tritonserver started in the same second did in CI): ours fails its bind, and must not
+    # be taken for ready because the port answers (nor because its log says "Started HTTPService": Triton
+    # writes that line before the bind fails)
     import http.server
     import threading
 
     import tuner.server.local as local
 
     class Ready(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
+        def do_GET(self):  # ready, and GET /v2 names a Triton: another one's
+            body = json.dumps({"name": "triton", "version": "2.51.0", "extensions": []}).encode()
             self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass

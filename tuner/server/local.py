@@ -70,6 +70,7 @@ class LocalLauncher(Launcher):
         self._shm_prefixes: list[str] = []  # the shm-region prefix of every server this launcher started
         self._spawn_args: tuple | None = None
         self._endpoints: Endpoints | None = None
+        self._server_id = ""     # this server's --id, new at each start
         self._http: TritonHttp | None = None
         self._lock = threading.Lock()
 
@@ -118,6 +119,7 @@ class LocalLauncher(Launcher):
         http, grpc, metrics = self.ports or free_ports(3)
         # a prefix of this server's own: the regions it leaves behind are found by it (_remove_regions)
         prefix = f"tuner{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self._server_id = prefix.rstrip("_")  # answered as the name in GET /v2: which server answers
         self._shm_prefixes.append(prefix)
         self._endpoints = Endpoints(http=f"127.0.0.1:{http}", grpc=f"127.0.0.1:{grpc}",
                                     metrics=f"http://127.0.0.1:{metrics}/metrics")
@@ -129,7 +131,7 @@ class LocalLauncher(Launcher):
                "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
                "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics),
                "--allow-metrics", "true", "--allow-gpu-metrics", "false", "--allow-cpu-metrics", "false",
-               "--exit-timeout-secs", "5",
+               "--exit-timeout-secs", "5", "--id", self._server_id,
                # a unique shared-memory prefix, so servers running side by side do not collide
                f"--backend-config=python,shm-region-prefix-name={prefix}",
                *[f"--load-model={m}" for m in models if self.load_models], *self.extra_args]
@@ -158,9 +160,10 @@ class LocalLauncher(Launcher):
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
                     break
-                # ready, and on our port: another server started beside ours can hold the port both
-                # were given (free_ports lets go of it), and answer for ours while ours fails its bind
-                if http.ok("v2/health/ready", timeout_s=1.0) and self._serves_http():
+                # ready, and ours: another server started beside ours can hold the port both were given
+                # (free_ports lets go of it) and answer for ours while ours fails its bind (Triton logs
+                # "Started HTTPService" before it binds, so only the answer's server id tells)
+                if http.ok("v2/health/ready", timeout_s=1.0) and self._answers_as_ours(http):
                     return
                 time.sleep(0.2)
             else:
@@ -298,11 +301,12 @@ class LocalLauncher(Launcher):
                 with contextlib.suppress(OSError):
                     (SHM_DIR / name).unlink()
 
-    def _serves_http(self) -> bool:
-        """Whether this server's own log says it listens on its HTTP address (Triton writes the line
-        before it answers on it)."""
-        lines = _read_from(self._log_file, self._log_start) if self._log_file else []
-        return any(f"Started HTTPService at {self._endpoints.http}" in line for line in lines)
+    def _answers_as_ours(self, http: TritonHttp) -> bool:
+        """Whether what answers on our HTTP address names itself with our server id (`--id`)."""
+        try:
+            return http.get_json("v2", timeout_s=1.0).get("name") == self._server_id
+        except (ServerError, HttpError):
+            return False
 
     def _first_error(self) -> str:
         """': <the log's last error line>' (Triton prints its usage text before the reason), or ''."""
