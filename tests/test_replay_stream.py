@@ -65,8 +65,12 @@ def test_ttft_and_tpot_measured_agree_with_the_model_s_sleeps(server):
     # the tail as "nearly all" below: 54 of 60 (a busy CI machine stalled one stream's tokens: p99 18 ms)
     assert m.tpot_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.05) and m.tpot_ms["p90"] < TOKEN_MS * 1.25
     assert m.itl_ms["p50"] == pytest.approx(TOKEN_MS, rel=0.2)
+    # the figure is the records' own (from the due time, at the first token), the sleeps' within a token:
+    # how far above them it sits is the overhead, a speed figure (above; CI on a loaded machine: 5.9 ms)
+    ttft = (recs["first_token_s"] - recs["due_s"]) * 1000
+    assert m.ttft_ms["p50"] == pytest.approx(float(ttft.median()), rel=1e-9)
     expected_ttft = FIRST_MS + PROMPT_MS * prompt
-    assert m.ttft_ms["p50"] == pytest.approx(np.median(expected_ttft), rel=0.1, abs=3.0)
+    assert np.median(expected_ttft) - 1.0 < m.ttft_ms["p50"] < np.median(expected_ttft) + TOKEN_MS
     assert m.output_tokens == recs["output_tokens"].sum() and m.errors == 0 and m.valid
     assert m.good_requests >= 55, m.tpots_ms  # TPOT within 12 ms for nearly all
     assert result.details["locust"] == {"requests": 60, "failures": 0}

@@ -326,11 +326,15 @@ def test_fragmentation_fails_a_large_batch_after_enough_executions_and_a_reload_
         infer(http, "encoder_sim", "INPUT_IDS", large)
     message = info.value.read().decode()
     assert "out of memory" in message and "budget of 7864 (fragmented from 16384)" in message
-    # compute time crept up as the closed form says (2.96x at n = 24 against 1.4x at n = 5)
-    ratio = m.fragmentation(fails_at - 2, **frag)[1] / m.fragmentation(n0, **frag)[1]
-    print(f"encoder_sim fragmented: 1 x 512 at n = {n0}: {times[0]:.1f} ms, at n = {fails_at - 2}: "
-          f"{times[-1]:.1f} ms (x{times[-1] / times[0]:.2f}; closed form x{ratio:.2f})")
-    assert times[-1] / times[0] == pytest.approx(ratio, rel=0.25)
+    # compute time crept up as the closed form says: the first five executions' median against the last
+    # five's (2.76x at n = 22 against 1.56x at n = 7), medians as one execution slowed by a busy machine
+    # moves a single time (CI once read 15.4 ms at n = 5 where 11 were due: x1.45 against x2.09)
+    first, last = n0 + 2, fails_at - 4
+    ratio = m.fragmentation(last, **frag)[1] / m.fragmentation(first, **frag)[1]
+    early, late = float(np.median(times[:5])), float(np.median(times[-5:]))
+    print(f"encoder_sim fragmented: 1 x 512 around n = {first}: {early:.1f} ms, around n = {last}: "
+          f"{late:.1f} ms (x{late / early:.2f}; closed form x{ratio:.2f})")
+    assert late / early == pytest.approx(ratio, rel=0.25)
     # a reload (a changed configuration, as a restart) gives the memory back
     _load(emulator, {**OVER_TIME_OFF, "fragmentation_per_1k_executions": "20"}, instances=2)
     assert infer(http, "encoder_sim", "INPUT_IDS", large)["outputs"][0]["shape"] == [16, 8]
