@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -83,6 +84,41 @@ def test_stop_ends_the_process_group(triton_install, templates_dir):
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
     assert not server.is_alive()
+
+
+def _group_members(pgid: int) -> list[str]:
+    """The live (not zombie) processes of a process group, by name."""
+    members = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if _pgid(p) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                members.append(p.name())
+    return members
+
+
+def test_a_server_that_dies_leaves_no_stub_holding_its_port(triton_install, templates_dir):
+    """A Python model loaded once the server is up forks its stub with the server's listening socket open:
+    after a kill -9 the stub would take new connections and answer none (a replayed request waited out its
+    timeout) until it noticed. The launcher ends the dead server's process group at once, whatever it was
+    doing (session 44 did so only during a load)."""
+    with LocalLauncher(templates_dir, models=["encoder_sim"], install=triton_install) as server:
+        server.apply_config("encoder_sim", with_batching(template("encoder_sim"), 4, 0))  # a stub forked now
+        pgid, port = server.pid, int(server.endpoints.http.rsplit(":", 1)[1])
+        assert len(_group_members(pgid)) > 1  # the server and its stubs
+        os.kill(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_members(pgid)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def test_port_in_use_is_a_setup_error(triton_install, templates_dir):

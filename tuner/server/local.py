@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
@@ -25,7 +25,7 @@ from tuner.server.install import TritonInstall, find_tritonserver, model_pythonp
 
 STOP_GRACE_S = 10.0
 CONTROL_TIMEOUT_S = 5.0
-WATCH_S = 0.25  # how often a long call checks that the server still runs
+WATCH_S = 0.25  # how often the watcher checks that the server still runs
 WORKDIR_PREFIX = "tuner-triton-"
 PORT_RETRIES = 2  # startups retried on new ports when a port chosen free was taken meanwhile
 GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template serializes executions on
@@ -71,6 +71,7 @@ class LocalLauncher(Launcher):
         self._spawn_args: tuple | None = None
         self._endpoints: Endpoints | None = None
         self._server_id = ""     # this server's --id, new at each start
+        self._watcher: tuple[threading.Event, threading.Thread] | None = None  # from ready until stop
         self._http: TritonHttp | None = None
         self._lock = threading.Lock()
 
@@ -164,6 +165,7 @@ class LocalLauncher(Launcher):
                 # (free_ports lets go of it) and answer for ours while ours fails its bind (Triton logs
                 # "Started HTTPService" before it binds, so only the answer's server id tells)
                 if http.ok("v2/health/ready", timeout_s=1.0) and self._answers_as_ours(http):
+                    self._watch(proc)
                     return
                 time.sleep(0.2)
             else:
@@ -182,7 +184,11 @@ class LocalLauncher(Launcher):
     def stop(self) -> None:
         with self._lock:
             proc, self._proc = self._proc, None
+            watch, self._watcher = self._watcher, None
             try:
+                if watch is not None:
+                    watch[0].set()
+                    watch[1].join()
                 if proc is not None:
                     _end_group(proc)
             finally:
@@ -212,9 +218,8 @@ class LocalLauncher(Launcher):
         offset = self._log_size()
         self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
-            with self._watched():
-                return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
-                                        explain_refusal=lambda msg: self._refusal(msg, offset))
+            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
+                                    explain_refusal=lambda msg: self._refusal(msg, offset))
         except ServerError:
             self._checked()  # a server that died during the load says so
             raise
@@ -264,27 +269,25 @@ class LocalLauncher(Launcher):
                               f"last log lines:\n{self.logs(10)}")
         return self._http
 
-    @contextlib.contextmanager
-    def _watched(self) -> Iterator[None]:
-        """While a call that can take long (a load: up to the startup timeout) runs: if the server dies,
-        end what is left of its process group at once. The Python backend's stubs outlive a killed
-        server for a while and hold its sockets (they were forked from it), so the pending request would
-        otherwise wait out its whole timeout before the death is seen."""
-        proc, done = self._proc, threading.Event()
+    def _watch(self, proc: subprocess.Popen) -> None:
+        """From ready until `stop`: when the server dies (during a load, a replay, anything), end what is
+        left of its process group at once. The Python backend's stubs outlive a killed server for a while
+        and hold its sockets (they were forked from it, the listening one too), so a pending request would
+        otherwise wait out its whole timeout (a load 120 s, a replayed request 30 s) before the death is
+        seen, and new connections would be taken and never answered."""
+        if self._watcher is not None:  # the previous server's, if it was never stopped
+            self._watcher[0].set()
+        done = threading.Event()
 
         def watch() -> None:
             while not done.wait(WATCH_S):
-                if proc is not None and proc.poll() is not None:
+                if proc.poll() is not None:
                     _end_group(proc)  # the stubs left in its process group, as `stop` ends them
                     return
 
         watcher = threading.Thread(target=watch, name="tritonserver-watch", daemon=True)
         watcher.start()
-        try:
-            yield
-        finally:
-            done.set()
-            watcher.join()
+        self._watcher = (done, watcher)
 
     def _remove_regions(self) -> None:
         """Remove the shared-memory regions of the servers this launcher started, whose names begin
