@@ -653,6 +653,26 @@ def test_the_check_says_how_many_workers_measure(tmp_path, capsys):
     assert "(2 workers, a server each)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("percentile", "where", "noted"), [
+    (99, "is their 3rd slowest", True),                       # (201 - 1) x 1 % = 2 requests above it
+    (90, "is their 21st slowest", False),                     # 20 above it
+    (99.7, "lies between their 1st and 2nd slowest", True),   # 0.6 of one
+])
+def test_the_check_says_how_many_requests_the_slas_percentile_is_read_from(tmp_path, capsys, percentile, where,
+                                                                            noted):
+    # one request a second for 100 s, and a burst of 200 more within 0.2 s at 50 s: the busiest second holds 201
+    quiet = pd.DataFrame({"timestamp": [float(t) for t in range(100)]})
+    burst = pd.DataFrame({"timestamp": [50.0 + 0.001 * (i + 1) for i in range(200)]})
+    traffic = pd.concat([quiet, burst]).sort_values("timestamp").assign(batch_size=1, seq_len=64)
+    traffic.to_csv(tmp_path / "traffic.csv", index=False)
+    study = write_tune_study(tmp_path, "tail", traffic={"path": str(tmp_path / "traffic.csv"), "speed": 1.0},
+                             **{"sla.percentile": percentile})
+    assert main(["tune", str(study), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f"at the recorded load 201 requests, whose p{percentile:g} {where}" in out, out
+    assert ("a slow request or two decide the SLA's verdict" in out) == noted, out
+
+
 @pytest.mark.parametrize("check", [False, True])
 def test_an_unreachable_database_is_refused_and_leaves_no_output_directory(tmp_path, capsys, check):
     study = write_tune_study(tmp_path, "pg")
