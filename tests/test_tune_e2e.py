@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pandas as pd
 import pytest
@@ -148,22 +149,28 @@ def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_c
     assert running.max_batch_size == 16
     assert running.dynamic_batching.max_queue_delay_microseconds == best["params"]["max_queue_delay_microseconds"]
 
-    # a fresh replay of it at the reported capacity (less 10%) meets the SLA. Its load generator is held to
-    # a 10 ms send-lag budget (the study's 100 ms lets a search go on on a loaded machine): in CI one
-    # stalled 70 ms and its burst of late requests alone put p99 at 140 ms. Like a trial's attempts, a
-    # replay the machine sent late is made again, up to three times; it is never judged.
+    # fresh replays of it at the reported capacity (less 10%) meet the SLA, judged as the recommendation's
+    # capacity was: by the median of three (one p99 of a few hundred requests lies 8 % from its median, 23 %
+    # at the p90, on 2 cores: benchmarks/load_latency_repeats.py; in CI one single replay read 129 ms).
+    # Their load generator is held to a 10 ms send-lag budget (the study's 100 ms lets a search go on on a
+    # loaded machine): in CI one stalled 70 ms and its burst of late requests alone put p99 at 140 ms. Like a
+    # trial's attempts, a replay the machine sent late is made again, up to three times; it is never judged.
     speed = 0.9 * best["capacity_speed"]
     sets = [f"--set={k}={v}" for k, v in best["params"].items()]
     check = write_tune_study(tmp_path, "check", tmp_path / "models", **{"replay.lag_budget_ms": 10})
     report = tmp_path / "replay.json"
+    fresh = []
     for _ in range(3):
-        assert main(["replay", str(check), *sets, "--speed", f"{speed:.4f}", "--duration", "4",
-                     "--json", str(report)]) == 0
-        m = json.loads(report.read_text())["measurement"]
-        if m["valid"]:
-            break
-    assert m["valid"], m["invalid_reason"]
-    assert m["latency_ms"]["p99"] <= 100 and m["error_rate"] <= 0.001, m
+        for _ in range(3):
+            assert main(["replay", str(check), *sets, "--speed", f"{speed:.4f}", "--duration", "4",
+                         "--json", str(report)]) == 0
+            m = json.loads(report.read_text())["measurement"]
+            if m["valid"]:
+                break
+        assert m["valid"], m["invalid_reason"]
+        assert m["error_rate"] <= 0.001, m
+        fresh.append(m["latency_ms"]["p99"])
+    assert float(np.median(fresh)) <= 100, fresh
 
 
 def run_tune(study_file: Path, *extra: str) -> subprocess.Popen:
