@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from simulator_fidelity import params_of  # one reading of a fidelity row's knobs (this script's folder)
 from tqdm import tqdm
 
 from tuner import space as knobs
@@ -47,11 +48,6 @@ def points(outputs: list[Path]) -> pd.DataFrame:
     """The fidelity outputs' configurations with their single measured and simulated percentiles."""
     table = pd.concat([pd.read_csv(out / "fidelity.csv") for out in outputs], ignore_index=True)
     return table[[*[k for k in knobs.NAMES if k in table], "latency_measured", "latency_simulated"]]
-
-
-def params_of(row: pd.Series) -> dict:
-    return {k: (row[k] if isinstance(row[k], str) else int(row[k])) for k in knobs.NAMES
-            if k in row and pd.notna(row[k])}
 
 
 def main() -> int:
