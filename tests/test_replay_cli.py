@@ -34,7 +34,8 @@ def tuner(*args: str) -> subprocess.CompletedProcess:
                           timeout=300, cwd=ROOT)
 
 
-def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame | None = None) -> Path:
+def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame | None = None,
+          step_s: float | None = None) -> Path:
     if traffic is None:
         n = 300
         traffic = pd.DataFrame({"timestamp": np.arange(n) / 100.0, "seq_len": np.arange(n) % 9 + 3})
@@ -45,6 +46,7 @@ def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame |
         "traffic": {"path": "traffic.csv"},
         "server": {"launcher": "remote", "url": url},
         "replay": {"warmup_s": 0.5, "workers": 1, "lag_budget_ms": 20},
+        **({"search": {"capacity": {"step_duration_s": step_s}}} if step_s else {}),
     }))
     return path
 
@@ -88,6 +90,28 @@ def test_duration_cuts_the_measured_part(server, tmp_path):
     run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--duration", "1", "--json", str(out))
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text())["measurement"]["requests"] == 100  # [0.5, 1.5) s at 100 req/s
+
+
+@pytest.mark.slow
+def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path):
+    """--step: the busiest search.capacity.step_duration_s of the traffic after its warm-up, as a trial's
+    capacity step replays it, so a trial's figure can be checked again at its speed."""
+    steady = np.arange(300) / 100.0                     # 100 req/s for 3 s
+    burst = 2.0 + np.arange(50) / 100.0                 # and 50 more in [2.0, 2.5): the busiest half second
+    traffic = pd.DataFrame({"timestamp": np.sort(np.concatenate([steady, burst])), "seq_len": 4})
+    out = tmp_path / "m.json"
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic, step_s=0.5)), "--step",
+                "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
+    m = json.loads(out.read_text())["measurement"]
+    assert m["requests"] == 100 and m["duration_s"] == pytest.approx(0.5, abs=0.05)  # the burst's half second
+    assert m["offered_rps"] == pytest.approx(200, rel=0.1)                             # not the traffic's 117
+
+
+def test_step_and_duration_together_are_one_line_and_exit_2(tmp_path):
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--step", "--duration", "2")
+    assert_one_line_error(run, "--step and --duration", "search.capacity.step_duration_s")
 
 
 def test_an_unreachable_server_is_one_line_and_exit_2(tmp_path):

@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                "replay speed (default: the study's traffic.speed); 2 = twice the recorded rate"),
         Number("--duration", "S", "measure only S seconds of the replayed schedule (after the warm-up)"),
     ))
+    p.add_argument("--step", action="store_true",
+                   help="replay what one step of the study's search replays at this speed: the busiest "
+                        "search.capacity.step_duration_s of the traffic, after replay.warmup_s of what came "
+                        "before it (to check a trial's figure again, e.g. at its reported capacity)")
     p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
@@ -52,7 +56,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
     from tuner.study import base_config, study_traffic
-    from tuner.trial.step import make_probe, whole_traffic
+    from tuner.trial.step import make_probe, step_windows, whole_traffic
     from tuner.trial.warmup import warm_up
 
     settings = read_study(args.study)
@@ -61,6 +65,9 @@ def _replay(args: argparse.Namespace) -> int:
         raise SettingsError(f"--speed: must be > 0, got {args.speed}")
     if args.duration is not None and args.duration <= 0:
         raise SettingsError(f"--duration: must be > 0, got {args.duration}")
+    if args.step and args.duration is not None:
+        raise SettingsError("--step and --duration: choose one (a step lasts the study's "
+                            "search.capacity.step_duration_s)")
     if args.workers is not None and args.workers < 0:
         raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
     if args.json:
@@ -87,10 +94,13 @@ def _replay(args: argparse.Namespace) -> int:
             warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
             print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
                   + (f"steady (windows: {warm.seen})" if warm.stable else f"NOT steady: {warm.reason}"), file=sys.stderr)
-        probe = make_probe(launcher, settings, whole_traffic(traffic, settings.replay.warmup_s, args.duration),
-                           max_batch_size=int(running.max_batch_size), progress=True, on_measure=say.append)
+        windows = step_windows(traffic, settings) if args.step else \
+            whole_traffic(traffic, settings.replay.warmup_s, args.duration)
+        probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
+                           on_measure=say.append)
         m = probe(speed)
-    print(f"replay: {settings.model} at speed {speed:g}, {m.workers} Locust process{'es' if m.workers > 1 else ''}"
+    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, "
+          f"{m.workers} Locust process{'es' if m.workers > 1 else ''}"
           + (f", {m.attempts} attempts (the send lag broke its budget)" if m.attempts > 1 else ""))
     print(format_measurement(m, settings.sla.percentile))
     if args.json:
@@ -102,6 +112,13 @@ def _replay(args: argparse.Namespace) -> int:
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
+
+
+def _what(settings, step: bool) -> str:
+    """What the replay measured, when it is not the traffic from its start."""
+    if not step:
+        return ""
+    return f", one search step (the busiest {settings.search.capacity.step_duration_s:g} s of the traffic)"
 
 
 def _is_generative(settings) -> bool:
@@ -121,6 +138,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.server.remote import check_triton
     from tuner.study import base_config, study_traffic
     from tuner.trial.generate import check_context, replay_generate
+    from tuner.trial.step import step_windows
 
     config_params, engine_params = space.split(params)
     if config_params:
@@ -143,9 +161,14 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     with make_launcher(settings) as launcher:
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)
-        run = replay_generate(launcher, settings, traffic, speed=speed, duration_s=args.duration, progress=True)
+        if args.step:  # as a search step replays it: the busiest stretch after its warm-up
+            part, warmup, end = step_windows(traffic, settings)(speed)
+            run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=end - warmup,
+                                  progress=True)
+        else:
+            run = replay_generate(launcher, settings, traffic, speed=speed, duration_s=args.duration, progress=True)
     m = run.measurement
-    print(f"replay: {settings.model} at speed {speed:g}, {m.requests} requests streamed, "
+    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
     print(format_generate(run, settings.sla.percentile))
     if args.json:
