@@ -210,6 +210,16 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert_one_line_error(tuner("replay", str(path), "--set", "max_batch_size=4"), "vLLM handles the batching")
     assert_one_line_error(tuner("replay", str(path), "--set", "max_num_seqs=4"), "not a vLLM-backend model")
 
+    # --step: the busiest half second, 10 more requests in [1.0, 1.5), streamed as a search step streams it
+    burst = pd.DataFrame({"timestamp": 1.025 + np.arange(10) * 0.05, "prompt_tokens": 5, "output_tokens": 6})
+    traffic = pd.concat([traffic, burst]).sort_values("timestamp", ignore_index=True)
+    path = study(tmp_path, server.endpoints.http, model="stream_echo", traffic=traffic, step_s=0.5)
+    run = tuner("replay", str(path), "--step", "--json", str(tmp_path / "r.json"))
+    assert run.returncode == 0, run.stderr
+    assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
+    m = json.loads((tmp_path / "r.json").read_text())["measurement"]
+    assert m["requests"] == 15 and m["errors"] == 0  # 5 of the steady 10 req/s and the burst's 10
+
 
 def test_a_request_longer_than_the_engines_context_is_refused_before_any_server(tmp_path):
     """llm_vllm's tiny model takes 2,048 tokens: a trace with longer requests is one line, exit 2,
