@@ -152,6 +152,22 @@ def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deploy
     assert report["figures"]["attempts"] == 3  # the measurement step's retry policy ran
 
 
+def test_a_replay_that_would_measure_no_request_is_refused_before_measuring(deployment, tmp_path, capsys):
+    """A step longer than the traffic replays all of it, here inside a 60 s warm-up: nothing would be
+    measured, so nothing is (the server is reachable: the refusal is the window's)."""
+    path = write_study(tmp_path)
+    study = yaml.safe_load(path.read_text())
+    study["replay"]["warmup_s"] = 60.0
+    study["search"]["capacity"]["step_duration_s"] = 100.0
+    path.write_text(yaml.safe_dump(study))
+    before = deployment.statistics("encoder_sim")
+    code = main(["audit", str(path), "--url", deployment.endpoints.http])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "no requests due in the measured window" in err and "within the 60 s warm-up" in err, err
+    assert deployment.statistics("encoder_sim") == before  # not one request sent
+
+
 @pytest.mark.parametrize("case, message", [
     ("missing", "nowhere: no such file or directory"),  # a tune's directory or a replay audit's --json
     ("empty", "summary.json: not found (give the output directory of a `tuner tune`)"),

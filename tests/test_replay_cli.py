@@ -173,6 +173,16 @@ def test_a_row_no_request_can_carry_is_one_line_and_exit_2(server, tmp_path):
     assert_one_line_error(run, "traffic row 7 (timestamp 0.7)", "3.64 TiB", "64 MiB per request")
 
 
+@pytest.mark.parametrize("argv,where", [
+    (["--speed", "1000"], "at speed 1000 the traffic lasts 0.00299 s, within the 0.5 s warm-up"),
+    (["--speed", "1000", "--step"], "at speed 1000 the traffic lasts 0.00299 s, within the 0.5 s warm-up"),
+])
+def test_a_replay_that_would_measure_no_request_is_one_line_and_exit_2_before_any_server(tmp_path, argv, where):
+    """3 s of traffic at 1000x is over within the warm-up: refused before the (unreachable) server is asked."""
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), *argv)
+    assert_one_line_error(run, "traffic.csv: no requests due in the measured window", where, "a lower --speed")
+
+
 def test_a_bad_speed_is_one_line_and_exit_2(tmp_path):
     assert_one_line_error(tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--speed", "0"), "--speed")
 

@@ -38,6 +38,7 @@ from tuner.soak import last_soak
 from tuner.study import is_vllm_study, study_traffic
 from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, to_attrs
 from tuner.trial.run import make_measure
+from tuner.trial.step import check_measured, step_windows
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
@@ -215,6 +216,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
     if is_vllm_study(settings):
         return audit_engine.audit_engine(settings, baseline, at_load_only, progress=progress)
     traffic = study_traffic(settings)
+    check_measured(step_windows(traffic, settings), settings.traffic.speed, source=str(settings.traffic.path))
     price = price_for(settings.cost).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     with make_launcher(settings, read_only=True) as launcher:

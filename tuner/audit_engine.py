@@ -98,14 +98,17 @@ def engine_params(args: dict, *, gpu: bool) -> space.Params:
 
 def _check_traffic(settings: StudySettings, base: ModelConfig, traffic: pd.DataFrame, *, args: dict) -> None:
     """Refuse, before a server starts, traffic a generative replay cannot send: no token columns, a model
-    that does not stream, a request longer than the engine's context (as tune does)."""
+    that does not stream, a request longer than the engine's context, a measured window with no request
+    due (as tune does)."""
     from tuner.replay import plan_generate
     from tuner.trial.generate import check_context
+    from tuner.trial.step import check_measured, step_windows
 
     plan_generate({**json.loads(modelconfig.to_json(base)), "name": settings.model}, traffic)
     context = engineargs.context_tokens(args)
     if context is not None:
         check_context(traffic, context, model=settings.model)
+    check_measured(step_windows(traffic, settings), settings.traffic.speed, source=str(settings.traffic.path))
 
 
 def audit_engine(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False, *,

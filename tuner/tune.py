@@ -169,9 +169,8 @@ def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, tr
     engine's context), and traffic with no request in the first replay's measured window (one row,
     equal timestamps, a warm-up as long as the traffic)."""
     from tuner.replay import plan_generate, plan_requests
-    from tuner.traffic import due_offsets
     from tuner.trial.generate import check_context
-    from tuner.trial.step import step_windows
+    from tuner.trial.step import check_measured, step_windows
 
     config = json.loads(modelconfig.to_json(base))
     if engine is None:
@@ -186,13 +185,7 @@ def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, tr
     if stamps.nunique() < 2:
         raise TrafficError(f"{path}: {len(traffic)} request(s), all at one timestamp: a replay measures "
                            f"requests spread over time; no requests due in the measured window")
-    part, warmup, end = step_windows(traffic, settings)(speed)
-    due = due_offsets(part, speed)
-    measured = (due >= warmup) & (due < end if end is not None else True)
-    if not measured.any():
-        raise TrafficError(f"{path}: no requests due in the measured window: at speed {speed:g} the traffic "
-                           f"lasts {float(due[-1]) if len(due) else 0.0:.3g} s, within the {warmup:g} s warm-up "
-                           f"(replay.warmup_s)")
+    check_measured(step_windows(traffic, settings), speed, source=str(path))
 
 
 def _study_profile(settings: StudySettings):

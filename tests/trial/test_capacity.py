@@ -4,6 +4,8 @@ tests/test_tune_e2e.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from support import BASE_RPS, measurement
 
@@ -108,6 +110,20 @@ def test_a_load_generator_that_cannot_keep_up_is_reported_not_scored():
     assert result.limited_by == "load_generator"
     assert result.speed == 2.0 and result.upper_speed is None  # the invalid step is no upper bound
     assert [c for c in fake.calls if c[0] == 4.0] == [(4.0, 0), (4.0, 1), (4.0, 2)]
+
+
+def test_a_window_with_no_request_due_is_not_run_again():
+    """Invalid because its measured part is empty (the schedule's doing, not the machine's): a re-run with
+    more load generators would measure nothing again."""
+    calls = []
+
+    def empty(speed: float, attempt: int) -> Measurement:
+        calls.append(attempt)
+        return dataclasses.replace(measurement(speed, valid=False), requests=0,
+                                   invalid_reason="no requests due in the measured window")
+
+    m = with_retries(empty, tries=3)(1.0)
+    assert calls == [0] and m.attempts == 1 and not m.valid
 
 
 def test_capacity_in_profile_rate_terms_is_monotone_in_speed():

@@ -56,7 +56,7 @@ def _replay(args: argparse.Namespace) -> int:
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
     from tuner.study import base_config, study_traffic
-    from tuner.trial.step import make_probe, step_windows, whole_traffic
+    from tuner.trial.step import make_probe
     from tuner.trial.warmup import warm_up
 
     settings = read_study(args.study)
@@ -81,9 +81,10 @@ def _replay(args: argparse.Namespace) -> int:
     if _is_generative(settings):
         return _replay_generate(settings, params, speed=speed, args=args)
     config = space.apply(base_config(settings), params) if params else None
+    traffic = study_traffic(settings)
+    windows = _windows(traffic, settings, args, speed)
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url)
-    traffic = study_traffic(settings)
     say = []
 
     with make_launcher(settings) as launcher:
@@ -94,8 +95,6 @@ def _replay(args: argparse.Namespace) -> int:
             warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
             print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
                   + (f"steady (windows: {warm.seen})" if warm.stable else f"NOT steady: {warm.reason}"), file=sys.stderr)
-        windows = step_windows(traffic, settings) if args.step else \
-            whole_traffic(traffic, settings.replay.warmup_s, args.duration)
         probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
                            on_measure=say.append)
         m = probe(speed)
@@ -112,6 +111,18 @@ def _replay(args: argparse.Namespace) -> int:
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
+
+
+def _windows(traffic, settings, args: argparse.Namespace, speed: float):
+    """What the replay sends at `speed` (a search step's window with --step, else the traffic from its start,
+    cut to --duration), refused before a server starts when its measured part holds no request."""
+    from tuner.trial.step import check_measured, step_windows, whole_traffic
+
+    windows = step_windows(traffic, settings) if args.step else \
+        whole_traffic(traffic, settings.replay.warmup_s, args.duration)
+    check_measured(windows, speed, source=str(settings.traffic.path),
+                   hint="a lower --speed, or a shorter replay.warmup_s")
+    return windows
 
 
 def _what(settings, step: bool) -> str:
@@ -138,7 +149,6 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.server.remote import check_triton
     from tuner.study import base_config, study_traffic
     from tuner.trial.generate import check_context, replay_generate
-    from tuner.trial.step import step_windows
 
     config_params, engine_params = space.split(params)
     if config_params:
@@ -151,22 +161,19 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         raise SettingsError(f"--set {next(iter(engine_params))}: {settings.model} is not a vLLM-backend model "
                             "(no model.json of engine arguments)")
     engine_args = space.apply_engine(engineargs.read(model_dir), engine_params) if engine_params else None
-    if settings.server.launcher == "remote":
-        check_triton(settings.server.url)
     traffic = study_traffic(settings)
     if engineargs.is_vllm_model(model_dir, base):
         context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
         if context is not None:
             check_context(traffic, context, model=settings.model)
+    part, warmup, end = _windows(traffic, settings, args, speed)(speed)
+    if settings.server.launcher == "remote":
+        check_triton(settings.server.url)
     with make_launcher(settings) as launcher:
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)
-        if args.step:  # as a search step replays it: the busiest stretch after its warm-up
-            part, warmup, end = step_windows(traffic, settings)(speed)
-            run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=end - warmup,
-                                  progress=True)
-        else:
-            run = replay_generate(launcher, settings, traffic, speed=speed, duration_s=args.duration, progress=True)
+        run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup,
+                              duration_s=None if end is None else end - warmup, progress=True)
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")

@@ -7,10 +7,13 @@ server runs, and measure it, with one retry policy. Every command that measures 
                                       measured, no retry (the soak's windows: its clock moves on)
     step_windows(traffic, settings)   what a capacity step replays: the busiest stretch at that speed
     whole_traffic(traffic, ...)       the traffic from its start (optionally cut to a duration)
+    check_measured(windows, speed, source=...)   refuse, before a server starts, a window whose
+                                      measured part holds no request at that speed
 
 The retry policy: a replay whose send lag broke `replay.lag_budget_ms` says nothing about the server,
 so it is run again with one more load-generator process (leaving a core to the server), `tries` times
-in all. The last measurement is returned, valid or not, with the attempts it took: what an invalid
+in all; a window with no request due after its warm-up is the schedule's, not the machine's, and is not
+run again. The last measurement is returned, valid or not, with the attempts it took: what an invalid
 one means is the caller's to say (a capacity step: the search stops there; the replay at the recorded
 load: the trial is unmeasured). The repeat policy: a measurement whose SLA percentile lies close to
 the limit (`measurement.repeat_near_sla`) decides a close call, so it is repeated on the same window
@@ -31,13 +34,14 @@ import pandas as pd
 if TYPE_CHECKING:  # Locust runs in its own processes: the replay package is imported when used
     from tuner.replay import ReplayResult
 
+from tuner.errors import TrafficError
 from tuner.measurement import Measurement, measure
 from tuner.server import Launcher
 from tuner.settings import SlaSettings, StudySettings
-from tuner.traffic import step_window
+from tuner.traffic import due_offsets, step_window
 from tuner.trial.capacity import Probe
 
-__all__ = ["TRIES", "Windows", "make_probe", "replay_measured", "retry_workers", "step_windows", "whole_traffic",
+__all__ = ["TRIES", "Windows", "check_measured", "make_probe", "replay_measured", "retry_workers", "step_windows", "whole_traffic",
            "with_repeats", "with_retries"]
 
 TRIES = 3
@@ -62,6 +66,20 @@ def whole_traffic(traffic: pd.DataFrame, warmup_s: float, duration_s: float | No
     return lambda speed: (traffic, warmup_s, None if duration_s is None else warmup_s + duration_s)
 
 
+def check_measured(windows: Windows, speed: float, *, source: str, hint: str = "replay.warmup_s") -> None:
+    """Refuse the replay `windows` make at `speed` when no request is due in its measured part (after
+    the warm-up, before the end): it would measure nothing. One line naming `source` and what to change."""
+    part, warmup, end = windows(speed)
+    due = due_offsets(part, speed)
+    measured = (due >= warmup) & (due < end if end is not None else True)
+    if measured.any():
+        return
+    last = float(due[-1]) if len(due) else 0.0
+    where = (f"the traffic lasts {last:.3g} s, within the {warmup:g} s warm-up" if last < warmup else
+             f"no request is due between {warmup:g} and {end:g} s")
+    raise TrafficError(f"{source}: no requests due in the measured window: at speed {speed:g} {where} ({hint})")
+
+
 def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:
     """Load-generator processes for a re-run: one more per attempt, leaving a core to the server
     (on 2 cores a re-run is one process again: another try, reported if it stays invalid)."""
@@ -79,7 +97,7 @@ def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES
             m = dataclasses.replace(run(speed, attempt), attempts=attempt + 1)
             if on_measure is not None:
                 on_measure(m)
-            if m.valid:
+            if m.valid or m.requests == 0:  # nothing due to measure: another try would measure nothing again
                 break
         return m
 
