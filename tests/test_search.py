@@ -572,8 +572,11 @@ def test_the_model_strategys_capacity_searches_start_around_the_simulated_capaci
     ranking = fake_ranking(s)
     speeds = search.expected_speeds(ranking, s)
     fake = FakeEvaluation()
-    search.model_search(new_study(s), s, ranking, evaluate=fake, trials=4, host=search.this_host())
+    planned = []  # what the progress bar is told: the trials the study will hold
+    search.model_search(new_study(s), s, ranking, evaluate=fake, trials=4, host=search.this_host(),
+                        on_plan=planned.append)
     assert len(fake.calls) == 3  # the incumbent and the top 2: the simulation held
+    assert planned == [3]        # not the budget's 4: a bar stopped at 3/4 said work was skipped
     tolerance = s.search.capacity.tolerance
     for params, hints in fake.calls:
         expected = speeds[tuple(sorted(params.items()))]
@@ -587,7 +590,8 @@ def test_the_model_strategys_capacity_searches_start_around_the_simulated_capaci
     wrong = FakeEvaluation()  # the simulation 3x too optimistic: the fallback, from the best so far
     s2 = dataclasses.replace(s, output=str(tmp_path / "out2"))
     search.model_search(new_study(s2, storage=f"sqlite:///{tmp_path / 'wrong.db'}"), s2, fake_ranking(s2, factor=3.0),
-                        evaluate=wrong, trials=5, host=search.this_host())
+                        evaluate=wrong, trials=5, host=search.this_host(), on_plan=planned.append)
     assert len(wrong.calls) == 5
+    assert planned == [3, 3, 5]  # the fallback's trials told before they run
     assert all(h.upper_speed is not None for _, h in wrong.calls[:3])
     assert all(h.upper_speed is None and h.start_speed for _, h in wrong.calls[3:])

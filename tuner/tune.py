@@ -423,7 +423,8 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
     model_based = s.search.strategy == "model"
     ranking = _simulate(p, progress) if model_based else None
     try:
-        progress.trials(study, total)
+        if not model_based:  # the model strategy says how many it measures once it has picked them
+            progress.trials(study, total)
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
                 if own_incumbent:
@@ -431,7 +432,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                 if model_based:
                     ran = search.model_search(study, s, ranking, evaluate=evaluate_trial, trials=trials, host=host,
                                               on_trial=lambda _t: progress.trial_done(study), note=progress.note,
-                                              timeout_s=timeout_s)
+                                              timeout_s=timeout_s, on_plan=lambda n: progress.trials(study, n))
                 else:
                     ran = search.run_trials(study, s, evaluate_trial, n_trials=trials, timeout_s=timeout_s, host=host,
                                             on_trial=lambda _t: progress.trial_done(study))

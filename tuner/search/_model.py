@@ -345,11 +345,14 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
 
 def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataFrame, *, evaluate, trials: int,
                  host, on_trial: Callable[[optuna.trial.FrozenTrial], None] | None = None,
-                 note: Callable[[str], None] = lambda _text: None, timeout_s: float | None = None) -> int:
+                 note: Callable[[str], None] = lambda _text: None, timeout_s: float | None = None,
+                 on_plan: Callable[[int], None] = lambda _total: None) -> int:
     """Measure the incumbent and the simulation's top configurations (`diverse_top`); if the
     simulation's error on them is above `search.model_error`, or the server orders two of them the
     other way by more than that, search on with the sampler (the next simulated picks enqueued first).
-    Returns the trials run; the errors and the order are kept in the study's `model_search` attribute."""
+    `on_plan(total)` is told the trials the study will hold before each of the two runs (the first: the
+    picks; the fallback: `trials`). Returns the trials run; the errors and the order are kept in the
+    study's `model_search` attribute."""
     s = settings
     picks = _enqueue_ranked_within(study, ranking, s, trials=trials)
     if picks:
@@ -357,6 +360,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
              + "; ".join(space.describe(p) for p in picks))
     first = min(trials, spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
     speeds = expected_speeds(ranking, s)
+    on_plan(first)
     # each capacity search starts around the simulated capacity: a right one is confirmed in two steps
     ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial,
                      estimate=lambda params: speeds.get(tuple(sorted(params.items()))))
@@ -369,6 +373,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
         note(_describe(verdict, len(errors), s.search.model_error))
     if fallback and trials > spent(study):  # the simulation not trusted: no start from its capacities either
         _enqueue_ranked_within(study, ranking, s, trials=trials)
+        on_plan(trials)
         ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
     return ran
 
