@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tuner import modelconfig
 from tuner.cli.replay_cmd import format_measurement
 from tuner.measurement import Measurement
 from tuner.server.local import LocalLauncher
@@ -82,6 +83,31 @@ def test_replay_prints_the_measurement_and_writes_json(server, tmp_path):
     assert f"warm-up: {warm['seconds']:.1f} s, {warm['sweep_requests']} shape requests, {said}" in run.stderr
     # the remote server got its own configuration back
     assert server.model_config("echo").max_batch_size == 32
+
+
+@pytest.mark.slow
+def test_config_replays_against_a_named_config_pbtxt(server, tmp_path):
+    """--config: a tune's recommended/config.pbtxt, say, loaded instead of the repository's (here: echo's
+    with max_batch_size 4); --set changes it further; the remote server gets its own back."""
+    config = modelconfig.load(MODELS / "echo" / "config.pbtxt")
+    config.max_batch_size = 4
+    path = tmp_path / "recommended.pbtxt"
+    path.write_text(modelconfig.to_text(config))
+    out = tmp_path / "m.json"
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--config", str(path),
+                "--set", "max_queue_delay_microseconds=2000", "--duration", "1", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    m = json.loads(out.read_text())["measurement"]
+    assert m["max_batch_size"] == 4 and max(int(k) for k in m["batch_histogram"]) <= 4 and m["errors"] == 0
+    assert server.model_config("echo").max_batch_size == 32
+
+
+def test_a_config_that_is_missing_or_not_a_config_is_one_line_and_exit_2(tmp_path):
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--config", str(tmp_path / "nowhere.pbtxt"))
+    assert_one_line_error(run, "--config", "nowhere.pbtxt")
+    (tmp_path / "bad.pbtxt").write_text("max_batch_size: [oops\n")
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--config", str(tmp_path / "bad.pbtxt"))
+    assert_one_line_error(run, "bad.pbtxt")
 
 
 @pytest.mark.slow
@@ -229,6 +255,27 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
     m = json.loads((tmp_path / "r.json").read_text())["measurement"]
     assert m["requests"] == 15 and m["errors"] == 0  # 5 of the steady 10 req/s and the burst's 10
+
+
+def test_a_generative_models_config_is_its_model_json_checked_before_any_server(tmp_path):
+    """--config of a vLLM-served model is a model.json, checked as vLLM's backend reads it; a streaming model
+    vLLM does not serve has none to replace. One line each, exit 2, no server asked."""
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.5, 1.0], "prompt_tokens": 10, "output_tokens": 10})
+    traffic.to_csv(tmp_path / "tokens.csv", index=False)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "llm", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "llm_vllm", "traffic": {"path": "tokens.csv"},
+                                    "sla": {"ttft_ms": 1000}, "output": str(tmp_path / "out")}))
+    (tmp_path / "model.json").write_text(json.dumps({"model": "tiny", "max_num_seqs": 8, "max_num_batchd_tokens": 64}))
+    run = tuner("replay", str(path), "--config", str(tmp_path / "model.json"))
+    assert_one_line_error(run, "model.json: max_num_batchd_tokens: not an engine argument vLLM takes",
+                          "did you mean max_num_batched_tokens?")
+    run = tuner("replay", str(path), "--config", str(tmp_path / "config.pbtxt"))
+    assert_one_line_error(run, "--config", "config.pbtxt: no such file")
+    assert not (tmp_path / "out").exists()
+    stream = study(tmp_path, "127.0.0.1:1", model="stream_echo", traffic=traffic)
+    run = tuner("replay", str(stream), "--config", str(tmp_path / "model.json"))
+    assert_one_line_error(run, "stream_echo streams but is not a vLLM-backend model")
 
 
 def test_a_request_longer_than_the_engines_context_is_refused_before_any_server(tmp_path):

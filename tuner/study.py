@@ -10,6 +10,8 @@
                               the one test every command that treats such a study apart asks
     check_batcher_study(settings, command)   refuse, in one line, a vLLM-backend model's study in a
                               command that measures Triton's dynamic batcher only
+    config_file(path), engine_file(path)   a configuration the user names (`--config`: a config.pbtxt, or a
+                              vLLM-served model's model.json) in place of the repository's
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from tuner.settings import StudySettings
 from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "base_engine", "check_batcher_study", "is_vllm_study", "study_traffic"]
+__all__ = ["base_config", "base_engine", "check_batcher_study", "config_file", "engine_file", "is_vllm_study",
+           "study_traffic"]
 
 
 def study_traffic(settings: StudySettings) -> pd.DataFrame:
@@ -60,6 +63,29 @@ def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:
 
     model_dir = Path(settings.model_repository) / settings.model
     return engineargs.read(model_dir) if engineargs.is_vllm_model(model_dir, base) else None
+
+
+def config_file(path: str | Path, *, flag: str = "--config") -> ModelConfig:
+    """A config.pbtxt the user names (`flag`) instead of the repository's, parsed by Triton's schema; a file
+    that is missing or not a config is one line naming `flag` and the path."""
+    from tuner.errors import SettingsError
+    from tuner.files import read_text
+
+    text = read_text(Path(path), label=f"{flag} {path}", what="a config.pbtxt", error=SettingsError)
+    return modelconfig.parse(text, str(path))
+
+
+def engine_file(path: str | Path, *, flag: str = "--config") -> dict:
+    """A vLLM-served model's engine arguments (a model.json) the user names (`flag`) instead of the
+    repository's, checked as vLLM's backend reads them."""
+    from tuner.errors import SettingsError
+    from tuner.files import read_json_object
+    from tuner.llm import engineargs
+
+    args = read_json_object(Path(path), label=f"{flag} {path}", missing="no such file (a vLLM-served model's "
+                            f"{flag} is a model.json)", error=SettingsError)
+    engineargs.check(args, source=str(path))
+    return args
 
 
 def is_vllm_study(settings: StudySettings) -> bool:

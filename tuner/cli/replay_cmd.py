@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from tuner import space
-from tuner.cli._args import Number, add_assignments, add_command, add_json, add_numbers, add_study
+from tuner.cli._args import Number, add_assignments, add_command, add_input, add_json, add_numbers, add_study
 from tuner.errors import SettingsError
 from tuner.files import check_writable, json_safe, write_atomic
 from tuner.settings import read_study
@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "variable dim.",
     )
     add_study(p, "the study file (server, model, traffic, replay)")
+    add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
+              help="replay against this config.pbtxt (a vLLM-served model: this model.json), e.g. a tune's "
+                   "OUTPUT/recommended/config.pbtxt, instead of the repository's; --set changes it further")
     add_assignments(p, "change a config field for this replay, e.g. --set max_batch_size=8 "
                     "--set max_queue_delay_microseconds=2000 (repeatable)")
     add_numbers(p, (
@@ -55,7 +58,7 @@ def _replay(args: argparse.Namespace) -> int:
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
-    from tuner.study import base_config, study_traffic
+    from tuner.study import study_traffic
     from tuner.trial.step import make_probe
     from tuner.trial.warmup import warm_up
 
@@ -80,7 +83,7 @@ def _replay(args: argparse.Namespace) -> int:
     params = space.parse_assignments(args.assignments)
     if _is_generative(settings):
         return _replay_generate(settings, params, speed=speed, args=args)
-    config = space.apply(base_config(settings), params) if params else None
+    config = _config(settings, params, args.config)
     traffic = study_traffic(settings)
     windows = _windows(traffic, settings, args, speed)
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
@@ -111,6 +114,20 @@ def _replay(args: argparse.Namespace) -> int:
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return 0
+
+
+def _config(settings, params: dict, path):
+    """The config.pbtxt to load before the replay: `path`'s (--config) or the repository's, with the --set
+    `params`; None (replay what the server runs) when neither is given."""
+    from tuner import modelconfig
+    from tuner.study import base_config, config_file
+
+    if path is None and not params:
+        return None
+    config = space.apply(config_file(path) if path is not None else base_config(settings), params)
+    if path is not None:
+        modelconfig.validate(config, str(path))
+    return config
 
 
 def _windows(traffic, settings, args: argparse.Namespace, speed: float):
@@ -147,7 +164,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.llm import engineargs
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
-    from tuner.study import base_config, study_traffic
+    from tuner.study import base_config, engine_file, study_traffic
     from tuner.trial.generate import check_context, replay_generate
 
     config_params, engine_params = space.split(params)
@@ -157,10 +174,15 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
                             f"({', '.join(space.ENGINE_NAMES)})")
     base = base_config(settings)
     model_dir = Path(settings.model_repository) / settings.model
-    if engine_params and not engineargs.is_vllm_model(model_dir, base):
+    vllm = engineargs.is_vllm_model(model_dir, base)
+    if engine_params and not vllm:
         raise SettingsError(f"--set {next(iter(engine_params))}: {settings.model} is not a vLLM-backend model "
                             "(no model.json of engine arguments)")
-    engine_args = space.apply_engine(engineargs.read(model_dir), engine_params) if engine_params else None
+    if args.config is not None and not vllm:
+        raise SettingsError(f"--config {args.config}: {settings.model} streams but is not a vLLM-backend model "
+                            "(no model.json of engine arguments to replace)")
+    own = engine_file(args.config) if args.config is not None else engineargs.read(model_dir) if vllm else None
+    engine_args = space.apply_engine(own, engine_params) if engine_params or args.config is not None else None
     traffic = study_traffic(settings)
     if engineargs.is_vllm_model(model_dir, base):
         context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))

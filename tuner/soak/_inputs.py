@@ -12,12 +12,12 @@ import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import SettingsError
-from tuner.files import read_json_object, read_text
+from tuner.files import read_json_object
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
-from tuner.study import base_config, base_engine
+from tuner.study import base_config, base_engine, config_file, engine_file
 from tuner.traffic import TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"
@@ -31,9 +31,7 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
     recommendation (`OUTPUT/recommended/config.pbtxt`) if there is one, else the model's own
     config.pbtxt; with the `--set` assignments applied."""
     if config_path is not None:
-        path = Path(config_path)
-        text = read_text(path, label=f"--config {path}", what="a config.pbtxt", error=SettingsError)
-        config, source = modelconfig.parse(text, str(path)), str(path)
+        config, source = config_file(config_path), str(config_path)
     elif (Path(output) / RECOMMENDED).is_file():
         path = Path(output) / RECOMMENDED
         config, source = modelconfig.load(path), f"{path} (the study's recommendation)"
@@ -61,19 +59,17 @@ def soak_engine(settings: StudySettings, output: str | Path, assignments: Iterab
     if own is None:
         return None
     if config_path is not None:
-        path = Path(config_path)
-        args = read_json_object(path, label=f"--config {path}", missing="no such file (a vLLM-served model's "
-                                "--config is a model.json)", error=SettingsError)
-        label = source = str(path)
-    elif (Path(output) / RECOMMENDED_ENGINE).is_file():
-        path = Path(output) / RECOMMENDED_ENGINE
-        args = read_json_object(path, error=SettingsError)
-        label, source = str(path), f"{path} (the study's recommendation)"
+        args, source = engine_file(config_path), str(config_path)  # checked as it is read
     else:
-        args = own
-        label = str(engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE)
-        source = f"{label} (the model's own)"
-    engineargs.check(args, source=label)
+        if (Path(output) / RECOMMENDED_ENGINE).is_file():
+            path = Path(output) / RECOMMENDED_ENGINE
+            args = read_json_object(path, error=SettingsError)
+            label, source = str(path), f"{path} (the study's recommendation)"
+        else:
+            args = own
+            label = str(engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE)
+            source = f"{label} (the model's own)"
+        engineargs.check(args, source=label)
     args = engineargs.resolved(args, "cpu" if settings.cost.gpu == "cpu" else "gpu")
     params = space.parse_assignments(assignments)
     batcher, knobs = space.split(params)
