@@ -125,32 +125,3 @@ def test_every_number_on_the_command_line_is_read_as_a_finite_number():
     plain = {(" ".join(path), a.dest) for path, sub in COMMANDS for a in sub._actions if a.type is float}
     assert plain - NOT_YET_FINITE == set(), "read these with finite_float (tuner/cli/_args.py)"
     assert NOT_YET_FINITE - plain == set(), "these are finite now: remove them from NOT_YET_FINITE"
-
-
-# --- the closing line that measures the recommendation again -------------------------------------------
-
-
-def _finished(tmp_path, *, scoring: str = "capacity", feasible: bool = True, files=("config.pbtxt",)) -> dict:
-    for name in files:
-        (tmp_path / "recommended").mkdir(exist_ok=True)
-        (tmp_path / "recommended" / name).write_text("x")
-    return {"feasible": feasible, "scoring": scoring, "study_file": "my study.yaml", "traffic": {"speed": 0.25},
-            "best": {"params": {"max_batch_size": 16}, "capacity_speed": 1.2345678}}
-
-
-@pytest.mark.parametrize("scoring,speed", [("capacity", "1.235"), ("utilization", "0.25")])
-def test_the_check_command_replays_the_recommendation_at_the_speed_that_decided_it(tmp_path, scoring, speed):
-    from tuner.cli._common import check_command
-
-    command = check_command(_finished(tmp_path, scoring=scoring), str(tmp_path))
-    assert command == (f"tuner replay 'my study.yaml' --config {tmp_path / 'recommended' / 'config.pbtxt'} "
-                       f"--speed {speed} --step")
-
-
-def test_the_check_command_of_a_vllm_model_names_its_model_json_and_none_without_a_recommendation(tmp_path):
-    from tuner.cli._common import check_command
-
-    summary = _finished(tmp_path, files=("model.json", "config.pbtxt"))
-    assert f"--config {tmp_path / 'recommended' / 'model.json'} " in check_command(summary, str(tmp_path))
-    assert check_command({**summary, "feasible": False}, str(tmp_path)) is None
-    assert check_command(summary, str(tmp_path / "elsewhere")) is None  # no recommended file written there

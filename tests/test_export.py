@@ -260,3 +260,31 @@ def test_a_generative_closing_table_shows_the_engines_batching_and_warns_of_a_la
     assert "emulated GPU" in table and "trial 0: 12%" in table and "trial 1" not in table.split("emulated GPU")[1]
     real = export.closing_table({**summary, "top": [{**best, "engine": {}}], "incumbent": None, "best": best})
     assert "emulated GPU" not in real and re.search(r"-\s+-\s+-", real.splitlines()[1])  # an engine not read
+
+
+# --- the closing line that measures the recommendation again -------------------------------------------
+
+
+def _finished(tmp_path, *, scoring: str = "capacity", unit: str = "requests") -> dict:
+    """A finished tune's output directory: its summary.json and the recommended file of its kind."""
+    (tmp_path / "recommended").mkdir(exist_ok=True)
+    (tmp_path / "recommended" / ("model.json" if unit == "tokens" else "config.pbtxt")).write_text("x")
+    summary = {"feasible": True, "scoring": scoring, "unit": unit, "study_file": "my study.yaml",
+               "traffic": {"speed": 0.25}, "best": {"params": {"max_batch_size": 16}, "capacity_speed": 1.2345678}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+@pytest.mark.parametrize("scoring,speed", [("capacity", "1.235"), ("utilization", "0.25")])
+def test_the_check_command_replays_the_recommendation_at_the_speed_that_decided_it(tmp_path, scoring, speed):
+    command = export.check_command(_finished(tmp_path, scoring=scoring), str(tmp_path))
+    assert command == (f"tuner replay 'my study.yaml' --config {tmp_path / 'recommended' / 'config.pbtxt'} "
+                       f"--speed {speed} --step")
+
+
+def test_the_check_command_of_a_vllm_model_names_its_model_json_and_none_without_a_recommendation(tmp_path):
+    summary = _finished(tmp_path, unit="tokens")
+    assert f"--config {tmp_path / 'recommended' / 'model.json'} " in export.check_command(summary, str(tmp_path))
+    assert export.check_command({**summary, "feasible": False}, str(tmp_path)) is None
+    (tmp_path / "recommended" / "model.json").unlink()
+    assert export.check_command(summary, str(tmp_path)) is None  # no recommended file written

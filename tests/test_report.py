@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
+from tuner import export
 from tuner.report import figures, load_output, recommendation_line, write_report
 from tuner.report._figures import pareto_front
 
@@ -136,6 +138,9 @@ def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, re
     else:
         assert "the incumbent did not meet the SLA" in line
     assert line.replace("—", "&mdash;") in text or line in text
+    # and the command that measures its deciding step again
+    command = export.check_command(summary, str(output_dir))
+    assert command and f"Check it again: <code>{html.escape(command)}</code>" in text
     # plotly.js inlined exactly once; nothing fetched from the network
     assert text.count("plotly.js v") == 1
     assert '<script src="http' not in text and "cdn.plot.ly" not in text.split("plotly.js v")[0]

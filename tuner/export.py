@@ -49,8 +49,8 @@ from tuner.search import (
 from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
-__all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "closing_table", "export", "hosts", "hosts_table",
-           "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of",
+__all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "closing_table", "export",
+           "hosts", "hosts_table", "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of",
            "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
@@ -597,3 +597,19 @@ def recommended_path(output_dir: str | Path) -> Path:
     summary = Path(output_dir) / SUMMARY
     tokens = summary.is_file() and read_json_object(summary, error=SettingsError).get("unit") == "tokens"
     return Path(output_dir) / (RECOMMENDED_ENGINE if tokens else RECOMMENDED)
+
+
+def check_command(summary: dict, output: str) -> str | None:
+    """The `tuner replay` that measures the recommendation's deciding step again: its recommended
+    config.pbtxt (model.json for a vLLM-served model) at its capacity's speed (the recorded load's, when
+    scored by utilization), replayed as a search step (`--step`). None without a recommendation."""
+    import shlex
+
+    best, study, config = summary.get("best"), summary.get("study_file"), recommended_path(output)
+    if not summary.get("feasible") or not best or not study or not config.is_file():
+        return None
+    speed = best.get("capacity_speed") if summary.get("scoring") == "capacity" else None
+    speed = speed or (summary.get("traffic") or {}).get("speed")
+    if not speed:
+        return None
+    return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step")

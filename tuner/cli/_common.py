@@ -16,7 +16,7 @@ def print_outcome(summary: dict, output: str) -> int:
     print(f"\n{summary['message']}\noutputs: {output}")
     if summary.get("report"):
         print(f"report:  {summary['report']}")
-    check = check_command(summary, output)
+    check = export.check_command(summary, output)
     if check:
         print(f"check it: {check}")
     missing = summary.get("report_error")
@@ -27,22 +27,3 @@ def print_outcome(summary: dict, output: str) -> int:
     if missing:
         raise OutputError(f"report not written ({missing}); the other outputs are in {output}")
     return 0
-
-
-def check_command(summary: dict, output: str) -> str | None:
-    """The `tuner replay` that measures the recommendation's deciding step again: its recommended
-    config.pbtxt (model.json for a vLLM-served model) at its capacity's speed (the recorded load's, when
-    scored by utilization), replayed as a search step (`--step`). None without a recommendation."""
-    import shlex
-    from pathlib import Path
-
-    best, study = summary.get("best"), summary.get("study_file")
-    config = next((Path(output) / rel for rel in (export.RECOMMENDED_ENGINE, export.RECOMMENDED)
-                   if (Path(output) / rel).is_file()), None)
-    if not summary.get("feasible") or not best or not study or config is None:
-        return None
-    speed = best.get("capacity_speed") if summary.get("scoring") == "capacity" else None
-    speed = speed or (summary.get("traffic") or {}).get("speed")
-    if not speed:
-        return None
-    return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step")

@@ -85,7 +85,7 @@ def _replay(args: argparse.Namespace) -> int:
         return _replay_generate(settings, params, speed=speed, args=args)
     config = _config(settings, params, args.config)
     traffic = study_traffic(settings)
-    windows = _windows(traffic, settings, args, speed)
+    windows = _windows(traffic, settings, args=args, speed=speed)
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url)
     say = []
@@ -130,7 +130,7 @@ def _config(settings, params: dict, path):
     return config
 
 
-def _windows(traffic, settings, args: argparse.Namespace, speed: float):
+def _windows(traffic, settings, *, args: argparse.Namespace, speed: float):
     """What the replay sends at `speed` (a search step's window with --step, else the traffic from its start,
     cut to --duration), refused before a server starts when its measured part holds no request."""
     from tuner.trial.step import check_measured, step_windows, whole_traffic
@@ -188,7 +188,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
         if context is not None:
             check_context(traffic, context, model=settings.model)
-    part, warmup, end = _windows(traffic, settings, args, speed)(speed)
+    part, warmup, end = _windows(traffic, settings, args=args, speed=speed)(speed)
     if settings.server.launcher == "remote":
         check_triton(settings.server.url)
     with make_launcher(settings) as launcher:

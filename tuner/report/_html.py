@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from tuner import space
+from tuner import export, space
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, load_output, simulated_vs_measured
@@ -70,6 +70,12 @@ def _facts(out: StudyOutput) -> str:
     return (f"SLA: {out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
             f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
+
+
+def _check_html(out: StudyOutput) -> str:
+    """The command that measures the recommendation's deciding step again (`tuner.export.check_command`)."""
+    command = export.check_command(out.summary, str(out.path))
+    return f"<p class='facts'>Check it again: <code>{html.escape(command)}</code></p>\n" if command else ""
 
 
 def _servers(out: StudyOutput) -> str:
@@ -230,7 +236,7 @@ def render(out: StudyOutput) -> str:
 <h1>tuner report: {html.escape(name)}</h1>
 <p class="recommendation" id="recommendation">{html.escape(recommendation_line(out))}</p>
 <p class="facts">{html.escape(_facts(out))}</p>
-{''.join(parts)}
+{_check_html(out)}{''.join(parts)}
 {_soak_section(out)}<h2>Top trials</h2>{top_table(out).to_html()}
 <h2>config.pbtxt: incumbent → recommended</h2>{diff_html(out)}
 <h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
