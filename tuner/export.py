@@ -50,8 +50,8 @@ from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "closing_table", "export",
-           "hosts", "hosts_table", "recommended_config", "recommended_engine", "recommended_path", "recommended_text", "sla_limits", "storage_of",
-           "study_unit", "summarize", "trials_frame", "unmeasured_advice",
+           "hosts", "hosts_table", "recommended_config", "recommended_engine", "recommended_path", "recommended_text",
+           "sla_limits", "storage_of", "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
 SUMMARY = "summary.json"
@@ -608,8 +608,8 @@ def check_command(summary: dict, output: str) -> str | None:
     best, study, config = summary.get("best"), summary.get("study_file"), recommended_path(output)
     if not summary.get("feasible") or not best or not study or not config.is_file():
         return None
-    speed = best.get("capacity_speed") if summary.get("scoring") == "capacity" else None
-    speed = speed or (summary.get("traffic") or {}).get("speed")
+    speed = best.get("capacity_speed") if summary.get("scoring") == "capacity" else \
+        (summary.get("traffic") or {}).get("speed")
     if not speed:
         return None
     return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step")

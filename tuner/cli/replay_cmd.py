@@ -181,10 +181,12 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     if args.config is not None and not vllm:
         raise SettingsError(f"--config {args.config}: {settings.model} streams but is not a vLLM-backend model "
                             "(no model.json of engine arguments to replace)")
-    own = engine_file(args.config) if args.config is not None else engineargs.read(model_dir) if vllm else None
-    engine_args = space.apply_engine(own, engine_params) if engine_params or args.config is not None else None
+    engine_args = None  # None: the engine runs the model's own model.json
+    if args.config is not None or engine_params:
+        own = engine_file(args.config) if args.config is not None else engineargs.read(model_dir)
+        engine_args = space.apply_engine(own, engine_params)
     traffic = study_traffic(settings)
-    if engineargs.is_vllm_model(model_dir, base):
+    if vllm:
         context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
         if context is not None:
             check_context(traffic, context, model=settings.model)

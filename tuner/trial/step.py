@@ -41,8 +41,8 @@ from tuner.settings import SlaSettings, StudySettings
 from tuner.traffic import due_offsets, step_window
 from tuner.trial.capacity import Probe
 
-__all__ = ["TRIES", "Windows", "check_measured", "make_probe", "replay_measured", "retry_workers", "step_windows", "whole_traffic",
-           "with_repeats", "with_retries"]
+__all__ = ["TRIES", "Windows", "check_measured", "make_probe", "replay_measured", "retry_workers", "step_windows",
+           "whole_traffic", "with_repeats", "with_retries"]
 
 TRIES = 3
 # speed -> (the traffic to replay, its warm-up in wall seconds, the schedule's length or None: all of it)
