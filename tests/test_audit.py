@@ -90,8 +90,13 @@ def running(server) -> dict:
             "max_queue_delay_microseconds": c.dynamic_batching.max_queue_delay_microseconds}
 
 
+def _failed(server) -> int:
+    return int(server.statistics("encoder_sim")["inference_stats"]["fail"]["count"])
+
+
 def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, tmp_path, capsys):
     before = int(deployment.statistics("encoder_sim")["inference_count"])
+    failed = _failed(deployment)
     url = deployment.endpoints.http
     code = main(["audit", str(write_study(tmp_path)), "--url", url, "--at-load-only",
                  "--json", str(tmp_path / "audit.json")])
@@ -108,6 +113,8 @@ def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, t
     assert running(deployment) == DEPLOYED
     after = int(deployment.statistics("encoder_sim")["inference_count"])
     assert after >= before + report["figures"]["requests"]
+    # the recorded traffic only: no warm-up sweep of made-up batches, which a deployment may fail
+    assert report["figures"]["warmup_sweep_requests"] == 0 and _failed(deployment) == failed
 
 
 def test_the_audit_searches_the_capacity_and_compares_with_a_baseline(deployment, tmp_path, capsys):
