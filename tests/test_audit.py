@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import urllib.parse
 from pathlib import Path
@@ -146,6 +147,7 @@ def test_a_deployment_that_misses_its_sla_exits_3(deployment, tmp_path, capsys):
     assert code == 3, out + err
     assert not report["sla_met"] and report["capacity_rps"] is None  # no capacity search past a broken SLA
     assert "broken" in out and "misses its SLA" in out
+    assert re.search(r"replay at speed 0\.25: .*: over the SLA \(p99 [\d.]+ ms > 0\.5 ms\)", err), err  # and why
 
 
 def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deployment, tmp_path, capsys):

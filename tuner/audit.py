@@ -32,7 +32,7 @@ from tuner.cost import price_for
 from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, InputError, UnmeasuredError
 from tuner.files import read_json_object
 from tuner.measurement import Measurement
-from tuner.score import check_sla
+from tuner.score import check_sla, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
@@ -325,11 +325,11 @@ def _say_step(settings: StudySettings):
     pct = settings.sla.percentile
 
     def say(m: Measurement) -> None:
-        verdict = "ok" if check_sla(m, settings.sla).ok else "over the SLA"
+        said = sla_verdict(check_sla(m, settings.sla))
         # a model without batching (max_batch_size 0) has no batch to fill
         fill = f", fill rate {m.fill_rate:.2f}" if m.max_batch_size > 0 else ""
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, p{pct:g} "
-              f"{m.latency(pct):.1f} ms{fill}: {verdict}", file=sys.stderr, flush=True)
+              f"{m.latency(pct):.1f} ms{fill}: {said}", file=sys.stderr, flush=True)
 
     return say
 
