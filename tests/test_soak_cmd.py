@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -284,8 +285,8 @@ def soaked(tmp_path_factory, triton_install):
     study = write_study(tmp, fragmenting_repository(tmp, per_1k="0.6", slowdown="3"), speed=4.0)
     done = run_cli("soak", str(study), "--set", "max_batch_size=16", "--set", "max_queue_delay_microseconds=8000",
                    "--hours", "0.04", "--window", "0.05", "--restart-at", "0.024", "--no-capacity",
-                   timeout=240)
-    return tmp / "out", done
+                   "--output", str(tmp / "soak out"), timeout=240)  # a space: the printed command quotes it
+    return tmp / "soak out", done
 
 
 def test_every_window_is_on_disk_with_its_figures(soaked):
@@ -300,6 +301,12 @@ def test_every_window_is_on_disk_with_its_figures(soaked):
     assert (windows["memory_source"] == "rss").all() and (windows["memory_mb"] > 10).all()
     assert windows["offered_rps"].between(40, 400).all()  # the profile at speed 4: its quiet start
     assert "hours of recorded traffic" in done.stdout and "restart window:" in done.stdout
+
+
+def test_the_closing_line_names_a_command_that_runs_as_printed(soaked):
+    output, done = soaked
+    command = re.search(r"`(tuner report [^`]+)` draws it", done.stdout).group(1)
+    assert shlex.split(command) == ["tuner", "report", str(output)]
 
 
 def test_the_drift_is_found_and_the_batches_that_stopped_succeeding_are_named(soaked):

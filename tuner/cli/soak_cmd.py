@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 from pathlib import Path
 
 from tuner.cli._args import (
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(result.findings.text())
     print(f"\nsoak: {result.folder} (windows.csv{'' if engine is not None else ', executions.csv'}, findings.json); "
-          f"`tuner report {output}` draws it")
+          f"`tuner report {shlex.quote(str(output))}` draws it")
     return EXIT_DRIFT if result.findings.verdict == "drift" else EXIT_NO_DRIFT
 
 
