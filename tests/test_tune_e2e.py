@@ -559,6 +559,21 @@ def test_a_study_of_another_name_is_refused_where_another_studys_outputs_are(tmp
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no study.db either
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_files_of_an_outputs_names_that_no_study_wrote_are_refused_and_kept(tmp_path, capsys, check):
+    out = tmp_path / "mine"
+    (out / "recommended").mkdir(parents=True)
+    (out / "recommended" / "config.pbtxt").write_text("my production config\n")
+    (out / "report.html").write_text("<html>mine</html>")
+    (out / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    study = write_tune_study(tmp_path, "fresh", **{"output": str(out)})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert f"output directory {out}: holds recommended/config.pbtxt, report.html, which no tuner study " in line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no study.db either
+
+
 def test_a_study_of_another_name_is_refused_where_another_study_began(tmp_path, capsys):
     out = tmp_path / "began"
     optuna.create_study(study_name="first", storage=open_storage(f"sqlite:///{out / 'study.db'}"))
