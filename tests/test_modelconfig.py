@@ -395,3 +395,25 @@ def test_triton_accepts_what_the_space_writes_over_its_own_read_back(triton, par
     assert {k: v for k, v in space.deployed(got).items() if k in params and k != "preferred_batch_size"} == \
         {k: v for k, v in params.items() if k != "preferred_batch_size"}
     triton.apply_config("ident", modelconfig.parse(IDENTITY_CONFIG, "ident"))  # back to the base
+
+
+def test_a_comment_stays_above_its_parameter_when_the_printer_sorts_them_by_key():
+    # protobuf's printer writes a map's entries sorted by key: each comment follows its key, not its place
+    text = '''name: "m"
+# the zebra's own
+parameters { key: "zebra" value { string_value: "1" } }
+# alpha, said over
+# two lines
+parameters {
+  key: "alpha"  # and at the end of its key
+  value { string_value: "2" }
+}
+parameters { key: "mid" value { string_value: "3" } }
+'''
+    out = modelconfig.to_text(modelconfig.parse(text), comments_from=text)
+    lines = out.splitlines()
+    assert lines.index('  key: "alpha"') < lines.index('  key: "mid"') < lines.index('  key: "zebra"')
+    assert lines[lines.index('  key: "zebra"') - 2] == "# the zebra's own"
+    alpha = lines.index('  key: "alpha"')
+    assert lines[alpha - 4:alpha - 1] == ["# alpha, said over", "# two lines", "# and at the end of its key"]
+    assert lines[lines.index('  key: "mid"') - 2] == "}"  # no comment of its own

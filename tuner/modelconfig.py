@@ -56,11 +56,15 @@ def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
     attached, tail = _comments_by_field(comments_from)
     out: list[str] = []
     seen: Counter = Counter()
-    for line in text.splitlines(keepends=True):
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
         match = _FIELD_START.match(line)
         if match and not line[0].isspace():  # a top-level field (the printer indents nested ones)
-            key = (match[1], seen[match[1]])
-            seen[match[1]] += 1
+            if match[1] in _MAP_FIELDS:  # printed sorted by key: its comments follow the key
+                key = (match[1], _map_key("".join(lines[i:i + 2])))
+            else:
+                key = (match[1], seen[match[1]])
+                seen[match[1]] += 1
             out.extend(_block(attached.pop(key, [])))
         out.append(line)
     left = [c for comments in attached.values() for c in comments] + tail  # fields no longer printed
@@ -68,21 +72,36 @@ def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
 
 
 _FIELD_START = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:{\[<]")
+_MAP_KEY = re.compile(r"\bkey\s*:\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')")
+# top-level map fields (`parameters`): protobuf's printer sorts their entries by key, so a comment
+# goes with its entry's key, not with the entry's place in the file
+_MAP_FIELDS = frozenset(f.name for f in ModelConfig.DESCRIPTOR.fields
+                        if f.message_type is not None and f.message_type.GetOptions().map_entry)
 
 
-def _comments_by_field(text: str) -> tuple[dict[tuple[str, int], list[str]], list[str]]:
-    """The comments of a config.pbtxt keyed by (top-level field, occurrence), and those after the
-    last field. A blank line between full-line comments is kept as an empty entry."""
-    attached: dict[tuple[str, int], list[str]] = {}
+def _map_key(code: str) -> str | None:
+    """The key of a map entry whose text starts `code` (its first key: line), unquoted."""
+    match = _MAP_KEY.search(code)
+    return match[1][1:-1] if match else None
+
+
+def _comments_by_field(text: str) -> tuple[dict[tuple, list[str]], list[str]]:
+    """The comments of a config.pbtxt keyed by (top-level field, occurrence), or (map field, entry
+    key), and those after the last field. A blank line between full-line comments is kept as an empty entry."""
+    attached: dict[tuple, list[str]] = {}
     pending: list[str] = []
-    current: tuple[str, int] | None = None
+    current: tuple | None = None
     seen: Counter = Counter()
     depth = 0
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         code, comment = _split_comment(line)
         if depth == 0 and code.strip() and (match := _FIELD_START.match(code)):
-            current = (match[1], seen[match[1]])
-            seen[match[1]] += 1
+            if match[1] in _MAP_FIELDS:  # keyed by its entry's key (the printer sorts them by it)
+                current = (match[1], _map_key(" ".join(_split_comment(x)[0] for x in lines[i:i + 3])))
+            else:
+                current = (match[1], seen[match[1]])
+                seen[match[1]] += 1
             attached.setdefault(current, []).extend(pending)
             pending = []
         if comment is not None:
