@@ -46,6 +46,26 @@ def load(path: str | Path) -> ModelConfig:
     return parse(read_text(path, what="a config.pbtxt", error=ConfigError), str(path))
 
 
+def check_model_dir(model_dir: str | Path, config: ModelConfig | None = None) -> None:
+    """ConfigError, in one line, for what Triton refuses to load a model for and says only in its log:
+    a config.pbtxt `name` other than its directory's, and no version directory (a numbered
+    subdirectory holding the model's files). `config`: the directory's config.pbtxt, parsed."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.pbtxt"
+    if config is None and path.is_file():
+        config = load(path)
+    if config is not None and config.name and config.name != model_dir.name:
+        raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({model_dir.name!r}): Triton "
+                          "loads a model only from a directory of its name")
+    try:
+        versions = [p for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+    except OSError:
+        return  # the reading of config.pbtxt or the repository's own check says why
+    if not versions:
+        raise ConfigError(f"{model_dir}: no version directory (a numbered subdirectory such as 1/ holding the "
+                          "model's files): Triton has no version of the model to load")
+
+
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
     """The config as text. Protobuf's printer drops comments: with `comments_from` (the original
     file's text) each of its comments is put back above the top-level field it belonged to

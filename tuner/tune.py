@@ -116,6 +116,8 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = base_config(settings)
     modelconfig.validate(base, str(base_path))
+    if settings.server.launcher != "remote":  # a server of ours loads it from this directory
+        modelconfig.check_model_dir(base_path.parent, base)
     engine = base_engine(settings, base)  # a vLLM-backend model: vLLM batches, its engine knobs are tuned
     if engine is None:
         space.check_tunable(base, str(base_path))
