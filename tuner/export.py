@@ -355,7 +355,7 @@ def recommended_engine(study: optuna.Study, summary: dict) -> str:
 
 def _header(summary: dict, base, config) -> str:
     sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
-    changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(base, config)]
+    changed = modelconfig.changed_fields(base, config)
     lines = [
         f"Recommended by tuner {summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
         f"SLA: p{sla.get('percentile', 99):g} latency <= {sla.get('latency_ms')} ms, "

@@ -492,6 +492,19 @@ def _scalar(field, value):
     return value
 
 
+def changed_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """`field: old -> new` for every field that differs (`diff_fields`), as people read it: a field one
+    side does not set is `unset`, with the value Triton takes for it (`unset (0)`)."""
+    def shown(value, other) -> str:
+        if value is not None:
+            return str(value)
+        if isinstance(other, bool):
+            return "unset (false)"
+        return "unset (0)" if isinstance(other, (int, float)) else "unset"
+
+    return [f"{path}: {shown(old, new)} -> {shown(new, old)}" for path, old, new in diff_fields(a, b)]
+
+
 def diff_fields(a: ModelConfig, b: ModelConfig) -> list[tuple[str, object, object]]:
     """`(field_path, a_value, b_value)` for every field that differs; None where a side lacks it.
 
