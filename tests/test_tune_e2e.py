@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import os
 import shutil
 import signal
@@ -301,12 +302,18 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     assert (tmp_path / "strict" / "report.html").is_file()  # a report that says nothing met the SLA
     assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
 
-    # resuming the measured study with another SLA is refused naming the change, nothing rewritten
+    # the dry run says it resumes the study
+    assert main(["tune", str(study_file), "--check"]) == 0
+    assert re.search(r"resumes study 'strict': \d+ trial\(s\) measured of \d+", capsys.readouterr().out)
+
+    # resuming the measured study with another SLA is refused naming the change, nothing rewritten; the
+    # dry run says so first, as the real run will
     before = (tmp_path / "strict" / "summary.json").read_text()
     changed = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 50})
-    assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
-    line = _one_line_error(capsys)
-    assert "was measured with another sla" in line and "--output NEW_DIR" in line
+    for check in (["--check"], ["--quiet", "--trials", "1"]):
+        assert main(["tune", str(changed), *check]) == 2
+        line = _one_line_error(capsys)
+        assert "was measured with another sla" in line and "--output NEW_DIR" in line
     assert (tmp_path / "strict" / "summary.json").read_text() == before  # nothing rewritten
 
 

@@ -159,8 +159,13 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     check_outputs_owner(settings.output, settings.name)
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
-    return Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes), profile=profile,
-                    engine=engine)
+    prepared = Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes),
+                        profile=profile, engine=engine)
+    if dry_run:  # the real run checks this as it opens the study: the dry run says now what it will say
+        resume = search.check_resume(settings, url, identity=identity(prepared))
+        if resume:
+            prepared = dataclasses.replace(prepared, notes=(*prepared.notes, resume))
+    return prepared
 
 
 def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,
