@@ -184,6 +184,7 @@ def test_a_replay_that_would_measure_no_request_is_refused_before_measuring(depl
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
     ("tokens", "is a generative study's (capacity in output tokens/s), this audit is an encoder study's"),
     ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),
+    ("at load only", "--baseline compares capacities, which --at-load-only does not measure"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     args = ["audit", str(write_study(tmp_path))]
@@ -200,6 +201,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
         summary = write_baseline(tmp_path, 100.0) / "summary.json"
         summary.write_text(json.dumps({**json.loads(summary.read_text()), "unit": "tokens"}))
         args += ["--baseline", str(summary.parent)]
+    elif case == "at load only":  # its baseline would go unused without a word
+        args += ["--baseline", str(write_baseline(tmp_path, 100.0)), "--at-load-only"]
     args += ["--url", "127.0.0.1:9"]
     code = main(args)
     err = capsys.readouterr().err

@@ -243,6 +243,9 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert 25.0 <= everything["ttft_ms"]["p50"] <= 60.0
     assert data["engine"] is None
     assert "TTFT (replay)" in run.stdout and "(engine)" not in run.stdout and "output tokens/s" in run.stdout
+    rows = {line[:22].strip(): line[22:].split() for line in run.stdout.splitlines() if "(replay)" in line}
+    assert set(rows) == {"TTFT (replay)", "TPOT (replay)", "ITL (replay)", "end to end (replay)"}
+    assert all(len(v) == 3 and "nan" not in v for v in rows.values()), rows  # p50, p99 and the mean of each
     assert_one_line_error(tuner("replay", str(path), "--set", "max_batch_size=4"), "vLLM handles the batching")
     assert_one_line_error(tuner("replay", str(path), "--set", "max_num_seqs=4"), "not a vLLM-backend model")
 

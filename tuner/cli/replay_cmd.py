@@ -264,7 +264,7 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
     lines = [f"{'ms, from the due time':<22} {'p50':>9} {'p99':>9} {'mean':>9}   (all {w.requests} requests sent; "
              "the engine's from its histograms: linear within a bucket)"]
     for label, figures, values, name in (("TTFT", w.ttft_ms, w.ttfts_ms, TTFT), ("TPOT", w.tpot_ms, w.tpots_ms, TPOT),
-                                         ("ITL", w.itl_ms, None, ITL), ("end to end", w.e2e_ms, None, E2E)):
+                                         ("ITL", w.itl_ms, w.itls_ms, ITL), ("end to end", w.e2e_ms, w.e2es_ms, E2E)):
         mean = float(values.mean()) if values is not None and len(values) else float("nan")
         lines.append(f"{label + ' (replay)':<22} {figures.get('p50', float('nan')):>9.2f} "
                      f"{figures.get('p99', float('nan')):>9.2f} {mean:>9.2f}")
