@@ -285,6 +285,10 @@ def test_the_check_command_replays_the_recommendation_at_the_speed_that_decided_
 def test_the_check_command_of_a_vllm_model_names_its_model_json_and_none_without_a_recommendation(tmp_path):
     summary = _finished(tmp_path, unit="tokens")
     assert f"--config {tmp_path / 'recommended' / 'model.json'} " in export.check_command(summary, str(tmp_path))
+    # its capacity steps replayed 3.7 s of traffic before their window: so does the check
+    warmed = {**summary, "best": {**summary["best"], "step_warmup_s": 3.7142}}
+    assert export.check_command(warmed, str(tmp_path)).endswith("--speed 1.235 --step --warmup 3.71")
+    assert "--warmup" not in export.check_command({**warmed, "scoring": "utilization"}, str(tmp_path))
     assert export.check_command({**summary, "feasible": False}, str(tmp_path)) is None
     (tmp_path / "recommended" / "model.json").unlink()
     assert export.check_command(summary, str(tmp_path)) is None  # no recommended file written

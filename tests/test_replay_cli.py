@@ -258,6 +258,14 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
     m = json.loads((tmp_path / "r.json").read_text())["measurement"]
     assert m["requests"] == 15 and m["errors"] == 0  # 5 of the steady 10 req/s and the burst's 10
+    sent = json.loads((tmp_path / "r.json").read_text())["all_requests"]["requests"]
+    # --warmup 0.8: 0.8 s of what came before the burst replayed first (8 requests at 10 req/s, 3 more than
+    # the study's 0.5 s), the measured half second the same (a generative trial's capacity step, as its
+    # check-it line replays it)
+    run = tuner("replay", str(path), "--step", "--warmup", "0.8", "--json", str(tmp_path / "w.json"))
+    assert run.returncode == 0, run.stderr
+    warmed = json.loads((tmp_path / "w.json").read_text())
+    assert warmed["measurement"]["requests"] == 15 and warmed["all_requests"]["requests"] - sent == 3
 
 
 def test_a_generative_models_config_is_its_model_json_checked_before_any_server(tmp_path):

@@ -34,9 +34,10 @@ import pandas as pd
 
 from tuner.measurement import Served, percentiles, send_lag_figures
 
-__all__ = ["RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
+__all__ = ["PER_REQUEST", "RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
 
 # what measure_tokens reads of a generative replay's records (tuner.replay.ReplayResult.records)
+PER_REQUEST = ("ttfts_ms", "tpots_ms", "itls_ms", "e2es_ms")  # TokenMeasurement's arrays: not figures
 RECORD_COLUMNS = ("due_s", "end_s", "send_lag_ms", "ok", "prompt_tokens", "tokens", "first_token_s",
                   "last_token_s", "itl_ms")
 
@@ -71,7 +72,7 @@ class TokenMeasurement(Served):
     # the engine's own view of the replay, where a trial watched it (tuner.llm.engine_watch.batch_figures:
     # preemptions, peaks of running / waiting sequences and KV-cache use, an emulated GPU's overrun share)
     engine: dict[str, float] = field(default_factory=dict)
-    # per successful measured request (for CDFs); not part of the figures
+    # per successful measured request (for CDFs and means; PER_REQUEST); not part of the figures
     ttfts_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
     tpots_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
     itls_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)  # every gap

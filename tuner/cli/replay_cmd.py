@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         Number("--speed", "S",
                "replay speed (default: the study's traffic.speed); 2 = twice the recorded rate"),
         Number("--duration", "S", "measure only S seconds of the replayed schedule (after the warm-up)"),
+        Number("--warmup", "S", "replay S seconds of the traffic before what is measured (default: the "
+               "study's replay.warmup_s; a generative tune's check-it line gives its capacity steps' own)"),
     ))
     p.add_argument("--step", action="store_true",
                    help="replay what one step of the study's search replays at this speed: the busiest "
@@ -73,12 +75,15 @@ def _replay(args: argparse.Namespace) -> int:
                             "search.capacity.step_duration_s)")
     if args.workers is not None and args.workers < 0:
         raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
+    if args.warmup is not None and args.warmup < 0:
+        raise SettingsError(f"--warmup: must be >= 0, got {args.warmup:g}")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
         workers=settings.replay.workers if args.workers is None else args.workers,
+        warmup_s=settings.replay.warmup_s if args.warmup is None else args.warmup,
     ))
     params = space.parse_assignments(args.assignments)
     if _is_generative(settings):
@@ -135,7 +140,9 @@ def _windows(traffic, settings, *, args: argparse.Namespace, speed: float):
     cut to --duration), refused before a server starts when its measured part holds no request."""
     from tuner.trial.step import check_measured, step_windows, whole_traffic
 
-    windows = step_windows(traffic, settings) if args.step else \
+    # --step --warmup: as a generative trial's capacity step, its warm-up made whole with the stretch itself
+    # where the traffic before it is shorter (tuner.trial.generate.make_settled_probe)
+    windows = step_windows(traffic, settings, fill=args.warmup is not None) if args.step else \
         whole_traffic(traffic, settings.replay.warmup_s, args.duration)
     check_measured(windows, speed, source=str(settings.traffic.path),
                    hint="a lower --speed, or a shorter replay.warmup_s")
@@ -211,7 +218,9 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
 
 
 def _figures(m) -> dict:
-    return {k: v for k, v in dataclasses.asdict(m).items() if k not in ("ttfts_ms", "tpots_ms")}
+    from tuner.measurement_tokens import PER_REQUEST
+
+    return {k: v for k, v in dataclasses.asdict(m).items() if k not in PER_REQUEST}
 
 
 def _engine_figures(engine) -> dict | None:
