@@ -364,6 +364,22 @@ def test_the_report_audit_and_nightly_show_the_soak(soaked, capsys):
     assert f"- {lines[0]}" in summary
 
 
+def test_a_soak_with_too_few_usable_windows_is_no_verdict_exit_1_not_no_drift(tmp_path, capsys, monkeypatch):
+    # 6 of 8 windows invalid (the load generator's send lag): "not analysed" is no verdict, and a
+    # scheduler reading exit 0 took it for "no drift detected"
+    import types
+
+    from tuner import soak
+    from tuner.soak import SoakFindings
+
+    findings = SoakFindings(analysis=None, restart=None, windows=2, left_out=6, error="2 usable window(s)")
+    monkeypatch.setattr(soak, "run_soak", lambda *a, **k: types.SimpleNamespace(findings=findings,
+                                                                               folder=tmp_path / "out" / "soak"))
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    assert main(["soak", str(study), "--hours", "0.04", "--window", "0.005", "--no-capacity", "--quiet"]) == 1
+    assert "not analysed" in capsys.readouterr().out
+
+
 def test_ctrl_c_keeps_every_finished_window_and_the_report_renders(tmp_path, triton_install):
     study = write_study(tmp_path, ROOT / "model_repository_templates")
     job = subprocess.Popen([sys.executable, "-m", "tuner", "soak", str(study), "--hours", "0.2", "--window", "0.05",
