@@ -354,6 +354,10 @@ def test_the_recommendation_is_the_best_median_that_met_the_sla():
               {"trial": 3, "median": 0.0, "feasible_runs": 1}, {"trial": 4, "median": 6.0, "feasible_runs": 1},
               {"trial": 5, "median": 6.0, "feasible_runs": 3}]
     assert [r["trial"] for r in search.recommend(stored)] == [4, 5, 1]  # a tie keeps the re-measurement's order
+    # a tie with the incumbent goes to it: a change that gains nothing (+0.0 %) is not recommended
+    tied = [{"trial": 3, "median": 6.0, "feasible_runs": 2}, {"trial": 0, "median": 6.0, "feasible_runs": 2,
+                                                            "incumbent": True}]
+    assert [r["trial"] for r in search.recommend(tied)] == [0, 3]
 
 
 def test_no_configuration_meets_the_sla(tmp_path):
