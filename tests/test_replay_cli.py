@@ -283,6 +283,12 @@ def test_a_generative_models_config_is_its_model_json_checked_before_any_server(
                           "did you mean max_num_batched_tokens?")
     run = tuner("replay", str(path), "--config", str(tmp_path / "config.pbtxt"))
     assert_one_line_error(run, "--config", "config.pbtxt: no such file")
+    (tmp_path / "partial.json").write_text(json.dumps({"max_num_seqs": 4}))  # the knobs alone: no model
+    assert_one_line_error(tuner("replay", str(path), "--config", str(tmp_path / "partial.json")),
+                          "partial.json: no \"model\": a model.json names the model vLLM loads")
+    (tmp_path / "dtype.json").write_text(json.dumps({"model": "tiny", "dtype": "float33"}))  # vLLM: at its load
+    assert_one_line_error(tuner("replay", str(path), "--config", str(tmp_path / "dtype.json")),
+                          "dtype.json: dtype: must be one of auto, half, float16, bfloat16, float, float32")
     assert not (tmp_path / "out").exists()
     stream = study(tmp_path, "127.0.0.1:1", model="stream_echo", traffic=traffic)
     run = tuner("replay", str(stream), "--config", str(tmp_path / "model.json"))
