@@ -50,7 +50,7 @@ def test_defaults_and_the_search_section():
      "search.max_batch_size: 1 <= low <= high must hold, but got (low=8, high=4)"),
     ({"search": {"capacity": {"tolerance": 0}}}, "search.capacity.tolerance: must be > 0"),
     ({"search": {"capacity": {"tolerance": 3}}}, "search.capacity.tolerance: the bracket's relative width, a "
-                                                 "fraction in (0, 1), got 3"),
+                                                 "fraction in (0, 1], got 3"),
     ({"search": {"capacity": {"start_speed": 10, "max_speed": 8}}},
      "search.capacity.start_speed 10 is above max_speed 8"),
     ({"search": {"max_queue_delay_microseconds": {"low": 0, "high": 8000, "step": 3000}}},

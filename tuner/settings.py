@@ -581,9 +581,9 @@ def _check(s: StudySettings, source: str) -> None:
                                 f"{_even_step(r.low, r.high, r.step)}")
     _check_engine_ranges(s, source)
     cap = s.search.capacity
-    if not cap.tolerance < 1:
+    if not cap.tolerance <= 1:  # 1: a bracket whose upper edge is twice its lower
         raise SettingsError(f"{source}: search.capacity.tolerance: the bracket's relative width, a fraction in "
-                            f"(0, 1), got {cap.tolerance:g}")
+                            f"(0, 1], got {cap.tolerance:g}")
     if cap.start_speed > cap.max_speed:
         raise SettingsError(f"{source}: search.capacity.start_speed {cap.start_speed:g} is above max_speed "
                             f"{cap.max_speed:g}")
