@@ -135,6 +135,13 @@ def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path
     assert m["offered_rps"] == pytest.approx(200, rel=0.1)                             # not the traffic's 117
 
 
+def test_a_duration_longer_than_the_traffic_says_what_is_replayed(server, tmp_path):
+    traffic = pd.DataFrame({"timestamp": np.arange(30) / 10.0, "seq_len": 4})  # 3 s at 10 req/s
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)), "--duration", "1000")
+    assert run.returncode == 0, run.stderr
+    assert "note: --duration 1000: the traffic holds 2.4 s after its warm-up at speed 1" in run.stderr, run.stderr
+
+
 def test_step_and_duration_together_are_one_line_and_exit_2(tmp_path):
     run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--step", "--duration", "2")
     assert_one_line_error(run, "--step and --duration", "search.capacity.step_duration_s")

@@ -146,6 +146,14 @@ def _windows(traffic, settings, *, args: argparse.Namespace, speed: float):
         whole_traffic(traffic, settings.replay.warmup_s, args.duration)
     check_measured(windows, speed, source=str(settings.traffic.path),
                    hint="a lower --speed, or a shorter replay.warmup_s")
+    if args.duration is not None:
+        from tuner.traffic import due_offsets
+
+        part, warmup, _end = windows(speed)
+        held = float(due_offsets(part, speed)[-1]) - warmup
+        if args.duration > held:
+            print(f"note: --duration {args.duration:g}: the traffic holds {held:.3g} s after its warm-up at speed "
+                  f"{speed:g}; that is what is replayed", file=sys.stderr)
     return windows
 
 
