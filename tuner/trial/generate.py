@@ -9,7 +9,7 @@ replay's measurement of those same requests. Its gauges are sampled while the re
     make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step,
                                                              with the engine's batching watched meanwhile
                                       (`tuner.trial.step`'s windows and retry policy; never repeated)
-    make_settled_probe(launcher, settings, traffic, load, *, check) -> (Probe, warm-ups)   its capacity
+    make_settled_probe(launcher, settings, traffic, *, load, check) -> (Probe, warm-ups)   its capacity
                                       steps, each warmed by a request's life at the fastest speed that held
     settled_warmup_s(m) -> float      a request's mean life end to end in a measurement, in seconds
     check_context(traffic, context, *, model)   before a server starts: every request fits the engine
@@ -92,8 +92,8 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
     return with_retries(run, tries=tries, on_measure=on_measure)
 
 
-def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame,
-                       load: TokenMeasurement, *, check: Callable[[TokenMeasurement, object], object],
+def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *,
+                       load: TokenMeasurement, check: Callable[[TokenMeasurement, object], object],
                        on_measure: Callable[[TokenMeasurement], None] | None = None
                        ) -> tuple[Probe, dict[float, float]]:
     """A generative trial's capacity probe, and the warm-up each speed got (filled in as it runs).

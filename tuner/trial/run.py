@@ -188,7 +188,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             # a short step from an idle engine measures a burst it absorbs, not the rate it holds (see
             # make_settled_probe): the capacity steps are warmed by a request's life at the load, then
             # at the fastest step that held
-            probe, used = make_settled_probe(launcher, settings, traffic, load, check=scoring.check,
+            probe, used = make_settled_probe(launcher, settings, traffic, load=load, check=scoring.check,
                                              on_measure=on_measure)
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}

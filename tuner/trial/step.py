@@ -62,13 +62,13 @@ def step_windows(traffic: pd.DataFrame, settings: StudySettings, *, warmup_s: fl
     def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
         part, warmup = step_window(traffic, speed, before_s, measured_s=measured_s)
         if fill and warmup < before_s - 1e-9 and len(part):
-            part, warmup = _filled(part, speed, warmup, before_s, span=measured_s * speed)
+            part, warmup = _filled(part, speed, warmup=warmup, want_s=before_s, span=measured_s * speed)
         return part, warmup, warmup + measured_s
 
     return windows
 
 
-def _filled(part: pd.DataFrame, speed: float, warmup: float, want_s: float, *, span: float
+def _filled(part: pd.DataFrame, speed: float, *, warmup: float, want_s: float, span: float
             ) -> tuple[pd.DataFrame, float]:
     """`part` (a warm-up of `warmup` wall seconds, then the measured stretch, `span` of the recording's
     seconds) with copies of its measured stretch put before it until the warm-up lasts `want_s`."""
