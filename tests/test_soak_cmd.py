@@ -239,10 +239,21 @@ def test_an_earlier_soak_is_kept_unless_replaced(tmp_path, capsys):
     study = write_study(tmp_path, ROOT / "model_repository_templates")
     folder = soak_dir(tmp_path / "out")
     folder.mkdir(parents=True)
+    (folder / "soak.json").write_text("{}")  # a soak writes it before its first window
     (folder / "windows.csv").write_text("window\n0\n")
     assert main(["soak", str(study), "--hours", "0.02", "--window", "0.05"]) == 2
     assert "holds an earlier soak; pass --replace" in capsys.readouterr().err
     assert (folder / "windows.csv").read_text() == "window\n0\n"
+
+
+def test_files_of_a_soaks_names_without_its_soak_json_are_someones_own_even_with_replace(tmp_path, capsys):
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    folder = soak_dir(tmp_path / "out")
+    folder.mkdir(parents=True)
+    (folder / "windows.csv").write_text("my own data\n")
+    assert main(["soak", str(study), "--hours", "0.02", "--window", "0.05", "--replace"]) == 2
+    assert "holds windows.csv but no soak.json: not a soak's files (not replaced" in capsys.readouterr().err
+    assert (folder / "windows.csv").read_text() == "my own data\n"
 
 
 # --- a real soak ---------------------------------------------------------------------------------
