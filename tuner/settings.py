@@ -581,7 +581,7 @@ def _check(s: StudySettings, source: str) -> None:
                                 f"{_even_step(r.low, r.high, r.step)}")
     _check_engine_ranges(s, source)
     cap = s.search.capacity
-    if not cap.tolerance <= 1:  # 1: a bracket whose upper edge is twice its lower
+    if not cap.tolerance <= 1:  # 1: a bracket whose upper edge is twice its lower (as tuner simulate --tolerance)
         raise SettingsError(f"{source}: search.capacity.tolerance: the bracket's relative width, a fraction in "
                             f"(0, 1], got {cap.tolerance:g}")
     if cap.start_speed > cap.max_speed:

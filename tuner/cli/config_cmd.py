@@ -68,8 +68,10 @@ def _check(args: argparse.Namespace) -> int:
             readable_file(path, what="a config.pbtxt", error=ConfigError)
             config = modelconfig.load(path)
             modelconfig.validate(config, path)
-            if engineargs.is_vllm_model(Path(path).parent, config):  # and the model.json beside it
-                engineargs.read(Path(path).parent)
+            model_dir = Path(path).parent
+            if (engineargs.is_vllm_model(model_dir, config)  # and the model.json beside it, where there is one
+                    and (engineargs.version_dir(model_dir) / engineargs.ENGINE_FILE).is_file()):
+                engineargs.read(model_dir)
         except ConfigError as exc:
             invalid += 1
             print(exc, file=sys.stderr)
