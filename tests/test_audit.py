@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import urllib.parse
 from pathlib import Path
@@ -90,8 +91,13 @@ def running(server) -> dict:
             "max_queue_delay_microseconds": c.dynamic_batching.max_queue_delay_microseconds}
 
 
+def _failed(server) -> int:
+    return int(server.statistics("encoder_sim")["inference_stats"]["fail"]["count"])
+
+
 def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, tmp_path, capsys):
     before = int(deployment.statistics("encoder_sim")["inference_count"])
+    failed = _failed(deployment)
     url = deployment.endpoints.http
     code = main(["audit", str(write_study(tmp_path)), "--url", url, "--at-load-only",
                  "--json", str(tmp_path / "audit.json")])
@@ -108,6 +114,8 @@ def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, t
     assert running(deployment) == DEPLOYED
     after = int(deployment.statistics("encoder_sim")["inference_count"])
     assert after >= before + report["figures"]["requests"]
+    # the recorded traffic only: no warm-up sweep of made-up batches, which a deployment may fail
+    assert report["figures"]["warmup_sweep_requests"] == 0 and _failed(deployment) == failed
 
 
 def test_the_audit_searches_the_capacity_and_compares_with_a_baseline(deployment, tmp_path, capsys):
@@ -139,6 +147,7 @@ def test_a_deployment_that_misses_its_sla_exits_3(deployment, tmp_path, capsys):
     assert code == 3, out + err
     assert not report["sla_met"] and report["capacity_rps"] is None  # no capacity search past a broken SLA
     assert "broken" in out and "misses its SLA" in out
+    assert re.search(r"replay at speed 0\.25: .*: over the SLA \(p99 [\d.]+ ms > 0\.5 ms\)", err), err  # and why
 
 
 def test_a_replay_the_load_generator_cannot_keep_is_no_verdict_and_exit_1(deployment, tmp_path, capsys):
@@ -175,6 +184,7 @@ def test_a_replay_that_would_measure_no_request_is_refused_before_measuring(depl
     ("other traffic", "was tuned on other.csv, this audit replays bursty_60s.csv"),
     ("tokens", "is a generative study's (capacity in output tokens/s), this audit is an encoder study's"),
     ("unreachable", "cannot reach a Triton server at 127.0.0.1:9"),
+    ("at load only", "--baseline compares capacities, which --at-load-only does not measure"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
     args = ["audit", str(write_study(tmp_path))]
@@ -191,6 +201,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, case, message):
         summary = write_baseline(tmp_path, 100.0) / "summary.json"
         summary.write_text(json.dumps({**json.loads(summary.read_text()), "unit": "tokens"}))
         args += ["--baseline", str(summary.parent)]
+    elif case == "at load only":  # its baseline would go unused without a word
+        args += ["--baseline", str(write_baseline(tmp_path, 100.0)), "--at-load-only"]
     args += ["--url", "127.0.0.1:9"]
     code = main(args)
     err = capsys.readouterr().err

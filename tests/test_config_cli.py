@@ -8,6 +8,7 @@ only the fields it names and never touches its input.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -120,6 +121,19 @@ def test_set_and_show_refuse_a_path_the_os_refuses_in_one_line(tmp_path, capsys,
     code, out, err = run(capsys, "config", *argv)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert f"{tmp_path / 'loop'}: cannot " in err and "Too many levels of symbolic links" in err, err
+
+
+def test_check_reads_a_vllm_models_engine_arguments_beside_its_config_or_alone(capsys, tmp_path):
+    model = tmp_path / "llm_vllm"
+    shutil.copytree(ROOT_CONFIG.parents[1] / "llm_vllm", model)
+    engine = model / "1" / "model.json"
+    assert main(["config", "check", str(model / "config.pbtxt"), str(engine)]) == 0
+    args = json.loads(engine.read_text())
+    engine.write_text(json.dumps({**args, "max_num_seqz": 4}))  # the config.pbtxt is fine: the model.json is not
+    for path in (model / "config.pbtxt", engine):
+        assert main(["config", "check", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"{engine}: max_num_seqz: not an engine argument vLLM takes (did you mean max_num_seqs?)\n"
 
 
 def test_config_without_subcommand_prints_help_and_exit_2(capsys):

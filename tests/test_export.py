@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pandas as pd
 import pytest
+import yaml
 
 from tuner import export, modelconfig, search
 from tuner.cli import main
@@ -285,6 +286,24 @@ def test_the_check_command_replays_the_recommendation_at_the_speed_that_decided_
 def test_the_check_command_of_a_vllm_model_names_its_model_json_and_none_without_a_recommendation(tmp_path):
     summary = _finished(tmp_path, unit="tokens")
     assert f"--config {tmp_path / 'recommended' / 'model.json'} " in export.check_command(summary, str(tmp_path))
+    # its capacity steps replayed 3.7 s of traffic before their window: so does the check
+    warmed = {**summary, "best": {**summary["best"], "step_warmup_s": 3.7142}}
+    assert export.check_command(warmed, str(tmp_path)).endswith("--speed 1.235 --step --warmup 3.71")
+    assert "--warmup" not in export.check_command({**warmed, "scoring": "utilization"}, str(tmp_path))
     assert export.check_command({**summary, "feasible": False}, str(tmp_path)) is None
     (tmp_path / "recommended" / "model.json").unlink()
     assert export.check_command(summary, str(tmp_path)) is None  # no recommended file written
+
+
+def test_finish_reads_the_study_files_storage_when_output_names_another_directory(tmp_path, capsys):
+    # --output says where the outputs go; the storage stays the study file's (its output directory's
+    # study.db): it was looked for in the new directory instead ("no such database file")
+    make_study(tmp_path)
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({
+        "name": "exp", "model_repository": str(tmp_path), "model": "encoder_sim", "traffic": {"path": "t.csv"},
+        "output": str(tmp_path / "out"), "sla": {"latency_ms": 30.0}}))
+    elsewhere = tmp_path / "elsewhere"
+    assert main(["finish", str(tmp_path / "study.yaml"), "--no-remeasure", "--output", str(elsewhere)]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((elsewhere / "summary.json").read_text())["study_name"] == "exp"
+    assert not (elsewhere / "study.db").exists()

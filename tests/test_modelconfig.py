@@ -246,6 +246,14 @@ def test_diff_fields_covers_maps_enums_and_lists():
     ]
 
 
+def test_a_field_one_side_leaves_unset_reads_as_unset_with_tritons_value():
+    a = modelconfig.parse("max_batch_size: 8 dynamic_batching { }", "a")
+    b = modelconfig.parse("max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 6000 }", "b")
+    assert modelconfig.changed_fields(a, b) == ["dynamic_batching.max_queue_delay_microseconds: unset (0) -> 6000",
+                                                "max_batch_size: 8 -> 16"]
+    assert modelconfig.changed_fields(b, a)[0] == "dynamic_batching.max_queue_delay_microseconds: 6000 -> unset (0)"
+
+
 # --- JSON from Triton ----------------------------------------------------------------------------
 
 
@@ -395,3 +403,25 @@ def test_triton_accepts_what_the_space_writes_over_its_own_read_back(triton, par
     assert {k: v for k, v in space.deployed(got).items() if k in params and k != "preferred_batch_size"} == \
         {k: v for k, v in params.items() if k != "preferred_batch_size"}
     triton.apply_config("ident", modelconfig.parse(IDENTITY_CONFIG, "ident"))  # back to the base
+
+
+def test_a_comment_stays_above_its_parameter_when_the_printer_sorts_them_by_key():
+    # protobuf's printer writes a map's entries sorted by key: each comment follows its key, not its place
+    text = '''name: "m"
+# the zebra's own
+parameters { key: "zebra" value { string_value: "1" } }
+# alpha, said over
+# two lines
+parameters {
+  key: "alpha"  # and at the end of its key
+  value { string_value: "2" }
+}
+parameters { key: "mid" value { string_value: "3" } }
+'''
+    out = modelconfig.to_text(modelconfig.parse(text), comments_from=text)
+    lines = out.splitlines()
+    assert lines.index('  key: "alpha"') < lines.index('  key: "mid"') < lines.index('  key: "zebra"')
+    assert lines[lines.index('  key: "zebra"') - 2] == "# the zebra's own"
+    alpha = lines.index('  key: "alpha"')
+    assert lines[alpha - 4:alpha - 1] == ["# alpha, said over", "# two lines", "# and at the end of its key"]
+    assert lines[lines.index('  key: "mid"') - 2] == "}"  # no comment of its own

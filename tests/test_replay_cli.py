@@ -135,6 +135,13 @@ def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path
     assert m["offered_rps"] == pytest.approx(200, rel=0.1)                             # not the traffic's 117
 
 
+def test_a_duration_longer_than_the_traffic_says_what_is_replayed(server, tmp_path):
+    traffic = pd.DataFrame({"timestamp": np.arange(30) / 10.0, "seq_len": 4})  # 3 s at 10 req/s
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)), "--duration", "1000")
+    assert run.returncode == 0, run.stderr
+    assert "note: --duration 1000: the traffic holds 2.4 s after its warm-up at speed 1" in run.stderr, run.stderr
+
+
 def test_step_and_duration_together_are_one_line_and_exit_2(tmp_path):
     run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--step", "--duration", "2")
     assert_one_line_error(run, "--step and --duration", "search.capacity.step_duration_s")
@@ -243,6 +250,9 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert 25.0 <= everything["ttft_ms"]["p50"] <= 60.0
     assert data["engine"] is None
     assert "TTFT (replay)" in run.stdout and "(engine)" not in run.stdout and "output tokens/s" in run.stdout
+    rows = {line[:22].strip(): line[22:].split() for line in run.stdout.splitlines() if "(replay)" in line}
+    assert set(rows) == {"TTFT (replay)", "TPOT (replay)", "ITL (replay)", "end to end (replay)"}
+    assert all(len(v) == 3 and "nan" not in v for v in rows.values()), rows  # p50, p99 and the mean of each
     assert_one_line_error(tuner("replay", str(path), "--set", "max_batch_size=4"), "vLLM handles the batching")
     assert_one_line_error(tuner("replay", str(path), "--set", "max_num_seqs=4"), "not a vLLM-backend model")
 
@@ -255,6 +265,14 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
     m = json.loads((tmp_path / "r.json").read_text())["measurement"]
     assert m["requests"] == 15 and m["errors"] == 0  # 5 of the steady 10 req/s and the burst's 10
+    sent = json.loads((tmp_path / "r.json").read_text())["all_requests"]["requests"]
+    # --warmup 0.8: 0.8 s of what came before the burst replayed first (8 requests at 10 req/s, 3 more than
+    # the study's 0.5 s), the measured half second the same (a generative trial's capacity step, as its
+    # check-it line replays it)
+    run = tuner("replay", str(path), "--step", "--warmup", "0.8", "--json", str(tmp_path / "w.json"))
+    assert run.returncode == 0, run.stderr
+    warmed = json.loads((tmp_path / "w.json").read_text())
+    assert warmed["measurement"]["requests"] == 15 and warmed["all_requests"]["requests"] - sent == 3
 
 
 def test_a_generative_models_config_is_its_model_json_checked_before_any_server(tmp_path):
@@ -272,6 +290,12 @@ def test_a_generative_models_config_is_its_model_json_checked_before_any_server(
                           "did you mean max_num_batched_tokens?")
     run = tuner("replay", str(path), "--config", str(tmp_path / "config.pbtxt"))
     assert_one_line_error(run, "--config", "config.pbtxt: no such file")
+    (tmp_path / "partial.json").write_text(json.dumps({"max_num_seqs": 4}))  # the knobs alone: no model
+    assert_one_line_error(tuner("replay", str(path), "--config", str(tmp_path / "partial.json")),
+                          "partial.json: no \"model\": a model.json names the model vLLM loads")
+    (tmp_path / "dtype.json").write_text(json.dumps({"model": "tiny", "dtype": "float33"}))  # vLLM: at its load
+    assert_one_line_error(tuner("replay", str(path), "--config", str(tmp_path / "dtype.json")),
+                          "dtype.json: dtype: must be one of auto, half, float16, bfloat16, float, float32")
     assert not (tmp_path / "out").exists()
     stream = study(tmp_path, "127.0.0.1:1", model="stream_echo", traffic=traffic)
     run = tuner("replay", str(stream), "--config", str(tmp_path / "model.json"))

@@ -141,7 +141,39 @@ def test_the_plan_shares_a_prompt_beginning_only_within_a_prefix_id():
     assert starts[0] == starts[1] == starts[2] and len({starts[0], starts[3], starts[4], starts[5]}) == 4
     assert plan.shape_ids[0] == plan.shape_ids[1] and len(plan.requests) == 5  # rows 0 and 1 are one request
     assert [plan.requests[i][:2] for i in plan.shape_ids] == [[5, 3], [5, 3], [9, 3], [5, 3], [5, 4], [5, 3]]
-    with pytest.raises(ServerSetupError, match="takes text_input but is not decoupled"):
+    with pytest.raises(ServerSetupError, match=r"takes text_input but is not decoupled: .*\(model_transaction_policy \{ decoupled: true \}\)$"):
         plan_generate({**config, "model_transaction_policy": {}}, traffic)
     with pytest.raises(TrafficError, match=r"traffic row 2: output_tokens=0 is not a positive integer"):
         plan_generate(config, traffic.assign(output_tokens=[3, 3, 0, 3, 3, 3]))
+
+
+@pytest.mark.slow
+def test_a_generative_trials_capacity_steps_are_warmed_by_a_requests_life_at_the_load(server, monkeypatch):
+    """A short step from an idle engine measures a burst it absorbs: the capacity steps replay, before
+    their window, as much traffic as a request took end to end at the recorded load (here ~1 s: 100
+    tokens at 10 ms), not replay.warmup_s (0.2 s), and the trial says so."""
+    from tuner import trial
+    from tuner.settings import study_from_dict
+    from tuner.trial import Hints
+    from tuner.trial.run import make_measure
+
+    study = study_from_dict({
+        "name": "warm", "model_repository": str(MODELS), "model": "stream_echo", "traffic": {"path": "t.csv"},
+        "replay": {"warmup_s": 0.2, "lag_budget_ms": 200},
+        "sla": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 99},
+        "search": {"capacity": {"step_duration_s": 1.0, "tolerance": 0.5, "start_speed": 2, "max_speed": 2,
+                                "max_steps": 2}},
+    })
+    warmups = []
+    real = trial.generate.replay_generate
+
+    def spy(*args, **kwargs):
+        warmups.append(kwargs["warmup_s"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trial.generate, "replay_generate", spy)
+    traffic = pd.DataFrame({"timestamp": np.arange(40) * 0.1, "prompt_tokens": 5, "output_tokens": 100})
+    record = make_measure(server, study, traffic, generative=True)({}, Hints())
+    assert 0.9 <= record.step_warmup_s <= 1.3, record.step_warmup_s  # the mean end to end at the load
+    assert warmups[0] <= 0.2 and len(warmups) >= 2  # the load step (its busiest second starts the traffic)
+    assert all(w == pytest.approx(record.step_warmup_s, abs=0.11) for w in warmups[1:]), warmups

@@ -14,7 +14,7 @@ from tuner.audit import Baseline
 from tuner.cli import main
 from tuner.files import json_safe
 from tuner.production import judge
-from tuner.production._figures import COLUMNS
+from tuner.production._figures import COLUMNS, SECONDS
 from tuner.production._series import Counters
 from tuner.report import _production as page
 
@@ -23,9 +23,9 @@ BASELINE = Baseline("tuned", {"max_batch_size": 32}, 4.0)
 
 def audit_json(tmp_path, *, baseline: Baseline | None = BASELINE):
     """Three hours of one instance: 1, 2 and 3 req/s in batches of 4, 8 and 16 of 32; the JSON's path."""
-    rows = [(f"2026-01-01 0{h}:00", "a", 3600 * h, 0, 3600 * h, 900 * h // (2 ** (h - 1)), 1000 * h, 5000 * h)
+    rows = [(f"2026-01-01 0{h}:00", "a", 3600 * h, 0, 3600 * h, 900 * h // (2 ** (h - 1)), 1000 * h, 5000 * h, 3600)
             for h in (1, 2, 3)]
-    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS])
+    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS, SECONDS])
     frame["end"] = pd.to_datetime(frame["end"], utc=True)
     counters = Counters(increases=frame.set_index(["end", "instance"]),
                         ends=pd.DatetimeIndex(frame["end"].unique()), resets={"a": 0})

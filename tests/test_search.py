@@ -123,11 +123,14 @@ def test_interrupted_trial_is_failed_then_retried_and_no_finished_trial_is_lost(
 
     again = new_study(s)  # the same command, run again
     assert search.requeue_interrupted(again) == [failed.number]
+    # the progress bar's start: the 3 finished, not the interrupted one waiting to be measured again
+    assert search.spent_done(again) == 3 and search.finished_count(again) == 4
     fake = FakeEvaluation()
     search.run_trials(again, s, fake, n_trials=7)
     assert fake.calls[0][0] == failed.params  # the interrupted configuration is measured first
     done = {t.number: t.params for t in again.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))}
     assert len(done) == 7 and all(done[n] == p for n, p in before.items())
+    assert search.spent_done(again) == 7  # the interrupted trial counted once, by its retry
     assert search.requeue_interrupted(again) == []  # retried once only
 
 
@@ -354,6 +357,10 @@ def test_the_recommendation_is_the_best_median_that_met_the_sla():
               {"trial": 3, "median": 0.0, "feasible_runs": 1}, {"trial": 4, "median": 6.0, "feasible_runs": 1},
               {"trial": 5, "median": 6.0, "feasible_runs": 3}]
     assert [r["trial"] for r in search.recommend(stored)] == [4, 5, 1]  # a tie keeps the re-measurement's order
+    # a tie with the incumbent goes to it: a change that gains nothing (+0.0 %) is not recommended
+    tied = [{"trial": 3, "median": 6.0, "feasible_runs": 2}, {"trial": 0, "median": 6.0, "feasible_runs": 2,
+                                                            "incumbent": True}]
+    assert [r["trial"] for r in search.recommend(tied)] == [0, 3]
 
 
 def test_no_configuration_meets_the_sla(tmp_path):

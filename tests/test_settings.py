@@ -49,6 +49,13 @@ def test_defaults_and_the_search_section():
     ({"search": {"max_batch_size": {"low": 8, "high": 4}}},
      "search.max_batch_size: 1 <= low <= high must hold, but got (low=8, high=4)"),
     ({"search": {"capacity": {"tolerance": 0}}}, "search.capacity.tolerance: must be > 0"),
+    ({"search": {"capacity": {"tolerance": 3}}}, "search.capacity.tolerance: the bracket's relative width, a "
+                                                 "fraction in (0, 1], got 3"),
+    ({"search": {"capacity": {"start_speed": 10, "max_speed": 8}}},
+     "search.capacity.start_speed 10 is above max_speed 8"),
+    ({"search": {"max_queue_delay_microseconds": {"low": 0, "high": 8000, "step": 3000}}},
+     "search.max_queue_delay_microseconds: high=8000 is not low + a whole number of steps of 3000 (the search "
+     "would never try it): e.g. high 6000 or step 4000"),
     ({"search": {"capcity": {}}}, "search.capcity: unknown key"),
     ({"cost": {"price_per_hour": -1}}, "cost.price_per_hour: must be > 0"),
     ({"search": {"trials": "many"}}, "search.trials: expected an integer"),

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -238,10 +239,21 @@ def test_an_earlier_soak_is_kept_unless_replaced(tmp_path, capsys):
     study = write_study(tmp_path, ROOT / "model_repository_templates")
     folder = soak_dir(tmp_path / "out")
     folder.mkdir(parents=True)
+    (folder / "soak.json").write_text("{}")  # a soak writes it before its first window
     (folder / "windows.csv").write_text("window\n0\n")
     assert main(["soak", str(study), "--hours", "0.02", "--window", "0.05"]) == 2
     assert "holds an earlier soak; pass --replace" in capsys.readouterr().err
     assert (folder / "windows.csv").read_text() == "window\n0\n"
+
+
+def test_files_of_a_soaks_names_without_its_soak_json_are_someones_own_even_with_replace(tmp_path, capsys):
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    folder = soak_dir(tmp_path / "out")
+    folder.mkdir(parents=True)
+    (folder / "windows.csv").write_text("my own data\n")
+    assert main(["soak", str(study), "--hours", "0.02", "--window", "0.05", "--replace"]) == 2
+    assert "holds windows.csv but no soak.json: not a soak's files (not replaced" in capsys.readouterr().err
+    assert (folder / "windows.csv").read_text() == "my own data\n"
 
 
 # --- a real soak ---------------------------------------------------------------------------------
@@ -284,8 +296,8 @@ def soaked(tmp_path_factory, triton_install):
     study = write_study(tmp, fragmenting_repository(tmp, per_1k="0.6", slowdown="3"), speed=4.0)
     done = run_cli("soak", str(study), "--set", "max_batch_size=16", "--set", "max_queue_delay_microseconds=8000",
                    "--hours", "0.04", "--window", "0.05", "--restart-at", "0.024", "--no-capacity",
-                   timeout=240)
-    return tmp / "out", done
+                   "--output", str(tmp / "soak out"), timeout=240)  # a space: the printed command quotes it
+    return tmp / "soak out", done
 
 
 def test_every_window_is_on_disk_with_its_figures(soaked):
@@ -300,6 +312,12 @@ def test_every_window_is_on_disk_with_its_figures(soaked):
     assert (windows["memory_source"] == "rss").all() and (windows["memory_mb"] > 10).all()
     assert windows["offered_rps"].between(40, 400).all()  # the profile at speed 4: its quiet start
     assert "hours of recorded traffic" in done.stdout and "restart window:" in done.stdout
+
+
+def test_the_closing_line_names_a_command_that_runs_as_printed(soaked):
+    output, done = soaked
+    command = re.search(r"`(tuner report [^`]+)` draws it", done.stdout).group(1)
+    assert shlex.split(command) == ["tuner", "report", str(output)]
 
 
 def test_the_drift_is_found_and_the_batches_that_stopped_succeeding_are_named(soaked):
@@ -355,6 +373,22 @@ def test_the_report_audit_and_nightly_show_the_soak(soaked, capsys):
                                drift=drift_table(None, read_traffic(DIURNAL)), sla="p99 <= 200 ms",
                                scoring="capacity", soak=lines)
     assert f"- {lines[0]}" in summary
+
+
+def test_a_soak_with_too_few_usable_windows_is_no_verdict_exit_1_not_no_drift(tmp_path, capsys, monkeypatch):
+    # 6 of 8 windows invalid (the load generator's send lag): "not analysed" is no verdict, and a
+    # scheduler reading exit 0 took it for "no drift detected"
+    import types
+
+    from tuner import soak
+    from tuner.soak import SoakFindings
+
+    findings = SoakFindings(analysis=None, restart=None, windows=2, left_out=6, error="2 usable window(s)")
+    monkeypatch.setattr(soak, "run_soak", lambda *a, **k: types.SimpleNamespace(findings=findings,
+                                                                               folder=tmp_path / "out" / "soak"))
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    assert main(["soak", str(study), "--hours", "0.04", "--window", "0.005", "--no-capacity", "--quiet"]) == 1
+    assert "not analysed" in capsys.readouterr().out
 
 
 def test_ctrl_c_keeps_every_finished_window_and_the_report_renders(tmp_path, triton_install):

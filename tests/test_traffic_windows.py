@@ -38,6 +38,15 @@ def test_scale_time_keeps_the_first_request_and_rows():
     assert df["timestamp"].tolist() == [100.0, 101.0, 104.0]  # input untouched
 
 
+def test_a_speed_that_makes_requests_simultaneous_is_refused():
+    # 1e16 at t0 = 100 s: gaps of a second become 1e-16 s, below what a timestamp there resolves (1.4e-14
+    # s): the requests would fall on one instant and the file's rates would be nonsense
+    df = _frame([100.0, 101.0, 104.0])
+    with pytest.raises(TrafficError, match=r"speed 1e\+16: requests apart in the recording fall on one timestamp"):
+        scale_time(df, 1e16)
+    assert scale_time(df, 1e6)["timestamp"].is_monotonic_increasing  # still apart
+
+
 def test_window_is_half_open_and_relative_to_the_first_request():
     df = _frame([10.0, 11.0, 12.0, 13.0, 14.0])
     assert window(df, 1.0, 2.0)["timestamp"].tolist() == [11.0, 12.0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -301,12 +302,18 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     assert (tmp_path / "strict" / "report.html").is_file()  # a report that says nothing met the SLA
     assert modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt").max_batch_size == 64
 
-    # resuming the measured study with another SLA is refused naming the change, nothing rewritten
+    # the dry run says it resumes the study
+    assert main(["tune", str(study_file), "--check"]) == 0
+    assert re.search(r"resumes study 'strict': \d+ trial\(s\) measured of \d+", capsys.readouterr().out)
+
+    # resuming the measured study with another SLA is refused naming the change, nothing rewritten; the
+    # dry run says so first, as the real run will
     before = (tmp_path / "strict" / "summary.json").read_text()
     changed = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 50})
-    assert main(["tune", str(changed), "--quiet", "--trials", "1"]) == 2
-    line = _one_line_error(capsys)
-    assert "was measured with another sla" in line and "--output NEW_DIR" in line
+    for check in (["--check"], ["--quiet", "--trials", "1"]):
+        assert main(["tune", str(changed), *check]) == 2
+        line = _one_line_error(capsys)
+        assert "was measured with another sla" in line and "--output NEW_DIR" in line
     assert (tmp_path / "strict" / "summary.json").read_text() == before  # nothing rewritten
 
 
@@ -556,6 +563,21 @@ def test_a_study_of_another_name_is_refused_where_another_studys_outputs_are(tmp
     assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
     assert f"output directory {out}: holds the outputs of study 'first', not 'second'" in line, line
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no study.db either
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_files_of_an_outputs_names_that_no_study_wrote_are_refused_and_kept(tmp_path, capsys, check):
+    out = tmp_path / "mine"
+    (out / "recommended").mkdir(parents=True)
+    (out / "recommended" / "config.pbtxt").write_text("my production config\n")
+    (out / "report.html").write_text("<html>mine</html>")
+    (out / "notes.txt").write_text("mine")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    study = write_tune_study(tmp_path, "fresh", **{"output": str(out)})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    line = _one_line_error(capsys)
+    assert f"output directory {out}: holds recommended/config.pbtxt, report.html, which no tuner study " in line
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # no study.db either
 
 

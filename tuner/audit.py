@@ -2,7 +2,8 @@
 whether it wastes money, without changing anything.
 
 The model's configuration is read from the server as it runs (a remote server is attached read-only:
-no model is loaded or unloaded, any control mode works). The study's traffic is replayed at its
+no model is loaded or unloaded, any control mode works, and it is sent the recorded traffic only: no
+warm-up shape sweep). The study's traffic is replayed at its
 recorded load (the SLA there, Triton's fill rate, queue and compute time) and, unless
 `at_load_only`, the capacity is searched like a trial's, which drives the server past its SLA:
 audit a replica, or a quiet hour.
@@ -31,7 +32,7 @@ from tuner.cost import price_for
 from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, InputError, UnmeasuredError
 from tuner.files import read_json_object
 from tuner.measurement import Measurement
-from tuner.score import check_sla
+from tuner.score import check_sla, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
@@ -219,6 +220,12 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
     check_measured(step_windows(traffic, settings), settings.traffic.speed, source=str(settings.traffic.path))
     price = price_for(settings.cost).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
+    if settings.server.launcher == "remote":
+        # a deployment serves people: it gets the recorded traffic only, not the shape sweep's made-up
+        # batches (up to max_batch_size rows at the longest lengths, which it may fail and count as
+        # failures); it has been serving, so it is warm; the steady-state windows still judge that
+        settings = dataclasses.replace(settings, measurement=dataclasses.replace(settings.measurement,
+                                                                                 shape_sweep=False))
     with make_launcher(settings, read_only=True) as launcher:
         config = launcher.model_config(settings.model)
         audit_engine.check_not_vllm(settings, config)
@@ -318,11 +325,11 @@ def _say_step(settings: StudySettings):
     pct = settings.sla.percentile
 
     def say(m: Measurement) -> None:
-        verdict = "ok" if check_sla(m, settings.sla).ok else "over the SLA"
+        said = sla_verdict(check_sla(m, settings.sla))
         # a model without batching (max_batch_size 0) has no batch to fill
         fill = f", fill rate {m.fill_rate:.2f}" if m.max_batch_size > 0 else ""
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, p{pct:g} "
-              f"{m.latency(pct):.1f} ms{fill}: {verdict}", file=sys.stderr, flush=True)
+              f"{m.latency(pct):.1f} ms{fill}: {said}", file=sys.stderr, flush=True)
 
     return say
 

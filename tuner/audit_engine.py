@@ -49,7 +49,7 @@ from tuner.llm import engineargs
 from tuner.llm.engine_watch import INTERVAL_S, EngineWatch
 from tuner.measurement_tokens import TokenMeasurement
 from tuner.modelconfig import ModelConfig
-from tuner.score import check_tokens
+from tuner.score import check_tokens, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings, check_generative
 from tuner.study import base_config, base_engine, study_traffic
@@ -226,7 +226,7 @@ def _say_step(settings: StudySettings):
     pct = f"p{settings.sla.percentile:g}"
 
     def say(m: TokenMeasurement) -> None:
-        verdict = ("ok" if check_tokens(m, settings.sla).ok else "over the SLA") if m.valid else \
+        verdict = sla_verdict(check_tokens(m, settings.sla)) if m.valid else \
             f"no verdict, {m.invalid_reason}"  # replayed again (the step's retry policy)
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.1f} output "
               f"tokens/s, {pct} TTFT {_ms(m.ttft_ms.get(pct))} ms, TPOT {_ms(m.tpot_ms.get(pct))} ms: "

@@ -101,6 +101,7 @@ def _entry(record: TrialRecord, scoring: str, trial: int | None, *, feasible: bo
         "feasible": bool(feasible),
         "capacity_rps": record.capacity_rps or None,
         "capacity_speed": record.capacity_speed or None,  # the replay speed of the recorded traffic at capacity
+        "step_warmup_s": record.step_warmup_s,  # a generative trial's: traffic replayed before each capacity window
         "capacity_bracket": ({"lower_rps": b.rps, "upper_rps": b.upper_rps, "converged": b.converged,
                               "limited_by": b.limited_by, "peak_rps": b.peak_rps} if b is not None and b.rps else None),
         "unit": record.unit,  # what the score counts: requests, or a generative model's output tokens
@@ -355,7 +356,7 @@ def recommended_engine(study: optuna.Study, summary: dict) -> str:
 
 def _header(summary: dict, base, config) -> str:
     sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
-    changed = [f"{name}: {old} -> {new}" for name, old, new in modelconfig.diff_fields(base, config)]
+    changed = modelconfig.changed_fields(base, config)
     lines = [
         f"Recommended by tuner {summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
         f"SLA: p{sla.get('percentile', 99):g} latency <= {sla.get('latency_ms')} ms, "
@@ -602,7 +603,8 @@ def recommended_path(output_dir: str | Path) -> Path:
 def check_command(summary: dict, output: str) -> str | None:
     """The `tuner replay` that measures the recommendation's deciding step again: its recommended
     config.pbtxt (model.json for a vLLM-served model) at its capacity's speed (the recorded load's, when
-    scored by utilization), replayed as a search step (`--step`). None without a recommendation."""
+    scored by utilization), replayed as a search step (`--step`; a generative trial's capacity steps
+    with the warm-up they had, `--warmup`). None without a recommendation."""
     import shlex
 
     best, study, config = summary.get("best"), summary.get("study_file"), recommended_path(output)
@@ -612,4 +614,6 @@ def check_command(summary: dict, output: str) -> str | None:
         (summary.get("traffic") or {}).get("speed")
     if not speed:
         return None
-    return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step")
+    warmup = best.get("step_warmup_s") if summary.get("scoring") == "capacity" else None
+    return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step"
+            + (f" --warmup {warmup:.3g}" if warmup else ""))

@@ -34,9 +34,10 @@ import pandas as pd
 
 from tuner.measurement import Served, percentiles, send_lag_figures
 
-__all__ = ["RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
+__all__ = ["PER_REQUEST", "RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
 
 # what measure_tokens reads of a generative replay's records (tuner.replay.ReplayResult.records)
+PER_REQUEST = ("ttfts_ms", "tpots_ms", "itls_ms", "e2es_ms")  # TokenMeasurement's arrays: not figures
 RECORD_COLUMNS = ("due_s", "end_s", "send_lag_ms", "ok", "prompt_tokens", "tokens", "first_token_s",
                   "last_token_s", "itl_ms")
 
@@ -71,9 +72,11 @@ class TokenMeasurement(Served):
     # the engine's own view of the replay, where a trial watched it (tuner.llm.engine_watch.batch_figures:
     # preemptions, peaks of running / waiting sequences and KV-cache use, an emulated GPU's overrun share)
     engine: dict[str, float] = field(default_factory=dict)
-    # per successful measured request (for CDFs); not part of the figures
+    # per successful measured request (for CDFs and means; PER_REQUEST); not part of the figures
     ttfts_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
     tpots_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
+    itls_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)  # every gap
+    e2es_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
     def ttft(self, percentile: float) -> float:
         """TTFT at a kept percentile (p50/p90/p95/p99/max, and the SLA's)."""
@@ -132,6 +135,7 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
     if lag_reason:
         reasons.append(lag_reason)
     tpots = tpot_all[several]
+    e2e = (last - due) * 1000.0
     return TokenMeasurement(
         speed=speed, offered_rps=requests / span if span > 0 else 0.0, duration_s=span, requests=requests,
         errors=requests - len(good), error_rate=(requests - len(good)) / requests if requests else 0.0,
@@ -140,12 +144,13 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         ttft_ms=percentiles(ttft, sla_percentile=sla_percentile),
         tpot_ms=percentiles(tpots, sla_percentile=sla_percentile),
         itl_ms=percentiles(itl, sla_percentile=sla_percentile),
-        e2e_ms=percentiles((last - due) * 1000.0, sla_percentile=sla_percentile),
+        e2e_ms=percentiles(e2e, sla_percentile=sla_percentile),
         goodput_rps=int(meets.sum()) * per_s, good_requests=int(meets.sum()),
         ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, e2e_limit_ms=e2e_ms, sla_percentile=sla_percentile,
         send_lag_ms=send_lag, busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
         valid=not reasons, invalid_reason="; ".join(reasons),
-        load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots,
+        load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots, itls_ms=itl,
+        e2es_ms=e2e,
     )
 
 

@@ -46,6 +46,26 @@ def load(path: str | Path) -> ModelConfig:
     return parse(read_text(path, what="a config.pbtxt", error=ConfigError), str(path))
 
 
+def check_model_dir(model_dir: str | Path, config: ModelConfig | None = None) -> None:
+    """ConfigError, in one line, for what Triton refuses to load a model for and says only in its log:
+    a config.pbtxt `name` other than its directory's, and no version directory (a numbered
+    subdirectory holding the model's files). `config`: the directory's config.pbtxt, parsed."""
+    model_dir = Path(model_dir)
+    path = model_dir / "config.pbtxt"
+    if config is None and path.is_file():
+        config = load(path)
+    if config is not None and config.name and config.name != model_dir.name:
+        raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({model_dir.name!r}): Triton "
+                          "loads a model only from a directory of its name")
+    try:
+        versions = [p for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
+    except OSError:
+        return  # the reading of config.pbtxt or the repository's own check says why
+    if not versions:
+        raise ConfigError(f"{model_dir}: no version directory (a numbered subdirectory such as 1/ holding the "
+                          "model's files): Triton has no version of the model to load")
+
+
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
     """The config as text. Protobuf's printer drops comments: with `comments_from` (the original
     file's text) each of its comments is put back above the top-level field it belonged to
@@ -56,11 +76,15 @@ def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
     attached, tail = _comments_by_field(comments_from)
     out: list[str] = []
     seen: Counter = Counter()
-    for line in text.splitlines(keepends=True):
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
         match = _FIELD_START.match(line)
         if match and not line[0].isspace():  # a top-level field (the printer indents nested ones)
-            key = (match[1], seen[match[1]])
-            seen[match[1]] += 1
+            if match[1] in _MAP_FIELDS:  # printed sorted by key: its comments follow the key
+                key = (match[1], _map_key("".join(lines[i:i + 2])))
+            else:
+                key = (match[1], seen[match[1]])
+                seen[match[1]] += 1
             out.extend(_block(attached.pop(key, [])))
         out.append(line)
     left = [c for comments in attached.values() for c in comments] + tail  # fields no longer printed
@@ -68,21 +92,36 @@ def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
 
 
 _FIELD_START = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:{\[<]")
+_MAP_KEY = re.compile(r"\bkey\s*:\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*')")
+# top-level map fields (`parameters`): protobuf's printer sorts their entries by key, so a comment
+# goes with its entry's key, not with the entry's place in the file
+_MAP_FIELDS = frozenset(f.name for f in ModelConfig.DESCRIPTOR.fields
+                        if f.message_type is not None and f.message_type.GetOptions().map_entry)
 
 
-def _comments_by_field(text: str) -> tuple[dict[tuple[str, int], list[str]], list[str]]:
-    """The comments of a config.pbtxt keyed by (top-level field, occurrence), and those after the
-    last field. A blank line between full-line comments is kept as an empty entry."""
-    attached: dict[tuple[str, int], list[str]] = {}
+def _map_key(code: str) -> str | None:
+    """The key of a map entry whose text starts `code` (its first key: line), unquoted."""
+    match = _MAP_KEY.search(code)
+    return match[1][1:-1] if match else None
+
+
+def _comments_by_field(text: str) -> tuple[dict[tuple, list[str]], list[str]]:
+    """The comments of a config.pbtxt keyed by (top-level field, occurrence), or (map field, entry
+    key), and those after the last field. A blank line between full-line comments is kept as an empty entry."""
+    attached: dict[tuple, list[str]] = {}
     pending: list[str] = []
-    current: tuple[str, int] | None = None
+    current: tuple | None = None
     seen: Counter = Counter()
     depth = 0
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         code, comment = _split_comment(line)
         if depth == 0 and code.strip() and (match := _FIELD_START.match(code)):
-            current = (match[1], seen[match[1]])
-            seen[match[1]] += 1
+            if match[1] in _MAP_FIELDS:  # keyed by its entry's key (the printer sorts them by it)
+                current = (match[1], _map_key(" ".join(_split_comment(x)[0] for x in lines[i:i + 3])))
+            else:
+                current = (match[1], seen[match[1]])
+                seen[match[1]] += 1
             attached.setdefault(current, []).extend(pending)
             pending = []
         if comment is not None:
@@ -451,6 +490,19 @@ def _scalar(field, value):
         enum_value = field.enum_type.values_by_number.get(value)
         return enum_value.name if enum_value is not None else value
     return value
+
+
+def changed_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """`field: old -> new` for every field that differs (`diff_fields`), as people read it: a field one
+    side does not set is `unset`, with the value Triton takes for it (`unset (0)`)."""
+    def shown(value, other) -> str:
+        if value is not None:
+            return str(value)
+        if isinstance(other, bool):
+            return "unset (false)"
+        return "unset (0)" if isinstance(other, (int, float)) else "unset"
+
+    return [f"{path}: {shown(old, new)} -> {shown(new, old)}" for path, old, new in diff_fields(a, b)]
 
 
 def diff_fields(a: ModelConfig, b: ModelConfig) -> list[tuple[str, object, object]]:

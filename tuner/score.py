@@ -43,6 +43,11 @@ def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:
     return SlaCheck(violation <= 0, latency, m.error_rate, violation, "; ".join(reasons))
 
 
+def sla_verdict(check: SlaCheck | TokenSlaCheck) -> str:
+    """A step's SLA verdict as progress lines print it: "ok", or "over the SLA (why)"."""
+    return "ok" if check.ok else f"over the SLA ({check.reason})"
+
+
 # --- requests per dollar ---------------------------------------------------------------------------
 
 

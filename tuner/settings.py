@@ -574,7 +574,19 @@ def _check(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
         if r.log and r.low < 1:
             raise SettingsError(f"{source}: {key}: a log range needs low >= 1, got low={r.low}")
+        if not r.log and r.step > 1 and (r.high - r.low) % r.step:
+            raise SettingsError(f"{source}: {key}: high={r.high} is not low + a whole number of steps of "
+                                f"{r.step} (the search would never try it): e.g. high "
+                                f"{r.low + (r.high - r.low) // r.step * r.step} or step "
+                                f"{_even_step(r.low, r.high, r.step)}")
     _check_engine_ranges(s, source)
+    cap = s.search.capacity
+    if not cap.tolerance <= 1:  # 1: a bracket whose upper edge is twice its lower (as tuner simulate --tolerance)
+        raise SettingsError(f"{source}: search.capacity.tolerance: the bracket's relative width, a fraction in "
+                            f"(0, 1], got {cap.tolerance:g}")
+    if cap.start_speed > cap.max_speed:
+        raise SettingsError(f"{source}: search.capacity.start_speed {cap.start_speed:g} is above max_speed "
+                            f"{cap.max_speed:g}")
     if s.search.grace_period_s <= s.search.heartbeat_s:
         raise SettingsError(f"{source}: search.grace_period_s: must be > search.heartbeat_s "
                             f"({s.search.heartbeat_s}), got {s.search.grace_period_s}")
@@ -592,6 +604,12 @@ def _check(s: StudySettings, source: str) -> None:
         parse_host_port(address.rstrip("/")[: -len("/metrics")], where=f"{source}: server.metrics_url")
     if not s.name or not s.model:
         raise SettingsError(f"{source}: name and model must not be empty")
+
+
+def _even_step(low: int, high: int, step: int) -> int:
+    """The step nearest `step` that walks from `low` to `high` in whole steps."""
+    span = high - low
+    return min((d for d in range(1, span + 1) if span % d == 0), key=lambda d: (abs(d - step), -d))
 
 
 def _check_engine_ranges(s: StudySettings, source: str) -> None:

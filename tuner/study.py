@@ -85,6 +85,9 @@ def engine_file(path: str | Path, *, flag: str = "--config") -> dict:
     args = read_json_object(Path(path), label=f"{flag} {path}", missing="no such file (a vLLM-served model's "
                             f"{flag} is a model.json)", error=SettingsError)
     engineargs.check(args, source=str(path))
+    if not args.get("model"):  # the whole file replaces the repository's: vLLM's backend needs the model
+        raise SettingsError(f"{flag} {path}: no \"model\": a model.json names the model vLLM loads (start from "
+                            "the repository's, or OUTPUT/recommended/model.json)")
     return args
 
 

@@ -35,7 +35,7 @@ from tuner.errors import (
 )
 from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
-from tuner.report import write_report
+from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
 from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import busiest_window, mean_rps, peak_rps
@@ -116,6 +116,8 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = base_config(settings)
     modelconfig.validate(base, str(base_path))
+    if settings.server.launcher != "remote":  # a server of ours loads it from this directory
+        modelconfig.check_model_dir(base_path.parent, base)
     engine = base_engine(settings, base)  # a vLLM-backend model: vLLM batches, its engine knobs are tuned
     if engine is None:
         space.check_tunable(base, str(base_path))
@@ -157,8 +159,13 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     check_outputs_owner(settings.output, settings.name)
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
-    return Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes), profile=profile,
-                    engine=engine)
+    prepared = Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes),
+                        profile=profile, engine=engine)
+    if dry_run:  # the real run checks this as it opens the study: the dry run says now what it will say
+        resume = search.check_resume(settings, url, identity=identity(prepared))
+        if resume:
+            prepared = dataclasses.replace(prepared, notes=(*prepared.notes, resume))
+    return prepared
 
 
 def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,
@@ -206,6 +213,12 @@ def _check_remote(settings: StudySettings) -> None:
     check_triton(settings.server.url)
 
 
+PROFILE = "profile.csv"  # the model strategy's, measured in the run
+# what a study writes into its output directory
+OUTPUT_NAMES = (export.SUMMARY, export.TRIALS, export.RECOMMENDED, export.RECOMMENDED_ENGINE, export.INCUMBENT,
+                export.RECORDS, REPORT, PROFILE, SIMULATION)
+
+
 def check_outputs_owner(output: str | Path, name: str) -> None:
     """Refuse to write study `name`'s outputs where another study's are (its summary, recommended
     config and per-request records, which cannot be made again): one output directory, one study.
@@ -217,12 +230,20 @@ def check_outputs_owner(output: str | Path, name: str) -> None:
     with contextlib.suppress(OSError):  # a place the OS refuses: the output check says why
         if default.is_file() and default.stat().st_size > 0:
             others |= _studies_in(f"sqlite:///{default}")
+    ours = name in others
     others.discard(None)
     others.discard(name)
     if others:
         raise OutputError(f"output directory {out}: holds the outputs of study {sorted(others)[0]!r}, not "
                           f"{name!r}: give each study its own --output (outputs are never replaced by "
                           f"another study's)")
+    if not ours:  # no study began here: a file of an output's name is someone's own, not ours to replace
+        with contextlib.suppress(OSError):
+            taken = [str(p) for p in OUTPUT_NAMES if (out / p).exists()]
+            if taken:
+                raise OutputError(f"output directory {out}: holds {', '.join(taken)}, which no tuner study "
+                                  f"wrote there (no {export.SUMMARY} or {search.DEFAULT_STORAGE_FILE} of "
+                                  f"study {name!r}): name a new or empty --output (nothing was changed)")
 
 
 def _summary_study(path: Path) -> str | None:
@@ -478,12 +499,12 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
         with make_launcher(s, log_dir=str(out / "server" / "profile")) as launcher:
             run = measure_profile(launcher, s, p.traffic, base=p.base, length_column=length_column(p.traffic))
         profile = run.profile
-        write_profile(profile, out / "profile.csv")
-        progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / 'profile.csv'}: "
+        write_profile(profile, out / PROFILE)
+        progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / PROFILE}: "
                       f"{profile.describe()}")
     started = time.monotonic()
     ranking = search.rank_space(s, p.base, p.traffic, profile=profile)
-    write_atomic(out / "simulation.csv", ranking.to_csv(index=False))
+    write_atomic(out / SIMULATION, ranking.to_csv(index=False))
     progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
     return ranking
 

@@ -5,12 +5,16 @@ real engine: tests/llm/test_tune.py."""
 from __future__ import annotations
 
 import dataclasses
+import http.server
 import math
+import threading
+import time
 
 import pytest
 
 from tuner.llm.engine_metrics import COUNTERS, EMULATED, GAUGES, EngineSnapshot
-from tuner.llm.engine_watch import BATCH_FIGURES, batch_figures, stretch_of
+from tuner.llm.engine_watch import BATCH_FIGURES, EngineWatch, batch_figures, stretch_of
+from tuner.localhost import free_ports
 from tuner.trial.record import Figures
 
 
@@ -47,3 +51,37 @@ def test_every_figure_kept_has_its_field_in_a_trials_figures():
     assert set(BATCH_FIGURES) <= fields
     start = snapshot(preemptions=0, running=0, waiting=0, kv=0.0)
     assert tuple(batch_figures(stretch_of(start, [start], seconds=1.0))) == BATCH_FIGURES
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    text = ""  # what /metrics says now
+
+    def do_GET(self):
+        body = type(self).text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_engine_whose_series_appear_with_its_first_request_is_measured_from_zero(tmp_path):
+    # Triton's vLLM backend reports a model's vllm: series from its first request on: a watch opened
+    # on the fresh engine saw an answer without them, and the replay's stretch came out as "none"
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics) as listener:
+        threading.Thread(target=listener.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{listener.server_address[1]}/metrics"
+        _Metrics.text = "# TYPE nv_inference_count counter\nnv_inference_count{model=\"llm\"} 0\n"
+        with EngineWatch(url, "llm", interval_s=0.05) as watch:
+            _Metrics.text = (f'# TYPE {COUNTERS["preemptions"]} counter\n{COUNTERS["preemptions"]}{{model="llm"}} 2\n'
+                             f'# TYPE {GAUGES["running"]} gauge\n{GAUGES["running"]}{{model="llm"}} 5\n')
+            time.sleep(0.3)
+            stretch = watch.mark()
+        listener.shutdown()
+    assert stretch is not None and stretch.figures.preemptions == 2 and stretch.running_peak == 5
+    unreachable = f"http://127.0.0.1:{free_ports(1)[0]}/metrics"
+    with EngineWatch(unreachable, "llm", interval_s=0.05) as watch:
+        assert watch.mark() is None  # nothing read at either end: no figures, not zeros

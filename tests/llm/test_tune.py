@@ -106,4 +106,5 @@ def test_a_generative_study_is_tuned_in_output_tokens_per_dollar(study, tmp_path
         assert json.loads((tmp_path / "exported.json").read_text()) == recommended
     report = (out / "report.html").read_text()
     assert "output tokens per dollar" in report and "TTFT" in report and "KV cache (peak)" in report
+    assert "SLA: p99 TTFT ≤ 1000 ms, p99 TPOT ≤ 100 ms, error rate" in report  # both limits, not TTFT's alone
     assert _digest(TEMPLATE) == before  # the repository's model.json and config.pbtxt as they were

@@ -198,3 +198,32 @@ def test_a_prometheus_without_triton_metrics_is_one_line_exit_2(prometheus_tools
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1, out + err
     assert f"Prometheus {url}: no Triton metrics (nv_inference_request_success) in the window" in err, err
+
+
+def test_replicas_that_join_or_leave_inside_an_hour_are_divided_by_the_time_they_served(
+    prometheus_tools, tmp_path
+):
+    # three hours at 10 req/s a replica: a serves them all; b joins 36 minutes into the second hour (a
+    # scale-up) and c leaves 12 minutes into the third (a scale-down). Counting each replica's hour
+    # as a whole one put the second hour's per-replica rate at (10 + 4) / 2 = 7 req/s.
+    end = math.floor(time.time() / 3600) * 3600
+    start = end - 3 * 3600
+    spans = {"a": (start, end), "b": (start + 3600 + 36 * 60, end), "c": (start, start + 2 * 3600 + 12 * 60)}
+    lines = []
+    for name, per_s in (("nv_inference_request_success", 10), ("nv_inference_request_failure", 0),
+                        ("nv_inference_count", 10), ("nv_inference_exec_count", 1),
+                        ("nv_inference_queue_duration_us", 10 * 2000), ("nv_inference_compute_infer_duration_us", 10 * 5000)):
+        lines.append(f"# TYPE {name} unknown\n")
+        for replica, (first, last) in spans.items():
+            labels = f'{{model="m",version="1",instance="{replica}:8002",job="triton"}}'
+            lines += [f"{name}{labels} {(t - first) * per_s} {t}\n" for t in range(first, last + 1, 15)]
+    (tmp_path / "scaled.om").write_text("".join(lines) + "# EOF\n")
+    backfill([tmp_path / "scaled.om"], tmp_path / "data")
+    with prometheus_server(tmp_path / "data") as url:
+        a = production_audit(settings(tmp_path), Prometheus(url), window_s=3 * 3600, end=end)
+    assert a.steps["per_replica_rps"].to_numpy() == pytest.approx([10, 10, 10], rel=0.02)
+    assert a.steps["replicas"].to_numpy() == pytest.approx([2, 2.4, 2.2], rel=0.02)
+    assert a.figures.per_replica_rps == pytest.approx(10, rel=0.02)
+    assert a.figures.replicas == pytest.approx(6.6 / 3, rel=0.02)
+    assert a.instances.loc["b:8002", "throughput_rps"] == pytest.approx(10, rel=0.02)
+    assert a.instances.loc["c:8002", "seconds"] == pytest.approx(2 * 3600 + 12 * 60, rel=0.02)

@@ -9,6 +9,7 @@ import pytest
 
 from tuner.production._figures import (
     COLUMNS,
+    SECONDS,
     by_instance,
     by_step,
     hours_under,
@@ -18,9 +19,11 @@ from tuner.production._figures import (
 )
 
 
-def increases(rows: list[tuple[str, str, float, float, float, float, float, float]]) -> pd.DataFrame:
-    """(end, instance, succeeded, failed, inferences, executions, queue_us, compute_us) rows."""
-    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS])
+def increases(rows: list[tuple]) -> pd.DataFrame:
+    """(end, instance, succeeded, failed, inferences, executions, queue_us, compute_us[, seconds served])
+    rows: a row without its seconds served the whole hour."""
+    rows = [row if len(row) == 9 else (*row, 3600.0) for row in rows]
+    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS, SECONDS])
     frame["end"] = pd.to_datetime(frame["end"], utc=True)
     return frame.set_index(["end", "instance"])
 
@@ -50,7 +53,7 @@ def test_each_step_sums_its_instances_and_is_labelled_by_its_start():
 
 
 def test_the_window_counts_the_time_with_samples_and_each_replicas_own():
-    f = total(FRAME, step_s=3600, max_batch_size=32)
+    f = total(FRAME, max_batch_size=32)
     assert f.seconds == 7200 and f.replicas == 1.5  # 3 replica-hours over 2 hours
     assert f.throughput_rps == pytest.approx(46800 / 7200) and f.per_replica_rps == pytest.approx(
         46800 / 10800
@@ -59,23 +62,35 @@ def test_the_window_counts_the_time_with_samples_and_each_replicas_own():
     assert f.error_rate == pytest.approx(8 / 46808)
 
 
+def test_a_replica_that_served_part_of_an_hour_is_divided_by_that_part():
+    # b started at 00:36 (a scale-up): 24 minutes at 2 req/s; a served the whole hour at 2 req/s too
+    frame = increases([("2026-01-01 01:00", "a", 7200, 0, 7200, 720, 0, 0),
+                       ("2026-01-01 01:00", "b", 2880, 0, 2880, 288, 0, 0, 1440.0)])
+    step = by_step(frame, step_s=3600, max_batch_size=32).iloc[0]
+    assert step["per_replica_rps"] == pytest.approx(10080 / 5040) == 2.0  # not 10080 / 7200 = 1.4
+    assert step["replicas"] == pytest.approx(1.4) and step["throughput_rps"] == pytest.approx(2.8)
+    assert by_instance(frame, max_batch_size=32).loc["b", "throughput_rps"] == pytest.approx(2.0)
+    f = total(frame, max_batch_size=32)
+    assert f.seconds == 3600 and f.per_replica_rps == pytest.approx(2.0) and f.replicas == pytest.approx(1.4)
+
+
 def test_each_instance_over_its_own_steps():
-    inst = by_instance(FRAME, step_s=3600, max_batch_size=32)
+    inst = by_instance(FRAME, max_batch_size=32)
     assert inst.loc["a", "seconds"] == 7200 and inst.loc["a", "throughput_rps"] == pytest.approx(39600 / 7200)
     assert inst.loc["b", "seconds"] == 3600 and inst.loc["b", "mean_batch"] == 20
 
 
 def test_no_requests_give_no_ratio_of_them_and_no_samples_give_nothing():
     quiet = increases([("2026-01-01 01:00", "a", 0, 0, 0, 0, 0, 0)])
-    f = total(quiet, step_s=3600, max_batch_size=32)
+    f = total(quiet, max_batch_size=32)
     assert f.throughput_rps == 0 and f.seconds == 3600
     assert f.mean_batch is None and f.fill_rate is None and f.queue_ms is None and f.error_rate is None
-    empty = total(quiet.iloc[:0], step_s=3600, max_batch_size=32)
+    empty = total(quiet.iloc[:0], max_batch_size=32)
     assert empty.seconds == 0 and empty.fill_rate is None
 
 
 def test_a_model_without_batching_has_no_fill_rate():
-    assert total(FRAME, step_s=3600, max_batch_size=0).fill_rate is None
+    assert total(FRAME, max_batch_size=0).fill_rate is None
     assert by_step(FRAME, step_s=3600, max_batch_size=0)["fill_rate"].isna().all()
 
 

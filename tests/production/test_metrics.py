@@ -26,7 +26,7 @@ from tuner.production import (
     study_families,
     write_textfile,
 )
-from tuner.production._figures import COLUMNS
+from tuner.production._figures import COLUMNS, SECONDS
 from tuner.production._series import Counters
 from tuner.settings import read_study
 from tuner.trial import Bracket, Figures, TrialRecord
@@ -37,8 +37,9 @@ PRICE = 2.0
 
 def audit(tmp_path, *, baseline: Baseline | None = BASELINE):
     """Two instances over one hour: 3600 + 7200 requests (3 req/s, 1.5 per replica), batches of 8 of 32."""
-    rows = [("2026-01-01 01:00", "a", 3600, 0, 3600, 450, 0, 0), ("2026-01-01 01:00", "b", 7200, 0, 7200, 900, 0, 0)]
-    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS])
+    rows = [("2026-01-01 01:00", "a", 3600, 0, 3600, 450, 0, 0, 3600),
+            ("2026-01-01 01:00", "b", 7200, 0, 7200, 900, 0, 0, 3600)]
+    frame = pd.DataFrame(rows, columns=["end", "instance", *COLUMNS, SECONDS])
     frame["end"] = pd.to_datetime(frame["end"], utc=True)
     counters = Counters(
         increases=frame.set_index(["end", "instance"]),
@@ -94,6 +95,7 @@ def test_the_textfile_holds_the_audits_figures_with_units_and_labels(tmp_path):
     assert got[("tuner_sla_latency_seconds", lab(quantile="0.99"))] == pytest.approx(0.2)
     assert got[("tuner_audit_exit_code", LABELS)] == 10  # inefficient
     assert got[("tuner_audit_window_end_timestamp_seconds", LABELS)] == a.end.timestamp()
+    assert got[("tuner_audit_covered_seconds", LABELS)] == 3600
     assert all(name.startswith("tuner_") for name, _ in got)
     assert not [p for p in os.listdir(tmp_path) if p != "tuner.prom" and p != "production.yaml" and p != "models"]
 

@@ -108,7 +108,7 @@ def test_samples_older_than_the_window_and_their_restarts_age_out():
     assert step_s == 10 and row(w)["succeeded"] == 60 and c.resets == {"a": 0}
 
 
-def test_several_servers_are_kept_apart_and_a_shorter_one_is_extrapolated():
+def test_several_servers_are_kept_apart_and_a_shorter_one_served_its_own_span():
     w = CounterWindow(60)
     for t in (0, 10, 20):
         w.add("a", t, {"1": counts(10 * t)})
@@ -116,7 +116,8 @@ def test_several_servers_are_kept_apart_and_a_shorter_one_is_extrapolated():
     w.add("b", 20, {"1": counts(40)})
     c, step_s = w.counters(now=20)
     assert step_s == 20 and sorted(c.increases.index.get_level_values("instance")) == ["a", "b"]
-    assert row(w, "a")["succeeded"] == 200 and row(w, "b")["succeeded"] == 80
+    assert row(w, "a")["succeeded"] == 200 and row(w, "a")["seconds"] == 20
+    assert row(w, "b")["succeeded"] == 40 and row(w, "b")["seconds"] == 10  # 4 req/s over its 10 s
 
 
 @pytest.fixture

@@ -135,6 +135,12 @@ def test_exactly_one_source(tmp_path, capsys, flags):
     assert "give exactly one of --prometheus URL and --triton HOST:PORT" in err, err
 
 
+def test_a_window_shorter_than_two_scrapes_is_one_line(tmp_path, capsys):
+    # it would never hold two samples: no figure, ever, and no word why
+    err = one_line(capsys, exporter(tmp_path, "127.0.0.1:1", extra=("--window", "1s", "--scrape-interval", "2s")))
+    assert "--window 1s: shorter than two scrapes (--scrape-interval 2s)" in err, err
+
+
 def test_a_target_that_is_not_host_port_is_one_line(tmp_path, capsys):
     err = one_line(capsys, exporter(tmp_path, "127.0.0.1"))
     assert "--triton '127.0.0.1': not HOST:PORT" in err, err

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tuner.errors import ServerError, ServerSetupError
+from tuner.errors import ConfigError, ServerError, ServerSetupError
 from tuner.localhost import sweep_owned
 from tuner.server.install import system_libpython
 from tuner.server.local import WORKDIR_PREFIX, LocalLauncher
@@ -148,9 +148,27 @@ def test_broken_model_at_startup_quotes_exit_code_and_log(triton_install, tmp_pa
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text('name: "broken"\nbackend: "no_such_backend"\nmax_batch_size: 4\n')
     server = LocalLauncher(tmp_path / "repo", install=triton_install, startup_timeout_s=60)
-    with pytest.raises(ServerSetupError, match=r"exited with code \d+ during startup(.|\n)*no_such_backend"):
+    with pytest.raises(ServerSetupError, match=r"exited with code \d+ during startup(.|\n)*no_such_backend") as caught:
         with server:
             pass
+    assert server.pid is None
+    # Triton's own reason on the first line, not its closing "failed to load all models"
+    assert "no_such_backend" in str(caught.value).splitlines()[0], str(caught.value)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("name", "name 'other' is not its directory's ('mine'): Triton loads a model only from a directory of its name"),
+    ("version", "no version directory (a numbered subdirectory such as 1/ holding the model's files)"),
+])
+def test_what_triton_would_refuse_at_its_start_is_one_line_before_it_starts(triton_install, tmp_path, case,
+                                                                             message):
+    model = tmp_path / "repo" / "mine"
+    (model / ("1" if case == "name" else "v1")).mkdir(parents=True)
+    (model / "config.pbtxt").write_text(f'name: "{"other" if case == "name" else "mine"}"\nbackend: "python"\n')
+    server = LocalLauncher(tmp_path / "repo", install=triton_install)
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert message in str(caught.value) and "\n" not in str(caught.value)
     assert server.pid is None
 
 

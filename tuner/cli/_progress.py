@@ -22,12 +22,12 @@ class Bars(Progress):
         print(f"tuner: {text}", file=sys.stderr, flush=True)
 
     def trials(self, study: optuna.Study, total: int) -> None:
-        self._new(total, min(search.finished_count(study), total), "trials")
+        self._new(total, min(search.spent_done(study), total), "trials")
 
     def trial_done(self, study: optuna.Study) -> None:
         if self.bar is None:
             return
-        self.bar.n = min(search.finished_count(study), self.bar.total)
+        self.bar.n = min(search.spent_done(study), self.bar.total)
         best = search.best_trial(study)
         if best is not None:
             self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)

@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--window", args.window), ("--until", args.until)):
         if value is not None:
             raise InputError(f"{flag}: only with --prometheus (the replay audit replays the study's traffic)")
+    if args.at_load_only and args.baseline:
+        raise InputError("--baseline compares capacities, which --at-load-only does not measure: drop one of them")
     from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
     from tuner.files import check_writable
     from tuner.server.remote import check_triton

@@ -24,12 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     check = add_command(
         sub, "check", run=_check, help="check config.pbtxt files (exit 2 if any is invalid)",
-        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields. "
-        "Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
+        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields; a model "
+        "vLLM serves has the model.json beside it checked as vLLM's backend reads it, and a model.json "
+        "named itself is checked alone. Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
         "PATH: message for a broken rule) and exits 2 if any is invalid.",
     )
     # each path is checked as it comes, so that every bad one has its line
-    add_input(check, "paths", nargs="+", metavar="PATH", help="config.pbtxt files", each=True)
+    add_input(check, "paths", nargs="+", metavar="PATH", help="config.pbtxt files (or a vLLM model's model.json)",
+              each=True)
 
     set_ = add_command(
         sub, "set", run=_set, help="change the tuned fields of a config.pbtxt",
@@ -55,10 +57,21 @@ def _check(args: argparse.Namespace) -> int:
     # Invalid files: one line each on stderr. Valid ones are quiet but for a count (or "PATH: ok"
     # for a single file), so a single bad file is exactly one line of output.
     invalid = 0
+    from tuner.files import read_json_object
+    from tuner.llm import engineargs
+
     for path in args.paths:
         try:
+            if Path(path).suffix == ".json":  # a vLLM-served model's engine arguments, as vLLM's backend reads them
+                engineargs.check(read_json_object(Path(path), label=path, error=ConfigError), source=path)
+                continue
             readable_file(path, what="a config.pbtxt", error=ConfigError)
-            modelconfig.validate(modelconfig.load(path), path)
+            config = modelconfig.load(path)
+            modelconfig.validate(config, path)
+            model_dir = Path(path).parent
+            if (engineargs.is_vllm_model(model_dir, config)  # and the model.json beside it, where there is one
+                    and (engineargs.version_dir(model_dir) / engineargs.ENGINE_FILE).is_file()):
+                engineargs.read(model_dir)
         except ConfigError as exc:
             invalid += 1
             print(exc, file=sys.stderr)

@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--port {args.port}: not a TCP port (1 to 65535)")
     window_s = parse_duration(args.window)
     interval_s = parse_duration(args.scrape_interval, where="--scrape-interval")
+    if args.triton and window_s < 2 * interval_s:  # an increase needs two samples in the window
+        raise InputError(f"--window {args.window}: shorter than two scrapes (--scrape-interval "
+                         f"{args.scrape_interval}): it would never hold two samples to measure between")
     from tuner.study import check_batcher_study
 
     settings = read_study(args.study)

@@ -53,13 +53,14 @@ def run(args: argparse.Namespace) -> int:
     if args.study is not None and args.name is not None:
         raise SettingsError("--study names the study only without STUDY.yaml (the file names it)")
     settings = read_study(args.study) if args.study is not None else None
+    # the study file's storage (its output directory's, by default) even when --output writes elsewhere
+    storage = args.storage or (search.storage_url(settings) if settings is not None else None)
     if settings is not None and args.output:
         settings = dataclasses.replace(settings, output=str(Path(args.output).resolve()))
     if args.no_remeasure:
-        storage = args.storage or search.storage_url(settings)
         output = args.output or settings.output
         summary = outputs_from_storage(storage, settings.name if settings else args.name, output)
     else:
-        summary = finish(settings, storage=args.storage, progress=Bars(enabled=not args.quiet))
+        summary = finish(settings, storage=storage, progress=Bars(enabled=not args.quiet))
         output = settings.output
     return print_outcome(summary, output)

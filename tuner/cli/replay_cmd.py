@@ -43,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         Number("--speed", "S",
                "replay speed (default: the study's traffic.speed); 2 = twice the recorded rate"),
         Number("--duration", "S", "measure only S seconds of the replayed schedule (after the warm-up)"),
+        Number("--warmup", "S", "replay S seconds of the traffic before what is measured (default: the "
+               "study's replay.warmup_s; a generative tune's check-it line gives its capacity steps' own)"),
     ))
     p.add_argument("--step", action="store_true",
                    help="replay what one step of the study's search replays at this speed: the busiest "
@@ -73,12 +75,15 @@ def _replay(args: argparse.Namespace) -> int:
                             "search.capacity.step_duration_s)")
     if args.workers is not None and args.workers < 0:
         raise SettingsError(f"--workers: must be >= 0, got {args.workers}")
+    if args.warmup is not None and args.warmup < 0:
+        raise SettingsError(f"--warmup: must be >= 0, got {args.warmup:g}")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
         workers=settings.replay.workers if args.workers is None else args.workers,
+        warmup_s=settings.replay.warmup_s if args.warmup is None else args.warmup,
     ))
     params = space.parse_assignments(args.assignments)
     if _is_generative(settings):
@@ -135,10 +140,20 @@ def _windows(traffic, settings, *, args: argparse.Namespace, speed: float):
     cut to --duration), refused before a server starts when its measured part holds no request."""
     from tuner.trial.step import check_measured, step_windows, whole_traffic
 
-    windows = step_windows(traffic, settings) if args.step else \
+    # --step --warmup: as a generative trial's capacity step, its warm-up made whole with the stretch itself
+    # where the traffic before it is shorter (tuner.trial.generate.make_settled_probe)
+    windows = step_windows(traffic, settings, fill=args.warmup is not None) if args.step else \
         whole_traffic(traffic, settings.replay.warmup_s, args.duration)
     check_measured(windows, speed, source=str(settings.traffic.path),
                    hint="a lower --speed, or a shorter replay.warmup_s")
+    if args.duration is not None:
+        from tuner.traffic import due_offsets
+
+        part, warmup, _end = windows(speed)
+        held = float(due_offsets(part, speed)[-1]) - warmup
+        if args.duration > held:
+            print(f"note: --duration {args.duration:g}: the traffic holds {held:.3g} s after its warm-up at speed "
+                  f"{speed:g}; that is what is replayed", file=sys.stderr)
     return windows
 
 
@@ -211,7 +226,9 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
 
 
 def _figures(m) -> dict:
-    return {k: v for k, v in dataclasses.asdict(m).items() if k not in ("ttfts_ms", "tpots_ms")}
+    from tuner.measurement_tokens import PER_REQUEST
+
+    return {k: v for k, v in dataclasses.asdict(m).items() if k not in PER_REQUEST}
 
 
 def _engine_figures(engine) -> dict | None:
@@ -264,7 +281,7 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
     lines = [f"{'ms, from the due time':<22} {'p50':>9} {'p99':>9} {'mean':>9}   (all {w.requests} requests sent; "
              "the engine's from its histograms: linear within a bucket)"]
     for label, figures, values, name in (("TTFT", w.ttft_ms, w.ttfts_ms, TTFT), ("TPOT", w.tpot_ms, w.tpots_ms, TPOT),
-                                         ("ITL", w.itl_ms, None, ITL), ("end to end", w.e2e_ms, None, E2E)):
+                                         ("ITL", w.itl_ms, w.itls_ms, ITL), ("end to end", w.e2e_ms, w.e2es_ms, E2E)):
         mean = float(values.mean()) if values is not None and len(values) else float("nan")
         lines.append(f"{label + ' (replay)':<22} {figures.get('p50', float('nan')):>9.2f} "
                      f"{figures.get('p99', float('nan')):>9.2f} {mean:>9.2f}")

@@ -26,7 +26,7 @@ SHOWN = {
 
 
 # The study's settings a simulation can override; run() checks each is finite and > 0 when given,
-# and those in FRACTIONS below 1 too.
+# and those in FRACTIONS at most 1 too.
 FIGURES = (
     Number("--speed", "S",
            "the recorded load: the traffic S times faster (default: the study's traffic.speed)"),
@@ -35,10 +35,10 @@ FIGURES = (
     Number("--sla-ms", "L", "what-if: another latency SLA (ms)"),
     Number("--price", "P", "what-if: another price per hour ($)"),
     Number("--tolerance", "T", "capacity bisection tolerance (default: the study's search.capacity."
-           "tolerance, a fraction in (0, 1)); simulation is cheap, a finer one (0.02) separates close "
+           "tolerance, a fraction in (0, 1]); simulation is cheap, a finer one (0.02) separates close "
            "configurations"),
 )
-FRACTIONS = ("--tolerance",)  # the bisection's relative width: 5 would be a 500 % bracket
+FRACTIONS = ("--tolerance",)  # the bisection's relative width (as the study's): 5 would be a 500 % bracket
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -83,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         if not (math.isfinite(value) and value > 0):
             raise SettingsError(f"{figure.flag}: must be > 0, got {value:g}")
-        if figure.flag in FRACTIONS and value >= 1:
-            raise SettingsError(f"{figure.flag}: must be a fraction between 0 and 1 (e.g. 0.05), got {value:g}")
+        if figure.flag in FRACTIONS and value > 1:
+            raise SettingsError(f"{figure.flag}: must be a fraction in (0, 1] (e.g. 0.05), got {value:g}")
     if args.top < 1:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
     if args.json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 from pathlib import Path
 
 from tuner.cli._args import (
@@ -18,7 +19,7 @@ from tuner.cli._args import (
     add_quiet,
     add_study,
 )
-from tuner.errors import SettingsError
+from tuner.errors import SettingsError, UnmeasuredError
 
 EXIT_NO_DRIFT = 0
 EXIT_DRIFT = 10
@@ -66,7 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "measured in tokens (TTFT, TPOT, output tokens/s, the token SLA) with vLLM's own statistics "
         "(preemptions, KV-cache use, sequences waiting), no batch or compute-time figures. Hours are hours "
         "of recorded traffic. Exit codes: 0 no drift detected, 10 drift "
-        "detected, 2 bad input, 1 error, 130 interrupted (the finished windows are kept).",
+        "detected, 1 no verdict (too few usable windows to analyse) or an error, 2 bad input, 130 "
+        "interrupted (the finished windows are kept).",
     )
     add_study(p, "the study file (model, server, traffic, SLA)")
     add_assignments(p, "change a field of the soaked config, e.g. --set max_batch_size=16 (repeatable)")
@@ -81,7 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Soak one configuration and print the findings; exit 10 when drift was detected, else 0."""
+    """Soak one configuration and print the findings; exit 10 when drift was detected, 1 when too few
+    windows could be analysed, else 0."""
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner import space
     from tuner.settings import check_generative, read_study
@@ -135,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(result.findings.text())
     print(f"\nsoak: {result.folder} (windows.csv{'' if engine is not None else ', executions.csv'}, findings.json); "
-          f"`tuner report {output}` draws it")
+          f"`tuner report {shlex.quote(str(output))}` draws it")
+    if result.findings.analysis is None:  # too few usable windows: no verdict, not "no drift"
+        return UnmeasuredError.exit_code
     return EXIT_DRIFT if result.findings.verdict == "drift" else EXIT_NO_DRIFT
 
 

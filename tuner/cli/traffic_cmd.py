@@ -59,7 +59,7 @@ TRAFFIC_FILE = "traffic file to write (.csv or .parquet)"
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `tuner traffic` and its subcommands to `subparsers`."""
     sub = add_group(
-        subparsers, "traffic", help="inspect, import, synthesize and cut recorded traffic profiles",
+        subparsers, "traffic", help="recorded traffic profiles: stats, import, synth, window, fit, scale, convert",
         description="Recorded traffic profiles: one row per request (timestamp, batch_size, shape "
         "columns such as seq_len, optional model), as CSV or Parquet.",
     )

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "tune",
         run=run,
         resumable=True,
-        help="find the dynamic-batching configuration with the most requests per dollar under the SLA",
+        help="find the configuration (dynamic batching, or a vLLM model's engine knobs) with the most "
+             "requests (or output tokens) per dollar under the SLA",
         description="Run the study: replay the recorded traffic against each trial configuration on a "
         "real Triton, find its capacity under the SLA, let Optuna choose the next one, re-measure the "
         "best, and write recommended/config.pbtxt, summary.json and trials.csv into the output "

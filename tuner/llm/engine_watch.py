@@ -94,7 +94,11 @@ class EngineWatch:
         self._thread = threading.Thread(target=self._loop, name="engine-watch", daemon=True)
 
     def __enter__(self) -> EngineWatch:
-        self._start, self._since = self.read(), time.monotonic()
+        text = self._fetch()
+        # an endpoint that answers without the model's series: a fresh engine, which (through Triton's
+        # vLLM backend) reports them from its first request on; it has counted nothing yet
+        self._start = None if text is None else (self._snapshot(text) or EngineSnapshot())
+        self._since = time.monotonic()
         self._thread.start()
         return self
 
@@ -104,11 +108,17 @@ class EngineWatch:
 
     def read(self) -> EngineSnapshot | None:
         """The model's vllm: series now; None when the endpoint cannot be read or holds none."""
+        text = self._fetch()
+        return None if text is None else self._snapshot(text)
+
+    def _fetch(self) -> str | None:
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_s) as response:
-                text = response.read().decode(errors="replace")
+                return response.read().decode(errors="replace")
         except (urllib.error.URLError, OSError):
             return None
+
+    def _snapshot(self, text: str) -> EngineSnapshot | None:
         snapshot = read_engine(text, self.model)
         return snapshot if snapshot.values or snapshot.histograms else None
 

@@ -134,6 +134,9 @@ _RULES: dict[str, tuple[type, str, object]] = {
     "enforce_eager": (bool, "true or false", lambda v: True),
     "gpu_memory_utilization": (float, "a number in (0, 1]", lambda v: 0 < v <= 1),
     "model": (str, "a model name or directory", lambda v: bool(v)),
+    # vllm.config.model.ModelDType (0.32): refused by vLLM only as the model loads, in a pydantic trace
+    "dtype": (str, "one of auto, half, float16, bfloat16, float, float32",
+              lambda v: v in ("auto", "half", "float16", "bfloat16", "float", "float32")),
 }
 
 

@@ -66,8 +66,7 @@ class Deployed:
             text = modelconfig.to_text(proposed, comments_from=self.path.read_text())
             diff = space.config_diff(self.config, proposed, old_name=f"production/{self.path.name}",
                                      new_name=f"proposed/{CONFIG_FILE}")
-            changed = tuple(f"{name}: {old} -> {new}"
-                            for name, old, new in modelconfig.diff_fields(self.config, proposed))
+            changed = tuple(modelconfig.changed_fields(self.config, proposed))
             return Proposal(CONFIG_FILE, text, _lines(diff), changed)
         # as tune's recommended/model.json (tuner.export.recommended_engine): production's arguments,
         # only the tuned knobs written in, checked as vLLM would

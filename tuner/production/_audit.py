@@ -100,7 +100,7 @@ def judge(
 ) -> ProductionAudit:
     """The audit of counters read from Prometheus: figures, ratio, budget and findings."""
     inc = counters.increases
-    total = fig.total(inc, step_s=step_s, max_batch_size=max_batch_size)
+    total = fig.total(inc, max_batch_size=max_batch_size)
     capacity = baseline.capacity_rps if baseline is not None else None
     ratio = recoverable = None
     if capacity and total.seconds:
@@ -117,7 +117,7 @@ def judge(
         max_error_rate=max_error_rate,
         figures=total,
         steps=fig.by_step(inc, step_s=step_s, max_batch_size=max_batch_size, capacity_rps=capacity),
-        instances=fig.by_instance(inc, step_s=step_s, max_batch_size=max_batch_size),
+        instances=fig.by_instance(inc, max_batch_size=max_batch_size),
         gaps=list(counters.gaps - pd.Timedelta(seconds=step_s)),
         restarts=counters.resets,
         baseline=baseline,

@@ -18,7 +18,7 @@ from tuner.production._engine_figures import EngineSeries, engine_steps, engine_
 from tuner.production._engine_result import EngineAudit, EngineBaseline, engine_findings
 from tuner.production._engine_series import E2E, TPOT, TTFT, read_engine_series
 from tuner.production._errors import NoSeriesError
-from tuner.production._figures import recoverable_per_month
+from tuner.production._figures import SECONDS, recoverable_per_month
 from tuner.settings import SlaSettings, StudySettings, check_generative
 
 __all__ = ["judge_engine", "production_engine_audit"]
@@ -70,13 +70,13 @@ def judge_engine(
     """The audit of vLLM's series read from Prometheus: figures, SLA by step, ratio, findings."""
     steps = engine_steps(series, step_s=step_s)
     steps["over_sla"] = over_sla(steps, sla).reindex(steps.index)
-    totals = engine_totals(series, steps, step_s=step_s, price_per_hour=price_per_hour)
+    totals = engine_totals(series, steps, price_per_hour=price_per_hour)
     ratio = recoverable = None
     if baseline is not None and totals.peak_output_tokens_per_s is not None:
         ratio = totals.peak_output_tokens_per_s / baseline.capacity_tokens_per_s
         recoverable = recoverable_per_month(ratio, replicas=totals.replicas, price_per_hour=price_per_hour)
     by_instance = series.counters.groupby(level="instance")
-    instances = pd.DataFrame({"seconds": by_instance.size() * step_s,
+    instances = pd.DataFrame({"seconds": by_instance[SECONDS].sum(),
                               "generation_tokens": by_instance["generation_tokens"].sum(),
                               "preemptions": by_instance["preemptions"].sum()})
     instances["output_tokens_per_s"] = instances["generation_tokens"] / instances["seconds"]

@@ -1,7 +1,9 @@
 """A generative model's production figures from vLLM's series (_engine_series): pure arithmetic.
 
-    output tokens/s     = generation tokens / the seconds the steps with samples cover
-    per replica         = generation tokens / the replica-seconds (each instance's steps with samples)
+    output tokens/s     = generation tokens / the seconds the steps cover (a step's: its longest-serving
+                          engine's seconds in it)
+    per replica         = generation tokens / the replica-seconds (each engine's served seconds summed:
+                          an engine that started or stopped inside a step served part of it)
     tokens per dollar   = generation tokens / (replica-seconds / 3600 x price per hour)
     peak                = the step with the most output tokens/s per replica
     ratio               = that peak / the baseline's capacity (output tokens/s of one tuned server)
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from tuner.production._figures import SECONDS
 from tuner.score import check_token_sla
 from tuner.settings import SlaSettings
 
@@ -28,7 +31,7 @@ __all__ = ["EngineSeries", "EngineTotals", "engine_steps", "engine_totals", "ove
 class EngineSeries:
     """vLLM's figures of one model over a window, per step (index `end`: the step's end, UTC)."""
 
-    counters: pd.DataFrame  # index (end, instance); ENGINE_COUNTERS' columns (increases)
+    counters: pd.DataFrame  # index (end, instance); ENGINE_COUNTERS' columns (increases) and SECONDS served
     gauges: pd.DataFrame  # index (end, instance); kv_cache/running/waiting _max and _mean
     errors: pd.DataFrame  # index (end, instance); succeeded, failed (Triton's); empty when not scraped
     quantiles: pd.DataFrame  # index end; ttft_s, tpot_s, e2e_s at the percentile (NaN: no observation)
@@ -84,12 +87,12 @@ def engine_steps(series: EngineSeries, *, step_s: float) -> pd.DataFrame:
     NaN where nothing was sampled."""
     c, g, e = series.counters, series.gauges, series.errors
     sums = c.groupby(level="end").sum().reindex(series.ends)
-    replicas = c.groupby(level="end").size().reindex(series.ends)
+    seconds = c.groupby(level="end")[SECONDS].max().reindex(series.ends)
     out = pd.DataFrame(index=series.ends)
-    out["replicas"] = replicas
-    out["output_tokens_per_s"] = sums["generation_tokens"] / step_s
-    out["per_replica_output_tokens_per_s"] = sums["generation_tokens"] / (replicas * step_s)
-    out["prompt_tokens_per_s"] = sums["prompt_tokens"] / step_s
+    out["replicas"] = sums[SECONDS] / seconds
+    out["output_tokens_per_s"] = sums["generation_tokens"] / seconds
+    out["per_replica_output_tokens_per_s"] = sums["generation_tokens"] / sums[SECONDS]
+    out["prompt_tokens_per_s"] = sums["prompt_tokens"] / seconds
     out["requests"] = sums["requests"]
     out["preemptions"] = sums["preemptions"]
     out["ttft_ms"] = series.quantiles["ttft_s"] * 1000
@@ -111,12 +114,11 @@ def engine_steps(series: EngineSeries, *, step_s: float) -> pd.DataFrame:
 
 
 def engine_totals(
-    series: EngineSeries, steps: pd.DataFrame, *, step_s: float, price_per_hour: float
+    series: EngineSeries, steps: pd.DataFrame, *, price_per_hour: float
 ) -> EngineTotals:
     """The figures of the whole window from its series and steps (engine_steps)."""
     c = series.counters
-    n = c.index.get_level_values("end").nunique()
-    seconds, replica_seconds = n * step_s, len(c) * step_s
+    seconds, replica_seconds = float(c.groupby(level="end")[SECONDS].max().sum()), float(c[SECONDS].sum())
     sums = c.sum()
     tokens = float(sums.get("generation_tokens", 0.0))
     per_replica = steps["per_replica_output_tokens_per_s"].dropna()

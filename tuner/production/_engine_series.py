@@ -9,7 +9,8 @@ labelled `model` (tuner.llm.engine_metrics names them). A counter is matched wit
     gauges     max/avg by (instance) (max/avg_over_time(G[STEP]))           every step
     errors     Triton's own nv_inference_request_success / _failure of the model, when scraped
 
-As in _series, a step where an instance has fewer than two samples has no point (a scrape gap).
+As in _series, a step where an instance has fewer than two samples has no point (a scrape gap), and
+each point says the seconds of its step the engine served (`read_covered`: it started or stopped inside).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import pandas as pd
 from tuner.production._client import Prometheus
 from tuner.production._engine_figures import EngineSeries
 from tuner.production._errors import NoSeriesError
+from tuner.production._figures import SECONDS
 from tuner.production._series import METRICS as TRITON
-from tuner.production._series import _escape, _long, _times
+from tuner.production._series import _escape, _long, _times, read_covered
 from tuner.production._window import promql_range
 
 __all__ = ["ENGINE_COUNTERS", "ENGINE_QUERIES", "read_engine_series"]
@@ -43,9 +45,9 @@ E2E = ("vllm:e2e_request_latency_seconds",)  # arrival to the last token (sla.e2
 GAUGES = {"kv_cache": "vllm:kv_cache_usage_perc", "running": "vllm:num_requests_running",
           "waiting": "vllm:num_requests_waiting"}
 ERRORS = {"succeeded": TRITON["succeeded"], "failed": TRITON["failed"]}
-# the models, the counters, Triton's two, TTFT, TPOT and end to end (a step's and the window's), the
+# the models, the counters, the seconds each engine served (3), Triton's two, TTFT, TPOT and end to end (a step's and the window's), the
 # gauges' max and mean, the restarts (a TPOT read from a fallback name asks two more)
-ENGINE_QUERIES = 1 + len(ENGINE_COUNTERS) + len(ERRORS) + 6 + 2 * len(GAUGES) + 1
+ENGINE_QUERIES = 1 + len(ENGINE_COUNTERS) + 3 + len(ERRORS) + 6 + 2 * len(GAUGES) + 1
 
 
 def _name(metric: str, *, counter: bool = False) -> str:
@@ -99,6 +101,9 @@ def read_engine_series(
                             column))
     counters = pd.concat(frames, axis=1).sort_index()
     counters = counters[counters["generation_tokens"].notna()].fillna(0.0)  # the steps with samples
+    covered = read_covered(prometheus, series=f"{{{_name(tokens, counter=True)},{labels}}}", start=start, end=end,
+                           step_s=step_s, on_query=say)
+    counters[SECONDS] = covered.reindex(counters.index).fillna(step_s).clip(0.0, step_s)
     errors = []
     for column, metric in ERRORS.items():
         say(metric)

@@ -2,14 +2,15 @@
 
 The input is a frame of increases, one row per (step's end, instance) with the columns of COLUMNS
 (requests succeeded and failed, inferences, executions, queue and compute microseconds), as
-Prometheus's increase() gives them (counter resets handled there). From a set of rows:
+Prometheus's increase() gives them (counter resets handled there), and SECONDS: the seconds of the step
+the instance served (all of it, or the part after it started or before it stopped). From a set of rows:
 
-    throughput        = succeeded / the seconds the rows cover
+    throughput        = succeeded / the seconds the rows cover (a step's: its longest-serving instance's)
     mean batch        = inferences / executions          (Triton's dispatched batch)
     fill rate         = mean batch / max_batch_size
     queue, compute    = queue or compute microseconds / succeeded  (per request)
     error rate        = failed / (succeeded + failed)
-    per replica       = succeeded / the replica-seconds (each instance's steps with samples)
+    per replica       = succeeded / the replica-seconds (each instance's served seconds summed)
     ratio             = per replica / the baseline's capacity (one server, as `tuner tune` measures)
     recoverable       = (1 - ratio) x replicas x price per hour x hours per month
 """
@@ -25,6 +26,7 @@ from tuner.cost import HOURS_PER_MONTH
 
 __all__ = [
     "COLUMNS",
+    "SECONDS",
     "ProductionFigures",
     "by_instance",
     "by_step",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 COLUMNS = ("succeeded", "failed", "inferences", "executions", "queue_us", "compute_us")
+SECONDS = "seconds"  # the seconds of its step a row's instance served
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,29 +90,30 @@ def by_step(
 ) -> pd.DataFrame:
     """The figures of each step (all instances summed), indexed by the step's start; `ratio` against
     the baseline's `capacity_rps` (NaN without one)."""
-    sums = increases.groupby(level="end").sum()
-    replicas = increases.groupby(level="end").size()
-    out = _frame(sums, pd.Series(step_s, index=sums.index), replicas * step_s, max_batch_size=max_batch_size)
+    steps = increases.groupby(level="end")
+    sums = steps[list(COLUMNS)].sum()
+    out = _frame(sums, steps[SECONDS].max(), steps[SECONDS].sum(), max_batch_size=max_batch_size)
     out["ratio"] = throughput_ratio(out["per_replica_rps"], capacity_rps) if capacity_rps else np.nan
     out.index = (out.index - pd.Timedelta(seconds=step_s)).rename("start")
     return out
 
 
-def by_instance(increases: pd.DataFrame, *, step_s: float, max_batch_size: int) -> pd.DataFrame:
+def by_instance(increases: pd.DataFrame, *, max_batch_size: int) -> pd.DataFrame:
     """The figures of each instance over the steps it has samples in, indexed by instance."""
-    sums = increases.groupby(level="instance").sum()
-    seconds = increases.groupby(level="instance").size() * step_s
-    return _frame(sums, seconds, seconds, max_batch_size=max_batch_size)
+    instances = increases.groupby(level="instance")
+    seconds = instances[SECONDS].sum()
+    return _frame(instances[list(COLUMNS)].sum(), seconds, seconds, max_batch_size=max_batch_size)
 
 
-def total(increases: pd.DataFrame, *, step_s: float, max_batch_size: int) -> ProductionFigures:
+def total(increases: pd.DataFrame, *, max_batch_size: int) -> ProductionFigures:
     """The figures of the whole window: the steps with samples, every instance."""
     steps = increases.index.get_level_values("end").nunique()
     if not steps:
         return ProductionFigures(seconds=0.0, replicas=0.0, requests=0.0, throughput_rps=0.0, per_replica_rps=0.0, mean_batch=None, fill_rate=None, queue_ms=None, compute_ms=None, error_rate=None)
-    sums = increases.sum().to_frame().T
+    sums = increases[list(COLUMNS)].sum().to_frame().T
+    seconds = increases.groupby(level="end")[SECONDS].max().sum()
     row = _frame(
-        sums, pd.Series([steps * step_s]), pd.Series([len(increases) * step_s]), max_batch_size=max_batch_size
+        sums, pd.Series([seconds]), pd.Series([increases[SECONDS].sum()]), max_batch_size=max_batch_size
     ).iloc[0]
     return ProductionFigures(**{k: None if pd.isna(v) else float(v) for k, v in row.items()})
 

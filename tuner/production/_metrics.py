@@ -125,6 +125,10 @@ def study_families(
     )
 
 
+COVERED_HELP = ("The seconds of the window the replicas' samples cover: what the per-second figures divide by "
+                "(a scrape gap, or time before the first replica started, is not counted as idle).")
+
+
 def audit_families(audit: ProductionAudit, labels: Labels) -> list[Metric]:
     """The production audit's figures over its window (absent where the window had nothing to divide)."""
     f = audit.figures
@@ -164,6 +168,7 @@ def audit_families(audit: ProductionAudit, labels: Labels) -> list[Metric]:
             labels.gauge(
                 "tuner_audit_window_seconds", "The audit's window.", (audit.end - audit.start).total_seconds()
             ),
+            labels.gauge("tuner_audit_covered_seconds", COVERED_HELP, f.seconds),
             labels.gauge(
                 "tuner_audit_window_end_timestamp_seconds",
                 "The end of the audit's window (Unix time).",
@@ -206,6 +211,7 @@ def engine_audit_families(audit: EngineAudit, labels: Labels) -> list[Metric]:
                          "monthly cost.", audit.recoverable_per_month),
             labels.gauge("tuner_audit_window_seconds", "The audit's window.",
                          (audit.end - audit.start).total_seconds()),
+            labels.gauge("tuner_audit_covered_seconds", COVERED_HELP, f.seconds),
             labels.gauge("tuner_audit_window_end_timestamp_seconds", "The end of the audit's window (Unix time).",
                          audit.end.timestamp()),
             _exit_code(labels, audit.exit_code),

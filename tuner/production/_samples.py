@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
-from tuner.production._figures import COLUMNS
+from tuner.production._figures import COLUMNS, SECONDS
 from tuner.production._series import METRICS, Counters
 
 __all__ = ["CounterWindow", "Scrape", "parse_scrape"]
@@ -106,22 +106,22 @@ class CounterWindow:
         """The window's increases as one step (`judge`'s input) and that step's length in seconds.
 
         The step ends at the newest sample and is as long as the longest span a server's samples cover;
-        a server whose samples cover less (it joined, or stopped answering) is extrapolated at its own
-        rate to the step, as increase() extrapolates to a range's edges. Servers with fewer than two
-        samples have no row; no row at all: an empty frame over the whole window (`judge` says
-        nothing to measure, as for a Prometheus window without two samples)."""
+        a server whose samples cover less (it joined, or stopped answering) served that span only (its
+        SECONDS). Servers with fewer than two samples have no row; no row at all: an empty frame over
+        the whole window (`judge` says nothing to measure, as for a Prometheus window without two
+        samples)."""
         held = {i: s for i, s in self._totals.items() if len(s) >= 2 and s[-1][0] > s[0][0]}
         if not held:
             end, step_s, rows = now, self.window_s, {}
         else:
             end = max(s[-1][0] for s in held.values())
             step_s = max(s[-1][0] - s[0][0] for s in held.values())
-            rows = {i: (s[-1][1] - s[0][1]) * step_s / (s[-1][0] - s[0][0]) for i, s in held.items()}
+            rows = {i: np.append(s[-1][1] - s[0][1], s[-1][0] - s[0][0]) for i, s in held.items()}
         at = _time(end)
         index = pd.MultiIndex.from_arrays(
             [pd.DatetimeIndex([at] * len(rows)), list(rows)], names=["end", "instance"]
         )
-        increases = pd.DataFrame(list(rows.values()) or None, index=index, columns=list(COLUMNS), dtype=float)
+        increases = pd.DataFrame(list(rows.values()) or None, index=index, columns=[*COLUMNS, SECONDS], dtype=float)
         resets = {i: len(self._resets.get(i, ())) for i in self._totals}
         return Counters(increases, pd.DatetimeIndex([at], name="end"), resets), step_s
 

@@ -5,6 +5,14 @@ every step of the window; increase() handles counter resets (a restarted server 
 at zero) and extrapolates to the step's edges. Versions of the model are summed; instances are kept
 apart (Prometheus's `instance` label: one per scraped Triton). A step where an instance has fewer than
 two samples has no point: a scrape gap, said by the audit, not counted as zero traffic.
+
+Each point also says how many seconds of its step the instance served (the SECONDS column): a replica that
+started or stopped inside the step (a scale-up, a scale-down) served only part of it, and its increase
+is what it served in that part. The seconds are those increase() counts: from the step's start, or
+from its first sample when that lies more than 1.1 average scrape intervals after the start (then half
+an interval before it, as increase() extrapolates), to the step's end, or likewise its last sample.
+The first and last sample times come from a subquery of `timestamp()` at a 120th of the step (PromQL
+has no function for a range's sample times); the average interval from the samples counted.
 """
 
 from __future__ import annotations
@@ -17,10 +25,10 @@ import pandas as pd
 
 from tuner.production._client import Prometheus
 from tuner.production._errors import NoSeriesError
-from tuner.production._figures import COLUMNS
+from tuner.production._figures import COLUMNS, SECONDS
 from tuner.production._window import promql_range
 
-__all__ = ["METRICS", "QUERIES", "Counters", "read_counters"]
+__all__ = ["METRICS", "QUERIES", "Counters", "read_counters", "read_covered"]
 
 # the frame's columns and Triton's counters they come from (Triton's metrics port, /metrics)
 METRICS = dict(
@@ -37,7 +45,8 @@ METRICS = dict(
         strict=True,
     )
 )
-QUERIES = len(METRICS) + 2  # the models present, each counter, the restarts
+QUERIES = len(METRICS) + 5  # the models present, each counter, the covered seconds (3), the restarts
+EDGE = 1.1  # increase() extrapolates to a range's edge within 1.1 average sample intervals of it
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,9 @@ def read_counters(
             )
         frames.append(_long(result, column))
     increases = pd.concat(frames, axis=1, join="inner").sort_index()
+    covered = read_covered(prometheus, series=f"{METRICS['succeeded']}{selector}", start=start, end=end,
+                           step_s=step_s, on_query=say)
+    increases[SECONDS] = covered.reindex(increases.index).fillna(step_s).clip(0.0, step_s)
     say("restarts")
     resets = prometheus.query(
         f"sum by (instance) (resets({METRICS['succeeded']}{selector}{promql_range(end - start)}))", at=end
@@ -109,6 +121,43 @@ def read_counters(
         pd.DatetimeIndex(ends, name="end"),
         {r["metric"].get("instance", ""): int(float(r["value"][1])) for r in resets},
     )
+
+
+def read_covered(
+    prometheus: Prometheus,
+    *,
+    series: str,
+    start: float,
+    end: float,
+    step_s: float,
+    on_query: Callable[[str], None] | None = None,
+) -> pd.Series:
+    """The seconds of each step from `start` to `end` each instance's `series` (a selector) covers, as
+    increase() counts them (see the module's docstring), indexed by (end, instance)."""
+    say = on_query or (lambda _label: None)
+    range_ = promql_range(step_s)
+    sub = f"[{round(step_s * 1000)}ms:{max(1000, round(step_s * 1000 / 120))}ms]"
+
+    def steps(promql: str, column: str) -> pd.Series:
+        return _long(prometheus.query_range(promql, start=start + step_s, end=end, step_s=step_s), column)
+
+    say("first samples")
+    first = steps(f"min by (instance) (min_over_time(timestamp({series}){sub}))", "first")
+    say("last samples")
+    last = steps(f"max by (instance) (max_over_time(timestamp({series}){sub}))", "last")
+    say("samples")
+    count = steps(f"max by (instance) (count_over_time({series}{range_}))", "count")
+    t = pd.concat([first, last, count], axis=1, join="inner")
+    if t.empty:
+        return pd.Series(dtype=float, name=SECONDS, index=t.index)
+    step_end = np.array([e.timestamp() for e in t.index.get_level_values("end")])
+    step_start = step_end - step_s
+    lo = np.maximum(t["first"].to_numpy(), step_start)  # a sample before the start: served from it
+    hi = np.minimum(t["last"].to_numpy(), step_end)
+    interval = (hi - lo) / np.maximum(t["count"].to_numpy() - 1, 1)
+    lo = np.where(lo - step_start <= EDGE * interval, step_start, lo - interval / 2)
+    hi = np.where(step_end - hi <= EDGE * interval, step_end, hi + interval / 2)
+    return pd.Series(np.clip(hi - lo, 0.0, step_s), index=t.index, name=SECONDS)
 
 
 def _long(result: list[dict], column: str) -> pd.Series:

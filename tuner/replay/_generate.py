@@ -54,7 +54,7 @@ def plan_generate(config: dict, traffic: pd.DataFrame, prompts: Prompts | None =
     model = config.get("name", "?")
     if not (config.get("model_transaction_policy") or {}).get("decoupled"):
         raise ServerSetupError(f"model '{model}' takes text_input but is not decoupled: a generative replay "
-                               "streams its tokens (model_transaction_policy {{ decoupled: true }})")
+                               "streams its tokens (model_transaction_policy { decoupled: true })")
     missing = [c for c in (PROMPT_TOKENS, OUTPUT_TOKENS) if c not in traffic.columns]
     if missing:
         raise TrafficError(f"model '{model}' generates text and the traffic has no {' or '.join(map(repr, missing))} "

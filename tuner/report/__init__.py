@@ -11,6 +11,7 @@
 
 from tuner.report import _figures as figures
 from tuner.report._html import (
+    REPORT,
     comparison_table,
     recommendation_line,
     render,
@@ -19,11 +20,13 @@ from tuner.report._html import (
     top_table,
     write_report,
 )
-from tuner.report._load import StudyOutput, load_output, simulated_vs_measured, traffic_rate
+from tuner.report._load import SIMULATION, StudyOutput, load_output, simulated_vs_measured, traffic_rate
 from tuner.report._production import is_production_audit, write_production_report
 from tuner.report._soak import SoakView, load_soak, render_soak, write_reports, write_soak_report
 
 __all__ = [
+    "REPORT",
+    "SIMULATION",
     "SoakView",
     "StudyOutput",
     "comparison_table",

@@ -67,7 +67,10 @@ def _facts(out: StudyOutput) -> str:
     sla = out.sla
     counts = out.summary.get("trials") or {}
     trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
-    return (f"SLA: {out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms, error rate ≤ "
+    given = out.summary.get("sla") or {}
+    limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
+              else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
+    return (f"SLA: {limits}, error rate ≤ "
             f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
 

@@ -2,7 +2,8 @@
 what it found.
 
     open_study / storage_url / check_storage / open_storage / load_study   _store: where a study lives
-    run_trials / make_sampler / spent / add_incumbent        _loop: Optuna's optimize, with heartbeats
+    check_resume                                                          ... and whether a run resumes it
+    run_trials / make_sampler / spent / spent_done / add_incumbent   _loop: Optuna's optimize, with heartbeats
     run_workers                                              _workers: processes on this machine
     Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
     best_trial / top_trials / incumbent_trial / counts       _results: what the study found
@@ -26,6 +27,7 @@ from tuner.search._loop import (
     requeue_interrupted,
     run_trials,
     spent,
+    spent_done,
 )
 from tuner.search._model import (
     Order,
@@ -60,6 +62,7 @@ from tuner.search._results import (
 from tuner.search._store import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
+    check_resume,
     check_storage,
     load_study,
     open_storage,
@@ -74,9 +77,9 @@ __all__ = [
     "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
     "relative_error", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
-    "best_trial", "check_gpu", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
+    "best_trial", "check_gpu", "check_resume", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",
     "met_sla", "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
-    "run_trials", "run_workers", "safe_url", "spent", "storage_url", "this_host", "top_trials",
+    "run_trials", "run_workers", "safe_url", "spent", "spent_done", "storage_url", "this_host", "top_trials",
     "without_password",
 ]

@@ -97,14 +97,24 @@ def spent(study: optuna.Study) -> int:
     """Trials that count against the budget, all workers together: every trial begun, except those
     failed and enqueued again (an interruption, a dead worker: their retry counts instead), those
     interrupted before a configuration was drawn, and the duplicates a grid study skipped."""
+    return len(_counted(study))
+
+
+def spent_done(study: optuna.Study) -> int:
+    """The trials of `spent` that finished (complete, pruned or failed): what a progress bar of the
+    budget shows done (a trial interrupted and measured again counts once, when its retry ends)."""
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in _counted(study))
+
+
+def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     trials = study.get_trials(deepcopy=False)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     with warnings.catch_warnings():  # marked experimental in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
-    return sum(t.state != TrialState.WAITING and t.number not in retried
-               and t.user_attrs.get("error_kind") != DUPLICATE
-               and not (t.user_attrs.get("error_kind") == INTERRUPTED and not _drawn(t)) for t in trials)
+    return [t for t in trials if t.state != TrialState.WAITING and t.number not in retried
+            and t.user_attrs.get("error_kind") != DUPLICATE
+            and not (t.user_attrs.get("error_kind") == INTERRUPTED and not _drawn(t))]
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:

@@ -176,9 +176,11 @@ def met_sla(remeasured: dict) -> bool:
 
 def recommend(remeasured: list[dict]) -> list[dict]:
     """The recommendation rule: the re-measured configurations (as `repeats_as_dict` stores them, what
-    `tuner export` reads back) that met the SLA, best first by median requests per dollar (ties keep
-    the re-measurement's order); the first is the recommendation, none when none met the SLA."""
-    return sorted((r for r in remeasured if met_sla(r)), key=lambda r: r["median"], reverse=True)
+    `tuner export` reads back) that met the SLA, best first by median requests per dollar (a tie with
+    the incumbent goes to the incumbent: a change that gains nothing is not made; other ties keep the
+    re-measurement's order); the first is the recommendation, none when none met the SLA."""
+    return sorted((r for r in remeasured if met_sla(r)), key=lambda r: (r["median"], bool(r.get("incumbent"))),
+                  reverse=True)
 
 
 def repeats_as_dict(r: Repeats) -> dict:

@@ -290,6 +290,25 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     return study
 
 
+def check_resume(settings: StudySettings, storage: str, *, identity: dict) -> str | None:
+    """What the real run will do with a study already in `storage`, without writing a thing (`tune
+    --check`): None when it starts fresh; a line saying it resumes (how many trials), or the
+    SettingsError `open_study` raises when the study was measured against something else. Only a
+    storage file is read: a database server's tables would be made by opening it."""
+    path = sqlite_path(storage) or (storage if is_journal(storage) else None)
+    if path is None or not Path(path).is_file() or Path(path).stat().st_size == 0:
+        return None
+    backend = open_storage(storage)
+    if settings.name not in {s.study_name for s in optuna.get_all_study_summaries(backend)}:
+        return None
+    study = optuna.load_study(study_name=settings.name, storage=backend)
+    if study.user_attrs.get("created"):
+        _check_same_study(study, settings, storage, identity=identity)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    done = sum(st == optuna.trial.TrialState.COMPLETE or st == optuna.trial.TrialState.PRUNED for st in states)
+    return f"resumes study {settings.name!r}: {done} trial(s) measured of {len(states)}"
+
+
 def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, *, identity: dict | None) -> None:
     where = f"study {settings.name!r} in {safe_url(storage)}"
     fresh = _fresh_start(settings, storage)

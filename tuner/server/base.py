@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner import modelconfig
 from tuner.errors import ServerSetupError
 from tuner.modelconfig import ModelConfig
 
@@ -124,6 +125,8 @@ def check_repository(repository: Path, models: Sequence[str] | None) -> list[str
                                f"(the repository has: {', '.join(present) or 'nothing'})")
     if not wanted:
         raise ServerSetupError(f"{repository}: the model repository holds no models")
+    for model in wanted:  # what Triton would refuse at its start, said in one line now
+        modelconfig.check_model_dir(repository / model)
     return wanted
 
 

@@ -127,10 +127,12 @@ def _binary(root: Path) -> Path:
 
 
 def _install(root: Path, quiet: bool) -> None:
+    _check_ours(root)  # before the lock file beside it, too
     root.parent.mkdir(parents=True, exist_ok=True)
     with _locked(root.parent / f".{root.name}.lock"):
         if _binary(root).is_file():  # another process installed it while we waited
             return
+        _check_ours(root)
         if not quiet:
             print(f"tuner: installing the Triton server ({WHEEL}, ~55 MB) into {root}", file=sys.stderr)
         started = time.monotonic()
@@ -151,6 +153,19 @@ def _install(root: Path, quiet: bool) -> None:
             raise ServerSetupError(f"{root}: {WHEEL} installed but holds no tritonserver binary")
         if not quiet:
             print(f"tuner: installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+def _check_ours(root: Path) -> None:
+    """Refuse a directory that holds anything but an earlier install of the wheel: filling it in place
+    replaces its top-level entries of the wheel's names (`bin/`, `pytriton/`), and a person's own
+    files there would go with them."""
+    if not root.is_dir():
+        return
+    entries = [p for p in root.iterdir() if p.name != ".wheel"]  # .wheel: our own staging, left by a stop
+    if entries and not any(p.name.startswith("nvidia_pytriton-") and p.name.endswith(".dist-info") for p in entries):
+        shown = ", ".join(sorted(p.name for p in entries)[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ServerSetupError(f"{root}: not empty ({shown}) and not a Triton install of tuner's: name a new or "
+                               "empty directory (nothing was changed)")
 
 
 def _pip_target(target: Path, requirement: str, extra: list[str], *, quiet: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -172,7 +173,7 @@ class LocalLauncher(Launcher):
                 raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; "
                                        f"last log lines:\n{self.logs(15)}")
             reason = self._first_error()
-            if retries and "already in use" in reason.lower() and self._spawn_args:
+            if retries and "already in use" in self.logs(40).lower() and self._spawn_args:
                 # another process took a port we had found free: try new ones
                 retries -= 1
                 self._proc = None
@@ -312,10 +313,14 @@ class LocalLauncher(Launcher):
             return False
 
     def _first_error(self) -> str:
-        """': <the log's last error line>' (Triton prints its usage text before the reason), or ''."""
+        """': <the reason>' from the log, or '': Triton's last own error line (`E1205 ...] Poll failed for
+        model directory ...`), which its closing `error: creating server: ... failed to load all models`
+        only sums up; else the last line that says error (it prints its usage text before the reason)."""
         lines = _read_from(self._log_file, self._log_start) if self._log_file else []
-        errors = [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()]
-        return f": {errors[-1].split('] ', 1)[-1]}" if errors else ""
+        # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start
+        own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
+        errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
+        return f": {errors[0].split('] ', 1)[-1]}" if errors else ""
 
     def _log_size(self) -> int:
         try:

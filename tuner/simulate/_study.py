@@ -234,7 +234,7 @@ class Simulator:
     def rank(self, configs: Iterable[BatcherConfig | dict], *, tolerance: float | None = None,
              on_config: Callable[[int, int], None] | None = None, **defaults) -> pd.DataFrame:
         """Every configuration's trial, best first under the study's scoring (then the other score,
-        then capacity). `configs`: BatcherConfig or parameter dicts (`batcher_config` keys; `defaults`
+        then capacity; those missing the SLA, nearest to it first). `configs`: BatcherConfig or parameter dicts (`batcher_config` keys; `defaults`
         go to `batcher_config`). `on_config(done, total)` reports progress."""
         given = [None if isinstance(c, BatcherConfig) else c for c in configs]
         configs = [c if isinstance(c, BatcherConfig) else batcher_config(c, **defaults) for c in configs]
@@ -263,6 +263,7 @@ class Simulator:
                 "score_capacity": result.scores["capacity"],
                 "score_utilization": result.scores["utilization"],
                 "value": result.value(self.scoring),
+                "violation": result.violation,  # how far the SLA is missed at the load (<= 0: met)
                 "sla_reason": a.get("sla_reason", ""),
             })
             if on_config is not None:
@@ -270,8 +271,10 @@ class Simulator:
         table = pd.DataFrame(rows)
         if table.empty:
             return table
-        table = table.sort_values(["value", f"score_{other}", "capacity_rps"], ascending=False,
-                                  na_position="last", kind="stable").reset_index(drop=True)
+        # the configurations that miss the SLA (value 0) closest to it first: the first is "the closest"
+        table = table.sort_values(["value", f"score_{other}", "capacity_rps", "violation"],
+                                  ascending=[False, False, False, True], na_position="last",
+                                  kind="stable").reset_index(drop=True)
         table.insert(0, "rank", np.arange(1, len(table) + 1))
         return table
 

@@ -54,7 +54,12 @@ def prepare(output: str | os.PathLike, *, replace: bool) -> Path:
     """The soak directory, made and empty of an earlier soak's files; an earlier soak is refused
     unless `replace`."""
     folder = soak_dir(output)
-    if (folder / META).exists() or (folder / WINDOWS).exists():
+    if not (folder / META).exists() and any((folder / name).exists() for name in _OURS):
+        # a soak writes its soak.json first: files of its names without one are someone's own
+        taken = ", ".join(name for name in _OURS if (folder / name).exists())
+        raise OutputError(f"{folder}: holds {taken} but no {META}: not a soak's files (not replaced, even with "
+                          "--replace); name another --output")
+    if (folder / META).exists():
         if not replace:
             raise OutputError(f"{folder}: holds an earlier soak; pass --replace to overwrite it, or --output "
                               "another directory")

@@ -37,7 +37,7 @@ from tuner import space
 from tuner.errors import ServerError, TunerError
 from tuner.measurement import Measurement
 from tuner.modelconfig import ModelConfig
-from tuner.score import check_sla, check_tokens
+from tuner.score import check_sla, check_tokens, sla_verdict
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import _files, _generate
@@ -274,7 +274,7 @@ def _capacity(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame
             check = check_sla(m, sla)
             figure = f"p{pct:g} {m.latency(pct):.1f} ms"
         say(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, {figure}, "
-            f"errors {m.error_rate:.2%}: {'ok' if check.ok else 'over the SLA'}")
+            f"errors {m.error_rate:.2%}: {sla_verdict(check)}")
 
     record = make_measure(launcher, settings, traffic, on_measure=step, generative=generative)(params, Hints())
     rate = mean_rps(traffic) * settings.traffic.speed

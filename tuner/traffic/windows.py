@@ -53,6 +53,10 @@ def scale_time(df: pd.DataFrame, speed: float) -> pd.DataFrame:
     if len(out):
         t0 = float(out[TIMESTAMP].iloc[0])
         out[TIMESTAMP] = t0 + offsets(df) / speed
+        before, after = np.diff(df[TIMESTAMP].to_numpy(dtype=float)), np.diff(out[TIMESTAMP].to_numpy(dtype=float))
+        if ((before > 0) & (after <= 0)).any():  # below the float resolution at t0: requests made simultaneous
+            raise TrafficError(f"speed {speed:g}: requests apart in the recording fall on one timestamp (their "
+                               f"gaps shrink below what a timestamp near {t0:g} s can hold): a lower speed")
     return out
 
 

@@ -9,6 +9,9 @@ replay's measurement of those same requests. Its gauges are sampled while the re
     make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step,
                                                              with the engine's batching watched meanwhile
                                       (`tuner.trial.step`'s windows and retry policy; never repeated)
+    make_settled_probe(launcher, settings, traffic, *, load, check) -> (Probe, warm-ups)   its capacity
+                                      steps, each warmed by a request's life at the fastest speed that held
+    settled_warmup_s(m) -> float      a request's mean life end to end in a measurement, in seconds
     check_context(traffic, context, *, model)   before a server starts: every request fits the engine
 """
 
@@ -18,6 +21,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
@@ -27,9 +31,10 @@ from tuner.measurement_tokens import TokenMeasurement, measure_tokens
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.trial.capacity import Probe
-from tuner.trial.step import TRIES, Windows, retry_workers, with_retries
+from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
 
-__all__ = ["GenerateRun", "check_context", "make_token_probe", "replay_generate"]
+__all__ = ["GenerateRun", "check_context", "make_settled_probe", "make_token_probe", "replay_generate",
+           "settled_warmup_s"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,41 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
         return dataclasses.replace(run.measurement, engine=batch_figures(run.stretch))
 
     return with_retries(run, tries=tries, on_measure=on_measure)
+
+
+def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *,
+                       load: TokenMeasurement, check: Callable[[TokenMeasurement, object], object],
+                       on_measure: Callable[[TokenMeasurement], None] | None = None
+                       ) -> tuple[Probe, dict[float, float]]:
+    """A generative trial's capacity probe, and the warm-up each speed got (filled in as it runs).
+
+    A short step from an idle engine measures a burst the engine absorbs, not the rate it holds: the
+    LLM quick start's engine passed 8x its load after 1 s of traffic and failed it after 6 or 15 s,
+    and passed 6x after 6 s but failed it after 15 s; its capacity read twice what it sustained. So
+    each capacity step replays, before its window, as much of the traffic (`step_windows(fill=True)`)
+    as a request took end to end (`settled_warmup_s`) at the fastest speed that held the SLA so far,
+    the recorded load to begin with: by then the engine carries its steady share of sequences."""
+    held = [settled_warmup_s(load)]
+    used: dict[float, float] = {}
+
+    def measured(m: TokenMeasurement) -> None:
+        if m.valid and check(m, settings.sla).ok:
+            held.append(settled_warmup_s(m))
+        if on_measure is not None:
+            on_measure(m)
+
+    def windows(speed: float):
+        warmup = used[float(speed)] = max(settings.replay.warmup_s, *held)
+        return step_windows(traffic, settings, warmup_s=warmup, fill=True)(speed)
+
+    return make_token_probe(launcher, settings, windows, on_measure=measured), used
+
+
+def settled_warmup_s(load: TokenMeasurement) -> float:
+    """The warm-up a generative step needs before its window: the mean end-to-end time of the
+    requests measured at the recorded load, in seconds (0 when none finished). By Little's law the
+    engine then holds about its steady number of sequences (the arrival rate x that time)."""
+    return float(np.mean(load.e2es_ms)) / 1000.0 if len(load.e2es_ms) else 0.0
 
 
 def check_context(traffic: pd.DataFrame, context: int, *, model: str) -> None:

@@ -180,6 +180,9 @@ class TrialRecord:
     note: str = ""                     # why unmeasured or unstable, what the crash left in the server log, or
                                        # that the server died during a load the next one survived
     warmup: Warmup | None = None       # the warm-up after the configuration's load
+    # a generative trial's capacity steps: the seconds of traffic each replays before its window (the
+    # mean end-to-end time at the recorded load: the engine holds its steady share of sequences by then)
+    step_warmup_s: float | None = None
     # every request's latency at capacity (for CDFs): kept in memory, not in the storage
     latencies_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
@@ -272,7 +275,7 @@ def assess(params: Params, load: Measurement, sla: SlaSettings, *, capacity: Cal
 # --- the record as Optuna attributes: written here, read here ----------------------------------------
 
 _SCALARS = ("outcome", "sla_reason", "pruned", "price_per_hour", "peak_rps", "servers_needed", "monthly_cost",
-            "note")
+            "note", "step_warmup_s")
 _BRACKET = ("upper_rps", "upper_speed", "steps", "converged", "limited_by", "lag_retries", "peak_rps")
 
 

@@ -45,7 +45,7 @@ from tuner.settings import StudySettings
 from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import mean_rps, peak_rps
 from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
-from tuner.trial.generate import make_token_probe
+from tuner.trial.generate import make_settled_probe, make_token_probe
 from tuner.trial.record import (
     CRASHED,
     MEASURED,
@@ -183,6 +183,13 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                     if settings.measurement.warmup and not warmed else None)
             probe = make_probe(launcher, settings, windows, max_batch_size=mbs, on_measure=on_measure)
         load = probe(load_speed)
+        used: dict[float, float] = {}  # a generative trial's capacity steps: speed -> their warm-up
+        if generative and load.valid:
+            # a short step from an idle engine measures a burst it absorbs, not the rate it holds (see
+            # make_settled_probe): the capacity steps are warmed by a request's life at the load, then
+            # at the fastest step that held
+            probe, used = make_settled_probe(launcher, settings, traffic, load=load, check=scoring.check,
+                                             on_measure=on_measure)
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}
         if not load.valid:  # the load generator's limit, not the configuration's: no verdict
@@ -195,9 +202,11 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
                                  rate=rate, lower=lower, upper_guess=hints.upper_speed, check=scoring.check)
 
-        return assess(params, load, settings.sla, capacity=capacity_search if capacity else None, price_per_hour=price,
-                      load_speed=load_speed, peak_rps=peak, peak_at=lambda s: peak_rps(traffic, s), warmup=warm,
-                      scoring=scoring)
+        record = assess(params, load, settings.sla, capacity=capacity_search if capacity else None,
+                        price_per_hour=price, load_speed=load_speed, peak_rps=peak,
+                        peak_at=lambda s: peak_rps(traffic, s), warmup=warm, scoring=scoring)
+        # the warm-up of the step that decided the capacity: `tuner replay --step --warmup` replays it again
+        return dataclasses.replace(record, step_warmup_s=used.get(record.capacity_speed)) if used else record
 
     return measure_running
 

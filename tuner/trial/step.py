@@ -49,16 +49,45 @@ TRIES = 3
 Windows = Callable[[float], tuple[pd.DataFrame, float, float | None]]
 
 
-def step_windows(traffic: pd.DataFrame, settings: StudySettings) -> Windows:
+def step_windows(traffic: pd.DataFrame, settings: StudySettings, *, warmup_s: float | None = None,
+                 fill: bool = False) -> Windows:
     """Each speed replays the profile's busiest stretch lasting `search.capacity.step_duration_s`,
-    after up to `replay.warmup_s` of the traffic that preceded it (see `tuner.traffic.step_window`)."""
+    after up to `replay.warmup_s` (or `warmup_s`) of the traffic that preceded it (see
+    `tuner.traffic.step_window`). With `fill`, a warm-up the traffic before the stretch is too short
+    for is made whole with the stretch itself, replayed again just before it (the busiest traffic:
+    a warm-up no lighter than the real one)."""
     measured_s = settings.search.capacity.step_duration_s
+    before_s = settings.replay.warmup_s if warmup_s is None else warmup_s
 
     def windows(speed: float) -> tuple[pd.DataFrame, float, float | None]:
-        part, warmup = step_window(traffic, speed, settings.replay.warmup_s, measured_s=measured_s)
+        part, warmup = step_window(traffic, speed, before_s, measured_s=measured_s)
+        if fill and warmup < before_s - 1e-9 and len(part):
+            part, warmup = _filled(part, speed, warmup=warmup, want_s=before_s, span=measured_s * speed)
         return part, warmup, warmup + measured_s
 
     return windows
+
+
+def _filled(part: pd.DataFrame, speed: float, *, warmup: float, want_s: float, span: float
+            ) -> tuple[pd.DataFrame, float]:
+    """`part` (a warm-up of `warmup` wall seconds, then the measured stretch, `span` of the recording's
+    seconds) with copies of its measured stretch put before it until the warm-up lasts `want_s`."""
+    stamps = part["timestamp"].to_numpy(dtype=float)
+    start = float(stamps[0]) + warmup * speed  # the measured stretch's start, in the recording's seconds
+    stretch = part[stamps >= start]
+    missing = (want_s - warmup) * speed
+    if span <= 0 or missing <= 0:
+        return part, warmup
+    copies, k = [], 1
+    while k * span < missing + span:
+        copy = stretch.copy()
+        copy["timestamp"] = copy["timestamp"].to_numpy(dtype=float) - k * span - (start - float(stamps[0]))
+        copies.append(copy)
+        k += 1
+    lead = pd.concat(copies[::-1], ignore_index=True)
+    lead = lead[lead["timestamp"].to_numpy(dtype=float) >= float(stamps[0]) - missing]
+    out = pd.concat([lead, part], ignore_index=True)
+    return out, (start - float(out["timestamp"].iloc[0])) / speed
 
 
 def whole_traffic(traffic: pd.DataFrame, warmup_s: float, duration_s: float | None = None) -> Windows:
