@@ -156,7 +156,7 @@ def write_study(tmp: Path, repository: Path, *, speed: float = 2.0, name: str = 
     (["--hours", "0.02", "--window", "0.5"], "the trend test needs at least 6"),
     (["--hours", "1", "--window", "0.5", "--restart-at", "3"], "0 < restart_at < hours must hold"),
     (["--restart-minutes", "20", "--window", "0.5"], "the restart window must fit in a day of the recording"),
-    (["--set", "max_batch_sise=8"], "unknown key 'max_batch_sise'"),
+    (["--set", "max_batch_sise=8"], "unknown key 'max_batch_sise'; did you mean max_batch_size? known keys"),
     (["--margin", "1.5"], "--margin: must be a fraction in [0, 1), got 1.5"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tmp_path, capsys, args, message):

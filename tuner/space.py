@@ -554,7 +554,9 @@ def parse_assignments(assignments: Iterable[str]) -> Params:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. max_batch_size=8")
         knob = keys.get(key)
         if knob is None:
-            raise ConfigError(f"--set {item!r}: unknown key {key!r}; known keys: {', '.join(keys)}")
+            near = difflib.get_close_matches(key, list(keys), n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise ConfigError(f"--set {item!r}: unknown key {key!r}; {hint}known keys: {', '.join(keys)}")
         if knob.name in values:
             raise ConfigError(f"--set {item!r}: {knob.name} is set more than once")
         low, high = knob.bounds
