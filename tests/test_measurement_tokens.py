@@ -101,3 +101,21 @@ def test_the_measurement_is_frozen():
     assert isinstance(m, TokenMeasurement)
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.speed = 2.0
+
+
+def test_the_engines_streamed_rate_counts_every_requests_tokens_inside_the_window():
+    """Tokens streamed between the window's start and the schedule's end, the warm-up's included and
+    those after the end left out, per second: what the engine delivered while the load was offered."""
+    rows = [record(0.0, first=0.45, tokens=11, gap=0.1)]  # warm-up: tokens at 0.45 .. 1.45, 5 from 1.0
+    rows += [record(1.0, first=0.2, tokens=6, gap=0.2)]   # 1.2 .. 2.2: all 6 inside [1, 3)
+    rows += [record(2.5, first=0.1, tokens=10, gap=0.1)]  # 2.6 .. 3.5: 4 inside
+    m = measure_tokens(frame(rows), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0, duration_s=3.0)
+    assert m.streamed_tokens_per_s == pytest.approx((5 + 6 + 4) / 2.0)
+    # a response that carried several tokens counts them all (2 responses of 3 tokens: 1.2 and 1.4)
+    two = dict(record(1.0, first=0.2, tokens=2, gap=0.2), tokens=6, output_tokens=6)
+    assert measure_tokens(frame([two]), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0,
+                          duration_s=3.0).streamed_tokens_per_s == pytest.approx(6 / 2.0)
+    # a failed request's tokens streamed before its error count: the engine made them
+    failed = dict(record(1.0, first=0.2, tokens=4, gap=0.1), ok=False)
+    assert measure_tokens(frame([failed]), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0,
+                          duration_s=3.0).streamed_tokens_per_s == pytest.approx(4 / 2.0)

@@ -177,3 +177,49 @@ def test_a_generative_trials_capacity_steps_are_warmed_by_a_requests_life_at_the
     assert 0.9 <= record.step_warmup_s <= 1.3, record.step_warmup_s  # the mean end to end at the load
     assert warmups[0] <= 0.2 and len(warmups) >= 2  # the load step (its busiest second starts the traffic)
     assert all(w == pytest.approx(record.step_warmup_s, abs=0.11) for w in warmups[1:]), warmups
+
+
+@pytest.mark.slow
+def test_a_generative_capacity_step_fails_where_the_engine_falls_behind_though_its_latency_holds(
+        triton_install, tmp_path):
+    """stream_echo limited to 400 tokens a second in all (an engine's throughput) on traffic of 100 output
+    tokens a second at speed 1: it holds 4x. A step of 1.5 s above that meets a 3-s TTFT limit while its
+    queue grows; the step fails because the engine streamed less than its window asked for and less
+    than the traffic's average at that speed, and the capacity found is the rate it holds."""
+    import shutil
+
+    from tuner.score import check_tokens
+    from tuner.settings import study_from_dict
+    from tuner.trial import Hints
+    from tuner.traffic import mean_output_tps
+    from tuner.trial.generate import BEHIND, falls_behind
+    from tuner.trial.run import make_measure
+
+    repo = tmp_path / "models"
+    shutil.copytree(MODELS / "stream_echo", repo / "stream_echo")
+    config = repo / "stream_echo" / "config.pbtxt"
+    text = config.read_text()
+    for key, value in (("tokens_per_s", "400"), ("token_ms", "2"), ("prompt_token_ms", "0")):
+        old = f'key: "{key}" value: {{ string_value: "'
+        start = text.index(old) + len(old)
+        text = text[:start] + value + text[text.index('"', start):]
+    config.write_text(text)
+    study = study_from_dict({
+        "name": "behind", "model_repository": str(repo), "model": "stream_echo", "traffic": {"path": "t.csv"},
+        "replay": {"warmup_s": 0.2, "lag_budget_ms": 200},
+        "sla": {"ttft_ms": 5000, "tpot_ms": 500, "percentile": 99},
+        "search": {"capacity": {"step_duration_s": 3.0, "tolerance": 0.3, "start_speed": 2, "max_speed": 8,
+                                "max_steps": 6}},
+    })
+    traffic = pd.DataFrame({"timestamp": np.arange(150) * 0.2, "prompt_tokens": 5, "output_tokens": 20})
+    seen = []
+    with LocalLauncher(repo, models=["stream_echo"], install=triton_install) as launcher:
+        record = make_measure(launcher, study, traffic, generative=True, on_measure=seen.append)({}, Hints())
+    average = mean_output_tps(traffic)  # 101 output tokens/s at speed 1 (150 requests over 29.8 s)
+    holds = 400 / average                # 4.0x: the speed the engine holds
+    steps = [(round(m.speed, 2), round(m.streamed_tokens_per_s), round(m.offered_tokens_per_s)) for m in seen]
+    assert record.sla_met and holds / 1.3 <= record.capacity_speed <= holds / BEHIND, (record.capacity_speed, steps)
+    # above it, a step the latency alone passed: the engine's rate failed it
+    above = [m for m in seen if m.speed > record.capacity_speed and m.valid]
+    assert any(check_tokens(m, study.sla).ok and falls_behind(m, average_tokens_per_s=m.speed * average)
+               for m in above), steps

@@ -77,7 +77,7 @@ def _block(record: TrialRecord, at: str) -> dict:
     if figures.generative:  # latency_ms is then end to end
         block.update(ttft_ms=_percentiles(figures.ttft_ms), tpot_ms=_percentiles(figures.tpot_ms),
                      output_tokens_per_s=figures.output_tokens_per_s, total_tokens_per_s=figures.total_tokens_per_s,
-                     goodput_rps=figures.goodput_rps,
+                     goodput_rps=figures.goodput_rps, streamed_tokens_per_s=figures.streamed_tokens_per_s,
                      engine={name: getattr(figures, name) for name in BATCH_FIGURES})  # the engine's own batching
     return block
 

@@ -17,6 +17,15 @@ last token times, the tokens received and the gaps between token responses. Defi
 - goodput = successful measured requests whose own TTFT and TPOT meet every limit given
   (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit), per second over the
   same span;
+- offered tokens per second = the output tokens the measured requests asked for, per second of the
+  window (their `output_tokens`, as `offered_rps` counts them);
+- streamed tokens per second = the output tokens streamed during the measured window (its start to the
+  schedule's end) by every request of the replay, the warm-up's included, per second of the window:
+  the engine's output rate while the window's load was offered. The load runs from the replay's start
+  to the window's end, so an engine that keeps up streams about what was offered over the window
+  (lagged by a request's life, drawn partly from the warm-up's traffic); one that falls behind streams
+  its own rate whatever was offered, while its queue grows. Each response carries its request's tokens
+  / its responses; a request's responses arrive at its first token and then after each gap of `itl_ms`;
 - busy seconds = the union of the measured requests' spans (due time to last response): the seconds
   the engine held at least one of them. A continuous-batching engine steps exactly while it holds a
   request, and vLLM reports no busy-time counter of its own, so this is the engine's busy time at the
@@ -65,6 +74,8 @@ class TokenMeasurement(Served):
     valid: bool = True
     invalid_reason: str = ""
     busy_s: float = 0.0               # seconds the engine held a measured request (see the module doc)
+    offered_tokens_per_s: float = float("nan")   # output tokens asked for by the window's requests, per second
+    streamed_tokens_per_s: float = float("nan")  # the engine's output rate over the window (the module doc)
     load_generator_cpu: float = 0.0   # CPU seconds used by the load generator per wall second
     workers: int = 1                  # load-generator processes used
     attempts: int = 1                 # replays run to get a valid one (the retry policy's count)
@@ -147,11 +158,34 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         e2e_ms=percentiles(e2e, sla_percentile=sla_percentile),
         goodput_rps=int(meets.sum()) * per_s, good_requests=int(meets.sum()),
         ttft_limit_ms=ttft_ms, tpot_limit_ms=tpot_ms, e2e_limit_ms=e2e_ms, sla_percentile=sla_percentile,
-        send_lag_ms=send_lag, busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
+        send_lag_ms=send_lag, streamed_tokens_per_s=_streamed_per_s(records, warmup_s, end),
+        offered_tokens_per_s=_asked(window) / span if span > 0 else float("nan"),
+        busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
         valid=not reasons, invalid_reason="; ".join(reasons),
         load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots, itls_ms=itl,
         e2es_ms=e2e,
     )
+
+
+def _asked(window: pd.DataFrame) -> float:
+    # the output tokens asked for (`output_tokens`); records without them: what was received
+    column = "output_tokens" if "output_tokens" in window.columns else "tokens"
+    return float(window[column].to_numpy(dtype=float).sum())
+
+
+def _streamed_per_s(records: pd.DataFrame, start: float, end: float) -> float:
+    """Output tokens streamed between `start` and `end` (seconds of the schedule) by every request of
+    `records`, per second; NaN for an empty window."""
+    if end <= start:
+        return float("nan")
+    first = records["first_token_s"].to_numpy(dtype=float)
+    tokens = records["tokens"].to_numpy(dtype=float)
+    streamed = 0.0
+    for k in np.flatnonzero(np.isfinite(first) & (tokens > 0)):
+        # a response's arrival: the first token's, then after each gap between token responses
+        times = first[k] + np.concatenate(([0.0], np.cumsum(np.asarray(records["itl_ms"].iloc[k], dtype=float)) / 1000.0))
+        streamed += tokens[k] / len(times) * np.count_nonzero((times >= start) & (times < end))
+    return streamed / (end - start)
 
 
 def _busy_s(starts: np.ndarray, ends: np.ndarray) -> float:

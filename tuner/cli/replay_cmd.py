@@ -180,6 +180,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.server import make_launcher
     from tuner.server.remote import check_triton
     from tuner.study import base_config, engine_file, study_traffic
+    from tuner.traffic import mean_output_tps
     from tuner.trial.generate import check_context, replay_generate
 
     config_params, engine_params = space.split(params)
@@ -216,7 +217,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
-    print(format_generate(run, settings.sla.percentile))
+    print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic)))
     if args.json:
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
                 "engine": _engine_figures(run.engine),
@@ -245,10 +246,12 @@ def _engine_figures(engine) -> dict | None:
     return out
 
 
-def format_generate(run, sla_percentile: float = 99.0) -> str:
+def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: float | None = None) -> str:
     """A generative replay as two tables: the replay's figures, then TTFT / TPOT / ITL / end to end
-    as the replay and as the engine saw the same requests."""
+    as the replay and as the engine saw the same requests. `average_tokens_per_s`: the output tokens/s
+    the traffic offers on average at the replay's speed, set beside what the engine streamed."""
     from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
+    from tuner.trial.generate import falls_behind
 
     m = run.measurement
     limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms),
@@ -259,6 +262,11 @@ def format_generate(run, sla_percentile: float = 99.0) -> str:
         ("throughput", f"{m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.0f} output tokens/s, "
                        f"{m.total_tokens_per_s:.0f} tokens/s with the prompts"),
         ("goodput", f"{m.goodput_rps:.2f} req/s ({m.good_requests} requests meeting {limits or 'no limit'})"),
+        ("streamed", f"{m.streamed_tokens_per_s:.0f} output tokens/s by the engine over the window (its requests "
+                     f"asked for {m.offered_tokens_per_s:.0f}"
+                     + (f"; the traffic offers {average_tokens_per_s:.0f} on average at this speed" if average_tokens_per_s else "")
+                     + (": the engine fell behind at a rate below the average, which fails a capacity step)"
+                        if average_tokens_per_s and falls_behind(m, average_tokens_per_s=average_tokens_per_s) else ")")),
         ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {run.first_error[:160]}" if run.first_error else "")),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),

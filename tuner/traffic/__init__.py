@@ -4,7 +4,8 @@ io         read_traffic / write_traffic / validate_traffic, shape_columns, check
            (an output path checked before the work that fills it), is_generative (prompt_tokens and
            output_tokens: requests to a generative model; PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID),
            fit_context (the generative requests that fit a model's context)
-windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, peak_rps
+windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, mean_output_tps,
+           peak_rps
            (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
 importers  import_triton_trace, import_azure, import_csv
@@ -37,6 +38,7 @@ from tuner.traffic.synth import SizeSpec, synth_bursty, synth_diurnal, synth_fla
 from tuner.traffic.windows import (
     busiest_window,
     due_offsets,
+    mean_output_tps,
     mean_rps,
     parse_duration,
     peak_rps,
@@ -65,6 +67,7 @@ __all__ = [
     "import_csv",
     "import_triton_trace",
     "is_generative",
+    "mean_output_tps",
     "mean_rps",
     "parse_duration",
     "peak_rps",

@@ -143,3 +143,9 @@ def mean_rps(traffic: pd.DataFrame) -> float:
     """The profile's mean rate at speed 1: capacity is expressed as this rate times the speed."""
     span = float(traffic["timestamp"].iloc[-1] - traffic["timestamp"].iloc[0]) if len(traffic) > 1 else 0.0
     return len(traffic) / span if span > 0 else float(len(traffic))
+
+
+def mean_output_tps(traffic: pd.DataFrame) -> float:
+    """A generative profile's mean rate of output tokens at speed 1 (its output_tokens over the same
+    span as `mean_rps`): what an engine must stream, on average, to keep up with it."""
+    return mean_rps(traffic) * float(traffic["output_tokens"].mean()) if len(traffic) else 0.0

@@ -11,13 +11,18 @@ replay's measurement of those same requests. Its gauges are sampled while the re
                                       (`tuner.trial.step`'s windows and retry policy; never repeated)
     make_settled_probe(launcher, settings, traffic, *, load, check) -> (Probe, warm-ups)   its capacity
                                       steps, each warmed by a request's life at the fastest speed that held
+    falls_behind(m, average_tokens_per_s=...) -> bool   the rule keeping_up applies
     settled_warmup_s(m) -> float      a request's mean life end to end in a measurement, in seconds
+    keeping_up(check, tokens_per_s=...) -> check   a capacity step's SLA check that also fails an engine
+                                      fallen behind its window at fewer output tokens/s than the traffic's
+                                      average at that speed
     check_context(traffic, context, *, model)   before a server starts: every request fits the engine
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,13 +33,14 @@ from tuner.errors import TrafficError
 from tuner.llm.engine_metrics import EngineFigures
 from tuner.llm.engine_watch import EngineWatch, Stretch, batch_figures
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens
+from tuner.score import SlaCheck
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
 
-__all__ = ["GenerateRun", "check_context", "make_settled_probe", "make_token_probe", "replay_generate",
-           "settled_warmup_s"]
+__all__ = ["BEHIND", "GenerateRun", "check_context", "falls_behind", "keeping_up", "make_settled_probe", "make_token_probe",
+           "replay_generate", "settled_warmup_s"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,47 @@ def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.
         return step_windows(traffic, settings, warmup_s=warmup, fill=True)(speed)
 
     return make_token_probe(launcher, settings, windows, on_measure=measured), used
+
+
+# a step's engine counts as behind its window when it streamed less than this share of what the
+# window's requests asked for per second: a margin for the stream's lag behind the window, which the
+# settled warm-up leaves but does not cancel (an engine keeping up on even traffic streams 0.9-1.1 of it)
+BEHIND = 0.9
+
+
+def keeping_up(check: Callable[[TokenMeasurement, object], SlaCheck], *, tokens_per_s: float
+               ) -> Callable[[TokenMeasurement, object], SlaCheck]:
+    """`check` (a generative capacity step's SLA check), and a step also fails when the engine fell
+    behind its window (it streamed less than BEHIND x the output tokens per second its requests asked
+    for) at a rate below what the traffic offers on average at the step's speed (`tokens_per_s`:
+    `tuner.traffic.mean_output_tps`, at speed 1): its queue then grows for as long as the load lasts.
+
+    A step lasts seconds, and a queue that grows for seconds still meets a TTFT limit: the LLM quick
+    start's engine streamed about 1,000 output tokens/s however fast the load, and its 20-s steps met
+    the SLA at 1.0 and 1.15x the recording, whose traffic offers 1,067 and 1,227 tokens/s on average;
+    its whole busiest two minutes replayed at those speeds missed it (TTFT p99 1.3 and 6.7 s), and at
+    0.8x (854 tokens/s) met it. An engine that keeps up with its window streams about what the window
+    asked for, whatever the average (the window is the busiest stretch)."""
+    def checked(m: TokenMeasurement, sla) -> SlaCheck:
+        c = check(m, sla)
+        average = m.speed * tokens_per_s
+        if not m.valid or not falls_behind(m, average_tokens_per_s=average):
+            return c
+        reason = (f"the engine fell behind, streaming {m.streamed_tokens_per_s:,.0f} output tokens/s (its window "
+                  f"asked for {m.offered_tokens_per_s:,.0f}), below the {average:,.0f} the traffic offers on "
+                  f"average at speed {m.speed:.3g}: its queue grows for as long as the load lasts")
+        return SlaCheck(False, c.latency_ms, c.error_rate, max(c.violation, 1.0 - m.streamed_tokens_per_s / average),
+                        "; ".join(r for r in (c.reason, reason) if r))
+
+    return checked
+
+
+def falls_behind(m: TokenMeasurement, *, average_tokens_per_s: float) -> bool:
+    """Whether the engine fell behind its window (streamed < BEHIND x what the window asked for, per
+    second) at a rate below `average_tokens_per_s` (the traffic's average at the replay's speed)."""
+    streamed = m.streamed_tokens_per_s
+    return (average_tokens_per_s > 0 and math.isfinite(streamed) and streamed < average_tokens_per_s
+            and streamed < BEHIND * m.offered_tokens_per_s)
 
 
 def settled_warmup_s(load: TokenMeasurement) -> float:

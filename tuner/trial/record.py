@@ -99,6 +99,7 @@ class Figures:
     output_tokens_per_s: float | None = None
     total_tokens_per_s: float | None = None
     goodput_rps: float | None = None
+    streamed_tokens_per_s: float | None = None  # the engine's output rate over the window, every request's
     # ... and the engine's batching over the replay (tuner.llm.engine_watch.BATCH_FIGURES), where it was read
     preemptions: float | None = None
     running_peak: float | None = None  # sequences running at once, the peak of the samples
@@ -122,6 +123,7 @@ class Figures:
             ttft_ms={k: _finite(v) for k, v in m.ttft_ms.items()}, tpot_ms={k: _finite(v) for k, v in m.tpot_ms.items()},
             output_tokens=m.output_tokens, prompt_tokens=m.prompt_tokens, output_tokens_per_s=m.output_tokens_per_s,
             total_tokens_per_s=m.total_tokens_per_s, goodput_rps=m.goodput_rps,
+            streamed_tokens_per_s=_finite(m.streamed_tokens_per_s),
             **{name: _finite(value) for name, value in m.engine.items()},
         )
 

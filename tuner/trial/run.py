@@ -43,9 +43,9 @@ from tuner.modelconfig import ModelConfig
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.study import base_config, base_engine, study_traffic
-from tuner.traffic import mean_rps, peak_rps
+from tuner.traffic import mean_output_tps, mean_rps, peak_rps
 from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
-from tuner.trial.generate import make_settled_probe, make_token_probe
+from tuner.trial.generate import keeping_up, make_settled_probe, make_token_probe
 from tuner.trial.record import (
     CRASHED,
     MEASURED,
@@ -169,6 +169,8 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
     rate = mean_rps(traffic)
     windows = step_windows(traffic, settings)
     scoring = TOKENS if generative else REQUESTS
+    # a generative capacity step's seconds of latency do not show an engine falling behind: its token rate does
+    step_check = keeping_up(scoring.check, tokens_per_s=mean_output_tps(traffic)) if generative else scoring.check
 
     def measure_running(params: space.Params, hints: Hints, *, warmed: bool = False) -> TrialRecord:
         """`warmed`: the server has run this configuration at steady state since it was loaded: no warm-up."""
@@ -188,7 +190,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             # a short step from an idle engine measures a burst it absorbs, not the rate it holds (see
             # make_settled_probe): the capacity steps are warmed by a request's life at the load, then
             # at the fastest step that held
-            probe, used = make_settled_probe(launcher, settings, traffic, load=load, check=scoring.check,
+            probe, used = make_settled_probe(launcher, settings, traffic, load=load, check=step_check,
                                              on_measure=on_measure)
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}
@@ -200,7 +202,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             start = hints.start_speed or max(cap.start_speed, load_speed)
             return find_capacity(probe, settings.sla, cap, start_speed=start, beat_rps=hints.beat_rps,
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
-                                 rate=rate, lower=lower, upper_guess=hints.upper_speed, check=scoring.check)
+                                 rate=rate, lower=lower, upper_guess=hints.upper_speed, check=step_check)
 
         record = assess(params, load, settings.sla, capacity=capacity_search if capacity else None,
                         price_per_hour=price, load_speed=load_speed, peak_rps=peak,

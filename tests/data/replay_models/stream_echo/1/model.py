@@ -2,7 +2,8 @@
 
 Each request streams exactly `max_tokens` word tokens (`sampling_parameters`), the first
 `first_token_ms + prompt_token_ms x its prompt tokens` after its arrival and then one every `token_ms`
-(config parameters), so a replay's
+(config parameters), and at most `tokens_per_s` tokens a second in all when that is above 0 (an engine's
+throughput: each token takes the next free slot, so a load above it queues), so a replay's
 TTFT and TPOT can be checked against known values; every request runs on its own (an asyncio task),
 whatever the others do. A request whose prompt has `fail_prompt_tokens` tokens (a config parameter),
 or `"fail_after": k` in its sampling parameters, ends its stream with an error after half its tokens
@@ -36,6 +37,9 @@ class TritonPythonModel:
         self.prompt_token_s = float(params["prompt_token_ms"]["string_value"]) / 1000.0
         self.fail_prompt = int(params["fail_prompt_tokens"]["string_value"])
         self.token_s = float(params["token_ms"]["string_value"]) / 1000.0
+        rate = float(params.get("tokens_per_s", {}).get("string_value", "0"))
+        self.slot_s = 1.0 / rate if rate > 0 else 0.0
+        self.next_slot = 0.0  # the engine's next free token slot (the loop's clock): one thread takes them
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -71,7 +75,11 @@ class TritonPythonModel:
         words = []
         for k in range(count):
             # a fixed schedule from the arrival: the sleeps do not add up the loop's own delays
-            await asyncio.sleep(max(0.0, due + k * self.token_s - loop.time()))
+            at = due + k * self.token_s
+            if self.slot_s:  # a limited engine: the token waits for its slot
+                at = max(at, self.next_slot)
+                self.next_slot = at + self.slot_s
+            await asyncio.sleep(max(0.0, at - loop.time()))
             if fail_after is not None and k >= int(fail_after):
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"failed on purpose after {k} tokens")), flags=FINAL)

@@ -1,0 +1,67 @@
+"""tuner.trial.generate's step check: an engine that streams fewer output tokens than the traffic
+offers on average fails the step, whatever its few seconds of latency say (pure)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuner.measurement_tokens import measure_tokens
+from tuner.score import check_tokens
+from tuner.settings import CapacitySettings, SlaSettings
+from tuner.trial.capacity import find_capacity
+from tuner.trial.generate import BEHIND, keeping_up
+
+SLA = SlaSettings(ttft_ms=2000.0, tpot_ms=100.0, percentile=99.0, max_error_rate=0.0)
+TOKENS = 10        # per request
+RATE = 100.0       # the engine streams at most this many output tokens per second, whatever the load
+MEAN_TPS = 40.0    # the traffic's mean output tokens/s at speed 1: 4 requests of 10 tokens a second
+
+
+def engine_at(speed: float, *, seconds: float = 7.0) -> pd.DataFrame:
+    """Records of a step at `speed`: 4 x speed requests a second of 10 tokens each, served first come
+    first served by an engine streaming at most RATE tokens a second (10 ms a token when it keeps up);
+    the first 2 s are the warm-up."""
+    due = np.arange(int(np.ceil(4 * speed * seconds))) / (4 * speed)
+    first, last, free = [], [], 0.0
+    for d in due:
+        start = max(d, free)
+        first.append(start + 1 / RATE)
+        free = start + TOKENS / RATE
+        last.append(free)
+    first, last = np.array(first), np.array(last)
+    n = len(due)
+    return pd.DataFrame({"row": np.arange(n), "due_s": due, "send_s": due, "end_s": last + 0.001, "send_lag_ms": 0.1,
+                         "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": TOKENS, "tokens": TOKENS,
+                         "first_token_s": first, "last_token_s": last,
+                         "itl_ms": [np.full(TOKENS - 1, 1000 / RATE)] * n})
+
+
+def step(speed: float):
+    return measure_tokens(engine_at(speed), speed=speed, warmup_s=2.0, lag_budget_ms=5.0, ttft_ms=SLA.ttft_ms,
+                          tpot_ms=SLA.tpot_ms, duration_s=7.0)
+
+
+def test_a_step_the_engine_falls_behind_in_fails_though_its_latency_meets_the_sla():
+    behind = step(3.0)  # 120 tokens/s offered, 100 streamed: the queue grows 2 s in 5 s, TTFT p99 still < 2 s
+    assert check_tokens(behind, SLA).ok  # a few seconds of latency hide it
+    assert behind.streamed_tokens_per_s == pytest.approx(RATE, rel=0.02)
+    check = keeping_up(check_tokens, tokens_per_s=MEAN_TPS)(behind, SLA)
+    assert not check.ok and check.violation == pytest.approx(1 - RATE / (3.0 * MEAN_TPS), rel=0.02)
+    assert ("fell behind, streaming 100 output tokens/s (its window asked for 120), below the 120 the traffic "
+            "offers on average at speed 3") in check.reason
+    kept = step(2.0)  # 80 offered: streamed as offered
+    assert keeping_up(check_tokens, tokens_per_s=MEAN_TPS)(kept, SLA) == check_tokens(kept, SLA)
+    # behind its window but above the traffic's average: a burst it works off (the latency judges it)
+    assert keeping_up(check_tokens, tokens_per_s=MEAN_TPS / 2)(behind, SLA) == check_tokens(behind, SLA)
+
+
+def test_the_capacity_search_stops_at_the_engines_token_rate_not_at_its_latency():
+    settings = CapacitySettings(tolerance=0.1, start_speed=1.0, max_speed=16.0, max_steps=12)
+    by_latency = find_capacity(step, SLA, settings, rate=4.0, check=check_tokens)
+    by_rate = find_capacity(step, SLA, settings, rate=4.0, check=keeping_up(check_tokens, tokens_per_s=MEAN_TPS))
+    # the engine holds 2.5x (100 / 40 tokens/s); 5-s steps meet the TTFT limit well above it; on this even
+    # traffic an engine counts as behind from BEHIND (0.9) of what its window asks: the search stops by 2.78x
+    assert by_latency.speed > 3.0
+    assert 2.5 / 1.1 <= by_rate.speed <= 2.5 / BEHIND < by_rate.upper_speed <= 2.5 / BEHIND * 1.1
