@@ -147,23 +147,30 @@ def test_the_plan_shares_a_prompt_beginning_only_within_a_prefix_id():
         plan_generate(config, traffic.assign(output_tokens=[3, 3, 0, 3, 3, 3]))
 
 
+def stream_study(repository: Path, *, sla: dict, capacity: dict):
+    """A study of stream_echo in `repository`: a 0.2-s warm-up, a send-lag budget a shared machine keeps,
+    the SLA's p99 limits and the capacity search given."""
+    from tuner.settings import study_from_dict
+
+    return study_from_dict({
+        "name": "stream", "model_repository": str(repository), "model": "stream_echo", "traffic": {"path": "t.csv"},
+        "replay": {"warmup_s": 0.2, "lag_budget_ms": 200}, "sla": {**sla, "percentile": 99},
+        "search": {"capacity": capacity},
+    })
+
+
 @pytest.mark.slow
 def test_a_generative_trials_capacity_steps_are_warmed_by_a_requests_life_at_the_load(server, monkeypatch):
     """A short step from an idle engine measures a burst it absorbs: the capacity steps replay, before
     their window, as much traffic as a request took end to end at the recorded load (here ~1 s: 100
     tokens at 10 ms), not replay.warmup_s (0.2 s), and the trial says so."""
     from tuner import trial
-    from tuner.settings import study_from_dict
     from tuner.trial import Hints
     from tuner.trial.run import make_measure
 
-    study = study_from_dict({
-        "name": "warm", "model_repository": str(MODELS), "model": "stream_echo", "traffic": {"path": "t.csv"},
-        "replay": {"warmup_s": 0.2, "lag_budget_ms": 200},
-        "sla": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 99},
-        "search": {"capacity": {"step_duration_s": 1.0, "tolerance": 0.5, "start_speed": 2, "max_speed": 2,
-                                "max_steps": 2}},
-    })
+    study = stream_study(MODELS, sla={"ttft_ms": 500, "tpot_ms": 50},
+                         capacity={"step_duration_s": 1.0, "tolerance": 0.5, "start_speed": 2, "max_speed": 2,
+                                   "max_steps": 2})
     warmups = []
     real = trial.generate.replay_generate
 
@@ -183,34 +190,28 @@ def test_a_generative_trials_capacity_steps_are_warmed_by_a_requests_life_at_the
 def test_a_generative_capacity_step_fails_where_the_engine_falls_behind_though_its_latency_holds(
         triton_install, tmp_path):
     """stream_echo limited to 400 tokens a second in all (an engine's throughput) on traffic of 100 output
-    tokens a second at speed 1: it holds 4x. A step of 1.5 s above that meets a 3-s TTFT limit while its
+    tokens a second at speed 1: it holds 4x. A step of 3 s above that meets a 5-s TTFT limit while its
     queue grows; the step fails because the engine streamed less than its window asked for and less
     than the traffic's average at that speed, and the capacity found is the rate it holds."""
     import shutil
 
+    from tuner import modelconfig
     from tuner.score import check_tokens
-    from tuner.settings import study_from_dict
-    from tuner.trial import Hints
     from tuner.traffic import mean_output_tps
+    from tuner.trial import Hints
     from tuner.trial.generate import BEHIND, falls_behind
     from tuner.trial.run import make_measure
 
     repo = tmp_path / "models"
     shutil.copytree(MODELS / "stream_echo", repo / "stream_echo")
-    config = repo / "stream_echo" / "config.pbtxt"
-    text = config.read_text()
+    path = repo / "stream_echo" / "config.pbtxt"
+    config = modelconfig.load(path)
     for key, value in (("tokens_per_s", "400"), ("token_ms", "2"), ("prompt_token_ms", "0")):
-        old = f'key: "{key}" value: {{ string_value: "'
-        start = text.index(old) + len(old)
-        text = text[:start] + value + text[text.index('"', start):]
-    config.write_text(text)
-    study = study_from_dict({
-        "name": "behind", "model_repository": str(repo), "model": "stream_echo", "traffic": {"path": "t.csv"},
-        "replay": {"warmup_s": 0.2, "lag_budget_ms": 200},
-        "sla": {"ttft_ms": 5000, "tpot_ms": 500, "percentile": 99},
-        "search": {"capacity": {"step_duration_s": 3.0, "tolerance": 0.3, "start_speed": 2, "max_speed": 8,
-                                "max_steps": 6}},
-    })
+        config.parameters[key].string_value = value
+    path.write_text(modelconfig.to_text(config))
+    study = stream_study(repo, sla={"ttft_ms": 5000, "tpot_ms": 500},
+                         capacity={"step_duration_s": 3.0, "tolerance": 0.3, "start_speed": 2, "max_speed": 8,
+                                   "max_steps": 6})
     traffic = pd.DataFrame({"timestamp": np.arange(150) * 0.2, "prompt_tokens": 5, "output_tokens": 20})
     seen = []
     with LocalLauncher(repo, models=["stream_echo"], install=triton_install) as launcher:
