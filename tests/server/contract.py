@@ -53,12 +53,22 @@ def infer(http: str, model: str, name: str, array: np.ndarray, timeout_s: float 
 
 
 def settled_statistics(launcher, model: str, inferences: int, timeout_s: float = 5.0) -> dict:
-    """The model's statistics once they count `inferences` (Triton updates them just after it answers)."""
+    """The model's statistics once they count `inferences` and its executions have stopped changing.
+
+    Triton updates them just after it answers, and a backend reports a batch's requests and the batch
+    itself in two calls: CI once read an execution_count one short of what inference_count had already
+    counted. So the executions must read the same twice, 0.2 s apart."""
     deadline = time.monotonic() + timeout_s
     stats = launcher.statistics(model)
     while stats["inference_count"] < inferences and time.monotonic() < deadline:
         time.sleep(0.05)
         stats = launcher.statistics(model)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        again = launcher.statistics(model)
+        if again["execution_count"] == stats["execution_count"]:
+            return again
+        stats = again
     return stats
 
 
