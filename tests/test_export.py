@@ -46,8 +46,10 @@ def fake(params: dict, hints: Hints, latency_limit: float = 30.0, unmeasured: tu
                        sla_reason="" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms")
 
 
-def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True, unmeasured: tuple = ()
-               ) -> optuna.Study:
+def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True, unmeasured: tuple = (),
+               step_s: float | None = None, life_s: float | None = None) -> optuna.Study:
+    """`step_s`: the capacity steps' length kept in the study; `life_s`: every trial's step_warmup_s
+    (a generative trial's: a request's life end to end at the speed that decided its capacity)."""
     s = study_from_dict({"name": "exp", "model_repository": str(tmp_path), "model": "encoder_sim",
                          "traffic": {"path": "t.csv"}, "output": str(tmp_path / "out"),
                          "sla": {"latency_ms": latency_limit},
@@ -60,12 +62,17 @@ def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = Tr
             "base_config": modelconfig.to_text(base), "base_config_source": SOURCE,
             "preferred_batch_size": "none",
             "sla": dataclasses.asdict(s.sla), "traffic": {"path": "bursty.csv", "speed": 1.0},
-            "price": {"price_per_hour": 2.0}, "lag_budget_ms": 5.0}
+            "price": {"price_per_hour": 2.0}, "lag_budget_ms": 5.0, "step_duration_s": step_s}
+
+    def measure(p, h, limit=latency_limit):
+        record = fake(p, h, limit, unmeasured)
+        return dataclasses.replace(record, step_warmup_s=life_s) if record.capacity else record
+
     study = search.open_study(s, storage, sampler=search.make_sampler(s.search),
                               incumbent={"max_batch_size": 64, "max_queue_delay_microseconds": 0}, metadata=meta)
-    search.run_trials(study, s, lambda p, h: fake(p, h, latency_limit, unmeasured), n_trials=1000)
+    search.run_trials(study, s, measure, n_trials=1000)
     if remeasure:
-        repeats = search.remeasure(study, lambda p, h: fake(p, h, latency_limit), s)
+        repeats = search.remeasure(study, measure, s)
         study.set_user_attr("remeasured", [search.repeats_as_dict(r) for r in repeats])
     return study
 
@@ -143,6 +150,26 @@ def test_improvement_is_best_over_incumbent_by_median(tmp_path):
 def test_without_remeasurement_the_best_trial_stands(tmp_path):
     summary = export.summarize(make_study(tmp_path, remeasure=False))
     assert summary["best"]["params"]["max_batch_size"] == 16 and "repeats" not in summary["best"]
+
+
+@pytest.mark.parametrize("step_s,noted", [(5.0, True), (20.0, False), (None, False)])
+def test_capacity_steps_shorter_than_two_requests_lives_are_noted_under_the_verdict(tmp_path, capsys, step_s, noted):
+    """A generative trial's capacity steps lasting under 2 requests' lives (6 s here, its step_warmup_s)
+    read the engine's streamed rate low: the summary and the closing lines say so, with the length that
+    measures it; longer steps, or a study that kept no step length (an older one), say nothing."""
+    from tuner.cli._common import print_outcome
+
+    summary = export.summarize(make_study(tmp_path, latency_limit=40.0, step_s=step_s, life_s=6.0))
+    assert summary["step_duration_s"] == step_s and summary["best"]["step_warmup_s"] == 6.0
+    assert len(summary["notes"]) == noted
+    print_outcome(summary, str(tmp_path / "out"))
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if line.startswith("note: ")]
+    assert len(notes) == noted
+    if noted:
+        assert "lasted 5 s, under 2x a request's life" in notes[0] and "(6.0 s)" in notes[0]
+        assert "step_duration_s: 12 s or more" in notes[0]
+        assert lines.index(notes[0]) == lines.index(summary["message"]) + 1  # under the verdict
 
 
 def test_nothing_meets_the_sla_names_the_closest_and_writes_no_config(tmp_path):

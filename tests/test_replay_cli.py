@@ -186,6 +186,26 @@ def test_a_model_without_batching_has_no_fill_rate():
     assert "mean 2.00 of max 4 (fill rate 0.50)" in batching
 
 
+@pytest.mark.parametrize("window_s,short", [(3.0, True), (12.0, False)])
+def test_a_generative_replays_streamed_row_says_when_its_window_is_too_short_to_read_the_rate(window_s, short):
+    """Requests living 5 s end to end (50 tokens, 0.1 s apart): over a 3-s window the engine's streamed
+    rate lags what was asked, and the row says so with the life; over 12 s it does not."""
+    from tuner.cli.replay_cmd import format_generate
+    from tuner.measurement_tokens import measure_tokens
+    from tuner.trial.generate import GenerateRun
+
+    due = np.arange(0.0, 2.0 + window_s, 0.5)
+    first = due + 0.1
+    n = len(due)
+    records = pd.DataFrame({"row": np.arange(n), "due_s": due, "send_s": due, "end_s": first + 4.9 + 0.001,
+                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 50,
+                            "tokens": 50, "first_token_s": first, "last_token_s": first + 4.9,
+                            "itl_ms": [np.full(49, 100.0)] * n})
+    m = measure_tokens(records, speed=1.0, warmup_s=2.0, lag_budget_ms=50.0, duration_s=2.0 + window_s)
+    row = next(line for line in format_generate(GenerateRun(m, m, None)).splitlines() if line.startswith("streamed"))
+    assert ("a window under 2x a request's life (5.0 s here) reads it low" in row) is short, row
+
+
 @pytest.mark.slow
 def test_a_missing_model_is_one_line_and_exit_2(server, tmp_path):
     assert_one_line_error(tuner("replay", str(study(tmp_path, server.endpoints.http, model="nope"))), "nope")

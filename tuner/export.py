@@ -33,6 +33,7 @@ from tuner.errors import InputError, NoFeasibleConfigError, OutputError, Setting
 from tuner.files import check_writable, os_reason, read_json_object, write_atomic
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
+from tuner.measurement_tokens import WINDOW_LIVES, short_window
 from tuner.search import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
@@ -234,7 +235,9 @@ def summarize(study: optuna.Study) -> dict:
         "unmeasured": _unmeasured(study),
         "hosts": hosts(study),
         "remeasured_on": meta.get("remeasured_on"),
+        "step_duration_s": meta.get("step_duration_s"),  # a capacity step's window (search.capacity)
     }
+    summary["notes"] = _short_step_notes(summary) if scoring == "capacity" else []
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
@@ -258,6 +261,24 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def _short_step_notes(summary: dict) -> list[str]:
+    """A caution where a generative study's capacity steps were too short for the engine's streamed rate
+    (`tuner.measurement_tokens.short_window`) against the life of a request at the speed that decided
+    the best's or the incumbent's capacity (its `step_warmup_s`): those capacities may read low."""
+    step_s, notes = summary.get("step_duration_s"), []
+    for who in ("best", "incumbent"):
+        entry = summary.get(who) or {}
+        life = entry.get("step_warmup_s")
+        if not step_s or not short_window(step_s, life_s=life) or (who == "incumbent" and notes):
+            continue
+        notes.append(f"the capacity steps lasted {step_s:g} s, under {WINDOW_LIVES:g}x a request's life end to end at "
+                     f"the speed that decided the {'recommendation' if who == 'best' else 'incumbent'}'s capacity "
+                     f"({life:.1f} s): the engine's streamed rate reads low over so short a step, so the capacities "
+                     f"may read low; search.capacity.step_duration_s: {math.ceil(WINDOW_LIVES * life):d} s or more "
+                     "measures them")
+    return notes
 
 
 def sla_limits(sla: dict) -> str:

@@ -25,7 +25,8 @@ last token times, the tokens received and the gaps between token responses. Defi
   to the window's end, so an engine that keeps up streams about what was offered over the window
   (lagged by a request's life, drawn partly from the warm-up's traffic); one that falls behind streams
   its own rate whatever was offered, while its queue grows. Each response carries its request's tokens
-  / its responses; a request's responses arrive at its first token and then after each gap of `itl_ms`;
+  / its responses; a request's responses arrive at its first token and then after each gap of `itl_ms`.
+  Over a window shorter than WINDOW_LIVES requests' lives it reads low (`short_window`);
 - busy seconds = the union of the measured requests' spans (due time to last response): the seconds
   the engine held at least one of them. A continuous-batching engine steps exactly while it holds a
   request, and vLLM reports no busy-time counter of its own, so this is the engine's busy time at the
@@ -43,12 +44,26 @@ import pandas as pd
 
 from tuner.measurement import Served, percentiles, send_lag_figures
 
-__all__ = ["PER_REQUEST", "RECORD_COLUMNS", "TokenMeasurement", "measure_tokens"]
+__all__ = ["PER_REQUEST", "RECORD_COLUMNS", "WINDOW_LIVES", "TokenMeasurement", "measure_tokens", "short_window"]
 
 # what measure_tokens reads of a generative replay's records (tuner.replay.ReplayResult.records)
 PER_REQUEST = ("ttfts_ms", "tpots_ms", "itls_ms", "e2es_ms")  # TokenMeasurement's arrays: not figures
 RECORD_COLUMNS = ("due_s", "end_s", "send_lag_ms", "ok", "prompt_tokens", "tokens", "first_token_s",
                   "last_token_s", "itl_ms")
+
+
+# the streamed rate lags its window by a request's life (a request's tokens arrive until it ends): over a
+# window shorter than this many lives it counts what the lighter traffic before the window asked for. The
+# LLM quick start's engine, keeping up at 0.8x the recording, streamed 735 output tokens/s over 5-s
+# windows of requests living 5-9 s, below the 854 the traffic offers on average; over 20-s windows
+# 890-963 (docs/llm-tune.md)
+WINDOW_LIVES = 2.0
+
+
+def short_window(window_s: float, *, life_s: float | None) -> bool:
+    """Whether a window of `window_s` seconds is too short for its streamed rate: under WINDOW_LIVES
+    times a request's mean life end to end (`life_s`; unknown or 0: not short)."""
+    return bool(life_s) and window_s < WINDOW_LIVES * life_s
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -371,6 +371,7 @@ def _metadata(p: Prepared) -> dict:
         "preferred_batch_size": s.search.preferred_batch_size,
         "sla": dataclasses.asdict(s.sla),
         "lag_budget_ms": s.replay.lag_budget_ms,
+        "step_duration_s": s.search.capacity.step_duration_s,
         "traffic": {**dataclasses.asdict(s.traffic), "requests": len(p.traffic),
                     "peak_rps": peak_rps(p.traffic, s.traffic.speed), "mean_rps": mean_rps(p.traffic)},
         "price": price_for(s.cost).as_dict(),

@@ -65,3 +65,35 @@ def test_the_capacity_search_stops_at_the_engines_token_rate_not_at_its_latency(
     # traffic an engine counts as behind from BEHIND (0.9) of what its window asks: the search stops by 2.78x
     assert by_latency.speed > 3.0
     assert 2.5 / 1.1 <= by_rate.speed <= 2.5 / BEHIND < by_rate.upper_speed <= 2.5 / BEHIND * 1.1
+
+
+def lagging(window_s: float, *, life_s: float = 5.0, before: float = 2.0, during: float = 8.0) -> pd.DataFrame:
+    """Records of an engine that keeps up, every request living `life_s` (50 tokens, the first after
+    0.1 s), on traffic of `before` requests a second for `life_s` (the warm-up), then `during` a second
+    for `window_s` (the busiest stretch the step measures)."""
+    due = np.concatenate([np.arange(0.0, life_s, 1 / before), np.arange(life_s, life_s + window_s, 1 / during)])
+    gap = (life_s - 0.1) / 49
+    first = due + 0.1
+    last = first + 49 * gap
+    n = len(due)
+    return pd.DataFrame({"row": np.arange(n), "due_s": due, "send_s": due, "end_s": last + 0.001, "send_lag_ms": 0.1,
+                         "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 50, "tokens": 50,
+                         "first_token_s": first, "last_token_s": last, "itl_ms": [np.full(49, gap * 1000)] * n})
+
+
+@pytest.mark.parametrize("window_s,behind", [(4.0, True), (10.0, False), (20.0, False)])
+def test_over_a_window_shorter_than_two_requests_lives_an_engine_that_keeps_up_reads_as_fallen_behind(window_s, behind):
+    """The streamed rate lags the window by a request's life: a window after lighter traffic streams
+    what that traffic asked for until its own requests' tokens arrive. Worked by hand for 5-s lives,
+    2 then 8 requests a second of 50 tokens (the window asks 400 tokens/s), the traffic's average 250:
+    over 4 s the engine streams about 220 (behind: the rule would fail it), over 10 s 325, over 20 s
+    362. `short_window` marks the first, which the closing note and `tuner replay` then name."""
+    from tuner.measurement_tokens import short_window
+    from tuner.trial.generate import falls_behind, settled_warmup_s
+
+    m = measure_tokens(lagging(window_s), speed=1.0, warmup_s=5.0, lag_budget_ms=50.0, duration_s=5.0 + window_s)
+    assert m.offered_tokens_per_s == pytest.approx(400.0)
+    assert m.streamed_tokens_per_s == pytest.approx({4.0: 220.0, 10.0: 325.0, 20.0: 362.5}[window_s], rel=0.03)
+    assert falls_behind(m, average_tokens_per_s=250.0) is behind
+    assert settled_warmup_s(m) == pytest.approx(5.0)
+    assert short_window(m.duration_s, life_s=settled_warmup_s(m)) is behind

@@ -13,7 +13,10 @@ def print_outcome(summary: dict, output: str) -> int:
     (NoFeasibleConfigError) when nothing met the SLA, else exit 2 (OutputError) when the report
     could not be written: a run whose output is missing does not end as a success."""
     print(export.closing_table(summary))
-    print(f"\n{summary['message']}\noutputs: {output}")
+    print(f"\n{summary['message']}")
+    for note in summary.get("notes") or []:
+        print(f"note: {note}")
+    print(f"outputs: {output}")
     if summary.get("report"):
         print(f"report:  {summary['report']}")
     check = export.check_command(summary, output)

@@ -251,9 +251,11 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
     as the replay and as the engine saw the same requests. `average_tokens_per_s`: the output tokens/s
     the traffic offers on average at the replay's speed, set beside what the engine streamed."""
     from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
-    from tuner.trial.generate import falls_behind
+    from tuner.measurement_tokens import WINDOW_LIVES, short_window
+    from tuner.trial.generate import falls_behind, settled_warmup_s
 
     m = run.measurement
+    life = settled_warmup_s(m)  # a request's mean life end to end: the streamed rate lags the window by it
     limits = "  ".join(f"{name} <= {limit:g} ms" for name, limit in (("TTFT", m.ttft_limit_ms), ("TPOT", m.tpot_limit_ms),
                                                                      ("end to end", m.e2e_limit_ms))
                        if limit is not None)
@@ -265,8 +267,10 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
         ("streamed", f"{m.streamed_tokens_per_s:.0f} output tokens/s by the engine over the window (its requests "
                      f"asked for {m.offered_tokens_per_s:.0f}"
                      + (f"; the traffic offers {average_tokens_per_s:.0f} on average at this speed" if average_tokens_per_s else "")
-                     + (": the engine fell behind at a rate below the average, which fails a capacity step)"
-                        if average_tokens_per_s and falls_behind(m, average_tokens_per_s=average_tokens_per_s) else ")")),
+                     + (": the engine fell behind at a rate below the average, which fails a capacity step"
+                        if average_tokens_per_s and falls_behind(m, average_tokens_per_s=average_tokens_per_s) else "")
+                     + (f"; a window under {WINDOW_LIVES:g}x a request's life ({life:.1f} s here) reads it low)"
+                        if short_window(m.duration_s, life_s=life) else ")")),
         ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {run.first_error[:160]}" if run.first_error else "")),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),

@@ -163,8 +163,8 @@ def falls_behind(m: TokenMeasurement, *, average_tokens_per_s: float) -> bool:
     """Whether the engine fell behind its window (streamed < BEHIND x what the window asked for, per
     second) at a rate below `average_tokens_per_s` (the traffic's average at the replay's speed)."""
     streamed = m.streamed_tokens_per_s
-    return (average_tokens_per_s > 0 and math.isfinite(streamed) and streamed < average_tokens_per_s
-            and streamed < BEHIND * m.offered_tokens_per_s)
+    return bool(average_tokens_per_s > 0 and math.isfinite(streamed) and streamed < average_tokens_per_s
+                and streamed < BEHIND * m.offered_tokens_per_s)
 
 
 def settled_warmup_s(load: TokenMeasurement) -> float:
