@@ -200,6 +200,41 @@ def test_export_command_from_a_directory_and_from_a_storage(tmp_path, capsys):
     assert "max_batch_size: 16" in capsys.readouterr().out
 
 
+def test_export_never_replaces_a_file_tuner_did_not_write_unless_forced(tmp_path, capsys):
+    """`-o` at the user's own config.pbtxt (their comments, their fields) is refused in one line, the file
+    left byte for byte; an earlier export there, or the same text, is replaced; --force replaces it."""
+    study = make_study(tmp_path)
+    out = tmp_path / "out"
+    export.write_outputs(study, out)
+    live = tmp_path / "models" / "encoder_sim" / "config.pbtxt"
+    live.parent.mkdir(parents=True)
+    live.write_text(SOURCE)
+    capsys.readouterr()
+    assert main(["export", str(out), "-o", str(live)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exists and tuner did not write it: give --force" in err, err
+    assert live.read_text() == SOURCE
+    url = f"sqlite:///{out / 'study.db'}"
+    assert main(["export", "--storage", url, "--study", "exp", "-o", str(live)]) == 2  # from a storage too
+    assert live.read_text() == SOURCE
+    assert main(["export", str(out), "-o", str(live), "--force"]) == 0
+    exported = live.read_text()
+    assert exported.startswith("# Recommended by tuner ") and modelconfig.load(live).max_batch_size == 16
+    # an earlier export is tuner's: replaced without --force (a later study's recommendation)
+    live.write_text(exported.replace("max_batch_size: 16", "max_batch_size: 8"))
+    assert main(["export", str(out), "-o", str(live)]) == 0
+    assert live.read_text() == exported
+    # the config without tuner's header is the user's again
+    live.write_text(exported.split("\n\n", 1)[1])
+    assert main(["export", str(out), "-o", str(live)]) == 2
+    # a model.json holds no header: the same text is replaced (nothing is lost), another is not
+    engine = tmp_path / "model.json"
+    engine.write_text('{"max_num_seqs": 8}\n')
+    assert export._replaceable(engine, '{"max_num_seqs": 8}\n')
+    assert not export._replaceable(engine, '{"max_num_seqs": 16}\n')
+    assert export._replaceable(tmp_path / "new.json", "{}")
+
+
 def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing")]) == 2
     assert main(["export", "--storage", str(tmp_path / "none.journal")]) == 2

@@ -62,6 +62,7 @@ RECOMMENDED_ENGINE = Path("recommended") / "model.json"  # a vLLM-backend model'
 INCUMBENT = Path("incumbent") / "config.pbtxt"
 RECORDS = Path("records")
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
+HEADER_START = "# Recommended by tuner "  # a config.pbtxt tuner wrote: `tuner export -o` may replace it
 
 
 # --- the summary -------------------------------------------------------------------------------
@@ -379,7 +380,7 @@ def _header(summary: dict, base, config) -> str:
     sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
     changed = modelconfig.changed_fields(base, config)
     lines = [
-        f"Recommended by tuner {summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
+        f"{HEADER_START[2:]}{summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
         f"SLA: p{sla.get('percentile', 99):g} latency <= {sla.get('latency_ms')} ms, "
         f"error rate <= {sla.get('max_error_rate', 0.001):.2%}",
         f"traffic: {traffic.get('path')} at speed {traffic.get('speed', 1.0):g}"
@@ -595,8 +596,10 @@ def storage_of(output_dir: str | Path) -> tuple[str, str | None]:
     raise SettingsError(f"{out}: no summary.json or study storage: not a `tuner tune` output directory")
 
 
-def export(storage: str, name: str | None, output: str | Path) -> Path:
-    """Write the recommended config of a finished study to `output` (a vLLM-backend model's: its model.json)."""
+def export(storage: str, name: str | None, output: str | Path, *, force: bool = False) -> Path:
+    """Write the recommended config of a finished study to `output` (a vLLM-backend model's: its model.json).
+    A file already there is replaced only when tuner wrote it (a config.pbtxt under tuner's header), when
+    it holds the same text, or with `force`: `output` may be the user's own config (OutputError)."""
     path, label = Path(output), f"-o {output}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -604,7 +607,24 @@ def export(storage: str, name: str | None, output: str | Path) -> Path:
         raise OutputError(f"{label}: cannot write ({os_reason(exc)})") from None
     check_writable(path, label=label)  # before the study is read
     study = load_study(storage, name)
-    return write_atomic(path, recommended_text(study, summarize(study)), label=label)
+    text = recommended_text(study, summarize(study))
+    if not force and not _replaceable(path, text):
+        raise OutputError(f"{label}: {path} exists and tuner did not write it: give --force to replace it, "
+                          "or another -o")
+    return write_atomic(path, text, label=label)
+
+
+def _replaceable(path: Path, text: str) -> bool:
+    """Whether writing `text` at `path` loses nothing: no file there, the same text, or an earlier export
+    (its first line is the header `_header` writes)."""
+    try:
+        with open(path, "rb") as fh:
+            old = fh.read(len(text.encode()) + 1)
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        raise OutputError(f"-o {path}: cannot read the file there ({os_reason(exc)})") from None
+    return old == text.encode() or old.startswith(HEADER_START.encode())
 
 
 def recommended_text(study: optuna.Study, summary: dict) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.cli._args import add_command, add_output_file, add_storage, add_tune_output
+from tuner.cli._args import add_command, add_flag, add_output_file, add_storage, add_tune_output
 from tuner.errors import SettingsError
 
 
@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--study", metavar="NAME", help="the study's name (needed if the storage holds several)")
     add_output_file(parser, metavar="FILE",
                     help="where to write (default: OUTPUT_DIR/recommended/config.pbtxt, a vLLM-backend "
-                    "model's OUTPUT_DIR/recommended/model.json, or stdout with --storage)")
+                    "model's OUTPUT_DIR/recommended/model.json, or stdout with --storage); a file already "
+                    "there that tuner did not write is refused unless --force")
+    add_flag(parser, "--force", "replace the -o file even where tuner did not write it (your own config)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         study = export.load_study(storage, args.study or name)
         print(export.recommended_text(study, export.summarize(study)), end="")
         return 0
-    path = export.export(storage, args.study or name, target)
+    # the default path is tuner's own output; a file the user named may be their config
+    path = export.export(storage, args.study or name, target, force=args.force or not args.output)
     print(f"wrote {path}")
     return 0
