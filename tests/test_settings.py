@@ -56,7 +56,8 @@ def test_defaults_and_the_search_section():
     ({"search": {"max_queue_delay_microseconds": {"low": 0, "high": 8000, "step": 3000}}},
      "search.max_queue_delay_microseconds: high=8000 is not low + a whole number of steps of 3000 (the search "
      "would never try it): e.g. high 6000 or step 4000"),
-    ({"search": {"capcity": {}}}, "search.capcity: unknown key"),
+    ({"search": {"capcity": {}}}, "search.capcity: unknown key (did you mean capacity? expected one of: "),
+    ({"sla": {"latncy_ms": 5}}, "sla.latncy_ms: unknown key (did you mean latency_ms? expected one of: latency_ms, "),
     ({"cost": {"price_per_hour": -1}}, "cost.price_per_hour: must be > 0"),
     ({"search": {"trials": "many"}}, "search.trials: expected an integer"),
 ])

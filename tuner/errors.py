@@ -31,9 +31,10 @@ audit` and the nightly rule take them from here; `tuner soak` exits alike, 10 on
 from __future__ import annotations
 
 import contextlib
+import difflib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 class TunerError(Exception):
@@ -96,6 +97,13 @@ EXIT_ACT = 10
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, so that it unwinds like Ctrl-C: the trial in flight is
     marked failed (the next run measures it again), servers and containers are stopped."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`did you mean X?` for the choice `word` most likely misspells (difflib's closest match), or ''
+    when none is close: the one way a refusal of an unknown name suggests the known one."""
+    near = difflib.get_close_matches(word, list(choices), n=1)
+    return f"did you mean {near[0]}?" if near else ""
 
 
 def _raise_terminated(signum, frame) -> None:

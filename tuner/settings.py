@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from tuner.errors import InputError, SettingsError
+from tuner.errors import InputError, SettingsError, did_you_mean
 from tuner.files import read_text
 from tuner.instants import parse_instant
 from tuner.paths import nameable
@@ -408,9 +408,9 @@ def _build(cls, data, source: str, *, prefix: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise SettingsError(
-            f"{source}: {prefix}{unknown[0]}: unknown key (expected one of: {', '.join(fields)})"
-        )
+        hint = did_you_mean(str(unknown[0]), fields)
+        raise SettingsError(f"{source}: {prefix}{unknown[0]}: unknown key ({hint + ' ' if hint else ''}"
+                            f"expected one of: {', '.join(fields)})")
     values = {}
     for name, f in fields.items():
         key = prefix + name

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import ConfigError, SettingsError, TunerError
+from tuner.errors import ConfigError, SettingsError, TunerError, did_you_mean
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig, parse, to_text
 from tuner.settings import FloatRange, IntRange, SearchSettings
@@ -554,9 +554,9 @@ def parse_assignments(assignments: Iterable[str]) -> Params:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. max_batch_size=8")
         knob = keys.get(key)
         if knob is None:
-            near = difflib.get_close_matches(key, list(keys), n=1)
-            hint = f"did you mean {near[0]}? " if near else ""
-            raise ConfigError(f"--set {item!r}: unknown key {key!r}; {hint}known keys: {', '.join(keys)}")
+            hint = did_you_mean(key, keys)
+            raise ConfigError(f"--set {item!r}: unknown key {key!r}; {hint + ' ' if hint else ''}known keys: "
+                              f"{', '.join(keys)}")
         if knob.name in values:
             raise ConfigError(f"--set {item!r}: {knob.name} is set more than once")
         low, high = knob.bounds

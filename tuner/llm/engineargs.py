@@ -31,7 +31,6 @@ launcher serves, atomically.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.metadata
 import json
@@ -41,7 +40,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, did_you_mean
 from tuner.files import read_json_object, write_atomic
 from tuner.llm import tiny
 from tuner.modelconfig import ModelConfig, load
@@ -275,8 +274,7 @@ def check(args: Mapping[str, object], *, source: str = ENGINE_FILE) -> None:
     keys = known_keys()
     for key, value in args.items():
         if key not in keys:
-            near = difflib.get_close_matches(key, sorted(keys), n=1)
-            hint = f"did you mean {near[0]}?" if near else "see vLLM's EngineArgs"
+            hint = did_you_mean(key, sorted(keys)) or "see vLLM's EngineArgs"
             raise ConfigError(f"{source}: {key}: not an engine argument vLLM takes ({hint})")
         rule = _RULES.get(key)
         if rule is None or value is None:
