@@ -64,3 +64,14 @@ def test_a_single_csv_file_reads_as_before(tmp_path):
     got = study_traffic(_settings(tmp_path / "t.csv", busiest_s=2.0))
     assert len(got) == 16  # 8.5 .. 9.75 s, then the burst
     pd.testing.assert_frame_equal(got, window(df, busiest_window(df, 2.0)[0], 2.0))
+
+
+def test_a_busiest_stretch_longer_than_the_recording_is_the_whole_recording_and_says_so(tmp_path, capsys):
+    df = pd.DataFrame({"timestamp": np.arange(50) * 0.1, "seq_len": 8})
+    df.to_csv(tmp_path / "t.csv", index=False)
+    got = study_traffic(_settings(tmp_path / "t.csv", busiest_s=60.0))
+    assert len(got) == len(df)
+    err = capsys.readouterr().err
+    assert "traffic: busiest_s 60 s is longer than the recording (" in err and "the whole recording is replayed" in err
+    study_traffic(_settings(tmp_path / "t.csv", busiest_s=2.0))
+    assert "longer than the recording" not in capsys.readouterr().err

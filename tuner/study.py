@@ -42,6 +42,9 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
     for note in rec.notes:
         print(f"traffic: {note}", file=sys.stderr)
     if t.busiest_s is not None:
+        if t.busiest_s > rec.end - rec.start:
+            print(f"traffic: busiest_s {t.busiest_s:g} s is longer than the recording ({rec.end - rec.start:,.1f} s "
+                  "from its first request to its last): the whole recording is replayed", file=sys.stderr)
         start, _ = busiest_in(rec, t.busiest_s)
         return read_window(rec, start, t.busiest_s)
     if t.since is not None or t.until is not None:
