@@ -25,6 +25,9 @@ class SlaCheck:
     # (this is the Optuna constraint value)
     violation: float
     reason: str = ""
+    # where a failing step's own measurement says the configuration's capacity lies, as a replay speed
+    # (a generative engine fallen behind: the speed whose average asks what it streamed); None: unknown
+    holds_speed: float | None = None
 
 
 def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:

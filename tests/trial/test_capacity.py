@@ -205,3 +205,48 @@ def test_a_wrong_estimate_is_searched_from_there(off):
                            start_speed=hints.start_speed, upper_guess=hints.upper_speed, growth=1.3)
     assert result.converged and result.speed <= estimate * off < result.upper_speed
     assert len(fake.calls) > 2
+
+
+def _telling(capacity: float, *, reads: float = 1.0):
+    """A check that, where the SLA breaks, says where the capacity lies (SlaCheck.holds_speed, as a
+    generative engine's token rate does), off by the factor `reads`."""
+    def check(m: Measurement, sla: SlaSettings):
+        c = check_sla(m, sla)
+        return c if c.ok else dataclasses.replace(c, holds_speed=capacity * reads)
+    return check
+
+
+@pytest.mark.parametrize("tolerance", [0.1, 0.25])
+@pytest.mark.parametrize("reads", [0.85, 0.9, 1.0, 1.1])
+def test_a_failing_step_that_says_where_the_capacity_lies_saves_bisection_steps(tolerance, reads):
+    """Told where the capacity lies by each failing step (off by the factor `reads`, as a generative
+    engine's streamed rate is), the search finds what the plain bisection finds, within the tolerance,
+    for 40 capacities from 0.6 to 8.4, never in more steps, and in fewer over all of them."""
+    settings = CapacitySettings(tolerance=tolerance, start_speed=0.5, max_speed=16.0, max_steps=14)
+    told_steps = plain_steps = 0
+    for capacity in [0.6 * 1.07 ** k for k in range(40)]:
+        plain, told = FakeServer(capacity), FakeServer(capacity)
+        blind = find_capacity(with_retries(plain), SLA, settings)
+        guided = find_capacity(with_retries(told), SLA, settings, check=_telling(capacity, reads=reads))
+        for result in (blind, guided):
+            assert result.converged and result.speed <= capacity < result.upper_speed
+            assert result.upper_speed / result.speed <= 1 + tolerance
+        assert len(told.calls) <= len(plain.calls), (capacity, told.calls, plain.calls)
+        told_steps, plain_steps = told_steps + len(told.calls), plain_steps + len(plain.calls)
+    assert told_steps < plain_steps
+
+
+def test_told_the_capacity_just_under_the_failing_step_one_pass_closes_the_bracket():
+    """0.5 passes, 1.0 fails saying 0.95: 0.8 (1.0 / 1.25) is probed and passes: [0.8, 1.0] in 3
+    steps where the bisection takes 4 (0.71, then 0.84). Told 0.55, it probes 0.55 (a pass), then
+    0.6875 (a fail): [0.55, 0.6875]."""
+    settings = CapacitySettings(tolerance=0.25, start_speed=0.5, max_speed=16.0, max_steps=12)
+    high, low = FakeServer(0.95), FakeServer(0.6)
+    assert find_capacity(with_retries(high), SLA, settings, check=_telling(0.95)).converged
+    assert [speed for speed, _ in high.calls] == pytest.approx([0.5, 1.0, 0.8])
+    plain = FakeServer(0.95)
+    find_capacity(with_retries(plain), SLA, settings)
+    assert [speed for speed, _ in plain.calls] == pytest.approx([0.5, 1.0, 0.5 ** 0.5, (0.5 ** 0.5) ** 0.5])
+    result = find_capacity(with_retries(low), SLA, settings, check=_telling(0.6, reads=0.55 / 0.6))
+    assert [speed for speed, _ in low.calls] == pytest.approx([0.5, 1.0, 0.55, 0.6875])
+    assert result.converged and (result.speed, result.upper_speed) == pytest.approx((0.55, 0.6875))

@@ -3,6 +3,8 @@ offers on average fails the step, whatever its few seconds of latency say (pure)
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -65,6 +67,15 @@ def test_the_capacity_search_stops_at_the_engines_token_rate_not_at_its_latency(
     # traffic an engine counts as behind from BEHIND (0.9) of what its window asks: the search stops by 2.78x
     assert by_latency.speed > 3.0
     assert 2.5 / 1.1 <= by_rate.speed <= 2.5 / BEHIND < by_rate.upper_speed <= 2.5 / BEHIND * 1.1
+    # the failing steps say where the engine's rate puts the capacity (holds_speed: 2.5x), which the
+    # search probes toward (tests/trial/test_capacity.py counts the steps it saves): here, where the rule
+    # passes up to 2.78x, in as many steps as a bisection blind to it, for a bracket as right
+    rule = keeping_up(check_tokens, tokens_per_s=MEAN_TPS)
+    assert rule(step(4.0), SLA).holds_speed == pytest.approx(RATE / MEAN_TPS, rel=0.02)
+    blind = find_capacity(step, SLA, settings, rate=4.0,
+                          check=lambda m, sla: dataclasses.replace(rule(m, sla), holds_speed=None))
+    assert 2.5 / 1.1 <= blind.speed <= 2.5 / BEHIND < blind.upper_speed
+    assert len(by_rate.steps) <= len(blind.steps), ([s.speed for s in by_rate.steps], [s.speed for s in blind.steps])
 
 
 def lagging(window_s: float, *, life_s: float = 5.0, before: float = 2.0, during: float = 8.0) -> pd.DataFrame:

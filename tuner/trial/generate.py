@@ -144,7 +144,10 @@ def keeping_up(check: Callable[[TokenMeasurement, object], SlaCheck], *, tokens_
     the SLA at 1.0 and 1.15x the recording, whose traffic offers 1,067 and 1,227 tokens/s on average;
     its whole busiest two minutes replayed at those speeds missed it (TTFT p99 1.3 and 6.7 s), and at
     0.8x (854 tokens/s) met it. An engine that keeps up with its window streams about what the window
-    asked for, whatever the average (the window is the busiest stretch)."""
+    asked for, whatever the average (the window is the busiest stretch).
+
+    Such a step's check also says where the capacity lies (`holds_speed`): the speed at which the
+    traffic's average asks for what the engine streamed, which the capacity search probes toward."""
     def checked(m: TokenMeasurement, sla) -> SlaCheck:
         c = check(m, sla)
         average = m.speed * tokens_per_s
@@ -154,7 +157,8 @@ def keeping_up(check: Callable[[TokenMeasurement, object], SlaCheck], *, tokens_
                   f"asked for {m.offered_tokens_per_s:,.0f}), below the {average:,.0f} the traffic offers on "
                   f"average at speed {m.speed:.3g}: its queue grows for as long as the load lasts")
         return SlaCheck(False, c.latency_ms, c.error_rate, max(c.violation, 1.0 - m.streamed_tokens_per_s / average),
-                        "; ".join(r for r in (c.reason, reason) if r))
+                        "; ".join(r for r in (c.reason, reason) if r),
+                        holds_speed=float(m.streamed_tokens_per_s / tokens_per_s))
 
     return checked
 
