@@ -60,6 +60,7 @@ TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
 RECOMMENDED_ENGINE = Path("recommended") / "model.json"  # a vLLM-backend model's (tuner.llm.engineargs.ENGINE_FILE)
 INCUMBENT = Path("incumbent") / "config.pbtxt"
+INCUMBENT_ENGINE = Path("incumbent") / "model.json"  # a vLLM-backend model's engine arguments as the study found them
 RECORDS = Path("records")
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
 HEADER_START = "# Recommended by tuner "  # a config.pbtxt tuner wrote: `tuner export -o` may replace it
@@ -545,6 +546,8 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
         write_atomic(out / INCUMBENT, base_text)
+    if study.user_attrs.get("base_engine") is not None:  # a vLLM-served model's incumbent is its model.json
+        write_atomic(out / INCUMBENT_ENGINE, json.dumps(study.user_attrs["base_engine"], indent=2) + "\n")
     if summary["best"] and study_unit(study) == "tokens":  # vLLM batches: its model.json
         write_atomic(out / RECOMMENDED_ENGINE, recommended_engine(study, summary))
     elif summary["best"]:

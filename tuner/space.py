@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ __all__ = [
     "ALL_KNOBS", "CHUNKED_PREFILL", "CONFIG_FILE", "ENGINE_KNOBS", "ENGINE_NAMES", "GPU_MEMORY", "GRID_POINTS",
     "INSTANCES", "KNOBS", "KV_CACHE_GIB", "LABELS", "MAX_BATCH_SIZE", "MAX_SEQS", "MAX_TOKENS", "NAMES",
     "PREFERRED", "QUEUE_DELAY", "QUEUE_SIZE", "STRATEGIES", "Knob", "Params", "apply", "apply_engine",
-    "check_tunable", "config_diff", "config_fields", "deployed", "describe", "fit_to_rows", "from_config",
+    "check_tunable", "config_diff", "config_fields", "deployed", "describe", "engine_diff", "fit_to_rows", "from_config",
     "from_row", "grid", "grid_size", "outside", "parse_assignments", "preferred_sizes", "sizes_text", "split",
     "study_space", "suggest", "tuned", "value_in",
 ]
@@ -478,6 +479,22 @@ def config_diff(old: ModelConfig | str, new: ModelConfig | str, *, old_name: str
     compared as it is)."""
     return list(difflib.unified_diff(_canonical(old).splitlines(), _canonical(new).splitlines(), old_name,
                                      new_name, lineterm="", n=context))
+
+
+def engine_diff(old: Mapping[str, object] | str, new: Mapping[str, object] | str, *, old_name: str, new_name: str,
+                context: int = 3) -> list[str]:
+    """The unified diff from one vLLM model.json (its engine arguments) to another, line by line: the
+    one way the outputs compare two (the report's incumbent -> recommended, the nightly proposal). Both
+    as `json.dumps(indent=2)` prints them, in their own key order (a text that is not JSON as it is)."""
+    def lines(args: Mapping[str, object] | str) -> list[str]:
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return args.splitlines()
+        return json.dumps(args, indent=2).splitlines()
+
+    return list(difflib.unified_diff(lines(old), lines(new), old_name, new_name, lineterm="", n=context))
 
 
 def _canonical(config: ModelConfig | str) -> str:

@@ -107,4 +107,11 @@ def test_a_generative_study_is_tuned_in_output_tokens_per_dollar(study, tmp_path
     report = (out / "report.html").read_text()
     assert "output tokens per dollar" in report and "TTFT" in report and "KV cache (peak)" in report
     assert "SLA: p99 TTFT ≤ 1000 ms, p99 TPOT ≤ 100 ms, error rate" in report  # both limits, not TTFT's alone
+    # the report speaks of vLLM's knobs, not Triton's batcher: its map of the engine's two knobs, the
+    # incumbent's model.json (written beside the outputs) against the recommended one, no fill rate
+    assert json.loads((out / "incumbent" / "model.json").read_text()) == engineargs.read(TEMPLATE)
+    assert "lacks max_batch_size" not in report and "fill rate" not in report.lower()
+    assert "Triton does not batch a vLLM-served model" in report and "end to end p99 (ms)" in report
+    if summary["best"]:
+        assert "model.json: incumbent → recommended" in report and "+++ recommended/model.json" in report
     assert _digest(TEMPLATE) == before  # the repository's model.json and config.pbtxt as they were

@@ -16,7 +16,6 @@ dollar, and a proposal is production's model.json with only the tuned knobs chan
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +71,8 @@ class Deployed:
         # only the tuned knobs written in, checked as vLLM would
         args = space.apply_engine(self.engine, space.split(candidate)[1])
         text = json.dumps(args, indent=2) + "\n"
-        diff = difflib.unified_diff(json.dumps(self.engine, indent=2).splitlines(), text.splitlines(),
-                                    f"production/{self.path.name}", f"proposed/{engineargs.ENGINE_FILE}", lineterm="")
+        diff = space.engine_diff(self.engine, args, old_name=f"production/{self.path.name}",
+                                 new_name=f"proposed/{engineargs.ENGINE_FILE}")
         changed = tuple(f"{key}: {json.dumps(self.engine.get(key))} -> {json.dumps(value)}"
                         for key, value in args.items() if self.engine.get(key) != value)
         return Proposal(engineargs.ENGINE_FILE, text, _lines(diff), changed)

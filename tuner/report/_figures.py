@@ -29,7 +29,8 @@ def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
     for _, row in frame.iterrows():
         bits = [f"trial {row['number']:.0f} ({row['state'].lower()})"]
         bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
-        bits.append(f"capacity {row['capacity_rps']:.1f} req/s, fill rate {row['fill_rate']:.2f}")
+        fill = f", fill rate {row['fill_rate']:.2f}" if pd.notna(row["fill_rate"]) else ""
+        bits.append(f"capacity {row['capacity_rps']:.1f} req/s{fill}")
         rows.append("<br>".join(bits))
     return rows
 
@@ -126,8 +127,10 @@ def param_importance(out: StudyOutput) -> go.Figure | None:
 
 
 def param_map(out: StudyOutput) -> go.Figure | None:
-    """Where the search went in the two batching parameters, coloured by requests per dollar."""
-    x, y = space.MAX_BATCH_SIZE, space.QUEUE_DELAY
+    """Where the search went in the two batching parameters (Triton's batch size and queue delay; a
+    vLLM-served model's sequences and batched tokens, both on log axes), coloured by the score."""
+    tokens = out.unit == "tokens"
+    x, y = (space.MAX_SEQS, space.MAX_TOKENS) if tokens else (space.MAX_BATCH_SIZE, space.QUEUE_DELAY)
     if x not in out.trials or y not in out.trials:
         out.notes.append(f"trials.csv lacks {x} or {y}: no parameter map")
         return None
@@ -135,9 +138,11 @@ def param_map(out: StudyOutput) -> go.Figure | None:
     fig = go.Figure(go.Scatter(
         x=frame[x], y=frame[y], mode="markers", text=_hover(frame, out.params), hoverinfo="text",
         marker={"size": 10, "color": frame["requests_per_dollar"].where(frame["feasible"]),
-                "colorscale": "Viridis", "showscale": True, "colorbar": {"title": "req/$"},
+                "colorscale": "Viridis", "showscale": True, "colorbar": {"title": out.score_short},
                 "line": {"width": 1, "color": np.where(frame["feasible"], "#333", "#ccc")}}))
     fig.update_xaxes(type="log", tickvals=sorted(frame[x].unique()))
+    if tokens:
+        fig.update_yaxes(type="log")
     fig.update_layout(title="Parameters tried (grey: infeasible)", xaxis_title=x, yaxis_title=y, **LAYOUT)
     return fig
 
@@ -207,8 +212,13 @@ def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | Non
     return None
 
 
-def batch_histograms(out: StudyOutput) -> go.Figure:
-    """Dispatched batch sizes of the incumbent and the winner (their fill rate in the legend)."""
+def batch_histograms(out: StudyOutput) -> go.Figure | None:
+    """Dispatched batch sizes of the incumbent and the winner (their fill rate in the legend); None for a
+    vLLM-served model, which Triton does not batch (its engine's batching is in the comparison table)."""
+    if out.unit == "tokens":
+        out.notes.append("Triton does not batch a vLLM-served model (max_batch_size 0): its engine's own batching "
+                         "(running sequences and KV cache at their peak, preemptions) is in the table under the cost")
+        return None
     fig = go.Figure()
     missing = []
     for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):

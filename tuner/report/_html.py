@@ -101,15 +101,16 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
             "capacity (req/s)": _num(_dig(out.summary, f"{which}.capacity_rps")),
             f"{out.score_short} (capacity)": _num(_dig(out.summary, f"{which}.scores.capacity"), 0),
             f"{out.score_short} (utilization)": _num(_dig(out.summary, f"{which}.scores.utilization"), 0),
-            **{f"{q} (ms)": _num(_dig(out.summary, f"{which}.latency_ms.{q}")) for q in ("p50", "p95", "p99")},
+            # a generative model's latency_ms is its requests' end to end
+            **{f"{'end to end ' if out.unit == 'tokens' else ''}{q} (ms)": _num(_dig(out.summary, f"{which}.latency_ms.{q}"))
+               for q in ("p50", "p95", "p99")},
             **({f"TTFT {q} (ms)": _num(_dig(out.summary, f"{which}.ttft_ms.{q}")) for q in ("p50", "p99")}
                | {f"TPOT {q} (ms)": _num(_dig(out.summary, f"{which}.tpot_ms.{q}")) for q in ("p50", "p99")}
                # how the engine batched there: its sequences and KV cache at their peak, its preemptions
                | {"running sequences (peak)": _num(_dig(out.summary, f"{which}.engine.running_peak"), 0),
                   "KV cache (peak)": _num(_dig(out.summary, f"{which}.engine.kv_cache_peak"), 2),
                   "preemptions": _num(_dig(out.summary, f"{which}.engine.preemptions"), 0)}
-               if out.unit == "tokens" else {}),
-            "fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2),
+               if out.unit == "tokens" else {"fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2)}),
             "servers at peak": servers[0] if servers else "n/a",
             "monthly cost": _money(servers[1]) if servers else "n/a",
         }
@@ -182,17 +183,24 @@ def simulation_section(out: StudyOutput, plotlyjs: bool | str) -> str:
 
 
 def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
-    """The `k` best feasible trials as a table: parameters, capacity, score, latency, fill rate."""
-    columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, "fill_rate"]
-    return out.top_trials(k)[columns].round(2).set_index("number")
+    """The `k` best feasible trials as a table: parameters, capacity, score, the SLA's latency, and the
+    fill rate of Triton's batches (a vLLM-served model: its TPOT beside its TTFT, as vLLM batches)."""
+    extra = ["fill_rate"] if out.unit == "requests" else \
+        [c for c in ("ttft_p99_ms", "tpot_p99_ms") if c in out.trials and c != out.latency_column]
+    columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, *extra]
+    top = out.top_trials(k)[columns].round(2).set_index("number")
+    return top.rename(columns={"requests_per_dollar": out.score_short}) if out.unit == "tokens" else top
 
 
 def diff_html(out: StudyOutput) -> str:
-    """The incumbent-to-recommended config.pbtxt diff as HTML (a note when a config is missing)."""
+    """The incumbent-to-recommended config.pbtxt diff (a vLLM-served model's model.json) as HTML (a note
+    when one is missing)."""
+    name = out.config_file
     if out.incumbent_config is None or not out.recommended_config:
-        return "<p class='notes'>No diff: a config.pbtxt is missing (see the notes at the end).</p>"
-    lines = space.config_diff(out.incumbent_config, out.recommended_config, old_name="incumbent/config.pbtxt",
-                              new_name="recommended/config.pbtxt", context=2)
+        return f"<p class='notes'>No diff: a {name} is missing (see the notes at the end).</p>"
+    diff = space.engine_diff if out.unit == "tokens" else space.config_diff
+    lines = diff(out.incumbent_config, out.recommended_config, old_name=f"incumbent/{name}",
+                 new_name=f"recommended/{name}", context=2)
     body = []
     for line in lines:
         kind = "add" if line.startswith("+") and not line.startswith("+++") else \
@@ -219,6 +227,8 @@ def render(out: StudyOutput) -> str:
     plotlyjs: bool | str = True  # the first figure carries plotly.js, the others reuse it
     for title, build in SECTIONS:
         fig = build(out)
+        if fig is None and build is figures.batch_histograms and out.unit == "tokens":
+            continue  # Triton does not batch a vLLM-served model: the notes say where its engine's batching is
         parts.append(f"<h2>{html.escape(title)}</h2>")
         if fig is None:
             parts.append("<p class='notes'>Not available (see the notes at the end).</p>")
@@ -241,7 +251,7 @@ def render(out: StudyOutput) -> str:
 <p class="facts">{html.escape(_facts(out))}</p>
 {_check_html(out)}{''.join(parts)}
 {_soak_section(out)}<h2>Top trials</h2>{top_table(out).to_html()}
-<h2>config.pbtxt: incumbent → recommended</h2>{diff_html(out)}
+<h2>{out.config_file}: incumbent → recommended</h2>{diff_html(out)}
 <h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
 <p class="notes">Written by tuner {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {html.escape(str(out.path))}.</p>
 </body></html>

@@ -32,6 +32,7 @@ from tuner.traffic.windows import offsets
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
+RECOMMENDED_ENGINE = Path("recommended") / "model.json"  # a vLLM-served model's: its engine arguments
 SIMULATION = "simulation.csv"
 # the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
 SIMULATION_COLUMNS = (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, "capacity_rps", "score_capacity", "score_utilization")
@@ -72,10 +73,10 @@ class StudyOutput:
     summary: dict[str, Any]
     trials: pd.DataFrame               # one row per trial, canonical columns (COLUMNS) + params
     params: list[str]                  # tuned parameter columns of `trials`
-    recommended_config: str
+    recommended_config: str            # the recommended config.pbtxt, or a vLLM-served model's model.json
     study: optuna.Study | None = None  # None when the storage could not be opened
     storage_url: str | None = None
-    incumbent_config: str | None = None
+    incumbent_config: str | None = None  # the incumbent's, of the same kind (`config_file`)
     traffic: pd.DataFrame | None = None  # the recorded traffic table (tuner.traffic.read_traffic)
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
@@ -99,6 +100,11 @@ class StudyOutput:
     def unit(self) -> str:
         """What the study's scores count per dollar: "requests", or a generative model's output "tokens"."""
         return "tokens" if self.summary.get("unit") == "tokens" else "requests"
+
+    @property
+    def config_file(self) -> str:
+        """The file the recommendation is: config.pbtxt, or a vLLM-served model's model.json."""
+        return RECOMMENDED_ENGINE.name if self.unit == "tokens" else RECOMMENDED.name
 
     @property
     def score_label(self) -> str:
@@ -219,8 +225,8 @@ def load_output(path: str | Path) -> StudyOutput:
             raise InputError(f"{path}: not a study output directory: {required} is missing")
     summary = _read_summary(path / SUMMARY)
     trials = _read_trials(path / TRIALS, summary)
-    params = [c for c in trials.columns if c in space.NAMES or c.startswith("param.")]
-    recommended = path / RECOMMENDED
+    params = [c for c in trials.columns if c in (*space.NAMES, *space.ENGINE_NAMES) or c.startswith("param.")]
+    recommended = path / (RECOMMENDED_ENGINE if summary.get("unit") == "tokens" else RECOMMENDED)
     out = StudyOutput(
         path=path,
         summary=summary,
@@ -229,10 +235,12 @@ def load_output(path: str | Path) -> StudyOutput:
         recommended_config=recommended.read_text() if recommended.is_file() else "",
     )
     if not out.recommended_config:
-        out.notes.append(f"{RECOMMENDED} is missing: no config diff")
+        out.notes.append(f"{recommended.relative_to(path)} is missing: no config diff")
     out.study, out.storage_url = _open_study(path, summary, out.notes)
     if out.study is not None:
         _fill_from_study(out.trials, out.study, summary)
+    if out.unit == "tokens":  # Triton does not batch a vLLM-served model: no fill rate to show
+        out.trials["fill_rate"] = float("nan")
     out.incumbent_config = _incumbent_config(path, summary, out.notes)
     out.traffic, out.traffic_path = _traffic(path, summary, out.notes)
     out.latency_records = _latency_records(path, out)
@@ -373,14 +381,23 @@ def _study_yaml(path: Path, summary: dict[str, Any]):
 
 
 def _incumbent_config(path: Path, summary: dict[str, Any], notes: list[str]) -> str | None:
-    candidates = [path / "incumbent" / "config.pbtxt", _dig(summary, "incumbent.config_path")]
+    """The incumbent's config.pbtxt (a vLLM-served model's model.json): the output's copy, else the study's
+    model repository's."""
+    name = RECOMMENDED_ENGINE.name if summary.get("unit") == "tokens" else RECOMMENDED.name
+    candidates = [path / "incumbent" / name] + ([_dig(summary, "incumbent.config_path")] if name == "config.pbtxt" else [])
     settings = _study_yaml(path, summary)
     if settings is not None:
-        candidates.append(Path(settings.model_repository) / settings.model / "config.pbtxt")
+        model = Path(settings.model_repository) / settings.model
+        if name == "config.pbtxt":
+            candidates.append(model / name)
+        else:
+            from tuner.llm.engineargs import version_dir
+
+            candidates.append(version_dir(model) / name)
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return Path(candidate).read_text()
-    notes.append("incumbent/config.pbtxt was not found: no config diff")
+    notes.append(f"incumbent/{name} was not found: no config diff")
     return None
 
 
