@@ -58,6 +58,10 @@ def test_defaults_and_the_search_section():
      "would never try it): e.g. high 6000 or step 4000"),
     ({"search": {"capcity": {}}}, "search.capcity: unknown key (did you mean capacity? expected one of: "),
     ({"sla": {"latncy_ms": 5}}, "sla.latncy_ms: unknown key (did you mean latency_ms? expected one of: latency_ms, "),
+    # the file's own path is the loader's to set: not a key, and not listed as one
+    ({"source": "elsewhere.yaml"}, "source: unknown key (did you mean storage? expected one of: name, "
+                                   "model_repository, model, traffic, server, replay, measurement, sla, cost, "
+                                   "scoring, search, output, storage)"),
     ({"cost": {"price_per_hour": -1}}, "cost.price_per_hour: must be > 0"),
     ({"search": {"trials": "many"}}, "search.trials: expected an integer"),
 ])
@@ -238,7 +242,8 @@ def test_the_nightly_settings_refuse_keys_given_twice_nan_and_paths_the_os_refus
          "(first on line 1)"),
         ("study: s.yaml\ntraffic: {path: t, hours: .nan}\n", ": traffic.hours: expected a finite number, got nan"),
         ("study: loop\ntraffic: {path: t}\n", f": study: {tmp_path / 'loop'}: Too many levels of symbolic links"),
-        ("study: s.yaml\ntraffic: {path: t}\nsource: elsewhere.yaml\n", ": source: unknown key"),  # the loader's
+        ("study: s.yaml\ntraffic: {path: t}\nsource: elsewhere.yaml\n", ": source: unknown key (expected one of: "
+         "study, traffic, study_overrides, output, production, search, confirm, drift)"),  # the loader's
     ):
         nightly.write_text(text)
         with pytest.raises(SettingsError) as exc:

@@ -342,6 +342,7 @@ def study_from_dict(data: dict, base_dir: str | Path = ".", source: str = "<stud
 def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> StudySettings:
     """Replace dotted keys (e.g. {"sla.latency_ms": 50}) and validate again."""
     data = dataclasses.asdict(settings)
+    data.pop("source")  # the loader's, not a key: given back below
     for key, value in overrides.items():
         node = data
         *parents, last = key.split(".")
@@ -352,7 +353,8 @@ def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> Stu
         if last not in node:
             raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
         node[last] = value
-    built = _build(StudySettings, data, settings.source or "<study>", prefix="")
+    built = dataclasses.replace(_build(StudySettings, data, settings.source or "<study>", prefix=""),
+                                source=settings.source)
     _check(built, settings.source or "<study>")
     return built
 
@@ -405,8 +407,9 @@ def _build(cls, data, source: str, *, prefix: str):
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: {prefix.rstrip('.') or 'top level'}: expected a mapping")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    # `source` (the file's own path) is set by the loader, never by the file
+    fields = {f.name: f for f in dataclasses.fields(cls) if not (prefix == "" and f.name == "source")}
+    unknown = sorted(set(data) - set(fields), key=str)
     if unknown:
         hint = did_you_mean(str(unknown[0]), fields)
         raise SettingsError(f"{source}: {prefix}{unknown[0]}: unknown key ({hint + ' ' if hint else ''}"

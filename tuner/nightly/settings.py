@@ -113,8 +113,6 @@ def _resolve(s: NightlySettings, base: Path, source: str) -> NightlySettings:
 
 def check(s: NightlySettings, source: str) -> None:
     """Raise SettingsError for a value a night cannot run with (paths, budgets, the confirmation)."""
-    if s.source:  # the loader's to set, not the file's
-        raise SettingsError(f"{source}: source: unknown key")
     if not s.study:
         raise SettingsError(f"{source}: study: must name a study YAML")
     if not s.traffic.path:
