@@ -112,6 +112,7 @@ def test_a_generative_study_is_tuned_in_output_tokens_per_dollar(study, tmp_path
     assert json.loads((out / "incumbent" / "model.json").read_text()) == engineargs.read(TEMPLATE)
     assert "lacks max_batch_size" not in report and "fill rate" not in report.lower()
     assert "Triton does not batch a vLLM-served model" in report and "end to end p99 (ms)" in report
+    assert "End-to-end latency CDF at capacity" in report  # not under the TTFT limit's line
     if summary["best"]:
         assert "model.json: incumbent → recommended" in report and "+++ recommended/model.json" in report
     assert _digest(TEMPLATE) == before  # the repository's model.json and config.pbtxt as they were
