@@ -161,7 +161,8 @@ def _inside(lo: float, hi: float, *, tolerance: float, holds: float | None) -> f
     """The next speed between a passing `lo` and a failing `hi`: their geometric middle, unless the
     failing step's measurement says where the capacity lies (`holds`: SlaCheck.holds_speed, a
     generative engine's token rate, which reads low more often than high as its stream lags the window):
-    - at least a tolerance under `hi`: that bracket's lower edge, which closes the search if it passes;
+    - within a tolerance under `hi`: that tolerance-wide bracket's lower edge, which closes the search if
+      it passes;
     - between `lo` and that: `holds` itself, a likely pass, which moves `lo` up to it;
     - at or under `lo` (as after that pass): a tolerance over `lo`, which closes the search if it fails.
     A wrong reading costs no step over the bisection on the fake server of tests/trial/test_capacity.py
