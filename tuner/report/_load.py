@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from tuner import space
+from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
 from tuner.search import open_storage
@@ -31,8 +31,7 @@ from tuner.traffic.windows import offsets
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
-RECOMMENDED = Path("recommended") / "config.pbtxt"
-RECOMMENDED_ENGINE = Path("recommended") / "model.json"  # a vLLM-served model's: its engine arguments
+RECOMMENDED, RECOMMENDED_ENGINE = export.RECOMMENDED, export.RECOMMENDED_ENGINE  # where `tuner tune` writes them
 SIMULATION = "simulation.csv"
 # the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
 SIMULATION_COLUMNS = (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, "capacity_rps", "score_capacity", "score_utilization")
@@ -226,7 +225,7 @@ def load_output(path: str | Path) -> StudyOutput:
     summary = _read_summary(path / SUMMARY)
     trials = _read_trials(path / TRIALS, summary)
     params = [c for c in trials.columns if c in (*space.NAMES, *space.ENGINE_NAMES) or c.startswith("param.")]
-    recommended = path / (RECOMMENDED_ENGINE if summary.get("unit") == "tokens" else RECOMMENDED)
+    recommended = export.recommended_path(path)
     out = StudyOutput(
         path=path,
         summary=summary,
