@@ -19,6 +19,7 @@ import pandas as pd
 
 from tuner.errors import ReplayError
 from tuner.localhost import free_ports
+from tuner.replay import _forkserver
 
 REPLAY_PREFIX = "tuner-replay-"  # temporary directories of a replay (removed by the next when their owner died)
 Stats = Callable[[], dict]
@@ -90,8 +91,7 @@ def _run_processes(tmp: Path, roles: list[str], total: int, *, warmup_s: float, 
     for k, role in enumerate(roles):
         log = open(tmp / f"process-{k}.log", "w+")
         logs.append(log)
-        proc = subprocess.Popen([sys.executable, "-m", "tuner.replay", str(tmp / "spec.json"), "--role", role],
-                                stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        proc = _forkserver.start([str(tmp / "spec.json"), "--role", role], stderr=log, env=env)
         procs.append(proc)
         threading.Thread(target=_pump, args=(k, proc.stdout, lines), daemon=True).start()
     from tqdm import tqdm

@@ -1,0 +1,96 @@
+"""The fork server (`tuner.replay._forkserver`, `_serve`): load generators forked from one process that
+has imported Locust, their exit codes and output as a process of their own gave them, nothing left
+running when it ends or dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuner.localhost import free_ports
+from tuner.replay import _forkserver
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def env():
+    yield dict(os.environ, PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    _forkserver.shutdown()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_load_generator_is_forked_by_the_server_and_says_its_exit_code_and_error(env, tmp_path):
+    log = open(tmp_path / "err.log", "w+")
+    child = _forkserver.start([str(tmp_path / "missing.json"), "--role", "local"], stderr=log, env=env)
+    assert isinstance(child, _forkserver.Forked)
+    server = _forkserver._server
+    assert child.stdout.read() == ""  # its stdout closes when it ends
+    assert child.wait(timeout=30) == 1 and child.poll() == 1
+    log.seek(0)
+    assert "missing.json" in log.read()  # its stderr is the caller's file
+    # the next one comes from the same server
+    again = _forkserver.start([str(tmp_path / "missing.json"), "--role", "local"], stderr=log, env=env)
+    assert _forkserver._server is server and again.wait(timeout=30) == 1
+
+
+def test_shutdown_ends_the_server_and_the_children_it_has_left(env, tmp_path):
+    # a master that waits for a worker that never comes
+    spec = {"workers": 1, "master_port": free_ports(1)[0], "connect_timeout_s": 600,
+            "summary": str(tmp_path / "summary-{name}.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    log = open(tmp_path / "err.log", "w+")
+    child = _forkserver.start([str(tmp_path / "spec.json"), "--role", "master"], stderr=log, env=env)
+    server = _forkserver._server.proc.pid
+    time.sleep(1.0)
+    assert child.poll() is None, open(tmp_path / "err.log").read()
+    assert psutil.Process(child.pid).ppid() == server  # forked by the server
+    _forkserver.shutdown()
+    deadline = time.monotonic() + 10
+    while (_alive(child.pid) or _alive(server)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child.pid) and not _alive(server)
+    assert child.wait(timeout=5) != 0
+
+
+def test_a_dead_server_is_replaced_and_a_caller_that_dies_takes_its_server_along(env, tmp_path):
+    log = open(tmp_path / "err.log", "w+")
+    _forkserver.start([str(tmp_path / "missing.json")], stderr=log, env=env).wait(timeout=30)
+    first = _forkserver._server.proc.pid
+    os.kill(first, signal.SIGKILL)
+    _forkserver._server.proc.wait()
+    child = _forkserver.start([str(tmp_path / "missing.json")], stderr=log, env=env)
+    assert child.wait(timeout=30) == 1 and _forkserver._server.proc.pid != first
+
+    # a caller killed outright: its end of the socket closes, and its fork server ends by itself
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from tuner.replay import _forkserver\n"
+        f"_forkserver.start([{str(tmp_path / 'missing.json')!r}], stderr=sys.stderr, env={env!r})\n"
+        "print(_forkserver._server.proc.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        server = int(caller.stdout.readline())
+        assert _alive(server)
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 10
+    while _alive(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server)
