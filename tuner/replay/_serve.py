@@ -33,22 +33,32 @@ _close = get_original("os", "close")
 __all__ = ["serve"]
 
 IDLE_EXIT_S = 600.0  # a server asked for nothing this long ends (its parent starts another when needed)
-POLL_S = 0.2         # how often ended children are looked for while no request comes
+POLL_S = 1.0         # the idle clock's tick (an ended child wakes the server at once: SIGCHLD)
 
 
 def serve(fd: int) -> int:
     fork, waitpid = get_original("os", ["fork", "waitpid"])
     select = get_original("select", "select")
+    set_handler = get_original("signal", "signal")
     sock = _socket.socket(fileno=fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to handle
+    set_handler(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to handle
+    # a child's end wakes the select at once (its exit status is what the replay waits for)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    set_handler(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
     children: set[int] = set()
     sock.send(b"READY")
     idle_s = 0.0
     while idle_s < IDLE_EXIT_S or children:
-        readable = select([sock], [], [], POLL_S)[0]
+        readable = select([sock, wake_r], [], [], POLL_S)[0]
+        if wake_r in readable:
+            while _drain(wake_r):
+                pass
         _reap(children, sock, waitpid)
-        if not readable:
-            idle_s += POLL_S
+        if sock not in readable:
+            idle_s += 0.0 if readable else POLL_S
             continue
         idle_s = 0.0
         message, fds, _flags, _address = socket.recv_fds(sock, 1 << 16, 2)
@@ -56,6 +66,10 @@ def serve(fd: int) -> int:
             break  # the parent is gone
         pid = fork()
         if pid == 0:
+            signal.set_wakeup_fd(-1)
+            set_handler(signal.SIGCHLD, signal.SIG_DFL)
+            _close(wake_r)
+            _close(wake_w)
             _child(sock, json.loads(message), fds)
         for descriptor in fds:
             _close(descriptor)
@@ -67,6 +81,13 @@ def serve(fd: int) -> int:
         except ProcessLookupError:
             pass
     return 0
+
+
+def _drain(fd: int) -> bool:
+    try:
+        return bool(os.read(fd, 512))
+    except BlockingIOError:
+        return False
 
 
 def _reap(children: set[int], sock, waitpid) -> None:
