@@ -94,3 +94,16 @@ def test_a_dead_server_is_replaced_and_a_caller_that_dies_takes_its_server_along
     while _alive(server) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(server)
+
+
+def test_where_the_server_does_not_start_in_time_the_process_is_run_directly(env, tmp_path, monkeypatch):
+    monkeypatch.setattr(_forkserver, "READY_TIMEOUT_S", 0.0)  # it never says READY in no time
+    log = open(tmp_path / "err.log", "w+")
+    child = _forkserver.start([str(tmp_path / "missing.json"), "--role", "local"], stderr=log, env=env)
+    assert isinstance(child, subprocess.Popen) and _forkserver._server is None
+    assert child.wait(timeout=60) == 1
+    log.seek(0)
+    assert "missing.json" in log.read()
+    # the server that was too slow is ended, not left behind
+    assert not [p for p in psutil.Process().children(recursive=True)
+                if "--serve" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
