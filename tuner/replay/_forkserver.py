@@ -41,7 +41,7 @@ class _Server:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tuner.replay", "--serve", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=False)
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             theirs.close()
         self.sock, self.env, self.owner = ours, env, os.getpid()
