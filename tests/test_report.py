@@ -22,7 +22,7 @@ import yaml
 from nbclient import NotebookClient
 
 from tuner import export
-from tuner.report import figures, load_output, recommendation_line, write_report
+from tuner.report import figures, load_output, recommendation_line, top_table, write_report
 from tuner.report._figures import pareto_front
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +116,16 @@ def test_per_request_records_give_the_latency_cdfs(tmp_path_factory: pytest.Temp
     fig = figures.latency_cdfs(out)
     assert len(fig.data) == 4 and not any("percentiles" in trace.name for trace in fig.data)
     assert all(trace.y[-1] == 1.0 for trace in fig.data)
+
+
+def test_the_top_trials_table_says_its_latency_is_at_the_recorded_load(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    out = load_output(fake_output(tmp_path_factory, 24))
+    top = top_table(out, 3)
+    best = out.top_trials(3)
+    assert "latency_p99_ms" not in top.columns
+    assert list(top["latency p99 ms at the recorded load"]) == list(best["latency_p99_ms"].round(2))
+    assert list(top.index) == list(best["number"])
 
 
 def test_parameter_importance_from_optuna(tmp_path_factory: pytest.TempPathFactory) -> None:

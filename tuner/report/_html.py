@@ -189,7 +189,10 @@ def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
         [c for c in ("ttft_p99_ms", "tpot_p99_ms") if c in out.trials and c != out.latency_column]
     columns = ["number", *out.params, "capacity_rps", "requests_per_dollar", out.latency_column, *extra]
     top = out.top_trials(k)[columns].round(2).set_index("number")
-    return top.rename(columns={"requests_per_dollar": out.score_short}) if out.unit == "tokens" else top
+    # the trials' percentiles are the replay at the recorded load, not at capacity: say so in the header
+    at_load = {c: f"{c.removesuffix('_ms').replace('_', ' ')} ms at the recorded load"
+               for c in (out.latency_column, *extra) if c.endswith("_ms")}
+    return top.rename(columns={"requests_per_dollar": out.score_short, **at_load} if out.unit == "tokens" else at_load)
 
 
 def diff_html(out: StudyOutput) -> str:
