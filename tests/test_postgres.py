@@ -362,6 +362,30 @@ def test_tune_check_on_a_database_it_reaches_makes_no_table(tmp_path, postgres, 
     assert not (tmp_path / "ok").exists()
 
 
+def test_tune_check_reads_the_study_in_the_database_as_the_run_does(tmp_path, postgres, capsys):
+    """`--check` against a database server: a study measured against another SLA, and a study of the
+    same name that tuner did not make, are refused as the run refuses them, and nothing is written."""
+    from tuner.settings import read_study
+    from tuner.tune import identity, prepare
+
+    url = postgres.create_database("resumed")
+    study_file = write_tune_study(tmp_path, "again", **GRID)
+    p = prepare(read_study(study_file), url)
+    search.open_study(p.settings, url, sampler=search.make_sampler(p.settings.search), identity=identity(p))
+    assert main(["tune", str(study_file), "--storage", url, "--check"]) == 0
+    assert "resumes study 'again': 0 trial(s) measured of 0" in capsys.readouterr().out
+    changed = write_tune_study(tmp_path, "again", **GRID, **{"sla.latency_ms": 150})
+    assert main(["tune", str(changed), "--storage", url, "--check"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "was measured with another sla.latency_ms" in line and "-> 150" in line, line
+    theirs = optuna.create_study(study_name="theirs", storage=url, direction="maximize")
+    theirs.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    for argv in (["--check"], ["--quiet"]):
+        assert main(["tune", str(write_tune_study(tmp_path, "theirs", **GRID)), "--storage", url, *argv]) == 2
+        assert "was not made by tuner" in _one_line(capsys.readouterr().err)
+    assert study_in(url, "theirs").user_attrs == {} and len(study_in(url, "theirs").trials) == 1
+
+
 def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
     study_file = write_tune_study(tmp_path, "nodriver", **GRID)
     # the driver hidden from this interpreter, as where `tuner[postgres]` was not installed

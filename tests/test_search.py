@@ -415,6 +415,30 @@ def test_resuming_with_another_sla_or_traffic_is_refused_naming_what_changed(tmp
         search.open_study(s, url, sampler=search.make_sampler(s.search), identity=changed)
 
 
+def test_a_study_of_the_same_name_that_tuner_did_not_make_is_refused_and_left_as_it_was(tmp_path):
+    import hashlib
+
+    s = fake_settings(tmp_path, trials=2)
+    url = search.storage_url(s)
+    pathlib.Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    theirs = optuna.create_study(study_name=s.name, storage=url, direction="maximize")
+    theirs.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    db = pathlib.Path(url.removeprefix("sqlite:///"))
+    before = hashlib.md5(db.read_bytes()).hexdigest()
+    identity = {"model": "m"}
+    for attempt in (lambda: search.check_resume(s, url, identity=identity),
+                    lambda: search.open_study(s, url, sampler=search.make_sampler(s.search), identity=identity)):
+        with pytest.raises(SettingsError, match=rf"study {s.name!r} in .* was not made by tuner \(it holds 2 "
+                                                r"trial\(s\) and none of tuner's records\)"):
+            attempt()
+    assert hashlib.md5(db.read_bytes()).hexdigest() == before
+    # a study tuner began to make, stopped before it marked it made, is finished on the next run
+    other = dataclasses.replace(s, name="half-made")
+    half = optuna.create_study(study_name="half-made", storage=url, direction="maximize")
+    half.set_user_attr("identity", identity)
+    assert search.open_study(other, url, sampler=search.make_sampler(s.search), identity=identity).user_attrs["created"]
+
+
 def test_a_resume_refusal_names_the_changed_config_field_in_one_line_and_a_remedy_that_works(tmp_path):
     from tuner import modelconfig
 

@@ -273,6 +273,7 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     study = optuna.create_study(study_name=settings.name, storage=backend, sampler=sampler,
                                 direction="maximize", load_if_exists=True)
     _BACKENDS[study] = backend
+    _check_ours(study, settings, storage)
     if study.user_attrs.get("created"):
         _check_same_study(study, settings, storage, identity=identity)
         if host is not None:
@@ -293,20 +294,60 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
 def check_resume(settings: StudySettings, storage: str, *, identity: dict) -> str | None:
     """What the real run will do with a study already in `storage`, without writing a thing (`tune
     --check`): None when it starts fresh; a line saying it resumes (how many trials), or the
-    SettingsError `open_study` raises when the study was measured against something else. Only a
-    storage file is read: a database server's tables would be made by opening it."""
+    SettingsError `open_study` raises when the study was measured against something else or is not
+    tuner's. A database server is read without making Optuna's tables (where they are missing, the
+    study starts fresh)."""
     path = sqlite_path(storage) or (storage if is_journal(storage) else None)
-    if path is None or not Path(path).is_file() or Path(path).stat().st_size == 0:
-        return None
-    backend = open_storage(storage)
+    if path is not None:
+        if not Path(path).is_file() or Path(path).stat().st_size == 0:
+            return None
+        backend = open_storage(storage)
+    else:
+        backend = _read_only_rdb(storage)
+        if backend is None:
+            return None
     if settings.name not in {s.study_name for s in optuna.get_all_study_summaries(backend)}:
         return None
     study = optuna.load_study(study_name=settings.name, storage=backend)
+    _check_ours(study, settings, storage)
     if study.user_attrs.get("created"):
         _check_same_study(study, settings, storage, identity=identity)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     done = sum(st == optuna.trial.TrialState.COMPLETE or st == optuna.trial.TrialState.PRUNED for st in states)
     return f"resumes study {settings.name!r}: {done} trial(s) measured of {len(states)}"
+
+
+# what `open_study` writes into a study it makes, before it marks it `created` (a run stopped in between
+# left some of them: that study is tuner's, and the next run finishes making it)
+_OURS = ("identity", "scoring", "model", "study_file")
+
+
+def _check_ours(study: optuna.Study, settings: StudySettings, storage: str) -> None:
+    """Refuse a study of the same name that tuner did not make (trials or attributes, none of tuner's):
+    resuming it would write tuner's attributes into someone else's study."""
+    attrs = study.user_attrs
+    if attrs.get("created") or any(k in attrs for k in _OURS):
+        return
+    if attrs or study.get_trials(deepcopy=False):
+        raise SettingsError(f"study {settings.name!r} in {safe_url(storage)} was not made by tuner (it holds "
+                            f"{len(study.get_trials(deepcopy=False))} trial(s) and none of tuner's records): "
+                            "name another study in the study file, or use another storage")
+
+
+def _read_only_rdb(url: str) -> optuna.storages.BaseStorage | None:
+    """A database server's storage opened without making Optuna's tables (None where they are missing)."""
+    from sqlalchemy import create_engine, inspect
+
+    check_storage(url)
+    engine = create_engine(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+    try:
+        if "studies" not in inspect(engine).get_table_names():  # a fresh database: the run makes the tables
+            return None
+    except Exception as exc:  # noqa: BLE001  unreachable server, credentials (as `_reach` says them)
+        raise SettingsError(f"storage {safe_url(url)}: cannot open: {first_line(exc, url)}") from None
+    finally:
+        engine.dispose()
+    return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url), skip_table_creation=True)
 
 
 def _check_same_study(study: optuna.Study, settings: StudySettings, storage: str, *, identity: dict | None) -> None:
