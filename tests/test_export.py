@@ -247,6 +247,26 @@ def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert "no study named 'nope'" in err[-1]
 
 
+def test_a_study_stopped_before_its_re_measurement_is_not_exported_and_nothing_is_made(tmp_path, capsys):
+    make_study(tmp_path, remeasure=False)  # as a tune interrupted in its search leaves it
+    url = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    target = tmp_path / "deploy" / "config.pbtxt"
+    for argv in (["export", "--storage", url, "-o", str(target)],
+                 ["finish", "--storage", url, "--output", str(tmp_path / "outputs"), "--no-remeasure"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "study 'exp' is not finished: its search stopped after" in err, err
+        assert "run the same `tuner tune` again to finish it" in err
+    assert not (tmp_path / "deploy").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_an_export_that_fails_makes_no_directory(tmp_path, capsys):
+    make_study(tmp_path)
+    url = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    assert main(["export", "--storage", url, "--study", "nope", "-o", str(tmp_path / "new" / "x.pbtxt")]) == 2
+    assert "no study named 'nope'" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("where, message", [
     ("dir", "cannot write: it is a directory"),
     ("proc", "cannot write"),

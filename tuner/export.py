@@ -34,12 +34,14 @@ from tuner.files import check_writable, os_reason, read_json_object, write_atomi
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
+from tuner.paths import writable_file
 from tuner.search import (
     DEFAULT_STORAGE_FILE,
     JOURNAL_FILE,
     Repeats,
     config_of,
     counts,
+    finished_count,
     incumbent_trial,
     load_study,
     met_sla,
@@ -50,7 +52,7 @@ from tuner.search import (
 from tuner.settings import SearchSettings
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
-__all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "closing_table", "export",
+__all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "check_finished", "closing_table", "export",
            "hosts", "hosts_table", "recommended_config", "recommended_engine", "recommended_path", "recommended_text",
            "sla_limits", "storage_of", "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
@@ -542,17 +544,19 @@ def write_outputs(study: optuna.Study, output_dir: str | Path) -> dict:
     """Write the outputs of a finished study; the summary says whether anything met the SLA."""
     out = Path(output_dir)
     summary = summarize(study)
-    write_atomic(out / TRIALS, trials_frame(study).to_csv(index=False))
+    files = {TRIALS: trials_frame(study).to_csv(index=False)}  # all made before any is written
     base_text = study.user_attrs.get("base_config_source") or study.user_attrs.get("base_config")
     if base_text:
-        write_atomic(out / INCUMBENT, base_text)
+        files[INCUMBENT] = base_text
     if study.user_attrs.get("base_engine") is not None:  # a vLLM-served model's incumbent is its model.json
-        write_atomic(out / INCUMBENT_ENGINE, json.dumps(study.user_attrs["base_engine"], indent=2) + "\n")
+        files[INCUMBENT_ENGINE] = json.dumps(study.user_attrs["base_engine"], indent=2) + "\n"
     if summary["best"] and study_unit(study) == "tokens":  # vLLM batches: its model.json
-        write_atomic(out / RECOMMENDED_ENGINE, recommended_engine(study, summary))
+        files[RECOMMENDED_ENGINE] = recommended_engine(study, summary)
     elif summary["best"]:
-        write_atomic(out / RECOMMENDED, recommended_config(study, summary))
-    write_atomic(out / SUMMARY, json.dumps(summary, indent=2, default=_json_default) + "\n")
+        files[RECOMMENDED] = recommended_config(study, summary)
+    files[SUMMARY] = json.dumps(summary, indent=2, default=_json_default) + "\n"  # last: it marks them whole
+    for name, text in files.items():
+        write_atomic(out / name, text)
     return summary
 
 
@@ -604,17 +608,31 @@ def export(storage: str, name: str | None, output: str | Path, *, force: bool = 
     A file already there is replaced only when tuner wrote it (a config.pbtxt under tuner's header), when
     it holds the same text, or with `force`: `output` may be the user's own config (OutputError)."""
     path, label = Path(output), f"-o {output}"
+    writable_file(path, label=label)  # before the study is read; nothing is made until it is
+    study = load_study(storage, name)
+    check_finished(study)
+    text = recommended_text(study, summarize(study))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"{label}: cannot write ({os_reason(exc)})") from None
-    check_writable(path, label=label)  # before the study is read
-    study = load_study(storage, name)
-    text = recommended_text(study, summarize(study))
+    check_writable(path, label=label)
     if not force and not _replaceable(path, text):
         raise OutputError(f"{label}: {path} exists and tuner did not write it: give --force to replace it, "
                           "or another -o")
     return write_atomic(path, text, label=label)
+
+
+def check_finished(study: optuna.Study) -> None:
+    """Refuse a study whose search stopped before its best were re-measured (interrupted, or resumed with
+    new trials and interrupted again): its recommendation would rest on single measurements, with
+    nothing in the exported file saying so."""
+    attrs = study.user_attrs
+    done = finished_count(study)
+    if "remeasured" not in attrs or attrs.get("remeasured_at", done) != done:
+        raise InputError(f"study {study.study_name!r} is not finished: its search stopped after {done} trial(s), "
+                         "before its best were re-measured: run the same `tuner tune` again to finish it, or "
+                         "`tuner finish` for a study several hosts searched")
 
 
 def _replaceable(path: Path, text: str) -> bool:

@@ -557,6 +557,7 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> 
     server): recommended config, summary, trials table and report. The per-request latencies of the
     re-measurement stay with the host that measured them (the report goes without their CDFs)."""
     study = search.load_study(storage, name)
+    export.check_finished(study)
     check_outputs_owner(output, study.study_name)
     check_output_dir(output, "output directory")
     summary = export.write_outputs(study, output)
