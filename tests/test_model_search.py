@@ -116,10 +116,18 @@ def test_a_profile_that_lies_falls_back_to_a_measured_search(tmp_path, capsys, f
 
 
 def test_a_trial_budget_below_the_simulations_top_caps_what_is_measured(tmp_path, capsys):
-    profile = write_profile(encoder_sim.profile(rows=ROWS, lengths=LENGTHS), tmp_path / "profile.csv")
+    # the profile where `tuner profile STUDY` leaves it, OUTPUT/profile.csv, and none named in the study:
+    # the run takes it (no profile measured again) in a directory no study wrote before
+    profile = write_profile(encoder_sim.profile(rows=ROWS, lengths=LENGTHS), tmp_path / "budget" / "profile.csv")
     # model_top 2: 3 wanted; what is measured is counted, not judged: one capacity step, no repeat
     study_file = write_study(tmp_path, profile, name="budget", model_error=0.5, trials=2, max_steps=1, max_repeats=1)
-    assert main(["tune", str(study_file), "--quiet"]) == 0, capsys.readouterr().err
+    unnamed = yaml.safe_load(study_file.read_text())
+    del unnamed["search"]["profile"]
+    study_file.write_text(yaml.safe_dump(unnamed))
+    assert main(["tune", str(study_file), "--check"]) == 0, capsys.readouterr().err
+    assert main(["tune", str(study_file)]) == 0
+    assert f"profile: {profile} (measured before; remove it to measure again)" in capsys.readouterr().err
+    assert not (tmp_path / "budget" / "server" / "profile").exists()  # no profile was measured
     study = load(tmp_path / "budget", "budget")
     assert [t.state.is_finished() for t in study.trials] == [True, True]  # the incumbent and the top 1, no more
     assert [t.user_attrs.get("simulated_rank") for t in study.trials] == [None, 1]

@@ -239,11 +239,23 @@ def check_outputs_owner(output: str | Path, name: str) -> None:
                           f"another study's)")
     if not ours:  # no study began here: a file of an output's name is someone's own, not ours to replace
         with contextlib.suppress(OSError):
-            taken = [str(p) for p in OUTPUT_NAMES if (out / p).exists()]
+            taken = [str(p) for p in OUTPUT_NAMES if (out / p).exists()
+                     and not (p == PROFILE and _is_tuner_profile(out / p))]  # `tuner profile`'s is ours
             if taken:
                 raise OutputError(f"output directory {out}: holds {', '.join(taken)}, which no tuner study "
                                   f"wrote there (no {export.SUMMARY} or {search.DEFAULT_STORAGE_FILE} of "
                                   f"study {name!r}): name a new or empty --output (nothing was changed)")
+
+
+def _is_tuner_profile(path: Path) -> bool:
+    """Whether `path` is a profile tuner wrote (its format line first)."""
+    from tuner.simulate import FORMAT_LINE
+
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().rstrip("\n") == FORMAT_LINE
+    except OSError:
+        return False
 
 
 def _summary_study(path: Path) -> str | None:
@@ -491,6 +503,10 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
     if s.search.profile:
         profile = p.profile or read_profile(s.search.profile, model=s.model)
         progress.note(f"profile: {s.search.profile}: {profile.describe()}")
+    elif _is_tuner_profile(out / PROFILE):  # `tuner profile STUDY` wrote it there, or an earlier run did
+        profile = read_profile(out / PROFILE, model=s.model)
+        progress.note(f"profile: {out / PROFILE} (measured before; remove it to measure again): "
+                      f"{profile.describe()}")
     else:
         from tuner.profiler import measure_profile
         from tuner.server import make_launcher

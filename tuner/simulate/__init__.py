@@ -31,6 +31,7 @@ from tuner.simulate._batcher import (
     simulate,
 )
 from tuner.simulate._profile import (
+    FORMAT_LINE,
     ExecutionSize,
     Profile,
     ProfilePoint,
@@ -58,6 +59,7 @@ from tuner.simulate._support import (
 
 __all__ = [
     "CONFIG_KEYS",
+    "FORMAT_LINE",
     "config_row",
     "ExecutionSize",
     "Profile",
