@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, SettingsError, TrafficError
+from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, ConfigError, SettingsError, TrafficError
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
 from tuner.nightly.job import SearchResult, run_night
@@ -431,6 +431,26 @@ def test_unmeetable_and_same_as_production(tmp_path):
     assert _night(tmp_path, TableEngine({}, None)).exit_code == 3
     same = _night(tmp_path, TableEngine({4: 1.0}, dict(PROD)), day=1)
     assert same.exit_code == 0 and "still the best" in same.decision.reason
+
+
+@pytest.mark.parametrize("config, message", [
+    ("", "max_batch_size is 0: this model does not batch"),  # an empty file
+    (CONFIG.replace('name: "sim"', 'name: "other"'), "names model 'other', not the study's 'sim'"),
+])
+def test_a_production_config_the_run_cannot_use_is_refused_by_the_check_and_the_run_alike(tmp_path, config, message):
+    """Both refused before any server, in one line: not a traceback from the search, and not a night
+    recorded as "SLA unmeetable" where every trial failed to load another model's config."""
+    from tuner.nightly.job import check_night
+
+    _write_setup(tmp_path, "production: prod.pbtxt\n")
+    (tmp_path / "prod.pbtxt").write_text(config)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    settings = load_nightly(tmp_path / "nightly.yaml")
+    for attempt in (lambda: check_night(settings), lambda: run_night(settings, _factory(TableEngine({}, None)))):
+        with pytest.raises(ConfigError, match=message) as exc:
+            attempt()
+        assert "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):

@@ -101,6 +101,8 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
     if not is_vllm_study(study):
         path = given or model_dir / CONFIG_FILE
         config = modelconfig.load(path)
+        _check_production(config, path, study)
+        space.check_tunable(config, str(path))
         return Deployed(path=path, config=config, params=space.from_config(config, study.search))
     if given is not None and given.suffix.lower() == ".json":
         config_path, path = model_dir / CONFIG_FILE, given
@@ -111,9 +113,20 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
         path = engineargs.version_dir(config_path.parent) / engineargs.ENGINE_FILE
         engine = engineargs.read(config_path.parent)
     config = modelconfig.load(config_path)
+    _check_production(config, config_path, study)
     resolved = engineargs.resolved(engine, "cpu" if study.cost.gpu == "cpu" else "gpu")
     return Deployed(path=path, config=config, params=space.from_config(config, study.search, engine=resolved),
                     engine=engine)
+
+
+def _check_production(config: modelconfig.ModelConfig, path: Path, study: StudySettings) -> None:
+    """What Triton would refuse, or what would measure another model, in one line before any server: a
+    config breaking Triton's rules, or one naming another model than the study's (Triton refuses to load
+    it from the study model's directory, and every trial would fail)."""
+    modelconfig.validate(config, str(path))
+    if config.name and config.name != study.model:
+        raise ConfigError(f"{path}: names model {config.name!r}, not the study's {study.model!r}: production's "
+                          "config must be the study model's")
 
 
 def check_traffic(deployed: Deployed, study: StudySettings, traffic: pd.DataFrame) -> None:

@@ -20,7 +20,7 @@ from typing import Protocol
 import pandas as pd
 from tqdm import tqdm
 
-from tuner import modelconfig, space
+from tuner import space
 from tuner.errors import EXIT_SLA_UNMET
 from tuner.files import check_output_dir
 from tuner.llm import engineargs
@@ -31,7 +31,7 @@ from tuner.nightly.deployed import Deployed, Proposal, check_traffic, read_deplo
 from tuner.nightly.intake import newest_traffic
 from tuner.nightly.lock import run_lock
 from tuner.nightly.rule import UNIT_WORDS, ArmResult, Decision, decide, keep, pair_gains
-from tuner.nightly.settings import NightlySettings, production_config_path, read_study_for
+from tuner.nightly.settings import NightlySettings, read_study_for
 from tuner.nightly.summary import markdown_summary
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
@@ -132,10 +132,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     """The dry run of a night, as (what, value) rows: the study with its overrides, production's
     config, tonight's traffic and the output directory, checked; nothing is started or written."""
     study = read_study_for(settings)
-    deployed = read_deployed(study, settings.production)
-    modelconfig.validate(deployed.config, str(production_config_path(settings, study)))
-    if deployed.engine is None:
-        space.check_tunable(deployed.config, str(deployed.path))
+    deployed = read_deployed(study, settings.production)  # checked as the run checks it
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
     check_traffic(deployed, study, traffic)
