@@ -49,6 +49,7 @@ def test_defaults_and_the_search_section():
     ({"search": {"max_batch_size": {"low": 8, "high": 4}}},
      "search.max_batch_size: 1 <= low <= high must hold, but got (low=8, high=4)"),
     ({"search": {"capacity": {"tolerance": 0}}}, "search.capacity.tolerance: must be > 0"),
+    ({"search": {"capacity": {"max_steps": 0}}}, "search.capacity.max_steps: must be > 0"),
     ({"search": {"capacity": {"tolerance": 3}}}, "search.capacity.tolerance: the bracket's relative width, a "
                                                  "fraction in (0, 1], got 3"),
     ({"search": {"capacity": {"start_speed": 10, "max_speed": 8}}},

@@ -200,7 +200,7 @@ class CapacitySettings:
     start_speed: float = positive(1.0)
     max_speed: float = positive(1000.0)
     step_duration_s: float = positive(10.0)  # length of each bisection replay (a window of the profile)
-    max_steps: int = 8
+    max_steps: int = positive(8)  # steps after the load's (0: every capacity would read the load)
 
 
 @dataclass(frozen=True, kw_only=True)
