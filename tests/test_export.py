@@ -367,6 +367,24 @@ def test_the_check_command_replays_the_recommendation_at_the_speed_that_decided_
                        f"--speed {speed} --step")
 
 
+def test_the_check_command_names_the_study_file_from_wherever_it_is_printed(tmp_path, monkeypatch):
+    """A study is recorded by its absolute path (`tuner finish` or `tuner report` may run elsewhere), and
+    the command names it relative to the working directory below it, absolute elsewhere."""
+    from support import write_tune_study
+
+    from tuner.settings import read_study
+    from tuner.tune import _metadata, prepare
+
+    write_tune_study(tmp_path, "here")
+    monkeypatch.chdir(tmp_path)
+    recorded = _metadata(prepare(read_study("here.yaml")))["study_file"]
+    assert recorded == str(tmp_path / "here.yaml")
+    summary = {**_finished(tmp_path), "study_file": recorded}
+    assert export.check_command(summary, ".").startswith("tuner replay here.yaml --config ")
+    monkeypatch.chdir(tmp_path / "recommended")
+    assert export.check_command(summary, str(tmp_path)).startswith(f"tuner replay {tmp_path / 'here.yaml'} --config ")
+
+
 def test_the_check_command_of_a_vllm_model_names_its_model_json_and_none_without_a_recommendation(tmp_path):
     summary = _finished(tmp_path, unit="tokens")
     assert f"--config {tmp_path / 'recommended' / 'model.json'} " in export.check_command(summary, str(tmp_path))

@@ -23,6 +23,7 @@ import datetime as dt
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import optuna
@@ -662,6 +663,15 @@ def recommended_path(output_dir: str | Path) -> Path:
     return Path(output_dir) / (RECOMMENDED_ENGINE if tokens else RECOMMENDED)
 
 
+def _from_here(path: str) -> str:
+    """`path` (an absolute one recorded by the study) as the shortest way to name it from here: relative
+    below the working directory, else absolute."""
+    if not os.path.isabs(path):
+        return path
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def check_command(summary: dict, output: str) -> str | None:
     """The `tuner replay` that measures the recommendation's deciding step again: its recommended
     config.pbtxt (model.json for a vLLM-served model) at its capacity's speed (the recorded load's, when
@@ -677,5 +687,5 @@ def check_command(summary: dict, output: str) -> str | None:
     if not speed:
         return None
     warmup = best.get("step_warmup_s") if summary.get("scoring") == "capacity" else None
-    return (f"tuner replay {shlex.quote(str(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step"
+    return (f"tuner replay {shlex.quote(_from_here(study))} --config {shlex.quote(str(config))} --speed {speed:.4g} --step"
             + (f" --warmup {warmup:.3g}" if warmup else ""))

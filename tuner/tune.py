@@ -376,7 +376,8 @@ def _metadata(p: Prepared) -> dict:
     return {
         "scoring": s.scoring,
         "model": s.model,
-        "study_file": s.source,
+        # absolute: the closing `tuner replay` line, printed by finish or report from any directory, must find it
+        "study_file": str(Path(s.source).resolve()) if Path(s.source).is_file() else s.source,
         "storage": search.without_password(p.storage),  # written into the summary: no secret
         "base_config": modelconfig.to_text(p.base),
         "base_config_source": (Path(s.model_repository) / s.model / "config.pbtxt").read_text(),
