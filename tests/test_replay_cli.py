@@ -108,6 +108,13 @@ def test_a_config_that_is_missing_or_not_a_config_is_one_line_and_exit_2(tmp_pat
     (tmp_path / "bad.pbtxt").write_text("max_batch_size: [oops\n")
     run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--config", str(tmp_path / "bad.pbtxt"))
     assert_one_line_error(run, "bad.pbtxt")
+    # an empty file parses as a config that does not batch; another model's config loads nothing of this one
+    (tmp_path / "empty.pbtxt").write_text("")
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--config", str(tmp_path / "empty.pbtxt"))
+    assert_one_line_error(run, "empty.pbtxt: max_batch_size is 0 (an empty or partial config?)")
+    (tmp_path / "other.pbtxt").write_text('name: "other"\nmax_batch_size: 8\n')
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1")), "--config", str(tmp_path / "other.pbtxt"))
+    assert_one_line_error(run, "other.pbtxt: names model 'other', not the study's")
 
 
 @pytest.mark.slow

@@ -68,14 +68,22 @@ def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:
     return engineargs.read(model_dir) if engineargs.is_vllm_model(model_dir, base) else None
 
 
-def config_file(path: str | Path, *, flag: str = "--config") -> ModelConfig:
+def config_file(path: str | Path, *, flag: str = "--config", like: ModelConfig | None = None) -> ModelConfig:
     """A config.pbtxt the user names (`flag`) instead of the repository's, parsed by Triton's schema; a file
-    that is missing or not a config is one line naming `flag` and the path."""
+    that is missing or not a config is one line naming `flag` and the path. With `like` (the study model's
+    own config), a config of another model, or one that does not batch where the model does (an empty or
+    partial file parses as max_batch_size 0: every request would fail), is refused too."""
     from tuner.errors import SettingsError
     from tuner.files import read_text
 
     text = read_text(Path(path), label=f"{flag} {path}", what="a config.pbtxt", error=SettingsError)
-    return modelconfig.parse(text, str(path))
+    config = modelconfig.parse(text, str(path))
+    if like is not None and config.name and like.name and config.name != like.name:
+        raise SettingsError(f"{flag} {path}: names model {config.name!r}, not the study's {like.name!r}")
+    if like is not None and like.max_batch_size > 0 and config.max_batch_size <= 0:
+        raise SettingsError(f"{flag} {path}: max_batch_size is {config.max_batch_size} (an empty or partial "
+                            f"config?), where the study's model batches (max_batch_size {like.max_batch_size})")
+    return config
 
 
 def engine_file(path: str | Path, *, flag: str = "--config") -> dict:

@@ -129,7 +129,8 @@ def _config(settings, params: dict, path):
 
     if path is None and not params:
         return None
-    config = space.apply(config_file(path) if path is not None else base_config(settings), params)
+    base = base_config(settings)
+    config = space.apply(config_file(path, like=base) if path is not None else base, params)
     if path is not None:
         modelconfig.validate(config, str(path))
     return config

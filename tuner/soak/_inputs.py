@@ -31,7 +31,7 @@ def soak_config(settings: StudySettings, output: str | Path, assignments: Iterab
     recommendation (`OUTPUT/recommended/config.pbtxt`) if there is one, else the model's own
     config.pbtxt; with the `--set` assignments applied."""
     if config_path is not None:
-        config, source = config_file(config_path), str(config_path)
+        config, source = config_file(config_path, like=base_config(settings)), str(config_path)
     elif (Path(output) / RECOMMENDED).is_file():
         path = Path(output) / RECOMMENDED
         config, source = modelconfig.load(path), f"{path} (the study's recommendation)"
