@@ -395,6 +395,9 @@ def test_any_optuna_url_works_as_storage_and_the_default_is_sqlite_with_heartbea
     ("postgresql://tuner:secret@127.0.0.1:9/tuner", "cannot open"),
     ("nosuchdb://x/y", "unknown database scheme 'nosuchdb'"),
     ("postgres://tuner:secret@127.0.0.1:9/tuner", "did you mean postgresql://"),
+    ("postgresql://tuner:secret@127.0.0.1:abc/tuner", "the port 'abc' is not a number"),
+    ("postgresql+psycopg2://tuner:secret@127.0.0.1:9/tuner",
+     "): install the driver SQLAlchemy names for this URL (tuner[postgres] installs psycopg 3, for postgresql://)"),
 ])
 def test_a_storage_that_cannot_be_opened_is_one_line_without_its_password(tmp_path, url, message):
     with pytest.raises(SettingsError) as exc:

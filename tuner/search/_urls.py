@@ -31,13 +31,17 @@ def check_scheme(url: str) -> None:
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     try:
-        make_url(url).get_dialect()
+        parsed = make_url(url)
+        parsed.get_dialect()
     except NoSuchModuleError:  # an ArgumentError too: first
         scheme = url.split("://", 1)[0]
         hint = "; did you mean postgresql://?" if scheme == "postgres" else ""
         raise ValueError(f"unknown database scheme {scheme!r} (e.g. sqlite, postgresql, mysql){hint}") from None
     except ArgumentError:
         raise ValueError("not a storage URL (e.g. sqlite:///PATH, postgresql://USER@HOST/DB)") from None
+    except ValueError:  # SQLAlchemy reads the port as a number only now: its message names neither
+        port = url.split("://", 1)[-1].split("/", 1)[0].rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(f"the port {port!r} is not a number (e.g. postgresql://USER@HOST:5432/DB)") from None
 
 
 def _credentials(url: str) -> tuple[str, str, str] | None:
@@ -75,8 +79,11 @@ def first_line(exc: BaseException, url: str = "") -> str:
     """The line of a storage error worth showing (the driver's own), with what to do for a missing driver."""
     text = str(exc).strip() or type(exc).__name__
     if isinstance(exc, ImportError) or "No module named" in text or "Failed to import DB access module" in text:
-        install = ("pip install 'tuner[postgres]'" if url.startswith("postgres")
-                   else "install the driver SQLAlchemy names for this URL")
+        install = "install the driver SQLAlchemy names for this URL"
+        if url.startswith(("postgresql://", "postgresql+psycopg://")):  # psycopg 3: what tuner[postgres] installs
+            install = "pip install 'tuner[postgres]'"
+        elif url.startswith("postgres"):  # another driver (psycopg2, asyncpg, ...): tuner[postgres] is not it
+            install += " (tuner[postgres] installs psycopg 3, for postgresql://)"
         return f"its database driver is not installed ({text.splitlines()[0]}): {install}"
     for line in text.splitlines():  # SQLAlchemy wraps the driver's message: keep its first real line
         line = line.strip()
