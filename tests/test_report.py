@@ -452,6 +452,21 @@ def test_a_simulation_beside_the_study_adds_its_landscape_and_simulated_vs_measu
     assert text.index("Parameters tried") < text.index("Simulated landscape") < text.index("Latency at capacity")
     assert text.count("plotly.js v") == 1 and html_escape(line) in text
 
+    # a model-strategy study judged its simulation itself (brackets, its fine ranking): the report quotes
+    # that verdict, the line the run printed, and does not judge again by the table's rules
+    info = {"measured": [{}] * 3, "threshold": 0.15, "median_error": 0.0, "compared": 3, "left_out": 0,
+            "infeasible_measured": 0, "spearman": 1.0, "pairs": 3, "discordant": 0, "fallback": False}
+    summary = json.loads((copy / "summary.json").read_text())
+    summary.pop("storage", None)  # the copy's own study.db, not the shared output's
+    (copy / "summary.json").write_text(json.dumps(summary))
+    own = load_output(copy)
+    assert str(copy.resolve()) in own.storage_url
+    own.study.set_user_attr("model_search", info)
+    judged = simulation_line(load_output(copy))
+    assert ("as the model strategy judged it: simulation error on the 3 measured configurations: median 0.0% "
+            "(within search.model_error 15%); order: Spearman 1.00, 0 of 3 pairs") in judged
+    assert "capacity within 10.0%" not in judged and f"agrees on {len(complete) - 1} of {len(complete)}" in judged
+
 
 def test_a_simulation_csv_the_report_cannot_use_is_a_note(tmp_path_factory: pytest.TempPathFactory,
                                                          tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from tuner import export, space
+from tuner import export, search, space
 from tuner.files import write_atomic
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, load_output, simulated_vs_measured
@@ -157,6 +157,11 @@ def simulation_line(out: StudyOutput) -> str:
     m = simulated_vs_measured(out)
     if m.empty:
         return "No measured trial is in the simulation: nothing to compare."
+    info = out.study.user_attrs.get("model_search") if out.study is not None else None
+    if info:  # the model strategy judged its own simulation (brackets, its fine ranking): quote that, one verdict
+        agree = int((m["measured_feasible"] == m["simulated_feasible"]).sum())
+        return (f"Simulated vs measured, as the model strategy judged it: {search.describe_model_search(info)}; "
+                f"the SLA verdict agrees on {agree} of {len(m)} (the table: each measured capacity's lower edge).")
     both = m[m["measured_feasible"] & m["simulated_feasible"] & (m["measured_capacity_rps"] > 0)]
     parts = [f"{len(m)} measured configurations in the simulation"]
     if len(both):

@@ -33,6 +33,7 @@ from tuner.search._model import (
     Order,
     SpaceModel,
     check_simulatable,
+    describe_model_search,
     diverse_top,
     enqueue_ranked,
     expected_speeds,
@@ -74,7 +75,7 @@ from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
     "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked", "expected_speeds",
-    "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
+    "describe_model_search", "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
     "relative_error", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_resume", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",

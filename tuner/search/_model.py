@@ -395,6 +395,12 @@ def _judge(errors: pd.DataFrame, s: StudySettings) -> dict:
             "fallback": median is None or median > s.search.model_error or order.discordant > 0}
 
 
+def describe_model_search(info: dict) -> str:
+    """The strategy's verdict on its simulation, as the study's `model_search` attribute keeps it (the
+    line the run printed; the report quotes it rather than judging again by other rules)."""
+    return _describe(info, len(info.get("measured") or ()), float(info.get("threshold") or 0.0))
+
+
 def _describe(verdict: dict, measured: int, threshold: float) -> str:
     median = verdict["median_error"]
     text = f"simulation error on the {measured} measured configurations: " + (
