@@ -234,6 +234,22 @@ def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_p
     assert diverse_top(ranking, settings, count=0) == []
 
 
+def test_picks_a_stopped_run_queued_are_not_queued_again_when_it_resumes(tmp_path):
+    """An interrupted model-strategy run leaves its picks queued (WAITING, their parameters not drawn
+    yet): the resumed run's picks must not repeat them, or the same configuration is measured twice."""
+    from tuner.search import enqueue_ranked
+
+    settings = _settings(tmp_path)
+    ranking = _ranking([(16, 2000, 29.0), (24, 2000, 27.0), (8, 2000, 26.0), (2, 0, 5.0)])
+    study = optuna.create_study(direction="maximize")
+    first = enqueue_ranked(study, ranking, settings, count=2)
+    assert [p["max_batch_size"] for p in first] == [16, 24]
+    again = enqueue_ranked(study, ranking, settings, count=2)  # the resumed run
+    assert [p["max_batch_size"] for p in again] == [8, 2]
+    queued = [t.system_attrs["fixed_params"]["max_batch_size"] for t in study.get_trials(deepcopy=False)]
+    assert sorted(queued) == [2, 8, 16, 24]
+
+
 def test_the_error_rule_counts_a_wrong_verdict_as_100_percent_and_a_pruned_trial_by_its_bracket():
     import math
 

@@ -114,7 +114,7 @@ def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
         retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
     return [t for t in trials if t.state != TrialState.WAITING and t.number not in retried
             and t.user_attrs.get("error_kind") != DUPLICATE
-            and not (t.user_attrs.get("error_kind") == INTERRUPTED and not _drawn(t))]
+            and not (t.user_attrs.get("error_kind") == INTERRUPTED and not drawn(t))]
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:
@@ -128,7 +128,7 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     retried = {t.user_attrs.get("retry_of") for t in trials}
     again = []
     for t in trials:
-        params = _drawn(t)
+        params = drawn(t)
         if t.state != TrialState.FAIL or t.number in retried or not params:
             continue
         if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
@@ -139,7 +139,7 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
     return again
 
 
-def _drawn(trial: optuna.trial.FrozenTrial) -> dict:
+def drawn(trial: optuna.trial.FrozenTrial) -> dict:
     """The configuration a trial measured or was to measure: its parameters, or those it was enqueued
     with (the incumbent, a retry) when it was interrupted before asking for them. Empty for a trial
     interrupted before the sampler drew anything: it measured nothing, and there is nothing to retry."""

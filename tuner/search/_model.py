@@ -43,7 +43,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from tuner import space
-from tuner.search._loop import run_trials, spent
+from tuner.search._loop import drawn, run_trials, spent
 from tuner.settings import StudySettings
 from tuner.simulate import (
     CONFIG_KEYS,
@@ -213,7 +213,8 @@ def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
 def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int) -> list[dict]:
     """Enqueue `count` simulated configurations the study has not measured or queued yet, chosen by
     `diverse_top` (only those that met the SLA in simulation), best first; returns them."""
-    known = [t.params for t in study.get_trials(deepcopy=False) if t.params]
+    # queued trials too (their parameters not drawn yet): a resumed study still holds the picks it queued
+    known = [params for t in study.get_trials(deepcopy=False) if (params := drawn(t))]
     ranks = {tuple(sorted(_params(row, settings).items())): int(row["rank"]) for _, row in ranking.iterrows()}
     picks = diverse_top(ranking, settings, count=count, known=known)
     for params in picks:
