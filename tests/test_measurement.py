@@ -70,8 +70,16 @@ def test_errors_are_counted_and_kept_out_of_latency():
     n = 1000
     ok = np.arange(n) % 10 != 0
     latency = np.where(ok, 10.0, 30_000.0)  # failures that timed out
-    m = run(records(n, latency_ms=latency, ok=ok))
+    recs = records(n, latency_ms=latency, ok=ok)
+    recs.loc[0, "error"] = "HTTP 400: in the warm-up"  # before the measured window: not this one's
+    recs.loc[~ok & (recs["due_s"] >= 2.0), "error"] = "HTTP 400: unexpected shape for input 'INPUT_IDS'"
+    m = run(recs)
     assert m.errors == 80 and m.error_rate == pytest.approx(0.1)
+    assert m.first_error == "HTTP 400: unexpected shape for input 'INPUT_IDS'"  # what `tuner replay` prints
+    assert run(records()).first_error == ""
+    from tuner.cli.replay_cmd import format_measurement
+
+    assert "errors          80 (10.00%); the first: HTTP 400: unexpected shape" in format_measurement(m)
     assert m.latency_ms["max"] == 10.0
     assert m.throughput_rps == pytest.approx(720 / (9.99 + 0.01 - 2.0))
 

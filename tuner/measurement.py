@@ -60,6 +60,7 @@ class Measurement(Served):
     workers: int = 1                 # Locust processes used
     attempts: int = 1                # replays run for this measurement (retries after a broken lag budget)
     repeats: int = 1                 # valid replays it took near the SLA's limit (the median one is this)
+    first_error: str = ""            # the first failed request's error in the window, as the replay recorded it
     # every successful request's latency in the measured window (for CDFs); not part of the figures
     latencies_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
@@ -97,7 +98,9 @@ def measure(
     (default: the last due time). Statistics are Triton's model entry (or the whole stats response)."""
     end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
     window = records[records["due_s"] >= warmup_s]
-    good = window[window["ok"].to_numpy(dtype=bool)]
+    ok = window["ok"].to_numpy(dtype=bool)
+    good = window[ok]
+    failed = window.loc[~ok, "error"] if "error" in window else ()
     send_lag, lag_reason = send_lag_figures(window["send_lag_ms"].to_numpy(dtype=float), lag_budget_ms)
     deltas = stat_deltas(stats_before, stats_after)
     return assemble(
@@ -109,6 +112,7 @@ def measure(
         queue_ms_mean=deltas["queue_ns"] / deltas["queue_count"] / 1e6 if deltas["queue_count"] else 0.0,
         busy_s=deltas["busy_ns"] / 1e9, max_batch_size=max_batch_size, sla_percentile=sla_percentile,
         load_generator_cpu=load_generator_cpu, workers=workers,
+        first_error=str(failed.iloc[0]) if len(failed) else "",
     )
 
 
@@ -116,7 +120,7 @@ def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, late
              last_done_s: float, send_lag_ms: dict[str, float], executions: int, inferences: int,
              histogram: dict[int, int], queue_ms_mean: float, busy_s: float, max_batch_size: int,
              sla_percentile: float, lag_reason: str = "", load_generator_cpu: float = 0.0,
-             workers: int = 1) -> Measurement:
+             workers: int = 1, first_error: str = "") -> Measurement:
     """The one construction of a Measurement from its counts over the measured window (`warmup_s` to
     `end_s`): `measure` fills it from a real replay, the simulation (`tuner.simulate`) from a
     simulated one, so both define every figure alike. `latencies_ms`: the successful requests', from
@@ -152,6 +156,7 @@ def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, late
         max_batch_size=max_batch_size,
         load_generator_cpu=load_generator_cpu,
         workers=workers,
+        first_error=first_error,
         latencies_ms=latencies_ms,
     )
 

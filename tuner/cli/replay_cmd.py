@@ -310,7 +310,7 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     rows = [
         ("offered", f"{m.offered_rps:.1f} req/s over {m.duration_s:.1f} s ({m.requests} requests)"),
         ("throughput", f"{m.throughput_rps:.1f} req/s"),
-        ("errors", f"{m.errors} ({m.error_rate:.2%})"),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {m.first_error[:160]}" if m.first_error else "")),
         ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
