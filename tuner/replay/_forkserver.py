@@ -165,7 +165,9 @@ def _for(env: dict[str, str]) -> _Server | None:
     """The running fork server for `env`, started if needed; None where it cannot start."""
     global _server
     with _servers_lock:
-        if _server is not None and (not _server.alive or _server.env != env or _server.owner != os.getpid()):
+        # its process is asked too: the reader thread may not have seen the socket close yet (a busy host)
+        if _server is not None and (not _server.alive or _server.proc.poll() is not None or _server.env != env
+                                    or _server.owner != os.getpid()):
             old, _server = _server, None
             if old.owner == os.getpid():
                 old.close()
