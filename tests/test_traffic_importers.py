@@ -477,7 +477,7 @@ def test_a_csv_imported_to_parquet_is_streamed_and_the_same(tmp_path, monkeypatc
     lines = src.read_text().splitlines()
     lines[2100] = lines[2100].split(",")[0] + ",0"  # line 2101: a zero token count
     src.write_text("\n".join(lines) + "\n")
-    assert main(args) == 2
+    assert main([*args, "--force"]) == 2
     assert capsys.readouterr().err == f"tuner: error: {src}: line 2101, column 'seq_len': must be a positive integer, got 0\n"
 
 
