@@ -361,3 +361,11 @@ def test_force_never_writes_over_the_input(profile, tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == [f"tuner: error: {out}: refusing to overwrite the input file; choose another output"], err
     assert hour.read_bytes() == kept and profile.read_bytes() == before
+
+
+def test_scale_refuses_a_speed_that_stretches_past_a_timestamp_in_one_line(profile, tmp_path, capsys):
+    out = tmp_path / "a.csv"
+    assert main(["traffic", "scale", str(profile), "--speed", "1e-300", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("tuner: error: speed 1e-300: the traffic's 39 s would last 3.9e+301 s")
+    assert not out.exists()
