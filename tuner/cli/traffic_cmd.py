@@ -147,7 +147,7 @@ def _synth_command(sub: argparse._SubParsersAction) -> None:
         help="requests/s: the rate (poisson), mean rate (diurnal, bursty) or base rate (flash-crowd)",
     )
     p.add_argument("--duration", required=True, metavar="D", help="length, e.g. 60, 60s, 10m, 7d")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="0..4294967295 (default 0)")
     p.add_argument(
         "--size",
         action="append",
@@ -311,7 +311,9 @@ def _import_streamed(args: argparse.Namespace, mapping: dict[str, str]) -> int:
 
 def _synth(args: argparse.Namespace) -> int:
     from tuner import traffic
+    from tuner.traffic.synth import check_seed
 
+    check_seed(args.seed, "--seed")
     _check_output(args)
     sizes = {}
     for item in args.size:
