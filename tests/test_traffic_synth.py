@@ -150,3 +150,20 @@ def test_synth_refuses_a_seed_out_of_range_in_one_line(kind, tmp_path, capsys):
     assert capsys.readouterr().err == "tuner: error: --seed: must be in 0..4294967295, got -1\n"
     assert not out.exists()
 
+
+@pytest.mark.parametrize("spike", [10.0, 100.0, -1.0])
+def test_a_flash_crowd_spike_outside_the_traffic_is_refused(spike):
+    with pytest.raises(TrafficError, match=rf"^flash crowd needs its spike within the traffic, 0 <= spike_at_s < "
+                                           rf"duration_s, got spike_at_s={spike}, duration_s=10.0$"):
+        synth_flash_crowd(1.0, 10.0, spike_at_s=spike)
+    assert len(synth_flash_crowd(1.0, 10.0, spike_at_s=9.9, seed=1)) > 0
+
+
+def test_synth_refuses_a_spike_after_the_end_in_one_line(tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    argv = ["traffic", "synth", "flash-crowd", "--rate", "1", "--duration", "10", "--spike-at", "100", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["tuner: error: flash crowd needs its spike within the traffic, 0 <= spike_at_s < duration_s, "
+                   "got spike_at_s=100.0, duration_s=10.0"], err
+    assert not out.exists()

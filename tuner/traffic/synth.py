@@ -290,6 +290,8 @@ def synth_flash_crowd(base_rate: float, duration_s: float, *, seed: int = 0, siz
     peak = base_rate * peak_factor
     _fits("flash crowd", peak, duration_s, at_peak=True)
     spike = duration_s / 3 if spike_at_s is None else float(spike_at_s)
+    _needs(0 <= spike < duration_s, "flash crowd needs its spike within the traffic, 0 <= spike_at_s < duration_s",
+           spike_at_s=spike, duration_s=duration_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
         rising = np.clip((t - spike) / ramp_s, 0.0, 1.0) if ramp_s > 0 else (t >= spike).astype(float)
