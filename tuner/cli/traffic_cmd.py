@@ -123,7 +123,8 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="OURS=THEIRS",
-        help="csv: our column from the file's column, e.g. --map timestamp=ts --map seq_len=tokens",
+        help="csv: our column (timestamp, batch_size, model, seq_len, prompt_tokens, output_tokens, prefix_id, "
+        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens",
     )
     p.add_argument(
         "--time-unit",
