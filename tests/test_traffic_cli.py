@@ -276,7 +276,8 @@ def test_window_since_until_reads_dates_as_utc(tmp_path):
     assert main(["traffic", "window", str(path), "--since", "2026-01-01T00:10", "--until", "2026-01-01 00:20:00Z",
                  "-o", str(out)]) == 0
     assert read_traffic(out)["timestamp"].tolist() == (t0 + 60.0 * np.arange(10, 20)).tolist()
-    assert main(["traffic", "window", str(path), "--since", "2026-01-01T01:00+02:00", "-o", str(out)]) == 0
+    assert main(["traffic", "window", str(path), "--since", "2026-01-01T01:00+02:00", "-o", str(out),
+                 "--force"]) == 0
     assert read_traffic(out)["timestamp"].tolist() == (t0 + 60.0 * np.arange(60)).tolist()  # 23:00 UTC the day before
 
 
@@ -294,3 +295,77 @@ def test_window_range_errors_are_one_line_exit_2(tmp_path, capsys, args, expecte
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
     assert not (tmp_path / "x.csv").exists()
+
+
+# --- an output that already exists: the user's own file is replaced only with --force --------------
+
+WRITERS = [
+    ["convert", "IN"], ["scale", "IN", "--speed", "2"], ["window", "IN", "--start", "0"], ["fit", "GEN", "--context", "99"],
+    ["import", "csv", "IN"], ["synth", "poisson", "--rate", "5", "--duration", "10"],
+]
+
+
+def _writer_argv(command: list[str], profile: Path, out: Path) -> list[str]:
+    generative = profile.with_name("gen.csv")
+    generative.write_text("timestamp,prompt_tokens,output_tokens\n0,10,5\n1,20,5\n")
+    return ["traffic", *[{"IN": str(profile), "GEN": str(generative)}.get(a, a) for a in command], "-o", str(out)]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+@pytest.mark.parametrize("command", WRITERS, ids=lambda c: c[0])
+def test_an_existing_output_is_kept_unless_force(command, suffix, profile, tmp_path, capsys):
+    out = tmp_path / f"recording{suffix}"
+    out.write_bytes(b"the user's own recording\n")
+    argv = _writer_argv(command, profile, out)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"tuner: error: {out}: already exists; give --force to replace it, or write to another " \
+                           "file\n", captured.err
+    assert out.read_bytes() == b"the user's own recording\n"
+    assert main([*argv, "--force"]) == 0
+    assert len(read_traffic(out)) > 0
+
+
+def test_an_existing_symbolic_link_is_an_existing_output(profile, tmp_path, capsys):
+    out = tmp_path / "link.csv"
+    out.symlink_to(tmp_path / "elsewhere.csv")  # dangling: writing through it would make a file there
+    assert main(["traffic", "convert", str(profile), "-o", str(out)]) == 2
+    assert "already exists; give --force" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere.csv").exists()
+
+
+def test_an_existing_plot_is_kept_unless_force(profile, tmp_path, capsys):
+    plot = tmp_path / "rate.png"
+    plot.write_bytes(b"my own picture")
+    assert main(["traffic", "stats", str(profile), "--plot", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (f"tuner: error: {plot}: already exists; give --force to replace "
+                                                   "it, or write to another file\n"), captured.err
+    assert plot.read_bytes() == b"my own picture"
+    assert main(["traffic", "stats", str(profile), "--plot", str(plot), "--force"]) == 0
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_force_never_writes_over_the_input(profile, tmp_path, capsys):
+    before = profile.read_bytes()
+    assert main(["traffic", "convert", str(profile), "-o", str(profile), "--force"]) == 2
+    assert "the same file as the input" in capsys.readouterr().err
+    # a file of a directory read as one recording, through another spelling of its path
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    hour = write_traffic(read_traffic(profile), logs / "hour.parquet")
+    kept = hour.read_bytes()
+    out = str(logs / ".." / "logs" / "hour.parquet")
+    assert main(["traffic", "window", str(logs), "--start", "0", "-o", out, "--force"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"tuner: error: {out}: refusing to overwrite the input file; choose another output"], err
+    assert hour.read_bytes() == kept and profile.read_bytes() == before
+
+
+def test_scale_refuses_a_speed_that_stretches_past_a_timestamp_in_one_line(profile, tmp_path, capsys):
+    out = tmp_path / "a.csv"
+    assert main(["traffic", "scale", str(profile), "--speed", "1e-300", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("tuner: error: speed 1e-300: the traffic's 39 s would last 3.9e+301 s")
+    assert not out.exists()

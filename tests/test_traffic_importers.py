@@ -477,7 +477,7 @@ def test_a_csv_imported_to_parquet_is_streamed_and_the_same(tmp_path, monkeypatc
     lines = src.read_text().splitlines()
     lines[2100] = lines[2100].split(",")[0] + ",0"  # line 2101: a zero token count
     src.write_text("\n".join(lines) + "\n")
-    assert main(args) == 2
+    assert main([*args, "--force"]) == 2
     assert capsys.readouterr().err == f"tuner: error: {src}: line 2101, column 'seq_len': must be a positive integer, got 0\n"
 
 
@@ -499,3 +499,25 @@ def test_a_csv_mapping_names_the_token_columns(tmp_path):
     same = tmp_path / "ours.csv"
     same.write_text("timestamp,prompt_tokens,output_tokens,other\n1,2,3,x\n")
     assert list(import_csv(same).columns) == ["timestamp", "batch_size", "prompt_tokens", "output_tokens"]
+
+
+def test_a_mapping_to_a_column_nothing_reads_names_it_and_the_columns_there_are(tmp_path, capsys):
+    src = tmp_path / "other.csv"
+    src.write_text("ts,tokens\n1,2\n2,3\n")
+    expected = (f"{src}: cannot map 'ts' to 'bogus': not a column of the traffic table (expected timestamp, batch_size, "
+                "model, seq_len, prompt_tokens, output_tokens, prefix_id, or <INPUT>:<k> for dim k of a model input)")
+    with pytest.raises(TrafficError) as exc:
+        import_csv(src, {"bogus": "ts"})
+    assert str(exc.value) == expected
+    out = tmp_path / "i.csv"
+    for suffix in (".csv", ".parquet"):  # read whole, and streamed a chunk at a time
+        assert main(["traffic", "import", "csv", str(src), "-o", str(out.with_suffix(suffix)), "--map", "bogus=ts"]) == 2
+        assert capsys.readouterr().err == f"tuner: error: {expected}\n"
+        assert not out.with_suffix(suffix).exists()
+    # no timestamp mapped and none in the file: said so, not "no column 'timestamp' to map to 'timestamp'"
+    with pytest.raises(TrafficError, match=r"^.*other.csv: no 'timestamp' column: map one of the file's to it "
+                                           r"\(columns found: ts, tokens\)$"):
+        import_csv(src, {"seq_len": "tokens"})
+    # a model input's dim is a column of ours
+    df = import_csv(src, {"timestamp": "ts", "INPUT_IDS:0": "tokens"})
+    assert df["INPUT_IDS:0"].tolist() == [2, 3]

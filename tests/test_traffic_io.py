@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -404,3 +407,38 @@ def test_a_csv_that_cannot_become_parquet_is_one_line_and_nothing_is_written(tex
     assert message.startswith(f"{tmp_path}/{expected}") and "\n" not in message, message
     assert ("line 4" in message) == ("5,9,9" in text)  # pandas names the broken row's line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]
+
+
+@pytest.mark.parametrize("reader", ["whole", "chunks"])
+def test_a_ctrl_c_while_a_csv_is_read_is_the_interrupt_not_a_bad_file(reader, tmp_path, monkeypatch):
+    # pandas' C parser turned a SIGINT that landed in its read into a ParserError ("Calling
+    # read(nbytes) on source failed") with nothing behind it: `tuner: error: big.csv: not a readable CSV
+    # table`, exit 2, instead of `tuner: interrupted`, exit 130
+    from tuner.traffic import io as traffic_io
+
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"ts,tokens\n" + b"".join(b"%d,%d\n" % (i, i % 50 + 1) for i in range(1_000_000)))
+    reading = threading.Event()
+
+    class Reading(io.FileIO):
+        """The file, saying once its second block is asked for: the read is under way."""
+
+        def readinto(self, buffer) -> int:
+            if self.tell() > 0:
+                reading.set()
+            return super().readinto(buffer)
+
+    monkeypatch.setattr(traffic_io.files, "open_input", lambda path, **_: io.BufferedReader(Reading(path)))
+    killer = threading.Thread(target=lambda: reading.wait(60) and os.kill(os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own Ctrl-C
+    killer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if reader == "whole":
+                traffic_io.read_raw(big)
+            else:
+                for _ in traffic_io._iter_csv(big, 100_000):
+                    pass
+    finally:
+        killer.join()
+        signal.signal(signal.SIGINT, previous)

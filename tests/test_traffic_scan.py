@@ -195,3 +195,44 @@ def test_a_ten_million_request_week_describes_the_same(tmp_path):
     rec = open_recording(_hourly(df, tmp_path / "week", row_group_size=20_000))
     assert rec.rows == len(df)
     _same(describe(df, 600.0), describe_recording(rec, 600.0))
+
+
+# --- traffic spanning a long time: no array per bin of the span ---------------------------------------
+
+FAR = [
+    [0.0, 1.0, 1e11],  # a request 3,000 years after the first two: 800 billion bins of the span
+    [0.0, 0.5, 1e11, 1e11 + 0.25, 1e11 + 0.5, 1e11 + 0.75],  # the busiest second at the far end
+    [0.0, 1.0, 1e20, 1e20 + 2**14, 1e20 + 2**14],  # bin numbers past float64's precision: counted exactly
+]
+
+
+@pytest.mark.parametrize("times", FAR, ids=["3,000 years", "busiest at the far end", "past float precision"])
+@pytest.mark.parametrize("busiest", [1.0, 60.0])
+def test_traffic_spanning_ages_is_scanned_without_an_array_per_bin(times, busiest, tmp_path):
+    df = pd.DataFrame({"timestamp": times, "batch_size": 1})
+    df.to_parquet(tmp_path / "far.parquet", index=False)
+    rec = open_recording(tmp_path / "far.parquet")
+    assert busiest_in(rec, busiest) == busiest_window(read_traffic(tmp_path / "far.parquet"), busiest)
+    _same(describe(read_traffic(tmp_path / "far.parquet"), busiest), describe_recording(rec, busiest))
+
+
+def test_the_occupied_bins_bound_the_counts_as_every_bin_does():
+    from tuner.traffic.scan import _reaching_dense, _reaching_sparse
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        n = int(rng.integers(1, 500))
+        bins = np.sort(rng.integers(0, int(rng.integers(1, 5 * n + 2)), n))
+        bins -= bins[0]
+        done, fine, floor = int(rng.integers(1, n + 1)), int(rng.integers(8, 100)), int(rng.integers(0, 4))
+        dense = _reaching_dense(bins, done, fine, floor=floor)
+        assert np.array_equal(_reaching_sparse(bins, done, fine, floor=floor), dense)
+
+
+def test_stats_and_window_of_far_apart_requests_are_figures_not_a_traceback(tmp_path, capsys):
+    far = tmp_path / "far.csv"
+    far.write_text("timestamp,batch_size\n0,1\n1,1\n100000000000,1\n")
+    assert main(["traffic", "stats", str(far)]) == 0
+    assert "requests" in capsys.readouterr().out
+    assert main(["traffic", "window", str(far), "--busiest", "10", "-o", str(tmp_path / "fw.csv")]) == 0
+    assert read_traffic(tmp_path / "fw.csv")["timestamp"].tolist() == [0.0, 1.0]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from tuner.cli import main
 from tuner.errors import TrafficError
 from tuner.traffic import (
     SizeSpec,
@@ -126,3 +129,41 @@ def test_the_row_limit_leaves_room_below_it():
 def test_a_zipf_support_that_cannot_fit_is_refused():
     with pytest.raises(TrafficError, match=r"zipf max must be <= 10,000,000, got max=1000000000000"):
         SizeSpec.parse("zipf:a=1.2,max=1e12")
+
+
+@pytest.mark.parametrize("make", [synth_poisson, synth_diurnal, synth_bursty, synth_flash_crowd])
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
+def test_a_seed_out_of_range_is_one_line(make, seed):
+    with pytest.raises(TrafficError, match=rf"^seed: must be in 0\.\.4294967295, got {re.escape(repr(seed))}$"):
+        make(10.0, 10.0, seed=seed)
+
+
+def test_the_seed_range_reaches_both_ends():
+    for seed in (0, 2**32 - 1, np.uint32(2**32 - 1)):
+        assert len(synth_poisson(10.0, 10.0, seed=seed)) > 0
+
+
+@pytest.mark.parametrize("kind", ["poisson", "diurnal", "bursty", "flash-crowd"])
+def test_synth_refuses_a_seed_out_of_range_in_one_line(kind, tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    assert main(["traffic", "synth", kind, "--rate", "1", "--duration", "10", "--seed", "-1", "-o", str(out)]) == 2
+    assert capsys.readouterr().err == "tuner: error: --seed: must be in 0..4294967295, got -1\n"
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spike", [10.0, 100.0, -1.0])
+def test_a_flash_crowd_spike_outside_the_traffic_is_refused(spike):
+    with pytest.raises(TrafficError, match=rf"^flash crowd needs its spike within the traffic, 0 <= spike_at_s < "
+                                           rf"duration_s, got spike_at_s={spike}, duration_s=10.0$"):
+        synth_flash_crowd(1.0, 10.0, spike_at_s=spike)
+    assert len(synth_flash_crowd(1.0, 10.0, spike_at_s=9.9, seed=1)) > 0
+
+
+def test_synth_refuses_a_spike_after_the_end_in_one_line(tmp_path, capsys):
+    out = tmp_path / "s.csv"
+    argv = ["traffic", "synth", "flash-crowd", "--rate", "1", "--duration", "10", "--spike-at", "100", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["tuner: error: flash crowd needs its spike within the traffic, 0 <= spike_at_s < duration_s, "
+                   "got spike_at_s=100.0, duration_s=10.0"], err
+    assert not out.exists()

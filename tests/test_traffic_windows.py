@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -45,6 +47,21 @@ def test_a_speed_that_makes_requests_simultaneous_is_refused():
     with pytest.raises(TrafficError, match=r"speed 1e\+16: requests apart in the recording fall on one timestamp"):
         scale_time(df, 1e16)
     assert scale_time(df, 1e6)["timestamp"].is_monotonic_increasing  # still apart
+
+
+@pytest.mark.parametrize("speed,lasts", [(1e-300, "3.5e+300 s"), (1e-10, "3.5e+10 s"), (1e-308, "inf s")])
+def test_a_speed_that_stretches_past_what_a_timestamp_holds_is_refused(speed, lasts):
+    df = _frame([1000.0, 1001.5, 1003.5])
+    with pytest.raises(TrafficError, match=rf"^speed {speed:g}: the traffic's 3.5 s would last {re.escape(lasts)}, "
+                                           "past the 292 years a time in nanoseconds can hold: a higher speed$"):
+        scale_time(df, speed)
+
+
+def test_a_span_already_past_292_years_may_still_be_compressed():
+    df = _frame([0.0, 1.0, 1e11])
+    assert scale_time(df, 2.0)["timestamp"].tolist() == [0.0, 0.5, 5e10]
+    assert scale_time(df, 1.0)["timestamp"].tolist() == [0.0, 1.0, 1e11]
+    assert scale_time(_frame([1000.0, 1003.5]), 1e-9)["timestamp"].tolist() == [1000.0, 1000.0 + 3.5e9]
 
 
 def test_window_is_half_open_and_relative_to_the_first_request():

@@ -22,7 +22,7 @@ from typing import IO
 from tuner.errors import InputError, OutputError
 from tuner.paths import make_temp, name_max, os_reason, writable_dir
 
-__all__ = ["check_output_dir", "check_writable", "json_safe", "open_input", "os_reason", "read_json_object",
+__all__ = ["check_output_dir", "check_replaceable", "check_writable", "json_safe", "open_input", "os_reason", "read_json_object",
            "read_text", "replacing", "write_atomic"]
 
 
@@ -131,6 +131,17 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
     fd, probe = make_temp(path.parent, ".probe", label or str(path), error=error)
     os.close(fd)
     os.unlink(probe)
+    return path
+
+
+def check_replaceable(path: str | os.PathLike, *, force: bool, flag: str = "--force", label: str | None = None,
+                      error: type[InputError] = OutputError) -> Path:
+    """The path, once writing it replaces nothing the person did not agree to lose: nothing is there
+    (not even a dangling symbolic link, which a write would follow), or `force` (the command's `flag`
+    was given). Otherwise one `error` line naming the file (or `label`) and the flag."""
+    path = Path(path)
+    if not force and os.path.lexists(path):
+        raise error(f"{label or path}: already exists; give {flag} to replace it, or write to another file")
     return path
 
 

@@ -47,13 +47,15 @@ SYNTH_PARAMS = (
     SynthParam("--mean-on", "bursty", "0.5", "bursty: mean burst length (0.5s)", duration=True),
     SynthParam("--off-ratio", "bursty", 0.05, "bursty: quiet rate / mean rate (0.05)"),
     SynthParam("--peak-factor", "flash-crowd", 10.0, "flash-crowd: peak / base rate (10)"),
-    SynthParam("--spike-at", "flash-crowd", None, "flash-crowd: ramp start (a third in)", duration=True),
+    SynthParam("--spike-at", "flash-crowd", None, "flash-crowd: ramp start, within --duration (a third in)",
+               duration=True),
     SynthParam("--ramp", "flash-crowd", "5", "flash-crowd: ramp length (5s)", duration=True),
     SynthParam("--hold", "flash-crowd", "10", "flash-crowd: time at the peak (10s)", duration=True),
     SynthParam("--decay", "flash-crowd", "10", "flash-crowd: decay time constant (10s)", duration=True),
 )
 
 TRAFFIC_FILE = "traffic file to write (.csv or .parquet)"
+FORCE_HELP = "replace {what} file that already exists (never the input)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -105,6 +107,7 @@ def _stats_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--busiest", default="60", metavar="D", help="busiest-window length (default 60s)")
     add_output_file(p, flags=("--plot",), metavar="FILE.png",
                     help="also draw the rate over time and the inter-arrival histogram")
+    add_flag(p, "--force", FORCE_HELP.format(what="a --plot"))
 
 
 def _import_command(sub: argparse._SubParsersAction) -> None:
@@ -115,13 +118,14 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
     add_input(p, "input", each=True, help="the file to import")
-    add_output_file(p, required=True, help=TRAFFIC_FILE)
+    _add_output(p, help=TRAFFIC_FILE)
     p.add_argument(
         "--map",
         action="append",
         default=[],
         metavar="OURS=THEIRS",
-        help="csv: our column from the file's column, e.g. --map timestamp=ts --map seq_len=tokens",
+        help="csv: our column (timestamp, batch_size, model, seq_len, prompt_tokens, output_tokens, prefix_id, "
+        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens",
     )
     p.add_argument(
         "--time-unit",
@@ -145,7 +149,7 @@ def _synth_command(sub: argparse._SubParsersAction) -> None:
         help="requests/s: the rate (poisson), mean rate (diurnal, bursty) or base rate (flash-crowd)",
     )
     p.add_argument("--duration", required=True, metavar="D", help="length, e.g. 60, 60s, 10m, 7d")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="0..4294967295 (default 0)")
     p.add_argument(
         "--size",
         action="append",
@@ -156,7 +160,7 @@ def _synth_command(sub: argparse._SubParsersAction) -> None:
     )
     for param in SYNTH_PARAMS:
         param.declare(p)
-    add_output_file(p, required=True, help=TRAFFIC_FILE)
+    _add_output(p, help=TRAFFIC_FILE)
 
 
 def _window_command(sub: argparse._SubParsersAction) -> None:
@@ -174,7 +178,7 @@ def _window_command(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--since", metavar="T", help="window start, a date and time (e.g. 2026-11-25T06:00, UTC)")
     p.add_argument("--duration", metavar="D", help="window length (with --start; default: to the end)")
     p.add_argument("--until", metavar="T", help="window end, excluded (with --since; default: to the end)")
-    add_output_file(p, required=True)
+    _add_output(p)
 
 
 def _fit_command(sub: argparse._SubParsersAction) -> None:
@@ -185,7 +189,7 @@ def _fit_command(sub: argparse._SubParsersAction) -> None:
         "refuses traffic holding a request its engine cannot take). Says how many were left out.",
     )
     p.add_argument("--context", type=int, required=True, metavar="N", help="the model's context, in tokens")
-    add_output_file(p, required=True)
+    _add_output(p)
 
 
 def _scale_command(sub: argparse._SubParsersAction) -> None:
@@ -194,7 +198,7 @@ def _scale_command(sub: argparse._SubParsersAction) -> None:
         description="Replay-speed scaling written to a file: request i moves to t0 + (t_i - t0) / speed.",
     )
     p.add_argument("--speed", type=finite_float, required=True, help="> 1 compresses, < 1 stretches")
-    add_output_file(p, required=True)
+    _add_output(p)
 
 
 def _convert_command(sub: argparse._SubParsersAction) -> None:
@@ -203,18 +207,37 @@ def _convert_command(sub: argparse._SubParsersAction) -> None:
         description="Read, validate and normalise a traffic file, and write it in the "
         "format its output suffix names (.csv or .parquet).",
     )
-    add_output_file(p, required=True)
+    _add_output(p)
+
+
+def _add_output(p: argparse.ArgumentParser, *, help: str | None = None) -> None:
+    """`-o OUT`, the traffic file the command writes, and `--force` to replace one already there."""
+    add_output_file(p, required=True, help=help)
+    add_flag(p, "--force", FORCE_HELP.format(what="an -o"))
+
+
+def _check_output(args: argparse.Namespace, *, recording: bool = False) -> None:
+    """-o, checked before the work: a traffic file's suffix, a place a file can be made, not the input
+    (with `recording`, none of the files of a directory or glob INPUT; not even with --force), and no
+    file there unless --force: it may be the user's own recording."""
+    from tuner import traffic
+    from tuner.files import check_replaceable
+    from tuner.paths import same_file
+    from tuner.traffic.recording import recording_files
+
+    out = traffic.check_output(args.output)
+    given = getattr(args, "input", None)
+    sources = [] if given is None else recording_files(given) if recording else [Path(given)]
+    if any(same_file(out, s) for s in sources):
+        raise TrafficError(f"{out}: refusing to overwrite the input file; choose another output")
+    check_replaceable(out, force=args.force, error=TrafficError)
 
 
 def _write(df, args: argparse.Namespace) -> int:
-    """Write the result to --output, which the command checked with check_output before its work."""
+    """Write the result to --output, which the command checked with _check_output before its work."""
     from tuner import traffic
-    from tuner.traffic.recording import recording_files
 
     out = Path(args.output)
-    sources = recording_files(args.input) if getattr(args, "input", None) else []
-    if out.exists() and any(s.exists() and out.resolve() == s.resolve() for s in sources):
-        raise TrafficError(f"{out}: refusing to overwrite the input file; choose another output")
     traffic.write_traffic(df, out)
     print(f"wrote {out}: {len(df):,} requests")
     return 0
@@ -225,7 +248,10 @@ def _stats(args: argparse.Namespace) -> int:
     from tuner.traffic.scan import describe_recording
 
     if args.plot:
+        from tuner.files import check_replaceable
+
         traffic.check_plot_path(args.plot)
+        check_replaceable(args.plot, force=args.force, error=TrafficError)
     busiest = traffic.parse_duration(args.busiest, "--busiest")
     rec = _open(args)
     print(traffic.format_stats(describe_recording(rec, busiest), args.input))
@@ -243,7 +269,8 @@ def _stats(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from tuner import traffic
 
-    traffic.check_output(args.output)
+    mapping = _mapping(args.map) if args.kind == "csv" else {}  # the arguments first, then the files
+    _check_output(args)
     if args.kind == "triton":
         df = traffic.import_triton_trace(args.input, include_children=args.include_children)
     elif args.kind == "azure":
@@ -253,16 +280,21 @@ def _import(args: argparse.Namespace) -> int:
             return _import_streamed(args, AZURE_MAPPING)
         df = traffic.import_azure(args.input)
     else:
-        mapping = {}
-        for item in args.map:
-            ours, eq, theirs = item.partition("=")
-            if not eq or not ours.strip() or not theirs.strip():
-                raise TrafficError(f"--map {item!r}: expected OURS=THEIRS, e.g. --map timestamp=ts")
-            mapping[ours.strip()] = theirs.strip()
         if _streams(args):
             return _import_streamed(args, mapping)
         df = traffic.import_csv(args.input, mapping, time_unit=args.time_unit)
     return _write(df, args)
+
+
+def _mapping(items: list[str]) -> dict[str, str]:
+    """`--map OURS=THEIRS ...` as {ours: theirs}."""
+    mapping = {}
+    for item in items:
+        ours, eq, theirs = item.partition("=")
+        if not eq or not ours.strip() or not theirs.strip():
+            raise TrafficError(f"--map {item!r}: expected OURS=THEIRS, e.g. --map timestamp=ts")
+        mapping[ours.strip()] = theirs.strip()
+    return mapping
 
 
 def _streams(args: argparse.Namespace) -> bool:
@@ -274,8 +306,6 @@ def _import_streamed(args: argparse.Namespace, mapping: dict[str, str]) -> int:
     from tuner.traffic.importers import import_csv_to_parquet
 
     out, src = Path(args.output), Path(args.input)
-    if out.exists() and src.exists() and out.resolve() == src.resolve():
-        raise TrafficError(f"{out}: refusing to overwrite the input file; choose another output")
     rows = import_csv_to_parquet(src, out, mapping=mapping, time_unit=args.time_unit)
     print(f"wrote {out}: {rows:,} requests")
     return 0
@@ -283,8 +313,10 @@ def _import_streamed(args: argparse.Namespace, mapping: dict[str, str]) -> int:
 
 def _synth(args: argparse.Namespace) -> int:
     from tuner import traffic
+    from tuner.traffic.synth import check_seed
 
-    traffic.check_output(args.output)
+    check_seed(args.seed, "--seed")
+    _check_output(args)
     sizes = {}
     for item in args.size:
         col, eq, spec = item.partition("=")
@@ -296,7 +328,6 @@ def _synth(args: argparse.Namespace) -> int:
     shape = dict(param.value(args) for param in SYNTH_PARAMS if param.kind == args.kind)
     synth = getattr(traffic, f"synth_{args.kind.replace('-', '_')}")  # e.g. flash-crowd: synth_flash_crowd
     df = synth(args.rate, **shape, **common)
-    args.input = None
     return _write(df, args)
 
 
@@ -305,7 +336,7 @@ def _window(args: argparse.Namespace) -> int:
     from tuner.instants import parse_instant
     from tuner.traffic.scan import busiest_in, read_range, read_window
 
-    traffic.check_output(args.output)
+    _check_output(args, recording=True)
     if args.until is not None and args.since is None:
         raise TrafficError("--until goes with --since")
     if args.since is not None:
@@ -333,7 +364,7 @@ def _window(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from tuner import traffic
 
-    traffic.check_output(args.output)
+    _check_output(args)
     table = traffic.read_traffic(args.input)
     kept = traffic.fit_context(table, args.context)
     print(f"{len(table) - len(kept):,} of {len(table):,} requests need more than {args.context:,} tokens: left out")
@@ -343,12 +374,12 @@ def _fit(args: argparse.Namespace) -> int:
 def _scale(args: argparse.Namespace) -> int:
     from tuner import traffic
 
-    traffic.check_output(args.output)
+    _check_output(args)
     return _write(traffic.scale_time(traffic.read_traffic(args.input), args.speed), args)
 
 
 def _convert(args: argparse.Namespace) -> int:
     from tuner import traffic
 
-    traffic.check_output(args.output)
+    _check_output(args)
     return _write(traffic.read_traffic(args.input), args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 from array import array
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 from tuner.errors import TrafficError
 from tuner.files import open_input, os_reason
 from tuner.traffic.io import (
+    BATCH_SIZE,
     MODEL,
     OUTPUT_TOKENS,
     PREFIX_ID,
@@ -77,16 +79,35 @@ def _check_unit(time_unit: str) -> None:
         raise TrafficError(f"time unit {time_unit!r}: expected one of {', '.join(TIME_UNITS)}")
 
 
+# The columns a mapping may make: what the traffic table and the replay read (a shape column is
+# `seq_len`, or `<INPUT>:<k>` for dim k of a model input: tuner/replay/_plan.py)
+MAPPABLE = (TIMESTAMP, BATCH_SIZE, MODEL, "seq_len", PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
+_INPUT_DIM = re.compile(r".+:[0-9]+")
+
+
+def _check_mapping(mapping: Mapping[str, str], path) -> None:
+    """Refuse a column of ours that nothing reads (a typo would otherwise be dropped, or be taken for
+    the missing timestamp)."""
+    for ours, theirs in mapping.items():
+        if ours not in MAPPABLE and not _INPUT_DIM.fullmatch(ours):
+            raise TrafficError(f"{path}: cannot map {theirs!r} to {ours!r}: not a column of the traffic table "
+                               f"(expected {', '.join(MAPPABLE)}, or <INPUT>:<k> for dim k of a model input)")
+
+
 def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_unit: str) -> pd.DataFrame:
     """Our columns from the file's, by `mapping`, times scaled to seconds (unvalidated)."""
     mapping = dict(mapping or {})
+    _check_mapping(mapping, path)
+    if TIMESTAMP not in mapping and TIMESTAMP not in raw.columns:
+        raise TrafficError(f"{path}: no {TIMESTAMP!r} column: map one of the file's to it "
+                           f"(columns found: {column_names(raw)})")
     mapping.setdefault(TIMESTAMP, TIMESTAMP)
     for ours, theirs in mapping.items():
         if theirs not in raw.columns:
             raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} "
                                f"(columns found: {column_names(raw)})")
     keep = {ours: raw[theirs] for ours, theirs in mapping.items()}
-    for col in ("batch_size", MODEL, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID):
+    for col in (BATCH_SIZE, MODEL, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID):
         if col not in keep and col in raw.columns:
             keep[col] = raw[col]
     table = pd.DataFrame(keep)

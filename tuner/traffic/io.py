@@ -15,6 +15,8 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -130,15 +132,50 @@ def _refuse_utf16(fh: BinaryIO, path: Path) -> None:
 
 @contextlib.contextmanager
 def _csv_errors(path: Path) -> Iterator[None]:
-    """pandas' failures to read a CSV, each as one line naming the file."""
+    """pandas' failures to read a CSV, each as one line naming the file; a Ctrl-C (or SIGTERM) in the
+    middle of the read stays the interrupt (exit 130), not a complaint about the file."""
+    with _interrupts_noted() as interrupts:
+        try:
+            yield
+        except (pd.errors.EmptyDataError, OSError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+            # pandas' C parser can turn a Ctrl-C that lands in its read into "Calling read(nbytes) on
+            # source failed", with nothing behind it: the interrupt noted as it came is raised instead
+            if interrupts:
+                raise interrupts[0] from None
+            if isinstance(exc, pd.errors.EmptyDataError):
+                raise TrafficError(f"{path}: empty file (no header, no rows)") from None
+            if isinstance(exc, OSError):
+                raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
+            raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+
+
+@contextlib.contextmanager
+def _interrupts_noted() -> Iterator[list[BaseException]]:
+    """Within the block, every interrupt SIGINT or SIGTERM raises (through the handler in place:
+    KeyboardInterrupt, tuner.errors.Terminated) is also noted in the list yielded. Main thread only
+    (elsewhere the list stays empty); a signal whose handler is not Python's is left alone."""
+    noted: list[BaseException] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def note(signum, frame):
+        try:
+            previous[signum](signum, frame)
+        except BaseException as exc:
+            noted.append(exc)
+            raise
+
+    for sig, handler in previous.items():
+        if callable(handler):
+            signal.signal(sig, note)
     try:
-        yield
-    except pd.errors.EmptyDataError:
-        raise TrafficError(f"{path}: empty file (no header, no rows)") from None
-    except OSError as exc:
-        raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            if callable(handler):
+                signal.signal(sig, handler)
 
 
 def _stripped(table: pd.DataFrame) -> pd.DataFrame:

@@ -29,6 +29,7 @@ from tuner.traffic.windows import window_start
 __all__ = ["busiest_in", "describe_recording", "read_all", "read_range", "read_since", "read_window"]
 
 _BINCOUNT_MAX = 1 << 24  # sizes counted in an array up to this value, else by np.unique
+_BINS_MAX = float(1 << 50)  # the most fine bins a scan numbers: a float64 offset / bin is exact to 1/8 bin
 
 
 class _Busiest:
@@ -69,20 +70,14 @@ class _Busiest:
             return
         span = max(float(buf[-1] - buf[0]), self.d)
         fine = int(min(4096, max(8, 4 * np.sqrt(len(buf) * self.d / span))))  # bins a window
+        if span / self.d * fine > _BINS_MAX:  # a bin number past float precision: no sound bounds
+            self._count(buf, np.arange(done))
+            return
         bins = ((buf - buf[0]) / (self.d / fine)).astype(np.int64)  # non-decreasing, as buf is
-        per_bin = np.bincount(bins)
-        edges = np.concatenate([[0], np.cumsum(per_bin)])  # requests before each bin
-        k = np.arange(bins[done - 1] + 1)
-        last = len(per_bin)
-        # a window starting in bin k ends before bin k + fine + 1 (one bin more for rounding), and
-        # holds bins k + 2 .. k + fine - 2 whole (one bin less each side for rounding)
-        upper = edges[np.minimum(k + fine + 2, last)] - edges[k]
-        lower = edges[np.minimum(k + fine - 1, last)] - edges[np.minimum(k + 2, last)]
-        # a lower bound counts only where a resolved start lies in the bin
-        holds = per_bin[k] > 0
-        holds[-1] = False
-        floor = max(self.count, int(lower[holds].max()) if holds.any() else 0, 1)
-        self._count(buf, np.flatnonzero(upper[bins[:done]] >= floor))
+        # a count per bin of the span is the fastest where the span holds few empty bins; a span of
+        # years between a few requests holds billions, so there only the occupied bins are counted
+        dense = bins[-1] < 4 * len(bins)
+        self._count(buf, (_reaching_dense if dense else _reaching_sparse)(bins, done, fine, floor=self.count))
 
     def _count(self, buf: np.ndarray, idx: np.ndarray) -> None:
         if len(idx) == 0:
@@ -93,6 +88,42 @@ class _Busiest:
             self.count, self.start = int(counts[best]), float(buf[idx[best]])
         elif counts[best] == self.count and float(buf[idx[best]]) < self.start:
             self.start = float(buf[idx[best]])  # a tie: the earliest start, as the whole-table search
+
+
+# The starts worth counting exactly: each start's count is bounded by whole bins of `fine` a window (a
+# window starting in bin k ends before bin k + fine + 1, one bin more for rounding, and holds bins k + 2
+# .. k + fine - 2 whole, one bin less each side); a lower bound counts only where a resolved start lies
+# in the bin (not the last such bin, which may hold unresolved starts too). The starts whose upper bound
+# reaches the best lower bound (and `floor`, the best count so far) are returned. Both give the same.
+
+def _reaching_dense(bins: np.ndarray, done: int, fine: int, *, floor: int) -> np.ndarray:
+    """From a count of every bin of the span."""
+    per_bin = np.bincount(bins)
+    edges = np.concatenate([[0], np.cumsum(per_bin)])  # requests before each bin
+    k = np.arange(bins[done - 1] + 1)
+    last = len(per_bin)
+    upper = edges[np.minimum(k + fine + 2, last)] - edges[k]
+    lower = edges[np.minimum(k + fine - 1, last)] - edges[np.minimum(k + 2, last)]
+    holds = per_bin[k] > 0
+    holds[-1] = False
+    floor = max(floor, int(lower[holds].max()) if holds.any() else 0, 1)
+    return np.flatnonzero(upper[bins[:done]] >= floor)
+
+
+def _reaching_sparse(bins: np.ndarray, done: int, fine: int, *, floor: int) -> np.ndarray:
+    """From the occupied bins alone: the requests before bin j are those of the occupied bins below j."""
+    first = np.flatnonzero(np.diff(bins, prepend=-1))  # each occupied bin's first request
+    occupied, first = bins[first], np.append(first, len(bins))
+
+    def before(j: np.ndarray) -> np.ndarray:
+        return first[np.searchsorted(occupied, j, side="left")]
+
+    mine = int(np.searchsorted(first, done, side="left"))  # the occupied bins of bins[:done]
+    k = occupied[:mine]
+    upper = before(k + fine + 2) - first[:mine]
+    lower = before(k[:-1] + fine - 1) - before(k[:-1] + 2)
+    floor = max(floor, int(lower.max()) if len(lower) else 0, 1)
+    return np.flatnonzero(np.repeat(upper >= floor, np.diff(first[: mine + 1]))[:done])
 
 
 class _Gaps:

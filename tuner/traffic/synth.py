@@ -26,6 +26,7 @@ SIZE_KINDS = ("constant", "zipf", "lognormal")
 # request for more is refused from rate x duration before anything is allocated
 MAX_ROWS = 100_000_000
 ZIPF_MAX = 10_000_000  # a zipf size draws from a table of `max` weights
+SEED_MAX = 2**32 - 1  # the seeds a study's search.seed takes too
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,9 +170,18 @@ def _needs(ok: bool, rule: str, **got: float) -> None:
         raise TrafficError(f"{rule}, got " + ", ".join(f"{name}={value}" for name, value in got.items()))
 
 
+def check_seed(seed: int, what: str = "seed") -> int:
+    """The seed, once it is an integer in 0..SEED_MAX (numpy refuses a negative one with a traceback);
+    TrafficError naming `what` otherwise."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= SEED_MAX:
+        raise TrafficError(f"{what}: must be in 0..{SEED_MAX}, got {seed!r}")
+    return int(seed)
+
+
 def _draw(what: str, arrivals: Callable[[np.random.Generator], np.ndarray], *, seed: int,
           sizes: Sizes) -> pd.DataFrame:
     """The table of `arrivals(rng)` and its sizes, from one generator seeded with `seed`."""
+    check_seed(seed)
     rng = np.random.default_rng(seed)  # arrivals draw first, then sizes: the order fixes the result
     return _table(_nonempty(arrivals(rng), what), rng, sizes)
 
@@ -280,6 +290,8 @@ def synth_flash_crowd(base_rate: float, duration_s: float, *, seed: int = 0, siz
     peak = base_rate * peak_factor
     _fits("flash crowd", peak, duration_s, at_peak=True)
     spike = duration_s / 3 if spike_at_s is None else float(spike_at_s)
+    _needs(0 <= spike < duration_s, "flash crowd needs its spike within the traffic, 0 <= spike_at_s < duration_s",
+           spike_at_s=spike, duration_s=duration_s)
 
     def rate_at(t: np.ndarray) -> np.ndarray:
         rising = np.clip((t - spike) / ramp_s, 0.0, 1.0) if ramp_s > 0 else (t >= spike).astype(float)

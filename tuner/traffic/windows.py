@@ -14,6 +14,9 @@ import pandas as pd
 from tuner.errors import TrafficError
 from tuner.traffic.io import TIMESTAMP
 
+# The longest traffic a scaling may make: 2**63 ns (292 years), what pandas' times, Python's
+# time.sleep and a replay's due times hold
+MAX_SPAN_S = 2**63 / 1e9
 _UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-z]*)\s*$")
 
@@ -52,6 +55,14 @@ def scale_time(df: pd.DataFrame, speed: float) -> pd.DataFrame:
     out = df.copy()
     if len(out):
         t0 = float(out[TIMESTAMP].iloc[0])
+        span = float(np.abs(offsets(df)).max())
+        with np.errstate(over="ignore"):
+            stretched = span / speed
+        # stretched to infinity, or past what a clock of nanoseconds holds (a span already past it is
+        # the recording's own: compressing it is fine)
+        if stretched > max(MAX_SPAN_S, span):
+            raise TrafficError(f"speed {speed:g}: the traffic's {span:g} s would last {stretched:g} s, past the "
+                               "292 years a time in nanoseconds can hold: a higher speed")
         out[TIMESTAMP] = t0 + offsets(df) / speed
         before, after = np.diff(df[TIMESTAMP].to_numpy(dtype=float)), np.diff(out[TIMESTAMP].to_numpy(dtype=float))
         if ((before > 0) & (after <= 0)).any():  # below the float resolution at t0: requests made simultaneous
