@@ -26,6 +26,16 @@ ROOT_CONFIG = Path(__file__).resolve().parents[1] / "model_repository_templates"
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 
 
+def _named_elsewhere(path: Path) -> bool:
+    """Whether a config.pbtxt names a model other than its directory (Triton's QA copies such a file into
+    a directory of its name before loading it)."""
+    match = re.search(r'^name:\s*"([^"]*)"', path.read_text(errors="replace"), re.M)
+    return bool(match and match[1] and match[1] != path.parent.name)
+
+
+NAME_CASES = [p for p in FILES if _named_elsewhere(p)]
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -70,8 +80,9 @@ def test_check_all_files_in_one_process_without_a_traceback():
     assert "Traceback" not in done.stderr
     bad = done.stderr.splitlines()
     assert done.returncode == 2
-    assert sorted(line.split(":", 1)[0] for line in bad) == sorted(map(str, SCHEDULING_CASES))
-    assert done.stdout == f"{len(FILES)} configs checked, {len(SCHEDULING_CASES)} invalid\n"
+    invalid = sorted(map(str, set(SCHEDULING_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
+    assert NAME_CASES and sorted(line.split(":", 1)[0] for line in bad) == invalid
+    assert done.stdout == f"{len(FILES)} configs checked, {len(invalid)} invalid\n"
 
 
 def test_check_unreadable_inputs_are_one_line_each(tmp_path):
@@ -260,3 +271,35 @@ def test_show_prints_an_aligned_table(capsys, tmp_path):
 def test_show_missing_file_is_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "config", "show", str(tmp_path / "nope.pbtxt"))
     assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"
+
+
+# --- a model directory ------------------------------------------------------------------------------
+
+
+def test_check_and_show_take_a_model_directory_as_tune_check_reads_it(capsys, tmp_path):
+    model = tmp_path / "encoder_sim"
+    shutil.copytree(ROOT_CONFIG.parent, model)
+    config = model / "config.pbtxt"
+    assert run(capsys, "config", "check", str(model)) == (0, f"{model}: ok\n", "")
+    assert run(capsys, "config", "show", str(model)) == run(capsys, "config", "show", str(config))
+
+    config.write_text(config.read_text().replace('name: "encoder_sim"', 'name: "other"'))
+    named = (f"{config}: name 'other' is not its directory's ('encoder_sim'): Triton loads a model only from a "
+             "directory of its name\n")
+    assert run(capsys, "config", "check", str(model)) == (2, "", named)
+    assert run(capsys, "config", "check", str(config)) == (2, "", named)  # the file alone: its directory too
+    other = tmp_path / "cfg.pbtxt"  # not a model directory's config.pbtxt: no directory to match
+    shutil.copy(config, other)
+    assert run(capsys, "config", "check", str(other)) == (0, f"{other}: ok\n", "")
+
+    config.write_text(config.read_text().replace('name: "other"', 'name: "encoder_sim"'))
+    shutil.rmtree(model / "1")
+    code, out, err = run(capsys, "config", "check", str(model))
+    assert (code, out) == (2, "") and err.startswith(f"{model}: no version directory")
+
+    code, out, err = run(capsys, "config", "check", str(tmp_path))  # a repository, not a model directory
+    assert (code, out, err) == (2, "", f"{tmp_path}: a directory without a config.pbtxt (a model directory holds "
+                                       "one)\n")
+    code, out, err = run(capsys, "config", "show", str(tmp_path))
+    assert (code, out) == (2, "") and err == (f"tuner: error: {tmp_path}: a directory without a config.pbtxt (a "
+                                              "model directory holds one)\n")

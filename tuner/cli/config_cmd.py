@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -24,14 +26,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     check = add_command(
         sub, "check", run=_check, help="check config.pbtxt files (exit 2 if any is invalid)",
-        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields; a model "
+        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields, and that a "
+        "config.pbtxt names the model its directory does; a model directory has its config.pbtxt checked, and "
+        "the directory as Triton loads it (a version directory), as `tuner tune --check` does; a model "
         "vLLM serves has the model.json beside it checked as vLLM's backend reads it, and a model.json "
         "named itself is checked alone. Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
         "PATH: message for a broken rule) and exits 2 if any is invalid.",
     )
     # each path is checked as it comes, so that every bad one has its line
-    add_input(check, "paths", nargs="+", metavar="PATH", help="config.pbtxt files (or a vLLM model's model.json)",
-              each=True)
+    add_input(check, "paths", nargs="+", metavar="PATH",
+              help="config.pbtxt files or model directories (or a vLLM model's model.json)", each=True)
 
     set_ = add_command(
         sub, "set", run=_set, help="change the tuned fields of a config.pbtxt",
@@ -40,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
     )
-    add_input(set_, "path", metavar="PATH", help="the config.pbtxt to start from")
+    add_input(set_, "path", metavar="PATH", what="a config.pbtxt", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
     add_output_file(set_, metavar="OUT", help="write the new config here instead of stdout")
     add_flag(set_, "--in-place", "overwrite PATH with the new config")
@@ -48,9 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = add_command(
         sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
-        "its settings, instance groups) as an aligned table.",
+        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt.",
     )
-    add_input(show, "path", metavar="PATH", help="a config.pbtxt")
+    add_input(show, "path", metavar="PATH", help="a config.pbtxt or a model directory", each=True)  # _config_of checks it
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -65,10 +69,14 @@ def _check(args: argparse.Namespace) -> int:
             if Path(path).suffix == ".json":  # a vLLM-served model's engine arguments, as vLLM's backend reads them
                 engineargs.check(read_json_object(Path(path), label=path, error=ConfigError), source=path)
                 continue
-            readable_file(path, what="a config.pbtxt", error=ConfigError)
-            config = modelconfig.load(path)
-            modelconfig.validate(config, path)
-            model_dir = Path(path).parent
+            file = _config_of(path)
+            config = modelconfig.load(file)
+            modelconfig.validate(config, str(file))
+            if file != Path(path):  # a model directory, as Triton loads it and `tuner tune --check` checks it
+                modelconfig.check_model_dir(path, config)
+            else:
+                modelconfig.check_name(config, file)
+            model_dir = file.parent
             if (engineargs.is_vllm_model(model_dir, config)  # and the model.json beside it, where there is one
                     and (engineargs.version_dir(model_dir) / engineargs.ENGINE_FILE).is_file()):
                 engineargs.read(model_dir)
@@ -81,6 +89,21 @@ def _check(args: argparse.Namespace) -> int:
     elif not invalid:
         print(f"{args.paths[0]}: ok")
     return 2 if invalid else 0
+
+
+def _config_of(path: str) -> Path:
+    """The config.pbtxt `path` names: itself, or a model directory's; ConfigError in one line when there
+    is none to read."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # missing, a name too long, a loop of links: readable_file says which
+        is_dir = False
+    if is_dir:
+        file = Path(path) / "config.pbtxt"
+        if not file.exists():
+            raise ConfigError(f"{path}: a directory without a config.pbtxt (a model directory holds one)")
+        return readable_file(file, what="a config.pbtxt", error=ConfigError)
+    return readable_file(path, what="a config.pbtxt", error=ConfigError)
 
 
 def _set(args: argparse.Namespace) -> int:
@@ -127,7 +150,7 @@ def _write(target: Path, text: str) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    rows = modelconfig.scheduling_table(modelconfig.load(args.path))
+    rows = modelconfig.scheduling_table(modelconfig.load(_config_of(args.path)))
     width = max(len(field) for field, _ in rows)
     for field, value in rows:
         print(f"{field:<{width}}  {value}")
