@@ -273,6 +273,15 @@ def test_show_missing_file_is_one_line(capsys, tmp_path):
     assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"
 
 
+# --- what set says it changed, and what it writes over -------------------------------------------
+
+def test_set_says_a_field_set_to_zero_is_zero(capsys, tmp_path):
+    out = tmp_path / "out.pbtxt"
+    code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=0", "-o", str(out))
+    assert code == 0 and modelconfig.load(out).max_batch_size == 0
+    assert err == f"wrote {out} (max_batch_size: 64 -> unset (0))\n"
+
+
 # --- a model directory ------------------------------------------------------------------------------
 
 

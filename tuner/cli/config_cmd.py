@@ -126,7 +126,7 @@ def _set(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     _write(target, text)
-    changed = ", ".join(f"{field}: {a} -> {b}" for field, a, b in modelconfig.diff_fields(config, new))
+    changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
 
