@@ -194,6 +194,11 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
         assert code == 2 and not out.exists()
         assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: ")
         return
+    if count is not None and len(original.instance_group) > 1:  # one count would undo the groups' split
+        assert code == 2 and not out.exists()
+        assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: --set instance_count: the config "
+                                                     f"has {len(original.instance_group)} instance groups"), err
+        return
     assert (code, stdout) == (0, ""), err
     new = modelconfig.load(out)
     modelconfig.validate(new, str(out))
@@ -280,6 +285,22 @@ def test_set_says_a_field_set_to_zero_is_zero(capsys, tmp_path):
     code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=0", "-o", str(out))
     assert code == 0 and modelconfig.load(out).max_batch_size == 0
     assert err == f"wrote {out} (max_batch_size: 64 -> unset (0))\n"
+
+
+@pytest.mark.parametrize("key", ["instance_count", "instance_group.count"])
+def test_set_refuses_one_instance_count_for_several_instance_groups(capsys, tmp_path, key):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { }\n'
+                    "instance_group [ { count: 1 kind: KIND_CPU }, { count: 3 kind: KIND_CPU } ]\n")
+    before = sha256(path)
+    code, out, err = run(capsys, "config", "set", str(path), "--set", f"{key}=2", "-o", str(tmp_path / "new.pbtxt"))
+    assert (code, out) == (2, "") and err == (
+        f"tuner: error: {path}: --set instance_count: the config has 2 instance groups (counts 1, 3), and "
+        "instance_count would set each to the same count: change each group's count in the file instead\n")
+    assert sha256(path) == before and not (tmp_path / "new.pbtxt").exists()
+    path.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    code, out, _ = run(capsys, "config", "set", str(path), "--set", f"{key}=2")  # one group: its count
+    assert code == 0 and [g.count for g in modelconfig.parse(out).instance_group] == [2]
 
 
 # --- a model directory ------------------------------------------------------------------------------

@@ -42,7 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Change only the named scheduling fields and print the new config (or write it "
         f"to -o OUT). Keys: {', '.join(space.NAMES)} (or their config.pbtxt paths, e.g. "
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
-        "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
+        "above a new max_batch_size are dropped. instance_count sets the count of the one instance group, and "
+        "is refused for a config with several (their split is the user's). The input file is never changed "
+        "without --in-place.",
     )
     add_input(set_, "path", metavar="PATH", what="a config.pbtxt", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
@@ -111,6 +113,7 @@ def _set(args: argparse.Namespace) -> int:
     params = space.parse_assignments(args.assignments)
     config = modelconfig.load(path)
     modelconfig.validate(config, str(path))
+    _check_instance_groups(config, path, params)
     try:
         new = space.apply(config, params)
         modelconfig.validate(new, str(path))
@@ -129,6 +132,17 @@ def _set(args: argparse.Namespace) -> int:
     changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
+
+
+def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: dict) -> None:
+    """Refuse instance_count on a config of several instance groups: it sets every group's count,
+    and the split between them (a group per GPU, CPU beside GPU) is the user's to choose."""
+    if space.INSTANCES not in params or len(config.instance_group) < 2:
+        return
+    counts = ", ".join(str(g.count or 1) for g in config.instance_group)
+    raise ConfigError(f"{path}: --set {space.INSTANCES}: the config has {len(config.instance_group)} instance "
+                      f"groups (counts {counts}), and {space.INSTANCES} would set each to the same count: "
+                      f"change each group's count in the file instead")
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:
