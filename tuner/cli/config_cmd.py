@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tuner import modelconfig, space
 from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_input, add_output_file
-from tuner.errors import ConfigError, InputError
-from tuner.files import write_atomic
+from tuner.errors import ConfigError, InputError, OutputError
+from tuner.files import os_reason, write_atomic
 from tuner.paths import readable_file, same_file
 
 
@@ -44,12 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. instance_count sets the count of the one instance group, and "
         "is refused for a config with several (their split is the user's). The input file is never changed "
-        "without --in-place.",
+        "without --in-place; an existing OUT only when tuner wrote it (a config `tuner export` wrote) or it "
+        "holds the same text, else with --force.",
     )
     add_input(set_, "path", metavar="PATH", what="a config.pbtxt", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
     add_output_file(set_, metavar="OUT", help="write the new config here instead of stdout")
     add_flag(set_, "--in-place", "overwrite PATH with the new config")
+    add_flag(set_, "--force", "replace an OUT that tuner did not write (your own config)")
 
     show = add_command(
         sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
@@ -128,6 +130,8 @@ def _set(args: argparse.Namespace) -> int:
     if target is None:
         sys.stdout.write(text)
         return 0
+    if not (args.in_place or args.force):
+        _check_replaceable(target, text)
     _write(target, text)
     changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
@@ -143,6 +147,26 @@ def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: 
     raise ConfigError(f"{path}: --set {space.INSTANCES}: the config has {len(config.instance_group)} instance "
                       f"groups (counts {counts}), and {space.INSTANCES} would set each to the same count: "
                       f"change each group's count in the file instead")
+
+
+# The first line of a config `tuner export` wrote (tuner.export.HEADER_START, which imports Optuna and pandas:
+# `tuner config` starts without them; tests/test_config_cli.py holds the two equal).
+EXPORT_HEADER = "# Recommended by tuner "
+
+
+def _check_replaceable(target: Path, text: str) -> None:
+    """Refuse (OutputError) to replace a file at `target` that tuner did not write (no export header)
+    and that holds other text than `text`: it may be the user's own config."""
+    try:
+        if not target.is_file():  # a FIFO or a device is not a config tuner wrote, nor to be read
+            old = b"" if os.path.lexists(target) else None
+        else:
+            with open(target, "rb") as fh:
+                old = fh.read(len(text.encode()) + 1)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot read the file there ({os_reason(exc)})") from None
+    if old is not None and old != text.encode() and not old.startswith(EXPORT_HEADER.encode()):
+        raise OutputError(f"{target}: exists and tuner did not write it: give --force to replace it, or another -o")
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:
