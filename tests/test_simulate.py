@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -825,3 +826,42 @@ def test_cli_refuses_a_tolerance_that_is_not_a_fraction(study, capsys, tolerance
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
                  "--tolerance", tolerance])
     _refused(capsys, code, "--tolerance: must be")
+
+
+def _own_model(study) -> Path:
+    """The study pointed at a copy of encoder_sim (a test may break it, or try to write over it); its
+    model directory."""
+    import shutil
+
+    template = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim"
+    shutil.copytree(template, study / "repo" / "encoder_sim")
+    text = (study / "study.yaml").read_text()
+    (study / "study.yaml").write_text(text.replace(f"model_repository: {template.parent}",
+                                                   f"model_repository: {study / 'repo'}"))
+    return study / "repo" / "encoder_sim"
+
+
+@pytest.mark.parametrize("broken,says", [
+    ("preferred", "dynamic batching preferred size must be <= max batch size"),
+    ("name", "name 'other' is not its directory's ('encoder_sim')"),
+    ("version", "no version directory"),
+])
+def test_cli_refuses_a_model_that_tune_check_refuses_before_ranking(study, capsys, broken, says):
+    import shutil
+
+    model = _own_model(study)
+    config = model / "config.pbtxt"
+    if broken == "preferred":
+        config.write_text(config.read_text().replace("dynamic_batching { }",
+                                                     "dynamic_batching { preferred_batch_size: [128] }"))
+    elif broken == "name":
+        config.write_text(config.read_text().replace('name: "encoder_sim"', 'name: "other"'))
+    else:
+        shutil.rmtree(model / "1")
+    argv = [str(study / "study.yaml")]
+    code = main(["tune", *argv, "--check"])
+    tune_err = _refused(capsys, code, says)  # what tune --check says, simulate says
+    code = main(["simulate", *argv, "--profile", str(study / "profile.csv"), "--json", str(study / "r.json")])
+    assert _refused(capsys, code, says) == tune_err
+    assert not (study / "r.json").exists()
+

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
 from tuner.files import json_safe, write_atomic
@@ -53,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rank the whole search space as the real search would score it: the step at the recorded load "
         "(SLA, utilization score), then the capacity bisection on simulated steps (capacity score). "
         "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
-        "--price, --speed. Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
+        "--price, --speed. The model's config is checked first as `tuner tune --check` checks it. "
+        "Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
     )
     add_study(p, "the study file (traffic, SLA, cost, search space)")
     add_input(p, "--profile", required=True, metavar="P", help="the model's profile CSV")
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
     from tuner.settings import read_study, with_overrides
     from tuner.simulate import read_profile
-    from tuner.study import base_config, study_traffic
+    from tuner.study import study_traffic
     from tuner.traffic import scale_time
 
     for figure in FIGURES:
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = read_study(args.study)
     check_batcher_study(settings, "simulate")
+    base = check_base(settings)
     overrides = {}
     if args.speed is not None:
         overrides["traffic.speed"] = args.speed
@@ -106,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     traffic = study_traffic(settings)
     if args.traffic_scale is not None:
         traffic = scale_time(traffic, args.traffic_scale)
-    base = base_config(settings)
     price = price_for(settings.cost).price_per_hour
 
     model = search.model_space(settings, base=base, traffic=traffic, profile=profile, every_batch_size=not args.grid,
@@ -150,6 +152,24 @@ def run(args: argparse.Namespace) -> int:
               f"{best['sla_reason']})", file=sys.stderr)
         return 3
     return 0
+
+
+def check_base(settings):
+    """The study's base config (the incumbent), once it passes what `tuner tune --check` checks of it
+    (tuner.tune.prepare): Triton's rules, the model directory Triton loads it from, a dynamic batcher to
+    tune, no setting the simulation does not model. Simulate and profile call it before anything else:
+    a configuration Triton refuses is never ranked, nor a minute spent profiling it."""
+    from tuner import modelconfig, search, space
+    from tuner.study import base_config
+
+    path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+    base = base_config(settings)
+    modelconfig.validate(base, str(path))
+    if settings.server.launcher != "remote":  # a remote server loads its own copy, not this directory
+        modelconfig.check_model_dir(path.parent, base)
+    space.check_tunable(base, str(path))
+    search.check_simulatable(settings, base)
+    return base
 
 
 def _format(table, pct: str, values: dict) -> str:
