@@ -1,6 +1,6 @@
 """`tuner profile`'s refusals, made before any server starts (no server here: the launcher is replaced by
-one that says it was reached): the model's config as `tuner tune --check` checks it, and the settings the
-simulation refuses."""
+one that says it was reached): the model's config as `tuner tune --check` checks it, the settings the
+simulation refuses, and where the profile may be written."""
 
 from __future__ import annotations
 
@@ -49,6 +49,32 @@ def _error(capsys, code: int) -> str:
 def _reached(capsys, code: int) -> bool:
     """Whether the command went past its checks to start the server."""
     return code == 2 and capsys.readouterr().err.strip().endswith(f"tuner: error: {REACHED}")
+
+
+@pytest.mark.parametrize("target", ["traffic.csv", "repo/encoder_sim/config.pbtxt", "repo/encoder_sim/1/model.py"])
+@pytest.mark.parametrize("force", [False, True])
+def test_the_profile_is_never_written_over_the_studys_traffic_or_model(study, capsys, target, force):
+    before = (study / target).read_bytes()
+    code = main(["profile", str(study / "study.yaml"), "-o", str(study / target), *(["--force"] if force else [])])
+    err = _error(capsys, code)
+    assert f"{study / target}: " in err and "refusing to write over it" in err
+    assert (study / target).read_bytes() == before
+
+
+def test_a_file_tuner_did_not_write_is_replaced_only_with_force(study, capsys):
+    mine = study / "mine.csv"
+    mine.write_text("rows,length,median_ms\n1,10,1.0\n")  # a profile-like table, but not a profile tuner wrote
+    argv = ["profile", str(study / "study.yaml"), "-o", str(mine)]
+    err = _error(capsys, main(argv))
+    assert f"profile {mine}: exists and tuner did not write it" in err and "--force" in err
+    assert _reached(capsys, main([*argv, "--force"]))  # past the check: on to the server
+    mine.write_text(f"{FORMAT_LINE}\n# an earlier profile\n")
+    assert _reached(capsys, main(argv))
+    (study / "out").mkdir()
+    (study / "out" / "profile.csv").write_text("my own\n")  # the default place too
+    assert "exists and tuner did not write it" in _error(capsys, main(argv[:2]))
+    assert mine.read_text() == f"{FORMAT_LINE}\n# an earlier profile\n"
+    assert (study / "out" / "profile.csv").read_text() == "my own\n"
 
 
 @pytest.mark.parametrize("broken,says", [

@@ -841,6 +841,29 @@ def _own_model(study) -> Path:
     return study / "repo" / "encoder_sim"
 
 
+@pytest.mark.parametrize("target", ["traffic.csv", "repo/encoder_sim/config.pbtxt", "repo/encoder_sim/1/model.py"])
+@pytest.mark.parametrize("force", [False, True])
+def test_cli_never_writes_its_json_over_the_studys_traffic_or_model(study, capsys, target, force):
+    _own_model(study)
+    before = (study / target).read_bytes()
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--json", str(study / target), *(["--force"] if force else [])])
+    _refused(capsys, code, f"--json {study / target}: ", "refusing to write over it")
+    assert (study / target).read_bytes() == before
+
+
+def test_cli_replaces_only_a_json_it_wrote_unless_forced(study, capsys):
+    mine = study / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    argv = ["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--json", str(mine)]
+    _refused(capsys, main(argv), f"--json {mine}: exists and tuner did not write it", "--force")
+    assert mine.read_text() == '{"my": "notes"}\n'
+    assert main([*argv, "--force"]) == 0
+    assert "ranking" in json.loads(mine.read_text())
+    mine.write_text(mine.read_text().replace('"scoring"', '"the_scoring"'))  # still a ranking tuner wrote
+    assert main(argv) == 0 and '"scoring"' in mine.read_text()
+
+
 @pytest.mark.parametrize("broken,says", [
     ("preferred", "dynamic batching preferred size must be <= max batch size"),
     ("name", "name 'other' is not its directory's ('encoder_sim')"),
