@@ -888,3 +888,17 @@ def test_cli_refuses_a_model_that_tune_check_refuses_before_ranking(study, capsy
     assert _refused(capsys, code, says) == tune_err
     assert not (study / "r.json").exists()
 
+
+def test_the_best_line_says_why_the_incumbent_misses_the_sla(study, capsys):
+    # the incumbent's batches of up to 64 rows run out of memory at 11x the load; the space's (<= 16) rarely do
+    write_profile(linear_profile(host_ms_per_row=0.1, max_length=512, oom_tokens=1000, oom_ms=0.5),
+                  study / "profile.csv")
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--speed", "11",
+                 "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    incumbent = next(r for r in json.loads(out_json.read_text())["ranking"] if "incumbent" in r["tag"])
+    assert incumbent["sla_reason"].startswith("error rate")
+    best = next(line for line in out.splitlines() if line.startswith("best: "))
+    assert best.endswith(f"(the incumbent misses the SLA: {incumbent['sla_reason']})"), best

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     feasible = search.met_sla_in_simulation(table)
     if feasible:
         gain = f", {best['vs_incumbent']:+.1%} over the incumbent" if math.isfinite(best["vs_incumbent"]) else \
-            " (the incumbent misses the SLA)"
+            f" (the incumbent misses the SLA{_reason(table)})"
         print(f"best: {_params(best, settings)}: capacity {best['capacity_rps']:.1f} req/s, "
               f"{best['value']:,.0f} requests per dollar ({settings.scoring}){gain}")
     if args.json:
@@ -228,6 +228,13 @@ def _is_ranking(path: Path) -> bool:
         except (ValueError, UnicodeDecodeError):
             return False
     return isinstance(data, dict) and {"study", "profile", "ranking"} <= data.keys()
+
+
+def _reason(table) -> str:
+    """`: <why>` for the incumbent's row of the ranking, or '' when it has none."""
+    rows = table[table["tag"].str.contains("incumbent")]
+    reason = rows["sla_reason"].iloc[0] if len(rows) and "sla_reason" in rows else ""
+    return f": {reason}" if isinstance(reason, str) and reason else ""
 
 
 def _format(table, pct: str, values: dict) -> str:
