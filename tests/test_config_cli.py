@@ -26,6 +26,16 @@ ROOT_CONFIG = Path(__file__).resolve().parents[1] / "model_repository_templates"
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 
 
+def _named_elsewhere(path: Path) -> bool:
+    """Whether a config.pbtxt names a model other than its directory (Triton's QA copies such a file into
+    a directory of its name before loading it)."""
+    match = re.search(r'^name:\s*"([^"]*)"', path.read_text(errors="replace"), re.M)
+    return bool(match and match[1] and match[1] != path.parent.name)
+
+
+NAME_CASES = [p for p in FILES if _named_elsewhere(p)]
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -70,8 +80,9 @@ def test_check_all_files_in_one_process_without_a_traceback():
     assert "Traceback" not in done.stderr
     bad = done.stderr.splitlines()
     assert done.returncode == 2
-    assert sorted(line.split(":", 1)[0] for line in bad) == sorted(map(str, SCHEDULING_CASES))
-    assert done.stdout == f"{len(FILES)} configs checked, {len(SCHEDULING_CASES)} invalid\n"
+    invalid = sorted(map(str, set(SCHEDULING_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
+    assert NAME_CASES and sorted(line.split(":", 1)[0] for line in bad) == invalid
+    assert done.stdout == f"{len(FILES)} configs checked, {len(invalid)} invalid\n"
 
 
 def test_check_unreadable_inputs_are_one_line_each(tmp_path):
@@ -183,6 +194,11 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
         assert code == 2 and not out.exists()
         assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: ")
         return
+    if count is not None and len(original.instance_group) > 1:  # one count would undo the groups' split
+        assert code == 2 and not out.exists()
+        assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: --set instance_count: the config "
+                                                     f"has {len(original.instance_group)} instance groups"), err
+        return
     assert (code, stdout) == (0, ""), err
     new = modelconfig.load(out)
     modelconfig.validate(new, str(out))
@@ -260,3 +276,88 @@ def test_show_prints_an_aligned_table(capsys, tmp_path):
 def test_show_missing_file_is_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "config", "show", str(tmp_path / "nope.pbtxt"))
     assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"
+
+
+# --- what set writes over, and what it says it changed ----------------------------------------------
+
+
+def test_the_header_set_recognises_is_the_one_export_writes():
+    from tuner.cli.config_cmd import EXPORT_HEADER
+    from tuner.export import HEADER_START
+
+    assert EXPORT_HEADER == HEADER_START
+
+
+def test_set_replaces_an_out_only_when_tuner_wrote_it_or_it_holds_the_same_text(capsys, tmp_path):
+    from tuner.export import HEADER_START
+
+    out = tmp_path / "out.pbtxt"
+    out.write_text("# my own config\nname: \"mine\"\n")
+    argv = ["config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=8", "-o", str(out)]
+    code, stdout, err = run(capsys, *argv)
+    assert (code, stdout) == (2, "") and err == (f"tuner: error: {out}: exists and tuner did not write it: give "
+                                                 "--force to replace it, or another -o\n")
+    assert out.read_text() == "# my own config\nname: \"mine\"\n"
+    code, _, err = run(capsys, *argv, "--force")
+    assert code == 0 and modelconfig.load(out).max_batch_size == 8
+    written = out.read_text()
+    code, _, err = run(capsys, *argv)  # the same text again: nothing is lost
+    assert code == 0 and out.read_text() == written
+    out.write_text(f"{HEADER_START}0.1 on 2024-01-01 (study 'x')\n\nname: \"encoder_sim\"\n")  # an export
+    code, _, err = run(capsys, *argv[:-2], "-o", str(out))
+    assert code == 0 and modelconfig.load(out).max_batch_size == 8
+
+
+def test_set_says_a_field_set_to_zero_is_zero(capsys, tmp_path):
+    out = tmp_path / "out.pbtxt"
+    code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=0", "-o", str(out))
+    assert code == 0 and modelconfig.load(out).max_batch_size == 0
+    assert err == f"wrote {out} (max_batch_size: 64 -> unset (0))\n"
+
+
+@pytest.mark.parametrize("key", ["instance_count", "instance_group.count"])
+def test_set_refuses_one_instance_count_for_several_instance_groups(capsys, tmp_path, key):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { }\n'
+                    "instance_group [ { count: 1 kind: KIND_CPU }, { count: 3 kind: KIND_CPU } ]\n")
+    before = sha256(path)
+    code, out, err = run(capsys, "config", "set", str(path), "--set", f"{key}=2", "-o", str(tmp_path / "new.pbtxt"))
+    assert (code, out) == (2, "") and err == (
+        f"tuner: error: {path}: --set instance_count: the config has 2 instance groups (counts 1, 3), and "
+        "instance_count would set each to the same count: change each group's count in the file instead\n")
+    assert sha256(path) == before and not (tmp_path / "new.pbtxt").exists()
+    path.write_text('name: "m"\nmax_batch_size: 8\ndynamic_batching { }\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    code, out, _ = run(capsys, "config", "set", str(path), "--set", f"{key}=2")  # one group: its count
+    assert code == 0 and [g.count for g in modelconfig.parse(out).instance_group] == [2]
+
+
+# --- a model directory ------------------------------------------------------------------------------
+
+
+def test_check_and_show_take_a_model_directory_as_tune_check_reads_it(capsys, tmp_path):
+    model = tmp_path / "encoder_sim"
+    shutil.copytree(ROOT_CONFIG.parent, model)
+    config = model / "config.pbtxt"
+    assert run(capsys, "config", "check", str(model)) == (0, f"{model}: ok\n", "")
+    assert run(capsys, "config", "show", str(model)) == run(capsys, "config", "show", str(config))
+
+    config.write_text(config.read_text().replace('name: "encoder_sim"', 'name: "other"'))
+    named = (f"{config}: name 'other' is not its directory's ('encoder_sim'): Triton loads a model only from a "
+             "directory of its name\n")
+    assert run(capsys, "config", "check", str(model)) == (2, "", named)
+    assert run(capsys, "config", "check", str(config)) == (2, "", named)  # the file alone: its directory too
+    other = tmp_path / "cfg.pbtxt"  # not a model directory's config.pbtxt: no directory to match
+    shutil.copy(config, other)
+    assert run(capsys, "config", "check", str(other)) == (0, f"{other}: ok\n", "")
+
+    config.write_text(config.read_text().replace('name: "other"', 'name: "encoder_sim"'))
+    shutil.rmtree(model / "1")
+    code, out, err = run(capsys, "config", "check", str(model))
+    assert (code, out) == (2, "") and err.startswith(f"{model}: no version directory")
+
+    code, out, err = run(capsys, "config", "check", str(tmp_path))  # a repository, not a model directory
+    assert (code, out, err) == (2, "", f"{tmp_path}: a directory without a config.pbtxt (a model directory holds "
+                                       "one)\n")
+    code, out, err = run(capsys, "config", "show", str(tmp_path))
+    assert (code, out) == (2, "") and err == (f"tuner: error: {tmp_path}: a directory without a config.pbtxt (a "
+                                              "model directory holds one)\n")

@@ -425,3 +425,14 @@ parameters { key: "mid" value { string_value: "3" } }
     alpha = lines.index('  key: "alpha"')
     assert lines[alpha - 4:alpha - 1] == ["# alpha, said over", "# two lines", "# and at the end of its key"]
     assert lines[lines.index('  key: "mid"') - 2] == "}"  # no comment of its own
+
+
+def test_the_name_is_checked_against_the_directory_a_config_pbtxt_is_in(tmp_path, monkeypatch):
+    (tmp_path / "bert").mkdir()
+    config = modelconfig.parse('name: "bert"\nmax_batch_size: 8\n')
+    modelconfig.check_name(config, tmp_path / "bert" / "config.pbtxt")
+    monkeypatch.chdir(tmp_path / "bert")
+    modelconfig.check_name(config, "config.pbtxt")  # `tuner config check .` in the model's directory
+    modelconfig.check_name(config, tmp_path / "elsewhere.pbtxt")  # no model directory's config: nothing to match
+    with pytest.raises(ConfigError, match=r"^config.pbtxt: name 'gpt' is not its directory's \('bert'\)"):
+        modelconfig.check_name(modelconfig.parse('name: "gpt"\n'), "config.pbtxt")

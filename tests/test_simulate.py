@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -825,3 +826,79 @@ def test_cli_refuses_a_tolerance_that_is_not_a_fraction(study, capsys, tolerance
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
                  "--tolerance", tolerance])
     _refused(capsys, code, "--tolerance: must be")
+
+
+def _own_model(study) -> Path:
+    """The study pointed at a copy of encoder_sim (a test may break it, or try to write over it); its
+    model directory."""
+    import shutil
+
+    template = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim"
+    shutil.copytree(template, study / "repo" / "encoder_sim")
+    text = (study / "study.yaml").read_text()
+    (study / "study.yaml").write_text(text.replace(f"model_repository: {template.parent}",
+                                                   f"model_repository: {study / 'repo'}"))
+    return study / "repo" / "encoder_sim"
+
+
+@pytest.mark.parametrize("target", ["traffic.csv", "repo/encoder_sim/config.pbtxt", "repo/encoder_sim/1/model.py"])
+@pytest.mark.parametrize("force", [False, True])
+def test_cli_never_writes_its_json_over_the_studys_traffic_or_model(study, capsys, target, force):
+    _own_model(study)
+    before = (study / target).read_bytes()
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"),
+                 "--json", str(study / target), *(["--force"] if force else [])])
+    _refused(capsys, code, f"--json {study / target}: ", "refusing to write over it")
+    assert (study / target).read_bytes() == before
+
+
+def test_cli_replaces_only_a_json_it_wrote_unless_forced(study, capsys):
+    mine = study / "notes.json"
+    mine.write_text('{"my": "notes"}\n')
+    argv = ["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--json", str(mine)]
+    _refused(capsys, main(argv), f"--json {mine}: exists and tuner did not write it", "--force")
+    assert mine.read_text() == '{"my": "notes"}\n'
+    assert main([*argv, "--force"]) == 0
+    assert "ranking" in json.loads(mine.read_text())
+    mine.write_text(mine.read_text().replace('"scoring"', '"the_scoring"'))  # still a ranking tuner wrote
+    assert main(argv) == 0 and '"scoring"' in mine.read_text()
+
+
+@pytest.mark.parametrize("broken,says", [
+    ("preferred", "dynamic batching preferred size must be <= max batch size"),
+    ("name", "name 'other' is not its directory's ('encoder_sim')"),
+    ("version", "no version directory"),
+])
+def test_cli_refuses_a_model_that_tune_check_refuses_before_ranking(study, capsys, broken, says):
+    import shutil
+
+    model = _own_model(study)
+    config = model / "config.pbtxt"
+    if broken == "preferred":
+        config.write_text(config.read_text().replace("dynamic_batching { }",
+                                                     "dynamic_batching { preferred_batch_size: [128] }"))
+    elif broken == "name":
+        config.write_text(config.read_text().replace('name: "encoder_sim"', 'name: "other"'))
+    else:
+        shutil.rmtree(model / "1")
+    argv = [str(study / "study.yaml")]
+    code = main(["tune", *argv, "--check"])
+    tune_err = _refused(capsys, code, says)  # what tune --check says, simulate says
+    code = main(["simulate", *argv, "--profile", str(study / "profile.csv"), "--json", str(study / "r.json")])
+    assert _refused(capsys, code, says) == tune_err
+    assert not (study / "r.json").exists()
+
+
+def test_the_best_line_says_why_the_incumbent_misses_the_sla(study, capsys):
+    # the incumbent's batches of up to 64 rows run out of memory at 11x the load; the space's (<= 16) rarely do
+    write_profile(linear_profile(host_ms_per_row=0.1, max_length=512, oom_tokens=1000, oom_ms=0.5),
+                  study / "profile.csv")
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--speed", "11",
+                 "--json", str(out_json)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    incumbent = next(r for r in json.loads(out_json.read_text())["ranking"] if "incumbent" in r["tag"])
+    assert incumbent["sla_reason"].startswith("error rate")
+    best = next(line for line in out.splitlines() if line.startswith("best: "))
+    assert best.endswith(f"(the incumbent misses the SLA: {incumbent['sla_reason']})"), best

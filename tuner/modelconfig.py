@@ -10,6 +10,7 @@ traffic are; nothing here writes it. Which fields a trial tunes, and how they ar
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -54,9 +55,8 @@ def check_model_dir(model_dir: str | Path, config: ModelConfig | None = None) ->
     path = model_dir / "config.pbtxt"
     if config is None and path.is_file():
         config = load(path)
-    if config is not None and config.name and config.name != model_dir.name:
-        raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({model_dir.name!r}): Triton "
-                          "loads a model only from a directory of its name")
+    if config is not None:
+        check_name(config, path)
     try:
         versions = [p for p in model_dir.iterdir() if p.name.isdigit() and p.is_dir()]
     except OSError:
@@ -64,6 +64,17 @@ def check_model_dir(model_dir: str | Path, config: ModelConfig | None = None) ->
     if not versions:
         raise ConfigError(f"{model_dir}: no version directory (a numbered subdirectory such as 1/ holding the "
                           "model's files): Triton has no version of the model to load")
+
+
+def check_name(config: ModelConfig, path: str | Path) -> None:
+    """ConfigError, in one line, when the config.pbtxt at `path` names a model other than its directory:
+    Triton loads a model only from a directory of its name. A file under another name (`cfg.pbtxt`) is
+    no model directory's config: its directory says nothing."""
+    path = Path(path)
+    directory = Path(os.path.abspath(path)).parent.name  # `./config.pbtxt` too; a link keeps its own name, as Triton reads it
+    if path.name == "config.pbtxt" and config.name and config.name != directory:
+        raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({directory!r}): Triton "
+                          "loads a model only from a directory of its name")
 
 
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 
 from tuner import modelconfig, space
 from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_input, add_output_file
-from tuner.errors import ConfigError, InputError
-from tuner.files import write_atomic
+from tuner.errors import ConfigError, InputError, OutputError
+from tuner.files import os_reason, write_atomic
 from tuner.paths import readable_file, same_file
 
 
@@ -24,33 +26,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     check = add_command(
         sub, "check", run=_check, help="check config.pbtxt files (exit 2 if any is invalid)",
-        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields; a model "
+        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields, and that a "
+        "config.pbtxt names the model its directory does; a model directory has its config.pbtxt checked, and "
+        "the directory as Triton loads it (a version directory), as `tuner tune --check` does; a model "
         "vLLM serves has the model.json beside it checked as vLLM's backend reads it, and a model.json "
         "named itself is checked alone. Prints one line per invalid file (PATH:LINE:COL: message for a syntax error, "
         "PATH: message for a broken rule) and exits 2 if any is invalid.",
     )
     # each path is checked as it comes, so that every bad one has its line
-    add_input(check, "paths", nargs="+", metavar="PATH", help="config.pbtxt files (or a vLLM model's model.json)",
-              each=True)
+    add_input(check, "paths", nargs="+", metavar="PATH",
+              help="config.pbtxt files or model directories (or a vLLM model's model.json)", each=True)
 
     set_ = add_command(
         sub, "set", run=_set, help="change the tuned fields of a config.pbtxt",
         description="Change only the named scheduling fields and print the new config (or write it "
         f"to -o OUT). Keys: {', '.join(space.NAMES)} (or their config.pbtxt paths, e.g. "
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
-        "above a new max_batch_size are dropped. The input file is never changed without --in-place.",
+        "above a new max_batch_size are dropped. instance_count sets the count of the one instance group, and "
+        "is refused for a config with several (their split is the user's). The input file is never changed "
+        "without --in-place; an existing OUT only when tuner wrote it (a config `tuner export` wrote) or it "
+        "holds the same text, else with --force.",
     )
-    add_input(set_, "path", metavar="PATH", help="the config.pbtxt to start from")
+    add_input(set_, "path", metavar="PATH", what="a config.pbtxt", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
     add_output_file(set_, metavar="OUT", help="write the new config here instead of stdout")
     add_flag(set_, "--in-place", "overwrite PATH with the new config")
+    add_flag(set_, "--force", "replace an OUT that tuner did not write (your own config)")
 
     show = add_command(
         sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
-        "its settings, instance groups) as an aligned table.",
+        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt.",
     )
-    add_input(show, "path", metavar="PATH", help="a config.pbtxt")
+    add_input(show, "path", metavar="PATH", help="a config.pbtxt or a model directory", each=True)  # _config_of checks it
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -65,10 +73,14 @@ def _check(args: argparse.Namespace) -> int:
             if Path(path).suffix == ".json":  # a vLLM-served model's engine arguments, as vLLM's backend reads them
                 engineargs.check(read_json_object(Path(path), label=path, error=ConfigError), source=path)
                 continue
-            readable_file(path, what="a config.pbtxt", error=ConfigError)
-            config = modelconfig.load(path)
-            modelconfig.validate(config, path)
-            model_dir = Path(path).parent
+            file = _config_of(path)
+            config = modelconfig.load(file)
+            modelconfig.validate(config, str(file))
+            if file != Path(path):  # a model directory, as Triton loads it and `tuner tune --check` checks it
+                modelconfig.check_model_dir(path, config)
+            else:
+                modelconfig.check_name(config, file)
+            model_dir = file.parent
             if (engineargs.is_vllm_model(model_dir, config)  # and the model.json beside it, where there is one
                     and (engineargs.version_dir(model_dir) / engineargs.ENGINE_FILE).is_file()):
                 engineargs.read(model_dir)
@@ -83,11 +95,27 @@ def _check(args: argparse.Namespace) -> int:
     return 2 if invalid else 0
 
 
+def _config_of(path: str) -> Path:
+    """The config.pbtxt `path` names: itself, or a model directory's; ConfigError in one line when there
+    is none to read."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # missing, a name too long, a loop of links: readable_file says which
+        is_dir = False
+    if is_dir:
+        file = Path(path) / "config.pbtxt"
+        if not file.exists():
+            raise ConfigError(f"{path}: a directory without a config.pbtxt (a model directory holds one)")
+        return readable_file(file, what="a config.pbtxt", error=ConfigError)
+    return readable_file(path, what="a config.pbtxt", error=ConfigError)
+
+
 def _set(args: argparse.Namespace) -> int:
     path = Path(args.path)
     params = space.parse_assignments(args.assignments)
     config = modelconfig.load(path)
     modelconfig.validate(config, str(path))
+    _check_instance_groups(config, path, params)
     try:
         new = space.apply(config, params)
         modelconfig.validate(new, str(path))
@@ -102,10 +130,43 @@ def _set(args: argparse.Namespace) -> int:
     if target is None:
         sys.stdout.write(text)
         return 0
+    if not (args.in_place or args.force):
+        _check_replaceable(target, text)
     _write(target, text)
-    changed = ", ".join(f"{field}: {a} -> {b}" for field, a, b in modelconfig.diff_fields(config, new))
+    changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
+
+
+def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: dict) -> None:
+    """Refuse instance_count on a config of several instance groups: it sets every group's count,
+    and the split between them (a group per GPU, CPU beside GPU) is the user's to choose."""
+    if space.INSTANCES not in params or len(config.instance_group) < 2:
+        return
+    counts = ", ".join(str(g.count or 1) for g in config.instance_group)
+    raise ConfigError(f"{path}: --set {space.INSTANCES}: the config has {len(config.instance_group)} instance "
+                      f"groups (counts {counts}), and {space.INSTANCES} would set each to the same count: "
+                      f"change each group's count in the file instead")
+
+
+# The first line of a config `tuner export` wrote (tuner.export.HEADER_START, which imports Optuna and pandas:
+# `tuner config` starts without them; tests/test_config_cli.py holds the two equal).
+EXPORT_HEADER = "# Recommended by tuner "
+
+
+def _check_replaceable(target: Path, text: str) -> None:
+    """Refuse (OutputError) to replace a file at `target` that tuner did not write (no export header)
+    and that holds other text than `text`: it may be the user's own config."""
+    try:
+        if not target.is_file():  # a FIFO or a device is not a config tuner wrote, nor to be read
+            old = b"" if os.path.lexists(target) else None
+        else:
+            with open(target, "rb") as fh:
+                old = fh.read(len(text.encode()) + 1)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot read the file there ({os_reason(exc)})") from None
+    if old is not None and old != text.encode() and not old.startswith(EXPORT_HEADER.encode()):
+        raise OutputError(f"{target}: exists and tuner did not write it: give --force to replace it, or another -o")
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:
@@ -127,7 +188,7 @@ def _write(target: Path, text: str) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    rows = modelconfig.scheduling_table(modelconfig.load(args.path))
+    rows = modelconfig.scheduling_table(modelconfig.load(_config_of(args.path)))
     width = max(len(field) for field, _ in rows)
     for field, value in rows:
         print(f"{field:<{width}}  {value}")

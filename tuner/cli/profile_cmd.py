@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from tuner.cli._args import Number, add_command, add_numbers, add_output_file, add_study
+from tuner.cli._args import Number, add_command, add_flag, add_numbers, add_output_file, add_study
 
 PROFILE = "profile.csv"
 
@@ -40,25 +40,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(compute_infer, median and p10-p90), host time (compute_input + compute_output), the per-request "
         "overhead outside the model, and where the model runs out of memory; when the space tries several "
         "instances, how many executions run at once. Prints the table and writes "
-        "the profile CSV (format: tuner/simulate/_profile.py). Exit codes: 0 done, 2 bad input.",
+        "the profile CSV (format: tuner/simulate/_profile.py). The model's config is checked first as `tuner tune "
+        "--check` checks it, with the settings the simulation refuses. The profile replaces only a profile tuner "
+        "wrote (else --force), never one of the study's inputs. Exit codes: 0 done, 2 bad input.",
     )
     add_study(p, "the study file (model, server, traffic, search space)")
     add_output_file(p, metavar="PROFILE.csv",
                     help=f"where to write the profile (default: the study's output directory/{PROFILE})")
     add_numbers(p, COUNTS, type=int)
+    add_flag(p, "--force", "replace a file at the profile's place that tuner did not write (the study's own "
+             "inputs are never replaced)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Measure the model's profile on the study's server, print it and write the profile CSV; exit 0."""
     from tqdm import tqdm
 
+    from tuner.cli.simulate_cmd import check_base, check_output
     from tuner.errors import SettingsError
     from tuner.files import check_output_dir, check_writable, write_atomic
     from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, request_table, table
     from tuner.server import make_launcher
     from tuner.settings import read_study
     from tuner.simulate import length_column, profile_text
-    from tuner.study import base_config, study_traffic
+    from tuner.study import study_traffic
 
     for count in COUNTS:
         value = getattr(args, count.dest)
@@ -68,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
 
     settings = read_study(args.study)
     check_batcher_study(settings, "profile")
+    base = check_base(settings)  # a config Triton or the simulation refuses: before a minute of measuring
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
+    check_output(output, settings, label=f"profile {output}", flag="-o", force=args.force, ours=_is_profile)
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")
     traffic = study_traffic(settings)
-    base = base_config(settings)
     column = length_column(traffic)
     max_rows = getattr(args, MAX_ROWS.dest)
     mbs = largest_rows(settings, max_rows or None)
@@ -125,3 +131,11 @@ def run(args: argparse.Namespace) -> int:
     write_atomic(output, profile_text(result.profile), label=f"profile {output}")
     print(f"wrote {output}: {result.profile.describe()} ({result.seconds:.0f} s)")
     return 0
+
+
+def _is_profile(path: Path) -> bool:
+    """Whether `path` holds a profile tuner wrote (its first line is the format's)."""
+    from tuner.simulate import FORMAT_LINE
+
+    with open(path, "rb") as fh:
+        return fh.read(len(FORMAT_LINE)) == FORMAT_LINE.encode()

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
-from tuner.files import json_safe, write_atomic
+from tuner.files import json_safe, os_reason, write_atomic
 
 # The ranking's columns printed, and their headings: the knobs' columns (headed by `tuner.space.LABELS`)
 # go after the tag; a knob the space does not vary is left out.
@@ -53,7 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rank the whole search space as the real search would score it: the step at the recorded load "
         "(SLA, utilization score), then the capacity bisection on simulated steps (capacity score). "
         "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
-        "--price, --speed. Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
+        "--price, --speed. The model's config is checked first as `tuner tune --check` checks it. --json "
+        "replaces only a ranking tuner wrote (else --force), never one of the study's inputs. "
+        "Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
     )
     add_study(p, "the study file (traffic, SLA, cost, search space)")
     add_input(p, "--profile", required=True, metavar="P", help="the model's profile CSV")
@@ -62,6 +67,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "search can sample")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows to print (default 10)")
     add_json(p, "the whole ranking")
+    add_flag(p, "--force", "replace a --json file that tuner did not write (the study's own inputs are never "
+             "replaced)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
     from tuner.settings import read_study, with_overrides
     from tuner.simulate import read_profile
-    from tuner.study import base_config, study_traffic
+    from tuner.study import study_traffic
     from tuner.traffic import scale_time
 
     for figure in FIGURES:
@@ -93,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
 
     settings = read_study(args.study)
     check_batcher_study(settings, "simulate")
+    base = check_base(settings)
+    if args.json:
+        check_output(args.json, settings, label=f"--json {args.json}", flag="--json", force=args.force,
+                     ours=_is_ranking, inputs=[(args.profile, "the profile")])
     overrides = {}
     if args.speed is not None:
         overrides["traffic.speed"] = args.speed
@@ -106,7 +117,6 @@ def run(args: argparse.Namespace) -> int:
     traffic = study_traffic(settings)
     if args.traffic_scale is not None:
         traffic = scale_time(traffic, args.traffic_scale)
-    base = base_config(settings)
     price = price_for(settings.cost).price_per_hour
 
     model = search.model_space(settings, base=base, traffic=traffic, profile=profile, every_batch_size=not args.grid,
@@ -134,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     feasible = search.met_sla_in_simulation(table)
     if feasible:
         gain = f", {best['vs_incumbent']:+.1%} over the incumbent" if math.isfinite(best["vs_incumbent"]) else \
-            " (the incumbent misses the SLA)"
+            f" (the incumbent misses the SLA{_reason(table)})"
         print(f"best: {_params(best, settings)}: capacity {best['capacity_rps']:.1f} req/s, "
               f"{best['value']:,.0f} requests per dollar ({settings.scoring}){gain}")
     if args.json:
@@ -150,6 +160,81 @@ def run(args: argparse.Namespace) -> int:
               f"{best['sla_reason']})", file=sys.stderr)
         return 3
     return 0
+
+
+def check_base(settings):
+    """The study's base config (the incumbent), once it passes what `tuner tune --check` checks of it
+    (tuner.tune.prepare): Triton's rules, the model directory Triton loads it from, a dynamic batcher to
+    tune, no setting the simulation does not model. Simulate and profile call it before anything else:
+    a configuration Triton refuses is never ranked, nor a minute spent profiling it."""
+    from tuner import modelconfig, search, space
+    from tuner.study import base_config
+
+    path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+    base = base_config(settings)
+    modelconfig.validate(base, str(path))
+    if settings.server.launcher != "remote":  # a remote server loads its own copy, not this directory
+        modelconfig.check_model_dir(path.parent, base)
+    space.check_tunable(base, str(path))
+    search.check_simulatable(settings, base)
+    return base
+
+
+def check_output(path, settings, *, label: str, flag: str, force: bool, ours: Callable[[Path], bool],
+                 inputs: Iterable[tuple[str, str]] = ()) -> None:
+    """Refuse (OutputError, one line starting with `label`) to write `path` over one of the study's
+    inputs (the study file, its traffic, a file of its model's directory, or `inputs`: (path, what)),
+    whatever `force` says; and over any other existing file unless `ours(path)` (tuner wrote it) or
+    `force` (the option, `flag`, that names another place). Nothing is read beyond what `ours` reads,
+    nothing written."""
+    from tuner.errors import OutputError, TrafficError
+    from tuner.paths import same_file
+    from tuner.traffic.recording import recording_files
+
+    path = Path(path)
+    named = [(settings.source, "the study file"), *inputs]
+    try:
+        named += [(str(p), "the study's traffic") for p in recording_files(settings.traffic.path)]
+    except TrafficError:
+        pass  # reading the traffic says why, in its own line
+    for given, what in named:
+        if given and same_file(path, given):
+            raise OutputError(f"{label}: the same file as {what} {given}; refusing to write over it")
+    if not os.path.lexists(path):
+        return
+    model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
+    # resolved: a write through a link replaces the file it points to
+    if settings.model_repository and Path(os.path.realpath(path)).is_relative_to(model_dir):
+        raise OutputError(f"{label}: a file of the model's directory {model_dir}; refusing to write over it")
+    if force:
+        return
+    try:
+        mine = path.is_file() and ours(path)  # a FIFO, a device: not a file tuner wrote, and not to be read
+    except OSError as exc:
+        raise OutputError(f"{label}: cannot read the file there ({os_reason(exc)})") from None
+    if not mine:
+        raise OutputError(f"{label}: exists and tuner did not write it: give --force to replace it, "
+                          f"or another {flag}")
+
+
+def _is_ranking(path: Path) -> bool:
+    """Whether `path` holds a ranking `tuner simulate --json` wrote (a JSON object with its keys)."""
+    with open(path, "rb") as fh:
+        if not fh.read(64).lstrip().startswith(b"{"):  # not JSON: a large file is not read whole
+            return False
+        fh.seek(0)
+        try:
+            data = json.load(fh)
+        except (ValueError, UnicodeDecodeError):
+            return False
+    return isinstance(data, dict) and {"study", "profile", "ranking"} <= data.keys()
+
+
+def _reason(table) -> str:
+    """`: <why>` for the incumbent's row of the ranking, or '' when it has none."""
+    rows = table[table["tag"].str.contains("incumbent")]
+    reason = rows["sla_reason"].iloc[0] if len(rows) and "sla_reason" in rows else ""
+    return f": {reason}" if isinstance(reason, str) and reason else ""
 
 
 def _format(table, pct: str, values: dict) -> str:

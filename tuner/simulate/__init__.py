@@ -14,7 +14,7 @@
 
 The batcher's rules, with the Triton core functions they come from, are in `_batcher`'s docstring;
 the profile (execution time by rows and padded length) is `Profile` (_profile: the data and its CSV,
-`read_profile`, `write_profile`; `tuner.profiler` measures one).
+`read_profile`, `write_profile`, its first line `FORMAT_LINE`; `tuner.profiler` measures one).
 """
 
 from tuner.simulate._batcher import (
@@ -59,9 +59,9 @@ from tuner.simulate._support import (
 
 __all__ = [
     "CONFIG_KEYS",
-    "FORMAT_LINE",
     "config_row",
     "ExecutionSize",
+    "FORMAT_LINE",
     "Profile",
     "ProfilePoint",
     "profile_text",

@@ -1,0 +1,105 @@
+"""`tuner profile`'s refusals, made before any server starts (no server here: the launcher is replaced by
+one that says it was reached): the model's config as `tuner tune --check` checks it, the settings the
+simulation refuses, and where the profile may be written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.cli import main
+from tuner.errors import ServerSetupError
+from tuner.simulate import FORMAT_LINE
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim"
+REACHED = "the launcher was reached"
+
+
+@pytest.fixture
+def study(tmp_path, monkeypatch) -> Path:
+    """A study of a copy of encoder_sim; starting its server raises REACHED instead."""
+    import tuner.server
+
+    def launcher(settings):
+        raise ServerSetupError(REACHED)
+
+    monkeypatch.setattr(tuner.server, "make_launcher", launcher)
+    shutil.copytree(TEMPLATE, tmp_path / "repo" / "encoder_sim")
+    (tmp_path / "traffic.csv").write_text("timestamp,batch_size,seq_len\n" + "".join(
+        f"{i / 10},1,{20 + i}\n" for i in range(50)))
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({
+        "name": "profile", "model_repository": str(tmp_path / "repo"), "model": "encoder_sim",
+        "traffic": {"path": str(tmp_path / "traffic.csv")}, "sla": {"latency_ms": 100, "percentile": 99},
+        "cost": {"gpu": "a100-40gb"}, "search": {"max_batch_size": {"low": 1, "high": 8, "log": True}},
+        "output": str(tmp_path / "out"),
+    }))
+    return tmp_path
+
+
+def _error(capsys, code: int) -> str:
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out + err
+    assert err.startswith("tuner: error: ") and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def _reached(capsys, code: int) -> bool:
+    """Whether the command went past its checks to start the server."""
+    return code == 2 and capsys.readouterr().err.strip().endswith(f"tuner: error: {REACHED}")
+
+
+@pytest.mark.parametrize("target", ["traffic.csv", "repo/encoder_sim/config.pbtxt", "repo/encoder_sim/1/model.py"])
+@pytest.mark.parametrize("force", [False, True])
+def test_the_profile_is_never_written_over_the_studys_traffic_or_model(study, capsys, target, force):
+    before = (study / target).read_bytes()
+    code = main(["profile", str(study / "study.yaml"), "-o", str(study / target), *(["--force"] if force else [])])
+    err = _error(capsys, code)
+    assert f"{study / target}: " in err and "refusing to write over it" in err
+    assert (study / target).read_bytes() == before
+
+
+def test_a_file_tuner_did_not_write_is_replaced_only_with_force(study, capsys):
+    mine = study / "mine.csv"
+    mine.write_text("rows,length,median_ms\n1,10,1.0\n")  # a profile-like table, but not a profile tuner wrote
+    argv = ["profile", str(study / "study.yaml"), "-o", str(mine)]
+    err = _error(capsys, main(argv))
+    assert f"profile {mine}: exists and tuner did not write it" in err and "--force" in err
+    assert _reached(capsys, main([*argv, "--force"]))  # past the check: on to the server
+    mine.write_text(f"{FORMAT_LINE}\n# an earlier profile\n")
+    assert _reached(capsys, main(argv))
+    (study / "out").mkdir()
+    (study / "out" / "profile.csv").write_text("my own\n")  # the default place too
+    assert "exists and tuner did not write it" in _error(capsys, main(argv[:2]))
+    assert mine.read_text() == f"{FORMAT_LINE}\n# an earlier profile\n"
+    assert (study / "out" / "profile.csv").read_text() == "my own\n"
+
+
+@pytest.mark.parametrize("broken,says", [
+    ("priority", "the batcher simulation does not model dynamic_batching.priority_levels"),
+    ("preferred", "dynamic batching preferred size must be <= max batch size"),
+    ("name", "name 'other' is not its directory's ('encoder_sim')"),
+    ("version", "no version directory"),
+])
+def test_a_config_tune_check_or_the_simulation_refuses_is_refused_before_any_server(study, capsys, broken, says):
+    config = study / "repo" / "encoder_sim" / "config.pbtxt"
+    text = config.read_text()
+    if broken == "priority":
+        config.write_text(text.replace("dynamic_batching { }",
+                                       "dynamic_batching { priority_levels: 2 default_priority_level: 1 }"))
+    elif broken == "preferred":
+        config.write_text(text.replace("dynamic_batching { }", "dynamic_batching { preferred_batch_size: [128] }"))
+    elif broken == "name":
+        config.write_text(text.replace('name: "encoder_sim"', 'name: "other"'))
+    else:
+        shutil.rmtree(config.parent / "1")
+    err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))
+    assert says in err and REACHED not in err
+    if broken == "priority":  # the line simulate gives
+        (study / "p.csv").write_text(f"{FORMAT_LINE}\n")
+        code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "p.csv")])
+        assert _error(capsys, code) == err
+    else:
+        assert not (study / "p.csv").exists()
