@@ -676,6 +676,18 @@ def test_cli_prints_the_ranked_table_and_answers_what_ifs(study, capsys):
     assert code == 3
 
 
+def test_cli_says_when_the_space_reaches_rows_the_profile_did_not_time(study, capsys):
+    """The study's profile timed 1..8 rows; its space goes to 16 and its incumbent is 64: said, not silent."""
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    assert ("note: the profile timed batches of up to 8 rows; the space's largest max_batch_size 16 and the "
+            "incumbent's 64: executions above 8 rows are extrapolated from it") in err
+    write_profile(Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
+                                        lengths=[100], host_ms_per_row=0.1, max_length=512), study / "wide.csv")
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "wide.csv"), "--top", "1"]) == 0
+    assert "extrapolated" not in capsys.readouterr().err
+
+
 def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(study, capsys):
     text = (study / "study.yaml").read_text().replace("  capacity:", "  preferred_batch_size: [none, powers_of_two]\n"
                                                                     "  max_batch_size: {low: 4, high: 16, log: true}\n"

@@ -521,7 +521,10 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
         progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / PROFILE}: "
                       f"{profile.describe()}")
     started = time.monotonic()
-    ranking = search.rank_space(s, p.base, p.traffic, profile=profile)
+    model = search.model_space(s, base=p.base, traffic=p.traffic, profile=profile)
+    if model.extrapolated():
+        progress.note(f"note: {model.extrapolated()}")
+    ranking = model.rank()
     write_atomic(out / SIMULATION, ranking.to_csv(index=False))
     progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
     return ranking

@@ -124,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     sim, values = model.simulator, model.values()
     pct = f"p{settings.sla.percentile:g}"
     print(f"profile: {args.profile}: {profile.describe()}")
+    beyond = model.extrapolated()
+    if beyond:
+        print(f"note: {beyond}", file=sys.stderr)
     print(f"traffic: {settings.traffic.path} ({len(traffic)} requests"
           + (f", timestamps compressed {args.traffic_scale:g}x" if args.traffic_scale else "")
           + f"), load at speed {settings.traffic.speed:g} = {sim.rate * settings.traffic.speed:.1f} req/s mean, "
