@@ -416,6 +416,14 @@ def test_resuming_with_another_sla_or_traffic_is_refused_naming_what_changed(tmp
     with pytest.raises(SettingsError, match=r"was measured with another sla.latency_ms \(30.0 -> 50.0\): .*"
                                             r"start fresh with --output NEW_DIR$"):
         search.open_study(s, url, sampler=search.make_sampler(s.search), identity=changed)
+    # what an earlier tuner did not record is no change; what it recorded still is, however deep
+    newer = {**identity, "measurement": {"lag_budget_ms": 20.0}}
+    search.open_study(s, url, sampler=search.make_sampler(s.search), identity=newer)
+    recorded = dataclasses.replace(s, name="recorded")
+    search.open_study(recorded, url, sampler=search.make_sampler(s.search), identity=newer)
+    with pytest.raises(SettingsError, match=r"another measurement.lag_budget_ms \(20.0 -> 50.0\)"):
+        search.open_study(recorded, url, sampler=search.make_sampler(s.search),
+                          identity={**identity, "measurement": {"lag_budget_ms": 50.0}})
 
 
 def test_a_study_of_the_same_name_that_tuner_did_not_make_is_refused_and_left_as_it_was(tmp_path):

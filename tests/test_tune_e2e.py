@@ -309,6 +309,10 @@ def test_an_sla_nothing_meets_is_exit_3_naming_the_closest(tmp_path, capsys):
     # resuming the measured study with another SLA is refused naming the change, nothing rewritten; the
     # dry run says so first, as the real run will
     before = (tmp_path / "strict" / "summary.json").read_text()
+    # the send-lag budget decides which steps count: another one is another measurement
+    lagged = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 0.5, "replay.lag_budget_ms": 20})
+    assert main(["tune", str(lagged), "--check"]) == 2
+    assert "another measurement.lag_budget_ms (100.0 -> 20.0)" in _one_line_error(capsys)
     changed = write_tune_study(tmp_path, "strict", **{"sla.latency_ms": 50})
     for check in (["--check"], ["--quiet", "--trials", "1"]):
         assert main(["tune", str(changed), *check]) == 2

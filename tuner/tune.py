@@ -366,7 +366,7 @@ def identity(p: Prepared) -> dict:
         "space": {**knobs, "preferred_batch_size": s.search.preferred_batch_size,
                   "grid_per_octave": s.search.grid_per_octave},
         "measurement": {"capacity": dataclasses.asdict(s.search.capacity), "warmup_s": s.replay.warmup_s,
-                        "protocol": s.replay.protocol},
+                        "protocol": s.replay.protocol, "lag_budget_ms": s.replay.lag_budget_ms},
         **({"engine": p.engine} if p.engine is not None else {}),  # a vLLM-backend model's model.json, resolved
     }
 

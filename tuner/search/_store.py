@@ -383,7 +383,8 @@ def _changes(old: object, new: object, key: str = "") -> list[tuple[str, object,
     """(key path, old, new) of every leaf that differs; a model config's text by its changed fields
     (`base_config.dynamic_batching.max_queue_delay_microseconds`), not its whole text."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [change for k in sorted(set(old) | set(new), key=str)
+        # a key the study did not record (an earlier tuner's) is no change: what it measured against is unknown
+        return [change for k in sorted(set(old) | set(new), key=str) if k in old
                 for change in _changes(old.get(k), new.get(k), f"{key}.{k}" if key else str(k))]
     if old == new:
         return []
