@@ -28,7 +28,7 @@ from tuner.settings import StudySettings
 from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "base_engine", "check_batcher_study", "config_file", "engine_file", "is_vllm_study",
+__all__ = ["base_config", "base_engine", "check_batcher_study", "checked_base", "config_file", "engine_file", "is_vllm_study",
            "study_traffic"]
 
 
@@ -58,6 +58,17 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
 def base_config(settings: StudySettings) -> ModelConfig:
     """The model's current config.pbtxt in the study's repository (the incumbent)."""
     return modelconfig.load(Path(settings.model_repository) / settings.model / "config.pbtxt")
+
+
+def checked_base(settings: StudySettings) -> ModelConfig:
+    """The base config once Triton would load it: its scheduling rules, and (a server of ours loads it
+    from the repository) the model directory it sits in. What tune, simulate and profile check first."""
+    path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+    base = base_config(settings)
+    modelconfig.validate(base, str(path))
+    if settings.server.launcher != "remote":  # a remote server loads its own copy, not this directory
+        modelconfig.check_model_dir(path.parent, base)
+    return base
 
 
 def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:

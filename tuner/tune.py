@@ -37,7 +37,7 @@ from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
-from tuner.study import base_config, base_engine, study_traffic
+from tuner.study import base_engine, checked_base, study_traffic
 from tuner.traffic import busiest_window, mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
@@ -114,10 +114,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     profile, the remote server, the storage (a `dry_run` reaches a database server), the output
     directory (another study's outputs are never replaced)."""
     base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
-    base = base_config(settings)
-    modelconfig.validate(base, str(base_path))
-    if settings.server.launcher != "remote":  # a server of ours loads it from this directory
-        modelconfig.check_model_dir(base_path.parent, base)
+    base = checked_base(settings)
     engine = base_engine(settings, base)  # a vLLM-backend model: vLLM batches, its engine knobs are tuned
     if engine is None:
         space.check_tunable(base, str(base_path))

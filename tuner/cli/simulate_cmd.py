@@ -170,14 +170,11 @@ def check_base(settings):
     (tuner.tune.prepare): Triton's rules, the model directory Triton loads it from, a dynamic batcher to
     tune, no setting the simulation does not model. Simulate and profile call it before anything else:
     a configuration Triton refuses is never ranked, nor a minute spent profiling it."""
-    from tuner import modelconfig, search, space
-    from tuner.study import base_config
+    from tuner import search, space
+    from tuner.study import checked_base
 
     path = Path(settings.model_repository) / settings.model / "config.pbtxt"
-    base = base_config(settings)
-    modelconfig.validate(base, str(path))
-    if settings.server.launcher != "remote":  # a remote server loads its own copy, not this directory
-        modelconfig.check_model_dir(path.parent, base)
+    base = checked_base(settings)
     space.check_tunable(base, str(path))
     search.check_simulatable(settings, base)
     return base
