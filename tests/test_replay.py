@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from tuner.errors import ServerSetupError, TrafficError
-from tuner.localhost import OWNER_FILE, sweep_owned
+from tuner.localhost import OWNER_FILE, add_owner, sweep_owned
 from tuner.measurement import measure
 from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
 from tuner.replay._processes import REPLAY_PREFIX as PREFIX
@@ -302,8 +302,15 @@ def test_a_stale_directory_goes_only_when_its_owner_is_gone(tmp_path):
         (path / "records-0.npz").write_bytes(b"x")
     (dead / OWNER_FILE).write_text(finished.stdout.strip())
     (alive / OWNER_FILE).write_text(str(os.getpid()))
+    # a dead owner whose server still runs (shutting down after its owner's kill): kept until both are gone
+    serving = tmp_path / f"{PREFIX}serving"
+    serving.mkdir()
+    (serving / OWNER_FILE).write_text(finished.stdout.strip())
+    add_owner(serving, os.getpid())
     assert sweep_owned(PREFIX, tmp_path) == [dead]
-    assert not dead.exists() and alive.exists() and unowned.exists()
+    assert not dead.exists() and alive.exists() and unowned.exists() and serving.exists()
+    (serving / OWNER_FILE).write_text(f"{finished.stdout.strip()}\n{finished.stdout.strip()}")
+    assert sweep_owned(PREFIX, tmp_path) == [serving]
 
 
 def owner(path: Path) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tuner.errors import ServerSetupError
 
-__all__ = ["GPU_TYPE_ENV", "OWNER_FILE", "check_port_free", "free_ports", "gpu_type", "owned_temporary_dir",
+__all__ = ["GPU_TYPE_ENV", "OWNER_FILE", "add_owner", "check_port_free", "free_ports", "gpu_type", "owned_temporary_dir",
            "owned_tempdir", "pid_alive", "sweep_owned"]
 
 OWNER_FILE = "owner.pid"
@@ -86,17 +86,25 @@ def owned_temporary_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def add_owner(path: Path, pid: int) -> None:
+    """Record another process that uses `path` (a server started in it): the directory stays while any
+    of its owners runs. A server whose owner was killed shuts down by itself, reading its files until it
+    ends; swept from under it, Triton hung in its shutdown for good."""
+    with open(path / OWNER_FILE, "a") as fh:
+        fh.write(f"\n{pid}")
+
+
 def sweep_owned(prefix: str, directory: str | Path | None = None) -> list[Path]:
     """Remove the `prefix*` directories (in the system temp dir, or `directory`) whose recorded owner
-    process is gone; returns them. A directory without an owner file (being made, or not ours) is
-    left alone."""
+    processes are all gone; returns them. A directory without an owner file (being made, or not ours)
+    is left alone."""
     removed = []
     for path in Path(directory or tempfile.gettempdir()).glob(f"{prefix}*"):
         try:
-            owner = (path / OWNER_FILE).read_text().strip()
+            owners = (path / OWNER_FILE).read_text().split()
         except OSError:
             continue
-        if not pid_alive(owner):
+        if not any(pid_alive(owner) for owner in owners):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
 from tuner.llm import engineargs
-from tuner.localhost import check_port_free, free_ports, owned_tempdir
+from tuner.localhost import add_owner, check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
@@ -150,6 +150,7 @@ class LocalLauncher(Launcher):
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           env=env, cwd=self._workdir, start_new_session=True,
                                           preexec_fn=_die_with_parent if _in_main_thread() else None)
+        add_owner(self._workdir, self._proc.pid)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         timeout_s = timeout_s or self.startup_timeout_s
