@@ -94,7 +94,7 @@ def load(output: Path, name: str) -> optuna.Study:
 
 @pytest.mark.slow
 def test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_capacity(
-        tmp_path, triton_install, capsys):
+        tmp_path, triton_install, capsys, no_vllm_engine_beside):
     # the incumbent: the template with max_batch_size 1, a clear loser to 16 under bursts
     # a replay sent more than 10 ms late says nothing of the server: made again (a 100 ms budget, the
     # SLA itself, let a CI machine starved by the engine tests fail every step of batch 16: p99 153 ms)
