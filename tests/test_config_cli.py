@@ -281,29 +281,20 @@ def test_show_missing_file_is_one_line(capsys, tmp_path):
 # --- what set writes over, and what it says it changed ----------------------------------------------
 
 
-def test_the_header_set_recognises_is_the_one_export_writes():
-    from tuner.cli.config_cmd import EXPORT_HEADER
-    from tuner.export import HEADER_START
-
-    assert EXPORT_HEADER == HEADER_START
-
-
 def test_set_replaces_an_out_only_when_tuner_wrote_it_or_it_holds_the_same_text(capsys, tmp_path):
-    from tuner.export import HEADER_START
-
     out = tmp_path / "out.pbtxt"
     out.write_text("# my own config\nname: \"mine\"\n")
     argv = ["config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=8", "-o", str(out)]
     code, stdout, err = run(capsys, *argv)
     assert (code, stdout) == (2, "") and err == (f"tuner: error: {out}: exists and tuner did not write it: give "
-                                                 "--force to replace it, or another -o\n")
+                                                 "--force to replace it, or write to another file\n")
     assert out.read_text() == "# my own config\nname: \"mine\"\n"
     code, _, err = run(capsys, *argv, "--force")
     assert code == 0 and modelconfig.load(out).max_batch_size == 8
     written = out.read_text()
     code, _, err = run(capsys, *argv)  # the same text again: nothing is lost
     assert code == 0 and out.read_text() == written
-    out.write_text(f"{HEADER_START}0.1 on 2024-01-01 (study 'x')\n\nname: \"encoder_sim\"\n")  # an export
+    out.write_text(f"{modelconfig.EXPORT_HEADER}0.1 on 2024-01-01 (study 'x')\n\nname: \"encoder_sim\"\n")  # an export
     code, _, err = run(capsys, *argv[:-2], "-o", str(out))
     assert code == 0 and modelconfig.load(out).max_batch_size == 8
 

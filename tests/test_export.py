@@ -115,7 +115,7 @@ def test_outputs_hold_every_named_key_and_the_config_changes_only_tuned_fields(t
     assert on_disk["price_per_hour"] == 2.0
 
     text = (out / "recommended" / "config.pbtxt").read_text()
-    assert text.startswith("# Recommended by tuner")
+    assert text.startswith(modelconfig.EXPORT_HEADER)  # what export and config set replace without --force
     assert "SLA: p99 latency <= 30.0 ms" in text and "traffic: bursty.csv" in text
     recommended = modelconfig.parse(text)
     changed = {path for path, _, _ in modelconfig.diff_fields(modelconfig.load(TEMPLATE), recommended)}
@@ -232,9 +232,8 @@ def test_export_never_replaces_a_file_tuner_did_not_write_unless_forced(tmp_path
     # a model.json holds no header: the same text is replaced (nothing is lost), another is not
     engine = tmp_path / "model.json"
     engine.write_text('{"max_num_seqs": 8}\n')
-    assert export._replaceable(engine, '{"max_num_seqs": 8}\n')
-    assert not export._replaceable(engine, '{"max_num_seqs": 16}\n')
-    assert export._replaceable(tmp_path / "new.json", "{}")
+    assert modelconfig.written_by_tuner(engine, text='{"max_num_seqs": 8}\n')
+    assert not modelconfig.written_by_tuner(engine, text='{"max_num_seqs": 16}\n')
 
 
 def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):

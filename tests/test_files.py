@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from tuner.errors import InputError, OutputError, SettingsError
-from tuner.files import check_output_dir, json_safe, open_input, read_json_object, read_text
+from tuner.files import (
+    check_output_dir,
+    check_replaceable,
+    json_safe,
+    open_input,
+    read_json_object,
+    read_text,
+)
 
 
 def test_json_safe_turns_unmeasured_figures_into_null_and_numpy_into_plain_numbers():
@@ -108,3 +115,29 @@ def test_an_output_directory_check_refuses_a_symbolic_link_loop_and_makes_nothin
             check_output_dir(tmp_path / "loop", "output directory", create=create)
     check_output_dir(tmp_path / "new" / "out", "output directory", create=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
+
+
+def test_check_replaceable_lets_through_nothing_there_force_or_a_file_tuner_wrote_and_refuses_the_rest(tmp_path):
+    from tuner.modelconfig import EXPORT_HEADER, written_by_tuner
+
+    new, mine, theirs = tmp_path / "new", tmp_path / "mine.pbtxt", tmp_path / "theirs.pbtxt"
+    mine.write_text(f"{EXPORT_HEADER}0.1\nname: \"m\"\n")
+    theirs.write_text("name: \"m\"\n")
+    ours = lambda p: written_by_tuner(p, text="max_batch_size: 8\n")  # noqa: E731
+    assert check_replaceable(new, force=False, ours=ours) == new
+    assert check_replaceable(mine, force=False, ours=ours) == mine
+    assert check_replaceable(theirs, force=True, ours=ours) == theirs
+    with pytest.raises(OutputError, match=f"^{re.escape(str(theirs))}: exists and tuner did not write it: give "
+                                          "--force to replace it, or write to another file$"):
+        check_replaceable(theirs, force=False, ours=ours)
+    # the same text already is nothing lost; without `ours` any file there is refused, under its label
+    theirs.write_text("max_batch_size: 8\n")
+    assert check_replaceable(theirs, force=False, ours=ours) == theirs
+    with pytest.raises(SettingsError, match="^-o x: already exists; give --force"):
+        check_replaceable(mine, force=False, label="-o x", error=SettingsError)
+    # a dangling link (a write would follow it) and a FIFO (not to be read) are there, and not tuner's
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "link", tmp_path / "fifo"):
+        with pytest.raises(OutputError, match="exists and tuner did not write it"):
+            check_replaceable(path, force=False, ours=ours)

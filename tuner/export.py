@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import io
 import json
 import math
@@ -31,7 +32,7 @@ import pandas as pd
 
 from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
-from tuner.files import check_writable, os_reason, read_json_object, write_atomic
+from tuner.files import check_replaceable, check_writable, os_reason, read_json_object, write_atomic
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
@@ -66,7 +67,6 @@ INCUMBENT = Path("incumbent") / "config.pbtxt"
 INCUMBENT_ENGINE = Path("incumbent") / "model.json"  # a vLLM-backend model's engine arguments as the study found them
 RECORDS = Path("records")
 PERCENTILES = ("p50", "p90", "p95", "p99", "max")
-HEADER_START = "# Recommended by tuner "  # a config.pbtxt tuner wrote: `tuner export -o` may replace it
 
 
 # --- the summary -------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def _header(summary: dict, base, config) -> str:
     sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
     changed = modelconfig.changed_fields(base, config)
     lines = [
-        f"{HEADER_START[2:]}{summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
+        f"{modelconfig.EXPORT_HEADER[2:]}{summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
         f"SLA: p{sla.get('percentile', 99):g} latency <= {sla.get('latency_ms')} ms, "
         f"error rate <= {sla.get('max_error_rate', 0.001):.2%}",
         f"traffic: {traffic.get('path')} at speed {traffic.get('speed', 1.0):g}"
@@ -618,9 +618,7 @@ def export(storage: str, name: str | None, output: str | Path, *, force: bool = 
     except OSError as exc:
         raise OutputError(f"{label}: cannot write ({os_reason(exc)})") from None
     check_writable(path, label=label)
-    if not force and not _replaceable(path, text):
-        raise OutputError(f"{label}: {path} exists and tuner did not write it: give --force to replace it, "
-                          "or another -o")
+    check_replaceable(path, force=force, label=label, ours=functools.partial(modelconfig.written_by_tuner, text=text))
     return write_atomic(path, text, label=label)
 
 
@@ -634,19 +632,6 @@ def check_finished(study: optuna.Study) -> None:
         raise InputError(f"study {study.study_name!r} is not finished: its search stopped after {done} trial(s), "
                          "before its best were re-measured: run the same `tuner tune` again to finish it, or "
                          "`tuner finish` for a study several hosts searched")
-
-
-def _replaceable(path: Path, text: str) -> bool:
-    """Whether writing `text` at `path` loses nothing: no file there, the same text, or an earlier export
-    (its first line is the header `_header` writes)."""
-    try:
-        with open(path, "rb") as fh:
-            old = fh.read(len(text.encode()) + 1)
-    except FileNotFoundError:
-        return True
-    except OSError as exc:
-        raise OutputError(f"-o {path}: cannot read the file there ({os_reason(exc)})") from None
-    return old == text.encode() or old.startswith(HEADER_START.encode())
 
 
 def recommended_text(study: optuna.Study, summary: dict) -> str:

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -134,14 +134,26 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
     return path
 
 
-def check_replaceable(path: str | os.PathLike, *, force: bool, flag: str = "--force", label: str | None = None,
-                      error: type[InputError] = OutputError) -> Path:
+def check_replaceable(path: str | os.PathLike, *, force: bool, label: str | None = None,
+                      error: type[InputError] = OutputError, ours: Callable[[Path], bool] | None = None) -> Path:
     """The path, once writing it replaces nothing the person did not agree to lose: nothing is there
-    (not even a dangling symbolic link, which a write would follow), or `force` (the command's `flag`
-    was given). Otherwise one `error` line naming the file (or `label`) and the flag."""
+    (not even a dangling symbolic link, which a write would follow), a regular file tuner wrote
+    (`ours(path)`, which reads what it needs to tell), or `force` (`--force` was given). Otherwise one
+    `error` line naming the file (or `label`). The one place every command that writes a file a person
+    names decides this: export, config set, simulate, profile and the traffic writers."""
     path = Path(path)
-    if not force and os.path.lexists(path):
-        raise error(f"{label or path}: already exists; give {flag} to replace it, or write to another file")
+    if force or not os.path.lexists(path):
+        return path
+    label = label or str(path)
+    if ours is None:
+        raise error(f"{label}: already exists; give --force to replace it, or write to another file")
+    try:
+        mine = path.is_file() and ours(path)  # a FIFO, a device: not a file tuner wrote, and not to be read
+    except OSError as exc:
+        raise error(f"{label}: cannot read the file there ({os_reason(exc)})") from None
+    if not mine:
+        raise error(f"{label}: exists and tuner did not write it: give --force to replace it, "
+                    "or write to another file")
     return path
 
 

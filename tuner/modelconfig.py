@@ -77,6 +77,20 @@ def check_name(config: ModelConfig, path: str | Path) -> None:
                           "loads a model only from a directory of its name")
 
 
+# The first line of a config.pbtxt `tuner export` writes (the rest of the line: version, date, study)
+EXPORT_HEADER = "# Recommended by tuner "
+
+
+def written_by_tuner(path: str | Path, *, text: str) -> bool:
+    """Whether the file at `path` is tuner's to replace with `text` (tuner.files.check_replaceable's
+    `ours`): an earlier export (it begins with EXPORT_HEADER), or the same text already. Only as many
+    bytes as that takes are read."""
+    new, header = text.encode(), EXPORT_HEADER.encode()
+    with open(path, "rb") as fh:
+        old = fh.read(max(len(new), len(header)) + 1)
+    return old == new or old.startswith(header)
+
+
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
     """The config as text. Protobuf's printer drops comments: with `comments_from` (the original
     file's text) each of its comments is put back above the top-level field it belonged to

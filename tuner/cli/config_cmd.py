@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import stat
 import sys
@@ -10,8 +11,8 @@ from pathlib import Path
 
 from tuner import modelconfig, space
 from tuner.cli._args import add_assignments, add_command, add_flag, add_group, add_input, add_output_file
-from tuner.errors import ConfigError, InputError, OutputError
-from tuner.files import os_reason, write_atomic
+from tuner.errors import ConfigError, InputError
+from tuner.files import check_replaceable, write_atomic
 from tuner.paths import readable_file, same_file
 
 
@@ -130,8 +131,8 @@ def _set(args: argparse.Namespace) -> int:
     if target is None:
         sys.stdout.write(text)
         return 0
-    if not (args.in_place or args.force):
-        _check_replaceable(target, text)
+    if not args.in_place:
+        check_replaceable(target, force=args.force, ours=functools.partial(modelconfig.written_by_tuner, text=text))
     _write(target, text)
     changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
@@ -147,26 +148,6 @@ def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: 
     raise ConfigError(f"{path}: --set {space.INSTANCES}: the config has {len(config.instance_group)} instance "
                       f"groups (counts {counts}), and {space.INSTANCES} would set each to the same count: "
                       f"change each group's count in the file instead")
-
-
-# The first line of a config `tuner export` wrote (tuner.export.HEADER_START, which imports Optuna and pandas:
-# `tuner config` starts without them; tests/test_config_cli.py holds the two equal).
-EXPORT_HEADER = "# Recommended by tuner "
-
-
-def _check_replaceable(target: Path, text: str) -> None:
-    """Refuse (OutputError) to replace a file at `target` that tuner did not write (no export header)
-    and that holds other text than `text`: it may be the user's own config."""
-    try:
-        if not target.is_file():  # a FIFO or a device is not a config tuner wrote, nor to be read
-            old = b"" if os.path.lexists(target) else None
-        else:
-            with open(target, "rb") as fh:
-                old = fh.read(len(text.encode()) + 1)
-    except OSError as exc:
-        raise OutputError(f"{target}: cannot read the file there ({os_reason(exc)})") from None
-    if old is not None and old != text.encode() and not old.startswith(EXPORT_HEADER.encode()):
-        raise OutputError(f"{target}: exists and tuner did not write it: give --force to replace it, or another -o")
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:

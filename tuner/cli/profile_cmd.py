@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     check_batcher_study(settings, "profile")
     base = check_base(settings)  # a config Triton or the simulation refuses: before a minute of measuring
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
-    check_output(output, settings, label=f"profile {output}", flag="-o", force=args.force, ours=_is_profile)
+    check_output(output, settings, label=f"profile {output}", force=args.force, ours=_is_profile)
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")
     traffic = study_traffic(settings)

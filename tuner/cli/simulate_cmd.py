@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
-from tuner.files import json_safe, os_reason, write_atomic
+from tuner.files import json_safe, write_atomic
 
 # The ranking's columns printed, and their headings: the knobs' columns (headed by `tuner.space.LABELS`)
 # go after the tag; a knob the space does not vary is left out.
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     check_batcher_study(settings, "simulate")
     base = check_base(settings)
     if args.json:
-        check_output(args.json, settings, label=f"--json {args.json}", flag="--json", force=args.force,
+        check_output(args.json, settings, label=f"--json {args.json}", force=args.force,
                      ours=_is_ranking, inputs=[(args.profile, "the profile")])
     overrides = {}
     if args.speed is not None:
@@ -180,14 +180,14 @@ def check_base(settings):
     return base
 
 
-def check_output(path, settings, *, label: str, flag: str, force: bool, ours: Callable[[Path], bool],
+def check_output(path, settings, *, label: str, force: bool, ours: Callable[[Path], bool],
                  inputs: Iterable[tuple[str, str]] = ()) -> None:
     """Refuse (OutputError, one line starting with `label`) to write `path` over one of the study's
     inputs (the study file, its traffic, a file of its model's directory, or `inputs`: (path, what)),
     whatever `force` says; and over any other existing file unless `ours(path)` (tuner wrote it) or
-    `force` (the option, `flag`, that names another place). Nothing is read beyond what `ours` reads,
-    nothing written."""
+    `force` (tuner.files.check_replaceable). Nothing is read beyond what `ours` reads, nothing written."""
     from tuner.errors import OutputError, TrafficError
+    from tuner.files import check_replaceable
     from tuner.paths import same_file
     from tuner.traffic.recording import recording_files
 
@@ -206,15 +206,7 @@ def check_output(path, settings, *, label: str, flag: str, force: bool, ours: Ca
     # resolved: a write through a link replaces the file it points to
     if settings.model_repository and Path(os.path.realpath(path)).is_relative_to(model_dir):
         raise OutputError(f"{label}: a file of the model's directory {model_dir}; refusing to write over it")
-    if force:
-        return
-    try:
-        mine = path.is_file() and ours(path)  # a FIFO, a device: not a file tuner wrote, and not to be read
-    except OSError as exc:
-        raise OutputError(f"{label}: cannot read the file there ({os_reason(exc)})") from None
-    if not mine:
-        raise OutputError(f"{label}: exists and tuner did not write it: give --force to replace it, "
-                          f"or another {flag}")
+    check_replaceable(path, force=force, label=label, ours=ours)
 
 
 def _is_ranking(path: Path) -> bool:
