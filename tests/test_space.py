@@ -203,6 +203,19 @@ def test_a_model_that_cannot_batch_or_uses_another_scheduler_is_refused():
     space.check_tunable(modelconfig.parse("max_batch_size: 4", "x"), "x")
 
 
+def test_a_search_of_instance_count_over_several_instance_groups_is_refused_as_config_set_refuses_it():
+    # a trial would set the GPU group and the CPU group to the same count: the split is the user's
+    two = modelconfig.parse("max_batch_size: 4 instance_group [{ count: 1 kind: KIND_GPU }, "
+                            "{ count: 3 kind: KIND_CPU }]", "x")
+    with pytest.raises(ConfigError, match=r"^x: search.instance_count: the config has 2 instance groups "
+                                          r"\(counts 1, 3\), and instance_count would set each to the same "
+                                          r"count: leave instance_count out of the search, or keep one"):
+        space.check_tunable(two, "x", search=SearchSettings(instance_count=IntRange(1, 4)))
+    space.check_tunable(two, "x", search=SearchSettings())  # not searched: the groups stay as they are
+    one = modelconfig.parse("max_batch_size: 4 instance_group [{ count: 2 kind: KIND_GPU gpus: [0, 1] }]", "x")
+    space.check_tunable(one, "x", search=SearchSettings(instance_count=IntRange(1, 4)))
+
+
 def test_the_space_narrows_to_fit_the_largest_request_or_refuses():
     search = SearchSettings(max_batch_size=IntRange(1, 64, log=True))
     same, note = space.fit_to_rows(search, 1, where="row 0")

@@ -359,6 +359,20 @@ def test_a_model_that_cannot_batch_is_refused_and_nothing_is_left_behind(tmp_pat
     assert not (tmp_path / "nobatch").exists()
 
 
+def test_a_search_of_instance_count_over_two_instance_groups_is_refused_and_nothing_is_left_behind(tmp_path, capsys):
+    repo = repository(tmp_path)
+    path = repo / "encoder_sim" / "config.pbtxt"
+    one_group = "instance_group [ { count: 1, kind: KIND_CPU } ]"
+    assert one_group in path.read_text()
+    path.write_text(path.read_text().replace(one_group, one_group[:-2] + ", { count: 2, kind: KIND_CPU } ]"))
+    study = write_tune_study(tmp_path, "groups", repo, **{"search.instance_count": {"low": 1, "high": 2}})
+    for argv in (["tune", str(study), "--check"], ["tune", str(study)]):
+        assert main(argv) == 2
+        line = _one_line_error(capsys)
+        assert f"{path}: search.instance_count: the config has 2 instance groups (counts 1, 2)" in line, line
+    assert not (tmp_path / "groups").exists()
+
+
 @pytest.mark.parametrize("where, message", [
     ("file", "exists and is not a directory"),
     ("proc", "cannot write"),

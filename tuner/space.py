@@ -517,9 +517,21 @@ def _text(value: Value) -> str:
 # --- checks before a study starts ------------------------------------------------------------------
 
 
-def check_tunable(base: ModelConfig, source: str) -> None:
-    """Refuse a model the study cannot tune: one that cannot batch (max_batch_size 0), or one whose
-    scheduler is not the dynamic batcher (sequence batching, an ensemble)."""
+def several_instance_groups(config: ModelConfig) -> str | None:
+    """What makes `instance_count` (which sets every group's count alike) the wrong knob for `config`,
+    as text: its several instance groups and their counts; None for one group or none. The split
+    between groups (a group per GPU, CPU beside GPU) is the user's to choose, not a trial's."""
+    if len(config.instance_group) < 2:
+        return None
+    counts = ", ".join(str(g.count or 1) for g in config.instance_group)
+    return (f"the config has {len(config.instance_group)} instance groups (counts {counts}), and "
+            f"{INSTANCES} would set each to the same count")
+
+
+def check_tunable(base: ModelConfig, source: str, *, search: SearchSettings | None = None) -> None:
+    """Refuse a model the study cannot tune: one that cannot batch (max_batch_size 0), one whose
+    scheduler is not the dynamic batcher (sequence batching, an ensemble), or (given the study's
+    `search`) one of several instance groups whose instance count the search would set."""
     if base.max_batch_size <= 0:
         raise ConfigError(f"{source}: max_batch_size is {base.max_batch_size}: this model does not batch "
                           f"(Triton sends it one request at a time), so there is no dynamic batching to "
@@ -528,6 +540,10 @@ def check_tunable(base: ModelConfig, source: str) -> None:
     if choice not in (None, "dynamic_batching"):
         raise ConfigError(f"{source}: the model uses {choice}, not dynamic_batching: tuner tunes the "
                           f"dynamic batcher's fields only")
+    groups = several_instance_groups(base)
+    if search is not None and groups and _BY_NAME[INSTANCES].range_of(search) is not None:
+        raise ConfigError(f"{source}: search.{INSTANCES}: {groups}: leave {INSTANCES} out of the search, "
+                          f"or keep one instance group")
 
 
 def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tuple[SearchSettings, str]:

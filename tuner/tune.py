@@ -117,7 +117,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     base = checked_base(settings)
     engine = base_engine(settings, base)  # a vLLM-backend model: vLLM batches, its engine knobs are tuned
     if engine is None:
-        space.check_tunable(base, str(base_path))
+        space.check_tunable(base, str(base_path), search=settings.search)
     check_generative(settings, generative=engine is not None)
     settings = dataclasses.replace(settings, search=space.study_space(settings.search, vllm=engine is not None,
                                                                       source=settings.source or "<study>"))

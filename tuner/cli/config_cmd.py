@@ -140,14 +140,11 @@ def _set(args: argparse.Namespace) -> int:
 
 
 def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: dict) -> None:
-    """Refuse instance_count on a config of several instance groups: it sets every group's count,
-    and the split between them (a group per GPU, CPU beside GPU) is the user's to choose."""
-    if space.INSTANCES not in params or len(config.instance_group) < 2:
-        return
-    counts = ", ".join(str(g.count or 1) for g in config.instance_group)
-    raise ConfigError(f"{path}: --set {space.INSTANCES}: the config has {len(config.instance_group)} instance "
-                      f"groups (counts {counts}), and {space.INSTANCES} would set each to the same count: "
-                      f"change each group's count in the file instead")
+    """Refuse instance_count on a config of several instance groups (the rule tune's space follows)."""
+    groups = space.several_instance_groups(config)
+    if space.INSTANCES in params and groups:
+        raise ConfigError(f"{path}: --set {space.INSTANCES}: {groups}: change each group's count in the "
+                          f"file instead")
 
 
 def _target(path: Path, output: str | None, in_place: bool) -> Path | None:

@@ -175,7 +175,7 @@ def check_base(settings):
 
     path = Path(settings.model_repository) / settings.model / "config.pbtxt"
     base = checked_base(settings)
-    space.check_tunable(base, str(path))
+    space.check_tunable(base, str(path), search=settings.search)
     search.check_simulatable(settings, base)
     return base
 

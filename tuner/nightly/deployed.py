@@ -102,7 +102,7 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
         path = given or model_dir / CONFIG_FILE
         config = modelconfig.load(path)
         _check_production(config, path, study)
-        space.check_tunable(config, str(path))
+        space.check_tunable(config, str(path), search=study.search)
         return Deployed(path=path, config=config, params=space.from_config(config, study.search))
     if given is not None and given.suffix.lower() == ".json":
         config_path, path = model_dir / CONFIG_FILE, given
