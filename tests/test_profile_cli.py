@@ -97,7 +97,8 @@ def test_a_config_tune_check_or_the_simulation_refuses_is_refused_before_any_ser
         shutil.rmtree(config.parent / "1")
     err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))
     assert says in err and REACHED not in err
-    if broken == "priority":  # the line simulate gives
+    if broken == "priority":  # the line simulate gives, naming both commands
+        assert "tuner simulate and tuner profile refuse this config" in err
         (study / "p.csv").write_text(f"{FORMAT_LINE}\n")
         code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "p.csv")])
         assert _error(capsys, code) == err

@@ -110,8 +110,8 @@ def check_modelled(config: ModelConfig, *, source: str, instances: int | None = 
     found = unmodelled(config, instances=instances)
     if found:
         raise UnmodelledError(
-            f"{source}: the batcher simulation does not model {'; '.join(found)}: search.strategy model and "
-            f"tuner simulate refuse this config (search.strategy measure tunes it)")
+            f"{source}: the batcher simulation does not model {'; '.join(found)}: search.strategy model, "
+            f"tuner simulate and tuner profile refuse this config (search.strategy measure tunes it)")
 
 
 def equal_shapes_of(config: ModelConfig) -> bool:
