@@ -61,6 +61,21 @@ def test_the_profile_is_never_written_over_the_studys_traffic_or_model(study, ca
     assert (study / target).read_bytes() == before
 
 
+@pytest.mark.parametrize("traffic", ["traffic", "traffic/*.csv"])
+def test_a_new_profile_is_never_written_where_the_studys_traffic_would_read_it(study, capsys, traffic):
+    # the study's traffic is a directory (or a glob): a profile.csv made there is traffic the next run replays
+    (study / "traffic").mkdir()
+    shutil.move(study / "traffic.csv", study / "traffic" / "day1.csv")
+    settings = yaml.safe_load((study / "study.yaml").read_text())
+    settings["traffic"]["path"] = str(study / traffic)
+    (study / "study.yaml").write_text(yaml.safe_dump(settings))
+    for force in ([], ["--force"]):
+        err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "traffic" / "p.csv"), *force]))
+        assert f"profile {study / 'traffic' / 'p.csv'}: among the study's traffic files" in err, err
+        assert not (study / "traffic" / "p.csv").exists()
+    assert _reached(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))  # beside it
+
+
 def test_a_file_tuner_did_not_write_is_replaced_only_with_force(study, capsys):
     mine = study / "mine.csv"
     mine.write_text("rows,length,median_ms\n1,10,1.0\n")  # a profile-like table, but not a profile tuner wrote

@@ -16,7 +16,7 @@ from tuner.cli import main
 from tuner.errors import TrafficError
 from tuner.traffic import describe, read_traffic
 from tuner.traffic import recording as rec_mod
-from tuner.traffic.recording import cache_dir, open_recording
+from tuner.traffic.recording import cache_dir, joins_recording, open_recording
 from tuner.traffic.scan import describe_recording, read_all
 
 
@@ -107,3 +107,18 @@ def test_a_glob_and_a_list_are_recordings(tmp_path):
     (tmp_path / "other.parquet").write_bytes(b"not parquet")
     assert open_recording(str(tmp_path / "h*.parquet")).rows == 600
     assert open_recording([tmp_path / "h0.parquet", tmp_path / "h2.parquet"]).rows == 400
+
+
+def test_a_file_joins_a_recording_where_its_directory_or_glob_would_read_it(tmp_path):
+    (tmp_path / "rec").mkdir()
+    (tmp_path / "rec" / "a.csv").write_text("timestamp\n0\n")
+    (tmp_path / "link").symlink_to(tmp_path / "rec")
+    directory, pattern, single = tmp_path / "rec", str(tmp_path / "rec" / "day*.parquet"), tmp_path / "rec" / "a.csv"
+    assert joins_recording(tmp_path / "rec" / "new.csv", directory)  # not there yet: it would be, once written
+    assert joins_recording(tmp_path / "link" / "new.PQ", directory)  # the same directory by another name
+    assert not joins_recording(tmp_path / "rec" / "ranking.json", directory)  # not a traffic file's suffix
+    assert not joins_recording(tmp_path / "rec" / "sub" / "new.csv", directory)  # a directory is read flat
+    assert not joins_recording(tmp_path / "new.csv", directory)
+    assert joins_recording(tmp_path / "rec" / "day2.parquet", pattern)
+    assert not joins_recording(tmp_path / "rec" / "night2.parquet", pattern)
+    assert not joins_recording(tmp_path / "rec" / "b.csv", single)  # one file: only itself, by same_file

@@ -40,7 +40,7 @@ from tuner.traffic.io import (
     validate_times,
 )
 
-__all__ = ["Part", "Recording", "cache_dir", "open_recording", "recording_files"]
+__all__ = ["Part", "Recording", "cache_dir", "joins_recording", "open_recording", "recording_files"]
 
 T = TypeVar("T")
 CSV_ROWS = 1_000_000  # rows of a CSV converted at a time (about 100 MB of pandas frame)
@@ -145,6 +145,20 @@ def recording_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> li
             raise TrafficError(f"{text}: no .parquet, .pq or .csv files match")
         return found
     return [Path(text)]
+
+
+def joins_recording(path: str | os.PathLike, recording: str | os.PathLike) -> bool:
+    """Whether a file written at `path`, there yet or not, would be read as part of the recording
+    `recording` names (a directory or a glob pattern takes every traffic file in it or matching it):
+    a new profile.csv in a study's traffic directory would be replayed as traffic next time."""
+    path, text = Path(os.path.abspath(path)), os.fspath(recording)
+    if path.suffix.lower() not in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        return False
+    if _is(text, stat.S_ISDIR):  # resolved: the same directory by another name is the same directory
+        return Path(os.path.realpath(path)).parent == Path(os.path.realpath(text))
+    if _GLOB & set(Path(text).name) and not _is(text, lambda mode: True):
+        return path.match(os.path.abspath(text))
+    return False
 
 
 def _is(path: str, kind) -> bool:
