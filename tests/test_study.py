@@ -75,3 +75,37 @@ def test_a_busiest_stretch_longer_than_the_recording_is_the_whole_recording_and_
     assert "traffic: busiest_s 60 s is longer than the recording (" in err and "the whole recording is replayed" in err
     study_traffic(_settings(tmp_path / "t.csv", busiest_s=2.0))
     assert "longer than the recording" not in capsys.readouterr().err
+
+
+def test_the_model_files_are_its_version_directories_by_digest_a_large_file_by_its_size_and_ends(tmp_path):
+    import dataclasses
+
+    from tuner.settings import ServerSettings
+    from tuner.study import model_files
+
+    model = tmp_path / "repo" / "m"
+    (model / "1" / "sub").mkdir(parents=True)
+    (model / "config.pbtxt").write_text("max_batch_size: 8\n")  # compared by its fields, elsewhere
+    (model / "README.md").write_text("notes\n")  # not loaded by Triton
+    (model / "1" / "model.json").write_text("{}\n")  # the engine's arguments, compared by their values
+    (model / "1" / "model.py").write_text("x = 1\n")
+    (model / "1" / "sub" / "vocab.txt").write_text("a b\n")
+    big = model / "1" / "weights.bin"
+    with open(big, "wb") as fh:  # 65 MiB, sparse: only its size and two ends are read
+        fh.truncate(65 * 2**20)
+    settings = StudySettings(name="s", traffic=TrafficSettings(path="t.csv"), model_repository=str(tmp_path / "repo"),
+                             model="m")
+    files = model_files(settings)
+    assert sorted(files) == ["1/model.py", "1/sub/vocab.txt", "1/weights.bin"]
+    with open(big, "r+b") as fh:  # a byte changed in the middle goes unseen; at an end, or another size, not
+        fh.seek(30 * 2**20)
+        fh.write(b"\1")
+    assert model_files(settings) == files
+    with open(big, "r+b") as fh:
+        fh.seek(65 * 2**20 - 1)
+        fh.write(b"\1")
+    assert model_files(settings)["1/weights.bin"] != files["1/weights.bin"]
+    (model / "1" / "model.py").write_text("x = 2\n")
+    assert model_files(settings)["1/model.py"] != files["1/model.py"]
+    remote = dataclasses.replace(settings, server=ServerSettings(launcher="remote", url="http://127.0.0.1:8000"))
+    assert model_files(remote) == {}  # a remote server loads its own files

@@ -398,6 +398,34 @@ def _traffic_with_rows(tmp: Path, rows: int) -> Path:
     return path
 
 
+def test_a_study_measured_with_another_model_py_is_not_resumed(tmp_path, capsys):
+    # the study as `tune` opens it, before any trial: then the model's code changes
+    from tuner import search
+    from tuner.settings import read_study
+    from tuner.tune import identity, prepare
+
+    repo = repository(tmp_path)
+    study = write_tune_study(tmp_path, "code", repo)
+    prepared = prepare(read_study(study))
+    assert set(prepared.model_files) == {"1/model.py"}
+    search.open_study(prepared.settings, prepared.storage, sampler=search.make_sampler(prepared.settings.search),
+                      identity=identity(prepared))
+    assert main(["tune", str(study), "--check"]) == 0 and "resumes study 'code'" in capsys.readouterr().out
+    # Python's cache beside it is not the model
+    (repo / "encoder_sim" / "1" / "__pycache__").mkdir()
+    (repo / "encoder_sim" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert main(["tune", str(study), "--check"]) == 0
+    capsys.readouterr()
+    code = repo / "encoder_sim" / "1" / "model.py"
+    code.write_text(code.read_text() + "\n# another version\n")
+    assert main(["tune", str(study), "--check"]) == 2
+    assert "was measured with another model_files.1/model.py (" in _one_line_error(capsys)
+    code.write_text(code.read_text().removesuffix("\n# another version\n"))
+    (repo / "encoder_sim" / "1" / "weights.bin").write_bytes(b"\1" * 100)  # a file added is a change too
+    assert main(["tune", str(study), "--check"]) == 2
+    assert "another model_files.1/weights.bin (absent -> " in _one_line_error(capsys)
+
+
 def test_requests_larger_than_the_models_max_batch_size_are_refused_naming_the_row(tmp_path, capsys):
     study = write_tune_study(tmp_path, "rows", repository(tmp_path, max_batch_size=4),
                         **{"traffic.path": str(_traffic_with_rows(tmp_path, 8))})

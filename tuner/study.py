@@ -10,18 +10,24 @@
                               the one test every command that treats such a study apart asks
     check_batcher_study(settings, command)   refuse, in one line, a vLLM-backend model's study in a
                               command that measures Triton's dynamic batcher only
+    model_files(settings)     a digest of each file of the model's version directories (its code,
+                              its weights): what a resumed study's trials must have measured too
     config_file(path), engine_file(path)   a configuration the user names (`--config`: a config.pbtxt, or a
                               vLLM-served model's model.json) in place of the repository's
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from tuner import modelconfig
+from tuner.errors import ConfigError
+from tuner.files import os_reason
 from tuner.instants import parse_instant
 from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
@@ -29,7 +35,9 @@ from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
 __all__ = ["base_config", "base_engine", "check_batcher_study", "checked_base", "config_file", "engine_file", "is_vllm_study",
-           "study_traffic"]
+           "model_files", "study_traffic"]
+
+_WHOLE_FILE_BYTES = 64 * 2**20  # a larger file (weights) is known by its size, first and last MiB
 
 
 def study_traffic(settings: StudySettings) -> pd.DataFrame:
@@ -69,6 +77,42 @@ def checked_base(settings: StudySettings) -> ModelConfig:
     if settings.server.launcher != "remote":  # a remote server loads its own copy, not this directory
         modelconfig.check_model_dir(path.parent, base)
     return base
+
+
+def model_files(settings: StudySettings) -> dict[str, str]:
+    """{path in the model's directory: a short digest} for each file of its version directories (`1/`,
+    ...: what Triton loads, the model's code and weights), but model.json (the study's engine arguments,
+    compared by their values) and Python's caches. A file over 64 MiB is digested by its size, first and
+    last MiB: a tune start reads no gigabytes. Empty for a remote server, whose files are its own."""
+    if settings.server.launcher == "remote":
+        return {}
+    model_dir = Path(settings.model_repository) / settings.model
+    found = {}
+    for version in sorted(p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()):
+        for root, dirs, names in os.walk(version):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for name in sorted(names):
+                if name.startswith(".") or name.endswith(".pyc") or name == "model.json":
+                    continue
+                path = Path(root) / name
+                try:
+                    found[path.relative_to(model_dir).as_posix()] = _digest(path)
+                except OSError as exc:  # Triton could not load it either
+                    raise ConfigError(f"{path}: cannot read ({os_reason(exc)})") from None
+    return found
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= _WHOLE_FILE_BYTES:
+            digest.update(fh.read())
+        else:
+            digest.update(f"{size}:".encode() + fh.read(2**20))
+            fh.seek(size - 2**20)
+            digest.update(fh.read())
+    return digest.hexdigest()[:16]
 
 
 def base_engine(settings: StudySettings, base: ModelConfig) -> dict | None:

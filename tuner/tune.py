@@ -37,7 +37,7 @@ from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
-from tuner.study import base_engine, checked_base, study_traffic
+from tuner.study import base_engine, checked_base, model_files, study_traffic
 from tuner.traffic import busiest_window, mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
@@ -105,6 +105,7 @@ class Prepared:
     notes: tuple[str, ...] = ()
     profile: object = None            # the model strategy's profile file, read (None: measured in the run)
     engine: dict | None = None        # a vLLM-backend model's engine arguments, vLLM's values filled in
+    model_files: dict = field(default_factory=dict)  # study.model_files: the model's files, by digest
 
 
 def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: bool = False) -> Prepared:
@@ -157,7 +158,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")
     prepared = Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes),
-                        profile=profile, engine=engine)
+                        profile=profile, engine=engine, model_files=model_files(settings))
     if dry_run:  # the real run checks this as it opens the study: the dry run says now what it will say
         resume = search.check_resume(settings, url, identity=identity(prepared))
         if resume:
@@ -365,6 +366,7 @@ def identity(p: Prepared) -> dict:
         "measurement": {"capacity": dataclasses.asdict(s.search.capacity), "warmup_s": s.replay.warmup_s,
                         "protocol": s.replay.protocol, "lag_budget_ms": s.replay.lag_budget_ms},
         **({"engine": p.engine} if p.engine is not None else {}),  # a vLLM-backend model's model.json, resolved
+        "model_files": p.model_files,  # its code and weights: a changed model.py is another model
     }
 
 

@@ -379,9 +379,16 @@ def _fresh_start(settings: StudySettings, storage: str) -> str:
     return "start fresh with another name: in the study file and --output NEW_DIR"
 
 
+# maps whose every entry is one thing measured against (a file of the model): one added is a change too
+_EVERY_ENTRY = ("model_files",)
+
+
 def _changes(old: object, new: object, key: str = "") -> list[tuple[str, object, object]]:
     """(key path, old, new) of every leaf that differs; a model config's text by its changed fields
     (`base_config.dynamic_batching.max_queue_delay_microseconds`), not its whole text."""
+    if key in _EVERY_ENTRY and isinstance(old, dict) and isinstance(new, dict):  # a file added counts too
+        return [(f"{key}.{k}", old.get(k, "absent"), new.get(k, "absent"))
+                for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     if isinstance(old, dict) and isinstance(new, dict):
         # a key the study did not record (an earlier tuner's) is no change: what it measured against is unknown
         return [change for k in sorted(set(old) | set(new), key=str) if k in old
