@@ -76,6 +76,14 @@ def test_a_new_profile_is_never_written_where_the_studys_traffic_would_read_it(s
     assert _reached(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))  # beside it
 
 
+def test_traffic_tune_refuses_is_refused_before_any_server(study, capsys):
+    # encoder_sim's max_batch_size is 64: a request of 65 rows is one Triton refuses on every trial
+    (study / "traffic.csv").write_text("timestamp,batch_size,seq_len\n" + "".join(
+        f"{i / 10},{65 if i == 7 else 1},{20 + i}\n" for i in range(50)))
+    err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))
+    assert "max_batch_size is 64, but the traffic has requests of 65 rows (row 7" in err and REACHED not in err
+
+
 def test_a_file_tuner_did_not_write_is_replaced_only_with_force(study, capsys):
     mine = study / "mine.csv"
     mine.write_text("rows,length,median_ms\n1,10,1.0\n")  # a profile-like table, but not a profile tuner wrote

@@ -676,6 +676,24 @@ def test_cli_prints_the_ranked_table_and_answers_what_ifs(study, capsys):
     assert code == 3
 
 
+def test_cli_checks_the_traffic_as_tune_does_and_ranks_only_the_space_tune_searches(study, capsys):
+    traffic = poisson_traffic(rate=30, seconds=60)
+    traffic.loc[17, "batch_size"] = 4  # a request of 4 rows: max_batch_size 1 and 2 refuse it
+    traffic.to_csv(study / "traffic.csv", index=False)
+    out_json = study / "ranking.json"
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--json", str(out_json)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "note: search.max_batch_size: low raised from 1 to 4" in captured.err and "(row 17" in captured.err
+    ranked = json.loads(out_json.read_text())["ranking"]
+    assert {r["max_batch_size"] for r in ranked} == set(range(4, 17)) | {64}  # 4..16, and the incumbent's 64
+    # a request the model itself refuses: refused in tune's words, before any ranking
+    traffic.loc[17, "batch_size"] = 65
+    traffic.to_csv(study / "traffic.csv", index=False)
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv")])
+    _refused(capsys, code, "max_batch_size is 64, but the traffic has requests of 65 rows (row 17")
+
+
 def test_cli_says_when_the_space_reaches_rows_the_profile_did_not_time(study, capsys):
     """The study's profile timed 1..8 rows; its space goes to 16 and its incumbent is 64: said, not silent."""
     assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--top", "1"]) == 0

@@ -42,7 +42,7 @@ from tuner.traffic import busiest_window, mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
 
-__all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "check_workers", "finish",
+__all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "check_traffic", "check_workers", "finish",
            "outputs_from_storage", "prepare", "tune"]
 
 # requests slower than the SLA's percentile, at the least, in a step at the recorded load for its verdict not
@@ -129,19 +129,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
                                 f"batcher; {settings.model} is batched by vLLM: use search.strategy: measure")
     traffic = study_traffic(settings)
     price_for(settings.cost)
-    notes = []
-    if engine is None:
-        largest, where = _largest_request(traffic)
-        if largest > base.max_batch_size:
-            raise ConfigError(
-                f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
-                f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
-    _check_replayable(settings, base, traffic, engine=engine)
-    if engine is None:
-        narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
-        if note:
-            notes.append(note)
-        settings = dataclasses.replace(settings, search=narrowed)
+    settings, notes = check_traffic(settings, base, traffic, engine=engine)
     incumbent = space.from_config(base, settings.search, engine=engine)
     off = space.outside(incumbent, settings.search)
     if off:
@@ -164,6 +152,29 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
         if resume:
             prepared = dataclasses.replace(prepared, notes=(*prepared.notes, resume))
     return prepared
+
+
+def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,
+                  engine: dict | None = None) -> tuple[StudySettings, list[str]]:
+    """The study's traffic checked as every trial's replay would take it (a request above the model's
+    max_batch_size, a row the replay refuses, nothing in the measured window: one line, exit 2), and the
+    settings with the space narrowed to take its largest request, with a note saying so. What tune,
+    simulate and profile check alike, so that a ranking or a profile is never of traffic tune refuses."""
+    notes = []
+    if engine is None:
+        largest, where = _largest_request(traffic)
+        if largest > base.max_batch_size:
+            base_path = Path(settings.model_repository) / settings.model / "config.pbtxt"
+            raise ConfigError(
+                f"{base_path}: max_batch_size is {base.max_batch_size}, but the traffic has requests of "
+                f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
+    _check_replayable(settings, base, traffic, engine=engine)
+    if engine is None:
+        narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
+        if note:
+            notes.append(note)
+        settings = dataclasses.replace(settings, search=narrowed)
+    return settings, notes
 
 
 def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,

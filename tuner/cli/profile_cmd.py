@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.settings import read_study
     from tuner.simulate import length_column, profile_text
     from tuner.study import study_traffic
+    from tuner.tune import check_traffic
 
     for count in COUNTS:
         value = getattr(args, count.dest)
@@ -79,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
     check_writable(output, label=f"profile {output}")
     traffic = study_traffic(settings)
+    settings, _ = check_traffic(settings, base, traffic)  # a profile of traffic tune refuses serves nothing
     column = length_column(traffic)
     max_rows = getattr(args, MAX_ROWS.dest)
     mbs = largest_rows(settings, max_rows or None)

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.simulate import read_profile
     from tuner.study import study_traffic
     from tuner.traffic import scale_time
+    from tuner.tune import check_traffic
 
     for figure in FIGURES:
         value = getattr(args, figure.dest)
@@ -115,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         settings = with_overrides(settings, overrides)
     profile = read_profile(args.profile, model=settings.model)  # another model's times would rank nothing
     traffic = study_traffic(settings)
+    settings, notes = check_traffic(settings, base, traffic)  # what tune refuses, and its space narrowed
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.traffic_scale is not None:
         traffic = scale_time(traffic, args.traffic_scale)
     price = price_for(settings.cost).price_per_hour
