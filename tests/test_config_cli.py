@@ -299,6 +299,26 @@ def test_set_replaces_an_out_only_when_tuner_wrote_it_or_it_holds_the_same_text(
     assert code == 0 and modelconfig.load(out).max_batch_size == 8
 
 
+def test_a_file_set_wrote_says_so_and_the_next_set_replaces_it_without_force(capsys, tmp_path):
+    out = tmp_path / "out.pbtxt"
+    assert run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=8", "-o", str(out))[0] == 0
+    first = out.read_text()
+    assert first.startswith(f"{modelconfig.SET_HEADER}from {ROOT_CONFIG} (--set max_batch_size=8)\n")
+    # another value into the same file: tuner wrote it, nothing of the user's is lost
+    code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=16", "-o", str(out))
+    assert code == 0, err
+    assert modelconfig.load(out).max_batch_size == 16 and out.read_text().count(modelconfig.SET_HEADER) == 1
+    # a set of a set: one header, the latest
+    again = tmp_path / "again.pbtxt"
+    assert run(capsys, "config", "set", str(out), "--set", "max_batch_size=4", "-o", str(again))[0] == 0
+    text = again.read_text()
+    assert text.startswith(f"{modelconfig.SET_HEADER}from {out} (--set max_batch_size=4)\n")
+    assert text.count(modelconfig.SET_HEADER) == 1 and modelconfig.load(again).max_batch_size == 4
+    # --in-place changes only what was asked: no header in the user's own file
+    assert run(capsys, "config", "set", str(again), "--set", "max_batch_size=2", "--in-place")[0] == 0
+    assert again.read_text() == text.replace("max_batch_size: 4", "max_batch_size: 2")
+
+
 def test_set_says_a_field_set_to_zero_is_zero(capsys, tmp_path):
     out = tmp_path / "out.pbtxt"
     code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=0", "-o", str(out))

@@ -77,18 +77,20 @@ def check_name(config: ModelConfig, path: str | Path) -> None:
                           "loads a model only from a directory of its name")
 
 
-# The first line of a config.pbtxt `tuner export` writes (the rest of the line: version, date, study)
+# The first line of a config.pbtxt `tuner export` writes (the rest of the line: version, date, study), and
+# of one `tuner config set -o` writes (the rest: the file it changed and how)
 EXPORT_HEADER = "# Recommended by tuner "
+SET_HEADER = "# Written by tuner config set "
 
 
 def written_by_tuner(path: str | Path, *, text: str) -> bool:
     """Whether the file at `path` is tuner's to replace with `text` (tuner.files.check_replaceable's
-    `ours`): an earlier export (it begins with EXPORT_HEADER), or the same text already. Only as many
-    bytes as that takes are read."""
-    new, header = text.encode(), EXPORT_HEADER.encode()
+    `ours`): one tuner wrote (it begins with EXPORT_HEADER or SET_HEADER), or the same text already.
+    Only as many bytes as that takes are read."""
+    new, headers = text.encode(), (EXPORT_HEADER.encode(), SET_HEADER.encode())
     with open(path, "rb") as fh:
-        old = fh.read(max(len(new), len(header)) + 1)
-    return old == new or old.startswith(header)
+        old = fh.read(max(len(new), *map(len, headers)) + 1)
+    return old == new or old.startswith(headers)
 
 
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:

@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "instance_group.count); preferred_batch_size takes a comma list, e.g. 4,8. Preferred batch sizes "
         "above a new max_batch_size are dropped. instance_count sets the count of the one instance group, and "
         "is refused for a config with several (their split is the user's). The input file is never changed "
-        "without --in-place; an existing OUT only when tuner wrote it (a config `tuner export` wrote) or it "
-        "holds the same text, else with --force.",
+        "without --in-place. OUT begins with a comment line saying what wrote it; an existing OUT is replaced "
+        "only when tuner wrote it (`tuner export` or `config set -o`) or it holds the same text, else with --force.",
     )
     add_input(set_, "path", metavar="PATH", what="a config.pbtxt", help="the config.pbtxt to start from")
     add_assignments(set_, "a field to change; repeat for several", required=True)
@@ -131,12 +131,21 @@ def _set(args: argparse.Namespace) -> int:
     if target is None:
         sys.stdout.write(text)
         return 0
-    if not args.in_place:
+    if not args.in_place:  # a new file says tuner wrote it, so that the next `-o` there may replace it
+        text = _with_set_header(text, path, args.assignments)
         check_replaceable(target, force=args.force, ours=functools.partial(modelconfig.written_by_tuner, text=text))
     _write(target, text)
     changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
+
+
+def _with_set_header(text: str, source: Path, assignments: list[str]) -> str:
+    """`text` under one SET_HEADER line naming `source` and the assignments (a source that `config set`
+    wrote itself loses its own header line: the new one says what this file is)."""
+    if text.startswith(modelconfig.SET_HEADER):
+        text = text.split("\n", 1)[1] if "\n" in text else ""
+    return f"{modelconfig.SET_HEADER}from {source} (--set {' '.join(assignments)})\n{text}"
 
 
 def _check_instance_groups(config: modelconfig.ModelConfig, path: Path, params: dict) -> None:
