@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(compute_infer, median and p10-p90), host time (compute_input + compute_output), the per-request "
         "overhead outside the model, and where the model runs out of memory; when the space tries several "
         "instances, how many executions run at once. Prints the table and writes "
-        "the profile CSV (format: tuner/simulate/_profile.py). The model's config is checked first as `tuner tune "
-        "--check` checks it, with the settings the simulation refuses. The profile replaces only a profile tuner "
+        "the profile CSV (format: tuner/simulate/_profile.py). The model's config and the traffic are checked first "
+        "as `tuner tune --check` checks them, with the settings the simulation refuses. The profile replaces only a profile tuner "
         "wrote (else --force), never one of the study's inputs. Exit codes: 0 done, 2 bad input.",
     )
     add_study(p, "the study file (model, server, traffic, search space)")

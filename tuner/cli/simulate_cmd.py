@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rank the whole search space as the real search would score it: the step at the recorded load "
         "(SLA, utilization score), then the capacity bisection on simulated steps (capacity score). "
         "No server is started. What-ifs: --traffic-scale 2 (the same traffic twice as fast), --sla-ms, "
-        "--price, --speed. The model's config is checked first as `tuner tune --check` checks it. --json "
+        "--price, --speed. The model's config and the traffic are checked first as `tuner tune --check` checks "
+        "them, and the space narrowed to the traffic's largest request as tune narrows it. --json "
         "replaces only a ranking tuner wrote (else --force), never one of the study's inputs. "
         "Exit codes: 0 done, 3 no configuration met the SLA, 2 bad input.",
     )
