@@ -68,6 +68,30 @@ def test_shutdown_ends_the_server_and_the_children_it_has_left(env, tmp_path):
     assert child.wait(timeout=5) != 0
 
 
+@pytest.mark.parametrize("ignored", [True, False])
+def test_a_forked_load_generator_takes_sigint_as_its_caller_does(env, tmp_path, ignored):
+    # a caller that ignores Ctrl-C (a background job, nohup): its load generators go on through one, as
+    # processes it started itself would (they were ended by it: the replay failed, "exited with 1")
+    spec = {"workers": 1, "master_port": free_ports(1)[0], "connect_timeout_s": 600,
+            "summary": str(tmp_path / "summary-{name}.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    log = open(tmp_path / "err.log", "w+")
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    try:
+        child = _forkserver.start([str(tmp_path / "spec.json"), "--role", "master"], stderr=log, env=env)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    time.sleep(1.0)
+    assert child.poll() is None, open(tmp_path / "err.log").read()
+    os.kill(child.pid, signal.SIGINT)
+    if ignored:
+        time.sleep(2.0)
+        assert child.poll() is None, open(tmp_path / "err.log").read()
+        child.kill()
+    else:
+        assert child.wait(timeout=30) != 0
+
+
 def test_a_dead_server_is_replaced_and_a_caller_that_dies_takes_its_server_along(env, tmp_path):
     log = open(tmp_path / "err.log", "w+")
     _forkserver.start([str(tmp_path / "missing.json")], stderr=log, env=env).wait(timeout=30)

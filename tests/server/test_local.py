@@ -86,6 +86,21 @@ def test_stop_ends_the_process_group(triton_install, templates_dir):
     assert not server.is_alive()
 
 
+def test_ctrl_c_in_its_block_says_the_server_is_being_stopped_then_stops_it(triton_install, templates_dir, capsys):
+    # Triton's own shutdown takes seconds after Ctrl-C: said at once, not a silent wait
+    with pytest.raises(KeyboardInterrupt):
+        with LocalLauncher(templates_dir, models=["encoder_sim"], install=triton_install) as server:
+            pgid = server.pid
+            capsys.readouterr()
+            raise KeyboardInterrupt
+    assert capsys.readouterr().err == "tuner: interrupted: stopping the server ...\n"
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    with LocalLauncher(templates_dir, models=["encoder_sim"], install=triton_install):
+        pass  # an ordinary end says nothing
+    assert "interrupted" not in capsys.readouterr().err
+
+
 def _group_members(pgid: int) -> list[str]:
     """The live (not zombie) processes of a process group, by name."""
     members = []

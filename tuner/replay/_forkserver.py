@@ -81,7 +81,11 @@ class _Server:
 
     def fork(self, argv: list[str], *, stdout: int, stderr: int) -> int:
         with self.lock:
-            socket.send_fds(self.sock, [json.dumps(argv).encode()], [stdout, stderr])
+            # the child takes Ctrl-C as a process this one started would: ignored where this one ignores it
+            # (a background job, nohup), else raising (a terminal's Ctrl-C reaches the whole group)
+            ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+            request = {"argv": argv, "sigint": "ignore" if ignored else "default"}
+            socket.send_fds(self.sock, [json.dumps(request).encode()], [stdout, stderr])
             try:
                 pid = self.replies.get(timeout=REPLY_TIMEOUT_S)
             except queue.Empty:

@@ -105,8 +105,10 @@ def _reap(children: set[int], sock, waitpid) -> None:
             return  # the parent is gone: the loop sees it next
 
 
-def _child(sock, argv: list[str], fds: list[int]) -> None:
-    """In the forked child: stdout and stderr are the replay's, then the load generator runs; never returns."""
+def _child(sock, request: dict, fds: list[int]) -> None:
+    """In the forked child: stdout and stderr are the replay's, then the load generator runs with the
+    request's argv; never returns. SIGINT as the requester has it (`sigint`: ignore or default), as a
+    process it started itself would inherit it."""
     rc = 1
     try:
         sock.close()
@@ -114,9 +116,10 @@ def _child(sock, argv: list[str], fds: list[int]) -> None:
         os.dup2(fds[1], 2)
         for descriptor in fds:
             _close(descriptor)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        ignore = request.get("sigint") == "ignore"
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore else signal.default_int_handler)
         gevent.reinit()
-        rc = main(argv)
+        rc = main(request["argv"])
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +98,13 @@ class Launcher(abc.ABC):
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    # what `stop` does, said when Ctrl-C ends the block: a server's shutdown takes seconds (Triton's exit
+    # timeout, a container's stop), and a silent wait after Ctrl-C reads as a hang
+    stopping = "stopping the server"
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            print(f"tuner: interrupted: {self.stopping} ...", file=sys.stderr, flush=True)
         self.stop()
 
 

@@ -153,6 +153,8 @@ class RemoteLauncher(Launcher):
     def is_alive(self) -> bool:
         return self._http.ok("v2/health/live", timeout_s=2.0)
 
+    stopping = "reloading the models tuner changed with their own configuration (the server keeps running)"
+
     def stop(self) -> None:
         """Reload every model we changed with its original configuration (the server keeps running)."""
         failures = []
