@@ -107,6 +107,7 @@ def test_the_audit_measures_the_running_config_and_changes_nothing(deployment, t
     # the config the server runs, not the repository's file
     assert {k: report["params"][k] for k in DEPLOYED} == DEPLOYED
     assert report["sla_met"] and report["capacity_rps"] is None and report["throughput_ratio"] is None
+    assert report["figures"]["capacity_rps"] is None and report["figures"]["capacity_speed"] is None  # alike
     assert 0 < report["figures"]["fill_rate"] <= 1 and report["figures"]["compute_ms"] > 0
     assert "SLA at the recorded load" in out and "fill rate at the recorded load" in out
     assert "replay at speed 0.25" in err  # progress, one line per replay
@@ -122,11 +123,21 @@ def test_the_audit_searches_the_capacity_and_compares_with_a_baseline(deployment
     # a baseline far above what this deployment can do: inefficient, with a budget to recover
     baseline = write_baseline(tmp_path, capacity_rps=10_000.0)
     code = main(["audit", str(write_study(tmp_path)), "--url", deployment.endpoints.http,
-                 "--baseline", str(baseline), "--json", str(tmp_path / "audit.json")])
+                 "--baseline", str(baseline), "--json", str(tmp_path / "audit.json"),
+                 "--textfile", str(tmp_path / "audit.prom")])
     out, err = capsys.readouterr()
     report = json.loads((tmp_path / "audit.json").read_text())
     assert code == 10, out + err
-    assert report["capacity_rps"] > 0
+    assert report["capacity_rps"] > 0 and report["figures"]["capacity_rps"] == report["capacity_rps"]
+    # the textfile holds what the dashboard's panels and the recording rules divide by, as --prometheus's does
+    from prometheus_client.parser import text_string_to_metric_families
+
+    textfile = {s.name: s.value for f in text_string_to_metric_families((tmp_path / "audit.prom").read_text())
+                for s in f.samples}
+    assert textfile["tuner_max_batch_size"] == DEPLOYED["max_batch_size"]
+    assert textfile["tuner_baseline_capacity_requests_per_second"] == 10_000.0
+    assert textfile["tuner_gpu_price_dollars_per_hour"] > 0 and "tuner_sla_latency_seconds" in textfile
+    assert textfile["tuner_throughput_ratio"] == pytest.approx(report["throughput_ratio"])
     assert report["throughput_ratio"] == pytest.approx(report["capacity_rps"] / 10_000.0)
     assert report["recoverable_per_month"] == pytest.approx(
         (1 - report["throughput_ratio"]) * report["figures"]["monthly_cost"])

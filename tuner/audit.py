@@ -108,7 +108,9 @@ class AuditResult:
             "price_per_hour": self.price_per_hour,
             "baseline": None if self.baseline is None else self.baseline.__dict__,
             "throughput_ratio": self.ratio, "recoverable_per_month": self.recoverable_per_month,
-            "figures": to_attrs(self.result),
+            # the trial's own record, but for a capacity not measured: null there too, as above
+            "figures": {**(attrs := to_attrs(self.result)),
+                        **{k: None for k in ("capacity_rps", "capacity_speed") if not attrs.get(k)}},
             "findings": [f.__dict__ for f in self.findings],
             "exit_code": self.exit_code,
             "sla": self.sla, "traffic": {"path": self.traffic_path},

@@ -87,14 +87,16 @@ def run(args: argparse.Namespace) -> int:
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
-        from tuner.production import labels_for, replay_audit_families, write_textfile
+        from tuner.production import labels_for, replay_audit_families, study_families, write_textfile
 
+        labels = labels_for(settings)
         if result.unit == TOKENS:  # in output tokens, named so: never read as requests
             from tuner.audit_engine import textfile_families
 
-            families = textfile_families(result, labels_for(settings))
-        else:
-            families = replay_audit_families(result, labels_for(settings))
+            families = textfile_families(result, labels)
+        else:  # the study's constants too, as --prometheus writes them: the dashboard and rules divide by them
+            families = study_families(settings, labels, max_batch_size=result.params.get("max_batch_size"),
+                                      baseline=baseline) + replay_audit_families(result, labels)
         write_textfile(args.textfile, families)
     return result.exit_code
 
