@@ -373,3 +373,12 @@ def test_a_table_row_gives_each_engine_knob_its_type():
     row = {"max_num_seqs": "32", "enable_chunked_prefill": "False", "gpu_memory_utilization": "0.85"}
     assert space.from_row(row, space.ENGINE_KNOBS) == {
         "max_num_seqs": 32, "enable_chunked_prefill": False, "gpu_memory_utilization": 0.85}
+
+
+def test_a_value_outside_a_knobs_choices_is_refused_naming_it_as_the_study_file_spells_it():
+    search = SearchSettings(max_num_seqs=IntRange(2, 8), enable_chunked_prefill=(False,))
+    with pytest.raises(SettingsError, match=r"^search.enable_chunked_prefill: production's enable_chunked_prefill "
+                                            r"is true, not one of the choices \[false\]: .* add true to"):
+        space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": True}, search, whose="production's")
+    # a number outside its range is measured with a note instead (`outside`)
+    space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": False}, search, whose="the incumbent's")

@@ -398,6 +398,18 @@ def _traffic_with_rows(tmp: Path, rows: int) -> Path:
     return path
 
 
+def test_an_incumbent_outside_a_knobs_choices_is_one_line_before_any_server(tmp_path, capsys):
+    # a trial takes one of a categorical knob's choices: Optuna raised "'none' not in ('powers_of_two',)"
+    # from the search, after the server had started
+    study = write_tune_study(tmp_path, "choices", **{"search.preferred_batch_size": ["powers_of_two"]})
+    for argv in (["tune", str(study), "--check"], ["tune", str(study)]):
+        assert main(argv) == 2
+        line = _one_line_error(capsys)
+        assert ("search.preferred_batch_size: the incumbent's preferred_batch_size is none, not one of the "
+                "choices [powers_of_two]") in line and "add none to search.preferred_batch_size" in line, line
+    assert not (tmp_path / "choices").exists()
+
+
 def test_a_study_measured_with_another_model_py_is_not_resumed(tmp_path, capsys):
     # the study as `tune` opens it, before any trial: then the model's code changes
     from tuner import search

@@ -46,7 +46,7 @@ __all__ = [
     "ALL_KNOBS", "CHUNKED_PREFILL", "CONFIG_FILE", "ENGINE_KNOBS", "ENGINE_NAMES", "GPU_MEMORY", "GRID_POINTS",
     "INSTANCES", "KNOBS", "KV_CACHE_GIB", "LABELS", "MAX_BATCH_SIZE", "MAX_SEQS", "MAX_TOKENS", "NAMES",
     "PREFERRED", "QUEUE_DELAY", "QUEUE_SIZE", "STRATEGIES", "Knob", "Params", "apply", "apply_engine",
-    "check_tunable", "config_diff", "config_fields", "deployed", "describe", "engine_diff", "fit_to_rows", "from_config",
+    "check_choices", "check_tunable", "config_diff", "config_fields", "deployed", "describe", "engine_diff", "fit_to_rows", "from_config",
     "from_row", "grid", "grid_size", "outside", "parse_assignments", "preferred_sizes", "sizes_text", "split",
     "study_space", "suggest", "tuned", "value_in",
 ]
@@ -559,6 +559,25 @@ def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tup
     narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=largest_rows))
     return narrowed, (f"search.max_batch_size: low raised from {r.low} to {largest_rows}: the traffic has "
                       f"requests of {largest_rows} rows ({where}), which a smaller max_batch_size refuses")
+
+
+def check_choices(params: Params, search: SearchSettings, *, whose: str) -> None:
+    """Refuse (SettingsError) a configuration measured as a trial of the study (the incumbent, production's)
+    whose value of a knob of choices is not one of them: a trial takes one of its knob's choices (Optuna's
+    categorical distributions have no value outside them), where a number outside a range is measured
+    with a note (`outside`)."""
+    for knob in tuned(search):
+        r = knob.range_of(search)
+        if isinstance(r, (IntRange, FloatRange)) or knob.name not in params:
+            continue
+        value = params[knob.name]
+        if value not in list(r):
+            def shown(v):  # as the study file spells it
+                return str(v).lower() if isinstance(v, bool) else str(v)
+
+            raise SettingsError(f"search.{knob.name}: {whose} {knob.name} is {shown(value)}, not one of the "
+                                f"choices [{', '.join(map(shown, r))}]: it is measured as a trial of the study, "
+                                f"which takes one of them; add {shown(value)} to search.{knob.name}")
 
 
 def outside(params: Params, search: SearchSettings) -> list[str]:

@@ -131,6 +131,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     price_for(settings.cost)
     settings, notes = check_traffic(settings, base, traffic, engine=engine)
     incumbent = space.from_config(base, settings.search, engine=engine)
+    space.check_choices(incumbent, settings.search, whose="the incumbent's")
     off = space.outside(incumbent, settings.search)
     if off:
         notes.append(f"the incumbent's {'; '.join(off)} lies outside the search: it is measured as the "

@@ -103,7 +103,9 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
         config = modelconfig.load(path)
         _check_production(config, path, study)
         space.check_tunable(config, str(path), search=study.search)
-        return Deployed(path=path, config=config, params=space.from_config(config, study.search))
+        params = space.from_config(config, study.search)
+        space.check_choices(params, study.search, whose="production's")
+        return Deployed(path=path, config=config, params=params)
     if given is not None and given.suffix.lower() == ".json":
         config_path, path = model_dir / CONFIG_FILE, given
         engine = read_json_object(given, missing="no such file (production's model.json)", error=ConfigError)
@@ -115,8 +117,9 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
     config = modelconfig.load(config_path)
     _check_production(config, config_path, study)
     resolved = engineargs.resolved(engine, "cpu" if study.cost.gpu == "cpu" else "gpu")
-    return Deployed(path=path, config=config, params=space.from_config(config, study.search, engine=resolved),
-                    engine=engine)
+    params = space.from_config(config, study.search, engine=resolved)
+    space.check_choices(params, study.search, whose="production's")
+    return Deployed(path=path, config=config, params=params, engine=engine)
 
 
 def _check_production(config: modelconfig.ModelConfig, path: Path, study: StudySettings) -> None:
