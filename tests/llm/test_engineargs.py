@@ -69,6 +69,9 @@ def test_read_gives_the_model_json_and_refuses_what_vllm_refuses_in_one_line(tmp
      "max_num_batched_tokens (128) must be greater than or equal to max_num_seqs (256)"),
     ({"max_num_batched_tokens": 512, "max_model_len": 2048, "enable_chunked_prefill": False},
      "max_num_batched_tokens (512) is smaller than max_model_len (2048) without chunked prefill"),
+    # no max_model_len: vLLM takes the model's own context, and refuses the same (a trial ended FAIL, unsaid)
+    ({"model": "tuner-tiny-llama", "max_num_batched_tokens": 690, "enable_chunked_prefill": False},
+     "max_num_batched_tokens (690) is smaller than the model's context (its max_model_len) (2048) without"),
 ])
 def test_check_names_the_key_and_the_rule(args, message):
     with pytest.raises(ConfigError) as exc:

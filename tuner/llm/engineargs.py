@@ -292,10 +292,12 @@ def check(args: Mapping[str, object], *, source: str = ENGINE_FILE) -> None:
     if isinstance(seqs, int) and isinstance(tokens, int) and tokens < seqs:
         raise ConfigError(f"{source}: max_num_batched_tokens ({tokens}) must be greater than or equal to "
                           f"max_num_seqs ({seqs}) (vLLM refuses it)")
-    length = args.get("max_model_len")
+    # the context vLLM takes for max_model_len where model.json leaves it out: the model's own
+    length = context_tokens(args)
     if args.get("enable_chunked_prefill") is False and isinstance(tokens, int) and isinstance(length, int) \
             and tokens < length:
-        raise ConfigError(f"{source}: max_num_batched_tokens ({tokens}) is smaller than max_model_len "
+        named = "max_model_len" if args.get("max_model_len") else "the model's context (its max_model_len)"
+        raise ConfigError(f"{source}: max_num_batched_tokens ({tokens}) is smaller than {named} "
                           f"({length}) without chunked prefill (vLLM refuses it: a longer prompt could never "
                           f"be scheduled)")
 
