@@ -53,7 +53,9 @@ from tuner.score import check_tokens, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings, check_generative
 from tuner.study import base_config, base_engine, study_traffic
+from tuner.traffic import mean_output_tps
 from tuner.trial import NO_VERDICT, Hints
+from tuner.trial.generate import keeping_up
 from tuner.trial.run import make_measure
 
 __all__ = ["audit_engine", "check_not_vllm", "deployed_engine", "engine_findings", "textfile_families"]
@@ -122,7 +124,7 @@ def audit_engine(settings: StudySettings, baseline: Baseline | None = None, at_l
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     params = engine_params(args, gpu=_device(settings) != "cpu")
     replays: list[tuple[TokenMeasurement, dict | None]] = []  # each replay, with the engine's stretch over it
-    say = _say_step(settings) if progress else None
+    say = _say_step(settings, traffic) if progress else None
     metrics_url = None
     with make_launcher(settings, read_only=True) as launcher, \
             EngineWatch(launcher.endpoints.metrics, settings.model) as watch:
@@ -222,11 +224,14 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def _say_step(settings: StudySettings):
+def _say_step(settings: StudySettings, traffic):
     pct = f"p{settings.sla.percentile:g}"
+    # a capacity step is judged as the search judges it: the SLA, and an engine falling behind its window
+    step_check = keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic))
 
     def say(m: TokenMeasurement) -> None:
-        verdict = sla_verdict(check_tokens(m, settings.sla)) if m.valid else \
+        check = check_tokens if m.speed == settings.traffic.speed else step_check  # the recorded load: the SLA
+        verdict = sla_verdict(check(m, settings.sla)) if m.valid else \
             f"no verdict, {m.invalid_reason}"  # replayed again (the step's retry policy)
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.1f} output "
               f"tokens/s, {pct} TTFT {_ms(m.ttft_ms.get(pct))} ms, TPOT {_ms(m.tpot_ms.get(pct))} ms: "
