@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from trial.test_generate import SLA, step
 
 from tuner.audit_engine import _say_step
 from tuner.settings import StudySettings, TrafficSettings
-
-from trial.test_generate import SLA, step
 
 
 def test_a_capacity_step_the_engine_falls_behind_in_is_said_to_fail_as_the_search_judges_it(capsys):

@@ -84,7 +84,7 @@ def deployed_engine(settings: StudySettings) -> tuple[dict, str]:
 
 
 def _device(settings: StudySettings) -> str:
-    return "cpu" if settings.cost.gpu == "cpu" else "gpu"  # the device class of tune's incumbent
+    return engineargs.device_class(settings.cost.gpu)  # the device class of tune's incumbent
 
 
 def engine_params(args: dict, *, gpu: bool) -> space.Params:

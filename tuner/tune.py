@@ -123,7 +123,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     settings = dataclasses.replace(settings, search=space.study_space(settings.search, vllm=engine is not None,
                                                                       source=settings.source or "<study>"))
     if engine is not None:
-        engine = engineargs.resolved(engine, "cpu" if settings.cost.gpu == "cpu" else "gpu")
+        engine = engineargs.resolved(engine, engineargs.device_class(settings.cost.gpu))
         if settings.search.strategy == "model":
             raise SettingsError(f"{settings.source or '<study>'}: search.strategy: model simulates Triton's dynamic "
                                 f"batcher; {settings.model} is batched by vLLM: use search.strategy: measure")

@@ -60,6 +60,15 @@ def test_the_example_checks_and_says_what_it_tunes(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("gpu, incumbent", [
+    ("a100-80gb", "seqs 256, batched tokens 2048"),  # vLLM's values under 70 GiB, and on any A100
+    ("h100", "seqs 1024, batched tokens 8192"),  # an H100-class GPU's (they read 256 / 2048 there)
+])
+def test_the_incumbent_takes_vllms_values_for_the_studys_gpu(tmp_path, capsys, gpu, incumbent):
+    assert main(["tune", str(study(tmp_path, cost={"gpu": gpu})), "--check"]) == 0
+    assert f"incumbent  {incumbent}, chunked prefill true" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("changes", "expected"), [
     ({"search__max_batch_size": {"low": 1, "high": 8}}, "Triton's dynamic batcher does nothing on a vLLM-backend"),
     ({"search__strategy": "model"}, "search.strategy: model simulates Triton's dynamic batcher"),

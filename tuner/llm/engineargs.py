@@ -46,8 +46,8 @@ from tuner.llm import tiny
 from tuner.modelconfig import ModelConfig, load
 
 __all__ = [
-    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "installed_vllm", "introspect",
-    "is_vllm_model", "known_keys", "read", "resolved", "version_dir", "version_files", "write",
+    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "device_class", "installed_vllm",
+    "introspect", "is_vllm_model", "known_keys", "read", "resolved", "version_dir", "version_files", "write",
 ]
 
 ENGINE_FILE = "model.json"
@@ -204,6 +204,17 @@ def defaults(device: str = "cpu") -> dict[str, object]:
     return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "enable_chunked_prefill": True,
             "gpu_memory_utilization": fields.get("gpu_memory_utilization", _PLAIN["gpu_memory_utilization"]),
             "kv_cache_memory_bytes": None}
+
+
+# the device class of each GPU `cost.gpu` may name whose class is not the plain `gpu` (by its memory: vLLM
+# picks its defaults so; A100s stay `gpu` whatever their memory, as vLLM has it)
+_DEVICE_OF = {"cpu": "cpu", "h100": "gpu_70gib", "h200": "gpu_70gib", "b200": "gpu_160gib", "b300": "gpu_160gib"}
+
+
+def device_class(gpu: str) -> str:
+    """The device class of `defaults` for a study's `cost.gpu`: `cpu`; an H100 or H200 `gpu_70gib`; a
+    B200 or B300 `gpu_160gib`; any other GPU (T4, L4, A10G, A100) `gpu`."""
+    return _DEVICE_OF.get(gpu.lower(), "gpu")
 
 
 def resolved(args: Mapping[str, object], device: str = "cpu") -> dict[str, object]:

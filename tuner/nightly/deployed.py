@@ -116,7 +116,7 @@ def read_deployed(study: StudySettings, production: str | Path | None) -> Deploy
         engine = engineargs.read(config_path.parent)
     config = modelconfig.load(config_path)
     _check_production(config, config_path, study)
-    resolved = engineargs.resolved(engine, "cpu" if study.cost.gpu == "cpu" else "gpu")
+    resolved = engineargs.resolved(engine, engineargs.device_class(study.cost.gpu))
     params = space.from_config(config, study.search, engine=resolved)
     space.check_choices(params, study.search, whose="production's")
     return Deployed(path=path, config=config, params=params, engine=engine)

@@ -70,7 +70,7 @@ def soak_engine(settings: StudySettings, output: str | Path, assignments: Iterab
             label = str(engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE)
             source = f"{label} (the model's own)"
         engineargs.check(args, source=label)
-    args = engineargs.resolved(args, "cpu" if settings.cost.gpu == "cpu" else "gpu")
+    args = engineargs.resolved(args, engineargs.device_class(settings.cost.gpu))
     params = space.parse_assignments(assignments)
     batcher, knobs = space.split(params)
     if batcher:
