@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 import re
 import shutil
@@ -106,8 +107,11 @@ def test_load_output_reads_what_tuner_tune_wrote(output_dir: Path) -> None:
     assert out.trials.loc[out.trials["feasible"], "latency_p99_ms"].max() <= out.sla["latency_ms"]
     assert out.trials["requests_per_dollar"].max() == pytest.approx(csv["requests_per_dollar"].max())
     assert out.incumbent_config and "max_batch_size: 64" in out.incumbent_config
-    assert out.traffic is not None and out.peak_rps() == json.loads((output_dir / "summary.json").read_text())[
-        "traffic"]["peak_rps"]
+    traffic = json.loads((output_dir / "summary.json").read_text())["traffic"]
+    assert out.traffic is not None and out.peak_rps() == traffic["peak_rps"]
+    # the mean at the study's speed beside the busiest second at it (the recording's own mean is at speed 1)
+    assert traffic["load_mean_rps"] == pytest.approx(traffic["mean_rps"] * traffic["speed"])
+    assert traffic["load_mean_rps"] <= traffic["peak_rps"]
 
 
 def test_per_request_records_give_the_latency_cdfs(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -506,3 +510,12 @@ def test_analyze_study_notebook_runs(tmp_path_factory: pytest.TempPathFactory, m
     assert len(plots) >= 6
     tables = [o for o in outputs if "text/html" in o.get("data", {}) and "<table" in o["data"]["text/html"]]
     assert len(tables) >= 5
+
+
+def test_a_generative_summarys_sla_is_its_token_limit_and_none_is_no_limit() -> None:
+    from tuner.report._load import sla_of
+
+    # a generative study's summary: its encoder latency limit is none, its TTFT limit the one drawn
+    assert sla_of({"sla": {"latency_ms": None, "ttft_ms": 1000.0, "percentile": 99}})["latency_ms"] == 1000.0
+    assert math.isnan(sla_of({"sla": {"latency_ms": None}})["latency_ms"])
+    assert sla_of({"sla": {"latency_ms": 100.0}})["latency_ms"] == 100.0

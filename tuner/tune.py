@@ -393,11 +393,14 @@ def _metadata(p: Prepared) -> dict:
         "base_config": modelconfig.to_text(p.base),
         "base_config_source": (Path(s.model_repository) / s.model / "config.pbtxt").read_text(),
         "preferred_batch_size": s.search.preferred_batch_size,
-        "sla": dataclasses.asdict(s.sla),
+        # a generative study's SLA is in tokens: the encoder's latency limit it leaves at its default is none
+        "sla": {**dataclasses.asdict(s.sla), **({"latency_ms": None} if p.engine is not None else {})},
         "lag_budget_ms": s.replay.lag_budget_ms,
         "step_duration_s": s.search.capacity.step_duration_s,
         "traffic": {**dataclasses.asdict(s.traffic), "requests": len(p.traffic),
-                    "peak_rps": peak_rps(p.traffic, s.traffic.speed), "mean_rps": mean_rps(p.traffic)},
+                    # the busiest second and the mean at the study's speed; mean_rps: the recording's own (speed 1)
+                    "peak_rps": peak_rps(p.traffic, s.traffic.speed),
+                    "load_mean_rps": mean_rps(p.traffic) * s.traffic.speed, "mean_rps": mean_rps(p.traffic)},
         "price": price_for(s.cost).as_dict(),
         **({"base_engine": engineargs.read(Path(s.model_repository) / s.model)} if p.engine is not None else {}),
     }

@@ -205,8 +205,8 @@ def sla_of(summary: dict[str, Any]) -> dict[str, float]:
     if not isinstance(sla, dict):
         sla = {}
     # a generative study's latency is its TTFT (else TPOT, else end to end): `StudyOutput.latency_name`
-    limit = next((sla[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms") if sla.get(k) is not None),
-                 sla.get("latency_ms", float("nan")))
+    limit = next((sla[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms") if sla.get(k) is not None),
+                 float("nan"))
     return {
         "latency_ms": float(limit),
         "percentile": float(sla.get("percentile", 99.0)),
