@@ -201,6 +201,11 @@ def test_a_model_that_cannot_batch_or_uses_another_scheduler_is_refused():
     with pytest.raises(ConfigError, match="uses sequence_batching, not dynamic_batching"):
         space.check_tunable(modelconfig.parse("max_batch_size: 4 sequence_batching { }", "x"), "x")
     space.check_tunable(modelconfig.parse("max_batch_size: 4", "x"), "x")
+    # a streaming model that does not batch: a vLLM-backend model whose model.json is missing
+    with pytest.raises(ConfigError, match="the model streams .decoupled., as a vLLM-backend model does, but its "
+                                          "version directory holds no model.json"):
+        space.check_tunable(modelconfig.parse("max_batch_size: 0 model_transaction_policy { decoupled: true }",
+                                              "x"), "x")
 
 
 def test_a_search_of_instance_count_over_several_instance_groups_is_refused_as_config_set_refuses_it():

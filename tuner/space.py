@@ -532,6 +532,11 @@ def check_tunable(base: ModelConfig, source: str, *, search: SearchSettings | No
     """Refuse a model the study cannot tune: one that cannot batch (max_batch_size 0), one whose
     scheduler is not the dynamic batcher (sequence batching, an ensemble), or (given the study's
     `search`) one of several instance groups whose instance count the search would set."""
+    if base.max_batch_size <= 0 and base.model_transaction_policy.decoupled:  # how a vLLM-backend model looks
+        raise ConfigError(f"{source}: max_batch_size is {base.max_batch_size} and the model streams (decoupled), "
+                          f"as a vLLM-backend model does, but its version directory holds no model.json (the "
+                          f"engine arguments tuner tunes): add one (e.g. {{\"model\": \"...\"}}), or give an "
+                          f"encoder max_batch_size >= 1")
     if base.max_batch_size <= 0:
         raise ConfigError(f"{source}: max_batch_size is {base.max_batch_size}: this model does not batch "
                           f"(Triton sends it one request at a time), so there is no dynamic batching to "
