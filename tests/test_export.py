@@ -172,6 +172,18 @@ def test_capacity_steps_shorter_than_two_requests_lives_are_noted_under_the_verd
         assert lines.index(notes[0]) == lines.index(summary["message"]) + 1  # under the verdict
 
 
+def test_a_generative_capacity_at_the_recorded_load_is_noted_by_a_requests_life_there():
+    # every step above the load failed: no step decided the capacity (no step_warmup_s), and an 8-s step
+    # under 2x a 7.7-s life read the engine low; that went unsaid
+    at_load = {"unit": "tokens", "step_duration_s": 8.0,
+               "best": {"step_warmup_s": None, "latency_ms": {"p50": 7700.0}}}
+    notes = export._short_step_notes(at_load)
+    assert len(notes) == 1 and "at the recorded load, the recommendation's capacity (7.7 s)" in notes[0], notes
+    assert "step_duration_s: 16 s or more" in notes[0]
+    assert export._short_step_notes({**at_load, "step_duration_s": 20.0}) == []
+    assert export._short_step_notes({**at_load, "unit": "requests"}) == []  # an encoder's latency is no life
+
+
 def test_nothing_meets_the_sla_names_the_closest_and_writes_no_config(tmp_path):
     study = make_study(tmp_path, latency_limit=5.0)
     out = tmp_path / "out"

@@ -275,11 +275,14 @@ def _short_step_notes(summary: dict) -> list[str]:
     step_s, notes = summary.get("step_duration_s"), []
     for who in ("best", "incumbent"):
         entry = summary.get(who) or {}
-        life = entry.get("step_warmup_s")
+        life, where = entry.get("step_warmup_s"), "at the speed that decided the"
+        if not life and summary.get("unit") == "tokens":  # the capacity is the recorded load: no step decided it,
+            # and every step above failed; a request's life there is its median end to end
+            life, where = ((entry.get("latency_ms") or {}).get("p50") or 0) / 1000, "at the recorded load, the"
         if not step_s or not short_window(step_s, life_s=life) or (who == "incumbent" and notes):
             continue
-        notes.append(f"the capacity steps lasted {step_s:g} s, under {WINDOW_LIVES:g}x a request's life end to end at "
-                     f"the speed that decided the {'recommendation' if who == 'best' else 'incumbent'}'s capacity "
+        notes.append(f"the capacity steps lasted {step_s:g} s, under {WINDOW_LIVES:g}x a request's life end to end {where} "
+                     f"{'recommendation' if who == 'best' else 'incumbent'}'s capacity "
                      f"({life:.1f} s): the engine's streamed rate reads low over so short a step, so the capacities "
                      f"may read low; search.capacity.step_duration_s: {math.ceil(WINDOW_LIVES * life):d} s or more "
                      "measures them")
