@@ -130,6 +130,12 @@ def test_the_top_trials_table_says_its_latency_is_at_the_recorded_load(
     assert "latency_p99_ms" not in top.columns
     assert list(top["latency p99 ms at the recorded load"]) == list(best["latency_p99_ms"].round(2))
     assert list(top.index) == list(best["number"])
+    # in the report: the score as the headline prints it, whole and with commas
+    from tuner.report._html import _top_html
+
+    html = _top_html(out)
+    first = float(best["requests_per_dollar"].iloc[0])
+    assert f"<td>{first:,.0f}</td>" in html and f"{round(first, 2)}<" not in html
 
 
 def test_parameter_importance_from_optuna(tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -200,6 +200,15 @@ def top_table(out: StudyOutput, k: int = 10) -> pd.DataFrame:
     return top.rename(columns={"requests_per_dollar": out.score_short, **at_load} if out.unit == "tokens" else at_load)
 
 
+def _top_html(out: StudyOutput) -> str:
+    """`top_table` as HTML, its figures as the headline prints them (a score in whole units, with commas)."""
+    top = top_table(out)
+    score = out.score_short if out.unit == "tokens" else "requests_per_dollar"
+    formats = {c: "{:,.0f}".format if c == score else "{:,.2f}".format
+               for c in top.columns if pd.api.types.is_float_dtype(top[c])}
+    return top.to_html(formatters=formats)
+
+
 def diff_html(out: StudyOutput) -> str:
     """The incumbent-to-recommended config.pbtxt diff (a vLLM-served model's model.json) as HTML (a note
     when one is missing)."""
@@ -258,7 +267,9 @@ def render(out: StudyOutput) -> str:
 <p class="recommendation" id="recommendation">{html.escape(recommendation_line(out))}</p>
 <p class="facts">{html.escape(_facts(out))}</p>
 {_check_html(out)}{''.join(parts)}
-{_soak_section(out)}<h2>Top trials</h2>{top_table(out).to_html()}
+{_soak_section(out)}<h2>Top trials, as the search measured them</h2>
+<p class="notes">Each trial's own measurement in the search; the recommendation's figures above are its
+re-measurement's, where the study re-measured its best.</p>{_top_html(out)}
 <h2>{out.config_file}: incumbent → recommended</h2>{diff_html(out)}
 <h2>Notes</h2><ul class="notes">{notes or '<li>none</li>'}</ul>
 <p class="notes">Written by tuner {time.strftime('%Y-%m-%d %H:%M:%S %Z')} from {html.escape(str(out.path))}.</p>
