@@ -95,8 +95,10 @@ def run(args: argparse.Namespace) -> int:
 
             families = textfile_families(result, labels)
         else:  # the study's constants too, as --prometheus writes them: the dashboard and rules divide by them
-            families = study_families(settings, labels, max_batch_size=result.params.get("max_batch_size"),
-                                      baseline=baseline) + replay_audit_families(result, labels)
+            at_load = result.result.at_load
+            deployed = at_load.max_batch_size if at_load is not None else None
+            families = study_families(settings, labels, max_batch_size=deployed, baseline=baseline) \
+                + replay_audit_families(result, labels)
         write_textfile(args.textfile, families)
     return result.exit_code
 
