@@ -40,11 +40,10 @@ MEASUREMENT_FIELD = {
      "write_textfile(args.textfile, study_families(settings, labels, max_batch_size=result.max_batch_size,"):
         "the production audit's reading of the deployed max_batch_size (the fill rate's denominator), "
         "published as a gauge for the rules to divide by",
-    ("tuner/cli/audit_cmd.py", "deployed = at_load.max_batch_size if at_load is not None else None"):
-        "the replay audit's measurement of the deployed max_batch_size, published as the production audit's is",
     ("tuner/cli/audit_cmd.py",
      "families = study_families(settings, labels, max_batch_size=deployed, baseline=baseline) \\"):
-        "the same gauge, for the rules to divide by",
+        "the replay audit's deployed max_batch_size (read through space.MAX_BATCH_SIZE), published as the "
+        "production audit's is, for the rules to divide by",
     ("tuner/audit.py", "mbs = a.params[\"max_batch_size\"]"):
         "the audit's fill-rate finding reads the trial's value (equal to the measurement's "
         "`load.max_batch_size`); owned by the audit's findings, to read the measurement's field",

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
+        from tuner import space
         from tuner.production import labels_for, replay_audit_families, study_families, write_textfile
 
         labels = labels_for(settings)
@@ -95,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
             families = textfile_families(result, labels)
         else:  # the study's constants too, as --prometheus writes them: the dashboard and rules divide by them
-            at_load = result.result.at_load
-            deployed = at_load.max_batch_size if at_load is not None else None
+            deployed = result.params.get(space.MAX_BATCH_SIZE)  # the deployed config's, as the server runs it
             families = study_families(settings, labels, max_batch_size=deployed, baseline=baseline) \
                 + replay_audit_families(result, labels)
         write_textfile(args.textfile, families)
