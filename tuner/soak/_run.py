@@ -214,25 +214,16 @@ def _windows(launcher: Launcher, settings: StudySettings, kind: _Kind, *, plan: 
     """Replay every window, appending each to windows.csv (and executions.csv) as it finishes."""
     warmup = min(settings.replay.warmup_s, plan.window_wall_s / 4)
     pct = settings.sla.percentile
-    segment, segment_start_s, restarted = 0, 0.0, False
     t0 = time.monotonic()
     print(_header(kind.printed, pct), flush=True)
     with tqdm(total=plan.windows, unit="window", desc="soak", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
         for k in range(plan.windows):
-            start_s, end_s = plan.bounds(k)
             if plan.restart_before(k):
                 bar.set_postfix_str("restarting the server")
                 kind.restart()
-                segment, segment_start_s, restarted = segment + 1, start_s, True
-            started = _now()
-            part = window_traffic(traffic, start_s, end_s, cycle_s=plan.cycle_s)
-            measured_from = start_s + warmup * plan.speed
-            place = {"window": k, "segment": segment, "restarted": restarted,
-                     "t_hours": (measured_from + end_s) / 2 / 3600.0,
-                     "age_hours": ((measured_from + end_s) / 2 - segment_start_s) / 3600.0,
-                     "start_hours": start_s / 3600.0, "end_hours": end_s / 3600.0, "started_utc": started}
-            restarted = False
+            place = {**plan.place(k, warmup_wall_s=warmup), "started_utc": _now()}
+            part = window_traffic(traffic, *plan.bounds(k), cycle_s=plan.cycle_s)
             if len(part) < 2:  # nothing to replay in this stretch: the clock moves on
                 row, executions = {**place, "requests": 0, "valid": False, "sla_ok": True}, []
             else:

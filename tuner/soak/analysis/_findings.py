@@ -195,7 +195,7 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
 
 def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float, tokens: bool = False) -> Crossing | None:
     """The first window from which the SLA stays broken (it and the next), as a crossing at the
-    start of that window's age; None when the SLA held. `tokens`: a generative soak's windows, broken
+    server's age when that window began (0: already broken from a start); None when the SLA held. `tokens`: a generative soak's windows, broken
     by errors, TTFT or TPOT."""
     if "sla_ok" not in windows.columns or windows.empty:
         return None
@@ -212,11 +212,23 @@ def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float, tok
         else:
             figure, limit = latency_column(float(sla.get("percentile", 99))), float(sla.get("latency_ms", math.nan))
         first = float(windows[figure].iloc[0]) if figure in windows else math.nan
-        start = max(float(row[TIME]) - window_hours / 2, 0.0)
+        start = _start_age(row, window_hours=window_hours)
         return Crossing(figure=figure, limit=limit, bad=ABOVE, level=first, hours=start, low_hours=start, high_hours=start, confidence=1.0, already=start == 0.0,
                         note=f"observed: the SLA broke in window {int(row['window'])} "
                              f"({float(row[figure]):.4g}) and stayed broken")
     return None
+
+
+def _start_age(row: pd.Series, *, window_hours: float) -> float:
+    """The server's age (hours) when a window began. `age_hours` is the midpoint of the window's
+    measured part (after its warm-up), not of the window; `t_hours - age_hours` is the start of the
+    window's segment, so the window's `start_hours` less it is its start in age. A table without the
+    place columns (not a soak's) is taken as measured over the whole window."""
+    if "start_hours" in row.index and "t_hours" in row.index:
+        start = float(row["start_hours"]) - (float(row["t_hours"]) - float(row[TIME]))
+    else:
+        start = float(row[TIME]) - window_hours / 2
+    return 0.0 if start < 1e-9 else start  # the first window of a segment: float rounding aside, 0
 
 
 def _oldest_segment(executions: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame | None:
