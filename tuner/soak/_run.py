@@ -42,6 +42,7 @@ from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import _files, _generate
 from tuner.soak.analysis import TIME_AXIS, QuietWindows, SoakFindings, SoakPlan, analyze, window_traffic
+from tuner.soak.analysis._common import window_number
 from tuner.soak.analysis._tokens import NOT_MEASURED, UNIT, tpot_column, ttft_column
 from tuner.soak.analysis._tokens import window_columns as token_columns
 from tuner.soak.analysis._windows import (  # the window's row: built here, where the window is measured
@@ -369,7 +370,7 @@ def _line(row: dict, total: int, printed: tuple[Column, ...], *, percentile: flo
         except (TypeError, ValueError):
             return "-"
 
-    cells = [f"{row['window'] + 1}/{total}", f"{row['start_hours']:.2f}-{row['end_hours']:.2f}"]
+    cells = [f"{window_number(row['window'])}/{total}", f"{row['start_hours']:.2f}-{row['end_hours']:.2f}"]
     cells += [num(key, fmt) for _, _, key, fmt in printed]
     widths = [w for _, w in _PLACE_LINE] + [w for _, w, _, _ in printed]
     text = "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
