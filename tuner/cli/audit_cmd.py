@@ -108,7 +108,7 @@ def _production(args: argparse.Namespace) -> int:
     from tuner.audit import format_audit, soak_findings
     from tuner.errors import InputError
     from tuner.files import check_writable
-    from tuner.production import Prometheus, parse_duration, write_textfile
+    from tuner.production import Prometheus, parse_duration
     from tuner.settings import read_study
     from tuner.study import is_vllm_study
 
@@ -122,52 +122,53 @@ def _production(args: argparse.Namespace) -> int:
         check_writable(args.json, label=f"--json {args.json}")
     prometheus = Prometheus(args.prometheus)
     audit = _production_engine if is_vllm_study(settings) else _production_triton
-    result, families = audit(args, settings, prometheus, window_s=window_s, end=end)
+    result, textfile = audit(args, settings, prometheus, window_s=window_s, end=end)
     # the last soak's lines, as the replay audit has them (tuner.audit.soak_findings): both audits say it
     result = dataclasses.replace(result, findings=[*result.findings, *soak_findings(settings.output)])
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
-        write_textfile(args.textfile, families(result))
+        textfile(result)
     return result.exit_code
 
 
 def _production_triton(args: argparse.Namespace, settings, prometheus, *, window_s: float,
-                       end: float | None) -> tuple[object, Callable[[object], list]]:
-    """`--prometheus` for a model Triton batches: its counters; the audit and its textfile's families."""
+                       end: float | None) -> tuple[object, Callable[[object], None]]:
+    """`--prometheus` for a model Triton batches: its counters; the audit and what writes its --textfile."""
     from tuner.audit import load_baseline
-    from tuner.production import audit_families, labels_for, production_audit, study_families
+    from tuner.production import audit_families, labels_for, production_audit, study_families, write_textfile
 
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                   on_query=on_query)
 
-    def families(audited) -> list:
+    def textfile(audited) -> None:
         labels = labels_for(settings)
-        return (study_families(settings, labels, max_batch_size=audited.max_batch_size, baseline=baseline)
-                + audit_families(audited, labels))
+        write_textfile(args.textfile, study_families(settings, labels, max_batch_size=result.max_batch_size,
+                                                     baseline=baseline) + audit_families(audited, labels))
 
-    return result, families
+    return result, textfile
 
 
 def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float,
-                       end: float | None) -> tuple[object, Callable[[object], list]]:
+                       end: float | None) -> tuple[object, Callable[[object], None]]:
     """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA;
-    the audit and its textfile's families."""
+    the audit and what writes its --textfile."""
     from tuner.production import (
         ENGINE_QUERIES,
         engine_audit_families,
         labels_for,
         load_engine_baseline,
         production_engine_audit,
+        write_textfile,
     )
 
     baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress(ENGINE_QUERIES) as on_query:
         result = production_engine_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                          on_query=on_query)
-    return result, lambda audited: engine_audit_families(audited, labels_for(settings))
+    return result, lambda audited: write_textfile(args.textfile, engine_audit_families(audited, labels_for(settings)))
 
 
 def _until(value: str | None) -> float | None:
