@@ -237,3 +237,28 @@ def test_a_generative_study_without_a_token_sla_is_refused(study, capsys):
     study.write_text(yaml.safe_dump(s))
     assert main(["soak", str(study), "--hours", "0.05", "--speed", "1", "--window", "0.5"]) == 2
     assert "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms" in capsys.readouterr().err
+
+
+def test_the_printed_time_counts_each_windows_wait_for_its_last_requests(study, tmp_path, capsys, monkeypatch):
+    # a generative window ends when its last requests have streamed: on a CPU that doubled the wall time
+    # the soak announced (18-s windows took 33 s). The estimate adds a mean request's life at the SLA's
+    # limits per window: 1 s + (mean output tokens - 1) x 100 ms
+    import types
+
+    from tuner import soak
+    from tuner.soak import SoakFindings
+    from tuner.study import study_traffic
+
+    findings = SoakFindings(analysis=None, restart=None, error="not run")
+    monkeypatch.setattr(soak, "run_soak", lambda *a, **k: types.SimpleNamespace(findings=findings,
+                                                                               folder=tmp_path / "out" / "soak"))
+    assert main(["soak", str(study), "--hours", "0.0125", "--speed", "0.25", "--window", "0.3",
+                 "--no-capacity", "--quiet"]) == 1
+    out = capsys.readouterr().out
+    tokens = study_traffic(read_study(str(study)))["output_tokens"].mean()
+    drain = 1.0 + (tokens - 1) * 0.1
+    assert drain == pytest.approx(soak.window_drain_s(read_study(str(study)), study_traffic(read_study(str(study)))))
+    windows, replay_s = 10, 0.0125 * 3600 / 0.25  # 10 windows of 18 s
+    assert f"{windows} windows of 0.3 min" in out and "3.0 min of replay" in out, out
+    assert f"up to about {(replay_s + windows * drain) / 60:.1f} min" in out, out
+    assert f"up to {drain:.0f} s for its last requests to finish generating" in out, out

@@ -42,6 +42,16 @@ def test_azure_samples_hold_the_sources_requests_timestamps_and_tokens(shipped):
     assert "CC-BY 4.0" in README and "Splitwise" in README and "Creative Commons Attribution 4.0" in README
 
 
+def test_readme_says_what_became_of_every_column_of_the_azure_samples():
+    """The conversion the README describes names each column the shipped Azure files carry (it once
+    said GeneratedTokens was left out, while the files carry it as output_tokens)."""
+    conversion = README.split("## The Azure LLM inference trace 2023")[1].split("Attribution")[0]
+    for shipped in SOURCES:
+        for column in read_traffic(PROFILES / shipped).columns:
+            assert f"`{column}`" in conversion, column
+    assert "left out" not in conversion
+
+
 def test_the_azure_importer_reads_the_published_format_into_the_shipped_table(tmp_path):
     """The published CSV's columns and timestamp format, made here from the shipped sample's first rows,
     come back as those rows."""

@@ -88,7 +88,7 @@ def test_the_audit_recovers_the_week_it_was_given(week, tmp_path):
     assert a.recoverable_per_month == pytest.approx((1 - a.ratio) * 2 * PRICE * 730)
     found = by_check(a)
     assert found["throughput ratio"].verdict == "inefficient" and a.exit_code == EXIT_INEFFICIENT
-    assert found["scrape gaps"].value.startswith("2 step(s) of 1h without samples")
+    assert found["scrape gaps"].value.startswith("2 steps of 1h without samples")
     assert found["server restarts"].value == "10.0.0.2:8002 1"
     assert found["steps of 1h with fill rate < 0.5"].value.startswith(f"{len(a.fill_under)} of 166: ")
     assert found["fill rate over the window"].verdict == "ok" and found["error rate"].verdict == "ok"

@@ -105,44 +105,58 @@ def run(args: argparse.Namespace) -> int:
 
 def _production(args: argparse.Namespace) -> int:
     """`--prometheus`: the production audit from Prometheus's history; nothing replayed, no server touched."""
-    from tuner.audit import format_audit, load_baseline
+    import dataclasses
+
+    from tuner.audit import format_audit, soak_findings
     from tuner.errors import InputError
     from tuner.files import check_writable
-    from tuner.production import Prometheus, parse_duration, production_audit
+    from tuner.production import Prometheus, parse_duration
     from tuner.settings import read_study
+    from tuner.study import is_vllm_study
 
     if args.url is not None or args.at_load_only:
         raise InputError("--prometheus reads production's history: --url and --at-load-only belong to the "
                          "replay audit (nothing is replayed)")
     window_s = parse_duration(args.window or "7d")
     end = _until(args.until)
-    from tuner.study import is_vllm_study
-
     settings = read_study(args.study)
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")
     prometheus = Prometheus(args.prometheus)
-    if is_vllm_study(settings):
-        return _production_engine(args, settings, prometheus, window_s=window_s, end=end)
+    audit = _production_engine if is_vllm_study(settings) else _production_triton
+    result, textfile = audit(args, settings, prometheus, window_s=window_s, end=end)
+    # the last soak's lines, as the replay audit has them (tuner.audit.soak_findings): both audits say it
+    result = dataclasses.replace(result, findings=[*result.findings, *soak_findings(settings.output)])
+    print(format_audit(result))
+    _write_json(args.json, result.as_dict())
+    if args.textfile:
+        textfile(result)
+    return result.exit_code
+
+
+def _production_triton(args: argparse.Namespace, settings, prometheus, *, window_s: float,
+                       end: float | None) -> tuple[object, Callable[[object], None]]:
+    """`--prometheus` for a model Triton batches: its counters; the audit and what writes its --textfile."""
+    from tuner.audit import load_baseline
+    from tuner.production import audit_families, labels_for, production_audit, study_families, write_textfile
+
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
     with _query_progress() as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                   on_query=on_query)
-    print(format_audit(result))
-    _write_json(args.json, result.as_dict())
-    if args.textfile:
-        from tuner.production import audit_families, labels_for, study_families, write_textfile
 
+    def textfile(audited) -> None:
         labels = labels_for(settings)
         write_textfile(args.textfile, study_families(settings, labels, max_batch_size=result.max_batch_size,
-                                                     baseline=baseline) + audit_families(result, labels))
-    return result.exit_code
+                                                     baseline=baseline) + audit_families(audited, labels))
+
+    return result, textfile
 
 
 def _production_engine(args: argparse.Namespace, settings, prometheus, *, window_s: float,
-                       end: float | None) -> int:
-    """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA."""
-    from tuner.audit import format_audit
+                       end: float | None) -> tuple[object, Callable[[object], None]]:
+    """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA;
+    the audit and what writes its --textfile."""
     from tuner.production import (
         ENGINE_QUERIES,
         engine_audit_families,
@@ -156,11 +170,7 @@ def _production_engine(args: argparse.Namespace, settings, prometheus, *, window
     with _query_progress(ENGINE_QUERIES) as on_query:
         result = production_engine_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                          on_query=on_query)
-    print(format_audit(result))
-    _write_json(args.json, result.as_dict())
-    if args.textfile:
-        write_textfile(args.textfile, engine_audit_families(result, labels_for(settings)))
-    return result.exit_code
+    return result, lambda audited: write_textfile(args.textfile, engine_audit_families(audited, labels_for(settings)))
 
 
 def _until(value: str | None) -> float | None:

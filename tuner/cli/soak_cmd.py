@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         run_soak,
         soak_config,
         soak_engine,
+        window_drain_s,
     )
     from tuner.study import study_traffic
 
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     quiet, quiet_text = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours,
                                         recording=f"the recording {settings.traffic.path}")
     generative = soak_engine(settings, output, args.assignments, config_path=args.config)
-    engine = None
+    engine, drain_s = None, 0.0
     if generative is None:
         config, source = soak_config(settings, output, args.assignments, config_path=args.config)
         knobs = ", ".join(f"{k}={v}" for k, v in space.deployed(config).items() if v not in ([], None, 0))
@@ -123,10 +124,11 @@ def run(args: argparse.Namespace) -> int:
         check_generative(settings, generative=True)
         check_generative_traffic(settings, config, traffic, args=engine)
         knobs = ", ".join(f"{k}={engine[k]}" for k in space.ENGINE_NAMES if engine.get(k) is not None)
+        drain_s = window_drain_s(settings, traffic)
     print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
           f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "
-          f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), about "
-          f"{_duration(plan.wall_s)} of replay"
+          f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), "
+          f"{_estimate(plan, drain_s)}"
           + (f"; restart after {plan.restart_at_hours:g} h" if plan.restart_at_hours is not None else "")
           + (f"\n  note: the soak offers {plan.speed / settings.traffic.speed:.3g}x the study's recorded load "
              f"(traffic.speed {settings.traffic.speed:g})" if plan.speed != settings.traffic.speed else "")
@@ -142,6 +144,21 @@ def run(args: argparse.Namespace) -> int:
     if result.findings.analysis is None:  # too few usable windows: no verdict, not "no drift"
         return UnmeasuredError.exit_code
     return EXIT_DRIFT if result.findings.verdict == "drift" else EXIT_NO_DRIFT
+
+
+def _estimate(plan, drain_s: float | None) -> str:
+    """The soak's wall time: its windows' replay, and a generative window's wait for its last requests
+    (`drain_s`: at most, a request's life at the SLA's limits; None: unbounded; the window's length again
+    or more on a CPU)."""
+    replay = f"{_duration(plan.wall_s)} of replay"
+    if drain_s == 0:
+        return f"about {replay}"
+    if drain_s is None:
+        return (f"{replay} and, after each window, the time its last requests take to finish generating "
+                "(the SLA bounds no request's life)")
+    return (f"up to about {_duration(plan.wall_s + plan.windows * drain_s)}: {replay} and, after each "
+            f"window, up to {drain_s:.0f} s for its last requests to finish generating (a mean request's life "
+            "at the SLA's limits)")
 
 
 def _duration(seconds: float) -> str:

@@ -99,10 +99,13 @@ def by_step(
 
 
 def by_instance(increases: pd.DataFrame, *, max_batch_size: int) -> pd.DataFrame:
-    """The figures of each instance over the steps it has samples in, indexed by instance."""
+    """The figures of each instance over the steps it has samples in (`steps`: how many), indexed by
+    instance."""
     instances = increases.groupby(level="instance")
     seconds = instances[SECONDS].sum()
-    return _frame(instances[list(COLUMNS)].sum(), seconds, seconds, max_batch_size=max_batch_size)
+    out = _frame(instances[list(COLUMNS)].sum(), seconds, seconds, max_batch_size=max_batch_size)
+    out["steps"] = instances.size()  # a row per step with samples: an instance that started late serves part of one
+    return out
 
 
 def total(increases: pd.DataFrame, *, max_batch_size: int) -> ProductionFigures:

@@ -95,12 +95,12 @@ def findings(a: ProductionAudit) -> list[Finding]:
                 f"no {step} of the window has two samples of the model's counters: nothing to measure",
             )
         ]
-    out = [Finding("production window", window, "info", f"{len(a.steps)} steps of {step} with samples")]
+    out = [Finding("production window", window, "info", f"{_steps(len(a.steps))} of {step} with samples")]
     if a.gaps:
         out.append(
             Finding(
                 "scrape gaps",
-                f"{len(a.gaps)} step(s) of {step} without samples: {_times(a.gaps)}",
+                f"{_steps(len(a.gaps))} of {step} without samples: {_times(a.gaps)}",
                 "info",
                 "not counted: the figures are over the steps with samples",
             )
@@ -189,11 +189,15 @@ def findings(a: ProductionAudit) -> list[Finding]:
                 "per instance" if k == 0 else "",
                 f"{instance}: {row['throughput_rps']:.1f} req/s{fill}, "
                 f"errors {0 if pd.isna(row['error_rate']) else row['error_rate']:.3%}, "
-                f"{row['seconds'] / a.step_s:.0f} step(s) with samples",
+                f"{_steps(int(row['steps']))} with samples",
                 "info",
             )
         )
     return out
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
 def _hours(check: str, hours: list[pd.Timestamp], n: int) -> Finding:

@@ -8,6 +8,7 @@ everything outside this package imports from here.
                                         what is soaked when vLLM serves the model (its model.json)
     check_generative_traffic(settings, config, traffic, args=)   traffic a generative soak can stream
     restart_windows(traffic, minutes=, day_hours=) -> (QuietWindows | None, line)   the restart slot
+    window_drain_s(settings, traffic) -> float | None   how long a generative window goes on after its traffic
     run_soak(settings, config, plan, traffic, output=, quiet=, engine=, ...) -> SoakResult   the soak (IO)
     analyze(windows, executions, meta) -> SoakFindings   the findings of a soak's tables (pure)
     last_soak(output) -> list[str]      one or two lines on the soak an output directory holds
@@ -36,7 +37,13 @@ from tuner.soak._files import (
     read_windows,
     soak_dir,
 )
-from tuner.soak._inputs import check_generative_traffic, restart_windows, soak_config, soak_engine
+from tuner.soak._inputs import (
+    check_generative_traffic,
+    restart_windows,
+    soak_config,
+    soak_engine,
+    window_drain_s,
+)
 from tuner.soak._run import SoakResult, run_soak
 from tuner.soak.analysis import (
     LAST_WINDOWS,
@@ -80,4 +87,5 @@ __all__ = [
     "soak_engine",
     "tpot_column",
     "ttft_column",
+    "window_drain_s",
 ]

@@ -1,5 +1,5 @@
 """What a soak starts from: the configuration to soak (a vLLM-served model's: its engine arguments),
-and the recording's quiet windows."""
+the recording's quiet windows, and how long a generative window waits after its traffic."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tuner.modelconfig import ModelConfig
 from tuner.settings import StudySettings
 from tuner.soak.analysis import DAY_S, QuietWindows, cycle_length, quiet_line, quiet_windows
 from tuner.study import base_config, base_engine, config_file, engine_file
-from tuner.traffic import TIMESTAMP
+from tuner.traffic import OUTPUT_TOKENS, TIMESTAMP
 
 RECOMMENDED = Path("recommended") / "config.pbtxt"
 RECOMMENDED_ENGINE = Path("recommended") / engineargs.ENGINE_FILE  # a vLLM-served model's (tuner tune's output)
@@ -122,3 +122,17 @@ def restart_windows(traffic: pd.DataFrame, *, minutes: float | None, day_hours: 
                       f"(--restart-minutes M below {room / 60:.3g} searches a shorter one)")
     quiet = quiet_windows(traffic, length_s=length, period_s=period, step_s=min(1.0, length / 10))
     return quiet, quiet_line(quiet)
+
+
+def window_drain_s(settings: StudySettings, traffic: pd.DataFrame) -> float | None:
+    """How long a generative window goes on after its traffic, at most while the SLA holds: a window
+    ends when its last requests have streamed their output (the replay waits for them, with no
+    timeout), about one request's life, here a mean request's at the token SLA's limits (`e2e_ms`, else
+    `ttft_ms` + the recording's mean output tokens x `tpot_ms`). None when the SLA bounds neither."""
+    sla = settings.sla
+    if sla.e2e_ms is not None:
+        return sla.e2e_ms / 1000.0
+    if sla.ttft_ms is None or sla.tpot_ms is None or OUTPUT_TOKENS not in traffic.columns:
+        return None
+    tokens = float(pd.to_numeric(traffic[OUTPUT_TOKENS], errors="coerce").mean())
+    return (sla.ttft_ms + max(tokens - 1.0, 0.0) * sla.tpot_ms) / 1000.0 if math.isfinite(tokens) else None

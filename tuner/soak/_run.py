@@ -42,6 +42,7 @@ from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import _files, _generate
 from tuner.soak.analysis import TIME_AXIS, QuietWindows, SoakFindings, SoakPlan, analyze, window_traffic
+from tuner.soak.analysis._common import window_number
 from tuner.soak.analysis._tokens import NOT_MEASURED, UNIT, tpot_column, ttft_column
 from tuner.soak.analysis._tokens import window_columns as token_columns
 from tuner.soak.analysis._windows import (  # the window's row: built here, where the window is measured
@@ -214,25 +215,16 @@ def _windows(launcher: Launcher, settings: StudySettings, kind: _Kind, *, plan: 
     """Replay every window, appending each to windows.csv (and executions.csv) as it finishes."""
     warmup = min(settings.replay.warmup_s, plan.window_wall_s / 4)
     pct = settings.sla.percentile
-    segment, segment_start_s, restarted = 0, 0.0, False
     t0 = time.monotonic()
     print(_header(kind.printed, pct), flush=True)
     with tqdm(total=plan.windows, unit="window", desc="soak", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
         for k in range(plan.windows):
-            start_s, end_s = plan.bounds(k)
             if plan.restart_before(k):
                 bar.set_postfix_str("restarting the server")
                 kind.restart()
-                segment, segment_start_s, restarted = segment + 1, start_s, True
-            started = _now()
-            part = window_traffic(traffic, start_s, end_s, cycle_s=plan.cycle_s)
-            measured_from = start_s + warmup * plan.speed
-            place = {"window": k, "segment": segment, "restarted": restarted,
-                     "t_hours": (measured_from + end_s) / 2 / 3600.0,
-                     "age_hours": ((measured_from + end_s) / 2 - segment_start_s) / 3600.0,
-                     "start_hours": start_s / 3600.0, "end_hours": end_s / 3600.0, "started_utc": started}
-            restarted = False
+            place = {**plan.place(k, warmup_wall_s=warmup), "started_utc": _now()}
+            part = window_traffic(traffic, *plan.bounds(k), cycle_s=plan.cycle_s)
             if len(part) < 2:  # nothing to replay in this stretch: the clock moves on
                 row, executions = {**place, "requests": 0, "valid": False, "sla_ok": True}, []
             else:
@@ -378,7 +370,7 @@ def _line(row: dict, total: int, printed: tuple[Column, ...], *, percentile: flo
         except (TypeError, ValueError):
             return "-"
 
-    cells = [f"{row['window'] + 1}/{total}", f"{row['start_hours']:.2f}-{row['end_hours']:.2f}"]
+    cells = [f"{window_number(row['window'])}/{total}", f"{row['start_hours']:.2f}-{row['end_hours']:.2f}"]
     cells += [num(key, fmt) for _, _, key, fmt in printed]
     widths = [w for _, w in _PLACE_LINE] + [w for _, w, _, _ in printed]
     text = "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))

@@ -5,15 +5,16 @@ batch size (rows, or padded tokens), how many executions of that size succeeded 
 (out of memory). Either a table with columns `window`, `size`, `successes`, `failures`, or a mapping
 `{window: {size: (successes, failures)}}`.
 
-Read from it: the largest size that succeeded in the last `last` windows (large batches come only
-when the traffic forms them, so one window without a size proves nothing; a few windows do), the
-largest that ever succeeded, and for every size that failed, the window of its first failure and of
-its last success.
+Read from it: the largest size that succeeded in the last `last` windows, or in the windows given
+(`recent`: a soak with a restart reads those before it, where the server was oldest; large batches come
+only when the traffic forms them, so one window without a size proves nothing; a few windows do), the
+largest that succeeded in any window, and for every size that failed, the window of its first failure
+and of its last success.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,11 +40,11 @@ class SizeHistory:
 class BatchLimits:
     """The largest batch size still succeeding, and when each larger one began to fail."""
 
-    largest_recent: int | None      # the largest size that succeeded in the last `last` windows
+    largest_recent: int | None      # the largest size that succeeded in `recent_windows`
     largest_ever: int | None        # the largest size that succeeded in any window
     smallest_failing: int | None    # the smallest size above `largest_recent` that failed (the first to stop)
     last: int
-    recent_windows: tuple
+    recent_windows: tuple           # the last `last` windows, or those given
     sizes: tuple[SizeHistory, ...]  # every size that was executed, ascending
 
     @property
@@ -53,21 +54,30 @@ class BatchLimits:
         return {s.size: s.first_failure_window for s in self.sizes
                 if s.size > floor and s.first_failure_window is not None}
 
-    def table(self) -> pd.DataFrame:
-        """One row per size that failed at least once, plus the largest still succeeding."""
+    def table(self, *, label: Callable[[object], object] | None = None) -> pd.DataFrame:
+        """One row per size that failed at least once, plus the largest still succeeding and the
+        largest that ever succeeded; `label`: a window key as a person reads it (default: as is)."""
+        label = label or (lambda window: window)
         rows = []
         for s in self.sizes:
-            if s.failures == 0 and s.size != self.largest_recent:
+            if s.failures == 0 and s.size not in (self.largest_recent, self.largest_ever):
                 continue
-            if self.largest_recent is not None and s.size <= self.largest_recent:
-                status = "succeeds" if s.failures == 0 else "succeeds, some failures"
-            else:
-                status = "stopped succeeding" if s.successes else "never succeeded"
             rows.append({"size": s.size, "successes": s.successes, "failures": s.failures,
-                         "last success window": s.last_success_window,
-                         "first failure window": s.first_failure_window, "status": status})
+                         "last success window": None if s.last_success_window is None else label(s.last_success_window),
+                         "first failure window": None if s.first_failure_window is None
+                         else label(s.first_failure_window), "status": self._status(s)})
         return pd.DataFrame(rows, columns=["size", "successes", "failures", "last success window",
                                            "first failure window", "status"])
+
+    def _status(self, s: SizeHistory) -> str:
+        if self.largest_recent is not None and s.size <= self.largest_recent:
+            return "succeeds" if s.failures == 0 else "succeeds, some failures"
+        if not s.successes:
+            return "never succeeded"
+        later = bool(self.recent_windows) and s.last_success_window > max(self.recent_windows)
+        if s.failures == 0:  # the largest ever, not formed in the windows read
+            return "succeeded, not in the windows read" + (" (after them)" if later else "")
+        return "failed, then succeeded after the windows read" if later else "stopped succeeding"
 
     def as_dict(self) -> dict:
         """The limits as JSON-ready values."""
@@ -82,14 +92,16 @@ class BatchLimits:
         }
 
 
-def batch_limits(executions: pd.DataFrame | Mapping, *, last: int = 3) -> BatchLimits:
-    """The largest size that still succeeds in the last `last` windows, and each larger size's first
-    failure, from per-window counts of successful and failed executions by size."""
+def batch_limits(executions: pd.DataFrame | Mapping, *, last: int = 3,
+                 recent: Sequence | None = None) -> BatchLimits:
+    """The largest size that still succeeds in the last `last` windows (or in the `recent` windows
+    given), and each larger size's first failure, from per-window counts of successful and failed
+    executions by size, every window's."""
     if not (isinstance(last, int) and last >= 1):
         raise SoakDataError(f"batch limits: last must be a whole number of windows >= 1, got {last!r}")
     table = _as_table(executions)
     windows = sorted(table["window"].unique().tolist())
-    recent = tuple(windows[-last:])
+    recent = tuple(sorted(recent)) if recent else tuple(windows[-last:])
     sizes = []
     for size, rows in table.groupby("size", sort=True):
         ok = rows[rows["successes"] > 0]

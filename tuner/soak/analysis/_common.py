@@ -1,4 +1,5 @@
-"""What every soak module shares: the error for an unusable table, JSON-safe numbers, one-row tables."""
+"""What every soak module shares: the error for an unusable table, JSON-safe numbers, one-row tables,
+a window's number as a person reads it."""
 
 from __future__ import annotations
 
@@ -36,3 +37,9 @@ def json_number(value: float | int | None) -> float | int | None:
         return int(value)
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def window_number(window: object) -> int:
+    """A window (windows.csv's `window`, counted from 0) as a person reads it: counted from 1, as the
+    line printed per window is ("1/8"); the files keep their keys."""
+    return int(window) + 1

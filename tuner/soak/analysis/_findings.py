@@ -30,7 +30,7 @@ import pandas as pd
 
 from tuner import formats
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
-from tuner.soak.analysis._common import SoakDataError
+from tuner.soak.analysis._common import SoakDataError, window_number
 from tuner.soak.analysis._fit import SoakAnalysis, fit_windows
 from tuner.soak.analysis._plan import MIN_WINDOWS, TIME_AXIS
 from tuner.soak.analysis._projection import ABOVE, Crossing, Limit
@@ -84,6 +84,16 @@ class SoakFindings:
     def tables(self) -> dict[str, pd.DataFrame]:
         """The tables a person reads, by name (the restart advice the final one)."""
         out = dict(self.analysis.tables()) if self.analysis is not None else {}
+        batches = self.analysis.batches if self.analysis is not None else None
+        if batches is not None:  # its windows numbered as the soak's lines number them, and which it read
+            recent = ", ".join(str(window_number(w)) for w in batches.recent_windows)
+            named = {}
+            for name, table in out.items():
+                if name == "batches":
+                    name = f"batches (the largest still succeeding as of window(s) {recent}, where the server was oldest)"
+                    table = batches.table(label=window_number)
+                named[name] = table
+            out = named
         if self.engine is not None and not self.engine.empty:
             out["engine (vLLM's own statistics)"] = self.engine
         if self.observed is not None:
@@ -177,7 +187,8 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
             usable, figures=figures, time=TIME, load=load, limits=limits,
             worse=dict.fromkeys(figures, UP),  # every figure measured is worse when it grows
             compute=CAPACITY_FIGURE, capacity_rps=cap_rps, rate_rps=rate_rps,
-            executions=None if tokens else _oldest_segment(executions, usable), last=LAST_WINDOWS, traffic=traffic,
+            executions=None if tokens or executions.empty else executions, last=LAST_WINDOWS,
+            recent=None if tokens else _oldest_windows(executions, usable), traffic=traffic,
             restart_s=float(quiet.get("length_s", 300.0)), period_s=float(quiet.get("period_s", DAY_S)),
             step_s=float(quiet.get("step_s", 1.0)), margin=margin)
     except SoakDataError as exc:
@@ -195,7 +206,7 @@ def analyze(windows: pd.DataFrame, executions: pd.DataFrame, meta: dict, *,
 
 def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float, tokens: bool = False) -> Crossing | None:
     """The first window from which the SLA stays broken (it and the next), as a crossing at the
-    start of that window's age; None when the SLA held. `tokens`: a generative soak's windows, broken
+    server's age when that window began (0: already broken from a start); None when the SLA held. `tokens`: a generative soak's windows, broken
     by errors, TTFT or TPOT."""
     if "sla_ok" not in windows.columns or windows.empty:
         return None
@@ -212,22 +223,36 @@ def observed_break(windows: pd.DataFrame, sla: dict, *, window_hours: float, tok
         else:
             figure, limit = latency_column(float(sla.get("percentile", 99))), float(sla.get("latency_ms", math.nan))
         first = float(windows[figure].iloc[0]) if figure in windows else math.nan
-        start = max(float(row[TIME]) - window_hours / 2, 0.0)
+        start = _start_age(row, window_hours=window_hours)
         return Crossing(figure=figure, limit=limit, bad=ABOVE, level=first, hours=start, low_hours=start, high_hours=start, confidence=1.0, already=start == 0.0,
-                        note=f"observed: the SLA broke in window {int(row['window'])} "
+                        note=f"observed: the SLA broke in window {window_number(row['window'])} "
                              f"({float(row[figure]):.4g}) and stayed broken")
     return None
 
 
-def _oldest_segment(executions: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame | None:
-    """The executions of the windows of the run that reached the greatest age (before a restart,
-    usually): the batch limits are read where the server was oldest."""
-    if executions.empty or "segment" not in windows.columns:
-        return executions if not executions.empty else None
-    oldest = windows.loc[windows[TIME].idxmax(), "segment"]
-    keep = windows.loc[windows["segment"] == oldest, "window"]
-    part = executions[executions["window"].isin(keep)]
-    return part if not part.empty else None
+def _start_age(row: pd.Series, *, window_hours: float) -> float:
+    """The server's age (hours) when a window began. `age_hours` is the midpoint of the window's
+    measured part (after its warm-up), not of the window; `t_hours - age_hours` is the start of the
+    window's segment, so the window's `start_hours` less it is its start in age. A table without the
+    place columns (not a soak's) is taken as measured over the whole window."""
+    if "start_hours" in row.index and "t_hours" in row.index:
+        start = float(row["start_hours"]) - (float(row["t_hours"]) - float(row[TIME]))
+    else:
+        start = float(row[TIME]) - window_hours / 2
+    return 0.0 if start < 1e-9 else start  # the first window of a segment: float rounding aside, 0
+
+
+def _oldest_windows(executions: pd.DataFrame, windows: pd.DataFrame) -> tuple | None:
+    """The last LAST_WINDOWS windows with executions of the run that reached the greatest age (the one
+    before a restart, on a tie too): the largest batch still succeeding is read where the server was
+    oldest, the windows after a restart (young again) would hide it. None: the soak's last windows."""
+    if executions.empty or "segment" not in windows.columns or windows.empty:
+        return None
+    age = windows[TIME].round(9)  # segments of equal length reach equal ages, float rounding aside
+    oldest = windows.loc[age.idxmax(), "segment"]
+    ran = set(executions["window"].tolist())
+    keep = [w for w in windows.loc[windows["segment"] == oldest, "window"].tolist() if w in ran]
+    return tuple(sorted(keep)[-LAST_WINDOWS:]) or None
 
 
 def summary_lines(findings: dict, meta: dict) -> list[str]:

@@ -103,6 +103,7 @@ def fit_windows(
     rate_rps: float | None = None,
     executions: pd.DataFrame | Mapping | None = None,
     last: int = 3,
+    recent: Sequence | None = None,
     traffic: pd.DataFrame | None = None,
     restart_s: float = 300.0,
     period_s: float = DAY_S,
@@ -117,7 +118,8 @@ def fit_windows(
     drift; a figure not named drifts either way); each `limits` entry a crossing; with `capacity_rps`
     (measured on a fresh server) and `rate_rps` (the rate to serve, e.g. the recorded peak), the
     `compute` figure's trend gives the capacity trend and when it drops below the rate. `executions`
-    (per-window batch histograms) gives the batch limits, `traffic` the quiet windows; with either a
+    (per-window batch histograms) gives the batch limits (the largest still succeeding read from the
+    last `last` windows, or the `recent` windows given), `traffic` the quiet windows; with either a
     breach or the traffic, the restart advice. Breach times are in the unit of `time`: for a soak
     replayed faster than recorded, give `time` in hours of traffic so that the restart interval is
     in the recording's days."""
@@ -165,7 +167,7 @@ def fit_windows(
             crossings.append(c)
     breach = min(crossings, key=lambda c: c.hours) if crossings else None
 
-    batches = batch_limits(executions, last=last) if executions is not None else None
+    batches = batch_limits(executions, last=last, recent=recent) if executions is not None else None
     quiet = (quiet_windows(traffic, length_s=restart_s, period_s=period_s, step_s=step_s)
              if traffic is not None else None)
     restart = (restart_advice(breach, quiet, margin=margin, basis=basis)

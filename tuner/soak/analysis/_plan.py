@@ -58,6 +58,20 @@ class SoakPlan:
         start = k * self.window_s
         return start, (self.hours * 3600.0 if k == self.windows - 1 else start + self.window_s)
 
+    def place(self, k: int, *, warmup_wall_s: float) -> dict:
+        """Where window `k` sits in the soak (windows.csv's place columns but `started_utc`): its
+        segment (restarts before it), whether a restart came just before it, its stretch in hours of the
+        soak's traffic (`start_hours`, `end_hours`) and the midpoint of its measured part (after the first
+        `warmup_wall_s` wall seconds) in hours since the soak's start (`t_hours`) and since the server's
+        start (`age_hours`)."""
+        restarts = [j for j in range(1, k + 1) if self.restart_before(j)]
+        segment_start_s = self.bounds(restarts[-1])[0] if restarts else 0.0
+        start_s, end_s = self.bounds(k)
+        middle_s = (start_s + warmup_wall_s * self.speed + end_s) / 2
+        return {"window": k, "segment": len(restarts), "restarted": self.restart_before(k),
+                "t_hours": middle_s / 3600.0, "age_hours": (middle_s - segment_start_s) / 3600.0,
+                "start_hours": start_s / 3600.0, "end_hours": end_s / 3600.0}
+
     def restart_before(self, k: int) -> bool:
         """True when the server restarts just before window `k` (the first window starting at or after
         `restart_at_hours`)."""
