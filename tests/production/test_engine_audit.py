@@ -237,6 +237,11 @@ def test_the_audit_recovers_the_week_it_was_given(week, tmp_path):
     assert a.restarts == {INSTANCES[0]: 0, INSTANCES[1]: 1}
     inst = a.instances["output_tokens_per_s"]
     assert inst[INSTANCES[1]] / inst[INSTANCES[0]] == pytest.approx(2.0, rel=1e-4)
+    # each instance's row counts its steps with samples (it divided its seconds by the step, rounded)
+    for instance in INSTANCES:
+        row = next(f.value for f in a.findings if f.value.startswith(f"{instance}: "))
+        steps = int(a.instances.loc[instance, "steps"])
+        assert steps > 1 and row.endswith(f", {steps} steps with samples"), row
     found = by_check(a)
     assert found["steps of 1h over the SLA"].verdict == "broken"
     assert found["steps of 1h over the SLA"].value.startswith(f"4 of {len(hours)}: ")

@@ -78,7 +78,8 @@ def judge_engine(
     by_instance = series.counters.groupby(level="instance")
     instances = pd.DataFrame({"seconds": by_instance[SECONDS].sum(),
                               "generation_tokens": by_instance["generation_tokens"].sum(),
-                              "preemptions": by_instance["preemptions"].sum()})
+                              "preemptions": by_instance["preemptions"].sum(),
+                              "steps": by_instance.size()})  # a row per step with samples, as by_instance counts
     instances["output_tokens_per_s"] = instances["generation_tokens"] / instances["seconds"]
     out = EngineAudit(
         model=model, prometheus=prometheus, start=_utc(start), end=_utc(end), step_s=step_s,

@@ -11,7 +11,7 @@ from tuner import formats, space
 from tuner.audit import Finding, exit_code_of, ratio_verdict
 from tuner.errors import UnmeasuredError
 from tuner.production._engine_figures import EngineTotals
-from tuner.production._result import _iso, _times
+from tuner.production._result import _iso, _steps, _times
 from tuner.production._window import format_duration
 from tuner.settings import SlaSettings
 
@@ -175,7 +175,7 @@ def engine_findings(a: EngineAudit) -> list[Finding]:
         out.append(Finding(
             "per instance" if k == 0 else "",
             f"{instance}: {row['output_tokens_per_s']:,.1f} output tokens/s, {row['preemptions']:,.0f} "
-            f"preemption(s), {row['seconds'] / a.step_s:.0f} step(s) with samples", "info"))
+            f"preemption(s), {_steps(int(row['steps']))} with samples", "info"))
     return out
 
 

@@ -82,7 +82,7 @@ def render_production(audit: dict, *, source: str = "") -> str:
     """The production audit's page as one HTML document."""
     f, w = audit["figures"], audit["window"]
     facts = (f"model {audit['model']} · {w['start']} to {w['end']} in steps of {w['step_s']:g} s · "
-             f"{len(audit['steps'])} step(s) with samples · {f.get('replicas', 0):.3g} replica(s) · "
+             f"{len(audit['steps'])} step{'' if len(audit['steps']) == 1 else 's'} with samples · {f.get('replicas', 0):.3g} replica(s) · "
              f"from {audit.get('prometheus', '')}")
     fig = production_figure(audit)
     plot = ("<p class='notes'>No step of the window has samples: nothing to plot.</p>" if fig is None else
