@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import time
@@ -299,6 +300,7 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
                     f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
+        *_refused_points(p),
         ("search", _describe_search(s.search)),
         ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
         *_step_rows(p),
@@ -309,6 +311,27 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
         ("output", s.output),
         *[("note", note) for note in p.notes[1:]],
     ]
+
+
+def _refused_points(p: Prepared) -> list[tuple[str, str]]:
+    """A vLLM-backend study's grid points that vLLM refuses (`engineargs.check`'s rules: batched tokens under
+    the sequences, or under the context without chunked prefill), as a row: a trial that draws one is
+    recorded refused, not measured, and a space of nothing else measures only the incumbent."""
+    if p.engine is None:
+        return []
+    grid = space.grid(p.settings.search)
+    refused, reason = 0, ""
+    for values in itertools.product(*grid.values()):
+        try:
+            space.apply_engine(p.engine, dict(zip(grid, values, strict=True)))
+        except ConfigError as exc:
+            refused, reason = refused + 1, reason or str(exc).split(": ", 1)[-1]
+    if not refused:
+        return []
+    total = space.grid_size(p.settings.search)
+    share = f"all {total}" if refused == total else f"{refused} of the {total}"
+    return [("refused", f"{share} grid points: vLLM refuses them (e.g. {reason}); a trial that draws one is "
+                        f"recorded refused, not measured")]
 
 
 def _step_rows(p: Prepared) -> list[tuple[str, str]]:

@@ -56,6 +56,9 @@ def test_the_example_checks_and_says_what_it_tunes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "vLLM batches: its engine arguments in model.json" in out
     assert "incumbent  seqs 128, batched tokens 2048, chunked prefill true" in out
+    # without chunked prefill, batched tokens under the 2,048-token context: vLLM refuses those points
+    assert "refused    21 of the 70 grid points: vLLM refuses them (e.g. max_num_batched_tokens (256) is " \
+           "smaller than max_model_len (2048) without chunked prefill" in out
     assert "p99 TTFT <= 1000 ms, p99 TPOT <= 100 ms" in out and "output tokens per dollar" in out
     assert not (tmp_path / "out").exists()
 
