@@ -577,12 +577,14 @@ def check_choices(params: Params, search: SearchSettings, *, whose: str) -> None
             continue
         value = params[knob.name]
         if value not in list(r):
-            def shown(v):  # as the study file spells it
-                return str(v).lower() if isinstance(v, bool) else str(v)
+            raise SettingsError(f"search.{knob.name}: {whose} {knob.name} is {_spelled(value)}, not one of the "
+                                f"choices [{', '.join(map(_spelled, r))}]: it is measured as a trial of the study, "
+                                f"which takes one of them; add {_spelled(value)} to search.{knob.name}")
 
-            raise SettingsError(f"search.{knob.name}: {whose} {knob.name} is {shown(value)}, not one of the "
-                                f"choices [{', '.join(map(shown, r))}]: it is measured as a trial of the study, "
-                                f"which takes one of them; add {shown(value)} to search.{knob.name}")
+
+def _spelled(value) -> str:
+    """A choice as a study file spells it (YAML's `true`, not Python's `True`)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def outside(params: Params, search: SearchSettings) -> list[str]:
