@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if "profile" not in bars:
             bars["profile"] = tqdm(total=total, desc="profile", unit="point", **bar_style)
         bar = bars["profile"]
-        bar.total = total  # grows while the out-of-memory boundary is bisected
+        bar.total = total  # counted up front at its most, it only falls (tuner.profiler.most_points)
         bar.update(done - bar.n)
         bar.set_postfix_str(what)
 
