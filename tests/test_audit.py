@@ -366,3 +366,42 @@ def test_a_replay_audit_without_a_comparable_capacity_is_refused(tmp_path, monke
     code = main(["audit", str(write_study(tmp_path)), "--prometheus", "http://127.0.0.1:9", "--baseline", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_the_warm_ups_failures_are_said_in_the_table_and_the_json(tmp_path, monkeypatch, capsys):
+    """A fresh server that failed its warm-up while the measured window had no error: the audit says so
+    (one row, the count and the first error; the JSON's `warmup`), and judges the measured window only."""
+    from tuner.trial import Warmup
+
+    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
+    warm = Warmup(seconds=3.0, sweep_requests=192, sweep_errors=96, window_errors=1016,
+                  first_error="400: out of memory: 32768 padded tokens")
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5, warmup=warm)
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+
+    class Server:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def model_config(self, model):
+            return config
+
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    code = main(["audit", str(write_study(tmp_path)), "--at-load-only", "--json", str(tmp_path / "a.json")])
+    out = capsys.readouterr().out
+    assert code == 0  # the measured window had no error: the verdict stands
+    row = [line for line in out.splitlines() if line.startswith("warm-up")]
+    assert len(row) == 1 and "1112 requests failed (96 of 192 shape-sweep requests, 1016 while replaying " \
+        "the traffic)" in row[0] and row[0].rstrip().endswith("the first: 400: out of memory: 32768 padded tokens")
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["warmup"] == {"errors": 1112, "sweep_errors": 96, "window_errors": 1016,
+                                "first_error": "400: out of memory: 32768 padded tokens"}
+    # a warm-up without failures adds no row
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: dataclasses.replace(
+        result, warmup=Warmup(seconds=3.0)))
+    assert main(["audit", str(write_study(tmp_path)), "--at-load-only"]) == 0
+    assert "warm-up" not in capsys.readouterr().out

@@ -127,3 +127,16 @@ def test_a_config_tune_check_or_the_simulation_refuses_is_refused_before_any_ser
         assert _error(capsys, code) == err
     else:
         assert not (study / "p.csv").exists()
+
+
+def test_a_profile_in_a_missing_directory_is_refused_as_every_json_is(study, capsys):
+    """One rule for a file a person names (tuner.files.check_writable): its directory must exist; none is
+    made (`replay --json` says the same). The study's own output directory is made, as tune makes it."""
+    target = study / "typo" / "deep" / "p.csv"
+    err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(target)]))
+    assert err == f"tuner: error: profile {target}: cannot write: no directory {target.parent}", err
+    assert not (study / "typo").exists()
+    json_err = _error(capsys, main(["replay", str(study / "study.yaml"), "--json", str(target)]))
+    assert json_err.endswith(f"cannot write: no directory {target.parent}") and not (study / "typo").exists()
+    assert _reached(capsys, main(["profile", str(study / "study.yaml")]))  # the default: out/profile.csv
+    assert (study / "out").is_dir()

@@ -357,3 +357,50 @@ def test_a_space_of_two_instances_measures_how_many_executions_run_at_once(gpus,
         capsys.readouterr()
         assert main(["profile", str(file), "--repeats", "2", "-o", str(out), "--concurrent-executions", "3"]) == 0
         assert "instances at once" not in capsys.readouterr().out and read_profile(out).concurrent_executions == 3
+
+
+def test_the_progress_never_goes_back_while_the_memory_limit_is_bisected(tmp_path, monkeypatch):
+    """The bar's total counts the bisection, the incumbent's padded lengths and the batches of separate
+    requests up front and only falls as the work turns out smaller: done / total never falls, and the
+    last point fills the bar. A fake server here: out of memory past 4096 padded tokens."""
+    import tuner.profiler as profiler
+
+    budget = 4096
+
+    class Sender:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def send(self, rows, length, *, measured=True):
+            fits = rows * length <= budget
+            return sample(rows, length, 0.01 * rows * length, ok=fits, measured=measured,
+                          error="" if fits else "CUDA out of memory (emulated)")
+
+        def send_held(self, n, length, *, blocker, measured=True):
+            return Sample(rows=n, length=length, ok=True, client_ms=1.0, infer_ms=0.5 + 0.1 * n, measured=measured,
+                          requests=n)
+
+    class Launcher:
+        def apply_config(self, model, config):
+            return config
+
+    monkeypatch.setattr(profiler, "_Sender", Sender)
+    monkeypatch.setattr(profiler, "padded_lengths", lambda *a, **k: (1000, 3000))  # two lengths more to measure
+    (tmp_path / "traffic.csv").write_text("timestamp,batch_size,seq_len\n" + "".join(
+        f"{i / 10},1,{64 if i % 2 else 400}\n" for i in range(40)))
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({
+        "name": "p", "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
+        "traffic": {"path": str(tmp_path / "traffic.csv")}, "sla": {"latency_ms": 100, "percentile": 99},
+        "cost": {"gpu": "a100-40gb"}, "measurement": {"warmup": False},
+        "search": {"max_batch_size": {"low": 1, "high": 64, "log": True}}}))
+    settings = read_study(tmp_path / "study.yaml")
+    seen: list[tuple[int, int]] = []
+    run = profiler.measure_profile(Launcher(), settings, study_traffic(settings),
+                                   base=modelconfig.load(TEMPLATE / "config.pbtxt"), length_column="seq_len",
+                                   concurrent_executions=1, repeats=3,
+                                   on_progress=lambda done, total, what: seen.append((done, total)))
+    assert run.profile.oom_rows  # the limit was bisected: at 400, 10 rows of 12 fail (4000 of 4096 tokens ran)
+    assert [d for d, _ in seen] == list(range(1, len(seen) + 1)) and all(d <= t for d, t in seen)
+    fractions = [d / t for d, t in seen]
+    assert all(b >= a for a, b in zip(fractions, fractions[1:], strict=False)), seen
+    assert seen[-1][0] == seen[-1][1]

@@ -102,3 +102,21 @@ def test_a_size_that_failed_before_the_restart_and_succeeded_after_it_says_both(
 def test_the_observed_break_names_its_window_as_the_soaks_lines_do():
     seen = analyze(soak_windows(error_rate=lambda k: 0.01), pd.DataFrame(), META).observed
     assert "the SLA broke in window 1 " in seen.note
+
+
+def test_a_size_that_never_failed_reads_a_dash_in_the_terminal_and_the_report():
+    """The batch table's window a size has none of (31 never failed) reads '-', never NaN nor blank."""
+    from pathlib import Path
+
+    from tuner.report._soak import SoakView, render_soak
+
+    found = analyze(soak_windows(), executions({2: {31: (1, 0)}, 5: {40: (0, 2)}}), META)
+    name = next(n for n in found.tables() if n.startswith("batches"))
+    text = found.text()
+    table = text[text.index(name):].split("\n\n")[0]
+    row = next(line.split() for line in table.splitlines() if line.split()[0] == "31")
+    assert row[:5] == ["31", "1", "0", "3", "-"] and "NaN" not in table, table
+    page = render_soak(SoakView(Path("."), {**META, "plan": {}}, soak_windows(), pd.DataFrame(), found))
+    html = page[page.index("<th>first failure window</th>"):]
+    html = html[:html.index("</table>")]
+    assert "<td>31</td>\n      <td>1</td>\n      <td>0</td>\n      <td>3</td>\n      <td>-</td>" in html, html

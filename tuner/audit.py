@@ -112,6 +112,9 @@ class AuditResult:
             "figures": {**(attrs := to_attrs(self.result)),
                         **{k: None for k in ("capacity_rps", "capacity_speed") if not attrs.get(k)}},
             "findings": [f.__dict__ for f in self.findings],
+            "warmup": None if (w := self.result.warmup) is None else {
+                "errors": w.errors, "sweep_errors": w.sweep_errors, "window_errors": w.window_errors,
+                "first_error": w.first_error or None},
             "exit_code": self.exit_code,
             "sla": self.sla, "traffic": {"path": self.traffic_path},
             "unit": self.unit,
@@ -253,8 +256,8 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
     r, load = a.result, a.result.at_load
     pct = f"p{settings.sla.percentile:g}"
     if r.outcome in NO_VERDICT:
-        return no_verdict(r)
-    out = [Finding(
+        return no_verdict(r) + warmup_findings(r)
+    out = warmup_findings(r) + [Finding(
         "SLA at the recorded load",
         f"{pct} {formats.number(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
         f"errors {load.error_rate:.2%}",
@@ -289,6 +292,16 @@ def no_verdict(r: TrialRecord) -> list[Finding]:
     return [Finding("SLA at the recorded load", r.outcome, "broken",
                     f"{r.note} (no verdict on the deployment: audit it again, or raise "
                     f"measurement.warmup_max_s)")]
+
+
+def warmup_findings(r: TrialRecord) -> list[Finding]:
+    """The warm-up's failed requests, when it had any: not judged (tune judges the measured window
+    only, tuner.trial.warmup), but said, as a fresh server failing them is worth watching."""
+    w = r.warmup
+    if w is None or not w.errors:
+        return []
+    first = w.first_error.strip().splitlines()[0][:160] if w.first_error.strip() else "not known (Triton counted them)"
+    return [Finding("warm-up", w.failures(), "watch", f"not judged (the measured window is); the first: {first}")]
 
 
 def ratio_findings(a: AuditResult, mine: float, theirs: float, *, unit: str) -> list[Finding]:

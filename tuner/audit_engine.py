@@ -4,7 +4,9 @@ streamed, the token SLA of `score.check_tokens`, output tokens per dollar), judg
 `tuner.audit` (its thresholds, findings table and exit codes).
 
 The deployed engine arguments are the study's model.json with vLLM's values for what it leaves out (as
-tune's incumbent: `engineargs.resolved`): the local launcher serves that file. A remote Triton does not
+tune's incumbent: `engineargs.resolved`), as the engine uses them (`engineargs.in_effect`: no GPU memory
+share where the KV cache is set in bytes; a local server's CPU build on the CPU's defaults whatever
+`cost.gpu` prices): the local launcher serves that file. A remote Triton does not
 expose model.json (its model config, NVIDIA's vLLM backend's included, does not hold the engine
 arguments), so the audit reads the study repository's and says so in its findings: an assumption, that
 the server runs that file.
@@ -80,11 +82,16 @@ def deployed_engine(settings: StudySettings) -> tuple[dict, str]:
     path = engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE
     where = (f"{path} (the server serves it)" if settings.server.launcher != "remote" else
              f"{path}: a remote Triton does not expose model.json; assumed to be what the server runs")
-    return engineargs.resolved(args, _device(settings)), where
+    return engineargs.in_effect(args, _device(settings)), where
 
 
 def _device(settings: StudySettings) -> str:
-    return engineargs.device_class(settings.cost.gpu)  # the device class of tune's incumbent
+    """The device class the deployment's engine runs on: a local server's is this machine's vLLM, whose
+    CPU build runs on the CPU whatever `cost.gpu` prices (llm_sim emulates an A100's step times on it);
+    otherwise the study's `cost.gpu`, as tune's incumbent has it."""
+    if settings.server.launcher == "local" and engineargs.installed_device() == "cpu":
+        return "cpu"
+    return engineargs.device_class(settings.cost.gpu)
 
 
 def engine_params(args: dict, *, gpu: bool) -> space.Params:

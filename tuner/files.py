@@ -125,7 +125,9 @@ def check_writable(path: str | os.PathLike, *, label: str | None = None,
                    error: type[InputError] = OutputError) -> Path:
     """The path, once a new file can be made there (its directory exists and takes a new file, the
     name fits, no directory is in the way): checked before the work that would fill it. Raises
-    `error` starting with `label` (default: the path)."""
+    `error` starting with `label` (default: the path). The one rule for a file a person names
+    (`--json`, `profile -o`, a traffic file): a missing directory is refused, never made (a typo
+    would leave a new tree behind); only a study's own output directory is made (check_output_dir)."""
     path = Path(path)
     _check_target(path, label or str(path), error)
     fd, probe = make_temp(path.parent, ".probe", label or str(path), error=error)

@@ -229,6 +229,8 @@ def stat_deltas(before: dict | None, after: dict | None) -> dict:
         "queue_count": (get(a, "inference_stats", "queue", "count")
                         - get(b, "inference_stats", "queue", "count")),
         "busy_ns": busy_ns,
+        "fail_count": (get(a, "inference_stats", "fail", "count")  # requests Triton failed
+                       - get(b, "inference_stats", "fail", "count")),
         "histogram": histogram,           # batch size -> executions
         "histogram_ns": histogram_ns,     # batch size -> their compute time (input + infer + output)
     }

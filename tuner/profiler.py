@@ -88,6 +88,7 @@ Python backend the whole `execute()` of the model) and `compute_output` (the out
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
@@ -206,6 +207,17 @@ def length_buckets(traffic: pd.DataFrame, column: str | None, max_length: int | 
         if not kept or length < kept[-1] * (1 - MERGE_LENGTHS):
             kept.append(length)
     return tuple(sorted(kept))
+
+
+def most_points(rows_grid: tuple[int, ...]) -> int:
+    """The most points one length can take: its rows up to the first that runs out of memory, then the
+    bisection down to one row below it (ceil(log2(gap)) probes). At least the whole grid. The batches of
+    separate requests take at most one point fewer (every rows of a length that ran, but 1)."""
+    most, below = len(rows_grid), 0
+    for k, rows in enumerate(rows_grid):
+        most = max(most, k + 1 + math.ceil(math.log2(rows - below)))
+        below = rows
+    return most
 
 
 def padded_lengths(settings: StudySettings, traffic: pd.DataFrame, *, base: ModelConfig, profile: Profile,
@@ -371,12 +383,19 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         warm = warm_up(launcher, settings, traffic, max_batch_size=mbs, on_window=on_window)
     sender = _Sender(launcher, model, length_column, timeout_s=settings.replay.request_timeout_s)
     samples: list[Sample] = []
-    total = len(rows_grid) * len(lengths)
+    # The total is the most points the profile can take, counted up front (each length's bisection, the
+    # incumbent's padded lengths, the batches of separate requests), and only ever lowered as the work
+    # turns out smaller: a bar whose total grew would go back.
+    per_length = most_points(rows_grid)
+    most_padded = len(LENGTH_QUANTILES) if length_column is not None else 0
+    instances = int(settings.search.instance_count.high) if settings.search.instance_count else 1
+    at_once = concurrent_executions is None and instances > 1
+    total = (len(lengths) + most_padded) * per_length + (repeats - 1) + (per_length - 1) + at_once
     done = 0
 
-    def progress_more(k: int) -> None:
+    def fewer(k: int) -> None:
         nonlocal total
-        total += k
+        total -= k
 
     def progress_done(what: str) -> None:
         nonlocal done
@@ -399,22 +418,22 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         return False
 
     def one_length(length: int) -> None:
-        nonlocal total
-        last_ok = 0
-        for k, rows in enumerate(rows_grid):
+        last_ok, points = 0, 0
+        for rows in rows_grid:
+            points += 1
             if point(rows, length):
                 last_ok = rows
                 continue
-            total -= len(rows_grid) - k - 1  # rows stop growing at this length
-            high = rows
+            high = rows  # rows stop growing at this length
             while high - last_ok > 1:  # the smallest failing rows, one row apart
                 middle = (high + last_ok) // 2
-                total += 1
+                points += 1
                 if point(middle, length):
                     last_ok = middle
                 else:
                     high = middle
             break
+        fewer(per_length - points)
 
     for length in lengths:
         one_length(length)
@@ -429,25 +448,22 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
             early_notes.append(f"the incumbent's padded lengths could not be simulated ({exc}): lengths are the "
                                f"requests' only")
     extra = _not_near(padded, lengths)
-    total += len(extra) * len(rows_grid)
+    fewer((most_padded - len(extra)) * per_length)
     for length in extra:
         one_length(length)
     # The other repeats in rounds over the whole grid, one request of every point each: a stall of a busy
     # host (seconds) then lifts one sample of many points, which their medians leave out, not every
     # sample of one point.
     for k in range(2, repeats + 1):
-        progress_more(1)
         for rows, length in ran:
             got = sender.send(rows, length)
             samples.append(got)
             _ran([got], model, rows=rows, length=length)
         progress_done(f"repeat {k} of {repeats}")
-    held_notes = _measure_held(sender, samples, repeats=repeats, count=progress_more,
+    held_notes = _measure_held(sender, samples, repeats=repeats, count=lambda n: fewer(per_length - 1 - n),
                                on_progress=progress_done)
     concurrency, overlap = None, 0.0
-    instances = int(settings.search.instance_count.high) if settings.search.instance_count else 1
-    if concurrent_executions is None and instances > 1:
-        progress_more(1)
+    if at_once:
         try:
             concurrency = _measure_concurrency(launcher, base, sender, samples=samples, instances=instances)
         except (ProfileError, ServerError, ServerSetupError) as exc:  # e.g. k copies do not fit the device
@@ -545,9 +561,10 @@ def _ran(got: list[Sample], model: str, *, rows: int, length: int) -> bool:
 def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count: Callable[[int], None],
                   on_progress: Callable[[str], None]) -> list[str]:
     """Time batches of N separate one-row requests at the shortest measured length (see the module
-    docstring), appending their samples; returns notes on the N given up."""
+    docstring), appending their samples; returns notes on the N given up. `count(N's)` first, once."""
     slowest = _points_slowest_first(samples)
     if not slowest:
+        count(0)
         return []
     length = min(n for _, _, n in slowest)
     ns = sorted({r for _, r, n in slowest if n == length and r >= 2})

@@ -287,3 +287,26 @@ vllm:kv_cache_usage_perc{{model="{MODEL}",version="1"}} {kv}
     assert s.figures.preemptions == 4 and s.samples == 3 and s.seconds == 12.0
     assert (s.running_peak, s.waiting_peak, s.kv_cache_peak) == (6, 1, 0.7)
     assert s.as_dict()["kv_cache_usage_peak"] == 0.7 and "histograms" not in s.as_dict()
+
+
+@pytest.mark.parametrize("model, seqs, gib", [("llm_sim", 256, 0.5), ("llm_vllm", 128, 1.0)])
+def test_the_deployed_engine_arguments_are_those_a_cpu_engine_uses_whatever_cost_gpu_prices(
+        tmp_path, monkeypatch, model, seqs, gib):
+    """A local server's engine is this machine's vLLM: its CPU build runs on the CPU whatever cost.gpu
+    prices (an A100 here), on the CPU's defaults (llm_vllm leaves max_num_seqs to vLLM: 128 there, not a
+    GPU's 256), with the KV cache its model.json sets in bytes: no gpu_memory_utilization is deployed."""
+    from tuner.llm import engineargs
+
+    monkeypatch.setattr(engineargs, "installed_device", lambda: "cpu")
+    s = yaml.safe_load(write_study(tmp_path).read_text())
+    s.update(model=model, cost={"gpu": "a100"})
+    (tmp_path / "a100.yaml").write_text(yaml.safe_dump(s))
+    settings = read_study(tmp_path / "a100.yaml")
+    args, _ = audit_engine.deployed_engine(settings)
+    params = audit_engine.engine_params(args, gpu=audit_engine._device(settings) != "cpu")
+    assert "gpu_memory_utilization" not in args and "gpu_memory_utilization" not in params
+    assert args["max_num_seqs"] == params["max_num_seqs"] == seqs and params["kv_cache_gib"] == gib
+    # a remote deployment's device is what the study prices: its GPU's defaults
+    remote = read_study(tmp_path / "a100.yaml")
+    remote = dataclasses.replace(remote, server=dataclasses.replace(remote.server, launcher="remote", url="h:8000"))
+    assert audit_engine.deployed_engine(remote)[0]["max_num_seqs"] == 256

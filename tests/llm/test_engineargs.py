@@ -158,3 +158,11 @@ def test_the_context_is_max_model_len_else_the_models_own(tmp_path):
     (tmp_path / "config.json").write_text('{"max_position_embeddings": 8192}')
     assert context_tokens({"model": str(tmp_path)}) == 8192
     assert context_tokens({"model": "meta-llama/Llama-3.1-8B-Instruct"}) is None  # vLLM would download it
+
+
+def test_the_gpu_memory_share_is_not_in_effect_where_the_kv_cache_is_set_in_bytes():
+    from tuner.llm.engineargs import in_effect
+
+    assert "gpu_memory_utilization" not in in_effect({"kv_cache_memory_bytes": 2**30}, "gpu")
+    assert in_effect({}, "gpu")["gpu_memory_utilization"] == 0.92  # vLLM sizes the cache from it
+    assert in_effect({"gpu_memory_utilization": 0.5}, "gpu_70gib")["max_num_seqs"] == 1024

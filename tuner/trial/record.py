@@ -62,10 +62,26 @@ class Warmup:
     seconds: float = 0.0
     sweep_requests: int = 0
     sweep_errors: int = 0
+    window_errors: int = 0  # requests Triton failed while the windows replayed the traffic
+    first_error: str = ""   # the first failed request's error, where the client saw it (sweep or windows)
     windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
     stable: bool = True
     reason: str = ""
     seen: str = ""  # the windows it saw, as printed (tuner.trial.warmup.describe_windows)
+
+    @property
+    def errors(self) -> int:
+        """The warm-up's failed requests: the shape sweep's and the windows'."""
+        return self.sweep_errors + self.window_errors
+
+    def failures(self) -> str:
+        """How many of its requests failed, and where, in a few words ("" when none did). They judge
+        nothing (only the measured window does), but a server that fails them is worth saying."""
+        if not self.errors:
+            return ""
+        parts = [f"{self.sweep_errors} of {self.sweep_requests} shape-sweep requests"] if self.sweep_errors else []
+        parts += [f"{self.window_errors} while replaying the traffic"] if self.window_errors else []
+        return f"{self.errors} requests failed ({', '.join(parts)})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -291,7 +307,8 @@ def to_attrs(record: TrialRecord) -> dict[str, object]:
     if record.warmup is not None:
         w = record.warmup
         out.update(warmup_seconds=w.seconds, warmup_sweep_requests=w.sweep_requests,
-                   warmup_sweep_errors=w.sweep_errors, warmup_stable=w.stable, warmup_reason=w.reason,
+                   warmup_sweep_errors=w.sweep_errors, warmup_window_errors=w.window_errors,
+                   warmup_first_error=w.first_error, warmup_stable=w.stable, warmup_reason=w.reason,
                    warmup_seen=w.seen, warmup_windows_ms=",".join(f"{v:.3f}" for v in w.windows_ms))
     if record.at_load is not None:
         out.update(_flat_figures(record.at_load, ""))
@@ -324,6 +341,8 @@ def from_attrs(attrs: dict) -> TrialRecord:
         windows = str(attrs.get("warmup_windows_ms") or "")
         warmup = Warmup(seconds=float(attrs["warmup_seconds"]), sweep_requests=int(attrs.get("warmup_sweep_requests") or 0),
                         sweep_errors=int(attrs.get("warmup_sweep_errors") or 0),
+                        window_errors=int(attrs.get("warmup_window_errors") or 0),
+                        first_error=str(attrs.get("warmup_first_error") or ""),
                         windows_ms=tuple(float(v) for v in windows.split(",") if v),
                         stable=bool(attrs.get("warmup_stable", True)), reason=str(attrs.get("warmup_reason") or ""),
                         seen=str(attrs.get("warmup_seen") or ""))

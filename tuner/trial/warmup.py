@@ -289,10 +289,13 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
 
     part = repeated_stretch(traffic, settings.traffic.speed, m.window_s, times=math.ceil(m.warmup_max_s / m.window_s))
     stable = False
+    first_error = sent.first_error if sent else ""
     while time.monotonic() - windows_from < m.warmup_max_s:
-        replay(launcher.endpoints, model, part, speed=settings.traffic.speed, settings=settings.replay, warmup_s=0.0,
-               duration_s=m.warmup_max_s, stats=lambda: launcher.statistics(model), watch=watch,
-               watch_every_s=m.window_s)
+        result = replay(launcher.endpoints, model, part, speed=settings.traffic.speed, settings=settings.replay,
+                        warmup_s=0.0, duration_s=m.warmup_max_s, stats=lambda: launcher.statistics(model),
+                        watch=watch, watch_every_s=m.window_s)
+        failed = result.records.loc[~result.records["ok"].astype(bool), "error"] if len(result.records) else ()
+        first_error = first_error or (str(failed.iloc[0]) if len(failed) else "")
         stable = steady(windows_of(ticks)[0], k=m.stable_windows, pct=m.stability_pct)
         if stable:
             break
@@ -304,5 +307,8 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
     reason = "" if stable else (
         f"compute time per execution did not settle in {m.warmup_max_s:g} s of windows after the shape sweep "
         f"({rule_text(m)}; last windows: {seen})")
+    # a replay the watch stopped keeps no records: Triton's own count says how many the windows failed
+    window_errors = stat_deltas(snapshots[0], snapshots[-1])["fail_count"]
     return Warmup(seconds=time.monotonic() - started, sweep_requests=sent.requests if sent else 0,
-                  sweep_errors=sent.errors if sent else 0, windows_ms=values, stable=stable, reason=reason, seen=seen)
+                  sweep_errors=sent.errors if sent else 0, window_errors=max(window_errors, 0),
+                  first_error=first_error, windows_ms=values, stable=stable, reason=reason, seen=seen)

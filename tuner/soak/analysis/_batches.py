@@ -23,6 +23,7 @@ import pandas as pd
 from tuner.soak.analysis._common import SoakDataError, json_number
 
 COLUMNS = ("window", "size", "successes", "failures")
+NO_WINDOW = "-"  # in the table: a size that never failed (or never succeeded), as a person reads it
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,21 @@ class BatchLimits:
 
     def table(self, *, label: Callable[[object], object] | None = None) -> pd.DataFrame:
         """One row per size that failed at least once, plus the largest still succeeding and the
-        largest that ever succeeded; `label`: a window key as a person reads it (default: as is)."""
+        largest that ever succeeded; `label`: a window key as a person reads it (default: as is).
+        A window there is none of (never failed, never succeeded) reads NO_WINDOW, text and HTML alike."""
         label = label or (lambda window: window)
+
+        def window(key: object) -> object:
+            # NO_WINDOW, not None: pandas would turn None into NaN, which the terminal prints as such
+            return NO_WINDOW if key is None else label(key)
+
         rows = []
         for s in self.sizes:
             if s.failures == 0 and s.size not in (self.largest_recent, self.largest_ever):
                 continue
             rows.append({"size": s.size, "successes": s.successes, "failures": s.failures,
-                         "last success window": None if s.last_success_window is None else label(s.last_success_window),
-                         "first failure window": None if s.first_failure_window is None
-                         else label(s.first_failure_window), "status": self._status(s)})
+                         "last success window": window(s.last_success_window),
+                         "first failure window": window(s.first_failure_window), "status": self._status(s)})
         return pd.DataFrame(rows, columns=["size", "successes", "failures", "last success window",
                                            "first failure window", "status"])
 
