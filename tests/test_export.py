@@ -205,6 +205,10 @@ def test_export_command_from_a_directory_and_from_a_storage(tmp_path, capsys):
     assert modelconfig.load(out / "recommended" / "config.pbtxt").max_batch_size == 16
     target = tmp_path / "elsewhere" / "config.pbtxt"
     url = f"sqlite:///{out / 'study.db'}"
+    # a file the person names goes into a directory that is there, as every --json: a typo makes no tree
+    assert main(["export", "--storage", url, "--study", "exp", "-o", str(target)]) == 2
+    assert "cannot write: no directory" in capsys.readouterr().err and not target.parent.exists()
+    target.parent.mkdir()
     assert main(["export", "--storage", url, "--study", "exp", "-o", str(target)]) == 0
     assert modelconfig.load(target).max_batch_size == 16
     capsys.readouterr()
@@ -262,20 +266,22 @@ def test_a_study_stopped_before_its_re_measurement_is_not_exported_and_nothing_i
     make_study(tmp_path, remeasure=False)  # as a tune interrupted in its search leaves it
     url = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
     target = tmp_path / "deploy" / "config.pbtxt"
+    target.parent.mkdir()
     for argv in (["export", "--storage", url, "-o", str(target)],
                  ["finish", "--storage", url, "--output", str(tmp_path / "outputs"), "--no-remeasure"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "study 'exp' is not finished: its search stopped after" in err, err
         assert "run the same `tuner tune` again to finish it" in err
-    assert not (tmp_path / "deploy").exists() and not (tmp_path / "outputs").exists()
+    assert not target.exists() and not (tmp_path / "outputs").exists()
 
 
 def test_an_export_that_fails_makes_no_directory(tmp_path, capsys):
     make_study(tmp_path)
     url = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    (tmp_path / "new").mkdir()
     assert main(["export", "--storage", url, "--study", "nope", "-o", str(tmp_path / "new" / "x.pbtxt")]) == 2
-    assert "no study named 'nope'" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    assert "no study named 'nope'" in capsys.readouterr().err and not any((tmp_path / "new").iterdir())
 
 
 @pytest.mark.parametrize("where, message", [

@@ -6,6 +6,7 @@ import argparse
 
 from tuner.cli._args import add_command, add_flag, add_output_file, add_storage, add_tune_output
 from tuner.errors import SettingsError
+from tuner.files import check_writable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         study = export.load_study(storage, args.study or name)
         print(export.recommended_text(study, export.summarize(study)), end="")
         return 0
+    if args.output:  # a file the person names goes into a directory that is there (files.check_writable);
+        check_writable(args.output, label=f"-o {args.output}")  # the default's, tuner's own, is made
     # the default path is tuner's own output; a file the user named may be their config
     path = export.export(storage, args.study or name, target, force=args.force or not args.output)
     print(f"wrote {path}")
