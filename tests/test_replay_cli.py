@@ -343,3 +343,45 @@ def test_a_request_longer_than_the_engines_context_is_refused_before_any_server(
     assert_one_line_error(run, "2 of 3 requests need more tokens than llm_vllm's context of 2,048",
                           "row 1", "2,000 prompt + 100 output tokens")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml", "tokens.csv"]
+
+
+def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeypatch, capsys):
+    """A server that failed requests of its warm-up (a fresh one, say) while the measured window had
+    none: the warm-up line says how many, and where; the JSON keeps the counts (the measurement judges
+    the measured window only, as a trial's does)."""
+    import tuner.server
+    import tuner.trial.step
+    import tuner.trial.warmup
+    from tests.support import measurement
+    from tuner.cli import main
+    from tuner.trial import Warmup
+
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+
+    class Server:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def model_config(self, model):
+            return config
+
+    warm = Warmup(seconds=3.0, sweep_requests=192, sweep_errors=96, window_errors=4, first_error="400: out of memory")
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Server())
+    monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: warm)
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "traffic": {"path": str(ROOT / "traffic_profiles" /
+                                                                                     "bursty_60s.csv")}}))
+    assert main(["replay", str(path), "--json", str(tmp_path / "m.json")]) == 0
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warm-up:")]
+    assert len(line) == 1 and line[0].endswith(
+        "; 100 requests failed (96 of 192 shape-sweep requests, 4 while replaying the traffic) (not judged: the "
+        "measured window is)"), line
+    assert json.loads((tmp_path / "m.json").read_text())["warmup"]["window_errors"] == 4
+    monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: Warmup(seconds=3.0))
+    assert main(["replay", str(path)]) == 0
+    assert "failed" not in capsys.readouterr().err
