@@ -252,6 +252,27 @@ def test_export_never_replaces_a_file_tuner_did_not_write_unless_forced(tmp_path
     assert not modelconfig.written_by_tuner(engine, text='{"max_num_seqs": 16}\n')
 
 
+def test_export_never_writes_over_what_the_study_reads_even_forced(tmp_path, capsys):
+    """The study file and its traffic (a file of it, or a new file where its traffic directory would
+    replay it) are refused with --force too: only a config the person owns is theirs to replace."""
+    study = make_study(tmp_path)
+    (tmp_path / "study.yaml").write_text("name: exp\n")
+    (tmp_path / "traffic").mkdir()
+    (tmp_path / "traffic" / "day1.csv").write_text("timestamp,seq_len\n0,8\n")
+    study.set_user_attr("study_file", str(tmp_path / "study.yaml"))
+    study.set_user_attr("traffic", {"path": str(tmp_path / "traffic"), "speed": 1.0})
+    url = f"sqlite:///{tmp_path / 'out' / 'study.db'}"
+    for target, why in ((tmp_path / "study.yaml", "the same file as the study file"),
+                        (tmp_path / "traffic" / "day1.csv", "the same file as the study's traffic"),
+                        (tmp_path / "traffic" / "day2.csv", "among the study's traffic files")):
+        before = target.read_text() if target.exists() else None
+        assert main(["export", "--storage", url, "--study", "exp", "-o", str(target), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err, err
+        assert (target.read_text() if target.exists() else None) == before
+    assert main(["export", "--storage", url, "--study", "exp", "-o", str(tmp_path / "config.pbtxt")]) == 0
+
+
 def test_export_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["export", str(tmp_path / "missing")]) == 2
     assert main(["export", "--storage", str(tmp_path / "none.journal")]) == 2

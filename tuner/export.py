@@ -52,6 +52,7 @@ from tuner.search import (
     without_password,
 )
 from tuner.settings import SearchSettings
+from tuner.study import check_not_input
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "check_finished", "closing_table", "export",
@@ -615,6 +616,9 @@ def export(storage: str, name: str | None, output: str | Path, *, force: bool = 
     writable_file(path, label=label)  # before the study is read; nothing is made until it is
     study = load_study(storage, name)
     check_finished(study)
+    # never over what the study reads, --force or not; the model's config.pbtxt may be (your live config)
+    check_not_input(path, label=label, study_file=study.user_attrs.get("study_file"),
+                    traffic=(study.user_attrs.get("traffic") or {}).get("path"))
     text = recommended_text(study, summarize(study))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

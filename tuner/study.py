@@ -21,21 +21,23 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
 from tuner import modelconfig
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, OutputError, TrafficError
 from tuner.files import os_reason
 from tuner.instants import parse_instant
 from tuner.modelconfig import ModelConfig
+from tuner.paths import same_file
 from tuner.settings import StudySettings
-from tuner.traffic.recording import open_recording
+from tuner.traffic.recording import joins_recording, open_recording, recording_files
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "base_engine", "check_batcher_study", "checked_base", "config_file", "engine_file", "is_vllm_study",
-           "model_files", "study_traffic"]
+__all__ = ["base_config", "base_engine", "check_batcher_study", "check_not_input", "checked_base", "config_file",
+           "engine_file", "is_vllm_study", "model_files", "study_traffic"]
 
 _WHOLE_FILE_BYTES = 64 * 2**20  # a larger file (weights) is known by its size, first and last MiB
 
@@ -178,3 +180,23 @@ def check_batcher_study(settings: StudySettings, command: str) -> None:
         raise SettingsError(f"{settings.source or '<study>'}: {settings.model} is served by vLLM (its batching is the "
                             f"engine's): tuner {command} does not take a generative study yet; tuner tune and "
                             f"tuner replay do")
+
+
+def check_not_input(path: str | Path, *, label: str, study_file: str | None, traffic: str | None,
+                    inputs: Iterable[tuple[str, str]] = ()) -> None:
+    """Refuse (OutputError, one line starting with `label`) to write `path` over one of a study's inputs
+    (its study file, one of its traffic files, or `inputs`: (path, what)), or where the study's traffic
+    (a directory, a glob) would take it for one more traffic file: whatever --force says, as what a study
+    reads is never what a command of it writes. Reads no file."""
+    named = [(study_file, "the study file"), *inputs]
+    if traffic:
+        try:
+            named += [(str(p), "the study's traffic") for p in recording_files(traffic)]
+        except TrafficError:
+            pass  # reading the traffic says why, in its own line
+    for given, what in named:
+        if given and same_file(path, given):
+            raise OutputError(f"{label}: the same file as {what} {given}; refusing to write over it")
+    if traffic and joins_recording(path, traffic):
+        raise OutputError(f"{label}: among the study's traffic files ({traffic}): the study would "
+                          f"replay it as traffic; refusing to write it there")

@@ -192,23 +192,12 @@ def check_output(path, settings, *, label: str, force: bool, ours: Callable[[Pat
     or where the study's traffic (a directory, a glob) would take it for one more traffic file,
     whatever `force` says; and over any other existing file unless `ours(path)` (tuner wrote it) or
     `force` (tuner.files.check_replaceable). Nothing is read beyond what `ours` reads, nothing written."""
-    from tuner.errors import OutputError, TrafficError
+    from tuner.errors import OutputError
     from tuner.files import check_replaceable
-    from tuner.paths import same_file
-    from tuner.traffic.recording import joins_recording, recording_files
+    from tuner.study import check_not_input
 
     path = Path(path)
-    named = [(settings.source, "the study file"), *inputs]
-    try:
-        named += [(str(p), "the study's traffic") for p in recording_files(settings.traffic.path)]
-    except TrafficError:
-        pass  # reading the traffic says why, in its own line
-    for given, what in named:
-        if given and same_file(path, given):
-            raise OutputError(f"{label}: the same file as {what} {given}; refusing to write over it")
-    if joins_recording(path, settings.traffic.path):
-        raise OutputError(f"{label}: among the study's traffic files ({settings.traffic.path}): the study would "
-                          f"replay it as traffic; refusing to write it there")
+    check_not_input(path, label=label, study_file=settings.source, traffic=settings.traffic.path, inputs=inputs)
     if not os.path.lexists(path):
         return
     model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
