@@ -38,6 +38,7 @@ from tuner.errors import SettingsError
 from tuner.localhost import GPU_TYPE_ENV, free_ports
 from tuner.settings import IntRange
 from tuner.trial import Hints
+from tuner.tune import Handover
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID = {"search.max_batch_size": {"low": 4, "high": 16, "log": True},  # 4, 8, 16
@@ -298,7 +299,12 @@ def test_the_first_host_to_find_the_search_over_re_measures_and_the_others_are_t
         warnings.simplefilter("ignore", UserWarning)
         running = study.ask()  # another host measures a trial: nobody finishes yet
     running.set_user_attr("host", "node-c")
-    assert search.claim_finish(study, a)["running"] == running.number
+    by = search.claim_finish(study, a)
+    assert by["running"] == running.number
+    # a host does not wait for another's trial (its GPU is free): it says who measures, and the way out
+    said = Handover(study.study_name, url, by, 4).message()
+    assert f"node-c (pid None, None) still measures trial {running.number}: the last host to finish" in said
+    assert said.endswith("If that host stops, run: tuner finish STUDY.yaml --storage URL")
     study.tell(running, 1.0)
     assert search.claim_finish(study, a) is None  # a first: it re-measures
     claim = search.claim_finish(study, b)

@@ -89,7 +89,8 @@ class Handover:
         who = f"{self.by.get('host')} (pid {self.by.get('pid')}, {self.by.get('gpu')})"
         if "running" in self.by:
             return (f"{who} still measures trial {self.by['running']}: the last host to finish re-measures the "
-                    f"top configurations and writes the outputs; this host measured {self.ran_here} trial(s)")
+                    f"top configurations and writes the outputs; this host measured {self.ran_here} trial(s). "
+                    f"If that host stops, run: tuner finish STUDY.yaml --storage URL")
         return (f"{who} re-measures the top configurations and writes the outputs (since {self.by.get('since')}); "
                 f"this host measured {self.ran_here} trial(s). If it stops, run: tuner finish STUDY.yaml "
                 f"--storage URL")
