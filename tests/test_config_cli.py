@@ -273,6 +273,16 @@ def test_show_prints_an_aligned_table(capsys, tmp_path):
     assert len(value_columns) == 1, out  # aligned
 
 
+def test_show_of_an_ensemble_says_it_has_no_instances_of_its_own(capsys, tmp_path):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "ens"\nplatform: "ensemble"\nmax_batch_size: 8\nensemble_scheduling { step [ { '
+                    'model_name: "m" model_version: -1 input_map { key: "IN" value: "X" } '
+                    'output_map { key: "OUT" value: "Y" } } ] }\n')
+    code, out, _ = run(capsys, "config", "show", str(path))
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()}
+    assert code == 0 and rows["instance_group"] == "none (an ensemble runs its steps' models' instances)", out
+
+
 def test_show_missing_file_is_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "config", "show", str(tmp_path / "nope.pbtxt"))
     assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"

@@ -451,7 +451,9 @@ def scheduling_table(config: ModelConfig) -> list[tuple[str, str]]:
         rows.append(
             ("sequence_batching.max_sequence_idle_microseconds", str(sequence.max_sequence_idle_microseconds))
         )
-    if not config.instance_group:
+    if config.platform == "ensemble":  # its steps' models run; an ensemble has no instances of its own
+        rows.append(("instance_group", "none (an ensemble runs its steps' models' instances)"))
+    elif not config.instance_group:
         rows.append(("instance_group", "none (Triton's default: one per GPU, or one on CPU)"))
     for index, group in enumerate(config.instance_group):
         kind = model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
