@@ -125,3 +125,36 @@ def test_every_number_on_the_command_line_is_read_as_a_finite_number():
     plain = {(" ".join(path), a.dest) for path, sub in COMMANDS for a in sub._actions if a.type is float}
     assert plain - NOT_YET_FINITE == set(), "read these with finite_float (tuner/cli/_args.py)"
     assert NOT_YET_FINITE - plain == set(), "these are finite now: remove them from NOT_YET_FINITE"
+
+
+def test_tune_stops_starting_trials_at_the_studys_search_timeout_unless_timeout_says_otherwise(
+        tmp_path, monkeypatch, capsys):
+    """search.timeout_s of the study file is the run's limit (it was read and never used); --timeout,
+    for one run, replaces it; --check says it."""
+    from pathlib import Path
+
+    import yaml
+
+    import tuner.tune
+    from tuner.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    study = yaml.safe_load((root / "examples" / "quickstart.yaml").read_text())
+    study["model_repository"] = str((root / "examples" / study["model_repository"]).resolve())
+    study["traffic"]["path"] = str((root / "examples" / study["traffic"]["path"]).resolve())
+    study["search"]["timeout_s"] = 7
+    study["output"] = str(tmp_path / "out")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    seen = []
+
+    def fake_tune(settings, trials, **kw):
+        seen.append(kw["timeout_s"])
+        return tuner.tune.Handover("s", "storage", {"host": "h", "pid": 1, "gpu": "cpu"}, 0)
+
+    monkeypatch.setattr(tuner.tune, "tune", fake_tune)
+    assert main(["tune", str(path), "--quiet"]) == 0
+    assert main(["tune", str(path), "--quiet", "--timeout", "60"]) == 0
+    assert seen == [7, 60]
+    assert main(["tune", str(path), "--check"]) == 0
+    assert "no trial started after 7 s (search.timeout_s)" in capsys.readouterr().out

@@ -363,6 +363,8 @@ def _ordinal(k: int) -> str:
 
 def _describe_search(search_settings) -> str:
     remeasure = f"top {search_settings.top_k} re-measured {search_settings.remeasure_repeats}x"
+    if search_settings.timeout_s:  # no trial starts after it (--timeout says it for one run)
+        remeasure += f"; no trial started after {search_settings.timeout_s:g} s (search.timeout_s)"
     if search_settings.strategy != "model":
         return f"{search_settings.sampler}, {search_settings.trials} trials, {remeasure}"
     profile = search_settings.profile or "measured first (OUTPUT/profile.csv)"

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_study(parser, "the study file")
     parser.add_argument("--trials", type=int, metavar="N", help="trials in all (default: search.trials)")
-    parser.add_argument("--timeout", type=finite_float, metavar="S", help="stop starting trials after S seconds")
+    parser.add_argument("--timeout", type=finite_float, metavar="S", help="stop starting trials after S seconds (default: the study's search.timeout_s; none)")
     add_output_dir(parser)
     add_storage(parser, "Optuna storage URL, e.g. postgresql://user@db/tuner for hosts sharing the study "
                 "(the password from $PGPASSWORD), or a journal file: a name ending in .journal or .log, or "
@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     bars = Bars(enabled=not args.quiet)
     try:
-        summary = tune(settings, trials=args.trials or settings.search.trials, timeout_s=args.timeout,
+        summary = tune(settings, trials=args.trials or settings.search.trials,
+                       timeout_s=args.timeout or settings.search.timeout_s,
                        storage=args.storage, workers=args.workers, progress=bars)
     except UnmeasuredError:
         print(f"outputs: {settings.output}", file=sys.stderr)
