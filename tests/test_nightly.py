@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, ConfigError, SettingsError, TrafficError
+from tuner.errors import (
+    EXIT_ACT,
+    EXIT_OK,
+    EXIT_SLA_UNMET,
+    ConfigError,
+    OutputError,
+    SettingsError,
+    TrafficError,
+)
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
 from tuner.nightly.job import SearchResult, run_night
@@ -473,6 +481,80 @@ def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):
     assert list(out.glob(".staging-*"))  # what the killed run left, cleared by the next run
     _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=2)
     assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 2
+
+
+# --- the output directory: a night's own, or refused ----------------------------------------------
+
+ALICE = '{"event": "deploy", "by": "alice"}\n'
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under `folder`: a file's bytes, a link's target, a directory as "dir"."""
+    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("name, make", [
+    ("latest", lambda p: p.write_text("my notes\n")),
+    ("latest", lambda p: p.symlink_to("../notes.txt")),  # a link, but not into runs/
+    ("history.jsonl", lambda p: p.write_text(ALICE)),
+    ("nightly.lock", lambda p: p.write_text("not a pid\n")),
+    ("runs", lambda p: p.write_text("a file\n")),
+    ("runs", lambda p: (p / "experiment-1").mkdir(parents=True)),  # someone's own runs: no night's decision
+])
+def test_a_file_of_a_nights_name_that_no_night_wrote_is_refused_by_the_check_and_the_run_alike(tmp_path, capsys, name, make):
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out / name)
+    before = _tree(out)
+    assert main(["nightly", str(nightly), "--check"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0] == (f"tuner: error: output {out}: holds {name}, which tuner did not write "
+                                        "there: name a new or empty directory (nothing was changed)")
+    engine = TableEngine({4: 100.0, 16: 130.0}, BEST)
+    with pytest.raises(OutputError) as exc:
+        run_night(load_nightly(nightly), _factory(engine))
+    assert f"tuner: error: {exc.value}" == err[0]  # the run says what --check said
+    assert engine.enqueued == [] and _tree(out) == before  # nothing started, nothing of the user's touched
+
+
+def test_the_users_latest_and_history_are_left_as_they_were(tmp_path, capsys):
+    """The reviewer's case: both at once, named in one line; her notes and her history stay hers."""
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "latest").write_text("my notes\n")
+    (out / "history.jsonl").write_text(ALICE)
+    with pytest.raises(OutputError, match="holds history.jsonl, latest, which tuner did not write"):
+        run_night(load_nightly(nightly), _factory(TableEngine({4: 100.0, 16: 130.0}, BEST)))
+    assert _tree(out) == {"history.jsonl": ALICE.encode(), "latest": b"my notes\n"}
+    assert main(["nightly", str(nightly), "--check"]) == 2 and "holds history.jsonl, latest" in capsys.readouterr().err
+
+
+def test_a_directory_nights_made_is_accepted_night_after_night(tmp_path, capsys):
+    from tuner.nightly.job import OUTPUT_NAMES
+
+    nightly = _write_setup(tmp_path)
+    out = tmp_path / "out"
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
+    assert sorted(p.name for p in out.iterdir()) == ["history.jsonl", "latest", "nightly.lock", "runs"]
+    assert all(OUTPUT_NAMES[p.name](p) for p in out.iterdir())
+    assert main(["nightly", str(nightly), "--check"]) == 0
+    capsys.readouterr()
+    # a torn last line and a hand edit leave the history a night's; the next night runs on
+    with open(history.history_path(out), "a") as fh:
+        fh.write('not json\n{"night": "torn", "deci')
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=1)
+    assert len(run_dirs(out)) == 2 and len(history.read_history(out)) == 2
+    # what a night leaves before it has written anything: an empty lock, history and runs/
+    fresh = tmp_path / "fresh"
+    (fresh / "runs").mkdir(parents=True)
+    for name in ("nightly.lock", "history.jsonl"):
+        (fresh / name).write_text("")
+    assert all(OUTPUT_NAMES[p.name](p) for p in fresh.iterdir())
 
 
 # --- command line ----------------------------------------------------------------------------------

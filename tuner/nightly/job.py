@@ -26,10 +26,9 @@ from tuner.files import check_output_dir
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
-from tuner.nightly import history, rundir
+from tuner.nightly import history, lock, rundir
 from tuner.nightly.deployed import Deployed, Proposal, check_traffic, read_deployed
 from tuner.nightly.intake import newest_traffic
-from tuner.nightly.lock import run_lock
 from tuner.nightly.rule import UNIT_WORDS, ArmResult, Decision, decide, keep, pair_gains
 from tuner.nightly.settings import NightlySettings, read_study_for
 from tuner.nightly.summary import markdown_summary
@@ -38,6 +37,10 @@ from tuner.soak import last_soak
 from tuner.traffic import TIMESTAMP, write_traffic
 
 TRAFFIC_FILE = "traffic.parquet"
+# what a night writes in its output directory, each with how to tell the one a night wrote: any other
+# file of these names is the user's, never replaced or appended to
+OUTPUT_NAMES = {lock.LOCK_NAME: lock.is_lock, history.HISTORY_NAME: history.is_history,
+                rundir.LATEST: rundir.is_latest, rundir.RUNS: rundir.is_runs}
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
     check_traffic(deployed, study, traffic)
-    check_output_dir(settings.output, "output", create=False)
+    check_output(settings.output, create=False)
     span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
     server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
     return [
@@ -149,6 +152,12 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
         ("server", server),
         ("output", settings.output),
     ]
+
+
+def check_output(output: str | Path, *, create: bool) -> Path:
+    """The output directory, once a night can write there and nothing of a night's names in it is
+    someone else's (the run's check and `--check`'s, one check); made with `create`."""
+    return check_output_dir(output, "output", create=create, ours=OUTPUT_NAMES)
 
 
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
@@ -165,7 +174,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     stamp = rundir.night_stamp(started)
     t_start = time.monotonic()
 
-    with run_lock(output):
+    check_output(output, create=True)
+    with lock.run_lock(output):
         rundir.clear_stale_staging(output)
         traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                         pattern=settings.traffic.pattern)
@@ -226,7 +236,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             **({"proposed": f"proposed/{proposal.name}", "changed": list(proposal.changed)} if proposal else {}),
             "duration_s": round(time.monotonic() - t_start, 1),
         }
-        (staging / "decision.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
+        (staging / rundir.DECISION).write_text(json.dumps(entry, indent=2, default=str) + "\n")
         final = rundir.publish(staging, output, stamp)
         entry["run_dir"] = str(final.relative_to(output))
         # last: a run killed before this line leaves the history as it was

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +20,14 @@ LOCK_NAME = "nightly.lock"
 
 class LockedError(TunerError):
     """Another nightly run holds the lock (exit 1: the scheduler retries later)."""
+
+
+def is_lock(path: Path) -> bool:
+    """Whether `path` is a lock file a run made: a regular file holding a pid, or nothing yet."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as fh:
+        return re.fullmatch(rb"\d*\n?", fh.read(65)) is not None
 
 
 @contextmanager
