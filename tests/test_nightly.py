@@ -557,6 +557,36 @@ def test_a_directory_nights_made_is_accepted_night_after_night(tmp_path, capsys)
     assert all(OUTPUT_NAMES[p.name](p) for p in fresh.iterdir())
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda out: out.write_text("x\n"), "exists and is not a directory"),
+    (lambda out: (out / "nightly.lock").mkdir(parents=True), "holds nightly.lock, which tuner did not write"),
+])
+def test_an_output_the_night_cannot_write_is_one_line_in_the_run_as_in_the_check(tmp_path, capsys, make, message):
+    """Not a FileExistsError or IsADirectoryError traceback from the run while --check says it in one line."""
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    make(tmp_path / "out")
+    lines = []
+    for args in (["--check"], []):  # the run is refused before any server starts
+        assert main(["nightly", str(nightly), *args]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1] and lines[0].startswith(f"tuner: error: output {tmp_path / 'out'}: {message}")
+
+
+def test_a_lock_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "out" / lock.LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(OutputError, match=r"nightly.lock: cannot make the nightly lock \(Is a directory\)$"):
+        with lock.run_lock(tmp_path / "out"):
+            pass
+    (tmp_path / "file").write_text("x\n")
+    with pytest.raises(OutputError, match=r"file/nightly.lock: cannot make the nightly lock \(File exists\)$"):
+        with lock.run_lock(tmp_path / "file"):
+            pass
+    assert (tmp_path / "file").read_text() == "x\n"
+
+
 # --- command line ----------------------------------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-from tuner.errors import TunerError
+from tuner.errors import OutputError, TunerError
+from tuner.files import os_reason
 
 LOCK_NAME = "nightly.lock"
 
@@ -32,11 +33,15 @@ def is_lock(path: Path) -> bool:
 
 @contextmanager
 def run_lock(output: str | Path):
-    """Hold `<output>/nightly.lock` for the block (yields its path); LockedError if another run holds it."""
+    """Hold `<output>/nightly.lock` for the block (yields its path); LockedError if another run holds it,
+    OutputError (one line) if the lock cannot be made there (a directory in the way, no permission)."""
     root = Path(output)
-    root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot make the nightly lock ({os_reason(exc)})") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
