@@ -3,6 +3,7 @@ one night in order over an injected engine (the real server and replay: test_nig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -227,6 +228,72 @@ def test_the_nightly_search_does_not_print_optunas_info_line(tmp_path):
     assert optuna.logging.get_verbosity() == verbosity  # restored after
 
 
+def test_the_nightly_search_starts_no_trial_after_its_time_limit(tmp_path, monkeypatch):
+    """search.timeout_s as Optuna's timeout: the trial running when it passes finishes, no other starts.
+    Each trial takes 10 s of a fake clock, which the search loop and Optuna's timeout both read."""
+    import datetime as dt
+    import types
+
+    import optuna.study._optimize
+
+    from tuner.nightly import engine as engine_mod
+    from tuner.nightly.engine import RealEngine
+    from tuner.search import _loop
+    from tuner.settings import read_study
+    from tuner.trial import MEASURED, TrialRecord
+
+    _write_setup(tmp_path)
+    study = read_study(tmp_path / "study.yaml")
+    clock = {"now": 0.0}
+    base = dt.datetime(2026, 11, 30, 2, 0)
+
+    def no_sleep(seconds):
+        pytest.fail("a single search waits for no other worker")
+
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock["now"], sleep=no_sleep)
+    for module in (_loop, engine_mod):
+        monkeypatch.setattr(module, "time", fake_time)
+    monkeypatch.setattr(optuna.study._optimize, "datetime", types.SimpleNamespace(
+        datetime=types.SimpleNamespace(now=lambda: base + dt.timedelta(seconds=clock["now"]))))
+    starts: list[float] = []
+
+    def evaluate(params, hints):
+        starts.append(clock["now"])
+        clock["now"] += 10.0
+        return TrialRecord(params=dict(params), outcome=MEASURED, sla_met=True, violation=-1.0,
+                           scores={"capacity": 10.0, "utilization": None})
+
+    found = RealEngine(study, evaluate).search([PROD], 5, tmp_path / "limited", production=PROD, timeout_s=25)
+    assert starts == [0.0, 10.0, 20.0]  # the third ran past 25 s and finished; the fourth never started
+    assert found.trials == 3 and found.timed_out
+    clock["now"], starts[:] = 0.0, []
+    found = RealEngine(study, evaluate).search([PROD], 5, tmp_path / "unlimited", production=PROD)
+    assert len(starts) == 6 and found.trials == 6 and not found.timed_out
+    clock["now"], starts[:] = 0.0, []
+    found = RealEngine(study, evaluate).search([PROD], 1, tmp_path / "in_time", production=PROD, timeout_s=25)
+    assert starts == [0.0, 10.0] and not found.timed_out  # every planned trial ran: the limit stopped nothing
+
+
+def test_a_night_its_time_limit_stopped_says_so(tmp_path, capsys):
+    nightly = _write_setup(tmp_path)
+    nightly.write_text(nightly.read_text().replace("search: {trials: 3}", "search: {trials: 3, timeout_s: 5}"))
+
+    class Stopped(TableEngine):
+        def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+            found = super().search(enqueue, trials, workdir, production=production, timeout_s=timeout_s)
+            return dataclasses.replace(found, trials=1, timed_out=True)
+
+    engine = Stopped({4: 100.0, 16: 130.0}, BEST)
+    night = _night(tmp_path, engine)
+    assert engine.timeout_s == 5
+    assert night.entry["search_timeout_s"] == 5 and night.entry["search_timed_out"] is True
+    assert json.loads((night.run_dir / "decision.json").read_text())["search_timed_out"] is True
+    assert ("- search: stopped by its time limit (search.timeout_s 5 s) after 1 of 4 trials; no trial started "
+            "after it") in (night.run_dir / "summary.md").read_text()
+    assert main(["nightly", str(nightly), "--check"]) == 0
+    assert "3 trials after last night's best and production's, none started after 5 s" in capsys.readouterr().out
+
+
 def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
     holder = subprocess.Popen(
         [
@@ -345,9 +412,10 @@ class TableEngine:
         self.confirm_rpd = confirm_rpd or rpd
         self.enqueued: list[dict] = []
         self.replays: list[str] = []
+        self.timeout_s = None
 
-    def search(self, enqueue, trials, workdir, *, production):
-        self.enqueued = enqueue
+    def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+        self.enqueued, self.timeout_s = enqueue, timeout_s
         return SearchResult(
             self.best,
             self.rpd.get(self.best["max_batch_size"]) if self.best else None,
@@ -714,7 +782,7 @@ class TokenEngine:
         self.tpd = tpd
         self.replays: list[dict] = []
 
-    def search(self, enqueue, trials, workdir, *, production):
+    def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
         return SearchResult(dict(SEQS), self.tpd[34], trials + len(enqueue), 2, self.tpd[production["max_num_seqs"]])
 
     def replay(self, params, arm):

@@ -53,14 +53,17 @@ class SearchResult:
     feasible: int = 0
     # production's own trial in tonight's search (None: not measured; 0: it broke the SLA)
     production_per_dollar: float | None = None
+    timed_out: bool = False           # search.timeout_s passed before the planned trials all started
 
 
 class Engine(Protocol):
     """How a night reaches the server: a warm-started search and single replays of a configuration."""
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
-        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
-        the best and production's own trial."""
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict,
+               timeout_s: float | None = None) -> SearchResult:
+        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic, starting no
+        trial once `timeout_s` has passed (the one running then finishes); report the best and
+        production's own trial."""
 
     def replay(self, params: dict, arm: str) -> ArmResult:
         """Apply `params` to production's config on the server and replay tonight's traffic once."""
@@ -147,7 +150,8 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
         ("production", f"{deployed.path}: {space.describe(deployed.params)}"),
         ("traffic", f"{len(traffic)} requests over {span:,.0f} s (the last {settings.traffic.hours:g} h) "
                     f"from {len(files)} file(s) in {settings.traffic.path}"),
-        ("search", f"{settings.search.trials} trials after last night's best and production's"),
+        ("search", f"{settings.search.trials} trials after last night's best and production's"
+                   + (f", none started after {settings.search.timeout_s:g} s" if settings.search.timeout_s else "")),
         ("confirm", f"{settings.confirm.pairs} pairs, margin {settings.confirm.margin:.0%}, rule {settings.confirm.rule}"),
         ("server", server),
         ("output", settings.output),
@@ -193,7 +197,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
                 enqueue.append(dict(params))
 
         with engine_factory(study, deployed.config, traffic_path, staging=staging, engine=deployed.engine) as engine:
-            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production)
+            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production,
+                                  timeout_s=settings.search.timeout_s)
             decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
         candidate = found.best
         proposal = None
@@ -209,7 +214,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         (staging / "summary.md").write_text(markdown_summary(
             stamp=stamp, model=study.model, decision=decision, production=production,
             candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, unit=unit,
-            percentile=study.sla.percentile, proposal=proposal, soak=soak))
+            percentile=study.sla.percentile, proposal=proposal, soak=soak,
+            search=_search_line(found, settings, planned=len(enqueue) + settings.search.trials)))
         rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
         entry = {
             "night": stamp,
@@ -227,6 +233,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "min_gain": decision.min_gain,
             "gains": list(decision.gains),
             "trials": found.trials,
+            "search_timeout_s": settings.search.timeout_s,
+            "search_timed_out": found.timed_out,
             "rate_rps": rate,
             "requests": int(len(traffic)),
             "drifted": drift_mod.drifted(drift),
@@ -242,6 +250,14 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         # last: a run killed before this line leaves the history as it was
         history.append_night(output, entry)
     return NightResult(decision, final, production, candidate, pairs, entry)
+
+
+def _search_line(found: SearchResult, settings: NightlySettings, *, planned: int) -> str | None:
+    """What the summary says of a search its time limit stopped (nothing of one that ran its trials)."""
+    if not found.timed_out:
+        return None
+    return (f"search: stopped by its time limit (search.timeout_s {settings.search.timeout_s:g} s) after "
+            f"{found.trials} of {planned} trials; no trial started after it")
 
 
 def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, *, production: dict,
