@@ -3,6 +3,7 @@ one night in order over an injected engine (the real server and replay: test_nig
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -19,7 +20,15 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import main
-from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, ConfigError, SettingsError, TrafficError
+from tuner.errors import (
+    EXIT_ACT,
+    EXIT_OK,
+    EXIT_SLA_UNMET,
+    ConfigError,
+    OutputError,
+    SettingsError,
+    TrafficError,
+)
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
 from tuner.nightly.job import SearchResult, run_night
@@ -219,6 +228,72 @@ def test_the_nightly_search_does_not_print_optunas_info_line(tmp_path):
     assert optuna.logging.get_verbosity() == verbosity  # restored after
 
 
+def test_the_nightly_search_starts_no_trial_after_its_time_limit(tmp_path, monkeypatch):
+    """search.timeout_s as Optuna's timeout: the trial running when it passes finishes, no other starts.
+    Each trial takes 10 s of a fake clock, which the search loop and Optuna's timeout both read."""
+    import datetime as dt
+    import types
+
+    import optuna.study._optimize
+
+    from tuner.nightly import engine as engine_mod
+    from tuner.nightly.engine import RealEngine
+    from tuner.search import _loop
+    from tuner.settings import read_study
+    from tuner.trial import MEASURED, TrialRecord
+
+    _write_setup(tmp_path)
+    study = read_study(tmp_path / "study.yaml")
+    clock = {"now": 0.0}
+    base = dt.datetime(2026, 11, 30, 2, 0)
+
+    def no_sleep(seconds):
+        pytest.fail("a single search waits for no other worker")
+
+    fake_time = types.SimpleNamespace(monotonic=lambda: clock["now"], sleep=no_sleep)
+    for module in (_loop, engine_mod):
+        monkeypatch.setattr(module, "time", fake_time)
+    monkeypatch.setattr(optuna.study._optimize, "datetime", types.SimpleNamespace(
+        datetime=types.SimpleNamespace(now=lambda: base + dt.timedelta(seconds=clock["now"]))))
+    starts: list[float] = []
+
+    def evaluate(params, hints):
+        starts.append(clock["now"])
+        clock["now"] += 10.0
+        return TrialRecord(params=dict(params), outcome=MEASURED, sla_met=True, violation=-1.0,
+                           scores={"capacity": 10.0, "utilization": None})
+
+    found = RealEngine(study, evaluate).search([PROD], 5, tmp_path / "limited", production=PROD, timeout_s=25)
+    assert starts == [0.0, 10.0, 20.0]  # the third ran past 25 s and finished; the fourth never started
+    assert found.trials == 3 and found.timed_out
+    clock["now"], starts[:] = 0.0, []
+    found = RealEngine(study, evaluate).search([PROD], 5, tmp_path / "unlimited", production=PROD)
+    assert len(starts) == 6 and found.trials == 6 and not found.timed_out
+    clock["now"], starts[:] = 0.0, []
+    found = RealEngine(study, evaluate).search([PROD], 1, tmp_path / "in_time", production=PROD, timeout_s=25)
+    assert starts == [0.0, 10.0] and not found.timed_out  # every planned trial ran: the limit stopped nothing
+
+
+def test_a_night_its_time_limit_stopped_says_so(tmp_path, capsys):
+    nightly = _write_setup(tmp_path)
+    nightly.write_text(nightly.read_text().replace("search: {trials: 3}", "search: {trials: 3, timeout_s: 5}"))
+
+    class Stopped(TableEngine):
+        def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+            found = super().search(enqueue, trials, workdir, production=production, timeout_s=timeout_s)
+            return dataclasses.replace(found, trials=1, timed_out=True)
+
+    engine = Stopped({4: 100.0, 16: 130.0}, BEST)
+    night = _night(tmp_path, engine)
+    assert engine.timeout_s == 5
+    assert night.entry["search_timeout_s"] == 5 and night.entry["search_timed_out"] is True
+    assert json.loads((night.run_dir / "decision.json").read_text())["search_timed_out"] is True
+    assert ("- search: stopped by its time limit (search.timeout_s 5 s) after 1 of 4 trials; no trial started "
+            "after it") in (night.run_dir / "summary.md").read_text()
+    assert main(["nightly", str(nightly), "--check"]) == 0
+    assert "3 trials after last night's best and production's, none started after 5 s" in capsys.readouterr().out
+
+
 def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
     holder = subprocess.Popen(
         [
@@ -337,9 +412,10 @@ class TableEngine:
         self.confirm_rpd = confirm_rpd or rpd
         self.enqueued: list[dict] = []
         self.replays: list[str] = []
+        self.timeout_s = None
 
-    def search(self, enqueue, trials, workdir, *, production):
-        self.enqueued = enqueue
+    def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+        self.enqueued, self.timeout_s = enqueue, timeout_s
         return SearchResult(
             self.best,
             self.rpd.get(self.best["max_batch_size"]) if self.best else None,
@@ -475,6 +551,110 @@ def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):
     assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 2
 
 
+# --- the output directory: a night's own, or refused ----------------------------------------------
+
+ALICE = '{"event": "deploy", "by": "alice"}\n'
+
+
+def _tree(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under `folder`: a file's bytes, a link's target, a directory as "dir"."""
+    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else "dir" if p.is_dir() else p.read_bytes())
+            for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("name, make", [
+    ("latest", lambda p: p.write_text("my notes\n")),
+    ("latest", lambda p: p.symlink_to("../notes.txt")),  # a link, but not into runs/
+    ("history.jsonl", lambda p: p.write_text(ALICE)),
+    ("nightly.lock", lambda p: p.write_text("not a pid\n")),
+    ("runs", lambda p: p.write_text("a file\n")),
+    ("runs", lambda p: (p / "experiment-1").mkdir(parents=True)),  # someone's own runs: no night's decision
+])
+def test_a_file_of_a_nights_name_that_no_night_wrote_is_refused_by_the_check_and_the_run_alike(tmp_path, capsys, name, make):
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out / name)
+    before = _tree(out)
+    assert main(["nightly", str(nightly), "--check"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0] == (f"tuner: error: output {out}: holds {name}, which tuner did not write "
+                                        "there: name a new or empty directory (nothing was changed)")
+    engine = TableEngine({4: 100.0, 16: 130.0}, BEST)
+    with pytest.raises(OutputError) as exc:
+        run_night(load_nightly(nightly), _factory(engine))
+    assert f"tuner: error: {exc.value}" == err[0]  # the run says what --check said
+    assert engine.enqueued == [] and _tree(out) == before  # nothing started, nothing of the user's touched
+
+
+def test_the_users_latest_and_history_are_left_as_they_were(tmp_path, capsys):
+    """The reviewer's case: both at once, named in one line; her notes and her history stay hers."""
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "latest").write_text("my notes\n")
+    (out / "history.jsonl").write_text(ALICE)
+    with pytest.raises(OutputError, match="holds history.jsonl, latest, which tuner did not write"):
+        run_night(load_nightly(nightly), _factory(TableEngine({4: 100.0, 16: 130.0}, BEST)))
+    assert _tree(out) == {"history.jsonl": ALICE.encode(), "latest": b"my notes\n"}
+    assert main(["nightly", str(nightly), "--check"]) == 2 and "holds history.jsonl, latest" in capsys.readouterr().err
+
+
+def test_a_directory_nights_made_is_accepted_night_after_night(tmp_path, capsys):
+    from tuner.nightly.job import OUTPUT_NAMES
+
+    nightly = _write_setup(tmp_path)
+    out = tmp_path / "out"
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
+    assert sorted(p.name for p in out.iterdir()) == ["history.jsonl", "latest", "nightly.lock", "runs"]
+    assert all(OUTPUT_NAMES[p.name](p) for p in out.iterdir())
+    assert main(["nightly", str(nightly), "--check"]) == 0
+    capsys.readouterr()
+    # a torn last line and a hand edit leave the history a night's; the next night runs on
+    with open(history.history_path(out), "a") as fh:
+        fh.write('not json\n{"night": "torn", "deci')
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=1)
+    assert len(run_dirs(out)) == 2 and len(history.read_history(out)) == 2
+    # what a night leaves before it has written anything: an empty lock, history and runs/
+    fresh = tmp_path / "fresh"
+    (fresh / "runs").mkdir(parents=True)
+    for name in ("nightly.lock", "history.jsonl"):
+        (fresh / name).write_text("")
+    assert all(OUTPUT_NAMES[p.name](p) for p in fresh.iterdir())
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda out: out.write_text("x\n"), "exists and is not a directory"),
+    (lambda out: (out / "nightly.lock").mkdir(parents=True), "holds nightly.lock, which tuner did not write"),
+])
+def test_an_output_the_night_cannot_write_is_one_line_in_the_run_as_in_the_check(tmp_path, capsys, make, message):
+    """Not a FileExistsError or IsADirectoryError traceback from the run while --check says it in one line."""
+    nightly = _write_setup(tmp_path)
+    write_traffic(synth_poisson(20.0, 300, seed=0), tmp_path / "traffic" / "night.csv")
+    make(tmp_path / "out")
+    lines = []
+    for args in (["--check"], []):  # the run is refused before any server starts
+        assert main(["nightly", str(nightly), *args]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1] and lines[0].startswith(f"tuner: error: output {tmp_path / 'out'}: {message}")
+
+
+def test_a_lock_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "out" / lock.LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(OutputError, match=r"nightly.lock: cannot make the nightly lock \(Is a directory\)$"):
+        with lock.run_lock(tmp_path / "out"):
+            pass
+    (tmp_path / "file").write_text("x\n")
+    with pytest.raises(OutputError, match=r"file/nightly.lock: cannot make the nightly lock \(File exists\)$"):
+        with lock.run_lock(tmp_path / "file"):
+            pass
+    assert (tmp_path / "file").read_text() == "x\n"
+
+
 # --- command line ----------------------------------------------------------------------------------
 
 
@@ -602,7 +782,7 @@ class TokenEngine:
         self.tpd = tpd
         self.replays: list[dict] = []
 
-    def search(self, enqueue, trials, workdir, *, production):
+    def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
         return SearchResult(dict(SEQS), self.tpd[34], trials + len(enqueue), 2, self.tpd[production["max_num_seqs"]])
 
     def replay(self, params, arm):

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -159,11 +159,33 @@ def check_replaceable(path: str | os.PathLike, *, force: bool, label: str | None
     return path
 
 
-def check_output_dir(path: str | os.PathLike, what: str, *, create: bool = True) -> Path:
+def check_output_dir(path: str | os.PathLike, what: str, *, create: bool = True,
+                     ours: Mapping[str, Callable[[Path], bool]] | None = None) -> Path:
     """Make the directory (and its parents) and prove a file can be written in it; OutputError
     naming `what` (e.g. `output directory`) otherwise. Without `create` nothing is made: the nearest
-    directory that exists must take a new file (tuner.paths.writable_dir)."""
-    return writable_dir(path, label=f"{what} {path}", create=create)
+    directory that exists must take a new file (tuner.paths.writable_dir). `ours`: the names the
+    command writes in the directory, each with how to tell the one it wrote (`ours[name](path)`, which
+    reads what it needs); one there that tuner did not write is someone's own, not tuner's to replace
+    or add to: refused before anything is made, in one line naming them."""
+    label = f"{what} {path}"
+    if ours:
+        _check_ours(Path(path), ours, label)
+    return writable_dir(path, label=label, create=create)
+
+
+def _check_ours(folder: Path, ours: Mapping[str, Callable[[Path], bool]], label: str) -> None:
+    taken = []
+    for name, mine in ours.items():
+        entry = folder / name
+        try:
+            # lexists: a link (even a dangling one) of the name is there as much as a file
+            if os.path.lexists(entry) and not mine(entry):
+                taken.append(name)
+        except OSError as exc:
+            raise OutputError(f"{label}: cannot read {name} there ({os_reason(exc)})") from None
+    if taken:
+        raise OutputError(f"{label}: holds {', '.join(taken)}, which tuner did not write there: "
+                          "name a new or empty directory (nothing was changed)")
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,8 +49,10 @@ class RealEngine:
         self.unit = unit  # what the scores count per dollar: requests, or a generative model's output tokens
         self.speeds: dict[tuple, float] = {}  # capacity speed each configuration reached in the search
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
-        """The search's best and production's own trial, after the enqueued trials and `trials` more."""
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict,
+               timeout_s: float | None = None) -> SearchResult:
+        """The search's best and production's own trial, after the enqueued trials and `trials` more,
+        none started once `timeout_s` has passed (the trial running then is finished)."""
         workdir.mkdir(parents=True, exist_ok=True)
         # SQLite: one file in the run directory, for next night's warm start and for `tuner report`
         storage = f"sqlite:///{workdir / 'study.db'}"
@@ -60,8 +63,13 @@ class RealEngine:
         for k, params in enumerate(enqueue):
             study.enqueue_trial(params, user_attrs={"enqueued": k, "incumbent": k == len(enqueue) - 1})
         total = len(enqueue) + trials
+        started = time.monotonic()
         with tqdm(total=total, desc="nightly search", unit="trial", leave=False) as bar:
-            search.run_trials(study, settings, self.evaluate, n_trials=total, on_trial=lambda _t: bar.update())
+            search.run_trials(study, settings, self.evaluate, n_trials=total, timeout_s=timeout_s,
+                              on_trial=lambda _t: bar.update())
+        # fewer trials than planned, with the limit passed: the limit stopped it (not a used-up grid)
+        timed_out = (timeout_s is not None and search.spent(study) < total
+                     and time.monotonic() - started >= timeout_s)
         write_atomic(workdir / "trials.csv", trials_frame(study).to_csv(index=False))
         for t in study.trials:
             if t.user_attrs.get("capacity_speed"):
@@ -72,8 +80,9 @@ class RealEngine:
                        if t.state == TrialState.COMPLETE and _key(search.config_of(t)) == _key(production)]
         prod_value = max(prod_values) if prod_values else None
         if not feasible:
-            return SearchResult(None, None, done, 0, prod_value)
-        return SearchResult(search.config_of(feasible[0]), float(feasible[0].value), done, len(feasible), prod_value)
+            return SearchResult(None, None, done, 0, prod_value, timed_out=timed_out)
+        return SearchResult(search.config_of(feasible[0]), float(feasible[0].value), done, len(feasible), prod_value,
+                            timed_out=timed_out)
 
     def replay(self, params: dict, arm: str) -> ArmResult:
         """One confirmation replay of `params` as the rule reads it, as arm `arm`."""

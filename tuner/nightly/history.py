@@ -30,6 +30,23 @@ def history_path(output: str | Path) -> Path:
     return Path(output) / HISTORY_NAME
 
 
+def is_history(path: Path) -> bool:
+    """Whether `path` is a history nights wrote: a regular file, empty or holding a night's record
+    (a JSON object with its `night`), whatever else an edit or a torn line left in it."""
+    if not path.is_file():
+        return False
+    lines = path.read_bytes().decode(errors="replace").splitlines()
+    return not any(line.strip() for line in lines) or any(_is_night(line) for line in lines)
+
+
+def _is_night(line: str) -> bool:
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(entry, dict) and "night" in entry
+
+
 def append_night(output: str | Path, entry: dict) -> Path:
     """The history file, with `entry` appended as one JSON line (after a torn last line, on a new one)."""
     path = history_path(output)

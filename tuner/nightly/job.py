@@ -26,10 +26,9 @@ from tuner.files import check_output_dir
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
-from tuner.nightly import history, rundir
+from tuner.nightly import history, lock, rundir
 from tuner.nightly.deployed import Deployed, Proposal, check_traffic, read_deployed
 from tuner.nightly.intake import newest_traffic
-from tuner.nightly.lock import run_lock
 from tuner.nightly.rule import UNIT_WORDS, ArmResult, Decision, decide, keep, pair_gains
 from tuner.nightly.settings import NightlySettings, read_study_for
 from tuner.nightly.summary import markdown_summary
@@ -38,6 +37,10 @@ from tuner.soak import last_soak
 from tuner.traffic import TIMESTAMP, write_traffic
 
 TRAFFIC_FILE = "traffic.parquet"
+# what a night writes in its output directory, each with how to tell the one a night wrote: any other
+# file of these names is the user's, never replaced or appended to
+OUTPUT_NAMES = {lock.LOCK_NAME: lock.is_lock, history.HISTORY_NAME: history.is_history,
+                rundir.LATEST: rundir.is_latest, rundir.RUNS: rundir.is_runs}
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,17 @@ class SearchResult:
     feasible: int = 0
     # production's own trial in tonight's search (None: not measured; 0: it broke the SLA)
     production_per_dollar: float | None = None
+    timed_out: bool = False           # search.timeout_s passed before the planned trials all started
 
 
 class Engine(Protocol):
     """How a night reaches the server: a warm-started search and single replays of a configuration."""
 
-    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict) -> SearchResult:
-        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic; report
-        the best and production's own trial."""
+    def search(self, enqueue: list[dict], trials: int, workdir: Path, *, production: dict,
+               timeout_s: float | None = None) -> SearchResult:
+        """Run the enqueued parameter sets first, then `trials` more, on tonight's traffic, starting no
+        trial once `timeout_s` has passed (the one running then finishes); report the best and
+        production's own trial."""
 
     def replay(self, params: dict, arm: str) -> ArmResult:
         """Apply `params` to production's config on the server and replay tonight's traffic once."""
@@ -136,7 +142,7 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
     check_traffic(deployed, study, traffic)
-    check_output_dir(settings.output, "output", create=False)
+    check_output(settings.output, create=False)
     span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
     server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
     return [
@@ -144,11 +150,18 @@ def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
         ("production", f"{deployed.path}: {space.describe(deployed.params)}"),
         ("traffic", f"{len(traffic)} requests over {span:,.0f} s (the last {settings.traffic.hours:g} h) "
                     f"from {len(files)} file(s) in {settings.traffic.path}"),
-        ("search", f"{settings.search.trials} trials after last night's best and production's"),
+        ("search", f"{settings.search.trials} trials after last night's best and production's"
+                   + (f", none started after {settings.search.timeout_s:g} s" if settings.search.timeout_s else "")),
         ("confirm", f"{settings.confirm.pairs} pairs, margin {settings.confirm.margin:.0%}, rule {settings.confirm.rule}"),
         ("server", server),
         ("output", settings.output),
     ]
+
+
+def check_output(output: str | Path, *, create: bool) -> Path:
+    """The output directory, once a night can write there and nothing of a night's names in it is
+    someone else's (the run's check and `--check`'s, one check); made with `create`."""
+    return check_output_dir(output, "output", create=create, ours=OUTPUT_NAMES)
 
 
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
@@ -165,7 +178,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     stamp = rundir.night_stamp(started)
     t_start = time.monotonic()
 
-    with run_lock(output):
+    check_output(output, create=True)
+    with lock.run_lock(output):
         rundir.clear_stale_staging(output)
         traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                         pattern=settings.traffic.pattern)
@@ -183,7 +197,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
                 enqueue.append(dict(params))
 
         with engine_factory(study, deployed.config, traffic_path, staging=staging, engine=deployed.engine) as engine:
-            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production)
+            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production,
+                                  timeout_s=settings.search.timeout_s)
             decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
         candidate = found.best
         proposal = None
@@ -199,7 +214,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
         (staging / "summary.md").write_text(markdown_summary(
             stamp=stamp, model=study.model, decision=decision, production=production,
             candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, unit=unit,
-            percentile=study.sla.percentile, proposal=proposal, soak=soak))
+            percentile=study.sla.percentile, proposal=proposal, soak=soak,
+            search=_search_line(found, settings, planned=len(enqueue) + settings.search.trials)))
         rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
         entry = {
             "night": stamp,
@@ -217,6 +233,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             "min_gain": decision.min_gain,
             "gains": list(decision.gains),
             "trials": found.trials,
+            "search_timeout_s": settings.search.timeout_s,
+            "search_timed_out": found.timed_out,
             "rate_rps": rate,
             "requests": int(len(traffic)),
             "drifted": drift_mod.drifted(drift),
@@ -226,12 +244,20 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
             **({"proposed": f"proposed/{proposal.name}", "changed": list(proposal.changed)} if proposal else {}),
             "duration_s": round(time.monotonic() - t_start, 1),
         }
-        (staging / "decision.json").write_text(json.dumps(entry, indent=2, default=str) + "\n")
+        (staging / rundir.DECISION).write_text(json.dumps(entry, indent=2, default=str) + "\n")
         final = rundir.publish(staging, output, stamp)
         entry["run_dir"] = str(final.relative_to(output))
         # last: a run killed before this line leaves the history as it was
         history.append_night(output, entry)
     return NightResult(decision, final, production, candidate, pairs, entry)
+
+
+def _search_line(found: SearchResult, settings: NightlySettings, *, planned: int) -> str | None:
+    """What the summary says of a search its time limit stopped (nothing of one that ran its trials)."""
+    if not found.timed_out:
+        return None
+    return (f"search: stopped by its time limit (search.timeout_s {settings.search.timeout_s:g} s) after "
+            f"{found.trials} of {planned} trials; no trial started after it")
 
 
 def _decide_night(engine: Engine, settings: NightlySettings, found: SearchResult, *, production: dict,

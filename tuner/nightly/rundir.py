@@ -15,7 +15,21 @@ from pathlib import Path
 
 RUNS = "runs"
 LATEST = "latest"
+DECISION = "decision.json"  # in every run directory: a night's is published whole, so it holds one
 STAGING_PREFIX = ".staging-"
+
+
+def is_latest(path: Path) -> bool:
+    """Whether `path` is the link a night made: a symbolic link into `runs/`."""
+    return path.is_symlink() and Path(os.readlink(path)).parent == Path(RUNS)
+
+
+def is_runs(path: Path) -> bool:
+    """Whether `path` is the directory nights publish into: empty, or holding a night's run directory."""
+    if not path.is_dir():
+        return False
+    entries = list(path.iterdir())
+    return not entries or any((entry / DECISION).is_file() for entry in entries)
 
 
 def night_stamp(now: datetime | None = None) -> str:

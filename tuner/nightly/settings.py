@@ -34,6 +34,7 @@ class NightSearch:
     """The nightly search (`search:`): its trial budget and optional time limit."""
 
     trials: int = 8              # trials after the enqueued ones (previous best, production)
+    # seconds: no trial starts after this (the one running then finishes), as Optuna's timeout
     timeout_s: float | None = None
 
 

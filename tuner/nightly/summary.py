@@ -50,9 +50,11 @@ def markdown_summary(
     percentile: float = 99.0,
     proposal: Proposal | None = None,
     soak: list[str] | tuple[str, ...] = (),
+    search: str | None = None,
 ) -> str:
     """The night as Markdown: the decision, both configs, the confirmation, the drift, the proposed
-    file's diff. Every score is named by its `unit` (requests, or a generative model's output tokens)."""
+    file's diff. Every score is named by its `unit` (requests, or a generative model's output tokens).
+    `search`: a line on the search (its time limit stopped it), when there is one to say."""
     title = {"change": "change proposed", "keep": "keep production"}[decision.decision]
     out = [f"## tuner nightly: `{model}`, {stamp}: {title}", "",
            f"**Decision: {decision.decision}** (exit {decision.exit_code}): {decision.reason}.", "",
@@ -62,6 +64,8 @@ def markdown_summary(
     if decision.gains:
         out.append(f"- gain over production: median {_gain(decision.median_gain)}, "
                    f"worst pair {_gain(decision.min_gain)}")
+    if search:
+        out.append(f"- {search}")
     moved = drift_mod.drifted(drift)
     out.append(f"- traffic drift: {', '.join(moved) if moved else 'none above the threshold'}")
     out.extend(f"- {line}" for line in soak)  # the last `tuner soak` of the study, when there is one
