@@ -234,6 +234,9 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
                 on_trial(trial)
         if spent(study) >= n_trials or _grid_used_up(study, settings):
             study.stop()
+        # the time limit, as Optuna's `timeout` means it (checked after each trial), on this module's clock
+        if deadline is not None and time.monotonic() >= deadline:
+            study.stop()
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed trial is said by tuner, in one line
@@ -246,7 +249,7 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         break
-                    study.optimize(objective, timeout=left, catch=(_TrialFailed,), callbacks=[stop_at_budget])
+                    study.optimize(objective, catch=(_TrialFailed,), callbacks=[stop_at_budget])
                 optuna.storages.fail_stale_trials(study)  # a dead worker's trial: failed, enqueued again
                 if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
                     continue
