@@ -31,6 +31,7 @@ from tuner.errors import (
 )
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
+from tuner.nightly.engine import to_arm
 from tuner.nightly.job import SearchResult, run_night
 from tuner.nightly.settings import load_nightly
 from tuner.traffic import synth_bursty, synth_poisson, write_traffic
@@ -56,6 +57,36 @@ def run_dirs(output: Path) -> list[Path]:
 
 def R(arm, rpd, ok=True, valid=True, note=""):
     return d.ArmResult(arm=arm, meets_sla=ok, per_dollar=rpd, latency_ms=10.0, valid=valid, note=note)
+
+
+def test_under_capacity_scoring_a_change_needs_the_brackets_apart_by_the_margin():
+    """Capacities known to a bracket a tolerance (30 %) wide: a candidate one step above production in
+    every pair (+30 %, as two searches on one grid of speeds read whatever the true gap) is not confirmed;
+    two steps apart is. The gains reported stay score against score."""
+    def arm(name, rpd):
+        return dataclasses.replace(R(name, rpd), per_dollar_upper=rpd * 1.3)
+
+    one_step = [(arm("production", 100.0), arm("candidate", 130.0))] * 3
+    for rule in d.RULES:
+        got = d.decide(one_step, margin=0.05, rule=rule)
+        assert got.decision == "keep" and "against the top of production's capacity bracket" in got.reason, got
+        assert got.gains == pytest.approx((0.3, 0.3, 0.3)) and "+0.0%" in got.reason
+        got = d.decide([(arm("production", 100.0), arm("candidate", 169.0))] * 3, margin=0.05, rule=rule)
+        assert got.decision == "change" and "+30.0%" in got.reason and got.gains == pytest.approx((0.69,) * 3)
+    # without brackets (utilization scoring) the rule reads the scores, as before
+    assert d.decide([(R("production", 100.0), R("candidate", 130.0))] * 3).decision == "change"
+
+
+def test_a_confirmation_replay_under_capacity_scoring_carries_its_brackets_top():
+    from tuner.trial import MEASURED, Bracket, TrialRecord
+
+    record = TrialRecord(params={"max_batch_size": 8}, outcome=MEASURED, sla_met=True, violation=-1.0,
+                         capacity=Bracket(rps=100.0, speed=1.0, upper_rps=130.0, upper_speed=1.3),
+                         scores={"capacity": 50.0, "utilization": 40.0})
+    assert to_arm(record, "candidate", "capacity", percentile=99).per_dollar_upper == pytest.approx(65.0)
+    assert to_arm(record, "candidate", "utilization", percentile=99).per_dollar_upper is None
+    open_ended = dataclasses.replace(record, capacity=Bracket(rps=100.0, speed=1.0))  # no speed failed
+    assert to_arm(open_ended, "candidate", "capacity", percentile=99).per_dollar_upper is None
 
 
 def test_every_pair_needs_the_margin_in_every_pair():

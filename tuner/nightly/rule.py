@@ -16,6 +16,13 @@ at least three pairs. A change is proposed only when
      - `every_pair`: in each pair, candidate / production - 1 >= margin (noise alone: 1 in 2^n,
        1 in 8 for 3 pairs, before the margin).
 
+Under capacity scoring a replay's score is known only to its capacity search's bracket: the capacity
+lies between the last speed that met the SLA (the score) and the first that broke it
+(`ArmResult.per_dollar_upper`, a tolerance above). Two arms whose searches end on the same grid of speeds
+then read a whole tolerance apart in every pair (+30 % at a tolerance of 0.3) whatever their true gap, so
+the rule judges the candidate's score against the *top* of production's bracket: a change is confirmed
+only where the brackets lie apart by the margin. The gains reported stay score against score.
+
 The score is the study's, per dollar, in the night's unit (`ArmResult.unit`): requests for an encoder,
 output tokens for a generative model served by vLLM; the rule reads only ratios of it, so it is the
 same rule for both, and its reasons name the unit.
@@ -28,6 +35,7 @@ unmeetable (EXIT_SLA_UNMET: neither production nor the candidate met the SLA in 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -46,6 +54,9 @@ class ArmResult:
     arm: str                                # "production" or "candidate"
     meets_sla: bool
     per_dollar: float | None               # the score under the study's scoring, in `unit`; None: nothing to score
+    # capacity scoring: the score at the capacity search's first failing speed, the top of its bracket
+    # (None: another scoring, or no speed failed); the rule judges the candidate against it
+    per_dollar_upper: float | None = None
     unit: str = "requests"                 # what it counts: "requests", or "tokens" (output tokens)
     latency_ms: float = float("nan")       # at the SLA's percentile (a generative model's: end to end)
     ttft_ms: float | None = None           # a generative model's, at the SLA's percentile
@@ -121,6 +132,8 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
                f"behind)" if unmeasured else "")
         return keep(f"confirmation incomplete: {len(pairs)} of {min_pairs} pairs measured{why}")
     gains = tuple(pair_gain(p, c) for p, c in pairs)
+    sure = tuple(pair_gain(_top(p), c) for p, c in pairs)  # against production's bracket top, where known
+    against = " against the top of production's capacity bracket" if sure != gains else ""
     cand_fail = [(k, c) for k, (_, c) in enumerate(pairs, 1) if not c.meets_sla]
     prod_fail = [(k, p) for k, (p, _) in enumerate(pairs, 1) if not p.meets_sla]
     if cand_fail:
@@ -132,22 +145,27 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
                         f"{': ' + p.note if p.note else ''}", EXIT_SLA_UNMET, gains)
         return keep(broke, gains=gains)
     if rule == "every_pair":
-        worst = min(range(len(gains)), key=lambda i: gains[i])
-        if gains[worst] < margin:
-            return keep(f"the candidate beat production by {gain(gains[worst])} in pair {worst + 1}, "
+        worst = min(range(len(sure)), key=lambda i: sure[i])
+        if sure[worst] < margin:
+            return keep(f"the candidate beat production by {gain(sure[worst])}{against} in pair {worst + 1}, "
                         f"below the {margin:.0%} margin (gains {_list(gains)})", gains=gains)
-        how = "in every pair"
+        how = f"in every pair{against} (the worst: {gain(sure[worst])})"
     else:
-        best_production = max((p for p, _ in pairs), key=_rpd)
+        best_production = max((_top(p) for p, _ in pairs), key=_rpd)
         worst_candidate = min((c for _, c in pairs), key=_rpd)
         spread = pair_gain(best_production, worst_candidate)
         if spread < margin:
-            return keep(f"the candidate's worst replay beat production's best by {gain(spread)}, "
+            return keep(f"the candidate's worst replay beat production's best by {gain(spread)}{against}, "
                         f"below the {margin:.0%} margin (gains per pair {_list(gains)})", gains=gains)
-        how = f"in every replay (its worst against production's best: {gain(spread)})"
+        how = f"in every replay (its worst against production's best{against}: {gain(spread)})"
     return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
                     f"production's {words} by at least {margin:.0%} {how}; "
                     f"gains per pair {_list(gains)}", EXIT_ACT, gains)
+
+
+def _top(r: ArmResult) -> ArmResult:
+    """The replay scored at the top of its capacity bracket, where it has one."""
+    return dataclasses.replace(r, per_dollar=r.per_dollar_upper) if r.per_dollar_upper is not None else r
 
 
 def _rpd(r: ArmResult) -> float:
