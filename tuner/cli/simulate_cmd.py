@@ -198,12 +198,14 @@ def check_output(path, settings, *, label: str, force: bool, ours: Callable[[Pat
 
     path = Path(path)
     check_not_input(path, label=label, study_file=settings.source, traffic=settings.traffic.path, inputs=inputs)
+    model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
+    # resolved: a write through a link replaces the file it points to. A new file there is refused too: the
+    # model's directory is what the server loads (and what a resumed study digests, study.model_files)
+    if settings.model_repository and Path(os.path.realpath(path)).is_relative_to(model_dir):
+        raise OutputError(f"{label}: in the model's directory {model_dir}, which the server loads; refusing "
+                          "to write there")
     if not os.path.lexists(path):
         return
-    model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
-    # resolved: a write through a link replaces the file it points to
-    if settings.model_repository and Path(os.path.realpath(path)).is_relative_to(model_dir):
-        raise OutputError(f"{label}: a file of the model's directory {model_dir}; refusing to write over it")
     check_replaceable(path, force=force, label=label, ours=ours)
 
 
