@@ -152,3 +152,20 @@ def test_a_queue_timeout_is_modelled_and_read_into_the_simulated_batcher():
     assert batcher == BatcherConfig(max_batch_size=8, default_timeout_microseconds=1000, timeout_action="delay",
                                     allow_timeout_override=True)
     assert not batcher.prefetching  # any queue policy: no batches formed ahead (PriorityQueue::PriorityQueue)
+
+
+def test_several_instance_groups_are_refused_one_group_of_any_count_is_modelled():
+    """Triton runs every group's instances; the simulation one group's (it read the first group's count
+    and simulated two groups of one instance as one instance)."""
+    base = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    two = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    del two.instance_group[:]
+    two.instance_group.add(count=1)
+    two.instance_group.add(count=1)
+    assert unmodelled(two) == ["instance_group (2 groups: the simulation runs one group's instances)"]
+    with pytest.raises(UnmodelledError, match=r"does not model instance_group \(2 groups"):
+        check_modelled(two, source="config.pbtxt")
+    one = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    del one.instance_group[:]
+    one.instance_group.add(count=2)
+    assert unmodelled(one) == [] and unmodelled(base) == []

@@ -99,7 +99,8 @@ def unmodelled(config: ModelConfig, *, instances: int | None = None) -> list[str
     groups = config.instance_group
     own = sum(max(group.count, 1) for group in groups) if groups else 1  # count 0 is Triton's default, 1
     instances = max(own, (instances or 0) * max(len(groups), 1))
-    found: list[str] = []
+    # several groups: the simulation runs one group's instances (a trial's count, or the first group's)
+    found = [f"instance_group ({len(groups)} groups: the simulation runs one group's instances)"] if len(groups) > 1 else []
     _walk(config, prefix="", found=found, instances=instances)
     return list(dict.fromkeys(found))  # one mention per setting, in the schema's order
 
