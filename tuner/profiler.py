@@ -105,6 +105,7 @@ from tuner.modelconfig import ModelConfig
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.simulate import ExecutionSize, Profile, ProfilePoint, Simulator, batcher_config, equal_shapes_of
+from tuner.study import model_digest
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
@@ -265,7 +266,7 @@ def model_max_length(config: ModelConfig) -> int | None:
 
 def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int | None = None,
                   concurrent_executions: int = 1, device_overlap: float = 0.0,
-                  model: str = "") -> tuple[Profile, list[str]]:
+                  model: str = "", model_digest: str = "") -> tuple[Profile, list[str]]:
     """The profile the samples give (see the module docstring for each field), and notes on what
     was left out."""
     notes: list[str] = []
@@ -303,7 +304,7 @@ def build_profile(samples: list[Sample] | tuple[Sample, ...], *, max_length: int
                       overhead_ms=round(overhead, 6), oom_rows=tuple(sorted(failing.items())),
                       oom_ms=round(statistics.median(oom_runs), 6) if oom_runs else 0.0,
                       max_length=max_length, concurrent_executions=concurrent_executions,
-                      device_overlap=round(device_overlap, 4), model=model)
+                      device_overlap=round(device_overlap, 4), model=model, model_digest=model_digest)
     return profile, notes
 
 
@@ -479,7 +480,7 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         held_notes.extend(notes_later)
         progress_done(f"{instances} instances at once")
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
-                                   device_overlap=overlap, model=model)
+                                   device_overlap=overlap, model=model, model_digest=model_digest(settings, base))
     notes.extend(early_notes + held_notes)
     if warm is not None and not warm.stable:
         notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "

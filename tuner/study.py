@@ -37,7 +37,8 @@ from tuner.traffic.recording import joins_recording, open_recording, recording_f
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
 __all__ = ["base_config", "base_engine", "check_batcher_study", "check_not_input", "checked_base", "config_file",
-           "engine_file", "is_vllm_study", "model_files", "study_traffic"]
+           "engine_file", "is_vllm_study", "model_digest", "model_files",
+           "stale_profile", "study_traffic"]
 
 _WHOLE_FILE_BYTES = 64 * 2**20  # a larger file (weights) is known by its size, first and last MiB
 
@@ -102,6 +103,28 @@ def model_files(settings: StudySettings) -> dict[str, str]:
                 except OSError as exc:  # Triton could not load it either
                     raise ConfigError(f"{path}: cannot read ({os_reason(exc)})") from None
     return found
+
+
+def model_digest(settings: StudySettings, base: ModelConfig) -> str:
+    """A short digest of what the model computes with: its config less what a trial or the profile sets
+    (batching, instances), and its files (`model_files`). A profile keeps it, so one measured on another
+    version of the model (a changed parameter, model.py or weights) is known for what it is."""
+    config = ModelConfig()
+    config.CopyFrom(base)
+    for name in ("max_batch_size", "dynamic_batching", "instance_group"):
+        config.ClearField(name)
+    text = modelconfig.to_text(config) + "".join(f"{k} {v}\n" for k, v in sorted(model_files(settings).items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stale_profile(digest: str, settings: StudySettings, base: ModelConfig, *, where: str) -> str | None:
+    """What to say of a profile (`where`) whose model digest (`digest`, from its header) is not this
+    model's (`model_digest`): its times are another version's. None where they agree, or where the
+    profile names no digest (written by hand, or by a tuner before it kept one)."""
+    if not digest or digest == model_digest(settings, base):
+        return None
+    return (f"{where} was measured on another version of {settings.model} (its config's parameters or its "
+            f"files changed since): its times may not be this model's")
 
 
 def _digest(path: Path) -> str:

@@ -38,7 +38,7 @@ from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
-from tuner.study import base_engine, checked_base, model_files, study_traffic
+from tuner.study import base_engine, checked_base, model_files, stale_profile, study_traffic
 from tuner.traffic import busiest_window, mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
@@ -62,6 +62,9 @@ class Progress:
 
     def trial_done(self, study: optuna.Study) -> None:
         """A trial finished (here or in another worker)."""
+
+    def profile_point(self, done: int, total: int, what: str) -> None:
+        """The model strategy's profile measured `done` of at most `total` points (`what`: the last)."""
 
     def remeasure(self, total: int) -> None:
         """The re-measurement starts: `total` measurements."""
@@ -302,7 +305,7 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
         *_refused_points(p),
-        ("search", _describe_search(s.search)),
+        ("search", _describe_search(s.search, profile=_profile_plan(p))),
         ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
         *_step_rows(p),
         ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}, "
@@ -361,13 +364,28 @@ def _ordinal(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
-def _describe_search(search_settings) -> str:
+def _profile_plan(p: Prepared) -> str:
+    """Where the model strategy's profile will come from, as `_simulate` decides it."""
+    s = p.settings
+    if s.search.strategy != "model" or s.search.profile:
+        return s.search.profile or ""
+    out = Path(s.output) / PROFILE
+    if not _is_tuner_profile(out):
+        return "measured first (OUTPUT/profile.csv)"
+    from tuner.simulate import read_profile
+
+    if stale_profile(read_profile(out, model=s.model).model_digest, s, p.base, where=str(out)):
+        return f"measured again ({out} is another version of the model's)"
+    return f"{out} (measured before; remove it to measure again)"
+
+
+def _describe_search(search_settings, *, profile: str = "") -> str:
     remeasure = f"top {search_settings.top_k} re-measured {search_settings.remeasure_repeats}x"
     if search_settings.timeout_s:  # no trial starts after it (--timeout says it for one run)
         remeasure += f"; no trial started after {search_settings.timeout_s:g} s (search.timeout_s)"
     if search_settings.strategy != "model":
         return f"{search_settings.sampler}, {search_settings.trials} trials, {remeasure}"
-    profile = search_settings.profile or "measured first (OUTPUT/profile.csv)"
+    profile = profile or search_settings.profile or "measured first (OUTPUT/profile.csv)"
     return (f"model: profile {profile}; the whole space simulated, the incumbent and the simulation's top "
             f"{search_settings.model_top} measured; past a median error of {search_settings.model_error:.0%}, "
             f"{search_settings.sampler} up to {search_settings.trials} trials; {remeasure}")
@@ -541,23 +559,35 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
 
     s = p.settings
     out = Path(s.output)
+    earlier = read_profile(out / PROFILE, model=s.model) if not s.search.profile and _is_tuner_profile(out / PROFILE) \
+        else None  # `tuner profile STUDY` wrote it there, or an earlier run did
+    stale = earlier and stale_profile(earlier.model_digest, s, p.base, where=f"{out / PROFILE}")
     if s.search.profile:
         profile = p.profile or read_profile(s.search.profile, model=s.model)
         progress.note(f"profile: {s.search.profile}: {profile.describe()}")
-    elif _is_tuner_profile(out / PROFILE):  # `tuner profile STUDY` wrote it there, or an earlier run did
-        profile = read_profile(out / PROFILE, model=s.model)
+        if note := stale_profile(profile.model_digest, s, p.base, where=f"search.profile {s.search.profile}"):
+            progress.note(f"note: {note}")
+    elif earlier is not None and not stale:
+        profile = earlier
         progress.note(f"profile: {out / PROFILE} (measured before; remove it to measure again): "
                       f"{profile.describe()}")
     else:
+        if stale:  # tuner's own file in its output: measured again, for this model
+            progress.note(f"note: {stale}: measuring it again")
         from tuner.profiler import measure_profile
         from tuner.server import make_launcher
         from tuner.simulate import length_column
 
         started = time.monotonic()
+        progress.note("profile: the model warmed up as a trial is, then each execution size timed")
         with make_launcher(s, log_dir=str(out / "server" / "profile")) as launcher:
-            run = measure_profile(launcher, s, p.traffic, base=p.base, length_column=length_column(p.traffic))
-        profile = run.profile
-        write_profile(profile, out / PROFILE)
+            run = measure_profile(launcher, s, p.traffic, base=p.base, length_column=length_column(p.traffic),
+                                  on_progress=progress.profile_point)
+        progress.close()
+        write_profile(run.profile, out / PROFILE)
+        # ranked with the profile as written (6 significant digits), as `tuner simulate --profile` reads it:
+        # one ranking, ties and all
+        profile = read_profile(out / PROFILE, model=s.model)
         progress.note(f"profile: measured in {time.monotonic() - started:.0f} s, {out / PROFILE}: "
                       f"{profile.describe()}")
     started = time.monotonic()

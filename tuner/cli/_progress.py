@@ -33,6 +33,14 @@ class Bars(Progress):
             self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
         self.bar.refresh()
 
+    def profile_point(self, done: int, total: int, what: str) -> None:
+        if self.enabled and (self.bar is None or self.bar.desc != "profile"):
+            self._new(total, 0, "profile", unit="point")
+        if self.bar is not None:
+            self.bar.total = total  # counted up front at its most, it only falls (tuner.profiler.most_points)
+            self.bar.update(done - self.bar.n)
+            self.bar.set_postfix_str(what)
+
     def remeasure(self, total: int) -> None:
         self._new(total, 0, "re-measure")
 
@@ -45,7 +53,7 @@ class Bars(Progress):
             self.bar.close()
             self.bar = None
 
-    def _new(self, total: int, initial: int, desc: str) -> None:
+    def _new(self, total: int, initial: int, desc: str, *, unit: str = "trial") -> None:
         self.close()
         if self.enabled:
-            self.bar = tqdm(total=total, initial=initial, desc=desc, unit="trial", dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)

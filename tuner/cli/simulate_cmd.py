@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.files import check_writable
     from tuner.settings import read_study, with_overrides
     from tuner.simulate import read_profile
-    from tuner.study import study_traffic
+    from tuner.study import stale_profile, study_traffic
     from tuner.traffic import scale_time
     from tuner.tune import check_traffic
 
@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if overrides:
         settings = with_overrides(settings, overrides)
     profile = read_profile(args.profile, model=settings.model)  # another model's times would rank nothing
+    if stale := stale_profile(profile.model_digest, settings, base, where=f"--profile {args.profile}"):
+        print(f"note: {stale}", file=sys.stderr)
     traffic = study_traffic(settings)
     settings, notes = check_traffic(settings, base, traffic)  # what tune refuses, and its space narrowed
     for note in notes:

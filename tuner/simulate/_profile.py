@@ -130,6 +130,7 @@ class Profile:
     device_overlap: float = 0.0
     basis: str = "auto"
     model: str = ""
+    model_digest: str = ""  # what the model computed with (tuner.study.model_digest): "" unknown (by hand)
     # derived in __post_init__: the interpolator of the chosen basis and the cross-validation errors
     _device_ms: Callable[[int, int], float] = field(init=False, repr=False, compare=False, hash=False)
     _basis_errors: dict = field(init=False, repr=False, compare=False, hash=False)
@@ -251,7 +252,8 @@ class Profile:
 # --- checks ----------------------------------------------------------------------------------------
 
 _HEADER_KEYS = ("host_ms_per_row", "host_ms_per_execution", "host_ms_per_request", "overhead_ms", "oom_tokens",
-                "oom_rows", "oom_ms", "max_length", "concurrent_executions", "device_overlap", "basis", "model")
+                "oom_rows", "oom_ms", "max_length", "concurrent_executions", "device_overlap", "basis", "model",
+                "model_digest")
 
 
 def _check(p: Profile, where: str = "profile") -> None:
@@ -468,7 +470,7 @@ def profile_text(profile: Profile) -> str:
     lines = [FORMAT_LINE]
     for key in _HEADER_KEYS:
         value = getattr(profile, key)
-        if value is None or (key in ("model", "oom_rows") and not value):
+        if value is None or (key in ("model", "model_digest", "oom_rows") and not value):
             continue
         lines.append(f"# {key}: {_oom_rows_text(value) if key == 'oom_rows' else value}")
     return "\n".join(lines) + "\n" + profile.to_frame().to_csv(index=False, float_format="%.6g")
@@ -482,7 +484,7 @@ def write_profile(profile: Profile, path: str | os.PathLike) -> Path:
 def _header_value(key: str, value: str, path: Path):
     kinds = {f.name: f.type for f in fields(Profile)}
     text = value.strip()
-    if key in ("basis", "model"):
+    if key in ("basis", "model", "model_digest"):
         return text
     if key == "oom_rows":
         return _oom_rows(text, path)
