@@ -7,7 +7,8 @@ around it, readable top to bottom in `run_trials`:
   never reached steady state after the load (`unstable`), is FAIL with its reason (no score, not
   infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
   failing several trials in a row (no server to talk to) stops it;
-- the capacity search starts at the best capacity so far and is pruned once measurably below it;
+- the capacity search starts at the best capacity so far and is pruned once measurably below it (never
+  the incumbent's: the baseline of every gain);
 - a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes (an
   interrupt is held back while Optuna creates or records a trial: `_interrupts`); a trial
   whose worker died (kill -9, a host lost) is found by Optuna's heartbeat after the grace period and
@@ -81,11 +82,15 @@ class _GridSampler(optuna.samplers.GridSampler):
             super().after_trial(study, trial, state, values)
 
 
-def _hints(study: optuna.Study, settings: StudySettings, *, expected: float | None = None) -> Hints:
+def _hints(study: optuna.Study, settings: StudySettings, *, expected: float | None = None,
+           incumbent: bool = False) -> Hints:
     """Start the capacity search around the `expected` capacity speed when there is one, else where
-    the best configuration so far reached; prune against the best."""
+    the best configuration so far reached; prune against the best, except the `incumbent`."""
     best = best_trial(study)
-    beat = (best.user_attrs.get("capacity_rps") or None) if best and settings.scoring == "capacity" else None
+    # the incumbent is the baseline every gain is measured against: its search runs to its bracket,
+    # whichever trials came first (a resumed study measures it again after the others, or another worker)
+    beat = (best.user_attrs.get("capacity_rps") or None) if (
+        best and settings.scoring == "capacity" and not incumbent) else None
     if expected:
         return Hints.around(expected, settings.search.capacity.tolerance, beat_rps=beat)
     if best is None:
@@ -208,7 +213,8 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             trial.set_user_attr("error_kind", DUPLICATE)
             raise _TrialFailed(DUPLICATE)
         try:
-            record = evaluate(params, _hints(study, settings, expected=estimate(params) if estimate else None))
+            record = evaluate(params, _hints(study, settings, expected=estimate(params) if estimate else None,
+                                             incumbent=bool(trial.user_attrs.get("incumbent"))))
         except TunerError as exc:
             trial.set_user_attr("error", str(exc)[:500])
             trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))
