@@ -48,6 +48,7 @@ OnTrial = Callable[[optuna.trial.FrozenTrial], None]
 MAX_FAILURES_IN_A_ROW = 3
 INTERRUPTED = "interrupted"
 DUPLICATE = "duplicate"  # a grid point another trial measures or measured: not measured again
+RETRY_KEEPS = ("incumbent", "simulated_rank")  # what an interrupted trial's retry keeps of its attributes
 
 
 class _TrialFailed(Exception):
@@ -138,8 +139,9 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             continue
         if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
             continue
-        study.enqueue_trial(params, user_attrs={"retry_of": t.number,
-                                                  **({"incumbent": True} if t.user_attrs.get("incumbent") else {})})
+        # the retry is what the trial was: the incumbent, a simulated pick (`search.strategy: model` counts them)
+        kept = {k: t.user_attrs[k] for k in RETRY_KEEPS if k in t.user_attrs}
+        study.enqueue_trial(params, user_attrs={"retry_of": t.number, **kept})
         again.append(t.number)
     return again
 
