@@ -3,6 +3,7 @@ the fallback to a measured search when the simulation is wrong (a profile that l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -248,6 +249,78 @@ def test_picks_a_stopped_run_queued_are_not_queued_again_when_it_resumes(tmp_pat
     assert [p["max_batch_size"] for p in again] == [8, 2]
     queued = [t.system_attrs["fixed_params"]["max_batch_size"] for t in study.get_trials(deepcopy=False)]
     assert sorted(queued) == [2, 8, 16, 24]
+
+
+def _fake_ranking(settings) -> pd.DataFrame:
+    """The space of `_settings` as a simulation would rank it for `support.FakeEvaluation`: exact
+    capacities (so the simulation is trusted), best first."""
+    from support import capacity_of
+
+    from tuner import space
+
+    grid = space.grid(settings.search)
+    rows = sorted(({"max_batch_size": b, "max_queue_delay_microseconds": d,
+                    "capacity_rps": capacity_of({"max_batch_size": b, "max_queue_delay_microseconds": d})}
+                   for b in grid["max_batch_size"] for d in grid["max_queue_delay_microseconds"]),
+                  key=lambda r: -r["capacity_rps"])
+    table = pd.DataFrame(rows)
+    table.insert(0, "rank", range(1, len(table) + 1))
+    table["capacity_speed"] = table["capacity_rps"] / 10.0
+    table["value"] = table["capacity_rps"] * 3600 / 0.1
+    return table
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 2])  # the incumbent; the simulation's first pick
+def test_a_run_interrupted_and_resumed_measures_what_an_uninterrupted_one_does_and_keeps_its_incumbent(
+        tmp_path, interrupt_at):
+    """Ctrl-C during the first measurements, then the same command again: the resumed run measures the
+    picks the interrupted one queued and nothing more (the reviewer's resume measured a third pick the
+    budget had room for), and the incumbent's retry, measured after them, keeps its whole capacity
+    search (it was pruned against the picks, and the summary said the incumbent missed the SLA)."""
+    from support import FakeEvaluation
+
+    from tuner import export, search
+
+    settings = dataclasses.replace(_settings(tmp_path), scoring="capacity")
+    settings = dataclasses.replace(settings, search=dataclasses.replace(settings.search, trials=4))
+    ranking = _fake_ranking(settings)
+    incumbent = {"max_batch_size": 4, "max_queue_delay_microseconds": 0}
+
+    notes: list[str] = []
+
+    def run(name: str, evaluate) -> optuna.Study:
+        storage = f"sqlite:///{tmp_path / name}.db"
+        study = search.open_study(settings, storage, sampler=search.make_sampler(settings.search),
+                                  incumbent=incumbent, metadata={"scoring": "capacity", "storage": storage})
+        search.requeue_interrupted(study)
+        search.model_search(study, settings, ranking, evaluate=evaluate, trials=4, host=None, note=notes.append)
+        return study
+
+    def measured(study: optuna.Study) -> list[tuple]:
+        done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+        return sorted(tuple(sorted(t.params.items())) for t in done)
+
+    whole = run("whole", FakeEvaluation(latency_ms=100))
+    with pytest.raises(KeyboardInterrupt):
+        run("resumed", FakeEvaluation(latency_ms=100, interrupt_at=interrupt_at))
+    picked = notes[0]
+    del notes[:]
+    resumed = run("resumed", FakeEvaluation(latency_ms=100))
+    assert len(measured(whole)) == 3 and measured(resumed) == measured(whole)
+    # nothing picked again; the line names the picks still queued (the one interrupted is queued again)
+    assert notes[0].startswith("simulation's picks still to measure (queued by the run this one resumes): ")
+    assert sorted(notes[0].split(": ", 1)[1].split("; ")) == sorted(picked.split(": ", 1)[1].split("; "))
+    retry = search.incumbent_trial(resumed)
+    assert retry is not None and retry.params == incumbent and retry.number == (0 if interrupt_at == 2 else 3)
+    assert [t.state for t in resumed.trials if t.user_attrs.get("incumbent")] == (
+        [optuna.trial.TrialState.COMPLETE] if interrupt_at == 2 else
+        [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE])
+
+    repeats = search.remeasure(resumed, FakeEvaluation(latency_ms=100), settings)
+    resumed.set_user_attr("remeasured", [search.repeats_as_dict(r) for r in repeats])
+    summary = export.summarize(resumed)
+    assert summary["incumbent"]["params"] == incumbent and summary["improvement"] > 0
+    assert summary["incumbent"]["trial"] == retry.number
 
 
 def test_the_error_rule_counts_a_wrong_verdict_as_100_percent_and_a_pruned_trial_by_its_bracket():

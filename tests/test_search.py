@@ -134,6 +134,32 @@ def test_interrupted_trial_is_failed_then_retried_and_no_finished_trial_is_lost(
     assert search.requeue_interrupted(again) == []  # retried once only
 
 
+def test_an_incumbent_measured_after_a_better_trial_is_never_pruned(tmp_path):
+    """Ctrl-C while the incumbent is measured, with a better configuration queued behind it (the model
+    strategy's picks, another worker's trial): the resumed run measures the better one first, then the
+    incumbent's retry, whose capacity search must run to its bracket, not be pruned against the best."""
+    s = fake_settings(tmp_path, trials=3)
+    study = new_study(s)
+    better = {"max_batch_size": 32, "max_queue_delay_microseconds": 0}
+    study.enqueue_trial(better)
+    with pytest.raises(KeyboardInterrupt):
+        search.run_trials(study, s, FakeEvaluation(interrupt_at=1), n_trials=3)
+
+    again = new_study(s)
+    assert search.requeue_interrupted(again) == [0]
+    fake = FakeEvaluation()
+    search.run_trials(again, s, fake, n_trials=2)
+    assert [p for p, _ in fake.calls] == [better, INCUMBENT]  # the queue's order: the incumbent last
+    assert fake.calls[1][1].beat_rps is None and fake.calls[1][1].start_speed is not None
+    retry = search.incumbent_trial(again)
+    assert retry is not None and retry.user_attrs["retry_of"] == 0 and retry.state == TrialState.COMPLETE
+    # a trial that is not the incumbent is still pruned against the best
+    assert search.requeue_interrupted(again) == []
+    again.enqueue_trial({"max_batch_size": 2, "max_queue_delay_microseconds": 0})
+    search.run_trials(again, s, fake, n_trials=3)
+    assert fake.calls[2][1].beat_rps is not None and again.trials[-1].state == TrialState.PRUNED
+
+
 class InterruptInsideAsk(optuna.samplers.RandomSampler):
     """Signals this process from inside `study.ask()` of trial `at`: after Optuna has written the
     trial's RUNNING row, before the objective runs (where a Ctrl-C used to leave the trial RUNNING)."""

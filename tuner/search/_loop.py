@@ -7,7 +7,8 @@ around it, readable top to bottom in `run_trials`:
   never reached steady state after the load (`unstable`), is FAIL with its reason (no score, not
   infeasible); a configuration the server refuses is FAIL; the study goes on. A setup
   failing several trials in a row (no server to talk to) stops it;
-- the capacity search starts at the best capacity so far and is pruned once measurably below it;
+- the capacity search starts at the best capacity so far and is pruned once measurably below it (never
+  the incumbent's: the baseline of every gain);
 - a trial interrupted (Ctrl-C, SIGTERM) is FAIL and enqueued again when the study resumes (an
   interrupt is held back while Optuna creates or records a trial: `_interrupts`); a trial
   whose worker died (kill -9, a host lost) is found by Optuna's heartbeat after the grace period and
@@ -47,6 +48,7 @@ OnTrial = Callable[[optuna.trial.FrozenTrial], None]
 MAX_FAILURES_IN_A_ROW = 3
 INTERRUPTED = "interrupted"
 DUPLICATE = "duplicate"  # a grid point another trial measures or measured: not measured again
+RETRY_KEEPS = ("incumbent", "simulated_rank")  # what an interrupted trial's retry keeps of its attributes
 
 
 class _TrialFailed(Exception):
@@ -81,11 +83,15 @@ class _GridSampler(optuna.samplers.GridSampler):
             super().after_trial(study, trial, state, values)
 
 
-def _hints(study: optuna.Study, settings: StudySettings, *, expected: float | None = None) -> Hints:
+def _hints(study: optuna.Study, settings: StudySettings, *, expected: float | None = None,
+           incumbent: bool = False) -> Hints:
     """Start the capacity search around the `expected` capacity speed when there is one, else where
-    the best configuration so far reached; prune against the best."""
+    the best configuration so far reached; prune against the best, except the `incumbent`."""
     best = best_trial(study)
-    beat = (best.user_attrs.get("capacity_rps") or None) if best and settings.scoring == "capacity" else None
+    # the incumbent is the baseline every gain is measured against: its search runs to its bracket,
+    # whichever trials came first (a resumed study measures it again after the others, or another worker)
+    beat = (best.user_attrs.get("capacity_rps") or None) if (
+        best and settings.scoring == "capacity" and not incumbent) else None
     if expected:
         return Hints.around(expected, settings.search.capacity.tolerance, beat_rps=beat)
     if best is None:
@@ -133,8 +139,9 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
             continue
         if t.user_attrs.get("error_kind") != INTERRUPTED and t.number not in dead:
             continue
-        study.enqueue_trial(params, user_attrs={"retry_of": t.number,
-                                                  **({"incumbent": True} if t.user_attrs.get("incumbent") else {})})
+        # the retry is what the trial was: the incumbent, a simulated pick (`search.strategy: model` counts them)
+        kept = {k: t.user_attrs[k] for k in RETRY_KEEPS if k in t.user_attrs}
+        study.enqueue_trial(params, user_attrs={"retry_of": t.number, **kept})
         again.append(t.number)
     return again
 
@@ -208,7 +215,8 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
             trial.set_user_attr("error_kind", DUPLICATE)
             raise _TrialFailed(DUPLICATE)
         try:
-            record = evaluate(params, _hints(study, settings, expected=estimate(params) if estimate else None))
+            record = evaluate(params, _hints(study, settings, expected=estimate(params) if estimate else None,
+                                             incumbent=bool(trial.user_attrs.get("incumbent"))))
         except TunerError as exc:
             trial.set_user_attr("error", str(exc)[:500])
             trial.set_user_attr("error_kind", "config" if isinstance(exc, (ConfigError, ServerSetupError))

@@ -369,10 +369,14 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     picks; the fallback: `trials`). Returns the trials run; the errors and the order are kept in the
     study's `model_search` attribute."""
     s = settings
-    picks = _enqueue_ranked_within(study, ranking, s, trials=trials)
+    picks = _enqueue_ranked_within(study, ranking, s, trials=trials, upto=s.search.model_top)
     if picks:
         note("simulation's picks to measure (its best, then the best of other regions): "
              + "; ".join(space.describe(p) for p in picks))
+    elif queued := [drawn(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+                    if "simulated_rank" in t.user_attrs]:
+        note("simulation's picks still to measure (queued by the run this one resumes): "
+             + "; ".join(space.describe(p) for p in queued))
     first = min(trials, spent(study) + len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,))))
     speeds = expected_speeds(ranking, s)
     on_plan(first)
@@ -387,7 +391,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     if not errors.empty:
         note(_describe(verdict, len(errors), s.search.model_error))
     if fallback and trials > spent(study):  # the simulation not trusted: no start from its capacities either
-        _enqueue_ranked_within(study, ranking, s, trials=trials)
+        _enqueue_ranked_within(study, ranking, s, trials=trials, upto=2 * s.search.model_top)
         on_plan(trials)
         ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
     return ran
@@ -431,10 +435,19 @@ def _describe(verdict: dict, measured: int, threshold: float) -> str:
                                                             if verdict["discordant"] else ""))
 
 
-def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int
-                           ) -> list[dict]:
-    """Enqueue the simulation's next `model_top` (`diverse_top`), no more than the budget has room for beyond the trials
-    begun and those queued (a queued trial always runs: `run_trials` empties the queue)."""
+def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int,
+                           upto: int) -> list[dict]:
+    """Enqueue the simulation's next picks (`diverse_top`) until the study holds `upto` of them, no more
+    than the budget has room for beyond the trials begun and those queued (a queued trial always runs:
+    `run_trials` empties the queue). The picks a resumed study holds (queued, measured, or interrupted
+    and queued again) count: it measures what the run it resumes would have, not `model_top` more."""
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     room = max(0, trials - spent(study) - waiting)
-    return enqueue_ranked(study, ranking, s, count=min(s.search.model_top, room))
+    return enqueue_ranked(study, ranking, s, count=min(upto - len(_picked(study)), room))
+
+
+def _picked(study: optuna.Study) -> set[tuple]:
+    """The simulation's picks the study holds, each configuration once (an interrupted pick's retry and
+    a dead worker's keep its `simulated_rank`)."""
+    return {tuple(sorted(drawn(t).items())) for t in study.get_trials(deepcopy=False)
+            if "simulated_rank" in t.user_attrs}
