@@ -700,10 +700,56 @@ def test_cli_says_when_the_space_reaches_rows_the_profile_did_not_time(study, ca
     err = capsys.readouterr().err
     assert ("note: the profile timed batches of up to 8 rows; the space's largest max_batch_size 16 and the "
             "incumbent's 64: executions above 8 rows are extrapolated from it") in err
+    # every row and every length of the traffic (20..199) measured
     write_profile(Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
-                                        lengths=[100], host_ms_per_row=0.1, max_length=512), study / "wide.csv")
+                                        lengths=[100, 200], host_ms_per_row=0.1, max_length=512), study / "wide.csv")
     assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "wide.csv"), "--top", "1"]) == 0
     assert "extrapolated" not in capsys.readouterr().err
+
+
+def test_cli_says_when_the_traffic_is_longer_than_the_profile_measured(study, capsys):
+    """A profile of one length (64) used on traffic of lengths 20..199 ranked in silence (the reviewer's
+    profile of a one-length trace on the Azure traffic lost the out-of-memory limit at 33 x 512): how
+    far beyond, and what share of the requests, as the note on rows says it."""
+    traffic = pd.read_csv(study / "traffic.csv")
+    write_profile(Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
+                                        lengths=[64], host_ms_per_row=0.1, max_length=512), study / "short.csv")
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "short.csv"), "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    longer = int((traffic["seq_len"] > 64).sum())
+    longest = int(traffic["seq_len"].max())
+    assert 0 < longer < len(traffic)
+    assert (f"note: the profile measured lengths up to 64; {longer} of the traffic's {len(traffic)} requests "
+            f"({longer / len(traffic):.1%}) are longer, up to {longest} ({longest / 64:.1f}x): executions at those "
+            "lengths are inferred from shorter ones") in err, err
+    assert "timed batches" not in err  # its rows cover the space's: one note, about lengths
+
+
+def test_the_strategy_is_told_of_lengths_the_profile_did_not_measure_as_simulate_is(study):
+    """`SpaceModel.extrapolated`, the one note `tuner simulate` and the model strategy of `tuner tune`
+    print: lengths beyond the profile's (after the model's truncation), beside rows beyond it."""
+    from tuner import search
+    from tuner.settings import read_study
+    from tuner.study import base_config, study_traffic
+
+    settings = read_study(study / "study.yaml")
+    base, traffic = base_config(settings), study_traffic(settings)
+
+    def note(lengths, **kw):
+        profile = Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
+                                        lengths=lengths, **kw)
+        return search.model_space(settings, base=base, traffic=traffic, profile=profile).extrapolated()
+
+    assert note([100, 200]) is None
+    assert note([100], max_length=100) is None  # the model truncates at 100: every length computes as 100
+    one = note([35, 64], max_length=150)
+    assert one.startswith("the profile measured lengths up to 64; ") and "up to 150 (2.3x, the model truncating at " \
+        "150)" in one, one
+    assert note([199]) is None
+    # the one-point profile the reviewer ranked at 513 req/s: both said, in one line
+    point = search.model_space(settings, base=base, traffic=traffic, profile=Profile(points=(
+        ProfilePoint(1, 35, 1.6, 1.5, 1.7),))).extrapolated()
+    assert "timed batches of up to 1 rows" in point and "measured lengths up to 35;" in point
 
 
 def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(study, capsys):

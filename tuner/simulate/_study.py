@@ -172,6 +172,29 @@ class Simulator:
         """The step speeds simulated so far and the requests each step holds."""
         return {speed: len(requests) for speed, (requests, _) in sorted(self._schedules.items())}
 
+    def unprofiled_lengths(self) -> str | None:
+        """A line when requests of the traffic are longer (as the model computes them: truncated to the
+        profile's `max_length`) than the longest length the profile measured: how far beyond, and what
+        share of the requests. Executions at those lengths are inferred from shorter ones, times and
+        memory limits alike (a profile of one length misses an out-of-memory limit at 512 tokens);
+        None when the profile's lengths cover the traffic's."""
+        if self.length is None:  # every request has length 1
+            return None
+        profile = self.profile
+        measured = max(profile.length_of(p.length) for p in profile.points)
+        raw = self.traffic[self.length].to_numpy(dtype=np.int64)
+        lengths = raw if profile.max_length is None else np.minimum(raw, profile.max_length)
+        longer = lengths > measured
+        if not longer.any():
+            return None
+        longest = int(lengths.max())
+        truncated = profile.max_length is not None and int(raw.max()) > profile.max_length
+        return (f"the profile measured lengths up to {measured}; {int(longer.sum())} of the traffic's {len(lengths)} "
+                f"requests ({longer.mean():.1%}) are longer, up to {longest} ({longest / measured:.1f}x"
+                + (f", the model truncating at {profile.max_length}" if truncated else "")
+                + "): executions at those lengths are inferred from shorter ones, times and out-of-memory limits "
+                "alike (profile again on this traffic to measure them)")
+
     # --- one step --------------------------------------------------------------------------------
 
     def schedule(self, speed: float) -> tuple[Requests, float]:
