@@ -618,6 +618,37 @@ def test_when_nothing_meets_the_sla_the_nearest_ranks_first():
     assert table.loc[0, "latency_p99_ms"] == table["latency_p99_ms"].min()
 
 
+def short_traffic(rate: float = 5.0, seconds: float = 60.0) -> pd.DataFrame:
+    """One length, about a minute: at speed 64 or 128 it lasts less than a 1 s warm-up."""
+    return poisson_traffic(rate=rate, seconds=seconds).assign(seq_len=100)
+
+
+def test_a_step_the_traffic_is_too_short_for_ends_the_search_at_the_traffics_limit_and_is_said():
+    """The reviewer's trace (one length, 60 s) at speed 1: the step at 64 holds no request, which ended
+    every capacity search with `limited_by="load_generator"` (no load generator in a simulation) and tied
+    the whole space at the speed below it, in silence. As the real search now stops (the shared rule in
+    find_capacity): the traffic's limit, named, and the ranking says its ties are the traffic's."""
+    sim = make_simulator(short_traffic(), capacity=CapacitySettings(tolerance=0.15, start_speed=8.0, max_speed=200.0,
+                                                                    step_duration_s=2.0, max_steps=6))
+    found = sim.capacity(BatcherConfig(max_batch_size=8))
+    last = found.steps[-1]
+    assert found.limited_by == "traffic", found.limited_by
+    assert last.measurement.requests == 0 and found.speed == last.speed / 2  # doubling from 8, to the end
+    configs = [{"max_batch_size": b, "max_queue_delay_microseconds": d} for b in (2, 8) for d in (0, 2000)]
+    table = sim.rank(configs)
+    assert (table["value"] > 0).all() and (table["limited_by"] == "traffic").all()
+    assert table["capacity_rps"].nunique() == 1  # the tie the traffic makes
+    note = sim.capped_by_traffic(table)
+    assert note.startswith("4 of the 4 configurations that met the SLA (the best among them) reached the end of "
+                           f"the traffic: at speed {last.speed:g} a step holds no request after its 1 s warm-up "
+                           "(the traffic lasts 0."), note
+    assert f"(each {table['capacity_rps'].iloc[0]:.1f} req/s, the last speed that passed) is a floor" in note
+    # a trace long enough for the SLA to break first: nothing capped, nothing said
+    long = make_simulator()
+    table = long.rank(configs)
+    assert (table["limited_by"] != "traffic").all() and long.capped_by_traffic(table) is None
+
+
 def test_length_column_is_the_one_input_dim_column_or_seq_len():
     assert length_column(pd.DataFrame({"timestamp": [0.0], "seq_len": [3]})) == "seq_len"
     assert length_column(pd.DataFrame({"timestamp": [0.0], "INPUT_IDS:0": [3], "seq_len": [3]})) == "INPUT_IDS:0"
@@ -750,6 +781,22 @@ def test_the_strategy_is_told_of_lengths_the_profile_did_not_measure_as_simulate
     point = search.model_space(settings, base=base, traffic=traffic, profile=Profile(points=(
         ProfilePoint(1, 35, 1.6, 1.5, 1.7),))).extrapolated()
     assert "timed batches of up to 1 rows" in point and "measured lengths up to 35;" in point
+
+
+def test_cli_says_when_the_traffic_caps_the_capacity_and_ties_the_ranking(study, capsys):
+    short_traffic().to_csv(study / "traffic.csv", index=False)
+    out_json = study / "ranking.json"
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--top", "3",
+                 "--json", str(out_json)]) == 0
+    err = capsys.readouterr().err
+    ranking = json.loads(out_json.read_text())["ranking"]
+    met = [r for r in ranking if r["value"] > 0]
+    capped = [r for r in met if r["limited_by"] == "traffic"]
+    assert capped and ranking[0]["limited_by"] == "traffic"
+    assert not any(r["limited_by"] == "load_generator" for r in ranking)
+    assert (f"note: {len(capped)} of the {len(met)} configurations that met the SLA (the best and the incumbent "
+            "among them) reached the end of the traffic: at speed ") in err, err
+    assert "a floor the traffic sets and their ties are the traffic's" in err
 
 
 def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(study, capsys):
