@@ -618,6 +618,37 @@ def test_when_nothing_meets_the_sla_the_nearest_ranks_first():
     assert table.loc[0, "latency_p99_ms"] == table["latency_p99_ms"].min()
 
 
+def short_traffic(rate: float = 5.0, seconds: float = 60.0) -> pd.DataFrame:
+    """One length, about a minute: at speed 64 or 128 it lasts less than a 1 s warm-up."""
+    return poisson_traffic(rate=rate, seconds=seconds).assign(seq_len=100)
+
+
+def test_a_step_the_traffic_is_too_short_for_ends_the_search_at_the_traffics_limit_and_is_said():
+    """The reviewer's trace (one length, 60 s) at speed 1: the step at 64 holds no request, which ended
+    every capacity search with `limited_by="load_generator"` (no load generator in a simulation) and tied
+    the whole space at the speed below it, in silence. As the real search now stops (the shared rule in
+    find_capacity): the traffic's limit, named, and the ranking says its ties are the traffic's."""
+    sim = make_simulator(short_traffic(), capacity=CapacitySettings(tolerance=0.15, start_speed=8.0, max_speed=200.0,
+                                                                    step_duration_s=2.0, max_steps=6))
+    found = sim.capacity(BatcherConfig(max_batch_size=8))
+    last = found.steps[-1]
+    assert found.limited_by == "traffic", found.limited_by
+    assert last.measurement.requests == 0 and found.speed == last.speed / 2  # doubling from 8, to the end
+    configs = [{"max_batch_size": b, "max_queue_delay_microseconds": d} for b in (2, 8) for d in (0, 2000)]
+    table = sim.rank(configs)
+    assert (table["value"] > 0).all() and (table["limited_by"] == "traffic").all()
+    assert table["capacity_rps"].nunique() == 1  # the tie the traffic makes
+    note = sim.capped_by_traffic(table)
+    assert note.startswith("4 of the 4 configurations that met the SLA (the best among them) reached the end of "
+                           f"the traffic: at speed {last.speed:g} a step holds no request after its 1 s warm-up "
+                           "(the traffic lasts 0."), note
+    assert f"(each {table['capacity_rps'].iloc[0]:.1f} req/s, the last speed that passed) is a floor" in note
+    # a trace long enough for the SLA to break first: nothing capped, nothing said
+    long = make_simulator()
+    table = long.rank(configs)
+    assert (table["limited_by"] != "traffic").all() and long.capped_by_traffic(table) is None
+
+
 def test_length_column_is_the_one_input_dim_column_or_seq_len():
     assert length_column(pd.DataFrame({"timestamp": [0.0], "seq_len": [3]})) == "seq_len"
     assert length_column(pd.DataFrame({"timestamp": [0.0], "INPUT_IDS:0": [3], "seq_len": [3]})) == "INPUT_IDS:0"
@@ -700,10 +731,72 @@ def test_cli_says_when_the_space_reaches_rows_the_profile_did_not_time(study, ca
     err = capsys.readouterr().err
     assert ("note: the profile timed batches of up to 8 rows; the space's largest max_batch_size 16 and the "
             "incumbent's 64: executions above 8 rows are extrapolated from it") in err
+    # every row and every length of the traffic (20..199) measured
     write_profile(Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
-                                        lengths=[100], host_ms_per_row=0.1, max_length=512), study / "wide.csv")
+                                        lengths=[100, 200], host_ms_per_row=0.1, max_length=512), study / "wide.csv")
     assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "wide.csv"), "--top", "1"]) == 0
     assert "extrapolated" not in capsys.readouterr().err
+
+
+def test_cli_says_when_the_traffic_is_longer_than_the_profile_measured(study, capsys):
+    """A profile of one length (64) used on traffic of lengths 20..199 ranked in silence (the reviewer's
+    profile of a one-length trace on the Azure traffic lost the out-of-memory limit at 33 x 512): how
+    far beyond, and what share of the requests, as the note on rows says it."""
+    traffic = pd.read_csv(study / "traffic.csv")
+    write_profile(Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
+                                        lengths=[64], host_ms_per_row=0.1, max_length=512), study / "short.csv")
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "short.csv"), "--top", "1"]) == 0
+    err = capsys.readouterr().err
+    longer = int((traffic["seq_len"] > 64).sum())
+    longest = int(traffic["seq_len"].max())
+    assert 0 < longer < len(traffic)
+    assert (f"note: the profile measured lengths up to 64; {longer} of the traffic's {len(traffic)} requests "
+            f"({longer / len(traffic):.1%}) are longer, up to {longest} ({longest / 64:.1f}x): executions at those "
+            "lengths are inferred from shorter ones") in err, err
+    assert "timed batches" not in err  # its rows cover the space's: one note, about lengths
+
+
+def test_the_strategy_is_told_of_lengths_the_profile_did_not_measure_as_simulate_is(study):
+    """`SpaceModel.extrapolated`, the one note `tuner simulate` and the model strategy of `tuner tune`
+    print: lengths beyond the profile's (after the model's truncation), beside rows beyond it."""
+    from tuner import search
+    from tuner.settings import read_study
+    from tuner.study import base_config, study_traffic
+
+    settings = read_study(study / "study.yaml")
+    base, traffic = base_config(settings), study_traffic(settings)
+
+    def note(lengths, **kw):
+        profile = Profile.from_function(lambda r, n: 1.0 + r * n / 100.0, rows=[1, 2, 4, 8, 16, 32, 64],
+                                        lengths=lengths, **kw)
+        return search.model_space(settings, base=base, traffic=traffic, profile=profile).extrapolated()
+
+    assert note([100, 200]) is None
+    assert note([100], max_length=100) is None  # the model truncates at 100: every length computes as 100
+    one = note([35, 64], max_length=150)
+    assert one.startswith("the profile measured lengths up to 64; ") and "up to 150 (2.3x, the model truncating at " \
+        "150)" in one, one
+    assert note([199]) is None
+    # the one-point profile the reviewer ranked at 513 req/s: both said, in one line
+    point = search.model_space(settings, base=base, traffic=traffic, profile=Profile(points=(
+        ProfilePoint(1, 35, 1.6, 1.5, 1.7),))).extrapolated()
+    assert "timed batches of up to 1 rows" in point and "measured lengths up to 35;" in point
+
+
+def test_cli_says_when_the_traffic_caps_the_capacity_and_ties_the_ranking(study, capsys):
+    short_traffic().to_csv(study / "traffic.csv", index=False)
+    out_json = study / "ranking.json"
+    assert main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--top", "3",
+                 "--json", str(out_json)]) == 0
+    err = capsys.readouterr().err
+    ranking = json.loads(out_json.read_text())["ranking"]
+    met = [r for r in ranking if r["value"] > 0]
+    capped = [r for r in met if r["limited_by"] == "traffic"]
+    assert capped and ranking[0]["limited_by"] == "traffic"
+    assert not any(r["limited_by"] == "load_generator" for r in ranking)
+    assert (f"note: {len(capped)} of the {len(met)} configurations that met the SLA (the best and the incumbent "
+            "among them) reached the end of the traffic: at speed ") in err, err
+    assert "a floor the traffic sets and their ties are the traffic's" in err
 
 
 def test_a_listed_choice_of_preferred_sizes_ranks_each_configuration_with_each(study, capsys):

@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     table["latency_sla_ms"] = table[f"latency_{pct}_ms"]
     shown = table[(table["rank"] <= args.top) | (table["tag"] != "")]
     print(_format(shown, pct, values))
+    capped = sim.capped_by_traffic(table)
+    if capped:  # ties at the traffic's limit are not a ranking: said before the best is named
+        print(f"note: {capped}", file=sys.stderr)
 
     best = table.iloc[0]
     feasible = search.met_sla_in_simulation(table)

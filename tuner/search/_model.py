@@ -102,18 +102,19 @@ class SpaceModel:
         return ranked[[*table.columns, "ranking_capacity_rps"]]
 
     def extrapolated(self) -> str | None:
-        """A line when the space (or the incumbent) reaches batches of more rows than the profile timed:
-        those executions' times are extrapolated from the largest measured, which the ranking does not
-        show; None when the profile covers them."""
+        """A line when the space (or the incumbent) reaches batches of more rows than the profile timed,
+        or the traffic has requests longer than it measured (`Simulator.unprofiled_lengths`): those
+        executions' times are extrapolated, which the ranking does not show; None when the profile
+        covers them."""
         timed = max(p.rows for p in self.simulator.profile.points)
         space_rows = max((c.get(space.MAX_BATCH_SIZE, 0) for c in self.configs), default=0)
         incumbent_rows = int(self.incumbent.get(space.MAX_BATCH_SIZE) or 0)
         beyond = [f"{what} {rows}" for what, rows in (("the space's largest max_batch_size", space_rows),
                                                       ("the incumbent's", incumbent_rows)) if rows > timed]
-        if not beyond:
-            return None
-        return (f"the profile timed batches of up to {timed} rows; {' and '.join(beyond)}: executions above "
-                f"{timed} rows are extrapolated from it (profile again with --max-batch-size to measure them)")
+        rows = (f"the profile timed batches of up to {timed} rows; {' and '.join(beyond)}: executions above "
+                f"{timed} rows are extrapolated from it (profile again with --max-batch-size to measure them)"
+                if beyond else None)
+        return "; ".join(line for line in (rows, self.simulator.unprofiled_lengths()) if line) or None
 
     def incumbent_in_space(self) -> bool:
         """Whether the incumbent is one of the space's configurations (ranked with them)."""

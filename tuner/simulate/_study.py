@@ -172,6 +172,29 @@ class Simulator:
         """The step speeds simulated so far and the requests each step holds."""
         return {speed: len(requests) for speed, (requests, _) in sorted(self._schedules.items())}
 
+    def unprofiled_lengths(self) -> str | None:
+        """A line when requests of the traffic are longer (as the model computes them: truncated to the
+        profile's `max_length`) than the longest length the profile measured: how far beyond, and what
+        share of the requests. Executions at those lengths are inferred from shorter ones, times and
+        memory limits alike (a profile of one length misses an out-of-memory limit at 512 tokens);
+        None when the profile's lengths cover the traffic's."""
+        if self.length is None:  # every request has length 1
+            return None
+        profile = self.profile
+        measured = max(profile.length_of(p.length) for p in profile.points)
+        raw = self.traffic[self.length].to_numpy(dtype=np.int64)
+        lengths = raw if profile.max_length is None else np.minimum(raw, profile.max_length)
+        longer = lengths > measured
+        if not longer.any():
+            return None
+        longest = int(lengths.max())
+        truncated = profile.max_length is not None and int(raw.max()) > profile.max_length
+        return (f"the profile measured lengths up to {measured}; {int(longer.sum())} of the traffic's {len(lengths)} "
+                f"requests ({longer.mean():.1%}) are longer, up to {longest} ({longest / measured:.1f}x"
+                + (f", the model truncating at {profile.max_length}" if truncated else "")
+                + "): executions at those lengths are inferred from shorter ones, times and out-of-memory limits "
+                "alike (profile again on this traffic to measure them)")
+
     # --- one step --------------------------------------------------------------------------------
 
     def schedule(self, speed: float) -> tuple[Requests, float]:
@@ -229,6 +252,38 @@ class Simulator:
                         load_speed=self.load_speed, peak_rps=self.peak_rps, note="simulated")
         return record, load_step.device_s
 
+    def capped_by_traffic(self, table: pd.DataFrame) -> str | None:
+        """A line when configurations of a ranking (`rank`'s, with the incumbent's row or not) that met
+        the SLA reached the end of what the traffic can show: their capacity search stopped at a speed
+        whose step holds no request after its warm-up (`limited_by` "traffic", as the real search
+        stops), so their capacity is a floor the traffic sets and their ties are the traffic's, not
+        the configurations'; None when none did."""
+        if table.empty or "limited_by" not in table:
+            return None
+        met = table[table["value"] > 0]
+        capped = met[met["limited_by"] == "traffic"]
+        if capped.empty:
+            return None
+        # the slowest step with nothing to measure (of this simulator's): every capped search stopped at one
+        empty = sorted((s, sched) for s, sched in self._schedules.items() if not (sched[0].due_s >= sched[1]).any())
+        where = ""
+        if empty:
+            speed, (requests, warmup) = empty[0]
+            lasts = float(requests.due_s[-1]) if len(requests) else 0.0
+            where = (f": at speed {speed:g} a step holds no request after its {warmup:g} s warm-up (the traffic "
+                     f"lasts {lasts:.3g} s there)")
+        figures = sorted(set(capped["capacity_rps"].round(1)))
+        shown = (f"each {figures[0]:.1f} req/s" if len(figures) == 1 else
+                 f"{figures[0]:.1f}-{figures[-1]:.1f} req/s")
+        tags = capped["tag"] if "tag" in capped else pd.Series("", index=capped.index)
+        who = [what for what, among in (("the best", capped.index[0] == met.index[0]),
+                                        ("the incumbent", tags.str.contains("incumbent").any())) if among]
+        return (f"{len(capped)} of the {len(met)} configurations that met the SLA"
+                + (f" ({' and '.join(who)} among them)" if who else "")
+                + f" reached the end of the traffic{where}, so their capacity ({shown}, the last speed that "
+                "passed) is a floor the traffic sets and their ties are the traffic's, not the configurations' "
+                "(a traffic of more requests, or a shorter replay.warmup_s, measures further)")
+
     # --- a whole space ---------------------------------------------------------------------------
 
     def rank(self, configs: Iterable[BatcherConfig | dict], *, tolerance: float | None = None,
@@ -264,6 +319,8 @@ class Simulator:
                 "score_utilization": result.scores["utilization"],
                 "value": result.value(self.scoring),
                 "violation": result.violation,  # how far the SLA is missed at the load (<= 0: met)
+                # why the capacity search stopped: "traffic" where a faster step held no request to measure
+                "limited_by": result.capacity.limited_by if result.capacity else "",
                 "sla_reason": a.get("sla_reason", ""),
             })
             if on_config is not None:

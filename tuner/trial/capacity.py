@@ -5,7 +5,10 @@ bracketing (doubling or halving from a guess) and then bisection in log space un
 relative width is within the tolerance. The measurement is injected: a `Probe`, speed -> Measurement
 (`tuner.trial.step.make_probe` on a real server, `tuner.simulate` in software). A measurement whose
 send lag broke its budget even after the probe's retries says nothing about the server: the search stops
-there and says so (`limited_by="load_generator"`) instead of counting it as a server failure.
+there and says so (`limited_by="load_generator"`) instead of counting it as a server failure. A step
+whose measured window holds no request (the traffic, at that speed, lasts less than the warm-up) says
+nothing either, of the server or of the load generator: the search stops there with
+`limited_by="traffic"`, its capacity the fastest speed the traffic could show, not the server's.
 
     Probe                 speed -> Measurement: one step's measurement, the one definition
     find_capacity(...)    -> Capacity (its Steps, the bracket, why it stopped)
@@ -57,7 +60,7 @@ class Capacity:
     steps: tuple[Step, ...] = field(default_factory=tuple)
     converged: bool = False      # the bracket reached the tolerance
     pruned: bool = False         # stopped early: the bracket cannot beat `beat_rps`
-    limited_by: str = ""         # "", "max_speed", "min_speed", "max_steps", "load_generator"
+    limited_by: str = ""         # "", "max_speed", "min_speed", "max_steps", "load_generator", "traffic"
 
     @property
     def at_capacity(self) -> Measurement | None:
@@ -129,8 +132,8 @@ def find_capacity(
         steps.append(step)
         if on_step:
             on_step(step)
-        if not step.valid:
-            return done(limited_by="load_generator")
+        if not step.valid:  # no verdict on the server: the traffic too short for the speed, or the sender late
+            return done(limited_by="traffic" if m.requests == 0 else "load_generator")
         if step.sla.ok:
             lo = step
         else:
