@@ -147,6 +147,19 @@ def test_improvement_is_best_over_incumbent_by_median(tmp_path):
     assert f"{cap:.3g}-{cap * 1.1:.3g}" in table or f"{cap:,.0f}-{cap * 1.1:,.0f}" in table
 
 
+@pytest.mark.parametrize("limited_by, mark, says", [("load_generator", " *", "* limited by the load generator"),
+                                                    ("traffic", " ^", "^ limited by the traffic")])
+def test_a_capacity_a_limit_other_than_the_server_stopped_is_marked_and_said(tmp_path, limited_by, mark, says):
+    summary = export.summarize(make_study(tmp_path, latency_limit=40.0))
+    summary["best"]["capacity_bracket"] = {**summary["best"]["capacity_bracket"], "limited_by": limited_by}
+    summary["top"][0] = summary["best"]
+    table = export.closing_table(summary)
+    row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
+    assert mark + " " in row + " " and says in table, table
+    other = " ^" if mark == " *" else " *"
+    assert other + " " not in row + " "
+
+
 def test_without_remeasurement_the_best_trial_stands(tmp_path):
     summary = export.summarize(make_study(tmp_path, remeasure=False))
     assert summary["best"]["params"]["max_batch_size"] == 16 and "repeats" not in summary["best"]

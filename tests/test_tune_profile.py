@@ -143,6 +143,8 @@ def test_tune_ranks_with_the_profile_as_written_and_measures_a_stale_one_again(s
     notes = Notes()
     tune_module._simulate(p, notes)  # measured before, of this model: used as it is
     assert len(measured) == 1 and any("measured before" in line for line in notes.lines)
+    # 20 s of traffic: the fastest configurations' capacity searches run out of it, as simulate says
+    assert any("reached the end of the traffic" in line for line in notes.lines), notes.lines
     write_profile(_profile("0123456789abcdef"), out / "profile.csv")
     notes = Notes()
     tune_module._simulate(p, notes)

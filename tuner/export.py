@@ -449,6 +449,8 @@ def closing_table(summary: dict) -> str:
             capacity = f"{_fmt(r['capacity_rps'])}-{_fmt(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
         if bracket.get("limited_by") == "load_generator":
             capacity += " *"  # the load generator, not the server, could not go faster
+        elif bracket.get("limited_by") == "traffic":
+            capacity += " ^"  # the traffic ran out before the server did
         table.append({
             "": tag,
             "trial": r.get("trial"),
@@ -478,6 +480,10 @@ def closing_table(summary: dict) -> str:
     if any((r.get("capacity_bracket") or {}).get("limited_by") == "load_generator" for r in rows):
         text += ("\n* limited by the load generator: above this speed its send lag broke the budget even with "
                  "more processes, so the server may serve more (raise replay.lag_budget_ms or replay.workers)")
+    if any((r.get("capacity_bracket") or {}).get("limited_by") == "traffic" for r in rows):
+        text += ("\n^ limited by the traffic: one step faster, a step held no request after its warm-up, so the "
+                 "capacity is a floor the traffic sets (a longer recording, or a shorter replay.warmup_s, measures "
+                 "further)")
     unmeasured = summary.get("unmeasured") or []
     if unmeasured:
         lines = [f"\nunmeasured: {len(unmeasured)} trial(s) with no verdict (the load generator could not replay "

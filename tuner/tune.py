@@ -595,6 +595,8 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
     if model.extrapolated():
         progress.note(f"note: {model.extrapolated()}")
     ranking = model.rank()
+    if capped := model.simulator.capped_by_traffic(ranking):  # as `tuner simulate` says it
+        progress.note(f"note: {capped}")
     write_atomic(out / SIMULATION, ranking.to_csv(index=False))
     progress.note(f"simulation: {len(ranking)} configurations ranked in {time.monotonic() - started:.1f} s")
     return ranking

@@ -167,7 +167,7 @@ class Bracket:
     upper_speed: float | None = None
     steps: int = 0
     converged: bool = False            # the bracket is within the tolerance
-    limited_by: str = ""               # "", max_speed, min_speed, max_steps, load_generator
+    limited_by: str = ""               # "", max_speed, min_speed, max_steps, load_generator, traffic
     lag_retries: int = 0               # replays run again because the send lag broke its budget
     peak_rps: float | None = None      # the recording's busiest second, replayed at the capacity speed
     at_capacity: Figures | None = None
