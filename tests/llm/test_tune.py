@@ -57,8 +57,9 @@ def study(tmp_path):
     s["traffic"]["busiest_s"] = 30
     s["output"] = str(tmp_path / "out")
     s["search"].update(trials=2, top_k=1, remeasure_repeats=1)
-    # one capacity step per measurement (at the quick start's start speed): what is scored, not how the search brackets
-    s["search"]["capacity"].update(step_duration_s=3.0, max_steps=1)
+    # one capacity step per measurement, at half the recording's rate (twice the load, as the quick start
+    # started until it took 1.0): what is scored, not how the search brackets
+    s["search"]["capacity"].update(step_duration_s=3.0, max_steps=1, start_speed=0.5)
     path = tmp_path / "llm.yaml"
     path.write_text(yaml.safe_dump(s))
     return path
