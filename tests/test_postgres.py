@@ -144,6 +144,7 @@ def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(
     reader = {"PGPASSWORD": postgres.password}
     bare = postgres.url("three_hosts", with_password=False)
     config = tmp_path / "exported" / "config.pbtxt"
+    config.parent.mkdir()  # a file named with -o goes into a directory that is there
     done = tuner_process("export", "--storage", bare, "--study", "shared", "-o", str(config), env=reader)
     assert done.wait(timeout=60) == 0, done.stdout.read()
     # the same config the finishing host recommended (the first line dates the export)
