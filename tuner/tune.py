@@ -364,19 +364,31 @@ def _ordinal(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
+def _earlier_profile(p: Prepared):
+    """The profile `tuner profile STUDY` or an earlier run left in OUTPUT/profile.csv (None: none, or the
+    study names its own), and what to say when it is another version of the model's (None: it is this
+    one's): the one decision `_simulate` acts on and `tune --check` reports."""
+    s = p.settings
+    out = Path(s.output) / PROFILE
+    if s.search.profile or not _is_tuner_profile(out):
+        return None, None
+    from tuner.simulate import read_profile
+
+    earlier = read_profile(out, model=s.model)
+    return earlier, stale_profile(earlier.model_digest, s, p.base, where=str(out))
+
+
 def _profile_plan(p: Prepared) -> str:
     """Where the model strategy's profile will come from, as `_simulate` decides it."""
     s = p.settings
     if s.search.strategy != "model" or s.search.profile:
         return s.search.profile or ""
-    out = Path(s.output) / PROFILE
-    if not _is_tuner_profile(out):
+    earlier, stale = _earlier_profile(p)
+    if earlier is None:
         return "measured first (OUTPUT/profile.csv)"
-    from tuner.simulate import read_profile
-
-    if stale_profile(read_profile(out, model=s.model).model_digest, s, p.base, where=str(out)):
-        return f"measured again ({out} is another version of the model's)"
-    return f"{out} (measured before; remove it to measure again)"
+    out = Path(s.output) / PROFILE
+    return f"measured again ({out} is another version of the model's)" if stale else \
+        f"{out} (measured before; remove it to measure again)"
 
 
 def _describe_search(search_settings, *, profile: str = "") -> str:
@@ -559,9 +571,7 @@ def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:
 
     s = p.settings
     out = Path(s.output)
-    earlier = read_profile(out / PROFILE, model=s.model) if not s.search.profile and _is_tuner_profile(out / PROFILE) \
-        else None  # `tuner profile STUDY` wrote it there, or an earlier run did
-    stale = earlier and stale_profile(earlier.model_digest, s, p.base, where=f"{out / PROFILE}")
+    earlier, stale = _earlier_profile(p)
     if s.search.profile:
         profile = p.profile or read_profile(s.search.profile, model=s.model)
         progress.note(f"profile: {s.search.profile}: {profile.describe()}")
