@@ -192,6 +192,22 @@ if __name__ == "__main__":  # a worker process: `fake_worker`
     search.run_trials(study, settings, SlowFakeEvaluation(), n_trials=100)
 
 
+class FakeLauncher:
+    """A launcher stand-in for a command's own logic (no server): a context manager serving `config`."""
+
+    def __init__(self, config=None):
+        self.config = config
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def model_config(self, model):
+        return self.config
+
+
 # --- a measurement made up for the pure stages (score, capacity search) ------------------------------
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.support import FakeLauncher
 from tuner import audit as audit_module
 from tuner import modelconfig
 from tuner.audit import Baseline, load_baseline
@@ -295,17 +296,7 @@ def judged(tmp_path, monkeypatch, capacity_rps: float, baseline_rps: float | Non
     config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
     config.max_batch_size = 8
 
-    class Server:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def model_config(self, model):
-            return config
-
-    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: FakeLauncher(config))
     monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
     baseline = Baseline("x", {"max_batch_size": 16}, baseline_rps) if baseline_rps else None
     a = audit_module.audit(read_study(write_study(tmp_path)), baseline, progress=False)
@@ -379,17 +370,7 @@ def test_the_warm_ups_failures_are_said_in_the_table_and_the_json(tmp_path, monk
     result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5, warmup=warm)
     config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
 
-    class Server:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def model_config(self, model):
-            return config
-
-    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: Server())
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: FakeLauncher(config))
     monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
     code = main(["audit", str(write_study(tmp_path)), "--at-load-only", "--json", str(tmp_path / "a.json")])
     out = capsys.readouterr().out

@@ -352,24 +352,14 @@ def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeyp
     import tuner.server
     import tuner.trial.step
     import tuner.trial.warmup
-    from tests.support import measurement
+    from tests.support import FakeLauncher, measurement
     from tuner.cli import main
     from tuner.trial import Warmup
 
     config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
 
-    class Server:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def model_config(self, model):
-            return config
-
     warm = Warmup(seconds=3.0, sweep_requests=192, sweep_errors=96, window_errors=4, first_error="400: out of memory")
-    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Server())
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: FakeLauncher(config))
     monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: warm)
     monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
     path = tmp_path / "study.yaml"

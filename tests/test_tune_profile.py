@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.support import FakeLauncher
 from tuner import tune as tune_module
 from tuner.cli import main
 from tuner.settings import read_study
@@ -101,13 +102,6 @@ def test_tune_ranks_with_the_profile_as_written_and_measures_a_stale_one_again(s
     from tuner import search
     from tuner.profiler import ProfileRun
 
-    class Server:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     settings = read_study(study)
     digest = model_digest(settings, base_config(settings))
     measured = []
@@ -124,7 +118,7 @@ def test_tune_ranks_with_the_profile_as_written_and_measures_a_stale_one_again(s
         ranked.append(kw["profile"])
         return real_space(s, **kw)
 
-    monkeypatch.setattr(tuner.server, "make_launcher", lambda *a, **k: Server())
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda *a, **k: FakeLauncher())
     monkeypatch.setattr(tuner.profiler, "measure_profile", fake_measure)
     monkeypatch.setattr(search, "model_space", spy)
 
