@@ -77,6 +77,33 @@ def test_a_busiest_stretch_longer_than_the_recording_is_the_whole_recording_and_
     assert "longer than the recording" not in capsys.readouterr().err
 
 
+def test_a_recording_of_several_models_replays_the_study_models_requests_alone_and_says_so(tmp_path, capsys):
+    # model m: one request every 0.5 s for 20 s, its burst at 15 s; model other: a denser burst at 5 s
+    mine = pd.DataFrame({"timestamp": np.concatenate([np.arange(40) * 0.5, 15 + np.arange(20) * 0.01]),
+                         "seq_len": 8, "model": "m"})
+    theirs = pd.DataFrame({"timestamp": 5 + np.arange(50) * 0.01, "seq_len": 500, "model": "other"})
+    both = pd.concat([mine, theirs]).sort_values("timestamp", kind="stable")
+    both.to_csv(tmp_path / "t.csv", index=False)
+    expected = mine.sort_values("timestamp", kind="stable").reset_index(drop=True)
+    got = study_traffic(_settings(tmp_path / "t.csv"))
+    assert len(got) == len(mine) and set(got["model"]) == {"m"} and got["seq_len"].max() == 8
+    assert "only model m's requests are replayed (the 'model' column); left out: other (50)" in capsys.readouterr().err
+    # the busiest second is found among its requests (the other model's burst is busier)
+    got = study_traffic(_settings(tmp_path / "t.csv", busiest_s=1.0))
+    start, count = busiest_window(expected, 1.0)
+    assert start >= 14.0 and len(got) == count
+    np.testing.assert_array_equal(got["timestamp"], window(expected, start, 1.0)["timestamp"])
+
+
+def test_a_recording_without_the_study_models_requests_is_refused_in_one_line(tmp_path):
+    from tuner.errors import TrafficError
+
+    pd.DataFrame({"timestamp": np.arange(10) * 0.1, "model": "other"}).to_csv(tmp_path / "t.csv", index=False)
+    for window_keys in ({}, {"busiest_s": 1.0}, {"start_s": 0.0, "duration_s": 1.0}):
+        with pytest.raises(TrafficError, match=r"t\.csv: no requests for model m in its 'model' column"):
+            study_traffic(_settings(tmp_path / "t.csv", **window_keys))
+
+
 def test_the_model_files_are_its_version_directories_by_digest_a_large_file_by_its_size_and_ends(tmp_path):
     import dataclasses
 

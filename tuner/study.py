@@ -48,10 +48,27 @@ def study_traffic(settings: StudySettings) -> pd.DataFrame:
 
     The busiest window is found by a scan of the timestamp column, and only the row groups of the
     window are read, so a week of hourly Parquet files replays without being loaded."""
-    t = settings.traffic
-    rec = open_recording(t.path)
+    rec = open_recording(settings.traffic.path).of_model(settings.model)
     for note in rec.notes:
         print(f"traffic: {note}", file=sys.stderr)
+    try:
+        table = _traffic_window(rec, settings.traffic)
+    except TrafficError:
+        if rec.model is None or rec.names_model():
+            raise
+        table = pd.DataFrame()
+    if table.empty:  # a window is refused with its span; no request of the model at all, here
+        raise TrafficError(f"{rec.source}: no requests for model {settings.model} in its 'model' column "
+                           "(the study replays only its model's requests)")
+    if rec.left_out:  # a recording of several models: the others' requests would load this one
+        others = ", ".join(f"{name} ({count:,})" for name, count in sorted(rec.left_out.items(), key=lambda kv: -kv[1]))
+        print(f"traffic: only model {settings.model}'s requests are replayed (the 'model' column); "
+              f"left out: {others}", file=sys.stderr)
+    return table
+
+
+def _traffic_window(rec, t) -> pd.DataFrame:
+    """The requests of the study's traffic window (`traffic.busiest_s`, since/until, start/duration)."""
     if t.busiest_s is not None:
         if t.busiest_s > rec.end - rec.start:
             print(f"traffic: busiest_s {t.busiest_s:g} s is longer than the recording ({rec.end - rec.start:,.1f} s "

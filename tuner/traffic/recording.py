@@ -22,7 +22,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,6 +33,7 @@ from tuner import files
 from tuner.errors import TrafficError
 from tuner.traffic.io import (
     CSV_SUFFIXES,
+    MODEL,
     PARQUET_SUFFIXES,
     TIMESTAMP,
     csv_to_parquet,
@@ -63,12 +64,24 @@ class Part:
 @dataclass
 class Recording:
     """Parquet row groups in time order: `segments` are lists of parts read together (one row
-    group, or several whose time ranges overlap); `notes` say what was combined and how."""
+    group, or several whose time ranges overlap); `notes` say what was combined and how.
+
+    With `model` set (`of_model`), only the requests whose `model` column names it are read, by
+    times() and frames() alike, so a window is found among that model's requests; `left_out` counts
+    the others frames() has read past. `rows`, `start` and `end` stay the whole recording's."""
 
     source: str
     columns: list[str]
     segments: list[list[Part]]
     notes: list[str] = field(default_factory=list)
+    model: str | None = None
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    def of_model(self, name: str) -> Recording:
+        """The same recording, read as `name`'s requests alone (unchanged without a model column)."""
+        if MODEL not in self.columns:
+            return self
+        return replace(self, model=name, left_out={})
 
     @property
     def rows(self) -> int:
@@ -89,11 +102,33 @@ class Recording:
                until: float | None = None) -> Iterator[pd.DataFrame]:
         """The requests in time order, one validated segment at a time; with `since` / `until`,
         only the segments whose time range meets [since, until] are read."""
-        yield from _ahead(lambda seg: _read_segment(seg, columns), self._segments(since, until))
+        if self.model is None:
+            yield from _ahead(lambda seg: _read_segment(seg, columns), self._segments(since, until))
+            return
+        wanted = None if columns is None else list(dict.fromkeys([*columns, MODEL]))
+        for df in _ahead(lambda seg: _read_segment(seg, wanted), self._segments(since, until)):
+            mine = df[MODEL] == self.model
+            if not mine.all():
+                for name, count in df.loc[~mine, MODEL].value_counts(sort=False).items():
+                    self.left_out[str(name)] = self.left_out.get(str(name), 0) + int(count)
+                df = df[mine].reset_index(drop=True)
+            yield df if columns is None or MODEL in columns else df.drop(columns=MODEL)
 
     def times(self, *, since: float | None = None, until: float | None = None) -> Iterator[np.ndarray]:
         """The timestamps alone (float64 seconds, sorted), one segment at a time."""
-        yield from _ahead(_segment_times, self._segments(since, until))
+        if self.model is None:
+            yield from _ahead(_segment_times, self._segments(since, until))
+            return
+        model = self.model
+        for df in _ahead(lambda seg: _read_segment(seg, [TIMESTAMP, MODEL]), self._segments(since, until)):
+            ts = df.loc[df[MODEL] == model, TIMESTAMP].to_numpy(dtype=np.float64)
+            if len(ts):  # a segment of other models' requests alone holds none of these
+                yield ts
+
+    def names_model(self) -> bool:
+        """Whether any request's `model` column names `model` (a read of that column alone)."""
+        return any((df[MODEL] == self.model).any()
+                   for df in _ahead(lambda seg: _read_segment(seg, [TIMESTAMP, MODEL]), self._segments(None, None)))
 
     def _segments(self, since: float | None, until: float | None) -> Iterator[list[Part]]:
         for seg in self.segments:
