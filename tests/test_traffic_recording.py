@@ -85,6 +85,18 @@ def test_a_csv_is_converted_once_into_the_cache_and_left_alone(tmp_path):
     assert (src.read_bytes(), os.stat(src).st_mtime_ns, sorted(os.listdir(src.parent))) == before
 
 
+def test_a_csv_replaced_by_one_of_the_same_size_and_modification_time_is_converted_again(tmp_path):
+    # what `cp -p`, `rsync -a` or `tar x` do: other content, the same size and mtime
+    src = tmp_path / "t.csv"
+    _table(0, 100).assign(seq_len=128).to_csv(src, index=False)
+    st = os.stat(src)
+    assert read_all(open_recording(src))["seq_len"].max() == 128
+    src.write_text(src.read_text().replace(",128", ",999", 1))
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(src).st_size == st.st_size and os.stat(src).st_mtime_ns == st.st_mtime_ns
+    assert read_all(open_recording(src))["seq_len"].max() == 999
+
+
 def test_a_csv_is_streamed_and_a_bad_line_in_a_later_chunk_named(tmp_path, monkeypatch):
     monkeypatch.setattr(rec_mod, "CSV_ROWS", 100)
     df = _table(0, 1000)

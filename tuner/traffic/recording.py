@@ -9,8 +9,8 @@ come out in time order, one segment in memory at a time, and a window reads only
 whose range meets it (the filter pushed down to the footers' statistics).
 
 A CSV is converted once, streamed a million rows at a time, to Parquet in the tuner's cache
-($TUNER_TRAFFIC_CACHE, else ~/.cache/tuner/traffic), keyed by its path, size and modification time:
-the user's files are only ever read.
+($TUNER_TRAFFIC_CACHE, else ~/.cache/tuner/traffic), keyed by its path, size, modification and change
+times and inode: the user's files are only ever read.
 """
 
 from __future__ import annotations
@@ -376,7 +376,10 @@ def _as_parquet(path: Path, *, progress: bool) -> Path:
                            "(expected .csv or .parquet)")
     with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
         st = os.fstat(fh.fileno())
-    key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:20]
+    # the change time and inode too: a file replaced by one of the same size and modification time
+    # (`cp -p`, `rsync -a`, `tar x`) has a new one, which no tool can set back
+    stamp = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
+    key = hashlib.sha256(stamp.encode()).hexdigest()[:20]
     target = cache_dir() / f"{path.stem[:80]}-{key}.parquet"
     if target.exists():
         return target
