@@ -39,6 +39,11 @@ def test_an_empty_directory_is_one_line(tmp_path, capsys):
     _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path / "*.parquet")], "no .parquet, .pq or .csv files match")
 
 
+def test_a_path_that_is_not_there_is_said_so_whatever_its_suffix(tmp_path, capsys):
+    for name in ("missingdir", "gone.csv", "gone.parquet"):
+        _one_line_exit_2(capsys, ["traffic", "stats", str(tmp_path / name)], f"{tmp_path / name}: no such file")
+
+
 def test_a_corrupt_file_in_a_directory_is_named(tmp_path, capsys):
     _table(0, 100).to_parquet(tmp_path / "a.parquet", index=False)
     _table(50, 100).to_parquet(tmp_path / "b.parquet", index=False)

@@ -372,6 +372,8 @@ def _as_parquet(path: Path, *, progress: bool) -> Path:
     if suffix in PARQUET_SUFFIXES:
         return path
     if suffix not in CSV_SUFFIXES:
+        with files.open_input(path, what="a traffic file", error=TrafficError):
+            pass  # a path that is not there is said so before its suffix is judged
         raise TrafficError(f"{path}: unknown traffic file type {suffix or '(no suffix)'!r} "
                            "(expected .csv or .parquet)")
     with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
