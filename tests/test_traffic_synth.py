@@ -167,3 +167,24 @@ def test_synth_refuses_a_spike_after_the_end_in_one_line(tmp_path, capsys):
     assert err == ["tuner: error: flash crowd needs its spike within the traffic, 0 <= spike_at_s < duration_s, "
                    "got spike_at_s=100.0, duration_s=10.0"], err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("column", ["timestamp", "model", "prefix_id"])
+def test_a_size_for_a_column_that_is_not_a_size_is_refused(column, tmp_path, capsys):
+    # its values would replace the drawn arrival times, or name models
+    with pytest.raises(TrafficError, match=f"size '{column}': not a size column"):
+        synth_poisson(10.0, 10.0, sizes={column: "constant:3"})
+    out = tmp_path / "y.csv"
+    assert main(["traffic", "synth", "poisson", "--rate", "10", "--duration", "10",
+                 "--size", f"{column}=constant:3", "-o", str(out)]) == 2
+    assert f"size '{column}': not a size column" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_option_of_another_kind_of_traffic_is_refused_and_one_left_out_takes_its_default(tmp_path, capsys):
+    out = tmp_path / "p.csv"
+    argv = ["traffic", "synth", "poisson", "--rate", "5", "--duration", "2", "-o", str(out)]
+    assert main([*argv, "--period", "5"]) == 2
+    assert "--period is an option of diurnal traffic, not of poisson" in capsys.readouterr().err and not out.exists()
+    # a diurnal day's default (1d) when --period is left out, as synth_diurnal's own default
+    assert main(["traffic", "synth", "diurnal", "--rate", "5", "--duration", "1h", "-o", str(out)]) == 0
+    pd.testing.assert_frame_equal(pd.read_csv(out), synth_diurnal(5.0, 3600.0, period_s=86400.0), check_exact=False)

@@ -24,17 +24,22 @@ class SynthParam(NamedTuple):
 
     def declare(self, parser: argparse.ArgumentParser) -> None:
         """Add the option to `parser`."""
+        # no argparse default: an option given to another kind is told from one left out (`given`)
         if self.duration:
-            parser.add_argument(self.flag, default=self.default, metavar="D", help=self.help)
+            parser.add_argument(self.flag, metavar="D", help=self.help)
         else:
-            parser.add_argument(self.flag, type=finite_float, default=self.default, help=self.help)
+            parser.add_argument(self.flag, type=finite_float, help=self.help)
+
+    def given(self, args: argparse.Namespace) -> bool:
+        """Whether the command line holds the option."""
+        return getattr(args, self.flag.removeprefix("--").replace("-", "_")) is not None
 
     def value(self, args: argparse.Namespace) -> tuple[str, float | None]:
-        """The synth_* keyword and its value from the parsed arguments."""
+        """The synth_* keyword and its value from the parsed arguments (its default where not given)."""
         from tuner import traffic
 
         name = self.flag.removeprefix("--").replace("-", "_")
-        given = getattr(args, name)
+        given = self.default if getattr(args, name) is None else getattr(args, name)
         if not self.duration:
             return name, given
         return f"{name}_s", None if given is None else traffic.parse_duration(given, self.flag)
@@ -316,6 +321,9 @@ def _synth(args: argparse.Namespace) -> int:
     from tuner.traffic.synth import check_seed
 
     check_seed(args.seed, "--seed")
+    for param in SYNTH_PARAMS:
+        if param.kind != args.kind and param.given(args):
+            raise TrafficError(f"{param.flag} is an option of {param.kind} traffic, not of {args.kind}")
     _check_output(args)
     sizes = {}
     for item in args.size:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.traffic.io import BATCH_SIZE, TIMESTAMP
+from tuner.traffic.io import BATCH_SIZE, RESERVED, TIMESTAMP
 
 SIZE_KINDS = ("constant", "zipf", "lognormal")
 # The most rows one table may have: about 40 bytes a row at the peak of making it (4 GB here), so a
@@ -182,6 +182,10 @@ def _draw(what: str, arrivals: Callable[[np.random.Generator], np.ndarray], *, s
           sizes: Sizes) -> pd.DataFrame:
     """The table of `arrivals(rng)` and its sizes, from one generator seeded with `seed`."""
     check_seed(seed)
+    for col in sizes or {}:
+        if col in RESERVED and col != BATCH_SIZE:  # its values would replace the arrivals or name models
+            raise TrafficError(f"size {col!r}: not a size column (sizes are drawn for {BATCH_SIZE}, shape columns "
+                               "such as seq_len, and token counts)")
     rng = np.random.default_rng(seed)  # arrivals draw first, then sizes: the order fixes the result
     return _table(_nonempty(arrivals(rng), what), rng, sizes)
 
