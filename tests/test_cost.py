@@ -58,3 +58,19 @@ def test_a_price_of_the_users_own_says_so():
     # a GPU named beside the price is the user's label for it, kept
     named = price_for(CostSettings(gpu="A100-40GB", price_per_hour=2.5))
     assert named.gpu == "a100-40gb" and named.source == "price_per_hour in the study"
+
+
+def test_gpus_per_server_beside_a_price_of_the_users_own_is_refused_in_one_line():
+    # the price could be one GPU's (to multiply) or the whole server's: it was silently taken as the server's
+    with pytest.raises(SettingsError, match="with cost.price_per_hour give the whole server's price"):
+        price_for(CostSettings(price_per_hour=3.4, gpus_per_server=2))
+    assert price_for(CostSettings(price_per_hour=3.4, gpus_per_server=1)).price_per_hour == 3.4
+
+
+def test_the_price_is_described_with_what_it_is_the_price_of():
+    assert price_for(CostSettings()).describe().startswith(
+        f"{price_table()['cpu']['default']['price_per_hour']:g} $/h (cost.gpu cpu, the default: ")
+    per_gpu = price_table()["gpus"]["h100"]["gcp"]["price_per_hour"]
+    two = price_for(CostSettings(gpu="h100", cloud="gcp", gpus_per_server=2)).describe()
+    assert two.startswith(f"{2 * per_gpu:g} $/h (cost.gpu h100 on gcp, 2 x {per_gpu:g} $/h: ")
+    assert price_for(CostSettings(price_per_hour=2.5)).describe() == "2.5 $/h (cost.price_per_hour: one server)"

@@ -1,10 +1,11 @@
 """What one server costs per hour: a shipped price table (tuner/data/prices.yaml), overridable.
 
 `price_for(cost_settings)` resolves the study's `cost` section to a `Price`: an explicit
-`price_per_hour` wins (the user's own figure: no instance, source and date of the table's; `gpu` is
-the GPU the study names beside it, or None); otherwise the table's figure for `gpu` on `cloud`
-(default: the cheapest cloud listed) times `gpus_per_server`. `gpu: cpu` is the embedded default's
-CPU instance.
+`price_per_hour` wins (the user's own figure for one server: no instance, source and date of the
+table's; `gpu` is the GPU the study names beside it, or None; `gpus_per_server` beside it is refused,
+as it could be meant either way); otherwise the table's figure for one `gpu` on `cloud` (default: the
+cheapest cloud listed) times `gpus_per_server`. `gpu: cpu`, the default, is the embedded default's CPU
+instance.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class Price:
     read: str
     estimate: bool
 
+    def describe(self) -> str:
+        """One line for a person: the price and what it is the price of."""
+        if self.source == OWN_PRICE_SOURCE:
+            return f"{self.price_per_hour:g} $/h (cost.price_per_hour: one server)"
+        n = self.gpus_per_server
+        what = "cost.gpu cpu, the default" if self.gpu == "cpu" else f"cost.gpu {self.gpu} on {self.cloud}"
+        each = "" if n == 1 else f", {n} x {self.price_per_hour / n:g} $/h"
+        return f"{self.price_per_hour:g} $/h ({what}{each}: {self.instance}; price table read {self.read}, {self.source})"
+
     def as_dict(self) -> dict:
         """The fields as a plain dict (summary.json's `price` block)."""
         return dict(self.__dict__)
@@ -56,6 +66,9 @@ def price_for(cost: CostSettings) -> Price:
     """One server's price under the study's `cost` section (see the module doc for the rules)."""
     n = cost.gpus_per_server
     if cost.price_per_hour is not None:
+        if n != 1:  # which one it is, a GPU's or the server's, cannot be told: say it rather than guess
+            raise SettingsError("cost.gpus_per_server multiplies the price table's price of one GPU; with "
+                                "cost.price_per_hour give the whole server's price and leave gpus_per_server out")
         # `gpu` defaults to "cpu": beside a price of the user's own it names nothing the user said
         gpu = None if cost.gpu.lower() == "cpu" else cost.gpu.lower()
         return Price(price_per_hour=cost.price_per_hour, gpu=gpu, cloud=cost.cloud, gpus_per_server=n, instance="custom", source=OWN_PRICE_SOURCE, read="", estimate=False)

@@ -308,7 +308,7 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
         ("search", _describe_search(s.search, profile=_profile_plan(p))),
         ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
         *_step_rows(p),
-        ("cost", f"{price.price_per_hour:g} $/h ({price.as_dict().get('source', '')}); scoring: {s.scoring}, "
+        ("cost", f"{price.describe()}; scoring: {s.scoring}, "
                  + ("output tokens" if p.engine is not None else "requests") + " per dollar"),
         ("server", server + (f" ({workers} workers, a server each)" if workers > 1 else "")),
         ("storage", search.safe_url(p.storage)),
