@@ -136,3 +136,14 @@ def test_the_model_files_are_its_version_directories_by_digest_a_large_file_by_i
     assert model_files(settings)["1/model.py"] != files["1/model.py"]
     remote = dataclasses.replace(settings, server=ServerSettings(launcher="remote", url="http://127.0.0.1:8000"))
     assert model_files(remote) == {}  # a remote server loads its own files
+
+
+def test_a_recording_of_the_study_models_requests_alone_is_read_as_it_was(tmp_path, monkeypatch, capsys):
+    from tuner.traffic import recording
+
+    pd.DataFrame({"timestamp": np.arange(50) * 0.1, "seq_len": 8, "model": "m"}).to_csv(tmp_path / "t.csv", index=False)
+    rec = recording.open_recording(tmp_path / "t.csv")
+    assert rec.of_model("m") is rec and rec.of_model("other").model == "other"  # the footers tell
+    got = study_traffic(_settings(tmp_path / "t.csv", busiest_s=1.0))
+    assert len(got) == busiest_window(read_traffic(tmp_path / "t.csv"), 1.0)[1]
+    assert "left out" not in capsys.readouterr().err
