@@ -521,3 +521,19 @@ def test_a_mapping_to_a_column_nothing_reads_names_it_and_the_columns_there_are(
     # a model input's dim is a column of ours
     df = import_csv(src, {"timestamp": "ts", "INPUT_IDS:0": "tokens"})
     assert df["INPUT_IDS:0"].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("source,target", [(".csv", ".csv"), (".csv", ".parquet"), (".parquet", ".csv")])
+def test_columns_already_named_as_ours_are_kept(source, target, tmp_path, capsys):
+    """seq_len and <INPUT>:<k> shape columns the file already has are kept unmapped, like batch_size:
+    read whole and streamed to Parquet a chunk at a time."""
+    table = pd.DataFrame({"ts": [1.0, 2.0], "seq_len": [100, 200], "INPUT_IDS:1": [100, 200], "batch_size": [2, 4],
+                          "other": ["x", "y"]})
+    src = tmp_path / f"own{source}"
+    table.to_csv(src, index=False) if source == ".csv" else table.to_parquet(src)
+    out = tmp_path / f"own_imp{target}"
+    assert main(["traffic", "import", "csv", str(src), "--map", "timestamp=ts", "-o", str(out)]) == 0
+    got = read_traffic(out)
+    assert list(got.columns) == ["timestamp", "batch_size", "seq_len", "INPUT_IDS:1"]
+    assert got["seq_len"].tolist() == [100, 200] and got["INPUT_IDS:1"].tolist() == [100, 200]
+    assert got["batch_size"].tolist() == [2, 4]

@@ -51,8 +51,8 @@ def import_csv(
 ) -> pd.DataFrame:
     """Any CSV or Parquet table: `mapping` names, for each column of ours, the file's column.
 
-    Only mapped columns (and unmapped ones already named timestamp, batch_size, model, prompt_tokens,
-    output_tokens or prefix_id) are kept: e.g. `{"prompt_tokens": "input_len", "output_tokens":
+    Only mapped columns (and unmapped ones already named as ours: timestamp, batch_size, model, seq_len,
+    prompt_tokens, output_tokens, prefix_id or an `<INPUT>:<k>` shape column) are kept: e.g. `{"prompt_tokens": "input_len", "output_tokens":
     "output_len"}` makes a generative table.
     Numeric times are multiplied by `time_unit` (s, ms, us, ns); text times are read as ISO-8601.
     """
@@ -85,11 +85,16 @@ MAPPABLE = (TIMESTAMP, BATCH_SIZE, MODEL, "seq_len", PROMPT_TOKENS, OUTPUT_TOKEN
 _INPUT_DIM = re.compile(r".+:[0-9]+")
 
 
+def _is_ours(column: object) -> bool:
+    """Whether a column name is one of the traffic table's (MAPPABLE, or an `<INPUT>:<k>` shape column)."""
+    return isinstance(column, str) and (column in MAPPABLE or _INPUT_DIM.fullmatch(column) is not None)
+
+
 def _check_mapping(mapping: Mapping[str, str], path) -> None:
     """Refuse a column of ours that nothing reads (a typo would otherwise be dropped, or be taken for
     the missing timestamp)."""
     for ours, theirs in mapping.items():
-        if ours not in MAPPABLE and not _INPUT_DIM.fullmatch(ours):
+        if not _is_ours(ours):
             raise TrafficError(f"{path}: cannot map {theirs!r} to {ours!r}: not a column of the traffic table "
                                f"(expected {', '.join(MAPPABLE)}, or <INPUT>:<k> for dim k of a model input)")
 
@@ -107,8 +112,10 @@ def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_
             raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} "
                                f"(columns found: {column_names(raw)})")
     keep = {ours: raw[theirs] for ours, theirs in mapping.items()}
-    for col in (BATCH_SIZE, MODEL, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID):
-        if col not in keep and col in raw.columns:
+    # a column the file already names as ours is kept as it is (a shape column too: dropping it would
+    # make the replay send default shapes)
+    for col in raw.columns:
+        if col not in keep and _is_ours(col):
             keep[col] = raw[col]
     table = pd.DataFrame(keep)
     scale = TIME_UNITS[time_unit]
