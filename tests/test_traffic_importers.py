@@ -537,3 +537,17 @@ def test_columns_already_named_as_ours_are_kept(source, target, tmp_path, capsys
     assert list(got.columns) == ["timestamp", "batch_size", "seq_len", "INPUT_IDS:1"]
     assert got["seq_len"].tolist() == [100, 200] and got["INPUT_IDS:1"].tolist() == [100, 200]
     assert got["batch_size"].tolist() == [2, 4]
+
+
+@pytest.mark.parametrize("target", [".csv", ".parquet"])  # read whole, and streamed a chunk at a time
+def test_the_first_bad_row_is_named_whatever_its_reason(target, tmp_path, capsys):
+    src = tmp_path / "az.csv"
+    src.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:17:04,3180,8\n2023-11-16 18:17:05,10,9\n"
+                   "2023-11-16 18:17:06,10,0\n2023-11-16 18:17:07,10,\n")  # line 4: 0, line 5: empty
+    out = tmp_path / f"out{target}"
+    assert main(["traffic", "import", "azure", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tuner: error: {src}: line 4, column 'output_tokens': must be a positive integer, got 0 "
+                   "(every generative request needs its output tokens, at least 1)\n")
+    assert not out.exists()
