@@ -113,9 +113,11 @@ def _stats_command(sub: argparse._SubParsersAction) -> None:
 def _import_command(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "import", run=_import, help="turn other records into a traffic profile",
-        description="Import a Triton trace file (level=TIMESTAMPS), the Azure LLM trace "
-        "CSV, or any CSV/Parquet table with a column mapping. --map and --time-unit are csv's options, "
-        "--include-children triton's: given to another kind, they are refused.",
+        description="Import a Triton trace file (level=TIMESTAMPS; with level=TENSORS too, each request's "
+        "batch_size and <INPUT>:<k> shape columns come from its traced input tensors, else batch_size 1 is "
+        "assumed and said), the Azure LLM trace CSV, or any CSV/Parquet table with a column mapping. "
+        "--map and --time-unit are csv's options, --include-children triton's: given to another kind, "
+        "they are refused.",
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
     add_input(p, "input", each=True, help="the file to import")
@@ -274,7 +276,10 @@ def _import(args: argparse.Namespace) -> int:
     mapping = _mapping(args.map)
     _check_output(args)
     if args.kind == "triton":
-        df = traffic.import_triton_trace(args.input, include_children=args.include_children)
+        notes: list[str] = []
+        df = traffic.import_triton_trace(args.input, include_children=args.include_children, notes=notes)
+        for note in notes:  # what the trace did not hold (batch sizes, shapes), said before the file is written
+            print(f"note: {note}")
     elif args.kind == "azure":
         if _streams(args):
             from tuner.traffic.importers import AZURE_MAPPING
