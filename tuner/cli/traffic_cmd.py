@@ -128,7 +128,8 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="OURS=THEIRS",
         help="csv: our column (timestamp, batch_size, model, seq_len, prompt_tokens, output_tokens, prefix_id, "
-        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens",
+        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens; "
+        "the file's columns already named so are kept as they are",
     )
     p.add_argument(
         "--time-unit",
