@@ -369,3 +369,23 @@ def test_scale_refuses_a_speed_that_stretches_past_a_timestamp_in_one_line(profi
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("tuner: error: speed 1e-300: the traffic's 39 s would last 3.9e+301 s")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("kind,option,suffix", [
+    ("azure", ["--map", "seq_len=GeneratedTokens"], ".csv"),
+    ("azure", ["--time-unit", "ms"], ".csv"),
+    ("azure", ["--time-unit", "ms"], ".parquet"),  # streamed, a chunk at a time
+    ("azure", ["--include-children"], ".csv"),
+    ("triton", ["--map", "timestamp=ts"], ".csv"),
+    ("triton", ["--time-unit", "s"], ".csv"),
+    ("csv", ["--include-children"], ".parquet"),
+])
+def test_import_refuses_an_option_of_another_kind_in_one_line(kind, option, suffix, tmp_path, capsys):
+    src = tmp_path / "az2.csv"
+    src.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,timestamp\n1,10,5,1\n2,20,6,2\n")
+    out = tmp_path / f"out{suffix}"
+    assert main(["traffic", "import", kind, str(src), "-o", str(out), *option]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tuner: error: {option[0]} ") and err.count("\n") == 1, err
+    assert f"not to 'traffic import {kind}'" in err
+    assert not out.exists()

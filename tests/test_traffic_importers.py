@@ -521,3 +521,117 @@ def test_a_mapping_to_a_column_nothing_reads_names_it_and_the_columns_there_are(
     # a model input's dim is a column of ours
     df = import_csv(src, {"timestamp": "ts", "INPUT_IDS:0": "tokens"})
     assert df["INPUT_IDS:0"].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("source,target", [(".csv", ".csv"), (".csv", ".parquet"), (".parquet", ".csv")])
+def test_columns_already_named_as_ours_are_kept(source, target, tmp_path, capsys):
+    """seq_len and <INPUT>:<k> shape columns the file already has are kept unmapped, like batch_size:
+    read whole and streamed to Parquet a chunk at a time."""
+    table = pd.DataFrame({"ts": [1.0, 2.0], "seq_len": [100, 200], "INPUT_IDS:1": [100, 200], "batch_size": [2, 4],
+                          "other": ["x", "y"]})
+    src = tmp_path / f"own{source}"
+    table.to_csv(src, index=False) if source == ".csv" else table.to_parquet(src)
+    out = tmp_path / f"own_imp{target}"
+    assert main(["traffic", "import", "csv", str(src), "--map", "timestamp=ts", "-o", str(out)]) == 0
+    got = read_traffic(out)
+    assert list(got.columns) == ["timestamp", "batch_size", "seq_len", "INPUT_IDS:1"]
+    assert got["seq_len"].tolist() == [100, 200] and got["INPUT_IDS:1"].tolist() == [100, 200]
+    assert got["batch_size"].tolist() == [2, 4]
+
+
+@pytest.mark.parametrize("target", [".csv", ".parquet"])  # read whole, and streamed a chunk at a time
+def test_the_first_bad_row_is_named_whatever_its_reason(target, tmp_path, capsys):
+    src = tmp_path / "az.csv"
+    src.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:17:04,3180,8\n2023-11-16 18:17:05,10,9\n"
+                   "2023-11-16 18:17:06,10,0\n2023-11-16 18:17:07,10,\n")  # line 4: 0, line 5: empty
+    out = tmp_path / f"out{target}"
+    assert main(["traffic", "import", "azure", str(src), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tuner: error: {src}: line 4, column 'output_tokens': must be a positive integer, got 0 "
+                   "(every generative request needs its output tokens, at least 1)\n")
+    assert not out.exists()
+
+
+def _tensor(trace_id, name, shape, activity="TENSOR_QUEUE_INPUT") -> dict:
+    return {"id": trace_id, "activity": activity, "tensor": {"name": name, "data": "1,2", "shape": shape, "dtype": "INT32"}}
+
+
+def _traced(trace_id, model, ns, *tensors) -> list[dict]:
+    """One request as Triton writes it at level=TIMESTAMPS and level=TENSORS: its head, its timestamps
+    and its input tensors as the dynamic batcher enqueued it (then the backend's batch, not its own)."""
+    return [{"id": trace_id, "model_name": model, "model_version": 1},
+            {"id": trace_id, "timestamps": [{"name": "HTTP_RECV_START", "ns": ns}, {"name": "QUEUE_START", "ns": ns + 5}]},
+            *tensors, _tensor(trace_id, "INPUT_IDS", "16,128", activity="TENSOR_BACKEND_INPUT")]
+
+
+def test_a_trace_with_its_input_tensors_gives_batch_sizes_and_shapes(tmp_path, capsys):
+    entries = (_traced(1, "bert", 1_000_000_000, _tensor(1, "INPUT_IDS", "8,64"), _tensor(1, "ATTENTION_MASK", "8,64"))
+               + _traced(2, "bert", 2_000_000_000, _tensor(2, "INPUT_IDS", "2,128"), _tensor(2, "ATTENTION_MASK", "2,128")))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(entries))
+    out = tmp_path / "t.csv"
+    assert main(["traffic", "import", "triton", str(path), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}: 2 requests\n"  # nothing left out, nothing to note
+    df = read_traffic(out)
+    assert list(df.columns) == ["timestamp", "batch_size", "INPUT_IDS:0", "ATTENTION_MASK:0", "model"]
+    assert df["batch_size"].tolist() == [8, 2]
+    assert df["INPUT_IDS:0"].tolist() == [64, 128] and df["ATTENTION_MASK:0"].tolist() == [64, 128]
+
+
+def test_a_trace_without_input_tensors_says_so_in_one_line(tmp_path, capsys):
+    out = tmp_path / "t.csv"
+    assert main(["traffic", "import", "triton", str(FIXTURE), "-o", str(out)]) == 0
+    assert capsys.readouterr().out == (
+        f"note: {FIXTURE}: batch sizes and shapes were not in the trace (no TENSOR_QUEUE_INPUT entries for its "
+        "requests: traced without --trace-config level=TENSORS, or models without a dynamic batcher); "
+        "batch_size 1 assumed\n"
+        f"wrote {out}: 18 requests\n")
+    assert read_traffic(out)["batch_size"].tolist() == [1] * 18
+
+
+def test_requests_without_some_input_tensors_are_noted(tmp_path):
+    # a model without a dynamic batcher has no traced inputs; another model has other inputs
+    entries = (_traced(1, "bert", 1_000_000_000, _tensor(1, "INPUT_IDS", "4,64"))
+               + _traced(2, "resnet", 2_000_000_000, _tensor(2, "IMAGE", "2,3,224,224"))
+               + _traced(3, "plain", 3_000_000_000))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(entries))
+    notes = []
+    df = import_triton_trace(path, notes=notes)
+    assert list(df.columns) == ["timestamp", "batch_size", "model"]
+    assert df["batch_size"].tolist() == [4, 2, 1]
+    assert notes == [
+        f"{path}: 1 of 3 requests (model plain) have no traced input tensors (no TENSOR_QUEUE_INPUT entries: a model "
+        "without a dynamic batcher?); batch_size 1 assumed for them",
+        f"{path}: shape columns INPUT_IDS:0, IMAGE:0, IMAGE:1, IMAGE:2 left out: not every request has the input "
+        "(a traffic table has one set of shape columns)",
+    ]
+
+
+@pytest.mark.parametrize("tensor,expected", [
+    ({"id": 1, "activity": "TENSOR_QUEUE_INPUT", "tensor": "x"},
+     "entry 3: TENSOR_QUEUE_INPUT 'tensor' must be an object with the input's 'name', got 'x'"),
+    (_tensor(1, "INPUT_IDS", ""), "entry 3: TENSOR_QUEUE_INPUT INPUT_IDS 'shape' must be the tensor's dims, positive "
+                                  "integers (e.g. '8,64'), got ''"),
+    (_tensor(1, "INPUT_IDS", "8,x"), "got '8,x'"),
+    (_tensor(1, "INPUT_IDS", "8,0"), "got '8,0'"),
+    (_tensor(1, "INPUT_IDS", "8,\u00b2"), "got '8,\u00b2'"),  # a digit to str.isdigit, not to int()
+    (_tensor(1, "INPUT_IDS", "8," + "9" * 30), "got '8,99999999999"),  # past 64 bits
+    (_tensor(1, "INPUT_IDS", [8, 64]), "got [8, 64]"),
+    (_tensor("1", "INPUT_IDS", "8,64"), "entry 3: 'id' must be an integer, got '1'"),
+])
+def test_a_bad_traced_tensor_is_named_in_one_line(tensor, expected, tmp_path, capsys):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_traced(1, "bert", 1_000, tensor)))
+    assert main(["traffic", "import", "triton", str(path), "-o", str(tmp_path / "out.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tuner: error: {path}: ") and err.count("\n") == 1 and expected in err, err
+
+
+def test_a_request_whose_inputs_disagree_on_the_batch_is_refused(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_traced(7, "bert", 1_000, _tensor(7, "INPUT_IDS", "8,64"), _tensor(7, "MASK", "4,64"))))
+    with pytest.raises(TrafficError, match=r"request id 7: its input tensors' first dims differ "
+                                           r"\(INPUT_IDS 8, MASK 4\), not one batch size$"):
+        import_triton_trace(path)

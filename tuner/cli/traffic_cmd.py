@@ -118,8 +118,11 @@ def _stats_command(sub: argparse._SubParsersAction) -> None:
 def _import_command(sub: argparse._SubParsersAction) -> None:
     p = add_command(
         sub, "import", run=_import, help="turn other records into a traffic profile",
-        description="Import a Triton trace file (level=TIMESTAMPS), the Azure LLM trace "
-        "CSV, or any CSV/Parquet table with a column mapping.",
+        description="Import a Triton trace file (level=TIMESTAMPS; with level=TENSORS too, each request's "
+        "batch_size and <INPUT>:<k> shape columns come from its traced input tensors, else batch_size 1 is "
+        "assumed and said), the Azure LLM trace CSV, or any CSV/Parquet table with a column mapping. "
+        "--map and --time-unit are csv's options, --include-children triton's: given to another kind, "
+        "they are refused.",
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
     add_input(p, "input", each=True, help="the file to import")
@@ -130,11 +133,12 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="OURS=THEIRS",
         help="csv: our column (timestamp, batch_size, model, seq_len, prompt_tokens, output_tokens, prefix_id, "
-        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens",
+        "or INPUT:K for dim K of a model input) from the file's, e.g. --map timestamp=ts --map seq_len=tokens; "
+        "the file's columns already named so are kept as they are",
     )
     p.add_argument(
         "--time-unit",
-        default="s",
+        default=None,  # None: not given (refused for another kind), read as s
         help="csv: unit of numeric times: s, ms, us or ns (default s)",
     )
     add_flag(p, "--include-children", "triton: keep requests sent by ensembles / BLS models too")
@@ -274,10 +278,14 @@ def _stats(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from tuner import traffic
 
-    mapping = _mapping(args.map) if args.kind == "csv" else {}  # the arguments first, then the files
+    _refuse_other_kinds(args)  # the arguments first, then the files
+    mapping = _mapping(args.map)
     _check_output(args)
     if args.kind == "triton":
-        df = traffic.import_triton_trace(args.input, include_children=args.include_children)
+        notes: list[str] = []
+        df = traffic.import_triton_trace(args.input, include_children=args.include_children, notes=notes)
+        for note in notes:  # what the trace did not hold (batch sizes, shapes), said before the file is written
+            print(f"note: {note}")
     elif args.kind == "azure":
         if _streams(args):
             from tuner.traffic.importers import AZURE_MAPPING
@@ -287,8 +295,19 @@ def _import(args: argparse.Namespace) -> int:
     else:
         if _streams(args):
             return _import_streamed(args, mapping)
-        df = traffic.import_csv(args.input, mapping, time_unit=args.time_unit)
+        df = traffic.import_csv(args.input, mapping, time_unit=args.time_unit or "s")
     return _write(df, args)
+
+
+# The options of one kind of import: given to another kind, one would be silently ignored.
+KIND_OPTIONS = {"--map": "csv", "--time-unit": "csv", "--include-children": "triton"}
+
+
+def _refuse_other_kinds(args: argparse.Namespace) -> None:
+    for flag, kind in KIND_OPTIONS.items():
+        given = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        if kind != args.kind and given not in (None, False, []):
+            raise TrafficError(f"{flag} applies to 'traffic import {kind}' only, not to 'traffic import {args.kind}'")
 
 
 def _mapping(items: list[str]) -> dict[str, str]:
@@ -311,7 +330,7 @@ def _import_streamed(args: argparse.Namespace, mapping: dict[str, str]) -> int:
     from tuner.traffic.importers import import_csv_to_parquet
 
     out, src = Path(args.output), Path(args.input)
-    rows = import_csv_to_parquet(src, out, mapping=mapping, time_unit=args.time_unit)
+    rows = import_csv_to_parquet(src, out, mapping=mapping, time_unit=args.time_unit or "s")
     print(f"wrote {out}: {rows:,} requests")
     return 0
 

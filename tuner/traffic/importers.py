@@ -36,6 +36,9 @@ TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
 # request start (gRPC's GRPC_WAITREAD_START includes idle waiting for the message, so it is not used)
 TRITON_ARRIVAL = ("HTTP_RECV_START", "REQUEST_START")
+# A request's own input tensors, traced at level=TENSORS as the dynamic batcher enqueues it (its shape
+# then has the batch dim first; TENSOR_BACKEND_INPUT is the batch the backend got, not the request)
+TRITON_INPUT = "TENSOR_QUEUE_INPUT"
 
 
 def import_azure(path: str | os.PathLike) -> pd.DataFrame:
@@ -51,8 +54,8 @@ def import_csv(
 ) -> pd.DataFrame:
     """Any CSV or Parquet table: `mapping` names, for each column of ours, the file's column.
 
-    Only mapped columns (and unmapped ones already named timestamp, batch_size, model, prompt_tokens,
-    output_tokens or prefix_id) are kept: e.g. `{"prompt_tokens": "input_len", "output_tokens":
+    Only mapped columns (and unmapped ones already named as ours: timestamp, batch_size, model, seq_len,
+    prompt_tokens, output_tokens, prefix_id or an `<INPUT>:<k>` shape column) are kept: e.g. `{"prompt_tokens": "input_len", "output_tokens":
     "output_len"}` makes a generative table.
     Numeric times are multiplied by `time_unit` (s, ms, us, ns); text times are read as ISO-8601.
     """
@@ -83,13 +86,20 @@ def _check_unit(time_unit: str) -> None:
 # `seq_len`, or `<INPUT>:<k>` for dim k of a model input: tuner/replay/_plan.py)
 MAPPABLE = (TIMESTAMP, BATCH_SIZE, MODEL, "seq_len", PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
 _INPUT_DIM = re.compile(r".+:[0-9]+")
+# a traced tensor's dim: at most 15 digits, so it is exact as the float the table is built with
+_DIM = re.compile(r" *[0-9]{1,15} *")
+
+
+def _is_ours(column: object) -> bool:
+    """Whether a column name is one of the traffic table's (MAPPABLE, or an `<INPUT>:<k>` shape column)."""
+    return isinstance(column, str) and (column in MAPPABLE or _INPUT_DIM.fullmatch(column) is not None)
 
 
 def _check_mapping(mapping: Mapping[str, str], path) -> None:
     """Refuse a column of ours that nothing reads (a typo would otherwise be dropped, or be taken for
     the missing timestamp)."""
     for ours, theirs in mapping.items():
-        if ours not in MAPPABLE and not _INPUT_DIM.fullmatch(ours):
+        if not _is_ours(ours):
             raise TrafficError(f"{path}: cannot map {theirs!r} to {ours!r}: not a column of the traffic table "
                                f"(expected {', '.join(MAPPABLE)}, or <INPUT>:<k> for dim k of a model input)")
 
@@ -107,8 +117,10 @@ def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_
             raise TrafficError(f"{path}: no column {theirs!r} to map to {ours!r} "
                                f"(columns found: {column_names(raw)})")
     keep = {ours: raw[theirs] for ours, theirs in mapping.items()}
-    for col in (BATCH_SIZE, MODEL, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID):
-        if col not in keep and col in raw.columns:
+    # a column the file already names as ours is kept as it is (a shape column too: dropping it would
+    # make the replay send default shapes)
+    for col in raw.columns:
+        if col not in keep and _is_ours(col):
             keep[col] = raw[col]
     table = pd.DataFrame(keep)
     scale = TIME_UNITS[time_unit]
@@ -117,11 +129,19 @@ def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_
     return table
 
 
-def import_triton_trace(path: str | os.PathLike, include_children: bool = False) -> pd.DataFrame:
-    """A Triton trace file (`--trace-config triton,file=F --trace-config level=TIMESTAMPS`).
+def import_triton_trace(path: str | os.PathLike, include_children: bool = False, *,
+                        notes: list[str] | None = None) -> pd.DataFrame:
+    """A Triton trace file (`--trace-config triton,file=F --trace-config level=TIMESTAMPS`, and
+    `--trace-config level=TENSORS` for the sizes).
 
     One row per traced request, at its arrival (HTTP_RECV_START, else REQUEST_START), with its
-    `model`. Times are Triton's steady clock in seconds (not wall-clock). Requests that a parent
+    `model`. With level=TENSORS, each request's input tensors as the dynamic batcher enqueued it
+    (TENSOR_QUEUE_INPUT, shape e.g. `8,64`) give its `batch_size` (the first dim: only a batching
+    model has a dynamic batcher) and a shape column `<INPUT>:<k>` per further dim k (from 0), as the
+    replay reads them. A request without traced inputs (timestamps only, or a model without a
+    dynamic batcher) gets batch_size 1, and a shape column that not every request has is left out:
+    each is said in a line appended to `notes`. Times are Triton's steady clock in seconds (not
+    wall-clock). Requests that a parent
     (an ensemble or BLS model) sent are left out unless `include_children`. With `rate` > 1 Triton
     traces only every rate-th request, so the table is a sample. With `log-frequency` N > 0 Triton
     writes F.0, F.1, ...: give F and all the parts are read. An entry whose id, model_name,
@@ -134,6 +154,8 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
     heads = {"id": array("q"), "model": array("q")}  # each qualifying head, in file order
     stamps = {"id": array("q"), "rank": array("q"), "ns": array("q")}  # each arrival marker, in order
     models: dict[str, int] = {}  # model name -> code
+    tensors = {"id": array("q"), "input": array("q"), "dim": array("q"), "size": array("q")}  # each traced dim
+    inputs: dict[str, int] = {}  # input name -> code
     seen = set()
     for part in _trace_parts(path):
         for n, entry in enumerate(_trace_entries(part), start=1):
@@ -150,6 +172,13 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
                     stamps["id"].append(trace_id)
                     stamps["rank"].append(rank)
                     stamps["ns"].append(ns)
+            if entry.get("activity") == TRITON_INPUT:
+                trace_id = _trace_int(entry, "id", where)
+                name, dims = _trace_tensor(entry, where)
+                code = inputs.setdefault(name, len(inputs))
+                for dim, size in enumerate(dims):
+                    for key, value in zip(tensors, (trace_id, code, dim, size), strict=True):
+                        tensors[key].append(value)
     if len(seen) < 3:
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
     ids, codes = _first_heads(heads)
@@ -160,12 +189,60 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False)
             f"{path}: no traced requests with an arrival time ({', '.join(TRITON_ARRIVAL)}); "
             "was the server started with --trace-config level=TIMESTAMPS?"
         )
-    ns, codes = ns[found], codes[found]
+    ids, ns, codes = ids[found], ns[found], codes[found]
     # split whole and fractional seconds so the float is rounded once, not twice
     seconds = (ns // 1_000_000_000).astype(np.float64) + (ns % 1_000_000_000) / 1e9
     names = np.array(list(models), dtype=object)
     out = pd.DataFrame({TIMESTAMP: seconds, MODEL: names[codes]})
+    sizes = _request_sizes(tensors, ids, inputs=list(inputs), where=path)
+    if notes is not None:
+        notes.extend(_size_notes(sizes, out[MODEL], path))
+    sizes[BATCH_SIZE] = sizes[BATCH_SIZE].fillna(1)  # a request without traced inputs, as the note says
+    out = pd.concat([out, sizes.dropna(axis=1).astype(np.int64)], axis=1)
     return validate_traffic(out, str(path))
+
+
+def _request_sizes(tensors: dict[str, array], ids: np.ndarray, *, inputs: list[str], where) -> pd.DataFrame:
+    """Per request (in the order of `ids`): `batch_size` from its traced input tensors' first dim, and
+    `<INPUT>:<k>` from dim k+1; NaN where the request has no such tensor (all NaN: no tensors)."""
+    table = pd.DataFrame({k: np.frombuffer(v, dtype=np.int64) if v else np.zeros(0, np.int64)
+                          for k, v in tensors.items()})
+    # an input traced twice for one request (enqueued again): its first
+    table = table[table["id"].isin(ids)].drop_duplicates(["id", "input", "dim"])
+    row = pd.Index(ids)
+    first = table[table["dim"] == 0]
+    spread = first.groupby("id")["size"].agg(["min", "max"])
+    mixed = spread.index[spread["min"] != spread["max"]]
+    if len(mixed):
+        bad = first[first["id"] == mixed[0]]
+        dims = ", ".join(f"{inputs[i]} {n}" for i, n in zip(bad["input"], bad["size"], strict=True))
+        raise TrafficError(f"{where}: request id {mixed[0]}: its input tensors' first dims differ ({dims}), "
+                           "not one batch size")
+    sizes = pd.DataFrame({BATCH_SIZE: spread["min"].reindex(row).to_numpy(dtype=np.float64)})
+    rest = table[table["dim"] > 0]
+    for (code, dim), part in rest.groupby(["input", "dim"], sort=True):
+        sizes[f"{inputs[code]}:{dim - 1}"] = part.set_index("id")["size"].reindex(row).to_numpy(dtype=np.float64)
+    return sizes
+
+
+def _size_notes(sizes: pd.DataFrame, model: pd.Series, path) -> list[str]:
+    """What the trace did not give (its requests' batch sizes or shapes), a line each."""
+    missing = sizes[BATCH_SIZE].isna().to_numpy()
+    if missing.all():
+        return [f"{path}: batch sizes and shapes were not in the trace (no {TRITON_INPUT} entries for its "
+                "requests: traced without --trace-config level=TENSORS, or models without a dynamic batcher); "
+                "batch_size 1 assumed"]
+    notes = []
+    if missing.any():
+        which = ", ".join(sorted(model[missing].unique()))
+        notes.append(f"{path}: {int(missing.sum()):,} of {len(missing):,} requests (model {which}) have no "
+                     f"traced input tensors (no {TRITON_INPUT} entries: a model without a dynamic batcher?); "
+                     "batch_size 1 assumed for them")
+    partial = [c for c in sizes.columns if c != BATCH_SIZE and sizes[c].isna().any()]
+    if partial:
+        notes.append(f"{path}: shape columns {', '.join(partial)} left out: not every request has the input "
+                     "(a traffic table has one set of shape columns)")
+    return notes
 
 
 def _first_heads(heads: dict[str, array]) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +294,21 @@ def _trace_arrivals(entry: dict, where: str) -> Iterator[tuple[int, int]]:
             raise TrafficError(f"{where}: {name} 'ns' must be a time in nanoseconds (an integer from 0), "
                                f"got {_short(ns)}")
         yield TRITON_ARRIVAL.index(name), ns
+
+
+def _trace_tensor(entry: dict, where: str) -> tuple[str, list[int]]:
+    """A traced input tensor's name and dims (its "shape", e.g. "8,64": the batch dim first)."""
+    tensor = entry.get("tensor")
+    name = tensor.get("name") if isinstance(tensor, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        raise TrafficError(f"{where}: {TRITON_INPUT} 'tensor' must be an object with the input's 'name', "
+                           f"got {_short(tensor)}")
+    shape = tensor.get("shape")
+    dims = shape.split(",") if isinstance(shape, str) else []
+    if not dims or not all(_DIM.fullmatch(d) and int(d) > 0 for d in dims):
+        raise TrafficError(f"{where}: {TRITON_INPUT} {name} 'shape' must be the tensor's dims, positive integers "
+                           f"(e.g. '8,64'), got {_short(shape)}")
+    return name, [int(d) for d in dims]
 
 
 def _trace_int(entry: dict, key: str, where: str) -> int:

@@ -438,22 +438,28 @@ def _positive_int(col: pd.Series, name: str, where: _Where, *, shape: bool = Fal
         values = col.to_numpy(dtype=np.int64)
     else:
         numbers = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = _first_bad(~np.isfinite(numbers))
+        finite = np.isfinite(numbers)
+        whole = finite & (numbers == np.floor(numbers))
+        # the first row wrong for any reason is named, not the first of the first reason checked
+        bad = _first_bad(~whole | (np.abs(numbers) > 2**53) | (numbers <= 0))
         if bad is not None:
             raw = col.iloc[bad]
-            if pd.isna(raw):
-                problem = "empty (NaN)" + (hint if name in TOKEN_COLUMNS else "")
-            elif isinstance(raw, (float, np.floating)):
-                problem = f"not a finite number: {_show(raw)}"
+            if not finite[bad]:
+                if pd.isna(raw):
+                    problem = "empty (NaN)" + (hint if name in TOKEN_COLUMNS else "")
+                elif isinstance(raw, (float, np.floating)):
+                    problem = f"not a finite number: {_show(raw)}"
+                else:
+                    problem = f"not a number: {_show(raw)}{hint}"
+            elif not whole[bad]:
+                problem = f"not a whole number: {_show(raw)}"
+            elif abs(numbers[bad]) > 2**53:
+                problem = f"too large: {_show(raw)}"
             else:
-                problem = f"not a number: {_show(raw)}{hint}"
+                tokens = hint if name in TOKEN_COLUMNS else ""
+                # a whole number read as a float (a column with an empty cell) as the file writes it
+                problem = f"must be a positive integer, got {int(numbers[bad])}{tokens}"
             raise where.fail(bad, name, problem)
-        bad = _first_bad(numbers != np.floor(numbers))
-        if bad is not None:
-            raise where.fail(bad, name, f"not a whole number: {_show(col.iloc[bad])}")
-        if (np.abs(numbers) > 2**53).any():
-            bad = _first_bad(np.abs(numbers) > 2**53)
-            raise where.fail(bad, name, f"too large: {_show(col.iloc[bad])}")
         values = numbers.astype(np.int64)
     bad = _first_bad(values <= 0)
     if bad is not None:
