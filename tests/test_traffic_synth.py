@@ -184,7 +184,7 @@ def test_an_option_of_another_kind_of_traffic_is_refused_and_one_left_out_takes_
     out = tmp_path / "p.csv"
     argv = ["traffic", "synth", "poisson", "--rate", "5", "--duration", "2", "-o", str(out)]
     assert main([*argv, "--period", "5"]) == 2
-    assert "--period is an option of diurnal traffic, not of poisson" in capsys.readouterr().err and not out.exists()
+    assert "--period applies to 'traffic synth diurnal' only, not to 'traffic synth poisson'" in capsys.readouterr().err and not out.exists()
     # a diurnal day's default (1d) when --period is left out, as synth_diurnal's own default
     assert main(["traffic", "synth", "diurnal", "--rate", "5", "--duration", "1h", "-o", str(out)]) == 0
     pd.testing.assert_frame_equal(pd.read_csv(out), synth_diurnal(5.0, 3600.0, period_s=86400.0), check_exact=False)

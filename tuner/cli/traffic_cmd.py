@@ -342,7 +342,8 @@ def _synth(args: argparse.Namespace) -> int:
     check_seed(args.seed, "--seed")
     for param in SYNTH_PARAMS:
         if param.kind != args.kind and param.given(args):
-            raise TrafficError(f"{param.flag} is an option of {param.kind} traffic, not of {args.kind}")
+            raise TrafficError(f"{param.flag} applies to 'traffic synth {param.kind}' only, "
+                               f"not to 'traffic synth {args.kind}'")
     _check_output(args)
     sizes = {}
     for item in args.size:
