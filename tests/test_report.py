@@ -525,3 +525,33 @@ def test_a_generative_summarys_sla_is_its_token_limit_and_none_is_no_limit() -> 
     assert sla_of({"sla": {"latency_ms": None, "ttft_ms": 1000.0, "percentile": 99}})["latency_ms"] == 1000.0
     assert math.isnan(sla_of({"sla": {"latency_ms": None}})["latency_ms"])
     assert sla_of({"sla": {"latency_ms": 100.0}})["latency_ms"] == 100.0
+
+
+# --- what the figures and the header quote agrees with what they draw (the figures audit) ----------------
+
+def _summary_edit(out_dir: Path, edit) -> None:
+    summary = json.loads((out_dir / "summary.json").read_text())
+    edit(summary)
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_latency_cdfs_draw_each_configuration_once_and_say_the_repeats_are_pooled(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    top = [int(n) for n in load_output(copy).top_trials(3)["number"]]
+    records = copy / "records"
+    # as `tuner tune` writes them (export.write_latency_records): each file two repeats' requests, and the
+    # incumbent, here among the top three, under its trial's name too
+    for number in top:
+        frame = pd.read_parquet(records / f"trial_{number}.parquet")
+        frame["repeat"] = np.arange(len(frame)) % 2
+        frame.to_parquet(records / f"trial_{number}.parquet")
+    shutil.copy(records / f"trial_{top[1]}.parquet", records / "incumbent.parquet")
+    _summary_edit(copy, lambda s: s["incumbent"].update(trial=top[1]))
+    out = load_output(copy)
+    assert sorted(out.latency_records) == sorted(["incumbent", f"trial {top[0]}", f"trial {top[2]}"])
+    fig = figures.latency_cdfs(out)
+    names = [trace.name for trace in fig.data]
+    assert len(names) == 3 and names[0].startswith("incumbent") and not any(f"trial {top[1]}" in n for n in names)
+    assert all("2 repeats pooled" in n for n in names), names
+    assert "the table's p99 is the median of the repeats' p99" in fig.layout.title.text

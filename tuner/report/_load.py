@@ -79,6 +79,7 @@ class StudyOutput:
     traffic: pd.DataFrame | None = None  # the recorded traffic table (tuner.traffic.read_traffic)
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
+    latency_repeats: dict[str, int] = field(default_factory=dict)  # label -> the repeats its records pool
     simulation: pd.DataFrame | None = None  # simulation.csv: the simulated ranking of the whole space
     notes: list[str] = field(default_factory=list)  # what was missing, said once each
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -191,12 +192,15 @@ class StudyOutput:
         except (IndexError, ValueError, TypeError):
             return None
 
-    def top_trials(self, k: int = 3) -> pd.DataFrame:
+    def top_trials(self, k: int = 3, *, incumbent: bool = True) -> pd.DataFrame:
         """The k best complete, feasible trials by requests per dollar (a pruned trial's capacity
-        search stopped early, so its score is a lower bound)."""
+        search stopped early, so its score is a lower bound); without the incumbent's trial when
+        `incumbent` is False (where the incumbent is drawn under its own name)."""
         t = self.trials
         ok = t[(t["state"] == "COMPLETE") & t["feasible"] & t["requests_per_dollar"].notna()]
-        return ok.sort_values("requests_per_dollar", ascending=False).head(k)
+        top = ok.sort_values("requests_per_dollar", ascending=False).head(k)
+        number = _dig(self.summary, "incumbent.trial")
+        return top if incumbent or number is None else top[top["number"] != number]
 
 
 def sla_of(summary: dict[str, Any]) -> dict[str, float]:
@@ -416,8 +420,10 @@ def _traffic(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[pd.
 
 
 def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
+    """records/: the incumbent's and the top trials' latencies (the incumbent's trial once: `tuner tune`
+    writes its records under both names); how many repeats each pools into `out.latency_repeats`."""
     labels = {"incumbent": "incumbent"}
-    for number in out.top_trials(3)["number"]:
+    for number in out.top_trials(3, incumbent=False)["number"]:
         labels[f"trial_{int(number)}"] = f"trial {int(number)}"
     records: dict[str, pd.Series] = {}
     for stem, label in labels.items():
@@ -428,6 +434,7 @@ def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
             try:
                 frame = pd.read_parquet(file) if suffix == ".parquet" else pd.read_csv(file)
                 records[label] = frame["latency_ms"].dropna()
+                out.latency_repeats[label] = int(frame["repeat"].nunique()) if "repeat" in frame else 1
             except (KeyError, ValueError, OSError) as exc:
                 out.notes.append(f"{file}: cannot read latencies: {exc}")
             break
