@@ -172,7 +172,9 @@ def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, re
         assert re.search(rf"<span class='add'>\+\s*{key}: {value}</span>", diff), (key, value)
     if not changed:
         assert "no differences" in text
-    assert "(fill rate at capacity)" in text and ", at capacity" in text  # the winner's batch histogram
+    # the winner's batch histogram: its search trial's at capacity, the legend's fill rate that of its bars
+    assert "Batch sizes dispatched in the search (fill rate: of the bars drawn)" in text
+    assert f"(trial {summary['best']['trial']} in the search, at capacity)" in text
 
 
 def test_pareto_front_keeps_only_undominated_trials() -> None:
@@ -533,6 +535,39 @@ def _summary_edit(out_dir: Path, edit) -> None:
     summary = json.loads((out_dir / "summary.json").read_text())
     edit(summary)
     (out_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_batch_chart_quotes_the_fill_rate_of_the_bars_it_draws(tmp_path_factory: pytest.TempPathFactory,
+                                                                   tmp_path: Path) -> None:
+    # as `tuner tune` writes it: the summary's fill rate is the re-measurement's median, whose repeats keep
+    # no histogram, so the bars are the search trial's, measured once
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    searched = load_output(copy)
+    fills = {}
+    for which in ("incumbent", "best"):
+        number = searched.summary[which]["trial"]
+        hist = {int(k): int(v) for k, v in searched.trial_attr(number, "batch_histogram").items()}
+        mbs = searched.summary[which]["params"]["max_batch_size"]
+        fills[which] = sum(s * c for s, c in hist.items()) / sum(hist.values()) / mbs
+
+    def remeasured(summary: dict) -> None:
+        for which in ("incumbent", "best"):
+            del summary[which]["batch_histogram"]
+            summary[which]["fill_rate"] = fills[which] + 0.05  # the re-measurement read another fill rate
+            summary[which]["repeats"] = {"values": [1.0, 1.0]}
+
+    _summary_edit(copy, remeasured)
+    out = load_output(copy)
+    fig = figures.batch_histograms(out)
+    assert len(fig.data) == 2
+    for trace, which in zip(fig.data, ("incumbent", "best"), strict=True):
+        mbs = out.summary[which]["params"]["max_batch_size"]
+        drawn = sum(x * y for x, y in zip(trace.x, trace.y, strict=True)) / mbs  # the bars' shares
+        assert drawn == pytest.approx(fills[which])
+        assert f"fill rate {fills[which]:.2f}" in trace.name, trace.name
+        assert f"trial {out.summary[which]['trial']}" in trace.name  # which measurement the bars are
+    # the title says the bars are the search's, not the re-measurement the table quotes
+    assert "search" in fig.layout.title.text and "re-measurement" in fig.layout.title.text
 
 
 def test_the_latency_cdfs_draw_each_configuration_once_and_say_the_repeats_are_pooled(

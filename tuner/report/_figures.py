@@ -209,11 +209,13 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
 
 
 def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | None:
-    """A configuration's dispatched batch sizes: at capacity when measured there, else at load."""
+    """A configuration's dispatched batch sizes and which measurement they are ("" for the summary's
+    own): the summary's, else its trial's in the search at capacity, else at the recorded load (a
+    re-measurement keeps no histogram: its repeats' figures are medians)."""
     number = _dig(out.summary, f"{which}.trial")
     for hist, where in ((_dig(out.summary, f"{which}.batch_histogram"), ""),
-                        (out.trial_attr(number, "capacity_batch_histogram"), "at capacity"),
-                        (out.trial_attr(number, "batch_histogram"), "at the recorded load")):
+                        (out.trial_attr(number, "capacity_batch_histogram"), f"trial {number} in the search, at capacity"),
+                        (out.trial_attr(number, "batch_histogram"), f"trial {number} in the search, at the recorded load")):
         if isinstance(hist, str):  # the tuner keeps it as JSON text (flat user attributes)
             try:
                 hist = json.loads(hist)
@@ -225,34 +227,42 @@ def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | Non
 
 
 def batch_histograms(out: StudyOutput) -> go.Figure | None:
-    """Dispatched batch sizes of the incumbent and the winner (their fill rate in the legend); None for a
-    vLLM-served model, which Triton does not batch (its engine's batching is in the comparison table)."""
+    """Dispatched batch sizes of the incumbent and the winner, each legend with the fill rate of the bars
+    it names (mean batch / max_batch_size) and which measurement they are; None for a vLLM-served model,
+    which Triton does not batch (its engine's batching is in the comparison table)."""
     if out.unit == "tokens":
         out.notes.append("Triton does not batch a vLLM-served model (max_batch_size 0): its engine's own batching "
                          "(running sequences and KV cache at their peak, preemptions) is in the table under the cost")
         return None
     fig = go.Figure()
-    missing = []
+    missing, searched = [], False
     for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):
         fill = _dig(out.summary, f"{which}.fill_rate")
         mbs = _dig(out.summary, f"{which}.params.{space.MAX_BATCH_SIZE}")
-        label = f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}" if fill is not None else name
         found = _histogram(out, which)
         if found:
             hist, where = found
-            label += f", {where}" if where else ""
             sizes = sorted(hist)
             total = sum(hist.values()) or 1
-            fig.add_trace(go.Bar(x=sizes, y=[hist[s] / total for s in sizes], name=label,
+            shares = [hist[s] / total for s in sizes]
+            # the fill rate of these bars, not the summary's: that may be another measurement's (the re-measurement's)
+            label = f"{name}: max_batch_size {mbs}" + (
+                f", fill rate {sum(s * f for s, f in zip(sizes, shares, strict=True)) / float(mbs):.2f}" if mbs else "")
+            searched |= bool(where)
+            fig.add_trace(go.Bar(x=sizes, y=shares, name=label + (f" ({where})" if where else ""),
                                  marker_color=color, opacity=0.75))
         else:
             missing.append(name)
             if fill is not None and mbs:
-                fig.add_trace(go.Bar(x=[fill * float(mbs)], y=[1.0], name=f"{label}: mean batch only",
+                fig.add_trace(go.Bar(x=[fill * float(mbs)], y=[1.0],
+                                     name=f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}: mean batch only",
                                      marker_color=color, opacity=0.5, width=0.4))
     if missing:
         out.notes.append("no batch_histogram for " + " and ".join(missing) + ": its bar shows the mean batch")
-    fig.update_layout(title="Batch sizes dispatched (fill rate at capacity)", barmode="overlay", xaxis_title="batch size",
+    title = f"Batch sizes dispatched{' in the search' if searched else ''} (fill rate: of the bars drawn)"
+    if searched and any(_dig(out.summary, f"{w}.repeats") for w in ("incumbent", "best")):
+        title += "<br><sup>the table's fill rate is the re-measurement's median; its repeats keep no histogram</sup>"
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="batch size",
                       yaxis_title="share of executions", **LAYOUT)
     return fig
 
