@@ -590,3 +590,36 @@ def test_the_latency_cdfs_draw_each_configuration_once_and_say_the_repeats_are_p
     assert len(names) == 3 and names[0].startswith("incumbent") and not any(f"trial {top[1]}" in n for n in names)
     assert all("2 repeats pooled" in n for n in names), names
     assert "the table's p99 is the median of the repeats' p99" in fig.layout.title.text
+
+
+def _audited(summary: dict) -> None:
+    """The quick start's figures as the audit read them: the load at speed 4 (a mean of 10.25 req/s,
+    a busiest second of 238), one server of either configuration enough."""
+    summary["traffic"].update(speed=4, peak_rps=238.0, load_mean_rps=10.246, mean_rps=2.5615)
+    summary["price_per_hour"] = 3.4
+    for which, capacity, speed, busiest in (("incumbent", 18.0, 7.027, 418.0), ("best", 22.4, 8.745, 520.0)):
+        summary[which].update(capacity_rps=capacity, capacity_speed=speed, servers_needed=1, monthly_cost=2482.0,
+                              capacity_bracket={"lower_rps": capacity, "peak_rps": busiest})
+
+
+def test_the_servers_line_says_which_rate_is_the_mean_and_which_the_busiest_second(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import comparison_table
+    from tuner.report._html import _facts
+    from tuner.score import servers_needed
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, _audited)
+    out = load_output(copy)
+    facts = _facts(out)
+    assert "(mean 10.2 req/s, busiest second 238 req/s): 1 → 1 servers" in facts, facts
+    table = comparison_table(out)
+    assert table.loc["capacity: mean (req/s)", "recommended"] == "22.4"
+    assert table.loc["capacity: busiest second (req/s)", "recommended"] == "520"
+    title = figures.cost_bars(out).layout.title.text
+    assert "mean 10.2 req/s" in title and "busiest second 238 req/s" in title
+
+    # a summary without the tuner's own count: the load's mean rate over the capacity's, as the tuner
+    # counts (tuner.score.servers_needed of the two speeds), never the busiest second over a mean rate
+    _summary_edit(copy, lambda s: [s[w].pop("servers_needed") for w in ("incumbent", "best")])
+    assert load_output(copy).servers_and_cost("best")[0] == servers_needed(10.246, 22.4) == 1

@@ -280,7 +280,9 @@ def traffic_profile(out: StudyOutput) -> go.Figure | None:
     if stretch is not None:
         fig.add_vrect(x0=stretch[0] / speed, x1=stretch[1] / speed, fillcolor="rgba(255,127,14,0.12)", line_width=0,
                       annotation_text="the stretch the study replayed", annotation_position="top left")
-    for which, name, color in (("incumbent", "incumbent's capacity", INCUMBENT), ("best", "recommended's capacity", WINNER)):
+    # a capacity is a mean rate (its replay's busiest second met the SLA too): a bin above it may still be served
+    for which, name, color in (("incumbent", "incumbent's capacity (mean)", INCUMBENT),
+                               ("best", "recommended's capacity (mean)", WINNER)):
         capacity = _dig(out.summary, f"{which}.capacity_rps")
         if capacity:
             fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name,
@@ -310,7 +312,7 @@ def _replayed_stretch(out: StudyOutput) -> tuple[float, float] | None:
 
 
 def cost_bars(out: StudyOutput) -> go.Figure | None:
-    """Servers needed for the profile's peak, and their monthly bill, before and after."""
+    """Servers the load needs (its busiest second included), and their monthly bill, before and after."""
     rows = [(name, out.servers_and_cost(which)) for which, name in (("incumbent", "incumbent"), ("best", "recommended"))]
     if any(cost is None for _, cost in rows):
         return None
@@ -318,9 +320,8 @@ def cost_bars(out: StudyOutput) -> go.Figure | None:
         x=[name for name, _ in rows], y=[cost[1] for _, cost in rows], marker_color=[INCUMBENT, WINNER],
         text=[f"{cost[0]} server{'s' if cost[0] > 1 else ''}: ${cost[1]:,.0f}/month" for _, cost in rows],
         textposition="auto"))
-    peak = out.peak_rps()
-    at = f" (busiest second: {peak:,.0f} requests/s)" if peak is not None else ""
-    fig.update_layout(title=f"Servers needed at the peak rate and their monthly cost{at}",
+    rates = out.load_rates()
+    fig.update_layout(title=f"Servers the load needs and their monthly cost{f' (the load: {rates})' if rates else ''}",
                       yaxis_title="dollars per month", **LAYOUT)
     return fig
 

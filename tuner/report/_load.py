@@ -25,8 +25,9 @@ import pandas as pd
 from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
+from tuner.score import monthly_cost, servers_needed
 from tuner.search import open_storage
-from tuner.traffic import busiest_window, read_traffic
+from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
 
 SUMMARY = "summary.json"
@@ -35,7 +36,6 @@ RECOMMENDED, RECOMMENDED_ENGINE = export.RECOMMENDED, export.RECOMMENDED_ENGINE 
 SIMULATION = "simulation.csv"
 # the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
 SIMULATION_COLUMNS = (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, "capacity_rps", "score_capacity", "score_utilization")
-HOURS_PER_MONTH = 730.0
 
 # The columns the report reads, each with the names the tuner's trials.csv may give it
 # (its own names first, then Optuna's `trials_dataframe()` names).
@@ -141,7 +141,8 @@ class StudyOutput:
         return key if key in self.trials else f"{stem}_p99_ms"
 
     def peak_rps(self) -> float | None:
-        """The most requests in any one second of the profile (or the summary's figure)."""
+        """The load's busiest second: the most requests in any one second of the profile at the study's
+        speed (or the summary's figure)."""
         if "peak" not in self._cache:
             self._cache["peak"] = self._peak_rps()
         return self._cache["peak"]
@@ -156,6 +157,27 @@ class StudyOutput:
         # requests in the busiest second at the study's speed, as `tuner tune` counts it
         return float(busiest_window(self.traffic, self.speed)[1])
 
+    def load_mean_rps(self) -> float | None:
+        """The load's mean rate: the profile's mean rate at the study's speed (or the summary's figure),
+        the rate a capacity (the fastest replay that met the SLA, as its mean rate) compares with."""
+        traffic = self.summary.get("traffic") or {}
+        if traffic.get("load_mean_rps") is not None:
+            return float(traffic["load_mean_rps"])
+        if traffic.get("mean_rps") is not None:  # a summary before load_mean_rps: the rate at speed 1
+            return float(traffic["mean_rps"]) * self.speed
+        if self.traffic is None or self.traffic.empty:
+            return None
+        return mean_rps(self.traffic) * self.speed
+
+    def load_rates(self) -> str:
+        """The load's rates as `tuner tune`'s closing note words a capacity's, "mean 10.2 req/s, busiest
+        second 238 req/s" (what is unknown left out): a capacity is a mean rate, the servers needed
+        compare it with the load's mean, never with its busiest second."""
+        mean, busiest = self.load_mean_rps(), self.peak_rps()
+        return ", ".join(text for value, text in ((mean, f"mean {mean or 0:,.1f} req/s"),
+                                                  (busiest, f"busiest second {busiest or 0:,.0f} req/s"))
+                         if value is not None)
+
     @property
     def speed(self) -> float:
         """The replay speed that stands for the traffic's real load (traffic.speed, default 1)."""
@@ -163,17 +185,19 @@ class StudyOutput:
         return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
 
     def servers_and_cost(self, which: str) -> tuple[int, float] | None:
-        """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent:
-        the tuner's own figures when the summary has them, else peak / capacity."""
+        """Servers the load needs (its busiest second included) and their monthly bill, for
+        best/incumbent: the tuner's own figures when the summary has them, else the load's mean rate
+        over the capacity's, as the tuner counts them (a capacity is a mean rate: its replay's busiest
+        second passed the SLA too)."""
         servers, cost = _dig(self.summary, f"{which}.servers_needed"), _dig(self.summary, f"{which}.monthly_cost")
         if servers is not None and cost is not None:
             return int(servers), float(cost)
         capacity = _dig(self.summary, f"{which}.capacity_rps")
-        peak, price = self.peak_rps(), self.price_per_hour
-        if not capacity or peak is None or price is None:
+        load, price = self.load_mean_rps(), self.price_per_hour
+        if not capacity or load is None or price is None:
             return None
-        servers = max(1, math.ceil(peak / float(capacity)))
-        return servers, servers * price * HOURS_PER_MONTH
+        servers = servers_needed(load, float(capacity))
+        return servers, monthly_cost(servers, price)
 
     def summary_latency(self, which: str, at: str = "load") -> dict[str, float]:
         """best/incumbent latency percentiles at the recorded load or at capacity (a generative study's
