@@ -623,3 +623,13 @@ def test_the_servers_line_says_which_rate_is_the_mean_and_which_the_busiest_seco
     # counts (tuner.score.servers_needed of the two speeds), never the busiest second over a mean rate
     _summary_edit(copy, lambda s: [s[w].pop("servers_needed") for w in ("incumbent", "best")])
     assert load_output(copy).servers_and_cost("best")[0] == servers_needed(10.246, 22.4) == 1
+
+
+def test_the_report_writes_the_price_as_the_exported_config_does(tmp_path_factory: pytest.TempPathFactory,
+                                                                 tmp_path: Path) -> None:
+    from tuner.report._html import _facts
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, _audited)
+    facts = _facts(load_output(copy))
+    assert "price $3.4/h ·" in facts and "server-hour" not in facts, facts

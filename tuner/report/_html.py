@@ -35,6 +35,11 @@ def _money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.2f}"
 
 
+def _price(value: float | None) -> str:
+    """One server's price per hour as the exported config's header writes it (`$3.4/h`)."""
+    return "n/a" if value is None else f"${export._fmt(value)}/h"
+
+
 def _num(value: object, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
@@ -71,7 +76,7 @@ def _facts(out: StudyOutput) -> str:
     limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
               else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
     return (f"SLA: {limits}, error rate ≤ "
-            f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
+            f"{sla['max_error_rate']:.2%} · price {_price(out.price_per_hour)} · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
 
 
