@@ -172,7 +172,9 @@ def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, re
         assert re.search(rf"<span class='add'>\+\s*{key}: {value}</span>", diff), (key, value)
     if not changed:
         assert "no differences" in text
-    assert "(fill rate at capacity)" in text and ", at capacity" in text  # the winner's batch histogram
+    # the winner's batch histogram: its search trial's at capacity, the legend's fill rate that of its bars
+    assert "Batch sizes dispatched in the search (fill rate: of the bars drawn)" in text
+    assert f"(trial {summary['best']['trial']} in the search, at capacity)" in text
 
 
 def test_pareto_front_keeps_only_undominated_trials() -> None:
@@ -525,3 +527,109 @@ def test_a_generative_summarys_sla_is_its_token_limit_and_none_is_no_limit() -> 
     assert sla_of({"sla": {"latency_ms": None, "ttft_ms": 1000.0, "percentile": 99}})["latency_ms"] == 1000.0
     assert math.isnan(sla_of({"sla": {"latency_ms": None}})["latency_ms"])
     assert sla_of({"sla": {"latency_ms": 100.0}})["latency_ms"] == 100.0
+
+
+# --- what the figures and the header quote agrees with what they draw (the figures audit) ----------------
+
+def _summary_edit(out_dir: Path, edit) -> None:
+    summary = json.loads((out_dir / "summary.json").read_text())
+    edit(summary)
+    (out_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_batch_chart_quotes_the_fill_rate_of_the_bars_it_draws(tmp_path_factory: pytest.TempPathFactory,
+                                                                   tmp_path: Path) -> None:
+    # as `tuner tune` writes it: the summary's fill rate is the re-measurement's median, whose repeats keep
+    # no histogram, so the bars are the search trial's, measured once
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    searched = load_output(copy)
+    fills = {}
+    for which in ("incumbent", "best"):
+        number = searched.summary[which]["trial"]
+        hist = {int(k): int(v) for k, v in searched.trial_attr(number, "batch_histogram").items()}
+        mbs = searched.summary[which]["params"]["max_batch_size"]
+        fills[which] = sum(s * c for s, c in hist.items()) / sum(hist.values()) / mbs
+
+    def remeasured(summary: dict) -> None:
+        for which in ("incumbent", "best"):
+            del summary[which]["batch_histogram"]
+            summary[which]["fill_rate"] = fills[which] + 0.05  # the re-measurement read another fill rate
+            summary[which]["repeats"] = {"values": [1.0, 1.0]}
+
+    _summary_edit(copy, remeasured)
+    out = load_output(copy)
+    fig = figures.batch_histograms(out)
+    assert len(fig.data) == 2
+    for trace, which in zip(fig.data, ("incumbent", "best"), strict=True):
+        mbs = out.summary[which]["params"]["max_batch_size"]
+        drawn = sum(x * y for x, y in zip(trace.x, trace.y, strict=True)) / mbs  # the bars' shares
+        assert drawn == pytest.approx(fills[which])
+        assert f"fill rate {fills[which]:.2f}" in trace.name, trace.name
+        assert f"trial {out.summary[which]['trial']}" in trace.name  # which measurement the bars are
+    # the title says the bars are the search's, not the re-measurement the table quotes
+    assert "search" in fig.layout.title.text and "re-measurement" in fig.layout.title.text
+
+
+def test_the_latency_cdfs_draw_each_configuration_once_and_say_the_repeats_are_pooled(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    top = [int(n) for n in load_output(copy).top_trials(3)["number"]]
+    records = copy / "records"
+    # as `tuner tune` writes them (export.write_latency_records): each file two repeats' requests, and the
+    # incumbent, here among the top three, under its trial's name too
+    for number in top:
+        frame = pd.read_parquet(records / f"trial_{number}.parquet")
+        frame["repeat"] = np.arange(len(frame)) % 2
+        frame.to_parquet(records / f"trial_{number}.parquet")
+    shutil.copy(records / f"trial_{top[1]}.parquet", records / "incumbent.parquet")
+    _summary_edit(copy, lambda s: s["incumbent"].update(trial=top[1]))
+    out = load_output(copy)
+    assert sorted(out.latency_records) == sorted(["incumbent", f"trial {top[0]}", f"trial {top[2]}"])
+    fig = figures.latency_cdfs(out)
+    names = [trace.name for trace in fig.data]
+    assert len(names) == 3 and names[0].startswith("incumbent") and not any(f"trial {top[1]}" in n for n in names)
+    assert all("2 repeats pooled" in n for n in names), names
+    assert "the table's p99 is the median of the repeats' p99" in fig.layout.title.text
+
+
+def _audited(summary: dict) -> None:
+    """The quick start's figures as the audit read them: the load at speed 4 (a mean of 10.25 req/s,
+    a busiest second of 238), one server of either configuration enough."""
+    summary["traffic"].update(speed=4, peak_rps=238.0, load_mean_rps=10.246, mean_rps=2.5615)
+    summary["price_per_hour"] = 3.4
+    for which, capacity, speed, busiest in (("incumbent", 18.0, 7.027, 418.0), ("best", 22.4, 8.745, 520.0)):
+        summary[which].update(capacity_rps=capacity, capacity_speed=speed, servers_needed=1, monthly_cost=2482.0,
+                              capacity_bracket={"lower_rps": capacity, "peak_rps": busiest})
+
+
+def test_the_servers_line_says_which_rate_is_the_mean_and_which_the_busiest_second(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import comparison_table
+    from tuner.report._html import _facts
+    from tuner.score import servers_needed
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, _audited)
+    out = load_output(copy)
+    facts = _facts(out)
+    assert "(mean 10.2 req/s, busiest second 238 req/s): 1 → 1 servers" in facts, facts
+    table = comparison_table(out)
+    assert table.loc["capacity: mean (req/s)", "recommended"] == "22.4"
+    assert table.loc["capacity: busiest second (req/s)", "recommended"] == "520"
+    title = figures.cost_bars(out).layout.title.text
+    assert "mean 10.2 req/s" in title and "busiest second 238 req/s" in title
+
+    # a summary without the tuner's own count: the load's mean rate over the capacity's, as the tuner
+    # counts (tuner.score.servers_needed of the two speeds), never the busiest second over a mean rate
+    _summary_edit(copy, lambda s: [s[w].pop("servers_needed") for w in ("incumbent", "best")])
+    assert load_output(copy).servers_and_cost("best")[0] == servers_needed(10.246, 22.4) == 1
+
+
+def test_the_report_writes_the_price_as_the_exported_config_does(tmp_path_factory: pytest.TempPathFactory,
+                                                                 tmp_path: Path) -> None:
+    from tuner.report._html import _facts
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, _audited)
+    facts = _facts(load_output(copy))
+    assert "price $3.4/h ·" in facts and "server-hour" not in facts, facts

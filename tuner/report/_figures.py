@@ -163,11 +163,13 @@ def _row_percentiles(row: pd.Series) -> dict[str, float]:
 
 
 def latency_cdfs(out: StudyOutput) -> go.Figure | None:
-    """Latency CDFs at capacity of the incumbent and the top 3 trials."""
+    """Latency CDFs at capacity of the incumbent and the top 3 trials, each configuration once (the
+    incumbent's trial is the incumbent); a curve pools its repeats' requests (the legend says so)."""
     fig = go.Figure()
     sources = [("incumbent", out.summary_latency("incumbent", at="capacity"))]
-    sources += [(f"trial {int(r['number'])}", _row_percentiles(r)) for _, r in out.top_trials(3).iterrows()]
-    estimated = []
+    sources += [(f"trial {int(r['number'])}", _row_percentiles(r))
+                for _, r in out.top_trials(3, incumbent=False).iterrows()]
+    estimated, pooled = [], False
     for label, percentiles in sources:
         color = INCUMBENT if label == "incumbent" else None
         if label in out.latency_records:
@@ -176,7 +178,10 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
             keep = np.unique(np.append(np.linspace(0, len(values) - 1, min(len(values), 2000)).astype(int),
                                        len(values) - 1))
             x, y = values[keep], (keep + 1) / len(values)
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=label, line={"color": color}))
+            repeats = out.latency_repeats.get(label, 1)
+            pooled |= repeats > 1
+            name = f"{label} ({repeats} repeats pooled)" if repeats > 1 else label
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line={"color": color}))
             continue
         points = _cdf_points(percentiles)
         if points:
@@ -194,18 +199,23 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
     limit = _dig(out.summary, "sla.e2e_ms") if tokens else out.sla["latency_ms"]
     if limit is not None and not math.isnan(limit):
         fig.add_vline(x=limit, line_dash="dash", line_color="gray", annotation_text="SLA")
-    fig.update_layout(title="End-to-end latency CDF at capacity (due time to last token)" if tokens else
-                      "Latency CDF at capacity", xaxis_title="end to end (ms)" if tokens else "latency (ms)",
+    title = "End-to-end latency CDF at capacity (due time to last token)" if tokens else "Latency CDF at capacity"
+    if pooled:  # a pooled curve's 0.99 is not the median of the repeats' p99s the tables quote
+        title += (f"<br><sup>all repeats' requests pooled; the table's {'end to end ' if tokens else ''}p99 is the "
+                  "median of the repeats' p99</sup>")
+    fig.update_layout(title=title, xaxis_title="end to end (ms)" if tokens else "latency (ms)",
                       yaxis_title="fraction of requests", **LAYOUT)
     return fig
 
 
 def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | None:
-    """A configuration's dispatched batch sizes: at capacity when measured there, else at load."""
+    """A configuration's dispatched batch sizes and which measurement they are ("" for the summary's
+    own): the summary's, else its trial's in the search at capacity, else at the recorded load (a
+    re-measurement keeps no histogram: its repeats' figures are medians)."""
     number = _dig(out.summary, f"{which}.trial")
     for hist, where in ((_dig(out.summary, f"{which}.batch_histogram"), ""),
-                        (out.trial_attr(number, "capacity_batch_histogram"), "at capacity"),
-                        (out.trial_attr(number, "batch_histogram"), "at the recorded load")):
+                        (out.trial_attr(number, "capacity_batch_histogram"), f"trial {number} in the search, at capacity"),
+                        (out.trial_attr(number, "batch_histogram"), f"trial {number} in the search, at the recorded load")):
         if isinstance(hist, str):  # the tuner keeps it as JSON text (flat user attributes)
             try:
                 hist = json.loads(hist)
@@ -217,34 +227,42 @@ def _histogram(out: StudyOutput, which: str) -> tuple[dict[int, int], str] | Non
 
 
 def batch_histograms(out: StudyOutput) -> go.Figure | None:
-    """Dispatched batch sizes of the incumbent and the winner (their fill rate in the legend); None for a
-    vLLM-served model, which Triton does not batch (its engine's batching is in the comparison table)."""
+    """Dispatched batch sizes of the incumbent and the winner, each legend with the fill rate of the bars
+    it names (mean batch / max_batch_size) and which measurement they are; None for a vLLM-served model,
+    which Triton does not batch (its engine's batching is in the comparison table)."""
     if out.unit == "tokens":
         out.notes.append("Triton does not batch a vLLM-served model (max_batch_size 0): its engine's own batching "
                          "(running sequences and KV cache at their peak, preemptions) is in the table under the cost")
         return None
     fig = go.Figure()
-    missing = []
+    missing, searched = [], False
     for which, name, color in (("incumbent", "incumbent", INCUMBENT), ("best", "recommended", WINNER)):
         fill = _dig(out.summary, f"{which}.fill_rate")
         mbs = _dig(out.summary, f"{which}.params.{space.MAX_BATCH_SIZE}")
-        label = f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}" if fill is not None else name
         found = _histogram(out, which)
         if found:
             hist, where = found
-            label += f", {where}" if where else ""
             sizes = sorted(hist)
             total = sum(hist.values()) or 1
-            fig.add_trace(go.Bar(x=sizes, y=[hist[s] / total for s in sizes], name=label,
+            shares = [hist[s] / total for s in sizes]
+            # the fill rate of these bars, not the summary's: that may be another measurement's (the re-measurement's)
+            label = f"{name}: max_batch_size {mbs}" + (
+                f", fill rate {sum(s * f for s, f in zip(sizes, shares, strict=True)) / float(mbs):.2f}" if mbs else "")
+            searched |= bool(where)
+            fig.add_trace(go.Bar(x=sizes, y=shares, name=label + (f" ({where})" if where else ""),
                                  marker_color=color, opacity=0.75))
         else:
             missing.append(name)
             if fill is not None and mbs:
-                fig.add_trace(go.Bar(x=[fill * float(mbs)], y=[1.0], name=f"{label}: mean batch only",
+                fig.add_trace(go.Bar(x=[fill * float(mbs)], y=[1.0],
+                                     name=f"{name}: max_batch_size {mbs}, fill rate {fill:.2f}: mean batch only",
                                      marker_color=color, opacity=0.5, width=0.4))
     if missing:
         out.notes.append("no batch_histogram for " + " and ".join(missing) + ": its bar shows the mean batch")
-    fig.update_layout(title="Batch sizes dispatched (fill rate at capacity)", barmode="overlay", xaxis_title="batch size",
+    title = f"Batch sizes dispatched{' in the search' if searched else ''} (fill rate: of the bars drawn)"
+    if searched and any(_dig(out.summary, f"{w}.repeats") for w in ("incumbent", "best")):
+        title += "<br><sup>the table's fill rate is the re-measurement's median; its repeats keep no histogram</sup>"
+    fig.update_layout(title=title, barmode="overlay", xaxis_title="batch size",
                       yaxis_title="share of executions", **LAYOUT)
     return fig
 
@@ -262,7 +280,9 @@ def traffic_profile(out: StudyOutput) -> go.Figure | None:
     if stretch is not None:
         fig.add_vrect(x0=stretch[0] / speed, x1=stretch[1] / speed, fillcolor="rgba(255,127,14,0.12)", line_width=0,
                       annotation_text="the stretch the study replayed", annotation_position="top left")
-    for which, name, color in (("incumbent", "incumbent's capacity", INCUMBENT), ("best", "recommended's capacity", WINNER)):
+    # a capacity is a mean rate (its replay's busiest second met the SLA too): a bin above it may still be served
+    for which, name, color in (("incumbent", "incumbent's capacity (mean)", INCUMBENT),
+                               ("best", "recommended's capacity (mean)", WINNER)):
         capacity = _dig(out.summary, f"{which}.capacity_rps")
         if capacity:
             fig.add_hline(y=float(capacity), line_dash="dash", line_color=color, annotation_text=name,
@@ -292,7 +312,7 @@ def _replayed_stretch(out: StudyOutput) -> tuple[float, float] | None:
 
 
 def cost_bars(out: StudyOutput) -> go.Figure | None:
-    """Servers needed for the profile's peak, and their monthly bill, before and after."""
+    """Servers the load needs (its busiest second included), and their monthly bill, before and after."""
     rows = [(name, out.servers_and_cost(which)) for which, name in (("incumbent", "incumbent"), ("best", "recommended"))]
     if any(cost is None for _, cost in rows):
         return None
@@ -300,9 +320,8 @@ def cost_bars(out: StudyOutput) -> go.Figure | None:
         x=[name for name, _ in rows], y=[cost[1] for _, cost in rows], marker_color=[INCUMBENT, WINNER],
         text=[f"{cost[0]} server{'s' if cost[0] > 1 else ''}: ${cost[1]:,.0f}/month" for _, cost in rows],
         textposition="auto"))
-    peak = out.peak_rps()
-    at = f" (busiest second: {peak:,.0f} requests/s)" if peak is not None else ""
-    fig.update_layout(title=f"Servers needed at the peak rate and their monthly cost{at}",
+    rates = out.load_rates()
+    fig.update_layout(title=f"Servers the load needs and their monthly cost{f' (the load: {rates})' if rates else ''}",
                       yaxis_title="dollars per month", **LAYOUT)
     return fig
 

@@ -35,6 +35,11 @@ def _money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.2f}"
 
 
+def _price(value: float | None) -> str:
+    """One server's price per hour as the exported config's header writes it (`$3.4/h`)."""
+    return "n/a" if value is None else f"${export._fmt(value)}/h"
+
+
 def _num(value: object, digits: int = 1) -> str:
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
@@ -71,7 +76,7 @@ def _facts(out: StudyOutput) -> str:
     limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
               else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
     return (f"SLA: {limits}, error rate ≤ "
-            f"{sla['max_error_rate']:.2%} · price {_money(out.price_per_hour)} per server-hour · "
+            f"{sla['max_error_rate']:.2%} · price {_price(out.price_per_hour)} · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")
 
 
@@ -85,20 +90,21 @@ def _servers(out: StudyOutput) -> str:
     before, after = out.servers_and_cost("incumbent"), out.servers_and_cost("best")
     if before is None or after is None:
         return ""
-    peak = out.peak_rps()
-    at = f" ({peak:,.0f} requests/s)" if peak is not None else ""
-    return (f" · at the peak{at}: {before[0]} → {after[0]} servers, "
+    rates = out.load_rates()
+    return (f" · the load{f' ({rates})' if rates else ''}: {before[0]} → {after[0]} servers, "
             f"{_money(before[1])} → {_money(after[1])} per month")
 
 
 def comparison_table(out: StudyOutput) -> pd.DataFrame:
-    """Incumbent and recommendation side by side, with servers and the monthly bill at the peak."""
+    """Incumbent and recommendation side by side, with the servers the load needs and their monthly bill
+    (a capacity as its mean rate and its busiest second, as `_capacity_note` says)."""
     rows = {}
     for which, name in (("incumbent", "incumbent"), ("best", "recommended")):
         servers = out.servers_and_cost(which)
         rows[name] = {
             **{k: v for k, v in (_dig(out.summary, f"{which}.params") or {}).items()},
-            "capacity (req/s)": _num(_dig(out.summary, f"{which}.capacity_rps")),
+            "capacity: mean (req/s)": _num(_dig(out.summary, f"{which}.capacity_rps")),
+            "capacity: busiest second (req/s)": _num(_dig(out.summary, f"{which}.capacity_bracket.peak_rps"), 0),
             f"{out.score_short} (capacity)": _num(_dig(out.summary, f"{which}.scores.capacity"), 0),
             f"{out.score_short} (utilization)": _num(_dig(out.summary, f"{which}.scores.utilization"), 0),
             # a generative model's latency_ms is its requests' end to end
@@ -111,10 +117,20 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
                   "KV cache (peak)": _num(_dig(out.summary, f"{which}.engine.kv_cache_peak"), 2),
                   "preemptions": _num(_dig(out.summary, f"{which}.engine.preemptions"), 0)}
                if out.unit == "tokens" else {"fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2)}),
-            "servers at peak": servers[0] if servers else "n/a",
+            "servers for the load": servers[0] if servers else "n/a",
             "monthly cost": _money(servers[1]) if servers else "n/a",
         }
     return pd.DataFrame(rows)
+
+
+def _capacity_note(out: StudyOutput) -> str:
+    """What the comparison table's rates are, in the words of `tuner tune`'s closing note, so that its
+    servers can be checked against them."""
+    rates = out.load_rates()
+    return ("<p class='notes'>capacity: the fastest replay of the recording that met the SLA, as its mean rate "
+            "(the busiest second of that replay beside it); the load: the recording at speed "
+            f"{out.speed:g}{f' ({rates})' if rates else ''}. Servers for the load: its mean rate over the "
+            "capacity's, rounded up (the capacity's replay met the SLA through its busiest second too).</p>")
 
 
 def _error(simulated: float, measured: float) -> str:
@@ -234,7 +250,7 @@ SECTIONS: list[tuple[str, Callable[[StudyOutput], go.Figure | None]]] = [
     ("Latency at capacity", figures.latency_cdfs),
     ("Batch sizes and fill rate", figures.batch_histograms),
     ("Traffic profile", figures.traffic_profile),
-    ("Servers and monthly cost at the peak", figures.cost_bars),
+    ("Servers and monthly cost for the load", figures.cost_bars),
 ]
 
 
@@ -253,7 +269,7 @@ def render(out: StudyOutput) -> str:
             parts.append(fig.to_html(full_html=False, include_plotlyjs=plotlyjs, config={"displaylogo": False}))
             plotlyjs = False
             if build is figures.cost_bars:
-                parts.append(comparison_table(out).to_html(classes="comparison"))
+                parts.append(comparison_table(out).to_html(classes="comparison") + _capacity_note(out))
         if build is figures.param_map:  # the simulation, where there is one, beside where the search went
             section = simulation_section(out, plotlyjs)
             parts.append(section)

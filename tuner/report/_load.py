@@ -25,8 +25,9 @@ import pandas as pd
 from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
+from tuner.score import monthly_cost, servers_needed
 from tuner.search import open_storage
-from tuner.traffic import busiest_window, read_traffic
+from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
 
 SUMMARY = "summary.json"
@@ -35,7 +36,6 @@ RECOMMENDED, RECOMMENDED_ENGINE = export.RECOMMENDED, export.RECOMMENDED_ENGINE 
 SIMULATION = "simulation.csv"
 # the simulation's columns the report needs; the rest (latency, fill rate, feasibility) are optional
 SIMULATION_COLUMNS = (space.MAX_BATCH_SIZE, space.QUEUE_DELAY, "capacity_rps", "score_capacity", "score_utilization")
-HOURS_PER_MONTH = 730.0
 
 # The columns the report reads, each with the names the tuner's trials.csv may give it
 # (its own names first, then Optuna's `trials_dataframe()` names).
@@ -79,6 +79,7 @@ class StudyOutput:
     traffic: pd.DataFrame | None = None  # the recorded traffic table (tuner.traffic.read_traffic)
     traffic_path: str | None = None
     latency_records: dict[str, pd.Series] = field(default_factory=dict)  # label -> latencies (ms)
+    latency_repeats: dict[str, int] = field(default_factory=dict)  # label -> the repeats its records pool
     simulation: pd.DataFrame | None = None  # simulation.csv: the simulated ranking of the whole space
     notes: list[str] = field(default_factory=list)  # what was missing, said once each
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -140,7 +141,8 @@ class StudyOutput:
         return key if key in self.trials else f"{stem}_p99_ms"
 
     def peak_rps(self) -> float | None:
-        """The most requests in any one second of the profile (or the summary's figure)."""
+        """The load's busiest second: the most requests in any one second of the profile at the study's
+        speed (or the summary's figure)."""
         if "peak" not in self._cache:
             self._cache["peak"] = self._peak_rps()
         return self._cache["peak"]
@@ -155,6 +157,27 @@ class StudyOutput:
         # requests in the busiest second at the study's speed, as `tuner tune` counts it
         return float(busiest_window(self.traffic, self.speed)[1])
 
+    def load_mean_rps(self) -> float | None:
+        """The load's mean rate: the profile's mean rate at the study's speed (or the summary's figure),
+        the rate a capacity (the fastest replay that met the SLA, as its mean rate) compares with."""
+        traffic = self.summary.get("traffic") or {}
+        if traffic.get("load_mean_rps") is not None:
+            return float(traffic["load_mean_rps"])
+        if traffic.get("mean_rps") is not None:  # a summary before load_mean_rps: the rate at speed 1
+            return float(traffic["mean_rps"]) * self.speed
+        if self.traffic is None or self.traffic.empty:
+            return None
+        return mean_rps(self.traffic) * self.speed
+
+    def load_rates(self) -> str:
+        """The load's rates as `tuner tune`'s closing note words a capacity's, "mean 10.2 req/s, busiest
+        second 238 req/s" (what is unknown left out): a capacity is a mean rate, the servers needed
+        compare it with the load's mean, never with its busiest second."""
+        mean, busiest = self.load_mean_rps(), self.peak_rps()
+        return ", ".join(text for value, text in ((mean, f"mean {mean or 0:,.1f} req/s"),
+                                                  (busiest, f"busiest second {busiest or 0:,.0f} req/s"))
+                         if value is not None)
+
     @property
     def speed(self) -> float:
         """The replay speed that stands for the traffic's real load (traffic.speed, default 1)."""
@@ -162,17 +185,19 @@ class StudyOutput:
         return float(value) if isinstance(value, (int, float)) and value > 0 else 1.0
 
     def servers_and_cost(self, which: str) -> tuple[int, float] | None:
-        """Servers needed for the traffic's peak rate and their monthly bill, for best/incumbent:
-        the tuner's own figures when the summary has them, else peak / capacity."""
+        """Servers the load needs (its busiest second included) and their monthly bill, for
+        best/incumbent: the tuner's own figures when the summary has them, else the load's mean rate
+        over the capacity's, as the tuner counts them (a capacity is a mean rate: its replay's busiest
+        second passed the SLA too)."""
         servers, cost = _dig(self.summary, f"{which}.servers_needed"), _dig(self.summary, f"{which}.monthly_cost")
         if servers is not None and cost is not None:
             return int(servers), float(cost)
         capacity = _dig(self.summary, f"{which}.capacity_rps")
-        peak, price = self.peak_rps(), self.price_per_hour
-        if not capacity or peak is None or price is None:
+        load, price = self.load_mean_rps(), self.price_per_hour
+        if not capacity or load is None or price is None:
             return None
-        servers = max(1, math.ceil(peak / float(capacity)))
-        return servers, servers * price * HOURS_PER_MONTH
+        servers = servers_needed(load, float(capacity))
+        return servers, monthly_cost(servers, price)
 
     def summary_latency(self, which: str, at: str = "load") -> dict[str, float]:
         """best/incumbent latency percentiles at the recorded load or at capacity (a generative study's
@@ -191,12 +216,15 @@ class StudyOutput:
         except (IndexError, ValueError, TypeError):
             return None
 
-    def top_trials(self, k: int = 3) -> pd.DataFrame:
+    def top_trials(self, k: int = 3, *, incumbent: bool = True) -> pd.DataFrame:
         """The k best complete, feasible trials by requests per dollar (a pruned trial's capacity
-        search stopped early, so its score is a lower bound)."""
+        search stopped early, so its score is a lower bound); without the incumbent's trial when
+        `incumbent` is False (where the incumbent is drawn under its own name)."""
         t = self.trials
         ok = t[(t["state"] == "COMPLETE") & t["feasible"] & t["requests_per_dollar"].notna()]
-        return ok.sort_values("requests_per_dollar", ascending=False).head(k)
+        top = ok.sort_values("requests_per_dollar", ascending=False).head(k)
+        number = _dig(self.summary, "incumbent.trial")
+        return top if incumbent or number is None else top[top["number"] != number]
 
 
 def sla_of(summary: dict[str, Any]) -> dict[str, float]:
@@ -416,8 +444,10 @@ def _traffic(path: Path, summary: dict[str, Any], notes: list[str]) -> tuple[pd.
 
 
 def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
+    """records/: the incumbent's and the top trials' latencies (the incumbent's trial once: `tuner tune`
+    writes its records under both names); how many repeats each pools into `out.latency_repeats`."""
     labels = {"incumbent": "incumbent"}
-    for number in out.top_trials(3)["number"]:
+    for number in out.top_trials(3, incumbent=False)["number"]:
         labels[f"trial_{int(number)}"] = f"trial {int(number)}"
     records: dict[str, pd.Series] = {}
     for stem, label in labels.items():
@@ -428,6 +458,7 @@ def _latency_records(path: Path, out: StudyOutput) -> dict[str, pd.Series]:
             try:
                 frame = pd.read_parquet(file) if suffix == ".parquet" else pd.read_csv(file)
                 records[label] = frame["latency_ms"].dropna()
+                out.latency_repeats[label] = int(frame["repeat"].nunique()) if "repeat" in frame else 1
             except (KeyError, ValueError, OSError) as exc:
                 out.notes.append(f"{file}: cannot read latencies: {exc}")
             break
