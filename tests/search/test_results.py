@@ -1,5 +1,5 @@
 """The re-measurement as the study stores it (`tuner.search._results`): each repeat's own range of
-requests per dollar beside the medians (pure)."""
+requests per dollar beside the medians, and counts kept as whole numbers a repeat had (pure)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,14 @@ def test_each_repeat_keeps_its_own_range_from_its_score_to_its_first_failing_spe
     assert search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (open_ended,), "capacity"))["ranges"] == [
         pytest.approx([capacity_score(25.0, PRICE)] * 2)]
 
+
+def test_counts_stay_whole_numbers_a_repeat_had():
+    attrs = search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (FIRST, SECOND), "capacity"))["attrs"]
+    # the median of 1 and 2 servers, 4 and 5 steps, 331 and 334 requests in the busiest second would be
+    # 1.5, 4.5 and 332.5: figures no run produced
+    assert attrs["servers_needed"] == 1 and isinstance(attrs["servers_needed"], int)
+    assert attrs["capacity_steps"] == 4 and isinstance(attrs["capacity_steps"], int)
+    assert attrs["requests"] == 600 and isinstance(attrs["requests"], int)
+    assert attrs["capacity_peak_rps"] == 331.0
+    assert attrs["monthly_cost"] == pytest.approx(PRICE * 730.0)  # the cost of the servers kept, 1
+    assert attrs["capacity_rps"] == pytest.approx((17.27 + 18.83) / 2)  # a measured rate is still the median

@@ -191,6 +191,11 @@ def recommend(remeasured: list[dict]) -> list[dict]:
                   reverse=True)
 
 
+# figures stored as floats that count whole things: a busiest second's requests (at the load's speed and
+# at the capacity's), and the monthly cost of a whole number of servers
+_COUNTED = ("peak_rps", "capacity_peak_rps", "monthly_cost")
+
+
 def repeats_as_dict(r: Repeats) -> dict:
     """JSON-able, kept in the study's storage so that `tuner export` can rebuild the summary: the
     medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names, and each
@@ -201,7 +206,10 @@ def repeats_as_dict(r: Repeats) -> dict:
     for key in keys:
         values = [a[key] for a in attrs if isinstance(a.get(key), (int, float)) and not isinstance(a.get(key), bool)]
         if values:
-            medians[key] = statistics.median(values)
+            # a count stays one a repeat had (the lower middle one): the median of 1 and 2 servers, or of two
+            # busiest seconds' requests, is 1.5, which no run measured and no one can deploy
+            whole = key in _COUNTED or all(isinstance(v, int) for v in values)
+            medians[key] = statistics.median_low(values) if whole else statistics.median(values)
     return {
         "trial": r.trial,
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.params.items()},
