@@ -147,6 +147,36 @@ def test_improvement_is_best_over_incumbent_by_median(tmp_path):
     assert f"{cap:.3g}-{cap * 1.1:.3g}" in table or f"{cap:,.0f}-{cap * 1.1:,.0f}" in table
 
 
+def test_each_sides_range_holds_every_capacity_its_repeats_allow(tmp_path):
+    """The incumbent re-measured twice, its capacity searches ending between 17.27 and 18.83 req/s and
+    between 18.83 and 21.47: its range reaches the second's own first failing speed, which the medians'
+    bracket (18.05-20.15) leaves out, so the improvement's low end falls, the same in every output."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    stored = study.user_attrs["remeasured"]
+    at = next(i for i, r in enumerate(stored) if r["incumbent"])
+
+    def run(lower: float, upper: float) -> TrialRecord:  # the price is 2 $/h: 1,800 req/$ per req/s
+        return dataclasses.replace(fake(stored[at]["params"], Hints(), 40.0), scores={"capacity": lower * 1800.0},
+                                   capacity=Bracket(rps=lower, speed=lower / 100.0, upper_rps=upper, steps=4))
+
+    repeats = search.Repeats(stored[at]["params"], stored[at]["trial"], True, (run(17.27, 18.83), run(18.83, 21.47)),
+                             "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(repeats), *stored[at + 1:]])
+    summary = export.summarize(study)
+    inc, best = summary["incumbent"], summary["best"]
+    assert inc["capacity_bracket"]["upper_rps"] == pytest.approx(20.15)  # the medians', as before
+    assert inc["range"] == pytest.approx([17.27 * 1800, 21.47 * 1800])  # not 20.15 x 1,800
+    low, high = summary["improvement_range"]
+    assert low == pytest.approx(best["range"][0] / (21.47 * 1800) - 1)
+    assert high == pytest.approx(best["range"][1] / (17.27 * 1800) - 1)
+    assert f"between {low:+.1%} and {high:+.1%}" in summary["message"]
+    assert f"({low:+.0%}..{high:+.0%})" in export.closing_table(summary)
+    # a study stored before the repeats' own ranges were keeps the rule it had: from the medians' bracket
+    study.set_user_attr("remeasured", [{k: v for k, v in r.items() if k != "ranges"}
+                                       for r in study.user_attrs["remeasured"]])
+    assert export.summarize(study)["incumbent"]["range"] == pytest.approx([17.27 * 1800, 20.15 * 1800])
+
+
 @pytest.mark.parametrize("limited_by, mark, says", [("load_generator", " *", "* limited by the load generator"),
                                                     ("traffic", " ^", "^ limited by the traffic")])
 def test_a_capacity_a_limit_other_than_the_server_stopped_is_marked_and_said(tmp_path, limited_by, mark, says):

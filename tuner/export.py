@@ -141,7 +141,7 @@ def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
     e["capacity_rps"] = r.get("capacity_rps")
     e["capacity_speed"] = r.get("capacity_speed")
     e["per_dollar"] = e[f"{e['unit']}_per_dollar"] = r.get("median")  # the median over the repeats: what was compared
-    e["repeats"] = {"values": r.get("values"), "spread": r.get("spread"),
+    e["repeats"] = {"values": r.get("values"), "ranges": r.get("ranges"), "spread": r.get("spread"),
                     "observed_spread": r.get("observed_spread"), "bracket_width": r.get("bracket_width"),
                     "feasible_runs": r.get("feasible_runs"), "unmeasured_runs": r.get("unmeasured_runs", 0)}
     e["host"], e["gpu"] = (on or {}).get("host"), (on or {}).get("gpu")  # every repeat on one host
@@ -149,20 +149,24 @@ def _from_repeats(r: dict, scoring: str, on: dict | None = None) -> dict:
 
 
 def _range(entry: dict, scoring: str, price: float | None) -> tuple[float, float] | None:
-    """Where an entry's requests per dollar may really lie: under capacity scoring from the capacity
-    bracket (last passing, first failing speed); from the spread of its repeats; the union of both."""
+    """Where an entry's requests per dollar may really lie: the union of its repeats' own ranges, each
+    from its score to (under capacity scoring) its score at its own first failing speed
+    (`Repeats.ranges`), so that it holds every capacity any repeat allows. An entry without them (one
+    trial, or a study stored before they were) has its repeats' values and its capacity bracket,
+    widened from the median."""
     value = entry.get("per_dollar")
     if not entry.get("feasible") or not value:
         return None
-    low = high = float(value)
-    values = [v for v in (entry.get("repeats") or {}).get("values") or [] if v]
-    if values:
-        low, high = min(low, *values), max(high, *values)
-    bracket = entry.get("capacity_bracket") or {}
-    if scoring == "capacity" and price and bracket.get("upper_rps"):
-        width = bracket["upper_rps"] / bracket["lower_rps"] - 1.0 if bracket.get("lower_rps") else 0.0
-        high = max(high, float(value) * (1.0 + width))  # the capacity lies somewhere in its bracket
-    return low, high
+    repeats = entry.get("repeats") or {}
+    spans = [(float(value), float(value))]
+    if repeats.get("ranges") is not None:
+        spans += [(float(low), float(high)) for low, high in filter(None, repeats["ranges"])]
+    else:
+        spans += [(float(v), float(v)) for v in repeats.get("values") or [] if v]
+        bracket = entry.get("capacity_bracket") or {}
+        if scoring == "capacity" and price and bracket.get("upper_rps") and bracket.get("lower_rps"):
+            spans.append((float(value), float(value) * bracket["upper_rps"] / bracket["lower_rps"]))
+    return min(low for low, _ in spans), max(high for _, high in spans)
 
 
 def _unmeasured(study: optuna.Study) -> list[dict]:

@@ -103,9 +103,8 @@ def to_arm(record: TrialRecord, arm: str, scoring: str, *, percentile: float, un
     tpot = load.tpot_ms.get(q) if load is not None and load.generative else None
     score = record.scores.get(scoring)
     valid = record.outcome not in NO_VERDICT
-    width = record.capacity.width if scoring == "capacity" and record.capacity is not None else None
     return ArmResult(arm=arm, meets_sla=record.meets_sla, per_dollar=None if score is None or not valid else float(score),
-                     per_dollar_upper=float(score) * (1.0 + width) if score is not None and valid and width else None,
+                     per_dollar_upper=record.score_upper(scoring) if valid else None,
                      unit=unit, latency_ms=float(latency) if latency is not None else float("nan"),
                      ttft_ms=None if ttft is None else float(ttft), tpot_ms=None if tpot is None else float(tpot),
                      error_rate=load.error_rate if load is not None else 0.0, valid=valid,

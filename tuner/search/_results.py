@@ -133,6 +133,14 @@ class Repeats:
         width = self.bracket_width if self.scoring == "capacity" else None
         return max(self.observed_spread, width or 0.0)
 
+    def ranges(self) -> list[tuple[float, float] | None]:
+        """Each measured repeat's own range of requests per dollar: from its score (under capacity scoring
+        at its bracket's lower edge, the last passing speed) to its score at its own first failing speed
+        (`TrialRecord.score_upper`; its score alone under another scoring or with an open bracket); None
+        for a repeat that missed the SLA (`values` 0)."""
+        return [(v, r.score_upper(self.scoring) or v) if v else None
+                for r, v in zip(self.measured, self.values(), strict=True)]
+
     def median_of(self, pick: Callable[[TrialRecord], float | None]) -> float | None:
         """The median of what `pick` reads from each measured repeat (None when it reads nothing)."""
         values = [x for x in (pick(r) for r in self.measured) if x is not None]
@@ -183,21 +191,31 @@ def recommend(remeasured: list[dict]) -> list[dict]:
                   reverse=True)
 
 
+# figures stored as floats that count whole things: a busiest second's requests (at the load's speed and
+# at the capacity's), and the monthly cost of a whole number of servers
+_COUNTED = ("peak_rps", "capacity_peak_rps", "monthly_cost")
+
+
 def repeats_as_dict(r: Repeats) -> dict:
     """JSON-able, kept in the study's storage so that `tuner export` can rebuild the summary: the
-    medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names."""
+    medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names, and each
+    repeat's own range of requests per dollar (`Repeats.ranges`, under "ranges")."""
     attrs = [to_attrs(x) for x in r.measured]
     keys = sorted({k for a in attrs for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
     medians = {}
     for key in keys:
         values = [a[key] for a in attrs if isinstance(a.get(key), (int, float)) and not isinstance(a.get(key), bool)]
         if values:
-            medians[key] = statistics.median(values)
+            # a count stays one a repeat had (the lower middle one): the median of 1 and 2 servers, or of two
+            # busiest seconds' requests, is 1.5, which no run measured and no one can deploy
+            whole = key in _COUNTED or all(isinstance(v, int) for v in values)
+            medians[key] = statistics.median_low(values) if whole else statistics.median(values)
     return {
         "trial": r.trial,
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.params.items()},
         "incumbent": r.incumbent,
         "values": r.values(),
+        "ranges": [list(span) if span else None for span in r.ranges()],  # aligned with "values"
         "median": r.median,
         "spread": r.spread if math.isfinite(r.spread) else None,
         "observed_spread": r.observed_spread if math.isfinite(r.observed_spread) else None,

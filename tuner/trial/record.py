@@ -229,6 +229,14 @@ class TrialRecord:
         score = self.scores.get(scoring)
         return float(score) if self.meets_sla and score is not None else 0.0
 
+    def score_upper(self, scoring: str) -> float | None:
+        """The score at the top of the capacity bracket, its first failing speed (score x upper / lower
+        rate): the capacity lies between that speed and the last passing one, the score's. None under
+        another scoring, without a score, or where no speed failed (an open bracket)."""
+        score = self.scores.get(scoring)
+        width = self.capacity.width if scoring == "capacity" and self.capacity is not None else None
+        return float(score) * (1.0 + width) if score is not None and width else None
+
 
 # a trial: run for real (tuner.trial.run.make_evaluate) or simulated; what the search calls
 Evaluate = Callable[[Params, Hints], TrialRecord]
