@@ -9,6 +9,7 @@ and `gpu`. deploy/prometheus/tuner-rules.yml and deploy/grafana/tuner-dashboard.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ __all__ = [
     "engine_audit_families",
     "labels_for",
     "nightly_families",
+    "one_family_per_name",
     "registry_of",
     "replay_audit_families",
     "study_families",
@@ -320,6 +322,21 @@ def _night_time(stamp: str | None) -> float | None:
         return None
 
 
+def one_family_per_name(families: Iterable[Metric]) -> list[Metric]:
+    """`families` with those of one name (tuner_nightly_requests_per_dollar's two configs) merged into one
+    family holding all their samples, in first-seen order: an exposition says a name's HELP and TYPE once
+    (Prometheus's text parser and promtool refuse a second, OpenMetrics's parser "metadata after samples").
+    The families given are left as built: every exposition of them (each scrape) merges afresh."""
+    merged: dict[str, Metric] = {}
+    for f in families:
+        if f.name not in merged:
+            merged[f.name] = copy.copy(f)
+            merged[f.name].samples = list(f.samples)
+        else:
+            merged[f.name].samples.extend(f.samples)
+    return list(merged.values())
+
+
 class _Families:
     """A collector of families built beforehand."""
 
@@ -327,14 +344,7 @@ class _Families:
         self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        # two families of one name (tuner_nightly_requests_per_dollar): one family, both samples
-        merged: dict[str, Metric] = {}
-        for f in self.families:
-            if f.name in merged:
-                merged[f.name].samples.extend(f.samples)
-            else:
-                merged[f.name] = f
-        yield from merged.values()
+        yield from one_family_per_name(self.families)
 
 
 def registry_of(families: list[Metric]) -> CollectorRegistry:
