@@ -70,7 +70,8 @@ class AuditCollector:
         up.add_metric(self.labels.values, 0.0 if error else 1.0)
         # merged as the textfile is: the nightly's two configs are two families of one name
         yield from m.one_family_per_name([
-            *m.study_families(self.settings, self.labels, max_batch_size=self.max_batch_size, baseline=self.baseline),
+            *m.study_families(self.settings, self.labels, max_batch_size=self.max_batch_size,
+                              baseline=self.baseline),
             *audit,
             *self._nightly(),
             up,
