@@ -2,14 +2,16 @@
 production audit worked out by hand, the textfile as node_exporter reads it (parsed back with
 prometheus_client's own parser), the nightly verdict, and the commands' --textfile: a missing
 directory and a busy exporter port are one line, exit 2. What the exporter serves (its collector fed by
-hand, served on 127.0.0.1) holds one family per name. No Triton: the exporter scraped by a real
-Prometheus is tests/production/test_exporter.py."""
+hand, served on 127.0.0.1) holds one family per name; it and the textfiles pass promtool check
+metrics (no `quantile` label on a gauge). No Triton: the exporter scraped by a real Prometheus is
+tests/production/test_exporter.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import subprocess
 import urllib.request
 from collections import Counter
 
@@ -100,7 +102,7 @@ def test_the_textfile_holds_the_audits_figures_with_units_and_labels(tmp_path):
     assert got[("tuner_recoverable_dollars_per_month", LABELS)] == pytest.approx(0.85 * 2 * PRICE * 730)
     assert got[("tuner_gpu_price_dollars_per_hour", LABELS)] == PRICE
     assert got[("tuner_max_batch_size", LABELS)] == 32
-    assert got[("tuner_sla_latency_seconds", lab(quantile="0.99"))] == pytest.approx(0.2)
+    assert got[("tuner_sla_latency_seconds", lab(percentile="0.99"))] == pytest.approx(0.2)
     assert got[("tuner_audit_exit_code", LABELS)] == 10  # inefficient
     assert got[("tuner_audit_window_end_timestamp_seconds", LABELS)] == a.end.timestamp()
     assert got[("tuner_audit_covered_seconds", LABELS)] == 3600
@@ -275,3 +277,27 @@ def test_building_a_textfile_twice_keeps_each_sample_once(tmp_path):
     assert write_textfile(tmp_path / "b.prom", families).read_text() == first
     assert first.count("tuner_nightly_requests_per_dollar{") == 2
 
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_accepts_what_the_exporter_serves(prometheus_tools, tmp_path):
+    for unit, night in NIGHTS.items():
+        done = promtool_check(exporter_metrics(tmp_path / unit, night))
+        assert done.returncode == 0, f"{unit}: {done.stdout}{done.stderr}"
+
+
+def test_promtool_accepts_the_textfiles(prometheus_tools, tmp_path):
+    # `tuner audit --prometheus --textfile` (the study's constants, the SLA's among them) and `tuner nightly`
+    settings = study(tmp_path)
+    labels = labels_for(settings)
+    audit_text = write_textfile(tmp_path / "audit.prom", study_families(
+        settings, labels, max_batch_size=32, baseline=BASELINE) + audit_families(audit(tmp_path), labels)).read_text()
+    # the SLA's percentile as Triton's summaries write their quantile (0.99), in a label of another name:
+    # Prometheus reserves `quantile` for summaries
+    assert samples(audit_text)[("tuner_sla_latency_seconds", lab(percentile="0.99"))] == pytest.approx(0.2)
+    for name, text in [("audit", audit_text), *((unit, write_textfile(
+            tmp_path / f"{unit}.prom", nightly_families(night, labels)).read_text()) for unit, night in NIGHTS.items())]:
+        done = promtool_check(text)
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
