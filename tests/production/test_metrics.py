@@ -1,28 +1,38 @@
 """The tuner's figures as Prometheus metrics (tuner/production/_metrics.py): the families of a
 production audit worked out by hand, the textfile as node_exporter reads it (parsed back with
 prometheus_client's own parser), the nightly verdict, and the commands' --textfile: a missing
-directory and a busy exporter port are one line, exit 2. No server: the exporter scraped by a real
-Prometheus is tests/production/test_exporter.py."""
+directory and a busy exporter port are one line, exit 2. What the exporter serves (its collector fed by
+hand, served on 127.0.0.1) holds one family per name; it and the textfiles pass promtool check
+metrics (no `quantile` label on a gauge). No Triton: the exporter scraped by a real Prometheus is
+tests/production/test_exporter.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import subprocess
+import urllib.request
+from collections import Counter
 
 import pandas as pd
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.production_audit import write_study
 from tuner.audit import AuditResult, Baseline
 from tuner.cli import main
+from tuner.localhost import free_ports
 from tuner.production import (
+    AuditCollector,
+    TritonSource,
     audit_families,
     judge,
     labels_for,
     nightly_families,
     replay_audit_families,
+    serve,
     study_families,
     write_textfile,
 )
@@ -92,7 +102,7 @@ def test_the_textfile_holds_the_audits_figures_with_units_and_labels(tmp_path):
     assert got[("tuner_recoverable_dollars_per_month", LABELS)] == pytest.approx(0.85 * 2 * PRICE * 730)
     assert got[("tuner_gpu_price_dollars_per_hour", LABELS)] == PRICE
     assert got[("tuner_max_batch_size", LABELS)] == 32
-    assert got[("tuner_sla_latency_seconds", lab(quantile="0.99"))] == pytest.approx(0.2)
+    assert got[("tuner_sla_latency_seconds", lab(percentile="0.99"))] == pytest.approx(0.2)
     assert got[("tuner_audit_exit_code", LABELS)] == 10  # inefficient
     assert got[("tuner_audit_window_end_timestamp_seconds", LABELS)] == a.end.timestamp()
     assert got[("tuner_audit_covered_seconds", LABELS)] == 3600
@@ -205,3 +215,89 @@ def test_the_replay_audits_textfile_holds_its_capacity_fill_and_verdict(tmp_path
     assert got[("tuner_throughput_ratio", LABELS)] == 0.5
     assert got[("tuner_recoverable_dollars_per_month", LABELS)] == 730
     assert got[("tuner_audit_exit_code", LABELS)] == result.exit_code
+
+
+# the reviewer's night (one of each unit): each writes one score under two `config`s
+NIGHTS = {
+    "requests": {"night": "2026-12-06T163656Z", "decision": "change", "exit_code": 10,
+                 "production_requests_per_dollar": 1000, "best_requests_per_dollar": 1300},
+    "tokens": {"night": "2026-12-06T163656Z", "decision": "keep", "exit_code": 0, "unit": "tokens",
+               "production_tokens_per_dollar": 1.0e6, "best_tokens_per_dollar": 1.2e6},
+}
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def exporter_metrics(tmp_path, night: dict, *, accept: str = "text/plain") -> str:
+    """What `tuner exporter --triton ... --nightly DIR` serves on /metrics (DIR's history: `night`): its
+    collector, the window filled by hand (50 req/s over 10 s, nothing scraped), served by `serve`."""
+    settings = study(tmp_path)
+    (tmp_path / "nightly").mkdir()
+    (tmp_path / "nightly" / "history.jsonl").write_text(json.dumps(night) + "\n")
+    source = TritonSource(["127.0.0.1:1"], model="m", window_s=60)
+    source.window.add("127.0.0.1:1", 1000.0, {"1": (0.0,) * 6})
+    source.window.add("127.0.0.1:1", 1010.0, {"1": (500.0, 0.0, 500.0, 50.0, 500.0, 1000.0)})
+    collector = AuditCollector(settings, source, window_s=60, nightly=tmp_path / "nightly", refresh_s=0.0)
+    port = free_ports(1)[0]
+    server = serve(collector, port=port)
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def family_names(families) -> Counter:
+    return Counter(f.name for f in families)
+
+
+@pytest.mark.parametrize("unit", sorted(NIGHTS))
+def test_the_exporter_serves_one_family_per_name(tmp_path, unit):
+    # the nightly's two configs were two families of one name, HELP and TYPE said twice: Prometheus's
+    # text parser refuses the scrape, the OpenMetrics parser says "Received metadata after samples"
+    text = exporter_metrics(tmp_path, NIGHTS[unit])
+    # (prometheus_client's text parser merges a repeated family silently: the header lines are counted)
+    helps = Counter(line.split()[2] for line in text.splitlines() if line.startswith("# HELP "))
+    assert max(helps.values()) == 1, [n for n, c in helps.items() if c > 1]
+    score = "tuner_nightly_output_tokens_per_dollar" if unit == "tokens" else "tuner_nightly_requests_per_dollar"
+    got = samples(text)
+    assert {c for (name, labels) in got if name == score for k, c in labels if k == "config"} == {"production", "best"}
+    assert got[("tuner_production_requests_per_second", LABELS)] == 50  # the audit is served beside it
+    om = list(openmetrics_families(exporter_metrics(tmp_path / "om", NIGHTS[unit], accept=OPENMETRICS)))
+    assert max(family_names(om).values()) == 1
+    assert len([s for f in om if f.name == score for s in f.samples]) == 2
+
+
+def test_building_a_textfile_twice_keeps_each_sample_once(tmp_path):
+    # the families merged for one exposition stay as built: a second exposition of them says each sample once
+    labels = labels_for(study(tmp_path))
+    families = nightly_families(NIGHTS["requests"], labels)
+    first = write_textfile(tmp_path / "a.prom", families).read_text()
+    assert write_textfile(tmp_path / "b.prom", families).read_text() == first
+    assert first.count("tuner_nightly_requests_per_dollar{") == 2
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+
+
+def test_promtool_accepts_what_the_exporter_serves(prometheus_tools, tmp_path):
+    for unit, night in NIGHTS.items():
+        done = promtool_check(exporter_metrics(tmp_path / unit, night))
+        assert done.returncode == 0, f"{unit}: {done.stdout}{done.stderr}"
+
+
+def test_promtool_accepts_the_textfiles(prometheus_tools, tmp_path):
+    # `tuner audit --prometheus --textfile` (the study's constants, the SLA's among them) and `tuner nightly`
+    settings = study(tmp_path)
+    labels = labels_for(settings)
+    audit_text = write_textfile(tmp_path / "audit.prom", study_families(
+        settings, labels, max_batch_size=32, baseline=BASELINE) + audit_families(audit(tmp_path), labels)).read_text()
+    # the SLA's percentile as Triton's summaries write their quantile (0.99), in a label of another name:
+    # Prometheus reserves `quantile` for summaries
+    assert samples(audit_text)[("tuner_sla_latency_seconds", lab(percentile="0.99"))] == pytest.approx(0.2)
+    for name, text in [("audit", audit_text), *((unit, write_textfile(
+            tmp_path / f"{unit}.prom", nightly_families(night, labels)).read_text()) for unit, night in NIGHTS.items())]:
+        done = promtool_check(text)
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"

@@ -63,17 +63,19 @@ class AuditCollector:
             if time.monotonic() - self._at >= self.refresh_s:
                 self._refresh()
             audit, error = list(self._audit), self._error
-        yield from m.study_families(
-            self.settings, self.labels, max_batch_size=self.max_batch_size, baseline=self.baseline
-        )
-        yield from audit
-        yield from self._nightly()
         up = GaugeMetricFamily(
             "tuner_exporter_up", "1: the last audit (from Prometheus, or every Triton's last scrape) succeeded.",
             labels=[*m.LABELS],
         )
         up.add_metric(self.labels.values, 0.0 if error else 1.0)
-        yield up
+        # merged as the textfile is: the nightly's two configs are two families of one name
+        yield from m.one_family_per_name([
+            *m.study_families(self.settings, self.labels, max_batch_size=self.max_batch_size,
+                              baseline=self.baseline),
+            *audit,
+            *self._nightly(),
+            up,
+        ])
 
     def _refresh(self) -> None:
         self._at = time.monotonic()

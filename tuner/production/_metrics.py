@@ -9,6 +9,7 @@ and `gpu`. deploy/prometheus/tuner-rules.yml and deploy/grafana/tuner-dashboard.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from tuner.errors import OutputError
 from tuner.paths import os_reason
 from tuner.production._engine_result import EngineAudit
 from tuner.production._result import ProductionAudit
-from tuner.settings import StudySettings
+from tuner.settings import SlaSettings, StudySettings
 
 __all__ = [
     "DECISIONS",
@@ -34,6 +35,7 @@ __all__ = [
     "engine_audit_families",
     "labels_for",
     "nightly_families",
+    "one_family_per_name",
     "registry_of",
     "replay_audit_families",
     "study_families",
@@ -89,7 +91,6 @@ def study_families(
     the recording rules divide Triton's own counters by."""
     price = price_for(settings.cost).price_per_hour
     capacity = baseline.capacity_rps if baseline is not None else None
-    quantile = f"{settings.sla.percentile / 100:g}"  # as Triton's summaries label it: 0.99
     return _present(
         [
             labels.gauge(
@@ -102,9 +103,9 @@ def study_families(
             ),
             labels.gauge(
                 "tuner_sla_latency_seconds",
-                "The SLA's latency limit at its percentile (the quantile label).",
+                "The SLA's latency limit at its percentile (the percentile label, as a quantile: 0.99).",
                 settings.sla.latency_ms / 1000,
-                quantile=quantile,
+                percentile=_percentile(settings.sla),
             ),
             labels.gauge(
                 "tuner_sla_max_error_ratio",
@@ -123,6 +124,13 @@ def study_families(
             ),
         ]
     )
+
+
+def _percentile(sla: SlaSettings) -> str:
+    """The `percentile` label's value: the SLA's percentile as Triton's summaries write their quantile
+    (0.99 for 99), so that a rule can join the two. Not named `quantile`: Prometheus reserves it for
+    summaries (promtool check metrics refuses it on a gauge)."""
+    return f"{sla.percentile / 100:g}"
 
 
 COVERED_HELP = ("The seconds of the window the replicas' samples cover: what the per-second figures divide by "
@@ -181,11 +189,10 @@ def audit_families(audit: ProductionAudit, labels: Labels) -> list[Metric]:
 
 def engine_audit_families(audit: EngineAudit, labels: Labels) -> list[Metric]:
     """A generative model's production audit over its window: output tokens per dollar and per second,
-    TTFT and TPOT at the SLA's percentile (the quantile label), the steps over the SLA, preemptions,
+    TTFT and TPOT at the SLA's percentile (the percentile label), the steps over the SLA, preemptions,
     the KV cache's peak, the peak's ratio to the baseline (absent where there was nothing to measure)."""
     f = audit.figures
     measured = f.seconds > 0
-    quantile = f"{audit.sla.percentile / 100:g}"
     seconds = {"ttft": f.ttft_ms, "tpot": f.tpot_ms}
     return _present(
         [
@@ -196,8 +203,9 @@ def engine_audit_families(audit: EngineAudit, labels: Labels) -> list[Metric]:
             labels.gauge("tuner_production_replicas", "Engines serving, on average over the window.",
                          f.replicas if measured else None),
             *(labels.gauge(f"tuner_production_{k}_seconds", f"The engine's {k.upper()} over the window at the "
-                           "SLA's percentile (the quantile label).", None if v is None else v / 1000,
-                           quantile=quantile) for k, v in seconds.items()),
+                           "SLA's percentile (the percentile label, as a quantile: 0.99).",
+                           None if v is None else v / 1000, percentile=_percentile(audit.sla))
+              for k, v in seconds.items()),
             labels.gauge("tuner_production_steps_over_sla", "Steps (hours) of the window whose TTFT, TPOT or "
                          "error rate broke the SLA.", len(audit.over_sla) if measured else None),
             labels.gauge("tuner_production_preemptions", "Requests vLLM preempted over the window.",
@@ -320,6 +328,21 @@ def _night_time(stamp: str | None) -> float | None:
         return None
 
 
+def one_family_per_name(families: Iterable[Metric]) -> list[Metric]:
+    """`families` with those of one name (tuner_nightly_requests_per_dollar's two configs) merged into one
+    family holding all their samples, in first-seen order: an exposition says a name's HELP and TYPE once
+    (Prometheus's text parser and promtool refuse a second, OpenMetrics's parser "metadata after samples").
+    The families given are left as built: every exposition of them (each scrape) merges afresh."""
+    merged: dict[str, Metric] = {}
+    for f in families:
+        if f.name not in merged:
+            merged[f.name] = copy.copy(f)
+            merged[f.name].samples = list(f.samples)
+        else:
+            merged[f.name].samples.extend(f.samples)
+    return list(merged.values())
+
+
 class _Families:
     """A collector of families built beforehand."""
 
@@ -327,14 +350,7 @@ class _Families:
         self.families = families
 
     def collect(self) -> Iterator[Metric]:
-        # two families of one name (tuner_nightly_requests_per_dollar): one family, both samples
-        merged: dict[str, Metric] = {}
-        for f in self.families:
-            if f.name in merged:
-                merged[f.name].samples.extend(f.samples)
-            else:
-                merged[f.name] = f
-        yield from merged.values()
+        yield from one_family_per_name(self.families)
 
 
 def registry_of(families: list[Metric]) -> CollectorRegistry:
