@@ -1,11 +1,13 @@
 """A week of traffic as hourly Parquet files, read out of core: time and peak memory of each step.
 
-    python benchmarks/traffic_bench.py [--requests 10000000] [--keep DIR] [--reuse]
+    python benchmarks/traffic_bench.py [--requests 10000000] [--runs 2] [--keep DIR [--reuse]] [--csv]
 
 Writes a diurnal week of `--requests` requests (lognormal seq_len, batch_size 1) as 168 hourly Parquet
 files (numpy and pyarrow, an hour at a time: the writer never holds the week), then runs each step in
-a fresh Python process and prints its wall time and that process's peak resident memory
-(getrusage ru_maxrss):
+a fresh Python process, --runs times, and prints its wall time, that process's CPU time (user + system,
+over all cores) and its peak resident memory (getrusage ru_maxrss), with the 1-minute load average
+before it: a line per step as it ends, then a table of all. --keep DIR keeps the week; --reuse then
+measures a week already written there (no write).
 
     import    open_recording: the files' footers read, the recording planned
     stats     `tuner traffic stats DIR` (open, describe_recording, format_stats)
@@ -156,6 +158,22 @@ def measure(step: str, folder: Path) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+# what each step reports beside its rows, time and memory, as the progress line names it
+DETAILS = {"segments": "segments", "files": "files", "peak_rps": "peak req/s",
+           "start_s": "window start (epoch s)", "due_s": "last due (s)"}
+
+
+def progress(run: int, step: str, load: float, result: dict) -> str:
+    """One readable line for a step just measured: wall, CPU, peak memory, load, rows and details."""
+    line = (f"run {run} {step:8} {result['s']:8.2f} s wall {result['cpu_s']:8.2f} s CPU "
+            f"{result['peak_mb']:8.0f} MB peak  load {load:.2f}  {result['rows']:,} rows")
+    for key, name in DETAILS.items():
+        if key in result:
+            value = result[key]
+            line += f", {name} {value:.2f}" if isinstance(value, float) else f", {name} {value:,}"
+    return line
+
+
 def agree(a, b) -> bool:
     """The same statistics: counts equal, floats to 1e-9 (sums are merged chunk by chunk)."""
     import math
@@ -178,6 +196,8 @@ def main() -> None:
     parser.add_argument("--csv", action="store_true", help="also time converting the week written as one CSV")
     parser.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.reuse and (args.keep is None or not any(args.keep.glob("*.parquet"))):
+        parser.error("--reuse needs --keep DIR holding a written week (its hourly Parquet files)")
     if args.write_only:
         if not args.reuse:
             make_week(args.keep, args.requests)
@@ -200,9 +220,7 @@ def main() -> None:
                 load = os.getloadavg()[0]
                 result = measure(step, folder)
                 rows.append((run, step, load, result))
-                shown = {k: v for k, v in result.items() if k != "stats"}
-                print(f"run {run} {step:8} {result['s']:8.2f} s {result['peak_mb']:8.0f} MB  "
-                      f"load {load:.2f}  {shown}", file=sys.stderr, flush=True)
+                print(progress(run, step, load, result), file=sys.stderr, flush=True)
     described = {step: r["stats"] for _, step, _, r in rows if "stats" in r}
     if len(described) == 2:
         same = agree(described["stats"], described["memory"])
