@@ -17,7 +17,7 @@ Send lag depends on what else the machine runs: compare within a run, give the l
 repeat (`--repeats`). CPU per request is the figure other work disturbs least.
 
     .venv/bin/python benchmarks/replay_rate.py [--rates 500,1000,1600] [--duration 10] [--workers 1,2]
-        [--model echo] [--pin | --url HOST:PORT [--grpc-url HOST:PORT]] [--repeats 2] [--budget-ms 2]
+        [--model echo] [--pin | --url HOST:PORT [--grpc-url HOST:PORT]] [--repeats 1] [--budget-ms 2]
         [--protocol http]
 """
 
