@@ -44,7 +44,7 @@ def _top_imports(stderr: str, top: int) -> list[tuple[int, str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--config", default=str(ROOT / "model_repository_templates/encoder_sim/config.pbtxt"))
     parser.add_argument("--top", type=int, default=8)

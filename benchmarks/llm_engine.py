@@ -46,7 +46,7 @@ def _stream(http: str, *, prompt: int, tokens: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)

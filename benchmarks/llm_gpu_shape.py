@@ -116,10 +116,10 @@ def measure(path: Path, grid: list[dict], *, scale: float = 1.0) -> pd.DataFrame
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqs", default="8,256", help="max_num_seqs values")
     parser.add_argument("--tokens", default="512,2048", help="max_num_batched_tokens values")
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help="templates to measure, comma-separated")
     parser.add_argument("--tolerance", type=float, default=0.1, help="the capacity search's (the quick start's 0.25)")
     parser.add_argument("--max-steps", type=int, default=7, help="the capacity search's (the quick start's 5)")
     parser.add_argument("--time-scale", type=float, default=4.0,

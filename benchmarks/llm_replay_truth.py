@@ -47,7 +47,7 @@ def bucketed(values_ms: np.ndarray, like: Histogram, q: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speeds", default="0.25,0.5,1")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--trace", default=str(ROOT / "traffic_profiles" / "azure_llm_2023_conv.csv"))

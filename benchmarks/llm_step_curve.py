@@ -292,7 +292,7 @@ def summary(points: list[Point], spec: dict[str, float], fitted: dict[str, float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     parser.add_argument("--bandwidth-gbs", type=float, default=4800.0, help="the GPU's memory bandwidth (H200: 4,800)")

@@ -92,14 +92,14 @@ def pick(summary: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqs", default="16,128", help="auto-tune's max_num_seqs values (two)")
     parser.add_argument("--tokens", default="512,2048", help="auto-tune's max_num_batched_tokens values (two)")
     parser.add_argument("--e2e-ms", type=float, default=20000.0, help="the p99 end-to-end limit")
     parser.add_argument("--repeats", type=int, default=2, help="re-measurements of each pick on the real trace")
-    parser.add_argument("--max-speed", type=float, default=32.0)
-    parser.add_argument("--max-steps", type=int, default=8)
-    parser.add_argument("--tolerance", type=float, default=0.1)
+    parser.add_argument("--max-speed", type=float, default=32.0, help="the capacity search's highest speed")
+    parser.add_argument("--max-steps", type=int, default=8, help="the capacity search's most steps")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="the capacity search's tolerance")
     parser.add_argument("--out", default="/tmp/llm-vs-autotune")
     args = parser.parse_args()
     seqs = sorted(int(v) for v in args.seqs.split(","))

@@ -51,7 +51,7 @@ def points(outputs: list[Path]) -> pd.DataFrame:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", type=Path)
     parser.add_argument("--fidelity", type=Path, nargs="+", required=True, metavar="OUTPUT",
                         help="simulator_fidelity.py outputs (their fidelity.csv)")

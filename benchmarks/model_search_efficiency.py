@@ -281,7 +281,7 @@ def independent(args, settings, tables: dict, speeds: dict, size: int, out: Path
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
     parser.add_argument("--grid", type=Path, nargs="+", required=True,
                         help="a measured grid: a `tuner tune` output (trials.csv); several: one space's parts")

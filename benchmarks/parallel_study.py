@@ -136,7 +136,7 @@ def load() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2, 3], metavar="N")
     parser.add_argument("--overhead-trials", type=int, default=40, metavar="N")
     parser.add_argument("--storage", metavar="URL", help="a PostgreSQL server URL (default: a private cluster)")

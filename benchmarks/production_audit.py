@@ -298,7 +298,7 @@ def expected(week: Week) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=20)
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)

@@ -87,7 +87,7 @@ def cross_check(configs: dict[str, dict], repeats: int, output: Path) -> pd.Data
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "quickstart-strategies")
     parser.add_argument("--repeats", type=int, default=3, help="cross-check repeats when the picks differ")
     args = parser.parse_args()

@@ -75,7 +75,7 @@ def start_server(args, stack: ExitStack):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="500,1000,1600")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per step, warm-up included")
     parser.add_argument("--workers", default="1,2")
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument("--pin", action="store_true", help="pin the local server to one core, the replay to the rest")
     target.add_argument("--url", help="HOST:PORT of a running Triton's HTTP endpoint serving --model")
     parser.add_argument("--grpc-url", help="with --url: HOST:PORT of its gRPC endpoint (default: HTTP port + 1)")
-    parser.add_argument("--server-log", default=None)
+    parser.add_argument("--server-log", default=None, help="write the local server's log to this file")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     worker_counts = [int(w) for w in args.workers.split(",")]

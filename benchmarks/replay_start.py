@@ -41,7 +41,7 @@ def _one(server, part, warmup_s: float, speed: float) -> tuple[float, float, flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--speed", type=float, default=0.5)
     parser.add_argument("--step-s", type=float, default=1.0)

@@ -128,14 +128,14 @@ def tuner_run(server: LocalLauncher, protocol: str, model: str, rate: float, seq
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--duration", type=float, default=30.0, help="tuner replay: seconds per run")
     parser.add_argument("--window-ms", type=int, default=8000, help="perf_analyzer measurement interval")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    parser.add_argument("--model", default="encoder_sim")
+    parser.add_argument("--model", default="encoder_sim", help="the template the local server serves")
     args = parser.parse_args(argv)
 
     prefix = install_perf_analyzer()

@@ -129,7 +129,7 @@ def build_output(out: Path, trials: int, seed: int = 0, journal: bool = False) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--keep", type=Path, help="build the study here and keep it")
     args = parser.parse_args()

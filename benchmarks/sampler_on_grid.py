@@ -70,7 +70,7 @@ def run_once(space, table: dict, incumbent: dict, budget: int, optimum: float) -
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("grid", help="a grid-*.csv written by search_ground_truth.py")
     parser.add_argument("--study", default=str(ROOT / "examples" / "grid.yaml"))
     parser.add_argument("--share", type=float, default=0.25)

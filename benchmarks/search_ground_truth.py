@@ -75,7 +75,7 @@ def frame(study: optuna.Study) -> pd.DataFrame:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
     parser.add_argument("--output", default=str(ROOT / "runs" / "ground-truth"))
     parser.add_argument("--share", type=float, default=0.25, help="TPE's trial budget, as a share of the grid")

@@ -42,7 +42,7 @@ def space(study, grid: str) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--study", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--grid", choices=("all", "half-octave"), default="all")

@@ -318,7 +318,7 @@ def merge(outputs: list[Path]) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "grid.yaml"))
     parser.add_argument("--grid", type=Path, help="an existing `tuner tune` output of the study (its trials.csv)")
     parser.add_argument("--profile", type=Path, help="an existing profile CSV of the study's model")

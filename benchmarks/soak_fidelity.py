@@ -237,7 +237,7 @@ def table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hours", type=float, default=12.0, help="hours of traffic per soak (default 12)")
     p.add_argument("--speed", type=float, default=72.0, help="replay speed (default 72: 12 h in 10 min)")
     p.add_argument("--window", type=float, default=0.5, help="wall minutes per window (default 0.5)")

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", nargs="?", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--configs", default="16:2000,8:0,32:4000", help="max_batch_size:delay_us, ...")
     parser.add_argument("--truth-step", type=float, default=60.0, help="seconds per step of the truth (c)")

@@ -49,7 +49,7 @@ def open_at_once(recs: pd.DataFrame) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="50,100,200")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -40,7 +40,7 @@ def write_trace(path: Path, n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -188,7 +188,7 @@ def agree(a, b) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=10_000_000, help="requests in the week")
     parser.add_argument("--keep", type=Path, help="write the week here (kept) instead of a temporary folder")
     parser.add_argument("--reuse", action="store_true", help="the week in --keep is already written")
