@@ -19,7 +19,9 @@ trace's busiest two minutes), under the same SLA (p99 end to end <= --e2e-ms, as
 
 Printed: each method's pick, its score on the traffic it was chosen on, and its output tokens per dollar
 on the real trace (median and each repeat), with the machine's load. Chunked prefill stays vLLM's
-default (on) in both: auto-tune does not tune it. About 20-25 minutes on 2 cores.
+default (on) in both: auto-tune does not tune it. With the defaults, 31-36 minutes on 2 cores
+(docs/llm-vs-autotune.md: 31 and 32 min with nothing else on the machine, 2026-12-04; 35 min 36 s,
+2026-12-06; 43 min beside three other test runs, 2026-12-03).
 """
 
 from __future__ import annotations
