@@ -418,7 +418,8 @@ parameters {
 }
 parameters { key: "mid" value { string_value: "3" } }
 '''
-    out = modelconfig.to_text(modelconfig.parse(text), comments_from=text)
+    # the whole config printed again (where the file's text cannot be edited in place: to_text's fallback)
+    out = modelconfig._reprinted(modelconfig.to_text(modelconfig.parse(text)), text)
     lines = out.splitlines()
     assert lines.index('  key: "alpha"') < lines.index('  key: "mid"') < lines.index('  key: "zebra"')
     assert lines[lines.index('  key: "zebra"') - 2] == "# the zebra's own"
@@ -436,3 +437,60 @@ def test_the_name_is_checked_against_the_directory_a_config_pbtxt_is_in(tmp_path
     modelconfig.check_name(config, tmp_path / "elsewhere.pbtxt")  # no model directory's config: nothing to match
     with pytest.raises(ConfigError, match=r"^config.pbtxt: name 'gpt' is not its directory's \('bert'\)"):
         modelconfig.check_name(modelconfig.parse('name: "gpt"\n'), "config.pbtxt")
+
+
+HAND_WRITTEN = """# my model, tuned by hand
+name: "m"
+backend: "python"
+max_batch_size: 64   # from training
+input [ { name: "X", data_type: TYPE_INT32, dims: [ -1 ] } ]
+dynamic_batching {
+  # none yet
+  max_queue_delay_microseconds: 100
+}
+parameters { key: "zebra" value { string_value: "1" } }
+parameters { key: "alpha" value { string_value: "2" } }
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+
+def test_a_changed_config_is_the_users_text_with_only_the_changed_fields_rewritten():
+    config = modelconfig.parse(HAND_WRITTEN)
+    config.max_batch_size = 16
+    config.dynamic_batching.max_queue_delay_microseconds = 2000
+    out = modelconfig.to_text(config, comments_from=HAND_WRITTEN)
+    assert modelconfig.parse(out) == config
+    before, after = HAND_WRITTEN.splitlines(), out.splitlines()
+    assert "max_batch_size: 16   # from training" in after  # its line's comment stays where it was
+    # every other line as the user wrote it, in the user's order; the block's inner comment above it
+    assert [line for line in before if "max_batch_size" not in line and "dynamic_batching" not in line
+            and "max_queue_delay" not in line and line not in ("  # none yet", "}")] == \
+           [line for line in after if "max_batch_size" not in line and "dynamic_batching" not in line
+            and "max_queue_delay" not in line and line not in ("# none yet", "}")]
+    assert after[after.index("dynamic_batching {") - 1] == "# none yet"
+    assert modelconfig.to_text(modelconfig.parse(HAND_WRITTEN), comments_from=HAND_WRITTEN) == HAND_WRITTEN
+
+
+def test_a_field_removed_takes_its_line_and_a_field_added_goes_at_the_end():
+    config = modelconfig.parse(HAND_WRITTEN)
+    config.ClearField("instance_group")
+    config.response_cache.enable = True
+    out = modelconfig.to_text(config, comments_from=HAND_WRITTEN)
+    assert modelconfig.parse(out) == config
+    assert "instance_group" not in out and out.startswith(HAND_WRITTEN.split("instance_group")[0])
+    assert out.endswith("response_cache {\n  enable: true\n}\n")
+
+
+@pytest.mark.parametrize("path", FILES or [MISSING], ids=ids(FILES or [MISSING]))
+def test_every_config_of_the_corpus_is_edited_in_place(path):
+    # Triton's own configs: the tuned fields change and the rest of each file stays as written
+    original = corpus_file(path).read_text()
+    config = modelconfig.parse(original, str(path))
+    if config.max_batch_size > 0:
+        config.max_batch_size += 1
+        config.dynamic_batching.max_queue_delay_microseconds += 100
+    else:
+        config.instance_group.add(count=2)
+    out = modelconfig._edited(original, config)
+    assert out is not None and modelconfig.parse(out, "edited") == config
+    assert comments(out) == comments(original)

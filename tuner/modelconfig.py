@@ -94,12 +94,22 @@ def written_by_tuner(path: str | Path, *, text: str) -> bool:
 
 
 def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
-    """The config as text. Protobuf's printer drops comments: with `comments_from` (the original
-    file's text) each of its comments is put back above the top-level field it belonged to
+    """The config as text. With `comments_from` (the original file's text), that text with only the
+    top-level fields whose values differ rewritten (`_edited`): the rest of the file, its comments,
+    order and layout, stay as the user wrote them, so a proposed change diffs as the change alone.
+    Where that cannot be done (text the scanner does not follow), protobuf's printer writes the whole
+    config (it drops comments) and each comment is put back above the top-level field it belonged to
     (a comment inside a block, or at the end of a line, goes above that block's field)."""
     text = text_format.MessageToString(config)
     if not comments_from:
         return text
+    edited = _edited(comments_from, config)
+    return edited if edited is not None else _reprinted(text, comments_from)
+
+
+def _reprinted(text: str, comments_from: str) -> str:
+    """The printer's `text` of a config with the comments of `comments_from` put back, each above the
+    top-level field it belonged to."""
     attached, tail = _comments_by_field(comments_from)
     out: list[str] = []
     seen: Counter = Counter()
@@ -116,6 +126,169 @@ def to_text(config: ModelConfig, comments_from: str | None = None) -> str:
         out.append(line)
     left = [c for comments in attached.values() for c in comments] + tail  # fields no longer printed
     return "".join(out) + "".join(_block(left))
+
+
+def _edited(original: str, config: ModelConfig) -> str | None:
+    """`original` with each top-level field whose value differs from `config`'s replaced by the
+    printer's text of the new value, a field gone removed, a new one added at the end; None where the
+    result would not read back as `config` (then the caller prints the whole config)."""
+    try:
+        old = text_format.Parse(original, ModelConfig())
+        spans = _top_level_spans(original)
+    except (text_format.ParseError, ValueError):
+        return None
+    if old == config:
+        return original
+    edits: list[tuple[int, int, str]] = []  # (start, end, new text) in the original
+    added: list[str] = []
+    for field in ModelConfig.DESCRIPTOR.fields:
+        if _field_value(old, field) == _field_value(config, field):
+            continue
+        printed = _printed(config, field)
+        places = [(start, end) for name, start, end in spans if name == field.name]
+        if not places:
+            added += [printed] if printed else []
+            continue
+        if printed:
+            edits.append((places[0][0], places[0][1], _inner_comments(original[slice(*places[0])]) + printed))
+            places = places[1:]
+        edits += [(start, _line_end(original, end), _inner_comments(original[start:end])) for start, end in places]
+    out, at = [], 0
+    for start, end, new in sorted(edits):
+        out += [original[at:start], new]
+        at = end
+    text = "".join(out) + original[at:]
+    if added:
+        text = text.rstrip("\n") + "\n" + "".join(f"{a}\n" for a in added)
+    try:
+        same = text_format.Parse(text, ModelConfig()) == config
+    except text_format.ParseError:
+        same = False
+    return text if same else None
+
+
+def _field_value(config: ModelConfig, field) -> object:
+    """What one top-level field holds, comparable with ==: a list, a message or None (unset), a scalar."""
+    if field.name in _MAP_FIELDS:
+        return dict(getattr(config, field.name).items())
+    if _repeated(field):
+        return list(getattr(config, field.name))
+    if field.message_type is not None:
+        return getattr(config, field.name) if config.HasField(field.name) else None
+    return getattr(config, field.name)
+
+
+def _repeated(field) -> bool:
+    # protobuf 6 deprecates FieldDescriptor.label for is_repeated, which older releases lack
+    return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+
+
+def _printed(config: ModelConfig, field) -> str:
+    """The printer's text of one top-level field of `config` ("" where it is unset)."""
+    only = ModelConfig()
+    if field.name in _MAP_FIELDS:
+        for key, value in getattr(config, field.name).items():
+            getattr(only, field.name)[key].CopyFrom(value)
+    elif _repeated(field):
+        getattr(only, field.name).extend(getattr(config, field.name))
+    elif field.message_type is not None:
+        if config.HasField(field.name):
+            getattr(only, field.name).CopyFrom(getattr(config, field.name))
+    else:
+        setattr(only, field.name, getattr(config, field.name))
+    return text_format.MessageToString(only).rstrip("\n")
+
+
+def _inner_comments(code: str) -> str:
+    """The comments inside a field's text, as lines to keep above what replaces it."""
+    comments = [c for c in (_split_comment(line)[1] for line in code.splitlines()) if c]
+    return "".join(f"{c}\n" for c in comments)
+
+
+def _line_end(text: str, end: int) -> int:
+    """`end`, moved past the rest of its line when nothing but blanks follow (a removed field takes its
+    line with it)."""
+    newline = text.find("\n", end)
+    rest = text[end:] if newline < 0 else text[end:newline]
+    return (len(text) if newline < 0 else newline + 1) if not rest.strip() else end
+
+
+def _top_level_spans(text: str) -> list[tuple[str, int, int]]:
+    """(field name, start, end) of each top-level field of a protobuf text: from its name to the end
+    of its value (a scalar, a quoted string, or a block or list with what it nests). Comments and
+    separators between fields belong to no span. ValueError where the text is not of that shape."""
+    spans, i, n = [], 0, len(text)
+    while True:
+        i = _skip_blank(text, i)
+        if i >= n:
+            return spans
+        match = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(text, i)
+        if not match:
+            raise ValueError(f"no field name at {i}")
+        name, start = match[0], i
+        i = _skip_blank(text, match.end())
+        if i < n and text[i] == ":":
+            i = _skip_blank(text, i + 1)
+        if i < n and text[i] in "{[<":
+            i = _close(text, i)
+        elif i < n and text[i] in "\"'":
+            while i < n and text[i] in "\"'":  # adjacent strings are one value
+                i = _skip_blank(text, _string_end(text, i))
+            i = len(text[:i].rstrip())
+        else:
+            token = re.compile(r"[A-Za-z0-9_.+-]+").match(text, i)
+            if not token:
+                raise ValueError(f"no value for {name} at {i}")
+            i = token.end()
+        spans.append((name, start, i))
+
+
+def _skip_blank(text: str, i: int) -> int:
+    """Past whitespace, comments and field separators (, ;) from `i`."""
+    while i < len(text):
+        if text[i] in " \t\r\n,;":
+            i += 1
+        elif text[i] == "#":
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline + 1
+        else:
+            break
+    return i
+
+
+def _string_end(text: str, i: int) -> int:
+    """The index after the quoted string that starts at `i`."""
+    quote, i = text[i], i + 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == quote:
+            return i + 1
+        else:
+            i += 1
+    raise ValueError("an unterminated string")
+
+
+def _close(text: str, i: int) -> int:
+    """The index after the bracket that closes the one at `i`, past nested ones, strings and comments."""
+    depth = 0
+    while i < len(text):
+        ch = text[i]
+        if ch in "\"'":
+            i = _string_end(text, i)
+            continue
+        if ch == "#":
+            newline = text.find("\n", i)
+            i = len(text) if newline < 0 else newline + 1
+            continue
+        if ch in "{[<":
+            depth += 1
+        elif ch in "}]>":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    raise ValueError("an unclosed block")
 
 
 _FIELD_START = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:{\[<]")
