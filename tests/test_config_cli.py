@@ -69,6 +69,26 @@ def test_check_refuses_scheduling_cases_with_tritons_message(capsys, path):
     assert re.search(expected_message(path), err), (expected_message(path), err)
 
 
+REVIEWED = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
+
+
+@pytest.mark.parametrize("tensors, says", [
+    ('input [ { name: "X", dims: [ 4 ] } ] output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] } ]',
+     "model input 'X' must specify 'data_type' for m"),
+    ('input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 3 ] } } ]',
+     "model input 'X' has different size for dims and reshape for m"),
+    ('input [ { name: "X", data_type: TYPE_FP32, dims: [ -2 ] } ]',
+     "model input 'X' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ('output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 3 ] } } ]',
+     "model output 'OUT' has different size for dims and reshape for m"),
+])
+def test_check_refuses_inputs_and_outputs_triton_refuses_in_one_line(capsys, tmp_path, tensors, says):
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(REVIEWED + tensors + "\n")
+    assert run(capsys, "config", "check", str(model)) == (2, "", f"{model / 'config.pbtxt'}: {says}\n")
+
+
 def test_check_all_files_in_one_process_without_a_traceback():
     corpus_file(FILES[0] if FILES else MISSING)
     done = subprocess.run(
