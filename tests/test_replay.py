@@ -266,6 +266,54 @@ def test_a_column_contradicting_a_fixed_dim_names_the_row():
         plan_requests({"name": "m"}, CONFIG, traffic)
 
 
+def test_an_optional_input_is_sent_when_the_traffic_has_a_column_for_it():
+    traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [5, 6], "EXTRA:0": [3, 3]})
+    plan = plan_requests({"name": "m"}, CONFIG, traffic)
+    assert [i.name for i in plan.inputs] == ["IDS", "MASK", "EXTRA"]
+    assert [plan.shapes[k] for k in plan.shape_ids] == [[[1, 5], [1, 5, 4], [1, 3]], [[1, 6], [1, 6, 4], [1, 3]]]
+
+
+OPTIONAL_ONLY = {"name": "opt", "max_batch_size": 8, "input": [
+    {"name": "A", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+    {"name": "B", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+], "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}]}
+
+
+def test_a_model_left_with_no_input_to_send_is_refused_in_one_line():
+    with pytest.raises(TrafficError) as info:
+        plan_requests({"name": "opt"}, OPTIONAL_ONLY, pd.DataFrame({"timestamp": [0.0], "seq_len": [4]}))
+    assert str(info.value) == ("model 'opt': every input is optional (A, B) and the traffic has no <INPUT>:<k> "
+                               "column for any, so a request would carry no input; add one such as 'A:0' to "
+                               "send that input")
+    # a column for one of them sends it; seq_len sizes its other variable dims as any input's
+    plan = plan_requests({"name": "opt"}, OPTIONAL_ONLY, pd.DataFrame({"timestamp": [0.0], "B:0": [4]}))
+    assert [(i.name, i.datatype) for i in plan.inputs] == [("B", "INT32")] and plan.shapes == [[[1, 4]]]
+    # a model whose config lists no inputs (a backend fills them in as it loads) is not refused for it
+    assert plan_requests({"name": "m"}, {"max_batch_size": 8}, pd.DataFrame({"timestamp": [0.0]})).inputs == ()
+
+
+@pytest.mark.parametrize("column, says", [
+    ("MASKS:0", "traffic column 'MASKS:0': model 'm' has no input 'MASKS' (did you mean MASK?)"),
+    ("POS:0", "traffic column 'POS:0': model 'm' has no input 'POS' (its inputs: IDS, MASK, EXTRA)"),
+    ("IDS:1", "traffic column 'IDS:1': model 'm' input IDS has no dim '1' (its dims after the batch dim: 0)"),
+    ("MASK:2", "traffic column 'MASK:2': model 'm' input MASK has no dim '2' (its dims after the batch dim: 0, 1)"),
+    ("MASK:01", "traffic column 'MASK:01': model 'm' input MASK has no dim '01'"),
+    ("MASK:x", "traffic column 'MASK:x': model 'm' input MASK has no dim 'x'"),
+])
+def test_a_shape_column_no_input_takes_is_refused_naming_it(column, says):
+    traffic = pd.DataFrame({"timestamp": [0.0], "seq_len": [3], column: [4]})
+    with pytest.raises(TrafficError) as info:
+        plan_requests({"name": "m"}, CONFIG, traffic)
+    assert str(info.value).startswith(says) and "\n" not in str(info.value)
+    assert str(info.value).endswith("an <INPUT>:<k> column gives dim k of that input")
+
+
+def test_an_input_without_a_datatype_is_refused_not_a_traceback():
+    config = {"name": "m", "max_batch_size": 8, "input": [{"name": "X", "dims": [4]}]}
+    with pytest.raises(TrafficError, match="model 'm' input X: datatype INVALID is not supported"):
+        plan_requests({"name": "m"}, config, pd.DataFrame({"timestamp": [0.0]}))
+
+
 def test_peak_rate_is_the_busiest_second():
     due = np.concatenate([np.arange(100) / 100.0, 1.0 + np.arange(300) / 300.0])  # 100/s, then 300/s
     assert peak_rate(due) == 300.0
