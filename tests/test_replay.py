@@ -19,7 +19,7 @@ import pytest
 from tuner.errors import ServerSetupError, TrafficError
 from tuner.localhost import OWNER_FILE, add_owner, sweep_owned
 from tuner.measurement import measure
-from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
+from tuner.replay import MAX_REQUEST_BYTES, describe_inputs, peak_rate, plan_requests, replay
 from tuner.replay._processes import REPLAY_PREFIX as PREFIX
 from tuner.server.base import Endpoints
 from tuner.server.local import LocalLauncher
@@ -312,6 +312,32 @@ def test_an_input_without_a_datatype_is_refused_not_a_traceback():
     config = {"name": "m", "max_batch_size": 8, "input": [{"name": "X", "dims": [4]}]}
     with pytest.raises(TrafficError, match="model 'm' input X: datatype INVALID is not supported"):
         plan_requests({"name": "m"}, config, pd.DataFrame({"timestamp": [0.0]}))
+
+
+def test_describe_inputs_says_what_each_input_is_sent_as():
+    config = {"name": "six", "max_batch_size": 8, "input": [
+        {"name": "IDS", "data_type": "TYPE_INT64", "dims": [-1]},
+        {"name": "FLAGS", "data_type": "TYPE_BOOL", "dims": [-1, 2]},
+        {"name": "HALF", "data_type": "TYPE_FP16", "dims": [3]},
+        {"name": "IMG", "data_type": "TYPE_FP32", "dims": [4, 4], "reshape": {"shape": [16]}},
+        {"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
+        {"name": "POS", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+    ]}
+    traffic = pd.DataFrame({"timestamp": [0.0], "batch_size": [2], "seq_len": [7], "FLAGS:0": [5], "IMG:1": [4]})
+    assert describe_inputs(config, traffic) == [
+        "IDS: INT64 [batch_size, -1 from seq_len], sent",
+        "FLAGS: BOOL [batch_size, -1 from FLAGS:0, 2], sent",
+        "HALF: FP16 [batch_size, 3], sent",
+        "IMG: FP32 [batch_size, 4, 4 from IMG:1], sent",
+        "TEXT: BYTES [batch_size, 1], sent",
+        "POS: INT32 [batch_size, -1], optional, not sent (no POS:<k> column)",
+    ]
+    unbatched = describe_inputs({**config, "max_batch_size": 0}, traffic.assign(**{"POS:0": [2]}))
+    assert unbatched[0] == "IDS: INT64 [-1 from seq_len], sent"
+    assert unbatched[-1] == "POS: INT32 [-1 from POS:0], sent"
+    assert describe_inputs(config, traffic.drop(columns="batch_size"))[2] == "HALF: FP16 [batch 1, 3], sent"
+    with pytest.raises(TrafficError, match="traffic column 'IMG:2'"):  # the replay's own refusals
+        describe_inputs(config, traffic.assign(**{"IMG:2": [1]}))
 
 
 def test_peak_rate_is_the_busiest_second():

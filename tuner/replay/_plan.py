@@ -160,6 +160,25 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
                        shape_ids=np.asarray(shape_ids, dtype=np.int64).reshape(-1))
 
 
+def describe_inputs(config: dict, traffic: pd.DataFrame) -> list[str]:
+    """One short line per model input of `config` (as Triton reports it or `modelconfig.to_json` writes
+    it; errors name the model by its `name`) saying what a replay of `traffic` sends: the datatype, the
+    shape with the traffic column that sizes each dim (a batching model's first dim is `batch_size`, or
+    `batch 1` without that column), and whether it is sent, e.g.
+    `IDS: INT64 [batch_size, -1 from seq_len, 4], sent`. TrafficError where the replay would refuse the
+    traffic's columns for the model (see the module doc); the rows are checked by `plan_requests`."""
+    model = config.get("name") or "?"
+    batched = int(config.get("max_batch_size", 0)) > 0
+    batch = ["batch_size" if "batch_size" in traffic.columns else "batch 1"] if batched else []
+    lines = []
+    for plan, sent in _input_plans(model, config, traffic.columns):
+        dims = [str(d) if column is None else f"{d} from {column}"
+                for d, column in zip(plan.dims, plan.columns, strict=True)]
+        how = "sent" if sent else f"optional, not sent (no {plan.name}:<k> column)"
+        lines.append(f"{plan.name}: {plan.datatype} [{', '.join(batch + dims)}], {how}")
+    return lines
+
+
 def _input_plans(model: str, config: dict, columns: pd.Index) -> list[tuple[InputPlan, bool]]:
     """Each input of `config` as the replay would send it, with whether it is sent (an optional one only
     with an `<INPUT>:<k>` column), from the traffic's `columns`; TrafficError for a shape column no
