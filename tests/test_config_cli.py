@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from triton_corpus import FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
+from triton_corpus import FILES, IO_MESSAGE, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
 
 from tuner import modelconfig
 from tuner.cli import main
@@ -24,6 +24,8 @@ from tuner.cli import main
 ALL = FILES or [MISSING]
 ROOT_CONFIG = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
+# the cases validate refuses: broken scheduling fields, then broken inputs and outputs
+REFUSED_CASES = SCHEDULING_CASES + [p for p in FILES if IO_MESSAGE.search(expected_message(p) or "")]
 
 
 def _named_elsewhere(path: Path) -> bool:
@@ -62,8 +64,8 @@ def test_check_each_file_is_ok_or_one_line(capsys, path):
         assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("path", SCHEDULING_CASES, ids=ids(SCHEDULING_CASES))
-def test_check_refuses_scheduling_cases_with_tritons_message(capsys, path):
+@pytest.mark.parametrize("path", REFUSED_CASES, ids=ids(REFUSED_CASES))
+def test_check_refuses_scheduling_and_io_cases_with_tritons_message(capsys, path):
     code, _, err = run(capsys, "config", "check", str(corpus_file(path)))
     assert code == 2
     assert re.search(expected_message(path), err), (expected_message(path), err)
@@ -100,7 +102,7 @@ def test_check_all_files_in_one_process_without_a_traceback():
     assert "Traceback" not in done.stderr
     bad = done.stderr.splitlines()
     assert done.returncode == 2
-    invalid = sorted(map(str, set(SCHEDULING_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
+    invalid = sorted(map(str, set(REFUSED_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
     assert NAME_CASES and sorted(line.split(":", 1)[0] for line in bad) == invalid
     assert done.stdout == f"{len(FILES)} configs checked, {len(invalid)} invalid\n"
 
@@ -210,7 +212,7 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
     code, stdout, err = run(capsys, "config", "set", str(path), *sets, "-o", str(out))
 
     assert sha256(path) == before
-    if path in SCHEDULING_CASES:  # already broken: refused, in one line
+    if path in REFUSED_CASES:  # already broken: refused, in one line
         assert code == 2 and not out.exists()
         assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: ")
         return
@@ -230,7 +232,7 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
 
 def test_set_prints_to_stdout_and_needs_in_place_to_overwrite(capsys, tmp_path):
     source = next(
-        (p for p in FILES if p not in SCHEDULING_CASES and "dynamic_batching" in p.read_text()), None
+        (p for p in FILES if p not in REFUSED_CASES and "dynamic_batching" in p.read_text()), None
     )
     source = corpus_file(source or MISSING)
     path = tmp_path / "config.pbtxt"

@@ -13,16 +13,22 @@ import urllib.request
 
 import pytest
 from google.protobuf import text_format
-from triton_corpus import CORPUS, FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
+from triton_corpus import (
+    CORPUS,
+    FILES,
+    IO_MESSAGE,
+    MISSING,
+    SCHEDULING_MESSAGE,
+    corpus_file,
+    expected_message,
+    ids,
+)
 
 from tuner import modelconfig, space
 from tuner.errors import ConfigError, ServerSetupError
 from tuner.server.local import LocalLauncher
 
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
-# Triton's expected messages about an input's or output's name, data_type, dims and reshape
-IO_MESSAGE = re.compile(r"^model (input|output) '[^']*' (must specify|cannot have empty reshape|dimension must be"
-                        r"|reshape dimensions must be|has different)")
 IO_CASES = [p for p in FILES if IO_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 VALID_CASES = [p for p in FILES if expected_message(p) is None] or [MISSING]
 
