@@ -305,6 +305,21 @@ def test_show_of_an_ensemble_says_it_has_no_instances_of_its_own(capsys, tmp_pat
     assert code == 0 and rows["instance_group"] == "none (an ensemble runs its steps' models' instances)", out
 
 
+def test_show_of_an_unnamed_config_gives_the_name_triton_loads_it_under(capsys, tmp_path, monkeypatch):
+    model = tmp_path / "resnet"
+    model.mkdir()
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 8\n')
+    name = "resnet (its directory's: config.pbtxt sets no name)"
+    for path in (model, model / "config.pbtxt"):
+        code, out, _ = run(capsys, "config", "show", str(path))
+        assert code == 0 and out.splitlines()[0].split(None, 1) == ["name", name], out
+    monkeypatch.chdir(model)  # ./config.pbtxt: its directory is still the model's
+    assert run(capsys, "config", "show", "config.pbtxt")[1].splitlines()[0].split(None, 1) == ["name", name]
+    other = tmp_path / "cfg.pbtxt"  # not a model directory's config.pbtxt: no name to give
+    other.write_text('backend: "python"\n')
+    assert run(capsys, "config", "show", str(other))[1].splitlines()[0].split() == ["name", "-"]
+
+
 def test_show_missing_file_is_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "config", "show", str(tmp_path / "nope.pbtxt"))
     assert code == 2 and out == "" and err == f"tuner: error: {tmp_path / 'nope.pbtxt'}: no such file\n"

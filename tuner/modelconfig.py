@@ -71,11 +71,19 @@ def check_name(config: ModelConfig, path: str | Path) -> None:
     """ConfigError, in one line, when the config.pbtxt at `path` names a model other than its directory:
     Triton loads a model only from a directory of its name. A file under another name (`cfg.pbtxt`) is
     no model directory's config: its directory says nothing."""
-    path = Path(path)
-    directory = Path(os.path.abspath(path)).parent.name  # `./config.pbtxt` too; a link keeps its own name, as Triton reads it
-    if path.name == "config.pbtxt" and config.name and config.name != directory:
+    directory = directory_name(path)
+    if directory is not None and config.name and config.name != directory:
         raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({directory!r}): Triton "
                           "loads a model only from a directory of its name")
+
+
+def directory_name(path: str | Path) -> str | None:
+    """The name of the model directory a config.pbtxt at `path` is in, which Triton loads the model under
+    (and names it by when the config sets no name); None for a file of another name (`cfg.pbtxt`)."""
+    path = Path(path)
+    if path.name != "config.pbtxt":
+        return None
+    return Path(os.path.abspath(path)).parent.name or None  # `./config.pbtxt` too; a link keeps its own name, as Triton reads it
 
 
 # The first line of a config.pbtxt `tuner export` writes (the rest of the line: version, date, study), and
@@ -243,10 +251,7 @@ def validate(config: ModelConfig, source: str = "<config>") -> None:
 
 def _model_name(config: ModelConfig, source: str) -> str:
     # Triton names a model after its directory when the config does not.
-    if config.name:
-        return config.name
-    path = Path(source)
-    return path.parent.name if path.name == "config.pbtxt" and path.parent.name else "<unnamed>"
+    return config.name or directory_name(source) or "<unnamed>"
 
 
 def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
@@ -462,10 +467,12 @@ _KIND_MODEL = model_config_pb2.ModelInstanceGroup.KIND_MODEL
 # --- reading configs: the scheduling table and field-by-field differences ----------------------
 
 
-def scheduling_table(config: ModelConfig) -> list[tuple[str, str]]:
-    """The scheduling fields as (field, value) rows, in the order config.pbtxt usually has them."""
+def scheduling_table(config: ModelConfig, *, path: str | Path | None = None) -> list[tuple[str, str]]:
+    """The scheduling fields as (field, value) rows, in the order config.pbtxt usually has them; the
+    name is the one Triton loads the model under: an unnamed config.pbtxt at `path` takes its directory's."""
+    directory = directory_name(path) if path is not None and not config.name else None
     rows: list[tuple[str, str]] = [
-        ("name", config.name or "-"),
+        ("name", config.name or (f"{directory} (its directory's: config.pbtxt sets no name)" if directory else "-")),
         ("max_batch_size", str(config.max_batch_size)),
     ]
     choice = config.WhichOneof("scheduling_choice")

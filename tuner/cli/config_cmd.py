@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = add_command(
         sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
-        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt.",
+        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt. "
+        "The name is the one Triton loads the model under: its directory's where config.pbtxt sets none.",
     )
     add_input(show, "path", metavar="PATH", help="a config.pbtxt or a model directory", each=True)  # _config_of checks it
 
@@ -175,7 +176,8 @@ def _write(target: Path, text: str) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    rows = modelconfig.scheduling_table(modelconfig.load(_config_of(args.path)))
+    file = _config_of(args.path)
+    rows = modelconfig.scheduling_table(modelconfig.load(file), path=file)
     width = max(len(field) for field, _ in rows)
     for field, value in rows:
         print(f"{field:<{width}}  {value}")
