@@ -30,7 +30,7 @@ MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
 
 @pytest.fixture(scope="module")
 def server(triton_install):
-    with LocalLauncher(MODELS, models=["echo", "flaky", "dtypes"], install=triton_install) as launcher:
+    with LocalLauncher(MODELS, models=["echo", "flaky", "dtypes", "optional_only"], install=triton_install) as launcher:
         yield launcher
 
 
@@ -100,6 +100,18 @@ def test_every_datatype_goes_out_as_prepared_requests(server, protocol):
     assert result.details["plan_shapes"] == 15  # 3 batch sizes x 5 lengths, each prepared once
     after = server.statistics("dtypes")["inference_count"]
     assert after - before == traffic["batch_size"].sum()  # every row of every batch
+
+
+@pytest.mark.slow
+def test_a_model_of_optional_inputs_gets_the_ones_the_traffic_sizes(server):
+    """Every input optional: the one with a column is sent and answered; none sized is refused up front."""
+    traffic = uniform(20, 1.0, seq_len=None, **{"B:0": 3})
+    result = replay(server.endpoints, "optional_only", traffic, speed=1.0, settings=settings(warmup_s=0.0))
+    assert len(result.records) == len(traffic) and result.records["ok"].all(), result.records["error"].unique()
+    before = server.statistics("optional_only")["inference_count"]
+    with pytest.raises(TrafficError, match="every input is optional"):
+        replay(server.endpoints, "optional_only", uniform(20, 1.0), speed=1.0, settings=settings(warmup_s=0.0))
+    assert server.statistics("optional_only")["inference_count"] == before  # nothing was sent
 
 
 @pytest.mark.slow
