@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from triton_corpus import FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
+from triton_corpus import FILES, IO_MESSAGE, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
 
 from tuner import modelconfig
 from tuner.cli import main
@@ -24,6 +24,8 @@ from tuner.cli import main
 ALL = FILES or [MISSING]
 ROOT_CONFIG = Path(__file__).resolve().parents[1] / "model_repository_templates" / "encoder_sim" / "config.pbtxt"
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
+# the cases validate refuses: broken scheduling fields, then broken inputs and outputs
+REFUSED_CASES = SCHEDULING_CASES + [p for p in FILES if IO_MESSAGE.search(expected_message(p) or "")]
 
 
 def _named_elsewhere(path: Path) -> bool:
@@ -62,11 +64,31 @@ def test_check_each_file_is_ok_or_one_line(capsys, path):
         assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("path", SCHEDULING_CASES, ids=ids(SCHEDULING_CASES))
-def test_check_refuses_scheduling_cases_with_tritons_message(capsys, path):
+@pytest.mark.parametrize("path", REFUSED_CASES, ids=ids(REFUSED_CASES))
+def test_check_refuses_scheduling_and_io_cases_with_tritons_message(capsys, path):
     code, _, err = run(capsys, "config", "check", str(corpus_file(path)))
     assert code == 2
     assert re.search(expected_message(path), err), (expected_message(path), err)
+
+
+REVIEWED = 'name: "m"\nbackend: "python"\nmax_batch_size: 8\ndynamic_batching { }\n'
+
+
+@pytest.mark.parametrize("tensors, says", [
+    ('input [ { name: "X", dims: [ 4 ] } ] output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 2 ] } ]',
+     "model input 'X' must specify 'data_type' for m"),
+    ('input [ { name: "X", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 3 ] } } ]',
+     "model input 'X' has different size for dims and reshape for m"),
+    ('input [ { name: "X", data_type: TYPE_FP32, dims: [ -2 ] } ]',
+     "model input 'X' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+    ('output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 3 ] } } ]',
+     "model output 'OUT' has different size for dims and reshape for m"),
+])
+def test_check_refuses_inputs_and_outputs_triton_refuses_in_one_line(capsys, tmp_path, tensors, says):
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(REVIEWED + tensors + "\n")
+    assert run(capsys, "config", "check", str(model)) == (2, "", f"{model / 'config.pbtxt'}: {says}\n")
 
 
 def test_check_all_files_in_one_process_without_a_traceback():
@@ -80,7 +102,7 @@ def test_check_all_files_in_one_process_without_a_traceback():
     assert "Traceback" not in done.stderr
     bad = done.stderr.splitlines()
     assert done.returncode == 2
-    invalid = sorted(map(str, set(SCHEDULING_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
+    invalid = sorted(map(str, set(REFUSED_CASES) | set(NAME_CASES)))  # a file named elsewhere: as tune says
     assert NAME_CASES and sorted(line.split(":", 1)[0] for line in bad) == invalid
     assert done.stdout == f"{len(FILES)} configs checked, {len(invalid)} invalid\n"
 
@@ -190,7 +212,7 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
     code, stdout, err = run(capsys, "config", "set", str(path), *sets, "-o", str(out))
 
     assert sha256(path) == before
-    if path in SCHEDULING_CASES:  # already broken: refused, in one line
+    if path in REFUSED_CASES:  # already broken: refused, in one line
         assert code == 2 and not out.exists()
         assert err.count("\n") == 1 and err.startswith(f"tuner: error: {path}: ")
         return
@@ -210,7 +232,7 @@ def test_set_changes_only_the_named_fields(capsys, tmp_path, path):
 
 def test_set_prints_to_stdout_and_needs_in_place_to_overwrite(capsys, tmp_path):
     source = next(
-        (p for p in FILES if p not in SCHEDULING_CASES and "dynamic_batching" in p.read_text()), None
+        (p for p in FILES if p not in REFUSED_CASES and "dynamic_batching" in p.read_text()), None
     )
     source = corpus_file(source or MISSING)
     path = tmp_path / "config.pbtxt"
@@ -281,6 +303,21 @@ def test_show_of_an_ensemble_says_it_has_no_instances_of_its_own(capsys, tmp_pat
     code, out, _ = run(capsys, "config", "show", str(path))
     rows = {line.split()[0]: line.split(None, 1)[1] for line in out.splitlines()}
     assert code == 0 and rows["instance_group"] == "none (an ensemble runs its steps' models' instances)", out
+
+
+def test_show_of_an_unnamed_config_gives_the_name_triton_loads_it_under(capsys, tmp_path, monkeypatch):
+    model = tmp_path / "resnet"
+    model.mkdir()
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 8\n')
+    name = "resnet (its directory's: config.pbtxt sets no name)"
+    for path in (model, model / "config.pbtxt"):
+        code, out, _ = run(capsys, "config", "show", str(path))
+        assert code == 0 and out.splitlines()[0].split(None, 1) == ["name", name], out
+    monkeypatch.chdir(model)  # ./config.pbtxt: its directory is still the model's
+    assert run(capsys, "config", "show", "config.pbtxt")[1].splitlines()[0].split(None, 1) == ["name", name]
+    other = tmp_path / "cfg.pbtxt"  # not a model directory's config.pbtxt: no name to give
+    other.write_text('backend: "python"\n')
+    assert run(capsys, "config", "show", str(other))[1].splitlines()[0].split() == ["name", "-"]
 
 
 def test_show_missing_file_is_one_line(capsys, tmp_path):

@@ -13,13 +13,23 @@ import urllib.request
 
 import pytest
 from google.protobuf import text_format
-from triton_corpus import CORPUS, FILES, MISSING, SCHEDULING_MESSAGE, corpus_file, expected_message, ids
+from triton_corpus import (
+    CORPUS,
+    FILES,
+    IO_MESSAGE,
+    MISSING,
+    SCHEDULING_MESSAGE,
+    corpus_file,
+    expected_message,
+    ids,
+)
 
 from tuner import modelconfig, space
 from tuner.errors import ConfigError, ServerSetupError
 from tuner.server.local import LocalLauncher
 
 SCHEDULING_CASES = [p for p in FILES if SCHEDULING_MESSAGE.search(expected_message(p) or "")] or [MISSING]
+IO_CASES = [p for p in FILES if IO_MESSAGE.search(expected_message(p) or "")] or [MISSING]
 VALID_CASES = [p for p in FILES if expected_message(p) is None] or [MISSING]
 
 
@@ -109,6 +119,18 @@ def test_scheduling_cases_are_rejected_with_tritons_message(path):
     message = str(exc.value)
     assert message.startswith(f"{path}: ")
     assert re.search(expected_message(path), message), (expected_message(path), message)
+
+
+@pytest.mark.parametrize("path", IO_CASES, ids=ids(IO_CASES))
+def test_io_cases_are_rejected_with_tritons_message(path):
+    config = modelconfig.load(corpus_file(path))
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.validate(config, str(path))
+    assert re.search(expected_message(path), str(exc.value)), (expected_message(path), str(exc.value))
+
+
+def test_corpus_holds_tritons_io_cases():
+    assert len(IO_CASES) >= 25, IO_CASES
 
 
 @pytest.mark.parametrize("path", VALID_CASES, ids=ids(VALID_CASES))
@@ -221,6 +243,54 @@ def test_each_rule_with_tritons_wording(extra, message):
     ],
 )
 def test_valid_scheduling_settings_pass(extra):
+    modelconfig.validate(with_base(extra), "x")
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        ('input [ { name: "X" dims: [ 4 ] } ]', "model input 'X' must specify 'data_type' for m"),
+        ('output [ { name: "OUT" dims: [ 2 ] } ]', "model output 'OUT' must specify 'data_type' for m"),
+        ('input [ { data_type: TYPE_FP32 dims: [ 4 ] } ]', "model input must specify 'name' for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 } ]', "model input 'X' must specify 'dims' for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ -2 ] } ]',
+         "model input 'X' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+        ('output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 0 ] } ]',
+         "model output 'OUT' dimension must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 3 ] } } ]',
+         "model input 'X' has different size for dims and reshape for m"),
+        ('output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 2, 3 ] } } ]',
+         "model output 'OUT' has different size for dims and reshape for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] reshape: { shape: [ 0 ] } } ]',
+         "model input 'X' reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, -1 ] reshape: { shape: [ 2, -1, -1 ] } } ]',
+         "model input 'X' has different number of variable-size dimensions for dims and reshape for m"),
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, -1, 3 ] reshape: { shape: [ 3, -1, 2 ] } } ]',
+         "model input 'X' has different size for dims and reshape for m"),
+        ('max_batch_size: 0 input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] reshape: { } } ]',
+         "model input 'X' cannot have empty reshape for non-batching model as scalar tensors are not supported for m"),
+        # inputs come first, as Triton checks them
+        ('input [ { name: "X" data_type: TYPE_FP32 dims: [ -3 ] } ] output [ { name: "OUT" dims: [ 2 ] } ]',
+         "model input 'X' dimension must be"),
+    ],
+)
+def test_each_input_and_output_rule_with_tritons_wording(extra, message):
+    with pytest.raises(ConfigError) as exc:
+        modelconfig.validate(with_base(extra), "x/config.pbtxt")
+    assert str(exc.value).startswith(f"x/config.pbtxt: {message}")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape: { shape: [ 4 ] } } ]',
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] reshape: { } } ]',  # a scalar, batched
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 2, 4, -1, 6 ] reshape: { shape: [ 8, -1, 1, 6 ] } } ]',
+        'input [ { name: "X" data_type: TYPE_STRING dims: [ -1 ] optional: true } ] '
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1, 2 ] } ]',
+    ],
+)
+def test_inputs_and_outputs_triton_takes_pass(extra):
     modelconfig.validate(with_base(extra), "x")
 
 

@@ -19,7 +19,7 @@ import pytest
 from tuner.errors import ServerSetupError, TrafficError
 from tuner.localhost import OWNER_FILE, add_owner, sweep_owned
 from tuner.measurement import measure
-from tuner.replay import MAX_REQUEST_BYTES, peak_rate, plan_requests, replay
+from tuner.replay import MAX_REQUEST_BYTES, describe_inputs, peak_rate, plan_requests, replay
 from tuner.replay._processes import REPLAY_PREFIX as PREFIX
 from tuner.server.base import Endpoints
 from tuner.server.local import LocalLauncher
@@ -30,7 +30,7 @@ MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
 
 @pytest.fixture(scope="module")
 def server(triton_install):
-    with LocalLauncher(MODELS, models=["echo", "flaky", "dtypes"], install=triton_install) as launcher:
+    with LocalLauncher(MODELS, models=["echo", "flaky", "dtypes", "optional_only"], install=triton_install) as launcher:
         yield launcher
 
 
@@ -100,6 +100,18 @@ def test_every_datatype_goes_out_as_prepared_requests(server, protocol):
     assert result.details["plan_shapes"] == 15  # 3 batch sizes x 5 lengths, each prepared once
     after = server.statistics("dtypes")["inference_count"]
     assert after - before == traffic["batch_size"].sum()  # every row of every batch
+
+
+@pytest.mark.slow
+def test_a_model_of_optional_inputs_gets_the_ones_the_traffic_sizes(server):
+    """Every input optional: the one with a column is sent and answered; none sized is refused up front."""
+    traffic = uniform(20, 1.0, seq_len=None, **{"B:0": 3})
+    result = replay(server.endpoints, "optional_only", traffic, speed=1.0, settings=settings(warmup_s=0.0))
+    assert len(result.records) == len(traffic) and result.records["ok"].all(), result.records["error"].unique()
+    before = server.statistics("optional_only")["inference_count"]
+    with pytest.raises(TrafficError, match="every input is optional"):
+        replay(server.endpoints, "optional_only", uniform(20, 1.0), speed=1.0, settings=settings(warmup_s=0.0))
+    assert server.statistics("optional_only")["inference_count"] == before  # nothing was sent
 
 
 @pytest.mark.slow
@@ -264,6 +276,80 @@ def test_a_column_contradicting_a_fixed_dim_names_the_row():
     traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [3, 3], "MASK:1": [4, 5]})
     with pytest.raises(TrafficError, match="traffic row 1: MASK:1=5 but model 'm' input MASK dim 1 is fixed at 4"):
         plan_requests({"name": "m"}, CONFIG, traffic)
+
+
+def test_an_optional_input_is_sent_when_the_traffic_has_a_column_for_it():
+    traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [5, 6], "EXTRA:0": [3, 3]})
+    plan = plan_requests({"name": "m"}, CONFIG, traffic)
+    assert [i.name for i in plan.inputs] == ["IDS", "MASK", "EXTRA"]
+    assert [plan.shapes[k] for k in plan.shape_ids] == [[[1, 5], [1, 5, 4], [1, 3]], [[1, 6], [1, 6, 4], [1, 3]]]
+
+
+OPTIONAL_ONLY = {"name": "opt", "max_batch_size": 8, "input": [
+    {"name": "A", "data_type": "TYPE_STRING", "dims": [-1], "optional": True},
+    {"name": "B", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+], "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [1]}]}
+
+
+def test_a_model_left_with_no_input_to_send_is_refused_in_one_line():
+    with pytest.raises(TrafficError) as info:
+        plan_requests({"name": "opt"}, OPTIONAL_ONLY, pd.DataFrame({"timestamp": [0.0], "seq_len": [4]}))
+    assert str(info.value) == ("model 'opt': every input is optional (A, B) and the traffic has no <INPUT>:<k> "
+                               "column for any, so a request would carry no input; add one such as 'A:0' to "
+                               "send that input")
+    # a column for one of them sends it; seq_len sizes its other variable dims as any input's
+    plan = plan_requests({"name": "opt"}, OPTIONAL_ONLY, pd.DataFrame({"timestamp": [0.0], "B:0": [4]}))
+    assert [(i.name, i.datatype) for i in plan.inputs] == [("B", "INT32")] and plan.shapes == [[[1, 4]]]
+    # a model whose config lists no inputs (a backend fills them in as it loads) is not refused for it
+    assert plan_requests({"name": "m"}, {"max_batch_size": 8}, pd.DataFrame({"timestamp": [0.0]})).inputs == ()
+
+
+@pytest.mark.parametrize("column, says", [
+    ("MASKS:0", "traffic column 'MASKS:0': model 'm' has no input 'MASKS' (did you mean MASK?)"),
+    ("POS:0", "traffic column 'POS:0': model 'm' has no input 'POS' (its inputs: IDS, MASK, EXTRA)"),
+    ("IDS:1", "traffic column 'IDS:1': model 'm' input IDS has no dim '1' (its dims after the batch dim: 0)"),
+    ("MASK:2", "traffic column 'MASK:2': model 'm' input MASK has no dim '2' (its dims after the batch dim: 0, 1)"),
+    ("MASK:01", "traffic column 'MASK:01': model 'm' input MASK has no dim '01'"),
+    ("MASK:x", "traffic column 'MASK:x': model 'm' input MASK has no dim 'x'"),
+])
+def test_a_shape_column_no_input_takes_is_refused_naming_it(column, says):
+    traffic = pd.DataFrame({"timestamp": [0.0], "seq_len": [3], column: [4]})
+    with pytest.raises(TrafficError) as info:
+        plan_requests({"name": "m"}, CONFIG, traffic)
+    assert str(info.value).startswith(says) and "\n" not in str(info.value)
+    assert str(info.value).endswith("an <INPUT>:<k> column gives dim k of that input")
+
+
+def test_an_input_without_a_datatype_is_refused_not_a_traceback():
+    config = {"name": "m", "max_batch_size": 8, "input": [{"name": "X", "dims": [4]}]}
+    with pytest.raises(TrafficError, match="model 'm' input X: datatype INVALID is not supported"):
+        plan_requests({"name": "m"}, config, pd.DataFrame({"timestamp": [0.0]}))
+
+
+def test_describe_inputs_says_what_each_input_is_sent_as():
+    config = {"name": "six", "max_batch_size": 8, "input": [
+        {"name": "IDS", "data_type": "TYPE_INT64", "dims": [-1]},
+        {"name": "FLAGS", "data_type": "TYPE_BOOL", "dims": [-1, 2]},
+        {"name": "HALF", "data_type": "TYPE_FP16", "dims": [3]},
+        {"name": "IMG", "data_type": "TYPE_FP32", "dims": [4, 4], "reshape": {"shape": [16]}},
+        {"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]},
+        {"name": "POS", "data_type": "TYPE_INT32", "dims": [-1], "optional": True},
+    ]}
+    traffic = pd.DataFrame({"timestamp": [0.0], "batch_size": [2], "seq_len": [7], "FLAGS:0": [5], "IMG:1": [4]})
+    assert describe_inputs(config, traffic) == [
+        "IDS: INT64 [batch_size, -1 from seq_len], sent",
+        "FLAGS: BOOL [batch_size, -1 from FLAGS:0, 2], sent",
+        "HALF: FP16 [batch_size, 3], sent",
+        "IMG: FP32 [batch_size, 4, 4 from IMG:1], sent",
+        "TEXT: BYTES [batch_size, 1], sent",
+        "POS: INT32 [batch_size, -1], optional, not sent (no POS:<k> column)",
+    ]
+    unbatched = describe_inputs({**config, "max_batch_size": 0}, traffic.assign(**{"POS:0": [2]}))
+    assert unbatched[0] == "IDS: INT64 [-1 from seq_len], sent"
+    assert unbatched[-1] == "POS: INT32 [-1 from POS:0], sent"
+    assert describe_inputs(config, traffic.drop(columns="batch_size"))[2] == "HALF: FP16 [batch 1, 3], sent"
+    with pytest.raises(TrafficError, match="traffic column 'IMG:2'"):  # the replay's own refusals
+        describe_inputs(config, traffic.assign(**{"IMG:2": [1]}))
 
 
 def test_peak_rate_is_the_busiest_second():

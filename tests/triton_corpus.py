@@ -23,6 +23,10 @@ SCHEDULING_MESSAGE = re.compile(
     r"max_batch_size|max batch size|priority level|[Qq]ueue policy|preserve_ordering"
     r"|ensemble scheduling|has kind KIND_(CPU|MODEL) but specifies|sequence batching"
 )
+# Triton's expected messages about an input's or output's name, data_type, dims and reshape (validate
+# checks them after the scheduling fields, as Triton does)
+IO_MESSAGE = re.compile(r"^model (input|output) '[^']*' (must specify|cannot have empty reshape|dimension must be"
+                        r"|reshape dimensions must be|has different)")
 
 
 def corpus_file(path: Path) -> Path:

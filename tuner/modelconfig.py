@@ -10,6 +10,7 @@ traffic are; nothing here writes it. Which fields a trial tunes, and how they ar
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections import Counter
@@ -70,11 +71,19 @@ def check_name(config: ModelConfig, path: str | Path) -> None:
     """ConfigError, in one line, when the config.pbtxt at `path` names a model other than its directory:
     Triton loads a model only from a directory of its name. A file under another name (`cfg.pbtxt`) is
     no model directory's config: its directory says nothing."""
-    path = Path(path)
-    directory = Path(os.path.abspath(path)).parent.name  # `./config.pbtxt` too; a link keeps its own name, as Triton reads it
-    if path.name == "config.pbtxt" and config.name and config.name != directory:
+    directory = directory_name(path)
+    if directory is not None and config.name and config.name != directory:
         raise ConfigError(f"{path}: name {config.name!r} is not its directory's ({directory!r}): Triton "
                           "loads a model only from a directory of its name")
+
+
+def directory_name(path: str | Path) -> str | None:
+    """The name of the model directory a config.pbtxt at `path` is in, which Triton loads the model under
+    (and names it by when the config sets no name); None for a file of another name (`cfg.pbtxt`)."""
+    path = Path(path)
+    if path.name != "config.pbtxt":
+        return None
+    return Path(os.path.abspath(path)).parent.name or None  # `./config.pbtxt` too; a link keeps its own name, as Triton reads it
 
 
 # The first line of a config.pbtxt `tuner export` writes (the rest of the line: version, date, study), and
@@ -401,22 +410,21 @@ def validate(config: ModelConfig, source: str = "<config>") -> None:
     (preferred sizes, priority levels, queue policies, preserve_ordering); sequence_batching
     (control tensors, preferred sizes, slot utilization, no response cache); which platform may use
     the ensemble scheduler; instance groups (none in an ensemble; no GPUs for KIND_CPU /
-    KIND_MODEL). Rules that depend on the server (GPU ids, backends) or on tensors (dims, reshape,
-    batch inputs) are left to the server.
+    KIND_MODEL). Then, as Triton's `ValidateModelIOConfig` does, each input's and output's name,
+    data_type, dims and reshape (`ValidateIOShape`). Rules that depend on the server (GPU ids,
+    backends) or on batch inputs are left to the server.
     Triton accepts `dynamic_batching` with `max_batch_size: 0` (it then never batches), so this does
     too.
     """
-    message = _first_broken_rule(config, _model_name(config, source))
+    name = _model_name(config, source)
+    message = _first_broken_rule(config, name) or _first_broken_io_rule(config, name)
     if message is not None:
         raise ConfigError(f"{source}: {message}")
 
 
 def _model_name(config: ModelConfig, source: str) -> str:
     # Triton names a model after its directory when the config does not.
-    if config.name:
-        return config.name
-    path = Path(source)
-    return path.parent.name if path.name == "config.pbtxt" and path.parent.name else "<unnamed>"
+    return config.name or directory_name(source) or "<unnamed>"
 
 
 def _first_broken_rule(config: ModelConfig, name: str) -> str | None:
@@ -556,6 +564,66 @@ def _sequence_control_problem(sequence, name: str, kind: int, *, boolean: bool) 
     return None
 
 
+def _first_broken_io_rule(config: ModelConfig, name: str) -> str | None:
+    """Triton's check of the model's inputs, then outputs, each message ending `for MODEL`."""
+    for prefix, tensors in (("model input", config.input), ("model output", config.output)):
+        for io in tensors:
+            message = _io_shape_problem(io, config.max_batch_size, prefix)
+            if message is not None:
+                return f"{message} for {name}"
+    return None
+
+
+def _io_shape_problem(io, max_batch_size: int, prefix: str) -> str | None:
+    """Triton's `ValidateIOShape` on one input or output, in its order and words."""
+    if not io.name:
+        return f"{prefix} must specify 'name'"
+    prefix = f"{prefix} '{io.name}'"
+    if io.data_type == model_config_pb2.TYPE_INVALID:  # an unset data_type reads as TYPE_INVALID
+        return f"{prefix} must specify 'data_type'"
+    if not io.dims:
+        return f"{prefix} must specify 'dims'"
+    reshape = list(io.reshape.shape) if io.HasField("reshape") else None
+    if reshape == [] and max_batch_size == 0:
+        return f"{prefix} cannot have empty reshape for non-batching model as scalar tensors are not supported"
+    if any(d < 1 and d != -1 for d in io.dims):
+        return f"{prefix} dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
+    if reshape is None:
+        return None
+    if any(d < 1 and d != -1 for d in reshape):
+        return f"{prefix} reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension"
+    dims_size, reshape_size = _element_count(io.dims), _element_count(reshape)
+    # equal counts, or both variable; an empty reshape (a scalar) takes dims of one element
+    if dims_size != reshape_size and (reshape_size != 0 or dims_size != 1):
+        return f"{prefix} has different size for dims and reshape"
+    if dims_size == -1:  # each run of fixed dims between variable ones must hold as many elements
+        dims_runs, reshape_runs = _fixed_runs(io.dims), _fixed_runs(reshape)
+        if len(dims_runs) != len(reshape_runs):
+            return f"{prefix} has different number of variable-size dimensions for dims and reshape"
+        if dims_runs != reshape_runs:
+            return f"{prefix} has different size for dims and reshape"
+    return None
+
+
+def _element_count(dims) -> int:
+    """Triton's GetElementCount: -1 with any variable dim, 0 for no dims, else the product."""
+    if -1 in dims:
+        return -1
+    return math.prod(dims) if len(dims) else 0
+
+
+def _fixed_runs(dims) -> list[int]:
+    """The element count of each run of fixed dims, the runs split at the variable (-1) ones."""
+    runs, count = [], 1
+    for d in dims:
+        if d == -1:
+            runs.append(count)
+            count = 1
+        else:
+            count *= d
+    return [*runs, count]
+
+
 _Control = model_config_pb2.ModelSequenceBatching.Control
 _CORRID_TYPES = {
     model_config_pb2.TYPE_UINT64,
@@ -572,10 +640,12 @@ _KIND_MODEL = model_config_pb2.ModelInstanceGroup.KIND_MODEL
 # --- reading configs: the scheduling table and field-by-field differences ----------------------
 
 
-def scheduling_table(config: ModelConfig) -> list[tuple[str, str]]:
-    """The scheduling fields as (field, value) rows, in the order config.pbtxt usually has them."""
+def scheduling_table(config: ModelConfig, *, path: str | Path | None = None) -> list[tuple[str, str]]:
+    """The scheduling fields as (field, value) rows, in the order config.pbtxt usually has them; the
+    name is the one Triton loads the model under: an unnamed config.pbtxt at `path` takes its directory's."""
+    directory = directory_name(path) if path is not None and not config.name else None
     rows: list[tuple[str, str]] = [
-        ("name", config.name or "-"),
+        ("name", config.name or (f"{directory} (its directory's: config.pbtxt sets no name)" if directory else "-")),
         ("max_batch_size", str(config.max_batch_size)),
     ]
     choice = config.WhichOneof("scheduling_choice")

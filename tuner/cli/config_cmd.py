@@ -20,14 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `tuner config check|set|show` to `subparsers`."""
     sub = add_group(
         subparsers, "config", help="check, change or show a model's config.pbtxt",
-        description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling rules "
+        description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling and tensor rules "
         "Triton enforces, change the tuned fields, or show them.",
         metavar="SUBCOMMAND",
     )
 
     check = add_command(
         sub, "check", run=_check, help="check config.pbtxt files (exit 2 if any is invalid)",
-        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields, and that a "
+        description="Parse each config.pbtxt and check Triton's rules on its scheduling fields and on its inputs' "
+        "and outputs' data types, dims and reshapes, and that a "
         "config.pbtxt names the model its directory does; a model directory has its config.pbtxt checked, and "
         "the directory as Triton loads it (a version directory), as `tuner tune --check` does; a model "
         "vLLM serves has the model.json beside it checked as vLLM's backend reads it, and a model.json "
@@ -57,7 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = add_command(
         sub, "show", run=_show, help="show the scheduling fields of a config.pbtxt",
         description="Print the scheduling fields of a config.pbtxt (max_batch_size, the batcher and "
-        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt.",
+        "its settings, instance groups) as an aligned table; a model directory: those of its config.pbtxt. "
+        "The name is the one Triton loads the model under: its directory's where config.pbtxt sets none.",
     )
     add_input(show, "path", metavar="PATH", help="a config.pbtxt or a model directory", each=True)  # _config_of checks it
 
@@ -175,7 +177,8 @@ def _write(target: Path, text: str) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    rows = modelconfig.scheduling_table(modelconfig.load(_config_of(args.path)))
+    file = _config_of(args.path)
+    rows = modelconfig.scheduling_table(modelconfig.load(file), path=file)
     width = max(len(field) for field, _ in rows)
     for field, value in rows:
         print(f"{field:<{width}}  {value}")

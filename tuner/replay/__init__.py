@@ -21,6 +21,7 @@ _EXPORTS = {
     "Calibration": "tuner.replay._calibrate",
     "MAX_REQUEST_BYTES": "tuner.replay._plan",
     "plan_requests": "tuner.replay._plan",
+    "describe_inputs": "tuner.replay._plan",
     "RequestPlan": "tuner.replay._plan",
     "peak_rate": "tuner.replay._plan",
     "model_info": "tuner.replay._plan",

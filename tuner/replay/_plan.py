@@ -7,9 +7,12 @@ Shape mapping rule (documented in the README and `tuner replay --help`):
 - a column named `<INPUT>:<k>` (e.g. `INPUT_IDS:0`) gives dim k (counted after the batch dim) of that
   input;
 - otherwise a column `seq_len` gives every variable (-1) dim of every input;
+- an optional input is sent only when the traffic has an `<INPUT>:<k>` column for it;
 - a variable dim with neither column, a shape value that is not a positive integer, a column that
   contradicts a fixed dim, a batch larger than `max_batch_size`, or a request carrying more than
-  MAX_REQUEST_BYTES of tensor data make the traffic unfit (TrafficError, naming the row).
+  MAX_REQUEST_BYTES of tensor data make the traffic unfit (TrafficError, naming the row); so do an
+  `<INPUT>:<k>` column that names no input or no dim of it (a typo must not send default shapes),
+  and a model left with no input to send (every input optional, none with a column).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.errors import ServerSetupError, TrafficError
+from tuner.errors import ServerSetupError, TrafficError, did_you_mean
 from tuner.replay._http import ITEMSIZE
 
 SEQ_LEN = "seq_len"
@@ -124,39 +127,19 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
             raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {biggest} exceeds "
                                f"model '{model}' max_batch_size {max_batch}")
 
-    inputs: list[InputPlan] = []
+    inputs = [plan for plan, sent in _input_plans(model, config, traffic.columns) if sent]
     dim_values: list[np.ndarray] = [batch] if batched else []
-    for spec in config.get("input", []):
-        if spec.get("optional"):
-            continue  # the replay sends only what the model requires
-        name = spec["name"]
-        datatype = spec["data_type"].removeprefix("TYPE_")
-        datatype = {"STRING": "BYTES"}.get(datatype, datatype)
-        if datatype not in SUPPORTED:
-            raise TrafficError(f"model '{model}' input {name}: datatype {datatype} is not supported "
-                               f"by the replay")
-        if spec.get("is_shape_tensor"):
-            raise TrafficError(f"model '{model}' input {name}: shape tensors are not supported by the replay")
-        dims = tuple(int(d) for d in spec.get("dims", []))
-        columns: list[str | None] = []
-        for k, d in enumerate(dims):
-            own = f"{name}:{k}"
-            column = own if own in traffic.columns else (SEQ_LEN if d == -1 and SEQ_LEN in traffic.columns
-                                                         else None)
-            if d == -1 and column is None:
-                raise TrafficError(f"model '{model}' input {name} has a variable dim {k} and the traffic "
-                                   f"has no '{SEQ_LEN}' or '{own}' column to size it")
+    for plan in inputs:
+        for k, (d, column) in enumerate(zip(plan.dims, plan.columns, strict=True)):
             if column is None:
                 dim_values.append(np.full(n, float(d)))
-            else:
-                values = _positive_ints(traffic[column], column, traffic)
-                if d != -1 and n and (values != d).any():
-                    bad = int(np.argmax(values != d))
-                    raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={int(values[bad])} but "
-                                       f"model '{model}' input {name} dim {k} is fixed at {d}")
-                dim_values.append(values)
-            columns.append(column)
-        inputs.append(InputPlan(name, datatype, dims, tuple(columns)))
+                continue
+            values = _positive_ints(traffic[column], column, traffic)
+            if d != -1 and n and (values != d).any():
+                bad = int(np.argmax(values != d))
+                raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={int(values[bad])} but "
+                                   f"model '{model}' input {plan.name} dim {k} is fixed at {d}")
+            dim_values.append(values)
     outputs = tuple(o["name"] for o in config.get("output", []))
 
     _check_request_sizes(model, batched, inputs, dim_values=dim_values, traffic=traffic)
@@ -175,6 +158,85 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
         shapes.append(per_input)
     return RequestPlan(model=model, batched=batched, max_batch_size=max_batch, inputs=tuple(inputs), outputs=outputs, shapes=shapes,
                        shape_ids=np.asarray(shape_ids, dtype=np.int64).reshape(-1))
+
+
+def describe_inputs(config: dict, traffic: pd.DataFrame) -> list[str]:
+    """One short line per model input of `config` (as Triton reports it or `modelconfig.to_json` writes
+    it; errors name the model by its `name`) saying what a replay of `traffic` sends: the datatype, the
+    shape with the traffic column that sizes each dim (a batching model's first dim is `batch_size`, or
+    `batch 1` without that column), and whether it is sent, e.g.
+    `IDS: INT64 [batch_size, -1 from seq_len, 4], sent`. TrafficError where the replay would refuse the
+    traffic's columns for the model (see the module doc); the rows are checked by `plan_requests`."""
+    model = config.get("name") or "?"
+    batched = int(config.get("max_batch_size", 0)) > 0
+    batch = ["batch_size" if "batch_size" in traffic.columns else "batch 1"] if batched else []
+    lines = []
+    for plan, sent in _input_plans(model, config, traffic.columns):
+        dims = [str(d) if column is None else f"{d} from {column}"
+                for d, column in zip(plan.dims, plan.columns, strict=True)]
+        how = "sent" if sent else f"optional, not sent (no {plan.name}:<k> column)"
+        lines.append(f"{plan.name}: {plan.datatype} [{', '.join(batch + dims)}], {how}")
+    return lines
+
+
+def _input_plans(model: str, config: dict, columns: pd.Index) -> list[tuple[InputPlan, bool]]:
+    """Each input of `config` as the replay would send it, with whether it is sent (an optional one only
+    with an `<INPUT>:<k>` column), from the traffic's `columns`; TrafficError for a shape column no
+    input takes, an input the replay cannot make, a variable dim no column sizes, or nothing to send."""
+    specs = config.get("input", [])
+    used = _check_shape_columns(model, specs, columns)
+    plans = []
+    for spec in specs:
+        name = spec["name"]
+        # config.pbtxt names TYPE_STRING what a request calls BYTES; an unset one is refused by validate
+        datatype = spec.get("data_type", "TYPE_INVALID").removeprefix("TYPE_")
+        datatype = {"STRING": "BYTES"}.get(datatype, datatype)
+        dims = tuple(int(d) for d in spec.get("dims", []))
+        sent = not spec.get("optional") or name in used  # Triton takes a request without an optional input
+        if not sent:
+            plans.append((InputPlan(name, datatype, dims, (None,) * len(dims)), False))
+            continue
+        if datatype not in SUPPORTED:
+            raise TrafficError(f"model '{model}' input {name}: datatype {datatype} is not supported "
+                               f"by the replay")
+        if spec.get("is_shape_tensor"):
+            raise TrafficError(f"model '{model}' input {name}: shape tensors are not supported by the replay")
+        dim_columns: list[str | None] = []
+        for k, d in enumerate(dims):
+            own = f"{name}:{k}"
+            column = own if own in columns else (SEQ_LEN if d == -1 and SEQ_LEN in columns else None)
+            if d == -1 and column is None:
+                raise TrafficError(f"model '{model}' input {name} has a variable dim {k} and the traffic "
+                                   f"has no '{SEQ_LEN}' or '{own}' column to size it")
+            dim_columns.append(column)
+        plans.append((InputPlan(name, datatype, dims, tuple(dim_columns)), True))
+    if specs and not any(sent for _, sent in plans):  # Triton fails a request of no input
+        names = ", ".join(spec["name"] for spec in specs)
+        raise TrafficError(f"model '{model}': every input is optional ({names}) and the traffic has no "
+                           f"<INPUT>:<k> column for any, so a request would carry no input; add one such as "
+                           f"'{specs[0]['name']}:0' to send that input")
+    return plans
+
+
+def _check_shape_columns(model: str, specs: list[dict], columns: pd.Index) -> set[str]:
+    """The inputs the traffic's `<INPUT>:<k>` columns (any column with a ':') size; TrafficError naming
+    the first that names no input or no dim of it (k counts the input's dims after the batch dim)."""
+    dims = {spec["name"]: len(spec.get("dims", [])) for spec in specs}
+    used = set()
+    for column in map(str, columns):
+        name, colon, k = column.rpartition(":")
+        if not colon:
+            continue
+        if name not in dims:
+            hint = did_you_mean(name, dims) or f"its inputs: {', '.join(dims) or 'none'}"
+            raise TrafficError(f"traffic column '{column}': model '{model}' has no input {name!r} ({hint}); an "
+                               f"<INPUT>:<k> column gives dim k of that input")
+        if not (k.isdigit() and str(int(k)) == k and int(k) < dims[name]):
+            raise TrafficError(f"traffic column '{column}': model '{model}' input {name} has no dim {k!r} "
+                               f"(its dims after the batch dim: {', '.join(map(str, range(dims[name])))}); an "
+                               f"<INPUT>:<k> column gives dim k of that input")
+        used.add(name)
+    return used
 
 
 def peak_rate(due_s: np.ndarray, window_s: float = 1.0) -> float:
