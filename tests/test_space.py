@@ -387,3 +387,18 @@ def test_a_value_outside_a_knobs_choices_is_refused_naming_it_as_the_study_file_
         space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": True}, search, whose="production's")
     # a number outside its range is measured with a note instead (`outside`)
     space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": False}, search, whose="the incumbent's")
+
+
+def test_a_zero_queue_size_on_a_config_without_a_queue_policy_writes_nothing():
+    # 0 is unbounded, what no queue policy already means: a "keep it" recommendation shows no change
+    base = modelconfig.parse('name: "m" max_batch_size: 8 dynamic_batching { }', "x")
+    assert _changed(base, space.apply(base, {"max_queue_size": 0})) == {}
+    bare = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    assert _changed(bare, space.apply(bare, {"max_queue_size": 0})) == {}
+    # a policy the config has is set, to 0 too
+    bounded = modelconfig.parse('max_batch_size: 8 dynamic_batching { default_queue_policy { max_queue_size: 16 } }',
+                                "x")
+    assert _changed(bounded, space.apply(bounded, {"max_queue_size": 0})) == {
+        "dynamic_batching.default_queue_policy.max_queue_size": (16, None)}  # proto3: 0 is unset
+    assert _changed(base, space.apply(base, {"max_queue_size": 32})) == {
+        "dynamic_batching.default_queue_policy.max_queue_size": (None, 32)}

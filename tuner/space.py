@@ -155,6 +155,9 @@ def _read_instances(config: ModelConfig) -> Value | None:
 
 
 def _write_queue_size(config: ModelConfig, value: Value) -> None:
+    if not value and not (config.HasField("dynamic_batching")
+                          and config.dynamic_batching.HasField("default_queue_policy")):
+        return  # 0 (unbounded) is what a config without a queue policy already means: no empty block
     batching = _batching(config, "max_queue_size")
     batching.default_queue_policy.max_queue_size = int(value)
 
