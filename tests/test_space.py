@@ -402,3 +402,17 @@ def test_a_zero_queue_size_on_a_config_without_a_queue_policy_writes_nothing():
         "dynamic_batching.default_queue_policy.max_queue_size": (16, None)}  # proto3: 0 is unset
     assert _changed(base, space.apply(base, {"max_queue_size": 32})) == {
         "dynamic_batching.default_queue_policy.max_queue_size": (None, 32)}
+
+
+def test_the_incumbent_is_its_config_as_it_is_and_a_fixed_setting_applies_to_the_trials():
+    # the encoder_sim template: `dynamic_batching { }`, no queue policy, no instance group
+    base = modelconfig.parse('name: "m" max_batch_size: 8 dynamic_batching { }', "x")
+    search = SearchSettings(max_batch_size=IntRange(4, 64, log=True), preferred_batch_size="powers_of_two",
+                            max_queue_size=IntRange(0, 64), instance_count=IntRange(1, 2))
+    incumbent = space.from_config(base, search)
+    assert space.apply(base, incumbent, search) == base
+    trial = space.apply(base, {**incumbent, space.MAX_BATCH_SIZE: 16}, search)
+    assert list(trial.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8, 16]  # the study's strategy
+    # nor is a config without a dynamic batcher given one as the incumbent
+    bare = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    assert space.apply(bare, space.from_config(bare, search), search) == bare

@@ -366,9 +366,10 @@ def grid_size(search: SearchSettings) -> int:
 
 
 def apply(base: ModelConfig, params: Params, search: SearchSettings | None = None) -> ModelConfig:
-    """A copy of `base` with only the knobs named in `params` changed. A study that fixes a
-    preferred-size strategy without searching it (`search.preferred_batch_size: max`) applies it to
-    every configuration."""
+    """A copy of `base` with only the knobs named in `params` changed. Given the study's `search`: a
+    preferred-size strategy it fixes without searching it (`search.preferred_batch_size: max`) applies
+    to every trial, and `params` that are the base's own values of the tuned knobs (`from_config`: the
+    incumbent) give the base unchanged, measured exactly as its config.pbtxt is."""
     engine = sorted(set(params) & set(ENGINE_NAMES))
     if engine:
         raise ConfigError(f"{engine[0]}: a vLLM engine argument, written to model.json (apply_engine), not to "
@@ -377,7 +378,9 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     if unknown:
         raise ConfigError(f"unknown tuned field {unknown[0]!r} (known: {', '.join(NAMES)})")
     values = dict(params)
-    if search is not None and PREFERRED not in values and search.preferred_batch_size in STRATEGIES:
+    if search is not None and values == split(from_config(base, search, engine={}))[0]:
+        values = {}  # the incumbent: the study's fixed settings are its trials', the baseline is the user's
+    elif search is not None and PREFERRED not in values and search.preferred_batch_size in STRATEGIES:
         values[PREFERRED] = search.preferred_batch_size
     new = ModelConfig()
     new.CopyFrom(base)
