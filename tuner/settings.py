@@ -577,6 +577,8 @@ def _check(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
         if r.log and r.low < 1:
             raise SettingsError(f"{source}: {key}: a log range needs low >= 1, got low={r.low}")
+        if r.log and r.step != 1:
+            raise _log_and_step(source, key, r.step)
         if not r.log and r.step > 1 and (r.high - r.low) % r.step:
             raise SettingsError(f"{source}: {key}: high={r.high} is not low + a whole number of steps of "
                                 f"{r.step} (the search would never try it): e.g. high "
@@ -609,6 +611,13 @@ def _check(s: StudySettings, source: str) -> None:
         raise SettingsError(f"{source}: name and model must not be empty")
 
 
+def _log_and_step(source: str, key: str, step: float) -> SettingsError:
+    """A range on a log scale given a step too: the search would drop the step (Optuna's suggest_int and
+    suggest_float refuse the two together)."""
+    return SettingsError(f"{source}: {key}: a log range takes no step (got log: true and step: {step:g}): "
+                         f"give one of them")
+
+
 def _even_step(low: int, high: int, step: int) -> int:
     """The step nearest `step` that walks from `low` to `high` in whole steps."""
     span = high - low
@@ -626,6 +635,8 @@ def _check_engine_ranges(s: StudySettings, source: str) -> None:
                                 f"but got (low={r.low:g}, high={r.high:g})")
         if r.step is not None and r.step <= 0:
             raise SettingsError(f"{source}: search.gpu_memory_utilization.step: must be > 0, got {r.step:g}")
+        if r.log and r.step is not None:
+            raise _log_and_step(source, "search.gpu_memory_utilization", r.step)
         if s.cost.gpu == "cpu":
             raise SettingsError(f"{source}: search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); "
                                 f"size its KV cache with search.kv_cache_gib")
