@@ -353,3 +353,13 @@ def test_a_log_range_with_a_step_is_refused_not_its_step_dropped(search, key):
     plain = {name: {k: v for k, v in r.items() if k != "step"} for name, r in search.items()}
     study_from_dict({**MINIMAL, "cost": {"gpu": "h100"}, "search": plain}, source="study.yaml")
     study_from_dict({**MINIMAL, "search": {"max_batch_size": {"low": 1, "high": 64, "log": True, "step": 1}}})
+
+
+def test_a_null_max_batch_size_is_refused_at_load_where_a_null_delay_is_not_tuned(tmp_path):
+    # every encoder study sizes its batches from the range (the traffic's largest request, a profile's rows)
+    path = _study_file(tmp_path, "search: {max_batch_size: null}\n")
+    with pytest.raises(SettingsError) as exc:
+        read_study(path)
+    assert str(exc.value).startswith(f"{path}: search.max_batch_size: null: give a range"), exc.value
+    held = _study_file(tmp_path, "search: {max_batch_size: {low: 16, high: 16}, max_queue_delay_microseconds: null}\n")
+    assert read_study(held).search.max_queue_delay_microseconds is None

@@ -564,6 +564,9 @@ def _check(s: StudySettings, source: str) -> None:
     if s.traffic.busiest_s is not None and s.traffic.start_s is not None:
         raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
     _check_range(s.traffic, source)
+    if s.search.max_batch_size is None:  # not tuned is a vLLM study's (tuner.space.study_space); a batcher's sizes its batches
+        raise SettingsError(f"{source}: search.max_batch_size: null: give a range (e.g. {{low: 1, high: 64, log: true}}; "
+                            f"low = high holds it), or leave the key out for that default")
     for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
                          ("search.instance_count", 1), ("search.max_queue_size", 0), ("search.max_num_seqs", 1),
                          ("search.max_num_batched_tokens", 1), ("search.kv_cache_gib", 1)):
