@@ -466,3 +466,13 @@ def test_tune_check_refuses_a_range_beyond_its_knobs_bounds_in_one_line(tmp_path
     assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: search.max_batch_size: max_batch_size "
                                                    f"takes 0..2147483647"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_the_space_narrowed_to_fit_a_request_keeps_the_users_steps():
+    # the points 1, 4, 7, 10 and requests of 5 rows: 7 and 10 take them (not 5 and 8, which the user never gave)
+    search = SearchSettings(max_batch_size=IntRange(1, 10, step=3))
+    narrowed, note = space.fit_to_rows(search, 5, where="row 2")
+    assert narrowed.max_batch_size == IntRange(7, 10, step=3) and space.grid(narrowed)["max_batch_size"] == [7, 10]
+    assert "low raised from 1 to 7: the traffic has requests of 5 rows (row 2)" in note
+    assert space.fit_to_rows(search, 7, where="row 2")[0].max_batch_size == IntRange(7, 10, step=3)
+    assert space.fit_to_rows(search, 10, where="row 2")[0].max_batch_size == IntRange(10, 10, step=3)

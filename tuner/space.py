@@ -597,8 +597,10 @@ def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tup
         raise SettingsError(f"search.max_batch_size: the traffic has a request of {largest_rows} rows "
                             f"({where}), above every max_batch_size the search may try (high={r.high}): "
                             f"raise search.max_batch_size.high to at least {largest_rows}")
-    narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=largest_rows))
-    return narrowed, (f"search.max_batch_size: low raised from {r.low} to {largest_rows}: the traffic has "
+    # the first of the user's points that takes the request: the search keeps to their steps
+    low = r.low + -(-(largest_rows - r.low) // r.step) * r.step
+    narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=low))
+    return narrowed, (f"search.max_batch_size: low raised from {r.low} to {low}: the traffic has "
                       f"requests of {largest_rows} rows ({where}), which a smaller max_batch_size refuses")
 
 
