@@ -336,3 +336,30 @@ def test_a_remote_servers_metrics_url_is_an_http_metrics_endpoint(url, ok):
     else:
         with pytest.raises(SettingsError, match="server.metrics_url: expected"):
             study_from_dict(data, source="study.yaml")
+
+
+@pytest.mark.parametrize("search,key", [
+    ({"max_batch_size": {"low": 1, "high": 64, "log": True, "step": 4}}, "search.max_batch_size"),
+    ({"max_queue_size": {"low": 1, "high": 64, "log": True, "step": 3}}, "search.max_queue_size"),
+    ({"gpu_memory_utilization": {"low": 0.5, "high": 0.9, "log": True, "step": 0.1}}, "search.gpu_memory_utilization"),
+])
+def test_a_log_range_with_a_step_is_refused_not_its_step_dropped(search, key):
+    # the search would draw on the log scale and ignore the step (Optuna refuses the two together)
+    with pytest.raises(SettingsError) as exc:
+        study_from_dict({**MINIMAL, "cost": {"gpu": "h100"}, "search": search}, source="study.yaml")
+    assert str(exc.value).startswith(f"study.yaml: {key}: a log range takes no step"), exc.value
+    assert "\n" not in str(exc.value)
+    # the same range without the step (or with Optuna's step 1) loads
+    plain = {name: {k: v for k, v in r.items() if k != "step"} for name, r in search.items()}
+    study_from_dict({**MINIMAL, "cost": {"gpu": "h100"}, "search": plain}, source="study.yaml")
+    study_from_dict({**MINIMAL, "search": {"max_batch_size": {"low": 1, "high": 64, "log": True, "step": 1}}})
+
+
+def test_a_null_max_batch_size_is_refused_at_load_where_a_null_delay_is_not_tuned(tmp_path):
+    # every encoder study sizes its batches from the range (the traffic's largest request, a profile's rows)
+    path = _study_file(tmp_path, "search: {max_batch_size: null}\n")
+    with pytest.raises(SettingsError) as exc:
+        read_study(path)
+    assert str(exc.value).startswith(f"{path}: search.max_batch_size: null: give a range"), exc.value
+    held = _study_file(tmp_path, "search: {max_batch_size: {low: 16, high: 16}, max_queue_delay_microseconds: null}\n")
+    assert read_study(held).search.max_queue_delay_microseconds is None

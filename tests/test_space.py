@@ -4,13 +4,19 @@ test_modelconfig.py has a real Triton accept what `space.apply` writes)."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import optuna
 import pytest
+import yaml
 from google.protobuf import text_format
 
 from tuner import modelconfig, space
 from tuner.errors import ConfigError, SettingsError
-from tuner.settings import IntRange, SearchSettings
+from tuner.settings import FloatRange, IntRange, SearchSettings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASE = """
 name: "m"
@@ -387,3 +393,86 @@ def test_a_value_outside_a_knobs_choices_is_refused_naming_it_as_the_study_file_
         space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": True}, search, whose="production's")
     # a number outside its range is measured with a note instead (`outside`)
     space.check_choices({"max_num_seqs": 64, "enable_chunked_prefill": False}, search, whose="the incumbent's")
+
+
+def test_a_zero_queue_size_on_a_config_without_a_queue_policy_writes_nothing():
+    # 0 is unbounded, what no queue policy already means: a "keep it" recommendation shows no change
+    base = modelconfig.parse('name: "m" max_batch_size: 8 dynamic_batching { }', "x")
+    assert _changed(base, space.apply(base, {"max_queue_size": 0})) == {}
+    bare = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    assert _changed(bare, space.apply(bare, {"max_queue_size": 0})) == {}
+    # a policy the config has is set, to 0 too
+    bounded = modelconfig.parse('max_batch_size: 8 dynamic_batching { default_queue_policy { max_queue_size: 16 } }',
+                                "x")
+    assert _changed(bounded, space.apply(bounded, {"max_queue_size": 0})) == {
+        "dynamic_batching.default_queue_policy.max_queue_size": (16, None)}  # proto3: 0 is unset
+    assert _changed(base, space.apply(base, {"max_queue_size": 32})) == {
+        "dynamic_batching.default_queue_policy.max_queue_size": (None, 32)}
+
+
+def test_the_incumbent_is_its_config_as_it_is_and_a_fixed_setting_applies_to_the_trials():
+    # the encoder_sim template: `dynamic_batching { }`, no queue policy, no instance group
+    base = modelconfig.parse('name: "m" max_batch_size: 8 dynamic_batching { }', "x")
+    search = SearchSettings(max_batch_size=IntRange(4, 64, log=True), preferred_batch_size="powers_of_two",
+                            max_queue_size=IntRange(0, 64), instance_count=IntRange(1, 2))
+    incumbent = space.from_config(base, search)
+    assert space.apply(base, incumbent, search) == base
+    trial = space.apply(base, {**incumbent, space.MAX_BATCH_SIZE: 16}, search)
+    assert list(trial.dynamic_batching.preferred_batch_size) == [1, 2, 4, 8, 16]  # the study's strategy
+    # nor is a config without a dynamic batcher given one as the incumbent
+    bare = modelconfig.parse('name: "m" max_batch_size: 8', "x")
+    assert space.apply(bare, space.from_config(bare, search), search) == bare
+
+
+@pytest.mark.parametrize("search,vllm,named", [
+    (SearchSettings(max_batch_size=IntRange(1, 3_000_000_000)), False,
+     "search.max_batch_size: max_batch_size takes 0..2147483647, but the range is 1..3000000000"),
+    (SearchSettings(max_queue_delay_microseconds=IntRange(0, 2**64)), False,
+     f"search.max_queue_delay_microseconds: dynamic_batching.max_queue_delay_microseconds takes 0..{2**64 - 1}, "
+     f"but the range is 0..{2**64}"),
+    (SearchSettings(instance_count=IntRange(1, 2**31)), False, "search.instance_count: instance_group.count takes "),
+    (SearchSettings(max_num_seqs=IntRange(8, 2**40)), True, "search.max_num_seqs: model.json:max_num_seqs takes "),
+])
+def test_a_range_beyond_its_knobs_own_bounds_is_refused_in_one_line(search, vllm, named):
+    # the bounds `--set` holds a value to (Knob.bounds): before, a trial crashed writing the value mid-study
+    with pytest.raises(SettingsError) as exc:
+        space.study_space(search, vllm=vllm, source="s.yaml")
+    assert str(exc.value).startswith(f"s.yaml: {named}"), exc.value
+    within = SearchSettings(max_batch_size=IntRange(1, 2**31 - 1), max_queue_delay_microseconds=IntRange(0, 2**64 - 1))
+    assert space.study_space(within, vllm=False, source="s.yaml") == within
+
+
+def test_the_grid_of_a_wide_range_is_counted_not_listed():
+    # tune --check counts the grid for every sampler: a MemoryError / OverflowError building the list before
+    wide = SearchSettings(max_batch_size=IntRange(1, 64, log=True), max_queue_delay_microseconds=IntRange(0, 2**64 - 1))
+    assert space.grid_size(wide) == 7 * 2**64
+    stepped = SearchSettings(max_batch_size=IntRange(1, 10, step=3), max_queue_delay_microseconds=IntRange(0, 10**15, step=500))
+    assert space.grid_size(stepped) == 4 * (2 * 10**12 + 1)
+    small = SearchSettings(max_batch_size=IntRange(1, 10, step=3), max_queue_delay_microseconds=IntRange(0, 1000, step=500),
+                           gpu_memory_utilization=FloatRange(0.5, 0.9, step=0.1))
+    assert space.grid_size(small) == 4 * 3 * 5 == math.prod(len(v) for v in space.grid(small).values())
+
+
+def test_tune_check_refuses_a_range_beyond_its_knobs_bounds_in_one_line(tmp_path, capsys):
+    from tuner.cli import main
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({
+        "name": "s", "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
+        "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}, "output": str(tmp_path / "out"),
+        "search": {"max_batch_size": {"low": 1, "high": 3_000_000_000}}}))
+    assert main(["tune", str(study), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: search.max_batch_size: max_batch_size "
+                                                   f"takes 0..2147483647"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+def test_the_space_narrowed_to_fit_a_request_keeps_the_users_steps():
+    # the points 1, 4, 7, 10 and requests of 5 rows: 7 and 10 take them (not 5 and 8, which the user never gave)
+    search = SearchSettings(max_batch_size=IntRange(1, 10, step=3))
+    narrowed, note = space.fit_to_rows(search, 5, where="row 2")
+    assert narrowed.max_batch_size == IntRange(7, 10, step=3) and space.grid(narrowed)["max_batch_size"] == [7, 10]
+    assert "low raised from 1 to 7: the traffic has requests of 5 rows (row 2)" in note
+    assert space.fit_to_rows(search, 7, where="row 2")[0].max_batch_size == IntRange(7, 10, step=3)
+    assert space.fit_to_rows(search, 10, where="row 2")[0].max_batch_size == IntRange(10, 10, step=3)

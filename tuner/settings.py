@@ -564,6 +564,9 @@ def _check(s: StudySettings, source: str) -> None:
     if s.traffic.busiest_s is not None and s.traffic.start_s is not None:
         raise SettingsError(f"{source}: traffic: give either busiest_s or start_s, not both")
     _check_range(s.traffic, source)
+    if s.search.max_batch_size is None:  # not tuned is a vLLM study's (tuner.space.study_space); a batcher's sizes its batches
+        raise SettingsError(f"{source}: search.max_batch_size: null: give a range (e.g. {{low: 1, high: 64, log: true}}; "
+                            f"low = high holds it), or leave the key out for that default")
     for key, minimum in (("search.max_batch_size", 1), ("search.max_queue_delay_microseconds", 0),
                          ("search.instance_count", 1), ("search.max_queue_size", 0), ("search.max_num_seqs", 1),
                          ("search.max_num_batched_tokens", 1), ("search.kv_cache_gib", 1)):
@@ -577,6 +580,8 @@ def _check(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: {key}.step: must be >= 1, got {r.step}")
         if r.log and r.low < 1:
             raise SettingsError(f"{source}: {key}: a log range needs low >= 1, got low={r.low}")
+        if r.log and r.step != 1:
+            raise _log_and_step(source, key, r.step)
         if not r.log and r.step > 1 and (r.high - r.low) % r.step:
             raise SettingsError(f"{source}: {key}: high={r.high} is not low + a whole number of steps of "
                                 f"{r.step} (the search would never try it): e.g. high "
@@ -609,6 +614,13 @@ def _check(s: StudySettings, source: str) -> None:
         raise SettingsError(f"{source}: name and model must not be empty")
 
 
+def _log_and_step(source: str, key: str, step: float) -> SettingsError:
+    """A range on a log scale given a step too: the search would drop the step (Optuna's suggest_int and
+    suggest_float refuse the two together)."""
+    return SettingsError(f"{source}: {key}: a log range takes no step (got log: true and step: {step:g}): "
+                         f"give one of them")
+
+
 def _even_step(low: int, high: int, step: int) -> int:
     """The step nearest `step` that walks from `low` to `high` in whole steps."""
     span = high - low
@@ -626,6 +638,8 @@ def _check_engine_ranges(s: StudySettings, source: str) -> None:
                                 f"but got (low={r.low:g}, high={r.high:g})")
         if r.step is not None and r.step <= 0:
             raise SettingsError(f"{source}: search.gpu_memory_utilization.step: must be > 0, got {r.step:g}")
+        if r.log and r.step is not None:
+            raise _log_and_step(source, "search.gpu_memory_utilization", r.step)
         if s.cost.gpu == "cpu":
             raise SettingsError(f"{source}: search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); "
                                 f"size its KV cache with search.kv_cache_gib")

@@ -155,6 +155,9 @@ def _read_instances(config: ModelConfig) -> Value | None:
 
 
 def _write_queue_size(config: ModelConfig, value: Value) -> None:
+    if not value and not (config.HasField("dynamic_batching")
+                          and config.dynamic_batching.HasField("default_queue_policy")):
+        return  # 0 (unbounded) is what a config without a queue policy already means: no empty block
     batching = _batching(config, "max_queue_size")
     batching.default_queue_policy.max_queue_size = int(value)
 
@@ -291,6 +294,7 @@ def study_space(search: SearchSettings, *, vllm: bool, source: str) -> SearchSet
             raise SettingsError(f"{source}: search.{engine[0]}: a vLLM engine argument (model.json), but the "
                                 f"model is not a vLLM-backend model (config.pbtxt backend \"vllm\", or a Python "
                                 f"backend with a model.json): tune the dynamic batcher's knobs")
+        _check_bounds(search, source)
         return search
     asked = [k.name for k in KNOBS if getattr(search, k.name) != getattr(defaults, k.name)]
     if asked:
@@ -299,9 +303,21 @@ def study_space(search: SearchSettings, *, vllm: bool, source: str) -> SearchSet
     if not engine:
         raise SettingsError(f"{source}: search: the model is a vLLM-backend model: give a range to at least one "
                             f"of {', '.join(ENGINE_NAMES)} (e.g. search.{MAX_SEQS}: {{low: 8, high: 256, log: true}})")
+    _check_bounds(search, source)
     # the ranges the settings give by default, dropped (a strategy name of "none" already tunes nothing)
     return dataclasses.replace(search, **{k.name: None for k in KNOBS
                                           if k.name in _SEARCH_FIELDS and not k.sizes and k.range_of(search)})
+
+
+def _check_bounds(search: SearchSettings, source: str) -> None:
+    """Refuse (SettingsError, one line) a range that leaves its knob's own bounds (`Knob.bounds`, what
+    `--set` takes): a trial would write a value its file refuses, mid-study."""
+    for knob in tuned(search):
+        r = knob.range_of(search)
+        low, high = knob.bounds
+        if isinstance(r, (IntRange, FloatRange)) and not low <= r.low <= r.high <= high:
+            raise SettingsError(f"{source}: search.{knob.name}: {knob.path} takes {_text(low)}..{_text(high)}, "
+                                f"but the range is {_text(r.low)}..{_text(r.high)}")
 
 
 # --- drawing a trial, and the grid -----------------------------------------------------------------
@@ -328,20 +344,9 @@ def grid(search: SearchSettings) -> dict[str, list]:
     log-scale range is walked in powers of two (and its bounds), or with `grid_per_octave` points
     per doubling (2: 1, 2, 3, 4, 6, 8, 11, 16, ...) where the optimum needs a finer look."""
 
-    def values(r: IntRange) -> list[int]:
-        if r.log:
-            out, k = {r.low, r.high}, 0
-            while (v := round(2 ** (k / search.grid_per_octave))) <= r.high:
-                if v >= r.low:
-                    out.add(v)
-                k += 1
-            return sorted(out)
-        return list(range(r.low, r.high + 1, r.step))
-
     def numbers(r: FloatRange) -> list[float]:
         if r.step and not r.log:
-            count = int(math.floor((r.high - r.low) / r.step + 1e-9))
-            return [round(r.low + i * r.step, 10) for i in range(count + 1)]
+            return [round(r.low + i * r.step, 10) for i in range(_steps(r))]
         if r.log:
             ratio = (r.high / r.low) ** (1 / (GRID_POINTS - 1))
             return [round(r.low * ratio**i, 10) for i in range(GRID_POINTS)]
@@ -350,22 +355,51 @@ def grid(search: SearchSettings) -> dict[str, list]:
     out = {}
     for knob in tuned(search):
         r = knob.range_of(search)
-        out[knob.name] = values(r) if isinstance(r, IntRange) else numbers(r) if isinstance(r, FloatRange) else list(r)
+        if isinstance(r, IntRange):
+            out[knob.name] = _octaves(r, search.grid_per_octave) if r.log else list(range(r.low, r.high + 1, r.step))
+        else:
+            out[knob.name] = numbers(r) if isinstance(r, FloatRange) else list(r)
     return out
 
 
+def _octaves(r: IntRange, per_octave: int) -> list[int]:
+    """A log-scale range's grid points: `per_octave` per doubling, and its bounds."""
+    out, k = {r.low, r.high}, 0
+    while (v := round(2 ** (k / per_octave))) <= r.high:
+        if v >= r.low:
+            out.add(v)
+        k += 1
+    return sorted(out)
+
+
+def _steps(r: IntRange | FloatRange) -> int:
+    """How many points a range in steps holds, low to high: counted, never listed (a wide range holds
+    billions)."""
+    if isinstance(r, IntRange):
+        return (r.high - r.low) // r.step + 1
+    return int(math.floor((r.high - r.low) / r.step + 1e-9)) + 1
+
+
 def grid_size(search: SearchSettings) -> int:
-    """How many configurations the grid holds."""
-    return math.prod(len(v) for v in grid(search).values())
+    """How many configurations the grid holds (counted without listing a range in steps)."""
+    def count(r) -> int:
+        if isinstance(r, IntRange):
+            return len(_octaves(r, search.grid_per_octave)) if r.log else _steps(r)
+        if isinstance(r, FloatRange):
+            return _steps(r) if r.step and not r.log else GRID_POINTS
+        return len(list(r))
+
+    return math.prod(count(k.range_of(search)) for k in tuned(search))
 
 
 # --- values <-> config.pbtxt -----------------------------------------------------------------------
 
 
 def apply(base: ModelConfig, params: Params, search: SearchSettings | None = None) -> ModelConfig:
-    """A copy of `base` with only the knobs named in `params` changed. A study that fixes a
-    preferred-size strategy without searching it (`search.preferred_batch_size: max`) applies it to
-    every configuration."""
+    """A copy of `base` with only the knobs named in `params` changed. Given the study's `search`: a
+    preferred-size strategy it fixes without searching it (`search.preferred_batch_size: max`) applies
+    to every trial, and `params` that are the base's own values of the tuned knobs (`from_config`: the
+    incumbent) give the base unchanged, measured exactly as its config.pbtxt is."""
     engine = sorted(set(params) & set(ENGINE_NAMES))
     if engine:
         raise ConfigError(f"{engine[0]}: a vLLM engine argument, written to model.json (apply_engine), not to "
@@ -374,7 +408,9 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     if unknown:
         raise ConfigError(f"unknown tuned field {unknown[0]!r} (known: {', '.join(NAMES)})")
     values = dict(params)
-    if search is not None and PREFERRED not in values and search.preferred_batch_size in STRATEGIES:
+    if search is not None and values == split(from_config(base, search, engine={}))[0]:
+        values = {}  # the incumbent: the study's fixed settings are its trials', the baseline is the user's
+    elif search is not None and PREFERRED not in values and search.preferred_batch_size in STRATEGIES:
         values[PREFERRED] = search.preferred_batch_size
     new = ModelConfig()
     new.CopyFrom(base)
@@ -561,8 +597,10 @@ def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tup
         raise SettingsError(f"search.max_batch_size: the traffic has a request of {largest_rows} rows "
                             f"({where}), above every max_batch_size the search may try (high={r.high}): "
                             f"raise search.max_batch_size.high to at least {largest_rows}")
-    narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=largest_rows))
-    return narrowed, (f"search.max_batch_size: low raised from {r.low} to {largest_rows}: the traffic has "
+    # the first of the user's points that takes the request: the search keeps to their steps
+    low = r.low + -(-(largest_rows - r.low) // r.step) * r.step
+    narrowed = dataclasses.replace(search, max_batch_size=dataclasses.replace(r, low=low))
+    return narrowed, (f"search.max_batch_size: low raised from {r.low} to {low}: the traffic has "
                       f"requests of {largest_rows} rows ({where}), which a smaller max_batch_size refuses")
 
 
