@@ -461,11 +461,15 @@ def test_tune_check_refuses_a_range_beyond_its_knobs_bounds_in_one_line(tmp_path
         "name": "s", "model_repository": str(ROOT / "model_repository_templates"), "model": "encoder_sim",
         "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}, "output": str(tmp_path / "out"),
         "search": {"max_batch_size": {"low": 1, "high": 3_000_000_000}}}))
-    assert main(["tune", str(study), "--check"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: search.max_batch_size: max_batch_size "
-                                                   f"takes 0..2147483647"), err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+    (tmp_path / "profile.csv").write_text("rows,padded_len,ms\n")
+    # simulate and profile too: they list (or profile) every batch size of the range before anything else
+    for argv in (["tune", str(study), "--check"], ["simulate", str(study), "--profile", str(tmp_path / "profile.csv")],
+                 ["profile", str(study)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"tuner: error: {study}: search.max_batch_size: max_batch_size "
+                                                       f"takes 0..2147483647"), (argv, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.csv", "study.yaml"]
 
 
 def test_the_space_narrowed_to_fit_a_request_keeps_the_users_steps():

@@ -71,10 +71,14 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, count.dest)
         if value is not None and value < 1:
             raise SettingsError(f"{count.flag}: must be >= 1, got {value}")
+    from tuner import space
     from tuner.study import check_batcher_study
 
     settings = read_study(args.study)
     check_batcher_study(settings, "profile")
+    # the space's ranges within their knobs' bounds, as tune checks them (a range of 1e11 batch sizes
+    # would be listed, or profiled, before anything is refused)
+    space.study_space(settings.search, vllm=False, source=settings.source or args.study)
     base = check_base(settings)  # a config Triton or the simulation refuses: before a minute of measuring
     output = Path(args.output) if args.output else Path(settings.output) / PROFILE
     check_output(output, settings, label=f"profile {output}", force=args.force, ours=_is_profile)

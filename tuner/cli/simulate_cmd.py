@@ -98,10 +98,14 @@ def run(args: argparse.Namespace) -> int:
         raise SettingsError(f"--top: must be >= 1, got {args.top}")
     if args.json:
         check_writable(args.json, label=f"--json {args.json}")  # before the ranking is printed, not after
+    from tuner import space
     from tuner.study import check_batcher_study
 
     settings = read_study(args.study)
     check_batcher_study(settings, "simulate")
+    # the space's ranges within their knobs' bounds, as tune checks them (a range of 1e11 batch sizes
+    # would be listed, or profiled, before anything is refused)
+    space.study_space(settings.search, vllm=False, source=settings.source or args.study)
     base = check_base(settings)
     if args.json:
         check_output(args.json, settings, label=f"--json {args.json}", force=args.force,
