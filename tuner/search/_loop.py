@@ -74,12 +74,12 @@ def make_sampler(search: SearchSettings) -> optuna.samplers.BaseSampler:
 
 
 class _InRangeGPSampler(optuna.samplers.GPSampler):
-    """Optuna's GP sampler, fitted on the trials whose values lie in their distributions. The incumbent
-    is enqueued with the model's own values, which may lie outside the search (max_batch_size 64 above
-    a range of 4..32, a delay off the range's step): the GP places it outside the grid it searches, and
-    once it is the best trial the acquisition search starts from it and fails an assertion (Optuna
-    5.1, optim_mixed._discrete_line_search). Optuna has no public way to hide trials from a sampler:
-    where the study holds such a trial, the GP samples on an in-memory copy of the others."""
+    """Optuna's GP sampler, fitted on the trials whose values lie in their distributions (in their
+    ranges, on their steps). The incumbent is enqueued with the model's own values, which may lie
+    outside the search (max_batch_size 64 above a range of 4..32): the GP places it outside the box it
+    searches, and once it is the best trial the acquisition search starts from it and fails an
+    assertion (Optuna 5.1, optim_mixed._discrete_line_search). Optuna has no public way to hide trials
+    from a sampler: where the study holds such a trial, the GP samples on an in-memory copy of the others."""
 
     def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
                         search_space: dict) -> dict:
