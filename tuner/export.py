@@ -48,6 +48,7 @@ from tuner.search import (
     load_study,
     met_sla,
     recommend,
+    tally,
     top_trials,
     without_password,
 )
@@ -324,18 +325,15 @@ def unmeasured_advice(summary: dict) -> str:
 
 def hosts(study: optuna.Study) -> list[dict]:
     """Who measured the study's trials: one row per process (host, pid) and GPU type, with its trials
-    by state."""
-    rows: dict[tuple, dict] = {}
+    counted as the summary counts them (`search.tally`)."""
+    groups: dict[tuple, list] = {}
     for t in study.get_trials(deepcopy=False):
         if t.state == optuna.trial.TrialState.WAITING or "host" not in t.user_attrs:
             continue
         key = (t.user_attrs.get("host"), t.user_attrs.get("pid"), t.user_attrs.get("gpu") or "unknown")
-        row = rows.setdefault(key, {"host": key[0], "pid": key[1], "gpu": key[2], "trials": 0, "complete": 0,
-                                    "pruned": 0, "failed": 0, "running": 0})
-        row["trials"] += 1
-        state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}.get(t.state.name, "running")
-        row[state] += 1
-    return sorted(rows.values(), key=lambda r: (str(r["host"]), str(r["pid"]), str(r["gpu"])))
+        groups.setdefault(key, []).append(t)
+    rows = [{"host": host, "pid": pid, "gpu": gpu, **tally(trials)} for (host, pid, gpu), trials in groups.items()]
+    return sorted(rows, key=lambda r: (str(r["host"]), str(r["pid"]), str(r["gpu"])))
 
 
 def hosts_table(rows: list[dict]) -> str:

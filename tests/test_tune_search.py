@@ -1,0 +1,61 @@
+"""`tuner tune`'s trial loop as the user sees it, without a server (the evaluation is `support`'s fake):
+the trial bar's total, the trials `--check` announces, the counts of the summary and of each host, and
+what the summary says of a search its time limit stopped."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from support import FakeEvaluation, write_tune_study
+
+from tuner import export, search
+from tuner import tune as tune_module
+from tuner.settings import read_study
+
+# encoder_sim's incumbent (max_batch_size 64, no delay) is one of these 3 grid points
+ON_GRID = {"search.max_batch_size": {"low": 16, "high": 64, "log": True}, "search.trials": 100,
+           "search.remeasure_repeats": 1}
+
+
+class Bar(tune_module.Progress):
+    """The trial bar as `tuner.cli._progress.Bars` draws it: its total, and the trials done it shows."""
+
+    def __init__(self):
+        self.totals, self.done, self.study = [], [], None
+
+    def trials(self, study, total):
+        self.totals.append(total)
+        self.study = study
+
+    def trial_done(self, study):
+        self.done.append(search.spent_done(study))
+
+
+@pytest.fixture
+def fake_server(monkeypatch):
+    """Every trial measured by `evaluation` (a fake: no server starts)."""
+    evaluation = [FakeEvaluation(latency_ms=1000)]
+
+    @contextlib.contextmanager
+    def session(*_args, **_kw):
+        yield evaluation[0]
+
+    monkeypatch.setattr(tune_module, "session", session)
+    return evaluation
+
+
+def _twice(settings) -> tuple[Bar, Bar, dict]:
+    """`tuner tune S --trials 2`, then `--trials 10` (it resumes: the grid's last point, and the incumbent's
+    point, a duplicate): each run's bar and the summary."""
+    first, second = Bar(), Bar()
+    tune_module.tune(settings, 2, progress=first)
+    return first, second, tune_module.tune(settings, 10, progress=second)
+
+
+def test_the_summary_and_each_host_count_a_duplicate_grid_point_alike(tmp_path, fake_server):
+    _first, second, summary = _twice(read_study(write_tune_study(tmp_path, "grid", **ON_GRID)))
+    assert summary["trials"]["duplicate"] == 1 and summary["trials"]["failed"] == 0
+    rows = export.hosts(second.study)
+    for key in ("complete", "pruned", "failed", "duplicate"):
+        assert sum(row[key] for row in rows) == summary["trials"][key], (key, rows)
