@@ -11,6 +11,7 @@ from support import FakeEvaluation, write_tune_study
 
 from tuner import export, search
 from tuner import tune as tune_module
+from tuner.cli import main
 from tuner.settings import read_study
 
 # encoder_sim's incumbent (max_batch_size 64, no delay) is one of these 3 grid points
@@ -53,9 +54,26 @@ def _twice(settings) -> tuple[Bar, Bar, dict]:
     return first, second, tune_module.tune(settings, 10, progress=second)
 
 
+def test_a_grid_study_whose_incumbent_is_a_grid_point_fills_its_bar(tmp_path, fake_server):
+    first, second, _summary = _twice(read_study(write_tune_study(tmp_path, "grid", **ON_GRID)))
+    assert first.totals == [2] and first.done[-1] == 2
+    assert second.totals == [3] and second.done[-1] == 3  # the incumbent and the 2 other points
+
+
 def test_the_summary_and_each_host_count_a_duplicate_grid_point_alike(tmp_path, fake_server):
     _first, second, summary = _twice(read_study(write_tune_study(tmp_path, "grid", **ON_GRID)))
     assert summary["trials"]["duplicate"] == 1 and summary["trials"]["failed"] == 0
     rows = export.hosts(second.study)
     for key in ("complete", "pruned", "failed", "duplicate"):
         assert sum(row[key] for row in rows) == summary["trials"][key], (key, rows)
+
+
+@pytest.mark.parametrize(("over", "says"), [
+    (ON_GRID, "grid, 3 trials (3 grid points, the incumbent one of them; search.trials 100)"),
+    ({**ON_GRID, "search.max_batch_size": {"low": 16, "high": 32, "log": True}},
+     "grid, 3 trials (2 grid points and the incumbent; search.trials 100)"),
+])
+def test_the_check_says_the_trials_a_grid_study_will_run(tmp_path, capsys, over, says):
+    study = write_tune_study(tmp_path, "check", **over)
+    assert main(["tune", str(study), "--check"]) == 0
+    assert says in capsys.readouterr().out

@@ -133,6 +133,18 @@ def spent(study: optuna.Study) -> int:
     return len(_counted(study))
 
 
+def trials_to_run(search: SearchSettings, trials: int, *, incumbent: space.Params | None) -> int:
+    """The trials a run of `trials` counts (`spent`) when it has run them all: a grid study ends once
+    its grid is used up, at its points and the incumbent, which is one of them where its values are
+    (that point is then a duplicate, not measured again: not counted). In a study open to several GPU
+    types each type's incumbent is measured outside the grid (`add_incumbent`): one counted here."""
+    if search.sampler != "grid":
+        return trials
+    on_grid = (incumbent is not None and not search.mixed_gpus
+               and all(incumbent.get(name) in values for name, values in space.grid(search).items()))
+    return min(trials, space.grid_size(search) + (0 if on_grid else 1))
+
+
 def spent_done(study: optuna.Study) -> int:
     """The trials of `spent` that finished (complete, pruned or failed): what a progress bar of the
     budget shows done (a trial interrupted and measured again counts once, when its retry ends)."""
