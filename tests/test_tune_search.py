@@ -5,9 +5,11 @@ what the summary says of a search its time limit stopped."""
 from __future__ import annotations
 
 import contextlib
+import json
+from pathlib import Path
 
 import pytest
-from support import FakeEvaluation, write_tune_study
+from support import FakeEvaluation, SlowFakeEvaluation, write_tune_study
 
 from tuner import export, search
 from tuner import tune as tune_module
@@ -77,3 +79,19 @@ def test_the_check_says_the_trials_a_grid_study_will_run(tmp_path, capsys, over,
     study = write_tune_study(tmp_path, "check", **over)
     assert main(["tune", str(study), "--check"]) == 0
     assert says in capsys.readouterr().out
+
+
+def test_a_search_its_time_limit_stopped_is_said_in_the_closing_text_and_the_summary(tmp_path, capsys,
+                                                                                  fake_server):
+    fake_server[0] = SlowFakeEvaluation(latency_ms=1000)  # 0.5 s a trial: past the limit after the first
+    study = write_tune_study(tmp_path, "late", **ON_GRID, **{"search.timeout_s": 0.2})
+    assert main(["tune", str(study), "--quiet"]) == 0
+    line = "search: stopped by its time limit (search.timeout_s 0.2 s) after 1 of 3 trials; no trial started after it"
+    assert f"note: {line}" in capsys.readouterr().out
+    summary = json.loads((Path(read_study(study).output) / export.SUMMARY).read_text())
+    assert summary["search_timed_out"] is True and summary["search_timeout_s"] == 0.2
+    assert line in summary["notes"] and summary["trials"]["total"] == 1
+    fake_server[0] = FakeEvaluation(latency_ms=1000)
+    assert main(["tune", str(study), "--quiet", "--timeout", "600"]) == 0  # resumed: it runs its trials
+    summary = json.loads((Path(read_study(study).output) / export.SUMMARY).read_text())
+    assert summary["search_timed_out"] is False and not any("time limit" in n for n in summary["notes"])

@@ -247,8 +247,12 @@ def summarize(study: optuna.Study) -> dict:
         "hosts": hosts(study),
         "remeasured_on": meta.get("remeasured_on"),
         "step_duration_s": meta.get("step_duration_s"),  # a capacity step's window (search.capacity)
+        # as the nightly job's decision.json names them: the last run's time limit, and whether it stopped the search
+        "search_timeout_s": (meta.get("search_time_limit") or {}).get("timeout_s"),
+        "search_timed_out": bool((meta.get("search_time_limit") or {}).get("timed_out")),
     }
-    summary["notes"] = _short_step_notes(summary) if scoring == "capacity" else []
+    summary["notes"] = _time_limit_notes(meta.get("search_time_limit") or {})
+    summary["notes"] += _short_step_notes(summary) if scoring == "capacity" else []
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
@@ -272,6 +276,14 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def _time_limit_notes(limit: dict) -> list[str]:
+    """What the summary says of a search its time limit stopped (`tuner.tune`), in the nightly job's words."""
+    if not limit.get("timed_out"):
+        return []
+    return [f"search: stopped by its time limit ({limit['limit']}) after {limit['trials']} of {limit['planned']} "
+            f"trials; no trial started after it"]
 
 
 def _short_step_notes(summary: dict) -> list[str]:

@@ -538,8 +538,15 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
     handover = None
     model_based = s.search.strategy == "model"
     ranking = _simulate(p, progress) if model_based else None
+    planned = [total]  # the model strategy says how many it measures once it has picked them
+
+    def plan(n: int) -> None:
+        planned.append(n)
+        progress.trials(study, n)
+
+    started = time.monotonic()
     try:
-        if not model_based:  # the model strategy says how many it measures once it has picked them
+        if not model_based:
             progress.trials(study, total)
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
@@ -548,10 +555,11 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                 if model_based:
                     ran = search.model_search(study, s, ranking, evaluate=evaluate_trial, trials=trials, host=host,
                                               on_trial=lambda _t: progress.trial_done(study), note=progress.note,
-                                              timeout_s=timeout_s, on_plan=lambda n: progress.trials(study, n))
+                                              timeout_s=timeout_s, on_plan=plan)
                 else:
                     ran = search.run_trials(study, s, evaluate_trial, n_trials=trials, timeout_s=timeout_s, host=host,
                                             on_trial=lambda _t: progress.trial_done(study))
+                _record_time_limit(study, s, timeout_s=timeout_s, planned=planned[-1], started=started)
                 handover = _claim(study, p, host)
                 repeats = None if handover else _remeasure(study, evaluate_trial, s, progress=progress)
         else:
@@ -563,6 +571,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                                poll=lambda: progress.trial_done(study))
             ran = sum(t.number not in before and t.user_attrs.get("host") == host.name
                       for t in study.get_trials(deepcopy=False))
+            _record_time_limit(study, s, timeout_s=timeout_s, planned=total, started=started)
             handover = _claim(study, p, host)
             if not handover:
                 with open_evaluation() as evaluate_trial:
@@ -572,6 +581,18 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
     if handover:
         return dataclasses.replace(handover, ran_here=ran)
     return _write(study, s, repeats)
+
+
+def _record_time_limit(study: optuna.Study, s: StudySettings, *, timeout_s: float | None, planned: int,
+                       started: float) -> None:
+    """Keep in the study whether the time limit stopped this run's search (`search.timed_out`), for
+    the summary to say (`export.summarize`: `search_timed_out`, as the nightly job's); a later run that
+    ran its trials clears it."""
+    stopped = search.timed_out(study, planned, timeout_s=timeout_s, started=started)
+    limit = f"{'search.timeout_s' if timeout_s == s.search.timeout_s else '--timeout'} {timeout_s:g} s" \
+        if timeout_s else None
+    study.set_user_attr("search_time_limit", {"limit": limit, "timeout_s": timeout_s, "timed_out": stopped,
+                                              "trials": search.spent(study), "planned": planned})
 
 
 def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:

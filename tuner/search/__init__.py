@@ -4,7 +4,7 @@ what it found.
     open_study / storage_url / check_storage / open_storage / load_study   _store: where a study lives
     check_resume                                                          ... and whether a run resumes it
     run_trials / make_sampler / spent / spent_done / add_incumbent   _loop: Optuna's optimize, with heartbeats
-    trials_to_run                                            ... how many trials a run counts
+    trials_to_run / timed_out                                ... how many trials a run counts; its time limit
     run_workers                                              _workers: processes on this machine
     Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
     best_trial / top_trials / incumbent_trial / counts / tally   _results: what the study found
@@ -29,6 +29,7 @@ from tuner.search._loop import (
     run_trials,
     spent,
     spent_done,
+    timed_out,
     trials_to_run,
 )
 from tuner.search._model import (
@@ -84,6 +85,7 @@ __all__ = [
     "best_trial", "check_gpu", "check_resume", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",
     "met_sla", "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
-    "run_trials", "run_workers", "safe_url", "spent", "spent_done", "storage_url", "tally", "this_host", "top_trials", "trials_to_run",
+    "run_trials", "run_workers", "safe_url", "spent", "spent_done", "storage_url", "tally", "this_host", "timed_out",
+    "top_trials", "trials_to_run",
     "without_password",
 ]

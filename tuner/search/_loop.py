@@ -145,6 +145,13 @@ def trials_to_run(search: SearchSettings, trials: int, *, incumbent: space.Param
     return min(trials, space.grid_size(search) + (0 if on_grid else 1))
 
 
+def timed_out(study: optuna.Study, planned: int, *, timeout_s: float | None, started: float) -> bool:
+    """Whether the time limit stopped a run begun at `started` (`time.monotonic()`): fewer trials
+    counted than `planned` (`trials_to_run`: a used-up grid is no early stop), with the limit passed."""
+    return (timeout_s is not None and spent(study) < planned
+            and time.monotonic() - started >= timeout_s)
+
+
 def spent_done(study: optuna.Study) -> int:
     """The trials of `spent` that finished (complete, pruned or failed): what a progress bar of the
     budget shows done (a trial interrupted and measured again counts once, when its retry ends)."""
