@@ -95,3 +95,21 @@ def test_a_search_its_time_limit_stopped_is_said_in_the_closing_text_and_the_sum
     assert main(["tune", str(study), "--quiet", "--timeout", "600"]) == 0  # resumed: it runs its trials
     summary = json.loads((Path(read_study(study).output) / export.SUMMARY).read_text())
     assert summary["search_timed_out"] is False and not any("time limit" in n for n in summary["notes"])
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_traffic_above_every_max_batch_size_of_the_search_is_refused_naming_the_study(tmp_path, capsys, check):
+    from support import PROFILE
+
+    from tuner.traffic import read_traffic
+
+    traffic = read_traffic(PROFILE).head(400).assign(batch_size=1)
+    traffic.loc[17, "batch_size"] = 5
+    traffic.to_csv(tmp_path / "rows.csv", index=False)
+    study = write_tune_study(tmp_path, "rows", **{"traffic.path": str(tmp_path / "rows.csv"),
+                                                  "search.max_batch_size": {"low": 1, "high": 4}})
+    assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert errors[0].startswith(f"tuner: error: {study}: search.max_batch_size: the traffic has a request of 5 rows ")
