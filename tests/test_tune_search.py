@@ -1,6 +1,6 @@
 """`tuner tune`'s trial loop as the user sees it, without a server (the evaluation is `support`'s fake):
-the trial bar's total, the trials `--check` announces, the counts of the summary and of each host, and
-what the summary says of a search its time limit stopped."""
+the trial bar's total, the trials `--check` announces, the counts of the summary and of each host,
+what the summary says of a search its time limit stopped, and a space no request of the traffic fits."""
 
 from __future__ import annotations
 
