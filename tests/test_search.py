@@ -589,6 +589,26 @@ def test_every_sampler_is_made_or_refused_by_name():
         assert isinstance(search.make_sampler(SearchSettings(sampler="gp")), optuna.samplers.GPSampler)
 
 
+def test_the_gp_sampler_draws_in_range_when_the_best_trial_is_an_incumbent_outside_the_search(tmp_path):
+    pytest.importorskip("torch")
+    incumbent = {"max_batch_size": 64, "max_queue_delay_microseconds": 0}  # encoder_sim's, above the range
+    s = fake_settings(tmp_path, sampler="gp", trials=3)
+    s = dataclasses.replace(s, search=dataclasses.replace(s.search, max_batch_size=IntRange(4, 32, log=True)))
+    study = new_study(s, incumbent=incumbent)  # enqueued, as tune does: its values recorded as its parameters
+    drawn = []
+    for value in (10.0, 1.0, 2.0, None):  # the incumbent the best; past the GP's two startup trials
+        trial = study.ask()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the incumbent's "Fixed parameter ... out of range"
+            drawn.append(space.suggest(trial, s.search))
+        if value is not None:
+            trial.set_constraint("sla", -1.0)
+            study.tell(trial, value)
+    assert drawn[0] == incumbent
+    for params in drawn[1:]:
+        assert space.outside(params, s.search) == []
+
+
 def _ask_many(url: str, count: int, numbers) -> None:
     study = optuna.load_study(study_name="race", storage=search.open_storage(url))
     numbers.extend([study.ask().number for _ in range(count)])

@@ -48,6 +48,7 @@ from tuner.search import (
     load_study,
     met_sla,
     recommend,
+    tally,
     top_trials,
     without_password,
 )
@@ -246,8 +247,12 @@ def summarize(study: optuna.Study) -> dict:
         "hosts": hosts(study),
         "remeasured_on": meta.get("remeasured_on"),
         "step_duration_s": meta.get("step_duration_s"),  # a capacity step's window (search.capacity)
+        # as the nightly job's decision.json names them: the last run's time limit, and whether it stopped the search
+        "search_timeout_s": (meta.get("search_time_limit") or {}).get("timeout_s"),
+        "search_timed_out": bool((meta.get("search_time_limit") or {}).get("timed_out")),
     }
-    summary["notes"] = _short_step_notes(summary) if scoring == "capacity" else []
+    summary["notes"] = _time_limit_notes(meta.get("search_time_limit") or {})
+    summary["notes"] += _short_step_notes(summary) if scoring == "capacity" else []
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
@@ -271,6 +276,14 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def _time_limit_notes(limit: dict) -> list[str]:
+    """What the summary says of a search its time limit stopped (`tuner.tune`), in the nightly job's words."""
+    if not limit.get("timed_out"):
+        return []
+    return [f"search: stopped by its time limit ({limit['limit']}) after {limit['trials']} of {limit['planned']} "
+            f"trials; no trial started after it"]
 
 
 def _short_step_notes(summary: dict) -> list[str]:
@@ -324,18 +337,15 @@ def unmeasured_advice(summary: dict) -> str:
 
 def hosts(study: optuna.Study) -> list[dict]:
     """Who measured the study's trials: one row per process (host, pid) and GPU type, with its trials
-    by state."""
-    rows: dict[tuple, dict] = {}
+    counted as the summary counts them (`search.tally`)."""
+    groups: dict[tuple, list] = {}
     for t in study.get_trials(deepcopy=False):
         if t.state == optuna.trial.TrialState.WAITING or "host" not in t.user_attrs:
             continue
         key = (t.user_attrs.get("host"), t.user_attrs.get("pid"), t.user_attrs.get("gpu") or "unknown")
-        row = rows.setdefault(key, {"host": key[0], "pid": key[1], "gpu": key[2], "trials": 0, "complete": 0,
-                                    "pruned": 0, "failed": 0, "running": 0})
-        row["trials"] += 1
-        state = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}.get(t.state.name, "running")
-        row[state] += 1
-    return sorted(rows.values(), key=lambda r: (str(r["host"]), str(r["pid"]), str(r["gpu"])))
+        groups.setdefault(key, []).append(t)
+    rows = [{"host": host, "pid": pid, "gpu": gpu, **tally(trials)} for (host, pid, gpu), trials in groups.items()]
+    return sorted(rows, key=lambda r: (str(r["host"]), str(r["pid"]), str(r["gpu"])))
 
 
 def hosts_table(rows: list[dict]) -> str:

@@ -176,7 +176,10 @@ def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffi
                 f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
     _check_replayable(settings, base, traffic, engine=engine)
     if engine is None:
-        narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
+        try:
+            narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
+        except SettingsError as exc:  # a setting of the study file: named as its other errors are
+            raise SettingsError(f"{settings.source or '<study>'}: {exc}") from None
         if note:
             notes.append(note)
         settings = dataclasses.replace(settings, search=narrowed)
@@ -295,17 +298,18 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
     server = s.server.launcher + (f" {s.server.image}" if s.server.launcher == "docker" else "") + (
         f" {s.server.url}" if s.server.launcher == "remote" else "")
     span = float(p.traffic["timestamp"].iloc[-1] - p.traffic["timestamp"].iloc[0]) if len(p.traffic) > 1 else 0.0
+    incumbent = space.from_config(p.base, s.search, engine=p.engine)
     return [
         ("model", f"{s.model} in {s.model_repository} " + (
             f"(max_batch_size {p.base.max_batch_size})" if p.engine is None else
             f"(vLLM batches: its engine arguments in {engineargs.ENGINE_FILE}, context {engineargs.context_tokens(p.engine)})")),
-        ("incumbent", space.describe(space.from_config(p.base, s.search, engine=p.engine))),
+        ("incumbent", space.describe(incumbent)),
         ("traffic", f"{s.traffic.path}: {len(p.traffic)} requests over {span:,.0f} s, at speed "
                     f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
         *_refused_points(p),
-        ("search", _describe_search(s.search, profile=_profile_plan(p))),
+        ("search", _describe_search(s.search, profile=_profile_plan(p), incumbent=incumbent)),
         ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
         *_step_rows(p),
         ("cost", f"{price.describe()}; scoring: {s.scoring}, "
@@ -391,16 +395,26 @@ def _profile_plan(p: Prepared) -> str:
         f"{out} (measured before; remove it to measure again)"
 
 
-def _describe_search(search_settings, *, profile: str = "") -> str:
+def _describe_search(search_settings, *, profile: str = "", incumbent: space.Params | None = None) -> str:
     remeasure = f"top {search_settings.top_k} re-measured {search_settings.remeasure_repeats}x"
     if search_settings.timeout_s:  # no trial starts after it (--timeout says it for one run)
         remeasure += f"; no trial started after {search_settings.timeout_s:g} s (search.timeout_s)"
     if search_settings.strategy != "model":
-        return f"{search_settings.sampler}, {search_settings.trials} trials, {remeasure}"
+        return f"{search_settings.sampler}, {_trials_text(search_settings, incumbent)}, {remeasure}"
     profile = profile or search_settings.profile or "measured first (OUTPUT/profile.csv)"
     return (f"model: profile {profile}; the whole space simulated, the incumbent and the simulation's top "
             f"{search_settings.model_top} measured; past a median error of {search_settings.model_error:.0%}, "
             f"{search_settings.sampler} up to {search_settings.trials} trials; {remeasure}")
+
+
+def _trials_text(search_settings, incumbent: space.Params | None) -> str:
+    """The trials the run will count (`search.trials_to_run`): a grid study's stop at its grid's end."""
+    n = search.trials_to_run(search_settings, search_settings.trials, incumbent=incumbent)
+    if n == search_settings.trials:
+        return f"{n} trials"
+    points = space.grid_size(search_settings)
+    which = " and the incumbent" if n > points else ", the incumbent one of them"
+    return f"{n} trials ({points} grid points{which}; search.trials {search_settings.trials})"
 
 
 def _span(r) -> str:
@@ -521,14 +535,21 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
         from tuner.replay import calibrate
 
         progress.note(f"load generator: {calibrate(s.replay.protocol).describe()}")
-    total = trials if s.search.sampler != "grid" else min(trials, space.grid_size(s.search) + 1)
+    total = search.trials_to_run(s.search, trials, incumbent=incumbent)
     open_evaluation = functools.partial(session, s, str(Path(s.output) / "server"))
     ran = 0
     handover = None
     model_based = s.search.strategy == "model"
     ranking = _simulate(p, progress) if model_based else None
+    planned = [total]  # the model strategy says how many it measures once it has picked them
+
+    def plan(n: int) -> None:
+        planned.append(n)
+        progress.trials(study, n)
+
+    started = time.monotonic()
     try:
-        if not model_based:  # the model strategy says how many it measures once it has picked them
+        if not model_based:
             progress.trials(study, total)
         if workers <= 1:
             with open_evaluation() as evaluate_trial:
@@ -537,10 +558,11 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                 if model_based:
                     ran = search.model_search(study, s, ranking, evaluate=evaluate_trial, trials=trials, host=host,
                                               on_trial=lambda _t: progress.trial_done(study), note=progress.note,
-                                              timeout_s=timeout_s, on_plan=lambda n: progress.trials(study, n))
+                                              timeout_s=timeout_s, on_plan=plan)
                 else:
                     ran = search.run_trials(study, s, evaluate_trial, n_trials=trials, timeout_s=timeout_s, host=host,
                                             on_trial=lambda _t: progress.trial_done(study))
+                _record_time_limit(study, s, timeout_s=timeout_s, planned=planned[-1], started=started)
                 handover = _claim(study, p, host)
                 repeats = None if handover else _remeasure(study, evaluate_trial, s, progress=progress)
         else:
@@ -552,6 +574,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                                poll=lambda: progress.trial_done(study))
             ran = sum(t.number not in before and t.user_attrs.get("host") == host.name
                       for t in study.get_trials(deepcopy=False))
+            _record_time_limit(study, s, timeout_s=timeout_s, planned=total, started=started)
             handover = _claim(study, p, host)
             if not handover:
                 with open_evaluation() as evaluate_trial:
@@ -561,6 +584,18 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
     if handover:
         return dataclasses.replace(handover, ran_here=ran)
     return _write(study, s, repeats)
+
+
+def _record_time_limit(study: optuna.Study, s: StudySettings, *, timeout_s: float | None, planned: int,
+                       started: float) -> None:
+    """Keep in the study whether the time limit stopped this run's search (`search.timed_out`), for
+    the summary to say (`export.summarize`: `search_timed_out`, as the nightly job's); a later run that
+    ran its trials clears it."""
+    stopped = search.timed_out(study, planned, timeout_s=timeout_s, started=started)
+    limit = f"{'search.timeout_s' if timeout_s == s.search.timeout_s else '--timeout'} {timeout_s:g} s" \
+        if timeout_s else None
+    study.set_user_attr("search_time_limit", {"limit": limit, "timeout_s": timeout_s, "timed_out": stopped,
+                                              "trials": search.spent(study), "planned": planned})
 
 
 def _simulate(p: Prepared, progress: Progress) -> pd.DataFrame:

@@ -4,9 +4,10 @@ what it found.
     open_study / storage_url / check_storage / open_storage / load_study   _store: where a study lives
     check_resume                                                          ... and whether a run resumes it
     run_trials / make_sampler / spent / spent_done / add_incumbent   _loop: Optuna's optimize, with heartbeats
+    trials_to_run / timed_out                                ... how many trials a run counts; its time limit
     run_workers                                              _workers: processes on this machine
     Host / exclusive / claim_finish / claim_incumbent        _hosts: several hosts on one study
-    best_trial / top_trials / incumbent_trial / counts       _results: what the study found
+    best_trial / top_trials / incumbent_trial / counts / tally   _results: what the study found
     remeasure / Repeats / repeats_as_dict                    ... and its re-measurement
     recommend / met_sla                                      ... and what it recommends
     check_simulatable / model_space / rank_space / model_search   _model: `search.strategy: model`, the
@@ -28,6 +29,8 @@ from tuner.search._loop import (
     run_trials,
     spent,
     spent_done,
+    timed_out,
+    trials_to_run,
 )
 from tuner.search._model import (
     Order,
@@ -58,6 +61,7 @@ from tuner.search._results import (
     recommend,
     remeasure,
     repeats_as_dict,
+    tally,
     top_trials,
 )
 from tuner.search._store import (
@@ -81,6 +85,7 @@ __all__ = [
     "best_trial", "check_gpu", "check_resume", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",
     "met_sla", "open_storage", "open_study", "recommend", "remeasure", "repeats_as_dict", "requeue_interrupted",
-    "run_trials", "run_workers", "safe_url", "spent", "spent_done", "storage_url", "this_host", "top_trials",
+    "run_trials", "run_workers", "safe_url", "spent", "spent_done", "storage_url", "tally", "this_host", "timed_out",
+    "top_trials", "trials_to_run",
     "without_password",
 ]

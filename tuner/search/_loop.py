@@ -65,12 +65,39 @@ def make_sampler(search: SearchSettings) -> optuna.samplers.BaseSampler:
         if importlib.util.find_spec("torch") is None:  # Optuna's GP sampler is built on PyTorch
             raise SettingsError("search.sampler: gp needs PyTorch, which is not installed "
                                 "(pip install torch), or choose tpe, random or grid")
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=min(5, max(2, search.trials // 4)))
+        return _InRangeGPSampler(seed=seed, n_startup_trials=min(5, max(2, search.trials // 4)))
     if search.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if search.sampler == "grid":
         return _GridSampler(space.grid(search), seed=seed)
     raise SettingsError(f"search.sampler: unknown sampler {search.sampler!r}")
+
+
+class _InRangeGPSampler(optuna.samplers.GPSampler):
+    """Optuna's GP sampler, fitted on the trials whose values lie in their distributions (in their
+    ranges, on their steps). The incumbent is enqueued with the model's own values, which may lie
+    outside the search (max_batch_size 64 above a range of 4..32): the GP places it outside the box it
+    searches, and once it is the best trial the acquisition search starts from it and fails an
+    assertion (Optuna 5.1, optim_mixed._discrete_line_search). Optuna has no public way to hide trials
+    from a sampler: where the study holds such a trial, the GP samples on an in-memory copy of the others."""
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                        search_space: dict) -> dict:
+        inside = optuna.create_study(directions=study.directions, sampler=optuna.samplers.RandomSampler())
+        left_out = False
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+            if t.number == trial.number:
+                continue
+            try:
+                inside.add_trial(t)  # Optuna's own check refuses a value outside its distribution
+            except ValueError:
+                left_out = True
+        if not left_out:
+            return super().sample_relative(study, trial, search_space)
+        # the trial being drawn, in the copy: the GP notes its draw there (for other workers' draws it
+        # notes it on the study; here they see it once its values are suggested, a moment later)
+        inside.ask()
+        return super().sample_relative(inside, inside.get_trials(deepcopy=False)[-1], search_space)
 
 
 class _GridSampler(optuna.samplers.GridSampler):
@@ -104,6 +131,25 @@ def spent(study: optuna.Study) -> int:
     failed and enqueued again (an interruption, a dead worker: their retry counts instead), those
     interrupted before a configuration was drawn, and the duplicates a grid study skipped."""
     return len(_counted(study))
+
+
+def trials_to_run(search: SearchSettings, trials: int, *, incumbent: space.Params | None) -> int:
+    """The trials a run of `trials` counts (`spent`) when it has run them all: a grid study ends once
+    its grid is used up, at its points and the incumbent, which is one of them where its values are
+    (that point is then a duplicate, not measured again: not counted). In a study open to several GPU
+    types each type's incumbent is measured outside the grid (`add_incumbent`): one counted here."""
+    if search.sampler != "grid":
+        return trials
+    on_grid = (incumbent is not None and not search.mixed_gpus
+               and all(incumbent.get(name) in values for name, values in space.grid(search).items()))
+    return min(trials, space.grid_size(search) + (0 if on_grid else 1))
+
+
+def timed_out(study: optuna.Study, planned: int, *, timeout_s: float | None, started: float) -> bool:
+    """Whether the time limit stopped a run begun at `started` (`time.monotonic()`): fewer trials
+    counted than `planned` (`trials_to_run`: a used-up grid is no early stop), with the limit passed."""
+    return (timeout_s is not None and spent(study) < planned
+            and time.monotonic() - started >= timeout_s)
 
 
 def spent_done(study: optuna.Study) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import optuna
@@ -67,11 +67,17 @@ def config_of(trial: optuna.trial.FrozenTrial) -> space.Params:
 
 def counts(study: optuna.Study) -> dict[str, int]:
     """Trials by what became of them."""
-    trials = study.get_trials(deepcopy=False)
+    return tally(study.get_trials(deepcopy=False))
+
+
+def tally(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
+    """Trials by what became of them: the one count of the summary and of each host's row."""
+    trials = list(trials)
     states = [t.state for t in trials]
     unmeasured = sum(t.user_attrs.get("outcome") == UNMEASURED for t in trials)
     unstable = sum(t.user_attrs.get("outcome") == UNSTABLE for t in trials)
-    # a grid point two hosts drew at once: the second trial measured nothing (not a failure)
+    # a grid point another trial measured (the incumbent's, or one two hosts drew at once): this trial
+    # measured nothing (not a failure)
     duplicate = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == "duplicate" for t in trials)
     return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
             "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured, "unstable": unstable,
