@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 
@@ -158,3 +159,20 @@ def test_tune_stops_starting_trials_at_the_studys_search_timeout_unless_timeout_
     assert seen == [7, 60]
     assert main(["tune", str(path), "--check"]) == 0
     assert "no trial started after 7 s (search.timeout_s)" in capsys.readouterr().out
+
+
+def test_tune_check_says_what_the_replay_sends_each_input(tmp_path, capsys):
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    study = yaml.safe_load((root / "examples" / "quickstart.yaml").read_text())
+    study["model_repository"] = str((root / "examples" / study["model_repository"]).resolve())
+    study["traffic"]["path"] = str((root / "examples" / study["traffic"]["path"]).resolve())
+    study["output"] = str(tmp_path / "out")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    assert main(["tune", str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^input\s+INPUT_IDS: INT32 \[batch_size, -1 from seq_len\], sent$", out, re.M), out

@@ -290,6 +290,17 @@ def _studies_in(url: str) -> set[str]:
         return set()
 
 
+def _input_rows(p: Prepared) -> list[tuple[str, str]]:
+    """What the replay sends each input of the model, a row each (a vLLM model's prompts are the
+    generative replay's: no rows)."""
+    if p.engine is not None:
+        return []
+    from tuner.replay import describe_inputs
+
+    config = {**json.loads(modelconfig.to_json(p.base)), "name": p.settings.model}
+    return [("input", line) for line in describe_inputs(config, p.traffic)]
+
+
 def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
     """What a study would do, as (what, value) rows: the dry run's answer (nothing is started)."""
     s = p.settings
@@ -307,6 +318,7 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
         ("traffic", f"{s.traffic.path}: {len(p.traffic)} requests over {span:,.0f} s, at speed "
                     f"{s.traffic.speed:g}: mean {mean_rps(p.traffic) * s.traffic.speed:.1f} req/s, busiest second "
                     f"{peak_rps(p.traffic, s.traffic.speed):.0f} req/s"),
+        *_input_rows(p),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
         *_refused_points(p),
         ("search", _describe_search(s.search, profile=_profile_plan(p), incumbent=incumbent)),
