@@ -168,6 +168,31 @@ def test_the_incumbent_is_placed_in_the_ranking_and_the_gain_is_over_it(tmp_path
     assert not model.incumbent_in_space()  # encoder_sim's own max_batch_size (64) lies outside 1..32
 
 
+def test_a_preferred_strategy_the_study_fixes_is_not_the_incumbents_in_the_simulation_either(tmp_path):
+    """The server measures the incumbent as its config is (space.apply leaves it alone): simulated the
+    same way, without the study's fixed preferred sizes, even where its values are a point of the space."""
+    import dataclasses
+
+    from tuner import search
+    from tuner.settings import read_study
+    from tuner.study import base_config, study_traffic
+
+    profile = encoder_sim.profile(rows=ROWS, lengths=LENGTHS)
+    settings = read_study(write_study(tmp_path, write_profile(profile, tmp_path / "profile.csv"), name="m",
+                                      model_error=0.5))
+    settings = dataclasses.replace(settings, search=dataclasses.replace(settings.search,
+                                                                        preferred_batch_size="powers_of_two"))
+    model = search.model_space(settings, base=base_config(settings), traffic=study_traffic(settings), profile=profile)
+    placed = dataclasses.replace(model, incumbent=model.configs[3])  # a point of the space
+    assert not placed.incumbent_in_space()
+    table = placed.against_incumbent(model.rank())
+    tagged = table[table["tag"].str.contains("incumbent")]
+    assert len(tagged) == 1 and tagged.iloc[0]["rank"] == 0
+    same = table[(table["rank"] > 0) & (table["max_batch_size"] == 2) & (table["max_queue_delay_microseconds"] == 0)]
+    # the space's point with the study's powers of two; the incumbent with its config's own (none: default)
+    assert list(same["preferred_batch_size"]) == ["1,2"] and tagged.iloc[0]["preferred_batch_size"] == "default"
+
+
 def test_tune_check_refuses_a_setting_the_simulation_does_not_model_before_any_profile(tmp_path, capsys):
     """No server: the model strategy refuses in `--check` and before profiling; a measured strategy does not."""
     import shutil

@@ -116,9 +116,16 @@ class SpaceModel:
                 if beyond else None)
         return "; ".join(line for line in (rows, self.simulator.unprofiled_lengths()) if line) or None
 
+    def incumbent_defaults(self) -> dict:
+        """The values the incumbent is simulated with: the base config's own, a preferred-size strategy
+        the study fixes left out, as the server measures it (`space.apply` leaves the incumbent's config
+        as it is)."""
+        return {**self.defaults, "preferred": "none"}
+
     def incumbent_in_space(self) -> bool:
-        """Whether the incumbent is one of the space's configurations (ranked with them)."""
-        return self.incumbent in self.configs
+        """Whether the incumbent is one of the space's configurations (ranked with them, the same
+        configuration: no fixed strategy makes the space's point another one)."""
+        return self.incumbent in self.configs and self.incumbent_defaults() == self.defaults
 
     def against_incumbent(self, ranking: pd.DataFrame, *, tolerance: float | None = None) -> pd.DataFrame:
         """The ranking with the incumbent placed in it: simulated as rank 0 when it lies outside the
@@ -126,11 +133,14 @@ class SpaceModel:
         NaN when the incumbent misses the SLA)."""
         table = ranking.copy()
         if not self.incumbent_in_space():  # simulated for comparison, outside the space's ranking
-            extra = self.simulator.rank([self.incumbent], tolerance=tolerance, **self.defaults)
+            extra = self.simulator.rank([self.incumbent], tolerance=tolerance, **self.incumbent_defaults())
             extra["rank"] = 0
             table = pd.concat([table, extra], ignore_index=True)
         mask = pd.Series(True, index=table.index)
-        for name, value in config_row(batcher_config(self.incumbent, **self.defaults), self.incumbent).items():
+        if not self.incumbent_in_space():  # the incumbent's own row, not a point of the space like it
+            mask &= table["rank"] == 0
+        for name, value in config_row(batcher_config(self.incumbent, **self.incumbent_defaults()),
+                                      self.incumbent).items():
             mask &= table[name] == value  # the incumbent's row, written as the ranking writes it
         value = float(table.loc[mask, "value"].iloc[0]) if mask.any() else 0.0
         table["tag"] = ["incumbent" if m else "" for m in mask]
