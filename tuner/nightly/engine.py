@@ -67,9 +67,7 @@ class RealEngine:
         with tqdm(total=total, desc="nightly search", unit="trial", leave=False) as bar:
             search.run_trials(study, settings, self.evaluate, n_trials=total, timeout_s=timeout_s,
                               on_trial=lambda _t: bar.update())
-        # fewer trials than planned, with the limit passed: the limit stopped it (not a used-up grid)
-        timed_out = (timeout_s is not None and search.spent(study) < total
-                     and time.monotonic() - started >= timeout_s)
+        timed_out = search.timed_out(study, total, timeout_s=timeout_s, started=started)
         write_atomic(workdir / "trials.csv", trials_frame(study).to_csv(index=False))
         for t in study.trials:
             if t.user_attrs.get("capacity_speed"):
