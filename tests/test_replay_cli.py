@@ -376,6 +376,15 @@ def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeyp
     monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: Warmup(seconds=3.0))
     assert main(["replay", str(path)]) == 0
     assert "failed" not in capsys.readouterr().err
+    # a warm-up whose windows the model failed: said as the model failing, with its first error, not as unsteady
+    reason = ("the model failed its requests: Triton failed 30 of the 30 requests it answered in 30 s of windows "
+              "after the shape sweep; the first error: Stub process 'm_0_0' is not healthy.")
+    monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: dataclasses.replace(
+        warm, stable=False, failing=True, reason=reason))
+    assert main(["replay", str(path)]) == 0
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warm-up:")]
+    assert len(line) == 1 and f"shape requests, FAILING, not slow: {reason}; 100 requests failed" in line[0], line
+    assert "steady" not in line[0]
 
 
 @pytest.mark.slow

@@ -249,6 +249,8 @@ def stat_deltas(before: dict | None, after: dict | None) -> dict:
         "busy_ns": busy_ns,
         "fail_count": (get(a, "inference_stats", "fail", "count")  # requests Triton failed
                        - get(b, "inference_stats", "fail", "count")),
+        "success_count": (get(a, "inference_stats", "success", "count")  # ... and those it served
+                          - get(b, "inference_stats", "success", "count")),
         "histogram": histogram,           # batch size -> executions
         "histogram_ns": histogram_ns,     # batch size -> their compute time (input + infer + output)
     }

@@ -333,3 +333,45 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
     assert (warm.sweep_errors, warm.first_error) == (3, "400: out of memory")
     assert warm.window_errors == 14 and warm.errors == 17
     assert warm.failures() == "17 requests failed (3 of 10 shape-sweep requests, 14 while replaying the traffic)"
+    # Triton failed every request of the windows and served none: the model fails, it is not unsteady
+    assert not warm.stable and warm.failing and "did not settle" not in warm.reason
+    assert warm.reason == ("the model failed its requests: Triton failed 14 of the 14 requests it answered in 0.2 s "
+                           "of windows after the shape sweep; the first error: 400: out of memory")
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_its_warm_up_is_judged_failing_not_unsteady_alike_on_the_terminal_and_in_the_summary(
+        tmp_path, capsys):
+    """crash_stub's stub process exits after 3 executions (inside the shape sweep): Triton stays up and fails
+    every request after ("Stub process ... is not healthy."). Each trial is measured and infeasible for the
+    model failing, with that first error; the terminal and summary.json say the same, nothing of steady state."""
+    repo = tmp_path / "models"
+    shutil.copytree(ROOT / "tests" / "data" / "replay_models" / "crash_stub", repo / "crash_stub")
+    path = repo / "crash_stub" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.max_batch_size = 2
+    config.parameters["executions"].string_value = "3"
+    path.write_text(modelconfig.to_text(config))
+    n = 300  # 50 req/s for 6 s
+    pd.DataFrame({"timestamp": np.arange(n) / 50.0, "seq_len": np.arange(n) % 5 + 4}).to_csv(tmp_path / "t.csv",
+                                                                                               index=False)
+    study = write_study(tmp_path, repo, name="crash", warmup_max_s=3,
+                        traffic={"path": str(tmp_path / "t.csv"), "speed": 1.0, "busiest_s": 4})
+    data = yaml.safe_load(study.read_text())
+    data["model"] = "crash_stub"
+    data["replay"]["request_timeout_s"] = 2
+    data["search"]["max_batch_size"] = {"low": 2, "high": 2}
+    data["search"]["max_queue_delay_microseconds"] = {"low": 1000, "high": 1000}
+    study.write_text(yaml.safe_dump(data))
+    code = main(["tune", str(study), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 3, captured.out + captured.err  # no configuration met the SLA: a verdict
+    summary = json.loads((tmp_path / "crash" / "summary.json").read_text())
+    assert summary["trials"]["unstable"] == 0 and summary["trials"]["complete"] == 2 and summary["best"] is None
+    message = summary["message"]
+    assert "the model failed its requests" in message and "Stub process 'crash_stub_0_0' is not healthy." in message
+    assert summary["closest"] is not None and f"\n{message}\n" in captured.out, captured.out + captured.err
+    assert "steady" not in captured.out + captured.err and "warmup_max_s" not in captured.out + captured.err
+    trials = pd.read_csv(tmp_path / "crash" / "trials.csv")
+    assert (trials["outcome"] == "measured").all() and not trials["feasible"].any()
+    assert trials["warmup_failing"].all() and trials["sla_reason"].str.contains("is not healthy").all()

@@ -102,7 +102,8 @@ def _replay(args: argparse.Namespace) -> int:
         if settings.measurement.warmup:  # as a trial is measured: on a server at steady state
             warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
             print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
-                  + (f"steady (windows: {warm.seen})" if warm.stable else f"NOT steady: {warm.reason}")
+                  + (f"steady (windows: {warm.seen})" if warm.stable else
+                     f"FAILING, not slow: {warm.reason}" if warm.failing else f"NOT steady: {warm.reason}")
                   + (f"; {warm.failures()} (not judged: the measured window is)" if warm.errors else ""), file=sys.stderr)
         probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
                            on_measure=say.append)
