@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -169,6 +170,21 @@ def test_broken_model_at_startup_quotes_exit_code_and_log(triton_install, tmp_pa
     assert server.pid is None
     # Triton's own reason on the first line, not its closing "failed to load all models"
     assert "no_such_backend" in str(caught.value).splitlines()[0], str(caught.value)
+    # ... and the only line: the whole log (Triton's option table, its shutdown) stays in the file it names,
+    # a copy in the temp dir where the log was in the private copy the stop removed
+    message = str(caught.value)
+    assert "\n" not in message and re.search(r"; its log: (\S+)$", message), message
+    kept = Path(re.search(r"; its log: (\S+)$", message).group(1))
+    try:
+        assert kept.parent == Path(tempfile.gettempdir()) and "no_such_backend" in kept.read_text()
+        assert "model_repository_path" in kept.read_text()  # the option table, not in the message
+    finally:
+        kept.unlink()
+    log = tmp_path / "server" / "tritonserver.log"  # a log asked for: named as it is
+    with pytest.raises(ServerSetupError, match=rf"no_such_backend.*; its log: {re.escape(str(log))}$"):
+        with LocalLauncher(tmp_path / "repo", install=triton_install, startup_timeout_s=60, log_path=log):
+            pass
+    assert "model_repository_path" in log.read_text()
 
 
 @pytest.mark.parametrize("case, message", [

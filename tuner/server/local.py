@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template se
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
 MODEL_PYTHON_ENV = "TUNER_MODEL_PYTHON"
 SHM_DIR = Path("/dev/shm")  # where the Python backend's shared-memory regions live (POSIX shm on Linux)
+KEPT_LOG_PREFIX = "tuner-tritonserver-"  # a failed start's log, kept in the temp dir when its workdir goes
 
 
 class LocalLauncher(Launcher):
@@ -172,7 +174,7 @@ class LocalLauncher(Launcher):
                 time.sleep(0.2)
             else:
                 raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; "
-                                       f"last log lines:\n{self.logs(15)}")
+                                       f"its log: {self._kept_log()}")
             reason = self._first_error()
             if retries and "already in use" in self.logs(40).lower() and self._spawn_args:
                 # another process took a port we had found free: try new ones
@@ -180,8 +182,9 @@ class LocalLauncher(Launcher):
                 self._proc = None
                 self._spawn(*self._spawn_args)
                 continue
+            # one line: Triton's reason, and where its whole log stays (its option table and shutdown lines)
             raise ServerSetupError(f"tritonserver exited with code {proc.returncode} during startup{reason}; "
-                                   f"last log lines:\n{self.logs(15)}")
+                                   f"its log: {self._kept_log()}")
 
     def stop(self) -> None:
         with self._lock:
@@ -322,6 +325,18 @@ class LocalLauncher(Launcher):
         own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
         errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
         return f": {errors[0].split('] ', 1)[-1]}" if errors else ""
+
+    def _kept_log(self) -> Path | None:
+        """The server's log file, where it stays after `stop`: the `log_path` asked for, else a copy in the
+        temp dir of the one in the workdir (which `stop` removes)."""
+        if self._log_file is None or self.log_path is not None:
+            return self._log_file
+        kept = Path(tempfile.gettempdir()) / f"{KEPT_LOG_PREFIX}{self._server_id}.log"
+        try:
+            shutil.copyfile(self._log_file, kept)
+        except OSError:
+            return self._log_file
+        return kept
 
     def _log_size(self) -> int:
         try:
