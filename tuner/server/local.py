@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
@@ -34,6 +34,7 @@ GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template se
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
 MODEL_PYTHON_ENV = "TUNER_MODEL_PYTHON"
 SHM_DIR = Path("/dev/shm")  # where the Python backend's shared-memory regions live (POSIX shm on Linux)
+PROGRESS_S = 10.0  # a start or a model load that lasts longer says so this often (a silent wait reads as a hang)
 KEPT_LOG_PREFIX = "tuner-tritonserver-"  # a failed start's log, kept in the temp dir when its workdir goes
 
 
@@ -155,6 +156,12 @@ class LocalLauncher(Launcher):
         add_owner(self._workdir, self._proc.pid)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
+        models = [m for m in (self._spawn_args[2] if self._spawn_args else []) if self.load_models]
+        what = "starting tritonserver" + (f" and loading model {', '.join(models)}" if models else "")
+        with saying(what):
+            self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float | None) -> None:
         timeout_s = timeout_s or self.startup_timeout_s
         deadline = time.monotonic() + timeout_s
         retries = 0 if self.ports else PORT_RETRIES
@@ -223,8 +230,9 @@ class LocalLauncher(Launcher):
         offset = self._log_size()
         self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
-            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
-                                    explain_refusal=lambda msg: self._refusal(msg, offset))
+            with saying(f"loading model {model}"):
+                return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
+                                        explain_refusal=lambda msg: self._refusal(msg, offset))
         except ServerError:
             self._checked()  # a server that died during the load says so
             raise
@@ -350,6 +358,27 @@ class LocalLauncher(Launcher):
         lines = _read_from(self._log_file, offset) if self._log_file else []
         errors = [line for line in lines if line[:1] == "E" or "error" in line.lower()]
         return (errors[-1].split("] ", 1)[-1] if errors else client_message).strip()
+
+
+@contextlib.contextmanager
+def saying(what: str) -> Iterator[None]:
+    """While the block runs, `tuner: <what>: N s` on stderr every `PROGRESS_S` (a model that loads for
+    a minute otherwise leaves the terminal silent); nothing for a block that ends sooner."""
+    from tqdm import tqdm  # its write keeps a progress bar on the terminal intact
+
+    done, started = threading.Event(), time.monotonic()
+
+    def say() -> None:
+        while not done.wait(PROGRESS_S):
+            tqdm.write(f"tuner: {what}: {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    thread = threading.Thread(target=say, name="tritonserver-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 # --- process plumbing ------------------------------------------------------------------------------
