@@ -377,8 +377,8 @@ def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeyp
     assert main(["replay", str(path)]) == 0
     assert "failed" not in capsys.readouterr().err
     # a warm-up whose windows the model failed: said as the model failing, with its first error, not as unsteady
-    reason = ("the model failed its requests: Triton failed 30 of the 30 requests it answered in 30 s of windows "
-              "after the shape sweep; the first error: Stub process 'm_0_0' is not healthy.")
+    reason = ("the model failed its requests: 48 of the 78 answered in the warm-up failed (the shape sweep and 30 s "
+              "of windows after it); the first error: Stub process 'm_0_0' is not healthy.")
     monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: dataclasses.replace(
         warm, stable=False, failing=True, reason=reason))
     assert main(["replay", str(path)]) == 0

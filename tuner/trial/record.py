@@ -67,8 +67,8 @@ class Warmup:
     first_error: str = ""   # the first failed request's error, where the client saw it (sweep or windows)
     windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
     stable: bool = True
-    # not steady because the model failed its requests (Triton failed more of the windows' requests than
-    # it served), not because it was slow: `reason` says so with the first error
+    # not steady because the model failed its requests (more of the warm-up's failed than were served),
+    # not because it was slow: `reason` says so with the first error
     failing: bool = False
     reason: str = ""
     seen: str = ""  # the windows it saw, as printed (tuner.trial.warmup.describe_windows)

@@ -12,8 +12,8 @@ A trial measured in that state is measured wrong. So after every load:
    `window_s` (a tick), until the configuration is at steady state, or `warmup_max_s` after the sweep
    has passed and it is `unstable`.
 
-A warm-up whose windows Triton failed more requests of than it served did not settle because the model
-fails (a model that raises, a stub process that died), not because it is slow: it is `failing`, and its
+A warm-up that failed more of its requests (the shape sweep's and the windows') than it served did not
+settle because the model fails (a model that raises, a stub process that died), not because it is slow: it is `failing`, and its
 reason says so with the first error, so that the trial is judged as a model that fails its requests
 (`tuner.trial.run`), not as one that never settled.
 
@@ -312,12 +312,15 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
     # a replay the watch stopped keeps no records: Triton's own counts say how many the windows failed
     deltas = stat_deltas(snapshots[0], snapshots[-1])
     window_errors, served = max(deltas["fail_count"], 0), max(deltas["success_count"], 0)
-    failing = not stable and window_errors > served
+    # the sweep's too: a stub that died in it leaves windows whose requests Triton fails a second apiece
+    failed = window_errors + (sent.errors if sent else 0)
+    answered = failed + served + (sent.requests - sent.errors if sent else 0)
+    failing = not stable and failed > answered - failed
     if stable:
         reason = ""
     elif failing:
-        reason = (f"the model failed its requests: Triton failed {window_errors} of the {window_errors + served} "
-                  f"requests it answered in {m.warmup_max_s:g} s of windows after the shape sweep"
+        reason = (f"the model failed its requests: {failed} of the {answered} answered in the warm-up failed "
+                  f"(the shape sweep and {m.warmup_max_s:g} s of windows after it)"
                   + (f"; the first error: {error_line(first_error)}" if first_error else ""))
     else:
         reason = (f"compute time per execution did not settle in {m.warmup_max_s:g} s of windows after the shape "
