@@ -379,6 +379,18 @@ def test_unmeasured_trials_are_listed_with_their_reason_and_never_scored(tmp_pat
     assert "raise replay.lag_budget_ms" in advice and "8.49 ms against a budget of 5 ms" in advice
 
 
+
+def test_a_study_none_of_whose_trials_was_judged_says_so_in_its_summary_as_on_the_terminal(tmp_path):
+    """No trial measured (all unmeasured): summary.json's message is the advice `tuner tune` ends with
+    (its UnmeasuredError), not "no configuration met the SLA" with no closest one."""
+    study = make_study(tmp_path, remeasure=False, unmeasured=(4, 8, 16, 32, 64))
+    summary = export.write_outputs(study, tmp_path / "out")
+    assert summary["best"] is None and summary["closest"] is None and summary["trials"]["complete"] == 0
+    assert summary["message"] == export.unmeasured_advice(summary)
+    assert summary["message"].startswith("no trial could be measured: the load generator could not send")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["message"] == summary["message"]
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB file system (tmpfs, mounted as root): room for a study's outputs, not for its report."""

@@ -108,11 +108,11 @@ def test_a_schedule_shorter_than_the_warmup_is_invalid_not_a_crash():
 
 def test_statistics_deltas_give_counts_fill_rate_histogram_and_busy_time():
     before = stats(100, 50, {1: 20, 2: 30}, queue_ns=5_000_000)
-    after = stats(100 + 800, 50 + 200, {1: 20 + 40, 2: 30, 4: 80, 8: 80}, queue_ns=5_000_000 + 800 * 2_000_000)
+    after = stats(100 + 800, 50 + 200, {1: 20, 2: 30 + 50, 4: 100, 6: 50}, queue_ns=5_000_000 + 800 * 2_000_000)
     m = run(records(), before, after)
     assert m.inference_count == 800 and m.execution_count == 200
     assert m.mean_batch_size == 4.0 and m.fill_rate == 0.5
-    assert m.batch_histogram == {1: 40, 4: 80, 8: 80}
+    assert m.batch_histogram == {2: 50, 4: 100, 6: 50}
     assert m.queue_ms_mean == pytest.approx(2.0)
     # busy time is per execution (batch_stats), not the per-request inference_stats.compute_infer
     assert m.busy_s == pytest.approx(200 * 0.001)
@@ -133,3 +133,25 @@ def test_statistics_in_grpc_json_form_and_wrapped_in_model_stats():
 def test_load_generator_figures_are_passed_through():
     m = run(records(), load_generator_cpu=0.4, workers=3)
     assert m.load_generator_cpu == 0.4 and m.workers == 3
+
+
+def test_the_mean_batch_is_the_histograms_when_executions_failed():
+    """Triton counts a failed execution in execution_count and batch_stats, but not its rows in
+    inference_count: the mean batch and fill rate come from the histogram alone (at least 1 per
+    execution), and the replay's table says so, one line per figure (a reviewer's figures: 58 rows in 33
+    executions, 15 of them succeeded)."""
+    from tuner.cli.replay_cmd import format_measurement
+
+    recs = records(58, ok=np.arange(58) >= 43)
+    recs.loc[:42, "error"] = ("Failed to process the request(s) for model 'm_0_0', message: TritonModelException: "
+                              "odd length 3\n\nAt:\n  /tmp/tuner-triton-x/models/m/1/model.py(21): execute\n")
+    m = run(recs, stats(0, 0, {}), stats(15, 33, {1: 18, 2: 7, 3: 6, 4: 2}), warmup_s=0.0, max_batch_size=16)
+    assert m.mean_batch_size == pytest.approx(58 / 33) and m.fill_rate == pytest.approx(58 / 33 / 16)
+    table = format_measurement(m)
+    assert "executions      33 for 58 rows, 15 of them succeeded (Triton's inference_count)" in table
+    assert "batch size      mean 1.76 of max 16 (fill rate 0.11)" in table
+    assert "histogram       1:18 2:7 3:6 4:2" in table
+    errors = [line for line in table.splitlines() if line.startswith("errors")]
+    assert errors == ["errors          43 (74.14%); the first: Failed to process the request(s) for model 'm_0_0', "
+                      "message: TritonModelException: odd length 3"], table
+    assert "At:" not in table and len(table.splitlines()) == 12

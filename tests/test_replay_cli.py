@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -375,3 +376,40 @@ def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeyp
     monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: Warmup(seconds=3.0))
     assert main(["replay", str(path)]) == 0
     assert "failed" not in capsys.readouterr().err
+    # a warm-up whose windows the model failed: said as the model failing, with its first error, not as unsteady
+    reason = ("the model failed its requests: 48 of the 78 answered in the warm-up failed (the shape sweep and 30 s "
+              "of windows after it); the first error: Stub process 'm_0_0' is not healthy.")
+    monkeypatch.setattr(tuner.trial.warmup, "warm_up", lambda *a, **k: dataclasses.replace(
+        warm, stable=False, failing=True, reason=reason))
+    assert main(["replay", str(path)]) == 0
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warm-up:")]
+    assert len(line) == 1 and f"shape requests, FAILING, not slow: {reason}; 100 requests failed" in line[0], line
+    assert "steady" not in line[0]
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_executions_has_a_mean_batch_of_its_histogram_and_a_one_line_error(triton_install,
+                                                                                              tmp_path):
+    """odd_fails raises in an execution that holds an odd length: Triton counts the failed executions
+    (execution_count, batch_stats) but not their rows (inference_count). The printed mean batch is the
+    histogram's (at least 1), and the model's multi-line exception shows as its first line."""
+    with LocalLauncher(MODELS, models=["odd_fails"], install=triton_install) as server:
+        n = 300  # 100 req/s, every 7th request of odd length
+        traffic = pd.DataFrame({"timestamp": np.arange(n) / 100.0, "seq_len": np.where(np.arange(n) % 7, 4, 3)})
+        path = study(tmp_path, server.endpoints.http, model="odd_fails", traffic=traffic)
+        data = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**data, "measurement": {"warmup": False}}))
+        out = tmp_path / "m.json"
+        run = tuner("replay", str(path), "--set", "max_queue_delay_microseconds=20000", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    m = json.loads(out.read_text())["measurement"]
+    histogram = {int(k): v for k, v in m["batch_histogram"].items()}
+    rows = sum(size * count for size, count in histogram.items())
+    assert 0 < m["errors"] < m["requests"] and m["inference_count"] < rows  # some executions failed
+    assert m["mean_batch_size"] == pytest.approx(rows / sum(histogram.values())) and m["mean_batch_size"] >= 1
+    assert m["fill_rate"] == pytest.approx(m["mean_batch_size"] / 16)
+    assert f"mean {m['mean_batch_size']:.2f} of max 16" in run.stdout
+    assert f"for {rows} rows, {m['inference_count']} of them succeeded" in run.stdout
+    errors = [line for line in run.stdout.splitlines() if line.startswith("errors")]
+    assert len(errors) == 1 and re.search(r"; the first: .*TritonModelException: odd length \d+$", errors[0]), run.stdout
+    assert "At:" not in run.stdout and "model.py" not in run.stdout

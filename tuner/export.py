@@ -262,6 +262,9 @@ def summarize(study: optuna.Study) -> dict:
             + (f"; closest: trial {closest['trial']} {space.describe(closest['params'], as_set=True)}"
                f" ({closest['sla_reason'] or 'SLA not met'})" if closest else "")
         )
+        judged = summary["trials"]["complete"] + summary["trials"]["pruned"]
+        if not judged and summary["unmeasured"]:  # no verdict on any: what tune's UnmeasuredError says
+            summary["message"] = unmeasured_advice(summary)
     elif improvement is None:
         summary["message"] = "the incumbent did not meet the SLA: the recommendation is the first that does"
     elif incumbent is not None and best.get("trial") == incumbent.get("trial"):

@@ -12,7 +12,11 @@ Definitions used here:
   that falls behind shows a throughput below the offered rate;
 - busy seconds and compute time per execution come from `batch_stats` (one entry per execution):
   `inference_stats.compute_*` charges every request of a batch the whole batch's time, so summing it
-  would count a batch of 8 eight times.
+  would count a batch of 8 eight times;
+- the mean batch size (and the fill rate) is the `batch_stats` histogram's own mean, rows executed /
+  executions (`rows_executed`): Triton's `execution_count` counts every execution, the failed ones too,
+  while its `inference_count` counts only the rows that succeeded, so their ratio falls below 1 on a
+  model that fails some of its executions, and disagrees with the histogram printed beside it.
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ class Measurement(Served):
     # Triton's statistics deltas over the same window
     inference_count: int = 0
     execution_count: int = 0
-    fill_rate: float = 0.0          # (inference_count / execution_count) / max_batch_size
-    mean_batch_size: float = 0.0
+    fill_rate: float = 0.0          # mean_batch_size / max_batch_size
+    mean_batch_size: float = 0.0    # the histogram's: rows executed / executions (failed ones included)
     batch_histogram: dict[int, int] = field(default_factory=dict)  # batch size -> executions
     queue_ms_mean: float = 0.0
     compute_ms_mean: float = 0.0    # per execution: input + infer + output
@@ -72,8 +76,8 @@ class Measurement(Served):
         return self.latency_ms[key]
 
 
-__all__ = ["PERCENTILES", "Measurement", "Served", "assemble", "measure", "percentiles", "send_lag_figures",
-           "stat_deltas"]
+__all__ = ["PERCENTILES", "Measurement", "Served", "assemble", "error_line", "measure", "percentiles", "rows_executed",
+           "send_lag_figures", "stat_deltas"]
 
 PERCENTILES = (50, 90, 95, 99)
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -132,7 +136,8 @@ def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, late
     if lag_reason:
         reasons.append(lag_reason)
     served_span = last_done_s - warmup_s if served else 0.0
-    mean_batch = inferences / executions if executions else 0.0
+    batches = sum(histogram.values())
+    mean_batch = rows_executed(histogram) / batches if batches else 0.0
     return Measurement(
         speed=speed,
         offered_rps=requests / span if span > 0 else 0.0,
@@ -159,6 +164,19 @@ def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, late
         first_error=first_error,
         latencies_ms=latencies_ms,
     )
+
+
+def rows_executed(histogram: dict[int, int]) -> int:
+    """The rows a histogram of executions by batch size ran: sum(size x executions), the failed ones'
+    included (Triton's `inference_count` counts only those that succeeded)."""
+    return sum(int(size) * int(count) for size, count in histogram.items())
+
+
+def error_line(error: str, limit: int = 160) -> str:
+    """A request's error as a line of a table or a message shows it: its first non-blank line, cut to
+    `limit` characters (a Python-backend model's exception comes with its traceback after it)."""
+    line = next((part.strip() for part in str(error).splitlines() if part.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def send_lag_figures(lag_ms: np.ndarray, budget_ms: float) -> tuple[dict[str, float], str]:
@@ -231,6 +249,8 @@ def stat_deltas(before: dict | None, after: dict | None) -> dict:
         "busy_ns": busy_ns,
         "fail_count": (get(a, "inference_stats", "fail", "count")  # requests Triton failed
                        - get(b, "inference_stats", "fail", "count")),
+        "success_count": (get(a, "inference_stats", "success", "count")  # ... and those it served
+                          - get(b, "inference_stats", "success", "count")),
         "histogram": histogram,           # batch size -> executions
         "histogram_ns": histogram_ns,     # batch size -> their compute time (input + infer + output)
     }

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -169,6 +170,21 @@ def test_broken_model_at_startup_quotes_exit_code_and_log(triton_install, tmp_pa
     assert server.pid is None
     # Triton's own reason on the first line, not its closing "failed to load all models"
     assert "no_such_backend" in str(caught.value).splitlines()[0], str(caught.value)
+    # ... and the only line: the whole log (Triton's option table, its shutdown) stays in the file it names,
+    # a copy in the temp dir where the log was in the private copy the stop removed
+    message = str(caught.value)
+    assert "\n" not in message and re.search(r"; its log: (\S+)$", message), message
+    kept = Path(re.search(r"; its log: (\S+)$", message).group(1))
+    try:
+        assert kept.parent == Path(tempfile.gettempdir()) and "no_such_backend" in kept.read_text()
+        assert "model_repository_path" in kept.read_text()  # the option table, not in the message
+    finally:
+        kept.unlink()
+    log = tmp_path / "server" / "tritonserver.log"  # a log asked for: named as it is
+    with pytest.raises(ServerSetupError, match=rf"no_such_backend.*; its log: {re.escape(str(log))}$"):
+        with LocalLauncher(tmp_path / "repo", install=triton_install, startup_timeout_s=60, log_path=log):
+            pass
+    assert "model_repository_path" in log.read_text()
 
 
 @pytest.mark.parametrize("case, message", [
@@ -385,3 +401,31 @@ def test_a_port_taken_by_another_server_after_it_was_drawn_is_not_mistaken_for_o
             assert server.is_alive() and "encoder_sim" in server.model_config("encoder_sim").name
     finally:
         other.shutdown()
+
+
+def test_a_slow_start_and_a_slow_load_say_how_long_they_have_waited(triton_install, tmp_path, monkeypatch, capsys):
+    """slow_load's initialize sleeps load_s (3 s here): the start and each load print a line on stderr every
+    PROGRESS_S (1 s here, 10 s in use) while they wait, as other progress lines; a block that ends sooner
+    prints none."""
+    import shutil
+
+    import tuner.server.local as local
+    from tuner import modelconfig
+
+    repo = tmp_path / "repo"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "replay_models" / "slow_load", repo / "slow_load")
+    path = repo / "slow_load" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.parameters["load_s"].string_value = "3"
+    path.write_text(modelconfig.to_text(config))
+    monkeypatch.setattr(local, "PROGRESS_S", 1.0)
+    with LocalLauncher(repo, models=["slow_load"], install=triton_install) as server:
+        started = capsys.readouterr().err
+        config.max_batch_size = 4
+        server.apply_config("slow_load", config)
+        loaded = capsys.readouterr().err
+        with local.saying("nothing slow"):
+            pass
+    assert re.search(r"^tuner: starting tritonserver and loading model slow_load: [1-9]\d* s$", started, re.M), started
+    assert re.search(r"^tuner: loading model slow_load: 2 s$", loaded, re.M), loaded
+    assert "nothing slow" not in capsys.readouterr().err

@@ -258,6 +258,12 @@ def test_after_the_warm_up_a_cold_server_computes_as_fast_as_a_warm_one(tmp_path
 def test_a_server_that_never_settles_is_unstable_not_recommended_and_the_run_finishes(tmp_path, capsys):
     # every execution 3 % slower than the one before: no three windows ever agree within 10 %
     repo = repository(tmp_path, compute_drift_per_execution="0.03")
+    # the incumbent at 16, not the template's 64: its batches over 32 rows fail (an emulated out-of-memory),
+    # and a model that fails most of its warm-up's requests is judged failing, not unsteady
+    path = repo / "encoder_sim" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.max_batch_size = 16
+    path.write_text(modelconfig.to_text(config))
     # each trial still replays its load after the warm-up gave up: the busiest 2 s at speed 0.14 (83 req/s,
     # the busiest 8 s's 81 req/s at 0.25) make that replay 15 s instead of 32 s
     study = write_study(tmp_path, repo, name="drift", traffic={"busiest_s": 2, "speed": 0.14}, warmup_max_s=6)
@@ -333,3 +339,46 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
     assert (warm.sweep_errors, warm.first_error) == (3, "400: out of memory")
     assert warm.window_errors == 14 and warm.errors == 17
     assert warm.failures() == "17 requests failed (3 of 10 shape-sweep requests, 14 while replaying the traffic)"
+    # 17 of the 24 answered failed (the sweep's 3 of 10, the windows' 14 of 14): the model fails, not unsteady
+    assert not warm.stable and warm.failing and "did not settle" not in warm.reason
+    assert warm.reason == ("the model failed its requests: 17 of the 24 answered in the warm-up failed (the shape "
+                           "sweep and 0.2 s of windows after it); the first error: 400: out of memory")
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_its_warm_up_is_judged_failing_not_unsteady_alike_on_the_terminal_and_in_the_summary(
+        tmp_path, capsys):
+    """crash_stub's stub process exits after 1 execution (inside the shape sweep): Triton stays up and fails
+    every request after ("Stub process ... is not healthy."). Each trial is measured and infeasible for the
+    model failing, with that first error; the terminal and summary.json say the same, nothing of steady state."""
+    repo = tmp_path / "models"
+    shutil.copytree(ROOT / "tests" / "data" / "replay_models" / "crash_stub", repo / "crash_stub")
+    path = repo / "crash_stub" / "config.pbtxt"
+    config = modelconfig.load(path)
+    config.max_batch_size = 2
+    config.parameters["executions"].string_value = "1"  # the sweep's first request, then none
+    path.write_text(modelconfig.to_text(config))
+    n = 300  # 50 req/s for 6 s
+    pd.DataFrame({"timestamp": np.arange(n) / 50.0, "seq_len": np.arange(n) % 5 + 4}).to_csv(tmp_path / "t.csv",
+                                                                                               index=False)
+    study = write_study(tmp_path, repo, name="crash", warmup_max_s=3,
+                        traffic={"path": str(tmp_path / "t.csv"), "speed": 1.0, "busiest_s": 4})
+    data = yaml.safe_load(study.read_text())
+    data["model"] = "crash_stub"
+    data["replay"]["request_timeout_s"] = 2
+    data["search"]["max_batch_size"] = {"low": 2, "high": 2}
+    data["search"]["max_queue_delay_microseconds"] = {"low": 1000, "high": 1000}
+    study.write_text(yaml.safe_dump(data))
+    code = main(["tune", str(study), "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 3, captured.out + captured.err  # no configuration met the SLA: a verdict
+    summary = json.loads((tmp_path / "crash" / "summary.json").read_text())
+    assert summary["trials"]["unstable"] == 0 and summary["trials"]["complete"] == 2, summary["unmeasured"]
+    assert summary["best"] is None
+    message = summary["message"]
+    assert "the model failed its requests" in message and "Stub process 'crash_stub_0_0' is not healthy." in message
+    assert summary["closest"] is not None and f"\n{message}\n" in captured.out, captured.out + captured.err
+    assert "steady" not in captured.out + captured.err and "warmup_max_s" not in captured.out + captured.err
+    trials = pd.read_csv(tmp_path / "crash" / "trials.csv")
+    assert (trials["outcome"] == "measured").all() and not trials["feasible"].any()
+    assert trials["warmup_failing"].all() and trials["sla_reason"].str.contains("is not healthy").all()

@@ -102,7 +102,8 @@ def _replay(args: argparse.Namespace) -> int:
         if settings.measurement.warmup:  # as a trial is measured: on a server at steady state
             warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))
             print(f"warm-up: {warm.seconds:.1f} s, {warm.sweep_requests} shape requests, "
-                  + (f"steady (windows: {warm.seen})" if warm.stable else f"NOT steady: {warm.reason}")
+                  + (f"steady (windows: {warm.seen})" if warm.stable else
+                     f"FAILING, not slow: {warm.reason}" if warm.failing else f"NOT steady: {warm.reason}")
                   + (f"; {warm.failures()} (not judged: the measured window is)" if warm.errors else ""), file=sys.stderr)
         probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
                            on_measure=say.append)
@@ -253,6 +254,7 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
     as the replay and as the engine saw the same requests. `average_tokens_per_s`: the output tokens/s
     the traffic offers on average at the replay's speed, set beside what the engine streamed."""
     from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
+    from tuner.measurement import error_line
     from tuner.measurement_tokens import WINDOW_LIVES, short_window
     from tuner.trial.generate import falls_behind, settled_warmup_s
 
@@ -273,7 +275,7 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
                         if average_tokens_per_s and falls_behind(m, average_tokens_per_s=average_tokens_per_s) else "")
                      + (f"; a window under {WINDOW_LIVES:g}x a request's life ({life:.1f} s here) reads it low)"
                         if short_window(m.duration_s, life_s=life) else ")")),
-        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {run.first_error[:160]}" if run.first_error else "")),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {error_line(run.first_error)}" if run.first_error else "")),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
         ("load generator", f"{m.load_generator_cpu:.2f} CPU cores, {m.workers} process(es)"),
@@ -308,14 +310,16 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
 
 def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     """The measurement as an aligned two-column table."""
+    from tuner.measurement import error_line
+
     rows = [
         ("offered", f"{m.offered_rps:.1f} req/s over {m.duration_s:.1f} s ({m.requests} requests)"),
         ("throughput", f"{m.throughput_rps:.1f} req/s"),
-        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {m.first_error[:160]}" if m.first_error else "")),
+        ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {error_line(m.first_error)}" if m.first_error else "")),
         ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
-        ("executions", f"{m.execution_count} for {m.inference_count} inferences"),
+        ("executions", _executions(m)),
         ("batch size", _batch_sizes(m)),
         ("histogram", " ".join(f"{size}:{count}" for size, count in sorted(m.batch_histogram.items())) or "-"),
         ("queue", f"{m.queue_ms_mean:.2f} ms per request (mean)"),
@@ -324,6 +328,17 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _executions(m: Measurement) -> str:
+    """Triton's executions and the rows they ran (the histogram's), with those that succeeded where some
+    failed: its inference_count counts only those, its execution_count every execution."""
+    from tuner.measurement import rows_executed
+
+    rows = rows_executed(m.batch_histogram)
+    if not rows or rows == m.inference_count:
+        return f"{m.execution_count} for {m.inference_count} inferences"
+    return f"{m.execution_count} for {rows} rows, {m.inference_count} of them succeeded (Triton's inference_count)"
 
 
 def _batch_sizes(m: Measurement) -> str:

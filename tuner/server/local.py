@@ -10,10 +10,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tuner.errors import ServerError, ServerSetupError
@@ -33,6 +34,8 @@ GPU_LOCK_ENV = "TUNER_EMULATED_GPU_LOCK"  # the file the encoder_sim template se
 MODEL_PYTHONPATH_ENV = "TUNER_MODEL_PYTHONPATH"
 MODEL_PYTHON_ENV = "TUNER_MODEL_PYTHON"
 SHM_DIR = Path("/dev/shm")  # where the Python backend's shared-memory regions live (POSIX shm on Linux)
+PROGRESS_S = 10.0  # a start or a model load that lasts longer says so this often (a silent wait reads as a hang)
+KEPT_LOG_PREFIX = "tuner-tritonserver-"  # a failed start's log, kept in the temp dir when its workdir goes
 
 
 class LocalLauncher(Launcher):
@@ -153,6 +156,12 @@ class LocalLauncher(Launcher):
         add_owner(self._workdir, self._proc.pid)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
+        models = [m for m in (self._spawn_args[2] if self._spawn_args else []) if self.load_models]
+        what = "starting tritonserver" + (f" and loading model {', '.join(models)}" if models else "")
+        with saying(what):
+            self._wait_ready(timeout_s)
+
+    def _wait_ready(self, timeout_s: float | None) -> None:
         timeout_s = timeout_s or self.startup_timeout_s
         deadline = time.monotonic() + timeout_s
         retries = 0 if self.ports else PORT_RETRIES
@@ -172,7 +181,7 @@ class LocalLauncher(Launcher):
                 time.sleep(0.2)
             else:
                 raise ServerSetupError(f"tritonserver was not ready after {timeout_s:.0f} s; "
-                                       f"last log lines:\n{self.logs(15)}")
+                                       f"its log: {self._kept_log()}")
             reason = self._first_error()
             if retries and "already in use" in self.logs(40).lower() and self._spawn_args:
                 # another process took a port we had found free: try new ones
@@ -180,8 +189,9 @@ class LocalLauncher(Launcher):
                 self._proc = None
                 self._spawn(*self._spawn_args)
                 continue
+            # one line: Triton's reason, and where its whole log stays (its option table and shutdown lines)
             raise ServerSetupError(f"tritonserver exited with code {proc.returncode} during startup{reason}; "
-                                   f"last log lines:\n{self.logs(15)}")
+                                   f"its log: {self._kept_log()}")
 
     def stop(self) -> None:
         with self._lock:
@@ -220,8 +230,9 @@ class LocalLauncher(Launcher):
         offset = self._log_size()
         self._log_mark, self._mark_what = offset, "this configuration was applied"
         try:
-            return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
-                                    explain_refusal=lambda msg: self._refusal(msg, offset))
+            with saying(f"loading model {model}"):
+                return apply_and_verify(http, model, config, timeout_s=self.startup_timeout_s, fresh=fresh,
+                                        explain_refusal=lambda msg: self._refusal(msg, offset))
         except ServerError:
             self._checked()  # a server that died during the load says so
             raise
@@ -323,6 +334,18 @@ class LocalLauncher(Launcher):
         errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
         return f": {errors[0].split('] ', 1)[-1]}" if errors else ""
 
+    def _kept_log(self) -> Path | None:
+        """The server's log file, where it stays after `stop`: the `log_path` asked for, else a copy in the
+        temp dir of the one in the workdir (which `stop` removes)."""
+        if self._log_file is None or self.log_path is not None:
+            return self._log_file
+        kept = Path(tempfile.gettempdir()) / f"{KEPT_LOG_PREFIX}{self._server_id}.log"
+        try:
+            shutil.copyfile(self._log_file, kept)
+        except OSError:
+            return self._log_file
+        return kept
+
     def _log_size(self) -> int:
         try:
             return self._log_file.stat().st_size if self._log_file else 0
@@ -335,6 +358,27 @@ class LocalLauncher(Launcher):
         lines = _read_from(self._log_file, offset) if self._log_file else []
         errors = [line for line in lines if line[:1] == "E" or "error" in line.lower()]
         return (errors[-1].split("] ", 1)[-1] if errors else client_message).strip()
+
+
+@contextlib.contextmanager
+def saying(what: str) -> Iterator[None]:
+    """While the block runs, `tuner: <what>: N s` on stderr every `PROGRESS_S` (a model that loads for
+    a minute otherwise leaves the terminal silent); nothing for a block that ends sooner."""
+    from tqdm import tqdm  # its write keeps a progress bar on the terminal intact
+
+    done, started = threading.Event(), time.monotonic()
+
+    def say() -> None:
+        while not done.wait(PROGRESS_S):
+            tqdm.write(f"tuner: {what}: {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+    thread = threading.Thread(target=say, name="tritonserver-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 # --- process plumbing ------------------------------------------------------------------------------

@@ -14,7 +14,8 @@
 Outcomes: `measured` (the SLA check at the recorded load is the configuration's), `unmeasured` (the
 load generator could not keep its send-lag budget even after retries: neither feasible nor
 infeasible, never scored), `unstable` (the server never reached steady state after the load: its
-figures are kept, it is never recommended), `crashed` (the configuration brought the server down:
+figures are kept, it is never recommended; a model that failed the warm-up's requests is not unstable
+but `measured` and infeasible, `Warmup.failing`), `crashed` (the configuration brought the server down:
 infeasible), `refused` (the engine refuses the combination, as vLLM refuses batched tokens below its
 sequences: infeasible, nothing run).
 """
@@ -66,6 +67,9 @@ class Warmup:
     first_error: str = ""   # the first failed request's error, where the client saw it (sweep or windows)
     windows_ms: tuple[float, ...] = ()  # compute per execution, at a fixed batch mix, per window compared
     stable: bool = True
+    # not steady because the model failed its requests (more of the warm-up's failed than were served),
+    # not because it was slow: `reason` says so with the first error
+    failing: bool = False
     reason: str = ""
     seen: str = ""  # the windows it saw, as printed (tuner.trial.warmup.describe_windows)
 
@@ -316,7 +320,8 @@ def to_attrs(record: TrialRecord) -> dict[str, object]:
         w = record.warmup
         out.update(warmup_seconds=w.seconds, warmup_sweep_requests=w.sweep_requests,
                    warmup_sweep_errors=w.sweep_errors, warmup_window_errors=w.window_errors,
-                   warmup_first_error=w.first_error, warmup_stable=w.stable, warmup_reason=w.reason,
+                   warmup_first_error=w.first_error, warmup_stable=w.stable, warmup_failing=w.failing,
+                   warmup_reason=w.reason,
                    warmup_seen=w.seen, warmup_windows_ms=",".join(f"{v:.3f}" for v in w.windows_ms))
     if record.at_load is not None:
         out.update(_flat_figures(record.at_load, ""))
@@ -352,7 +357,8 @@ def from_attrs(attrs: dict) -> TrialRecord:
                         window_errors=int(attrs.get("warmup_window_errors") or 0),
                         first_error=str(attrs.get("warmup_first_error") or ""),
                         windows_ms=tuple(float(v) for v in windows.split(",") if v),
-                        stable=bool(attrs.get("warmup_stable", True)), reason=str(attrs.get("warmup_reason") or ""),
+                        stable=bool(attrs.get("warmup_stable", True)), failing=bool(attrs.get("warmup_failing", False)),
+                        reason=str(attrs.get("warmup_reason") or ""),
                         seen=str(attrs.get("warmup_seen") or ""))
     return TrialRecord(
         params=params, at_load=at_load, capacity=capacity, warmup=warmup,

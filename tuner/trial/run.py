@@ -6,7 +6,8 @@
 
 A trial: the base config with only the tuned fields changed (`tuner.space.apply`) is loaded on the
 server (read back and compared by the launcher) and warmed up to steady state (`tuner.trial.warmup`: a server
-that never settles leaves the trial `unstable`), then
+that never settles leaves the trial `unstable`; one whose model fails the warm-up's requests is measured and
+infeasible, its reason the model failing with its first error), then
 1. the profile is replayed at the recorded load (`traffic.speed`) for one step (`tuner.trial.step`, with its
    retry policy): the SLA there decides feasibility, and Triton's execution time gives the utilization
    score. A replay the load generator could not keep on time even after the retries leaves the trial
@@ -56,6 +57,7 @@ from tuner.trial.record import (
     UNSTABLE,
     Evaluate,
     TrialRecord,
+    Warmup,
     assess,
 )
 from tuner.trial.step import make_probe, step_windows
@@ -194,6 +196,8 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                                              on_measure=on_measure)
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}
+        if warm is not None and warm.failing:  # the model fails its requests: the configuration's result, a verdict
+            return failing(load, warm, common)
         if not load.valid:  # the load generator's limit, not the configuration's: no verdict
             return TrialRecord(outcome=UNMEASURED, note=load.invalid_reason, **common)
         if warm is not None and not warm.stable:  # measured on a server still changing: no verdict either
@@ -209,6 +213,15 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                         peak_at=lambda s: peak_rps(traffic, s), warmup=warm, scoring=scoring)
         # the warm-up of the step that decided the capacity: `tuner replay --step --warmup` replays it again
         return dataclasses.replace(record, step_warmup_s=used.get(record.capacity_speed)) if used else record
+
+    def failing(load: Measurement, warm: Warmup, common: dict) -> TrialRecord:
+        """The record of a configuration whose model failed its warm-up's requests: measured and infeasible
+        (never unsteady: it fails, it is not slow), its reason the warm-up's, with the first error, after what
+        the replay at the load broke."""
+        check = scoring.check(load, settings.sla)
+        return TrialRecord(outcome=MEASURED, sla_met=False, violation=check.violation if not check.ok else
+                           CRASHED_VIOLATION, sla_reason="; ".join(filter(None, (check.reason, warm.reason))),
+                           note=warm.reason, **common)
 
     return measure_running
 

@@ -12,6 +12,11 @@ A trial measured in that state is measured wrong. So after every load:
    `window_s` (a tick), until the configuration is at steady state, or `warmup_max_s` after the sweep
    has passed and it is `unstable`.
 
+A warm-up that failed more of its requests (the shape sweep's and the windows') than it served did not
+settle because the model fails (a model that raises, a stub process that died), not because it is slow: it is `failing`, and its
+reason says so with the first error, so that the trial is judged as a model that fails its requests
+(`tuner.trial.run`), not as one that never settled.
+
 The steady-state rule (`steady`) judges a window by the noise its executions carry, so that a model
 serving a few requests per second, where a tick holds a handful of executions of mixed batch sizes and
 lengths, is judged as fairly as one serving thousands:
@@ -49,7 +54,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from tuner.measurement import stat_deltas
+from tuner.measurement import error_line, stat_deltas
 from tuner.server import Launcher
 from tuner.settings import MeasurementSettings, StudySettings
 from tuner.traffic import shape_columns, step_window
@@ -304,11 +309,22 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
     last = windows[-m.stable_windows:]
     values = tuple(fixed_mix_ms(last)) if last else ()
     seen = describe_windows(last, open_window=current, window_s=m.window_s)
-    reason = "" if stable else (
-        f"compute time per execution did not settle in {m.warmup_max_s:g} s of windows after the shape sweep "
-        f"({rule_text(m)}; last windows: {seen})")
-    # a replay the watch stopped keeps no records: Triton's own count says how many the windows failed
-    window_errors = stat_deltas(snapshots[0], snapshots[-1])["fail_count"]
+    # a replay the watch stopped keeps no records: Triton's own counts say how many the windows failed
+    deltas = stat_deltas(snapshots[0], snapshots[-1])
+    window_errors, served = max(deltas["fail_count"], 0), max(deltas["success_count"], 0)
+    # the sweep's too: a stub that died in it leaves windows whose requests Triton fails a second apiece
+    failed = window_errors + (sent.errors if sent else 0)
+    answered = failed + served + (sent.requests - sent.errors if sent else 0)
+    failing = not stable and failed > answered - failed
+    if stable:
+        reason = ""
+    elif failing:
+        reason = (f"the model failed its requests: {failed} of the {answered} answered in the warm-up failed "
+                  f"(the shape sweep and {m.warmup_max_s:g} s of windows after it)"
+                  + (f"; the first error: {error_line(first_error)}" if first_error else ""))
+    else:
+        reason = (f"compute time per execution did not settle in {m.warmup_max_s:g} s of windows after the shape "
+                  f"sweep ({rule_text(m)}; last windows: {seen})")
     return Warmup(seconds=time.monotonic() - started, sweep_requests=sent.requests if sent else 0,
-                  sweep_errors=sent.errors if sent else 0, window_errors=max(window_errors, 0),
-                  first_error=first_error, windows_ms=values, stable=stable, reason=reason, seen=seen)
+                  sweep_errors=sent.errors if sent else 0, window_errors=window_errors,
+                  first_error=first_error, windows_ms=values, stable=stable, failing=failing, reason=reason, seen=seen)
