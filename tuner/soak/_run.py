@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from tuner import space
 from tuner.errors import ServerError, TunerError
-from tuner.measurement import Measurement
+from tuner.measurement import Measurement, rows_executed
 from tuner.modelconfig import ModelConfig
 from tuner.score import check_sla, check_tokens, sla_verdict
 from tuner.server import Launcher, make_launcher
@@ -178,7 +178,7 @@ def _encoder(launcher: Launcher, settings: StudySettings, config: ModelConfig, *
         nonlocal reference
         m, errors, since_load, times = _replay(launcher, settings, part, speed=speed, warmup=warmup, mbs=mbs)
         histogram = m.batch_histogram
-        failed = max(sum(s * c for s, c in histogram.items()) - m.inference_count, 0)
+        failed = max(rows_executed(histogram) - m.inference_count, 0)
         failures = {s: bad for s, (_, bad) in split_failures(histogram, failed).items() if bad}
         if reference is None and times:
             reference = {s: t for s, t in times.items() if s not in failures}

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tuner.measurement import PERCENTILES, Measurement
+from tuner.measurement import PERCENTILES, Measurement, rows_executed
 
 # an out-of-memory error as backends word it (CUDA, PyTorch's OutOfMemoryError, TensorRT, the emulation)
 _OOM = re.compile(r"out of memory|outofmemory|\boom\b", re.IGNORECASE)
@@ -113,8 +113,8 @@ def window_row(m: Measurement, errors: pd.Series, *, sla_percentile: float, sla_
                fixed_mix_ms: float = math.nan) -> dict:
     """The figures of one window (without its place in the soak: the caller adds window, hours, ...).
     `errors` is the error text of every measured request ('' when it succeeded)."""
-    rows_executed = sum(size * count for size, count in m.batch_histogram.items())
-    failed_rows = max(rows_executed - m.inference_count, 0)
+    rows_run = rows_executed(m.batch_histogram)
+    failed_rows = max(rows_run - m.inference_count, 0)
     split = split_failures(m.batch_histogram, failed_rows)
     ok_sizes = [size for size, (ok, _) in split.items() if ok > 0]
     oom = int(errors.map(is_oom).sum()) if len(errors) else 0
@@ -136,15 +136,15 @@ def window_row(m: Measurement, errors: pd.Series, *, sla_percentile: float, sla_
         "valid": bool(m.valid),
         "sla_ok": bool(sla_ok),
         "executions": m.execution_count,
-        "rows_executed": rows_executed,
+        "rows_executed": rows_run,
         "failed_rows": failed_rows,
-        "mean_batch_size": rows_executed / m.execution_count if m.execution_count else math.nan,
+        "mean_batch_size": rows_run / m.execution_count if m.execution_count else math.nan,
         "fill_rate": m.fill_rate,
         "largest_batch": max(m.batch_histogram) if m.batch_histogram else math.nan,
         "largest_ok_batch": max(ok_sizes) if ok_sizes else math.nan,
         "queue_ms": m.queue_ms_mean,
         "compute_ms_per_execution": m.compute_ms_mean if m.execution_count else math.nan,
-        "compute_ms_per_request": m.busy_s * 1000.0 / rows_executed if rows_executed else math.nan,
+        "compute_ms_per_request": m.busy_s * 1000.0 / rows_run if rows_run else math.nan,
         "compute_ms_fixed_mix": fixed_mix_ms,
         "executions_since_load": math.nan if executions_since_load is None else int(executions_since_load),
         **memory,
