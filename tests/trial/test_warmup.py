@@ -342,7 +342,7 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
     # 17 of the 24 answered failed (the sweep's 3 of 10, the windows' 14 of 14): the model fails, not unsteady
     assert not warm.stable and warm.failing and "did not settle" not in warm.reason
     assert warm.reason == ("the model failed its requests: 17 of the 24 answered in the warm-up failed (the shape "
-                           "sweep and 0.2 s of windows after it); the first error: 400: out of memory")
+                           "sweep and the windows after it); the first error: 400: out of memory")
 
 
 @pytest.mark.slow
@@ -382,3 +382,17 @@ def test_a_model_that_fails_its_warm_up_is_judged_failing_not_unsteady_alike_on_
     trials = pd.read_csv(tmp_path / "crash" / "trials.csv")
     assert (trials["outcome"] == "measured").all() and not trials["feasible"].any()
     assert trials["warmup_failing"].all() and trials["sla_reason"].str.contains("is not healthy").all()
+
+
+def test_a_model_failing_its_requests_is_told_from_a_slow_one_settled_or_not():
+    from tuner.trial.warmup import model_failing
+
+    # never settled, most of the sweep's and the windows' requests failed: a stub that died
+    assert model_failing(stable=False, failed=60, answered=100, window_errors=40, served=30)
+    # settled, yet its windows at the load failed more than they served: errors that come back fast
+    assert model_failing(stable=True, failed=300, answered=310, window_errors=290, served=10)
+    # settled, half its sweep refused (an out-of-memory at shapes the load never forms), windows fine:
+    # the quick start's incumbent (96 of 192 sweep requests failed, none of its windows')
+    assert not model_failing(stable=True, failed=96, answered=700, window_errors=0, served=508)
+    assert not model_failing(stable=True, failed=96, answered=192, window_errors=0, served=0)
+    assert not model_failing(stable=False, failed=10, answered=100, window_errors=5, served=80)  # slow, not failing

@@ -61,8 +61,8 @@ from tuner.traffic import shape_columns, step_window
 from tuner.trial.record import Warmup
 
 __all__ = ["FLOOR_MS", "MIN_EXECUTIONS", "Z", "Tick", "Warmup", "Window", "describe_windows", "executions",
-           "fixed_mix_ms", "repeated_stretch", "rule_text", "shape_sweep", "steady", "uncertainty_ms", "warm_up",
-           "windows_of"]
+           "fixed_mix_ms", "model_failing", "repeated_stretch", "rule_text", "shape_sweep", "steady", "uncertainty_ms",
+           "warm_up", "windows_of"]
 
 QUANTILES = (0.1, 0.5, 0.9)  # padded lengths a batch of b requests has (of the max of b lengths)
 SAMPLES = 2000
@@ -263,6 +263,15 @@ def rule_text(m: MeasurementSettings) -> str:
             f"time per execution within {Z:g} standard errors or {m.stability_pct:g} %")
 
 
+def model_failing(*, stable: bool, failed: int, answered: int, window_errors: int, served: int) -> bool:
+    """Whether a warm-up shows the model failing its requests rather than being slow: one that never
+    settled and failed more of all its requests (the shape sweep's and the windows') than it served, or
+    one whose windows at the load failed more than they served, settled or not (errors that come back
+    fast look steady). A settled warm-up is not judged by its sweep: a large config's sweep may send
+    shapes the model refuses (an out-of-memory) that the traffic at the load never forms."""
+    return (not stable and failed > answered - failed) or window_errors > served
+
+
 def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, max_batch_size: int,
             on_window: Callable[[float], None] | None = None) -> Warmup:
     """Warm the configuration the server runs now (see the module's docstring)."""
@@ -315,13 +324,14 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
     # the sweep's too: a stub that died in it leaves windows whose requests Triton fails a second apiece
     failed = window_errors + (sent.errors if sent else 0)
     answered = failed + served + (sent.requests - sent.errors if sent else 0)
-    failing = not stable and failed > answered - failed
-    if stable:
-        reason = ""
-    elif failing:
+    failing = model_failing(stable=stable, failed=failed, answered=answered, window_errors=window_errors,
+                            served=served)
+    if failing:
         reason = (f"the model failed its requests: {failed} of the {answered} answered in the warm-up failed "
-                  f"(the shape sweep and {m.warmup_max_s:g} s of windows after it)"
+                  f"(the shape sweep and the windows after it)"
                   + (f"; the first error: {error_line(first_error)}" if first_error else ""))
+    elif stable:
+        reason = ""
     else:
         reason = (f"compute time per execution did not settle in {m.warmup_max_s:g} s of windows after the shape "
                   f"sweep ({rule_text(m)}; last windows: {seen})")
