@@ -190,6 +190,31 @@ def test_a_capacity_a_limit_other_than_the_server_stopped_is_marked_and_said(tmp
     assert other + " " not in row + " "
 
 
+def test_a_capacity_no_speed_failed_is_a_floor_marked_and_said(tmp_path):
+    """A capacity search that met the SLA at every speed it tried (the speed cap or the step budget
+    stopped it) gives a floor, not a bracket: the table marks it and the verdict's range says so."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    summary = export.summarize(study)
+    assert summary["notes"] == [] and "+ " not in export.closing_table(summary).splitlines()[1] + " "
+    for who in ("best", "incumbent"):
+        bracket = summary[who]["capacity_bracket"]
+        summary[who]["capacity_bracket"] = {**bracket, "upper_rps": None, "converged": False}
+        entry = summary[who]
+        assert export.is_floor(entry)
+        notes = export._floor_notes(summary)
+        assert len(notes) == 1 and "met the SLA at every speed tried" in notes[0]
+        if who == "best":
+            assert notes[0].startswith("the recommendation's capacity is a floor: its capacity search") \
+                and "the gain may be larger" in notes[0]
+            summary["top"][0] = summary["best"]
+            row = [line for line in export.closing_table(summary).splitlines() if line.lstrip().startswith("best")][0]
+            assert re.search(r"[0-9]\+ ", row), row
+    assert export._floor_notes(summary)[0].startswith("the recommendation's and the incumbent's capacities are floors")
+    assert "the gain may" not in export._floor_notes(summary)[0]  # both floors: no direction to say
+    summary["incumbent"]["capacity_bracket"]["limited_by"] = "traffic"  # said by its own note (^)
+    assert not export.is_floor(summary["incumbent"])
+
+
 def test_without_remeasurement_the_best_trial_stands(tmp_path):
     summary = export.summarize(make_study(tmp_path, remeasure=False))
     assert summary["best"]["params"]["max_batch_size"] == 16 and "repeats" not in summary["best"]

@@ -253,6 +253,7 @@ def summarize(study: optuna.Study) -> dict:
     }
     summary["notes"] = _time_limit_notes(meta.get("search_time_limit") or {})
     summary["notes"] += _short_step_notes(summary) if scoring == "capacity" else []
+    summary["notes"] += _floor_notes(summary) if scoring == "capacity" else []
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
@@ -279,6 +280,30 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def is_floor(entry: dict | None) -> bool:
+    """Whether an entry's capacity is only a floor: its capacity search met the SLA at every speed it
+    tried (no first failing speed: the speed cap or the step budget stopped it), so its range has no top."""
+    bracket = (entry or {}).get("capacity_bracket") or {}
+    return bool(entry and entry.get("feasible") and bracket.get("lower_rps") and not bracket.get("upper_rps")
+                and not bracket.get("limited_by"))  # the load generator's or the traffic's: said on their own
+
+
+def _floor_notes(summary: dict) -> list[str]:
+    """A caution where the best's or the incumbent's capacity is a floor (`is_floor`): its range, and the
+    improvement's, leave out that the capacity may be higher."""
+    best, incumbent = summary.get("best"), summary.get("incumbent")
+    floors = [who for who, entry in (("the recommendation", best), ("the incumbent", incumbent)) if is_floor(entry)
+              and not (who == "the incumbent" and best and entry.get("trial") == best.get("trial"))]
+    if not floors:
+        return []
+    gain = ("" if summary.get("improvement") is None or len(floors) == 2 else
+            "; the gain may be larger" if floors[0] == "the recommendation" else "; the gain may be smaller")
+    whose = " and ".join(f"{who}'s" for who in floors)
+    what = "capacities are floors: their capacity searches" if len(floors) == 2 else "capacity is a floor: its capacity search"
+    return [f"{whose} {what} met the SLA at every speed tried (search.capacity.max_speed or max_steps stopped "
+            f"it), so the range has no top{gain}; raise them to bound it"]
 
 
 def _time_limit_notes(limit: dict) -> list[str]:
@@ -464,6 +489,8 @@ def closing_table(summary: dict) -> str:
         capacity = _fmt(r.get("capacity_rps"))
         if bracket.get("upper_rps") and r.get("capacity_rps"):
             capacity = f"{_fmt(r['capacity_rps'])}-{_fmt(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
+        if is_floor(r):
+            capacity += "+"  # no speed failed: a floor (the summary's note says so)
         if bracket.get("limited_by") == "load_generator":
             capacity += " *"  # the load generator, not the server, could not go faster
         elif bracket.get("limited_by") == "traffic":
