@@ -530,15 +530,35 @@ def test_a_changed_config_is_the_users_text_with_only_the_changed_fields_rewritt
     config.dynamic_batching.max_queue_delay_microseconds = 2000
     out = modelconfig.to_text(config, comments_from=HAND_WRITTEN)
     assert modelconfig.parse(out) == config
-    before, after = HAND_WRITTEN.splitlines(), out.splitlines()
-    assert "max_batch_size: 16   # from training" in after  # its line's comment stays where it was
-    # every other line as the user wrote it, in the user's order; the block's inner comment above it
-    assert [line for line in before if "max_batch_size" not in line and "dynamic_batching" not in line
-            and "max_queue_delay" not in line and line not in ("  # none yet", "}")] == \
-           [line for line in after if "max_batch_size" not in line and "dynamic_batching" not in line
-            and "max_queue_delay" not in line and line not in ("# none yet", "}")]
-    assert after[after.index("dynamic_batching {") - 1] == "# none yet"
+    # every line as the user wrote it, in the user's order, but the two changed values (a block's field
+    # edited inside the block: its comment stays where it was; a line's own comment stays on it)
+    assert out.splitlines() == [line.replace("max_batch_size: 64", "max_batch_size: 16")
+                                .replace("max_queue_delay_microseconds: 100", "max_queue_delay_microseconds: 2000")
+                                for line in HAND_WRITTEN.splitlines()]
     assert modelconfig.to_text(modelconfig.parse(HAND_WRITTEN), comments_from=HAND_WRITTEN) == HAND_WRITTEN
+
+
+def test_a_changed_block_keeps_its_other_fields_as_written_explicit_defaults_included():
+    # preserve_ordering: false and default_timeout_microseconds: 0 are protobuf's defaults, which its
+    # printer leaves out: a block rewritten whole lost them, and re-spread the one-line blocks
+    text = """name: "m"
+dynamic_batching {
+  max_queue_delay_microseconds: 0
+  preserve_ordering: false
+  priority_levels: 2
+  default_queue_policy { timeout_action: DELAY, default_timeout_microseconds: 0 }
+  priority_queue_policy { key: 1 value: { max_queue_size: 3 } }
+}
+"""
+    config = modelconfig.parse(text)
+    config.dynamic_batching.max_queue_delay_microseconds = 300
+    config.dynamic_batching.preferred_batch_size.extend([2, 4])  # a field the block did not have
+    out = modelconfig.to_text(config, comments_from=text)
+    assert modelconfig.parse(out) == config
+    kept = [line for line in text.splitlines() if "max_queue_delay" not in line and line != "}"]
+    assert [line for line in out.splitlines() if line in kept] == kept
+    assert "  max_queue_delay_microseconds: 300" in out.splitlines()
+    assert out.endswith("  preferred_batch_size: 2\n  preferred_batch_size: 4\n}\n")
 
 
 def test_a_field_removed_takes_its_line_and_a_field_added_goes_at_the_end():

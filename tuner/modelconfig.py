@@ -138,37 +138,12 @@ def _reprinted(text: str, comments_from: str) -> str:
 
 
 def _edited(original: str, config: ModelConfig) -> str | None:
-    """`original` with each top-level field whose value differs from `config`'s replaced by the
-    printer's text of the new value, a field gone removed, a new one added at the end; None where the
-    result would not read back as `config` (then the caller prints the whole config)."""
+    """`original` with each field whose value differs from `config`'s rewritten (`_edit_fields`); None
+    where the result would not read back as `config` (then the caller prints the whole config)."""
     try:
-        old = text_format.Parse(original, ModelConfig())
-        spans = _top_level_spans(original)
+        text = _edit_fields(original, text_format.Parse(original, ModelConfig()), config, indent="")
     except (text_format.ParseError, ValueError):
         return None
-    if old == config:
-        return original
-    edits: list[tuple[int, int, str]] = []  # (start, end, new text) in the original
-    added: list[str] = []
-    for field in ModelConfig.DESCRIPTOR.fields:
-        if _field_value(old, field) == _field_value(config, field):
-            continue
-        printed = _printed(config, field)
-        places = [(start, end) for name, start, end in spans if name == field.name]
-        if not places:
-            added += [printed] if printed else []
-            continue
-        if printed:
-            edits.append((places[0][0], places[0][1], _inner_comments(original[slice(*places[0])]) + printed))
-            places = places[1:]
-        edits += [(start, _line_end(original, end), _inner_comments(original[start:end])) for start, end in places]
-    out, at = [], 0
-    for start, end, new in sorted(edits):
-        out += [original[at:start], new]
-        at = end
-    text = "".join(out) + original[at:]
-    if added:
-        text = text.rstrip("\n") + "\n" + "".join(f"{a}\n" for a in added)
     try:
         same = text_format.Parse(text, ModelConfig()) == config
     except text_format.ParseError:
@@ -176,9 +151,72 @@ def _edited(original: str, config: ModelConfig) -> str | None:
     return text if same else None
 
 
-def _field_value(config: ModelConfig, field) -> object:
-    """What one top-level field holds, comparable with ==: a list, a message or None (unset), a scalar."""
-    if field.name in _MAP_FIELDS:
+def _edit_fields(text: str, old, new, *, indent: str) -> str:
+    """The fields of one message's text (`old` as read from it) rewritten to `new`'s values: a message
+    field written once as a block and set in both is edited inside its block, the same way (its other
+    fields, explicit defaults and layout kept); any other changed field is replaced by the printer's
+    text of its new value, a field gone removed with its line, a new one added at the end (`indent`:
+    the block's own indentation plus two spaces; "" at the top)."""
+    if old == new:
+        return text
+    spans = _top_level_spans(text)
+    edits: list[tuple[int, int, str]] = []  # (start, end, new text) in `text`
+    added: list[str] = []
+    for field in new.DESCRIPTOR.fields:
+        if _field_value(old, field) == _field_value(new, field):
+            continue
+        places = [(start, end) for name, start, end in spans if name == field.name]
+        block = _block_inside(text, places) if (
+            field.message_type is not None and not _repeated(field)
+            and old.HasField(field.name) and new.HasField(field.name)) else None
+        if block is not None:
+            inner = _edit_fields(text[slice(*block)], getattr(old, field.name), getattr(new, field.name),
+                                 indent=indent + "  ")
+            edits.append((*block, inner))
+            continue
+        printed = _printed(new, field).replace("\n", "\n" + indent)
+        if not places:
+            added += [printed] if printed else []
+            continue
+        if printed:
+            edits.append((places[0][0], places[0][1], _inner_comments(text[slice(*places[0])], indent) + printed))
+            places = places[1:]
+        edits += [(start, _line_end(text, end), _inner_comments(text[start:end], indent)) for start, end in places]
+    out, at = [], 0
+    for start, end, piece in sorted(edits):
+        out += [text[at:start], piece]
+        at = end
+    text = "".join(out) + text[at:]
+    if added and not indent:
+        text = text.rstrip("\n") + "\n" + "".join(f"{a}\n" for a in added)
+    elif added:  # inside a block: on lines of their own before its close
+        text = text.rstrip() + "\n" + "".join(f"{indent}{a}\n" for a in added) + indent[:-2]
+    return text
+
+
+def _block_inside(text: str, places: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The (start, end) of what lies between the braces of a field written once as a block
+    (`name { ... }`, `name: { ... }`, `name < ... >`); None for anything else."""
+    if len(places) != 1:
+        return None
+    start, end = places[0]
+    name = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(text, start)
+    i = _skip_blank(text, name.end())
+    if i < end and text[i] == ":":
+        i = _skip_blank(text, i + 1)
+    if i >= end or text[i] not in "{<" or text[end - 1] not in "}>":
+        return None
+    return i + 1, end - 1
+
+
+def _is_map(field) -> bool:
+    return field.message_type is not None and field.message_type.GetOptions().map_entry
+
+
+def _field_value(config, field) -> object:
+    """What one field of a message holds, comparable with ==: a dict, a list, a message or None (unset),
+    a scalar."""
+    if _is_map(field):
         return dict(getattr(config, field.name).items())
     if _repeated(field):
         return list(getattr(config, field.name))
@@ -192,10 +230,10 @@ def _repeated(field) -> bool:
     return field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
 
 
-def _printed(config: ModelConfig, field) -> str:
-    """The printer's text of one top-level field of `config` ("" where it is unset)."""
-    only = ModelConfig()
-    if field.name in _MAP_FIELDS:
+def _printed(config, field) -> str:
+    """The printer's text of one field of the message `config` ("" where it is unset)."""
+    only = type(config)()
+    if _is_map(field):
         for key, value in getattr(config, field.name).items():
             getattr(only, field.name)[key].CopyFrom(value)
     elif _repeated(field):
@@ -208,10 +246,10 @@ def _printed(config: ModelConfig, field) -> str:
     return text_format.MessageToString(only).rstrip("\n")
 
 
-def _inner_comments(code: str) -> str:
-    """The comments inside a field's text, as lines to keep above what replaces it."""
+def _inner_comments(code: str, indent: str = "") -> str:
+    """The comments inside a field's text, as lines to keep above what replaces it (at `indent`)."""
     comments = [c for c in (_split_comment(line)[1] for line in code.splitlines()) if c]
-    return "".join(f"{c}\n" for c in comments)
+    return "".join(f"{c}\n{indent}" for c in comments)
 
 
 def _line_end(text: str, end: int) -> int:
