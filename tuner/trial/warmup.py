@@ -266,10 +266,10 @@ def rule_text(m: MeasurementSettings) -> str:
 def model_failing(*, stable: bool, failed: int, answered: int, window_errors: int, served: int) -> bool:
     """Whether a warm-up shows the model failing its requests rather than being slow: one that never
     settled and failed more of all its requests (the shape sweep's and the windows') than it served, or
-    one whose windows at the load failed more than they served, settled or not (errors that come back
-    fast look steady). A settled warm-up is not judged by its sweep: a large config's sweep may send
+    one that settled (errors that come back fast look steady) with windows at the load that failed more
+    than they served. A settled warm-up is not judged by its sweep: a large config's sweep may send
     shapes the model refuses (an out-of-memory) that the traffic at the load never forms."""
-    return (not stable and failed > answered - failed) or window_errors > served
+    return failed > answered - failed if not stable else window_errors > served
 
 
 def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, max_batch_size: int,
