@@ -527,3 +527,12 @@ def test_finish_reads_the_study_files_storage_when_output_names_another_director
         capsys.readouterr().err
     assert json.loads((elsewhere / "summary.json").read_text())["study_name"] == "exp"
     assert not (elsewhere / "study.db").exists()
+
+
+def test_a_configuration_that_missed_the_sla_says_which_limit_in_the_table(tmp_path):
+    summary = export.summarize(make_study(tmp_path, latency_limit=40.0))
+    summary["incumbent"] = {**summary["incumbent"], "feasible": False,
+                            "sla_reason": "error rate 54.80% > 0.10%; p99 169 ms"}
+    summary["top"] = [e for e in summary["top"] if e["trial"] != summary["incumbent"]["trial"]]
+    row = [line for line in export.closing_table(summary).splitlines() if line.lstrip().startswith("incumbent")][0]
+    assert "SLA missed: error rate 54.80% > 0.10%" in row and "p99 169" not in row, row

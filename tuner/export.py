@@ -282,6 +282,13 @@ def summarize(study: optuna.Study) -> dict:
     return summary
 
 
+def _missed(entry: dict) -> str:
+    """A table's cell for a configuration that missed the SLA, with the first limit it broke where the
+    entry says (a p99 under its limit beside "SLA missed" reads as a contradiction otherwise)."""
+    reason = (entry.get("sla_reason") or "").split(";")[0].strip()
+    return f"SLA missed: {reason}" if reason else "SLA missed"
+
+
 def is_floor(entry: dict | None) -> bool:
     """Whether an entry's capacity is only a floor: its capacity search met the SLA at every speed it
     tried (no first failing speed: the speed cap or the step budget stopped it), so its range has no top."""
@@ -507,7 +514,7 @@ def closing_table(summary: dict) -> str:
                 "queue ms": _fmt(r.get("queue_ms")),
                 "compute ms": _fmt(r.get("compute_ms"))}),
             "tokens/$" if r.get("unit") == "tokens" else "req/$":
-                _fmt(r.get("per_dollar")) if r["feasible"] else "SLA missed",
+                _fmt(r.get("per_dollar")) if r["feasible"] else _missed(r),
             "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
             "vs incumbent": _gain(r, inc, base),
         })
