@@ -635,3 +635,16 @@ def test_a_request_whose_inputs_disagree_on_the_batch_is_refused(tmp_path):
     with pytest.raises(TrafficError, match=r"request id 7: its input tensors' first dims differ "
                                            r"\(INPUT_IDS 8, MASK 4\), not one batch size$"):
         import_triton_trace(path)
+
+
+@pytest.mark.parametrize("target", [".csv", ".parquet"])  # read whole, and streamed
+def test_a_column_the_import_leaves_out_is_named(target, tmp_path, capsys):
+    # `bs` holds batch sizes no --map names: without a word, every row would replay as one
+    src = tmp_path / "a.csv"
+    src.write_text("ts,seq_len,INPUT_IDS:1,bs\n0.0,10,12,1\n0.5,20,22,2\n")
+    out = tmp_path / f"out{target}"
+    assert main(["traffic", "import", "csv", str(src), "-o", str(out), "--map", "timestamp=ts"]) == 0
+    assert "note: columns left out (neither mapped nor named as ours): bs;" in capsys.readouterr().out
+    assert main(["traffic", "import", "csv", str(src), "-o", str(tmp_path / f"b{target}"), "--map", "timestamp=ts",
+                 "--map", "batch_size=bs"]) == 0
+    assert "left out" not in capsys.readouterr().out

@@ -293,6 +293,11 @@ def _import(args: argparse.Namespace) -> int:
             return _import_streamed(args, AZURE_MAPPING)
         df = traffic.import_azure(args.input)
     else:
+        from tuner.traffic.importers import left_out
+
+        if dropped := left_out(args.input, mapping):  # a column of sizes no --map names would be lost unsaid
+            print(f"note: columns left out (neither mapped nor named as ours): {', '.join(dropped)}; "
+                  "--map OURS=THEIRS keeps one")
         if _streams(args):
             return _import_streamed(args, mapping)
         df = traffic.import_csv(args.input, mapping, time_unit=args.time_unit or "s")

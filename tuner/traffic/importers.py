@@ -104,6 +104,25 @@ def _check_mapping(mapping: Mapping[str, str], path) -> None:
                                f"(expected {', '.join(MAPPABLE)}, or <INPUT>:<k> for dim k of a model input)")
 
 
+def left_out(path: str | os.PathLike, mapping: Mapping[str, str] | None = None) -> list[str]:
+    """The columns of a CSV or Parquet file that `import_csv` leaves out with `mapping`: neither mapped
+    nor already named as ours (read from the header alone; [] where it cannot be read, which the
+    import then says)."""
+    try:
+        if not Path(path).is_file():  # a FIFO would block the read; a path not there is the import's to name
+            return []
+        if Path(path).suffix.lower() in (".parquet", ".pq"):
+            import pyarrow.parquet as pq
+
+            columns = pq.read_schema(path).names
+        else:
+            columns = list(pd.read_csv(path, nrows=0).columns)
+    except Exception:  # noqa: BLE001 - the import itself names what is wrong with the file
+        return []
+    used = set((mapping or {}).values())
+    return [str(c) for c in columns if c not in used and not _is_ours(c)]
+
+
 def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_unit: str) -> pd.DataFrame:
     """Our columns from the file's, by `mapping`, times scaled to seconds (unvalidated)."""
     mapping = dict(mapping or {})
