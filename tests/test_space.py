@@ -229,13 +229,13 @@ def test_a_search_of_instance_count_over_several_instance_groups_is_refused_as_c
 
 def test_the_space_narrows_to_fit_the_largest_request_or_refuses():
     search = SearchSettings(max_batch_size=IntRange(1, 64, log=True))
-    same, note = space.fit_to_rows(search, 1, where="row 0")
+    same, note = space.fit_to_rows(search, 1, where="row 0", source="s.yaml")
     assert same == search and note == ""
-    narrowed, note = space.fit_to_rows(search, 8, where="row 17")
+    narrowed, note = space.fit_to_rows(search, 8, where="row 17", source="s.yaml")
     assert narrowed.max_batch_size == IntRange(8, 64, log=True)
     assert "low raised from 1 to 8" in note and "row 17" in note
-    with pytest.raises(SettingsError, match=r"request of 65 rows \(row 3\).*at least 65"):
-        space.fit_to_rows(search, 65, where="row 3")
+    with pytest.raises(SettingsError, match=r"^s.yaml: search.max_batch_size: .*request of 65 rows \(row 3\).*at least 65"):
+        space.fit_to_rows(search, 65, where="row 3", source="s.yaml")
 
 
 def test_values_outside_the_ranges_are_named():
@@ -475,8 +475,8 @@ def test_tune_check_refuses_a_range_beyond_its_knobs_bounds_in_one_line(tmp_path
 def test_the_space_narrowed_to_fit_a_request_keeps_the_users_steps():
     # the points 1, 4, 7, 10 and requests of 5 rows: 7 and 10 take them (not 5 and 8, which the user never gave)
     search = SearchSettings(max_batch_size=IntRange(1, 10, step=3))
-    narrowed, note = space.fit_to_rows(search, 5, where="row 2")
+    narrowed, note = space.fit_to_rows(search, 5, where="row 2", source="s.yaml")
     assert narrowed.max_batch_size == IntRange(7, 10, step=3) and space.grid(narrowed)["max_batch_size"] == [7, 10]
     assert "low raised from 1 to 7: the traffic has requests of 5 rows (row 2)" in note
-    assert space.fit_to_rows(search, 7, where="row 2")[0].max_batch_size == IntRange(7, 10, step=3)
-    assert space.fit_to_rows(search, 10, where="row 2")[0].max_batch_size == IntRange(10, 10, step=3)
+    assert space.fit_to_rows(search, 7, where="row 2", source="s.yaml")[0].max_batch_size == IntRange(7, 10, step=3)
+    assert space.fit_to_rows(search, 10, where="row 2", source="s.yaml")[0].max_batch_size == IntRange(10, 10, step=3)

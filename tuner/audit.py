@@ -31,7 +31,7 @@ from tuner import formats, space
 from tuner.cost import price_for
 from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, InputError, UnmeasuredError
 from tuner.files import read_json_object
-from tuner.measurement import Measurement
+from tuner.measurement import Measurement, error_line
 from tuner.score import check_sla, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
@@ -300,7 +300,7 @@ def warmup_findings(r: TrialRecord) -> list[Finding]:
     w = r.warmup
     if w is None or not w.errors:
         return []
-    first = w.first_error.strip().splitlines()[0][:160] if w.first_error.strip() else "not known (Triton counted them)"
+    first = error_line(w.first_error) if w.first_error.strip() else "not known (Triton counted them)"
     return [Finding("warm-up", w.failures(), "watch", f"not judged (the measured window is); the first: {first}")]
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
 from tuner.files import check_replaceable, check_writable, os_reason, read_json_object, write_atomic
+from tuner.formats import figure
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
@@ -442,8 +443,8 @@ def _header(summary: dict, base, config) -> str:
         f"error rate <= {sla.get('max_error_rate', 0.001):.2%}",
         f"traffic: {traffic.get('path')} at speed {traffic.get('speed', 1.0):g}"
         + (f", window {traffic['window']}" if traffic.get("window") else ""),
-        f"score ({summary['scoring']}): {_fmt(best['requests_per_dollar'])} requests per dollar"
-        f" at ${_fmt(summary.get('price_per_hour'))}/h; capacity {_fmt(best['capacity_rps'])} req/s",
+        f"score ({summary['scoring']}): {figure(best['requests_per_dollar'])} requests per dollar"
+        f" at ${figure(summary.get('price_per_hour'))}/h; capacity {figure(best['capacity_rps'])} req/s",
         "improvement over the incumbent: "
         + (f"{summary['improvement']:+.1%}" if summary.get("improvement") is not None else "n/a (incumbent missed the SLA)"),
         "changed: " + ("; ".join(changed) if changed else "nothing (the incumbent is best)"),
@@ -493,9 +494,9 @@ def closing_table(summary: dict) -> str:
         if not tag and r.get("trial") in (summary.get("indistinguishable_from_best") or []):
             tag = "~ best"
         bracket = r.get("capacity_bracket") or {}
-        capacity = _fmt(r.get("capacity_rps"))
+        capacity = figure(r.get("capacity_rps"))
         if bracket.get("upper_rps") and r.get("capacity_rps"):
-            capacity = f"{_fmt(r['capacity_rps'])}-{_fmt(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
+            capacity = f"{figure(r['capacity_rps'])}-{figure(r['capacity_rps'] * bracket['upper_rps'] / bracket['lower_rps'])}"
         if is_floor(r):
             capacity += "+"  # no speed failed: a floor (the summary's note says so)
         if bracket.get("limited_by") == "load_generator":
@@ -509,12 +510,12 @@ def closing_table(summary: dict) -> str:
                for k, v in r["params"].items()},
             "capacity req/s": capacity,
             **(_token_columns(r, pct) if r.get("unit") == "tokens" else {
-                f"{pct} ms": _fmt(r["latency_ms"].get(pct)),
-                "fill rate": _fmt(r.get("fill_rate")),
-                "queue ms": _fmt(r.get("queue_ms")),
-                "compute ms": _fmt(r.get("compute_ms"))}),
+                f"{pct} ms": figure(r["latency_ms"].get(pct)),
+                "fill rate": figure(r.get("fill_rate")),
+                "queue ms": figure(r.get("queue_ms")),
+                "compute ms": figure(r.get("compute_ms"))}),
             "tokens/$" if r.get("unit") == "tokens" else "req/$":
-                _fmt(r.get("per_dollar")) if r["feasible"] else _missed(r),
+                figure(r.get("per_dollar")) if r["feasible"] else _missed(r),
             "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
             "vs incumbent": _gain(r, inc, base),
         })
@@ -558,12 +559,12 @@ def _token_columns(r: dict, pct: str) -> dict:
     and how the engine batched (the peak of its running sequences and of its KV-cache use, preemptions)."""
     engine = r.get("engine") or {}
     kv = engine.get("kv_cache_peak")
-    return {f"TTFT {pct} ms": _fmt((r.get("ttft_ms") or {}).get(pct)),
-            f"TPOT {pct} ms": _fmt((r.get("tpot_ms") or {}).get(pct)),
-            "output tok/s": _fmt(r.get("output_tokens_per_s")),
-            "running": _fmt(engine.get("running_peak")),
+    return {f"TTFT {pct} ms": figure((r.get("ttft_ms") or {}).get(pct)),
+            f"TPOT {pct} ms": figure((r.get("tpot_ms") or {}).get(pct)),
+            "output tok/s": figure(r.get("output_tokens_per_s")),
+            "running": figure(engine.get("running_peak")),
             "KV peak": f"{kv:.0%}" if isinstance(kv, (int, float)) else "-",
-            "preempt": _fmt(engine.get("preemptions"))}
+            "preempt": figure(engine.get("preemptions"))}
 
 
 def _overrun_note(rows: list[dict]) -> str:
@@ -588,15 +589,6 @@ def _gain(r: dict, inc: dict | None, base: float | None) -> str:
         text += f" ({low / i_high - 1:+.0%}..{high / i_low - 1:+.0%})"
     return text
 
-
-def _fmt(value) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if isinstance(value, float):
-        if abs(value) >= 1e5:
-            return f"{value:,.0f}"
-        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
-    return str(value)
 
 
 # --- files -------------------------------------------------------------------------------------

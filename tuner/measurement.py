@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from tuner.formats import first_line
+
 
 @dataclass(frozen=True, kw_only=True)
 class Served:
@@ -175,7 +177,7 @@ def rows_executed(histogram: dict[int, int]) -> int:
 def error_line(error: str, limit: int = 160) -> str:
     """A request's error as a line of a table or a message shows it: its first non-blank line, cut to
     `limit` characters (a Python-backend model's exception comes with its traceback after it)."""
-    line = next((part.strip() for part in str(error).splitlines() if part.strip()), "")
+    line = first_line(str(error))
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from tuner.errors import InputError, OutputError
+from tuner.formats import first_line
 
 __all__ = ["NEVER_NAMEABLE", "make_temp", "name_max", "nameable", "os_reason", "probe", "readable", "readable_dir",
            "readable_file", "writable_dir", "writable_file"]
@@ -35,8 +36,7 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def os_reason(exc: OSError) -> str:
     """The OS's words for an OSError (`File name too long`), without the path it repeats."""
-    text = str(exc).strip()
-    return exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
+    return exc.strerror or first_line(exc)
 
 
 # --- reading ---------------------------------------------------------------------------------------

@@ -587,14 +587,15 @@ def check_tunable(base: ModelConfig, source: str, *, search: SearchSettings | No
                           f"or keep one instance group")
 
 
-def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str) -> tuple[SearchSettings, str]:
+def fit_to_rows(search: SearchSettings, largest_rows: int, *, where: str, source: str) -> tuple[SearchSettings, str]:
     """The space narrowed so that every configuration can take a request of `largest_rows` rows
-    (a batch never splits a request), with a line saying so; SettingsError when none can."""
+    (a batch never splits a request), with a line saying so; SettingsError, naming the study file
+    `source` as its other errors do, when none can."""
     r = search.max_batch_size
     if largest_rows <= r.low:
         return search, ""
     if largest_rows > r.high:
-        raise SettingsError(f"search.max_batch_size: the traffic has a request of {largest_rows} rows "
+        raise SettingsError(f"{source}: search.max_batch_size: the traffic has a request of {largest_rows} rows "
                             f"({where}), above every max_batch_size the search may try (high={r.high}): "
                             f"raise search.max_batch_size.high to at least {largest_rows}")
     # the first of the user's points that takes the request: the search keeps to their steps

@@ -176,10 +176,8 @@ def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffi
                 f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
     _check_replayable(settings, base, traffic, engine=engine)
     if engine is None:
-        try:
-            narrowed, note = space.fit_to_rows(settings.search, largest, where=where)
-        except SettingsError as exc:  # a setting of the study file: named as its other errors are
-            raise SettingsError(f"{settings.source or '<study>'}: {exc}") from None
+        narrowed, note = space.fit_to_rows(settings.search, largest, where=where,
+                                           source=settings.source or "<study>")
         if note:
             notes.append(note)
         settings = dataclasses.replace(settings, search=narrowed)

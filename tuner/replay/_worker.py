@@ -46,6 +46,7 @@ from greenlet import greenlet
 from locust.env import Environment
 from locust.exception import StopUser
 
+from tuner.formats import first_line
 from tuner.llm.prompts import compose
 from tuner.replay import _http
 
@@ -393,7 +394,7 @@ class Replayer:
         try:
             error = self.client.infer(shape_id)
         except BaseException as exc:  # the server's failures are data, not the load generator's
-            error = (str(exc) or type(exc).__name__).splitlines()[0]
+            error = first_line(exc)
         share.end[k] = time.monotonic()
         self._finish(k, error)
 
@@ -436,7 +437,7 @@ class Replayer:
         try:
             error = self.client.generate(shape_id, on_event)
         except BaseException as exc:  # the server's failures are data, not the load generator's
-            error = (str(exc) or type(exc).__name__).splitlines()[0]
+            error = first_line(exc)
         share.end[k] = time.monotonic()
         error = error or (problems[0] if problems else "")
         if not error and counted and sum(counts) != share.asked[k]:

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from tuner import export, search, space
 from tuner.files import write_atomic
+from tuner.formats import figure
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, load_output, simulated_vs_measured
 from tuner.soak import has_soak, last_soak
@@ -37,7 +38,7 @@ def _money(value: float | None) -> str:
 
 def _price(value: float | None) -> str:
     """One server's price per hour as the exported config's header writes it (`$3.4/h`)."""
-    return "n/a" if value is None else f"${export._fmt(value)}/h"
+    return "n/a" if value is None else f"${figure(value)}/h"
 
 
 def _num(value: object, digits: int = 1) -> str:

@@ -25,6 +25,7 @@ import pandas as pd
 from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
+from tuner.formats import first_line
 from tuner.score import monthly_cost, servers_needed
 from tuner.search import open_storage
 from tuner.traffic import busiest_window, mean_rps, read_traffic
@@ -534,7 +535,7 @@ def _simulation(path: Path, notes: list[str]) -> pd.DataFrame | None:
     try:
         frame = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
-        notes.append(f"{path}: cannot read as CSV ({str(exc).splitlines()[0]}): no simulated landscape")
+        notes.append(f"{path}: cannot read as CSV ({first_line(exc)}): no simulated landscape")
         return None
     missing = [c for c in SIMULATION_COLUMNS if c not in frame.columns]
     if missing:

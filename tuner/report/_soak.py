@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from tuner.errors import TunerError
 from tuner.files import write_atomic
+from tuner.formats import first_line
 from tuner.report._html import write_report
 from tuner.soak import (
     TIME_AXIS,
@@ -78,7 +79,7 @@ def load_soak(output_dir: str | Path) -> SoakView:
         try:
             traffic = read_traffic(path)
         except (TunerError, OSError) as exc:
-            notes.append(f"the recording {path} could not be read again ({str(exc).splitlines()[0]}): "
+            notes.append(f"the recording {path} could not be read again ({first_line(exc)}): "
                          "no quiet windows")
     findings = analyze(windows, executions, meta, traffic=traffic, margin=float(meta.get("margin", 0.2)))
     if meta.get("interrupted"):

@@ -27,6 +27,7 @@ from docker.types import DeviceRequest
 from tqdm import tqdm
 
 from tuner.errors import ServerError, ServerSetupError
+from tuner.formats import first_line
 from tuner.llm import engineargs
 from tuner.localhost import check_port_free, free_ports, pid_alive
 from tuner.modelconfig import ModelConfig
@@ -460,4 +461,4 @@ def remove_orphans(client: docker.DockerClient) -> list[str]:
 def _short(exc: Exception) -> str:
     explanation = getattr(exc, "explanation", None)
     text = explanation.decode(errors="replace") if isinstance(explanation, bytes) else explanation
-    return str(text or exc).strip().splitlines()[0] if str(text or exc).strip() else type(exc).__name__
+    return first_line(text) if str(text or "").strip() else first_line(exc)

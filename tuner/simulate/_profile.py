@@ -83,6 +83,7 @@ import pandas as pd
 
 from tuner.errors import ProfileError
 from tuner.files import read_text, write_atomic
+from tuner.formats import first_line
 
 BASES = ("auto", "tokens", "grid")
 FORMAT_LINE = "# tuner profile v1"
@@ -429,7 +430,7 @@ def read_profile(path: str | os.PathLike, *, model: str | None = None) -> Profil
     try:
         frame = pd.read_csv(io.StringIO("\n".join(body)), skipinitialspace=True)
     except (pd.errors.ParserError, ValueError) as exc:
-        raise ProfileError(f"{path}: not a readable CSV table ({str(exc).splitlines()[0]})") from None
+        raise ProfileError(f"{path}: not a readable CSV table ({first_line(exc)})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise ProfileError(f"{path}: missing column {missing[0]!r} (columns found: "

@@ -25,6 +25,7 @@ import pandas as pd
 
 from tuner.errors import InputError, OutputError
 from tuner.files import check_output_dir, json_safe, os_reason, read_json_object, write_atomic
+from tuner.formats import first_line
 from tuner.soak.analysis import summary_lines
 
 SOAK_DIR = "soak"
@@ -120,7 +121,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path)
     except (OSError, ValueError) as exc:
-        raise SoakFileError(f"{path}: cannot read as CSV ({str(exc).splitlines()[0]})") from None
+        raise SoakFileError(f"{path}: cannot read as CSV ({first_line(exc)})") from None
     for column in ("valid", "sla_ok", "restarted"):
         if column in frame.columns:
             frame[column] = frame[column].astype(str).str.lower().eq("true")

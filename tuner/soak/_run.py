@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from tuner import space
 from tuner.errors import ServerError, TunerError
+from tuner.formats import first_line
 from tuner.measurement import Measurement, rows_executed
 from tuner.modelconfig import ModelConfig
 from tuner.score import check_sla, check_tokens, sla_verdict
@@ -141,7 +142,7 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, tr
         if not (folder / _files.META).exists():
             raise
         failure = exc
-    meta.update(interrupted=interrupted, failed=str(failure).splitlines()[0] if failure else None,
+    meta.update(interrupted=interrupted, failed=first_line(failure) if failure else None,
                 finished_utc=_now())
     _files.write_json(folder / _files.META, meta)
     windows = _files.read_windows(folder)

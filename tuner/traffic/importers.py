@@ -15,6 +15,7 @@ import pandas as pd
 
 from tuner.errors import TrafficError
 from tuner.files import open_input, os_reason
+from tuner.formats import first_line
 from tuner.traffic.io import (
     BATCH_SIZE,
     MODEL,
@@ -379,7 +380,7 @@ def _trace_entries(path: Path) -> Iterator[dict]:
                     raise TrafficError(f"{path}: not a Triton trace (entry {n} is {_short(entry)}, not an object)")
                 yield entry
         except ijson.JSONError as exc:
-            reason = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = first_line(exc)
             if first is None and "premature EOF" in reason:  # nothing but white space
                 raise TrafficError(f"{path}: empty file") from None
             raise TrafficError(f"{path}: not a Triton trace (invalid JSON in entry {n + 1}: {reason})") from None

@@ -26,6 +26,7 @@ import pandas as pd
 
 from tuner import files
 from tuner.errors import TrafficError
+from tuner.formats import first_line
 
 TIMESTAMP = "timestamp"
 BATCH_SIZE = "batch_size"
@@ -93,7 +94,7 @@ def _read_parquet(fh: BinaryIO, path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(fh)
     except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
-        raise TrafficError(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise TrafficError(f"{path}: not a readable Parquet file ({first_line(exc)})") from None
 
 
 def _read_csv(fh: BinaryIO, path: Path) -> pd.DataFrame:
@@ -146,7 +147,7 @@ def _csv_errors(path: Path) -> Iterator[None]:
                 raise TrafficError(f"{path}: empty file (no header, no rows)") from None
             if isinstance(exc, OSError):
                 raise TrafficError(f"{path}: cannot read ({files.os_reason(exc)})") from None
-            raise TrafficError(f"{path}: not a readable CSV table ({_first_line(exc)})") from None
+            raise TrafficError(f"{path}: not a readable CSV table ({first_line(exc)})") from None
 
 
 @contextlib.contextmanager
@@ -486,8 +487,3 @@ def _text(col: pd.Series, name: str, where: _Where, *, what: str = "empty") -> p
         if (whole == np.floor(whole)).all():
             text = pd.Series(whole.astype(np.int64)).astype("str")
     return text.reset_index(drop=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

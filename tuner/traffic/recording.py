@@ -31,6 +31,7 @@ import pandas as pd
 
 from tuner import files
 from tuner.errors import TrafficError
+from tuner.formats import first_line
 from tuner.traffic.io import (
     CSV_SUFFIXES,
     MODEL,
@@ -288,9 +289,9 @@ def _open(path: Path, shown: str):
     except OSError as exc:
         if isinstance(exc, (FileNotFoundError, PermissionError)):
             raise TrafficError(f"{shown}: cannot read ({files.os_reason(exc)})") from None
-        raise TrafficError(f"{shown}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise TrafficError(f"{shown}: not a readable Parquet file ({first_line(exc)})") from None
     except Exception as exc:  # pyarrow raises several unrelated types for a damaged file
-        raise TrafficError(f"{shown}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise TrafficError(f"{shown}: not a readable Parquet file ({first_line(exc)})") from None
 
 
 def _parts(pf, parquet: Path, shown: str) -> list[Part]:
@@ -373,7 +374,7 @@ def _read_segment(seg: list[Part], columns: Sequence[str] | None) -> pd.DataFram
         try:
             df = raw.to_pandas()
         except Exception as exc:  # a column pandas cannot hold
-            raise TrafficError(f"{p.shown}: not a readable Parquet file ({_first_line(exc)})") from None
+            raise TrafficError(f"{p.shown}: not a readable Parquet file ({first_line(exc)})") from None
         frames.append(validate_part(df, p.shown, row_offset=p.first_row))
     if len(frames) == 1:
         return frames[0]
@@ -418,8 +419,3 @@ def convert_csv(path: Path, target: Path, *, progress: bool = False) -> Path:
     csv_to_parquet(path, target, rows=CSV_ROWS, table=lambda chunk, line: validate_part(
         chunk, str(path), first_line=line), on_rows=said)
     return target
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -39,6 +39,7 @@ import pandas as pd
 from tuner import space
 from tuner.cost import price_for
 from tuner.errors import ConfigError, ServerError
+from tuner.formats import first_line
 from tuner.measurement import Measurement
 from tuner.modelconfig import ModelConfig
 from tuner.server import Launcher, make_launcher
@@ -148,8 +149,8 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
 def _crashed(launcher: Launcher, exc: ServerError) -> tuple[str, str]:
     """A dead server's error's first line, and the note a crashed trial keeps: that line and the server's
     last log lines, read before it starts again (the error may be a refused connection that names no cause)."""
-    first_line = str(exc).splitlines()[0]
-    return first_line, f"{first_line}\nlast log lines:\n{launcher.logs(20)}"
+    line = first_line(exc)
+    return line, f"{line}\nlast log lines:\n{launcher.logs(20)}"
 
 
 def _restart(launcher: Launcher) -> None:
