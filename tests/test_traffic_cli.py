@@ -146,6 +146,14 @@ def test_synth_bad_size_is_exit_2(tmp_path, capsys):
     assert "unknown kind 'gauss'" in capsys.readouterr().err
 
 
+def test_synth_a_column_sized_twice_is_refused_not_the_last_taken(tmp_path, capsys):
+    out = tmp_path / "x.csv"
+    argv = ["traffic", "synth", "poisson", "--rate", "5", "--duration", "10",
+            "--size", "seq_len=constant:128", "--size", "seq_len=constant:64", "-o", str(out)]
+    assert main(argv) == 2
+    assert "seq_len is given twice" in capsys.readouterr().err and not out.exists()
+
+
 # --- paths the OS refuses: checked before any work, one line, nothing written ---------------------
 
 LONG_NAME = "a" * 300 + ".csv"

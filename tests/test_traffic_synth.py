@@ -88,6 +88,9 @@ def test_size_specs():
         ("constant:0", "a constant size must be >= 1"),
         ("lognormal:median=-1", "lognormal needs median > 0"),
         ("zipf:a=x", "a must be a number"),
+        ("constant:2.5", "value must be a whole number, got 2.5"),  # was cut to 2 without a word
+        ("lognormal:median=200,max=511.5", "max must be a whole number"),
+        ("constant:inf", "value must be a whole number"),  # was an OverflowError's traceback
     ],
 )
 def test_bad_size_specs(text, expected):

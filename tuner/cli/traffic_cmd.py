@@ -355,6 +355,8 @@ def _synth(args: argparse.Namespace) -> int:
         col, eq, spec = item.partition("=")
         if not eq or not col.strip():
             raise TrafficError(f"--size {item!r}: expected COLUMN=SPEC, e.g. --size seq_len=constant:128")
+        if col.strip() in sizes:
+            raise TrafficError(f"--size {item!r}: {col.strip()} is given twice: give each column one --size")
         sizes[col.strip()] = traffic.SizeSpec.parse(spec)
     duration = traffic.parse_duration(args.duration, "--duration")
     common = {"duration_s": duration, "seed": args.seed, "sizes": sizes}

@@ -12,6 +12,7 @@ table, bit for bit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -63,8 +64,10 @@ class SizeSpec:
                         f"size {text!r}: expected key=value with keys {', '.join(allowed)}, got {item!r}"
                     )
                 fields[key.strip()] = _number(text, key.strip(), val)
-        for key in ("value", "min", "max"):
+        for key in ("value", "min", "max"):  # counts of rows or tokens: whole, not silently cut
             if key in fields:
+                if not math.isfinite(fields[key]) or fields[key] != int(fields[key]):
+                    raise TrafficError(f"size {text!r}: {key} must be a whole number, got {fields[key]:g}")
                 fields[key] = int(fields[key])
         spec = cls(kind=kind, **fields)  # type: ignore[arg-type]
         spec.check(text)
