@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import urllib.error
 import urllib.request
 from collections import Counter
 
@@ -243,6 +244,26 @@ def exporter_metrics(tmp_path, night: dict, *, accept: str = "text/plain") -> st
         request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept": accept})
         with urllib.request.urlopen(request, timeout=10) as r:
             return r.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_exporter_answers_on_metrics_and_says_where_they_are_elsewhere(tmp_path):
+    # prometheus_client's start_http_server answered 200 with the metrics on any path: a scrape config's
+    # typo (/metric) looked healthy
+    text = exporter_metrics(tmp_path, NIGHTS["requests"])
+    assert "tuner_production_requests_per_second" in text
+    settings = study(tmp_path / "b")
+    collector = AuditCollector(settings, TritonSource(["127.0.0.1:1"], model="m", window_s=60), window_s=60)
+    port = free_ports(1)[0]
+    server = serve(collector, port=port)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metric", timeout=10)
+        assert missing.value.code == 404 and b"the metrics are at /metrics" in missing.value.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200 and b"/metrics" in r.read()
     finally:
         server.shutdown()
         server.server_close()

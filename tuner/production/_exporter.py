@@ -6,13 +6,15 @@ nightly job's output, the last night's verdict (tuner/production/_metrics.py bui
 from __future__ import annotations
 
 import errno
+import socketserver
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tuner.audit import Baseline
@@ -118,8 +120,33 @@ def serve(collector: AuditCollector, *, port: int, host: str = "127.0.0.1") -> o
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry)
+        server = make_server(host, port, _metrics_only(make_wsgi_app(registry)), _Server,
+                             handler_class=_QuietHandler)
     except OSError as exc:
         reason = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         raise InputError(f"--port {port}: cannot serve /metrics on {host}:{port} ({reason})") from None
+    threading.Thread(target=server.serve_forever, name="tuner-exporter", daemon=True).start()
     return server
+
+
+# prometheus_client's start_http_server serves the registry on every path (a scrape of /anything, a
+# typo in a scrape config, answered 200); its public make_wsgi_app, served here, is kept to /metrics.
+def _metrics_only(app):
+    def routed(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics":
+            return app(environ, start_response)
+        status, text = ("200 OK", "tuner exporter: the metrics are at /metrics\n") if path in ("", "/") else \
+            ("404 Not Found", f"not found: {path} (the metrics are at /metrics)\n")
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [text.encode()]
+    return routed
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the exporter's exit
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # a line per scrape would bury the exporter's own lines
+        pass
