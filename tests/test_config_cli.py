@@ -370,7 +370,7 @@ def test_set_says_a_field_set_to_zero_is_zero(capsys, tmp_path):
     out = tmp_path / "out.pbtxt"
     code, _, err = run(capsys, "config", "set", str(ROOT_CONFIG), "--set", "max_batch_size=0", "-o", str(out))
     assert code == 0 and modelconfig.load(out).max_batch_size == 0
-    assert err == f"wrote {out} (max_batch_size: 64 -> unset (0))\n"
+    assert err == f"wrote {out} (max_batch_size: 64 -> 0)\n"  # not "unset (0)": the user wrote 0
 
 
 @pytest.mark.parametrize("key", ["instance_count", "instance_group.count"])

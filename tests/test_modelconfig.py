@@ -316,12 +316,12 @@ def test_diff_fields_covers_maps_enums_and_lists():
     ]
 
 
-def test_a_field_one_side_leaves_unset_reads_as_unset_with_tritons_value():
+def test_a_number_one_side_leaves_unset_reads_as_the_value_triton_takes():
     a = modelconfig.parse("max_batch_size: 8 dynamic_batching { }", "a")
     b = modelconfig.parse("max_batch_size: 16 dynamic_batching { max_queue_delay_microseconds: 6000 }", "b")
-    assert modelconfig.changed_fields(a, b) == ["dynamic_batching.max_queue_delay_microseconds: unset (0) -> 6000",
+    assert modelconfig.changed_fields(a, b) == ["dynamic_batching.max_queue_delay_microseconds: 0 -> 6000",
                                                 "max_batch_size: 8 -> 16"]
-    assert modelconfig.changed_fields(b, a)[0] == "dynamic_batching.max_queue_delay_microseconds: 6000 -> unset (0)"
+    assert modelconfig.changed_fields(b, a)[0] == "dynamic_batching.max_queue_delay_microseconds: 6000 -> 0"
 
 
 # --- JSON from Triton ----------------------------------------------------------------------------

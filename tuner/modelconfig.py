@@ -803,14 +803,16 @@ def _scalar(field, value):
 
 
 def changed_fields(a: ModelConfig, b: ModelConfig) -> list[str]:
-    """`field: old -> new` for every field that differs (`diff_fields`), as people read it: a field one
-    side does not set is `unset`, with the value Triton takes for it (`unset (0)`)."""
+    """`field: old -> new` for every field that differs (`diff_fields`), as people read it: a number or
+    a flag one side does not hold reads as the value Triton takes for it (0, false): proto3 keeps no
+    trace of a 0 written out, so `unset (0)` would have been said of a `max_batch_size: 0` the user
+    wrote; any other field one side lacks is `unset`."""
     def shown(value, other) -> str:
         if value is not None:
             return str(value)
         if isinstance(other, bool):
-            return "unset (false)"
-        return "unset (0)" if isinstance(other, (int, float)) else "unset"
+            return "false"
+        return "0" if isinstance(other, (int, float)) else "unset"
 
     return [f"{path}: {shown(old, new)} -> {shown(new, old)}" for path, old, new in diff_fields(a, b)]
 

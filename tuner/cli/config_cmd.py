@@ -137,7 +137,7 @@ def _set(args: argparse.Namespace) -> int:
         text = _with_set_header(text, path, args.assignments)
         check_replaceable(target, force=args.force, ours=functools.partial(modelconfig.written_by_tuner, text=text))
     _write(target, text)
-    changed = ", ".join(modelconfig.changed_fields(config, new))  # a field set to 0 is unset, not None
+    changed = ", ".join(modelconfig.changed_fields(config, new))
     print(f"wrote {target} ({changed or 'no change'})", file=sys.stderr)
     return 0
 
