@@ -387,6 +387,30 @@ def test_the_warm_ups_failed_requests_are_said_beside_its_line(tmp_path, monkeyp
     assert "steady" not in line[0]
 
 
+def test_a_replay_whose_every_request_failed_exits_1_with_a_line_saying_so(tmp_path, monkeypatch, capsys):
+    """The replay measured, and the table says 100 % errors: a script that runs it learns it too."""
+    import tuner.server
+    import tuner.trial.step
+    from tests.support import FakeLauncher, measurement
+    from tuner.cli import main
+
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: FakeLauncher(config))
+    failed = dataclasses.replace(measurement(1.0, errors=1000), first_error="400: Stub process is not healthy.\nAt:")
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "measurement": {"warmup": False},
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: lambda speed: failed)
+    assert main(["replay", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "1000 (100.00%)" in out
+    assert err.splitlines()[-1] == ("tuner replay: every one of the 1000 measured requests failed; the first: "
+                                    "400: Stub process is not healthy.")
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: lambda speed: measurement(1.0, errors=999))
+    assert main(["replay", str(path)]) == 0  # one request served: measured, the table says the rest
+
+
 @pytest.mark.slow
 def test_a_model_that_fails_executions_has_a_mean_batch_of_its_histogram_and_a_one_line_error(triton_install,
                                                                                               tmp_path):

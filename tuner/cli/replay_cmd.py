@@ -15,7 +15,7 @@ from tuner.files import check_writable, json_safe, write_atomic
 from tuner.settings import read_study
 
 if TYPE_CHECKING:
-    from tuner.measurement import Measurement
+    from tuner.measurement import Measurement, Served
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "percentiles, throughput, errors, send lag and Triton's batching figures. Each traffic row "
         "becomes one request: batch_size (default 1) is the first dim of a batching model, a "
         "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
-        "variable dim.",
+        "variable dim. Exits 1 when no measured request succeeded.",
     )
     add_study(p, "the study file (server, model, traffic, replay)")
     add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
@@ -120,7 +120,7 @@ def _replay(args: argparse.Namespace) -> int:
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
-    return 0
+    return _exit_code(m, m.first_error)
 
 
 def _config(settings, params: dict, path):
@@ -226,6 +226,18 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
                 "engine": _engine_figures(run.engine),
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
+    return _exit_code(m, run.first_error)
+
+
+def _exit_code(m: Served, first_error: str) -> int:
+    """0 for a replay that measured, whatever its figures (the table says them); 1, with a line saying
+    so, where no measured request succeeded: a script running the replay learns that nothing was served."""
+    from tuner.measurement import error_line
+
+    if m.requests and m.errors == m.requests:
+        print(f"tuner replay: every one of the {m.requests} measured requests failed"
+              + (f"; the first: {error_line(first_error)}" if first_error else ""), file=sys.stderr)
+        return 1
     return 0
 
 
