@@ -462,6 +462,22 @@ def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it
         prepare(read_study(too_big))
 
 
+def test_a_seq_len_column_no_input_takes_is_named_in_a_note(tmp_path):
+    # the recorded lengths changed no request of a model of fixed dims, and nothing said so
+    from tuner.settings import read_study
+    from tuner.tune import prepare
+
+    study = write_tune_study(tmp_path, "sized")
+    assert not any("is not sent" in note for note in prepare(read_study(study)).notes)  # dims [-1]: it sizes them
+    repo = repository(tmp_path)
+    config = repo / "encoder_sim" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ -1 ]", "dims: [ 128 ]", 1))
+    notes = prepare(read_study(write_tune_study(tmp_path, "fixed", repo))).notes
+    assert [note for note in notes if "is not sent" in note] == [
+        f"{PROFILE}: column 'seq_len' is not sent: no input of encoder_sim has a variable dim it sizes (each "
+        f"request takes the dims config.pbtxt gives)"]
+
+
 def test_the_first_lines_say_where_the_study_lives_and_an_incumbent_outside_the_search(tmp_path):
     from tuner.settings import read_study
     from tuner.tune import prepare

@@ -176,12 +176,24 @@ def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffi
                 f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
     _check_replayable(settings, base, traffic, engine=engine)
     if engine is None:
+        notes += _ignored_columns(settings, base, traffic)
         narrowed, note = space.fit_to_rows(settings.search, largest, where=where,
                                            source=settings.source or "<study>")
         if note:
             notes.append(note)
         settings = dataclasses.replace(settings, search=narrowed)
     return settings, notes
+
+
+def _ignored_columns(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame) -> list[str]:
+    """A note for each shape column of the traffic that no request the replay sends takes (a `seq_len`
+    where the model's inputs have fixed dims): the lengths it records are not what the trials send."""
+    from tuner.replay import ignored_columns
+
+    config = json.loads(modelconfig.to_json(base))
+    return [f"{settings.traffic.path}: column '{column}' is not sent: no input of {settings.model} has a "
+            f"variable dim it sizes (each request takes the dims config.pbtxt gives)"
+            for column in ignored_columns(config, traffic.columns)]
 
 
 def _check_replayable(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame, *,

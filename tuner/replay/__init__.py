@@ -22,6 +22,7 @@ _EXPORTS = {
     "MAX_REQUEST_BYTES": "tuner.replay._plan",
     "plan_requests": "tuner.replay._plan",
     "describe_inputs": "tuner.replay._plan",
+    "ignored_columns": "tuner.replay._plan",
     "RequestPlan": "tuner.replay._plan",
     "peak_rate": "tuner.replay._plan",
     "model_info": "tuner.replay._plan",

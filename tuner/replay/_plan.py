@@ -179,6 +179,16 @@ def describe_inputs(config: dict, traffic: pd.DataFrame) -> list[str]:
     return lines
 
 
+def ignored_columns(config: dict, columns: pd.Index) -> list[str]:
+    """The traffic's shape columns that size nothing the replay sends to the model of `config` (`seq_len`
+    where no sent input has a variable dim it sizes): their values change no request. TrafficError as
+    `describe_inputs` for columns the replay refuses."""
+    if SEQ_LEN not in columns:
+        return []
+    plans = _input_plans(config.get("name") or "?", config, columns)
+    return [] if any(SEQ_LEN in plan.columns for plan, sent in plans if sent) else [SEQ_LEN]
+
+
 def _input_plans(model: str, config: dict, columns: pd.Index) -> list[tuple[InputPlan, bool]]:
     """Each input of `config` as the replay would send it, with whether it is sent (an optional one only
     with an `<INPUT>:<k>` column), from the traffic's `columns`; TrafficError for a shape column no
