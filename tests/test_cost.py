@@ -60,6 +60,13 @@ def test_a_price_of_the_users_own_says_so():
     assert named.gpu == "a100-40gb" and named.source == "price_per_hour in the study"
 
 
+def test_gpus_per_server_on_the_cpu_default_is_refused_in_one_line():
+    # the CPU instance's price was multiplied by GPUs it does not have
+    with pytest.raises(SettingsError, match=r"^cost.gpus_per_server: 2 GPUs on cost.gpu cpu .*name the GPU"):
+        price_for(CostSettings(gpus_per_server=2))
+    assert price_for(CostSettings(gpus_per_server=1)).gpus_per_server == 1
+
+
 def test_gpus_per_server_beside_a_price_of_the_users_own_is_refused_in_one_line():
     # the price could be one GPU's (to multiply) or the whole server's: it was silently taken as the server's
     with pytest.raises(SettingsError, match="with cost.price_per_hour give the whole server's price"):

@@ -5,7 +5,7 @@
 table's; `gpu` is the GPU the study names beside it, or None; `gpus_per_server` beside it is refused,
 as it could be meant either way); otherwise the table's figure for one `gpu` on `cloud` (default: the
 cheapest cloud listed) times `gpus_per_server`. `gpu: cpu`, the default, is the embedded default's CPU
-instance.
+instance, one server's price (`gpus_per_server` beside it is refused).
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ def price_for(cost: CostSettings) -> Price:
     table = price_table()
     gpu = cost.gpu.lower()
     if gpu == "cpu":
+        if n != 1:  # a CPU instance's price is the whole server's: doubling it for GPUs it has not is a guess
+            raise SettingsError(f"cost.gpus_per_server: {n} GPUs on cost.gpu cpu (the default, a CPU instance's "
+                                f"price): name the GPU in cost.gpu, or leave gpus_per_server out")
         entry = table["cpu"]["default"]
         return Price(price_per_hour=entry["price_per_hour"] * n, gpu="cpu", cloud=None, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
                      read=str(entry["read"]), estimate=bool(entry["estimate"]))
