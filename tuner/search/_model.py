@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,9 +378,11 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     simulation's error on them is above `search.model_error`, or the server orders two of them the
     other way by more than that, search on with the sampler (the next simulated picks enqueued first).
     `on_plan(total)` is told the trials the study will hold before each of the two runs (the first: the
-    picks; the fallback: `trials`). Returns the trials run; the errors and the order are kept in the
+    picks; the fallback: `trials`). `timeout_s` holds for both runs together: no trial starts after it.
+    Returns the trials run; the errors and the order are kept in the
     study's `model_search` attribute."""
     s = settings
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s  # one clock for both runs
     picks = _enqueue_ranked_within(study, ranking, s, trials=trials, upto=s.search.model_top)
     if picks:
         note("simulation's picks to measure (its best, then the best of other regions): "
@@ -401,10 +404,12 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
                                          "threshold": s.search.model_error, **verdict})
     if not errors.empty:
         note(_describe(verdict, len(errors), s.search.model_error))
-    if fallback and trials > spent(study):  # the simulation not trusted: no start from its capacities either
+    left = None if deadline is None else deadline - time.monotonic()
+    if fallback and trials > spent(study) and (left is None or left > 0):
+        # the simulation not trusted: no start from its capacities either
         _enqueue_ranked_within(study, ranking, s, trials=trials, upto=2 * s.search.model_top)
         on_plan(trials)
-        ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=timeout_s, host=host, on_trial=on_trial)
+        ran += run_trials(study, s, evaluate, n_trials=trials, timeout_s=left, host=host, on_trial=on_trial)
     return ran
 
 
