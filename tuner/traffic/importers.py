@@ -61,8 +61,8 @@ def import_csv(
     Numeric times are multiplied by `time_unit` (s, ms, us, ns); text times are read as ISO-8601.
     """
     _check_unit(time_unit)
-    raw, first_line = read_raw(path)
-    return validate_traffic(_mapped(raw, path, mapping, time_unit=time_unit), str(path), first_line=first_line)
+    raw, line = read_raw(path)
+    return validate_traffic(_mapped(raw, path, mapping, time_unit=time_unit), str(path), first_line=line)
 
 
 def import_csv_to_parquet(path: str | os.PathLike, out: str | os.PathLike, *,

@@ -187,8 +187,8 @@ def _stripped(table: pd.DataFrame) -> pd.DataFrame:
 
 def read_traffic(path: str | os.PathLike) -> pd.DataFrame:
     """Load and validate a traffic file (.csv or .parquet); sorted by timestamp (stable)."""
-    raw, first_line = read_raw(path)
-    return validate_traffic(raw, str(path), first_line=first_line)
+    raw, line = read_raw(path)
+    return validate_traffic(raw, str(path), first_line=line)
 
 
 def csv_to_parquet(path: str | os.PathLike, target: str | os.PathLike, *, rows: int,
