@@ -388,6 +388,21 @@ def test_a_directory_of_triton_traces_keeps_the_study_model(tmp_path):
         intake.newest_traffic(tmp_path / "traces", hours=24, model="sim")
 
 
+def test_a_trace_of_several_models_keeps_the_study_models_shape_columns(tmp_path):
+    # imported whole, the trace kept only the columns every model's requests had: none
+    def request(trace_id, model, ns, name, shape):
+        return [{"id": trace_id, "model_name": model, "model_version": 1},
+                {"id": trace_id, "timestamps": [{"name": "HTTP_RECV_START", "ns": ns}]},
+                {"id": trace_id, "activity": "TENSOR_QUEUE_INPUT", "tensor": {"name": name, "shape": shape}}]
+    entries = (request(1, "bert", 1_000_000_000, "INPUT_IDS", "4,64") + request(2, "resnet", 2_000_000_000, "IMAGE", "2,3")
+               + request(3, "bert", 3_000_000_000, "INPUT_IDS", "1,128"))
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "a.json").write_text(json.dumps(entries))
+    (tmp_path / "traces" / "b.json").write_text(json.dumps(request(9, "resnet", 4_000_000_000, "IMAGE", "1,3")))
+    table, files = intake.newest_traffic(tmp_path / "traces", hours=24, model="bert")
+    assert len(files) == 2 and table["INPUT_IDS:0"].tolist() == [64, 128] and table["batch_size"].tolist() == [4, 1]
+
+
 def _write_setup(tmp_path: Path, yaml_extra: str = "") -> Path:
     repo = tmp_path / "repo" / "sim"
     repo.mkdir(parents=True)

@@ -605,8 +605,28 @@ def test_requests_without_some_input_tensors_are_noted(tmp_path):
         f"{path}: 1 of 3 requests (model plain) have no traced input tensors (no TENSOR_QUEUE_INPUT entries: a model "
         "without a dynamic batcher?); batch_size 1 assumed for them",
         f"{path}: shape columns INPUT_IDS:0, IMAGE:0, IMAGE:1, IMAGE:2 left out: not every request has the input "
-        "(a traffic table has one set of shape columns)",
+        "(a traffic table has one set of shape columns) (models: bert, plain, resnet; --model NAME imports one "
+        "model's requests with its shape columns)",
     ]
+
+
+def test_one_models_requests_of_a_trace_of_several_keep_their_shape_columns(tmp_path, capsys):
+    # the study tunes one model: its shapes were dropped because other models' requests lack its inputs
+    entries = (_traced(1, "bert", 1_000_000_000, _tensor(1, "INPUT_IDS", "4,64"))
+               + _traced(2, "resnet", 2_000_000_000, _tensor(2, "IMAGE", "2,3,224,224"))
+               + _traced(3, "bert", 3_000_000_000, _tensor(3, "INPUT_IDS", "1,128")))
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(entries))
+    out = tmp_path / "bert.csv"
+    assert main(["traffic", "import", "triton", str(path), "--model", "bert", "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out}: 2 requests\n"
+    df = read_traffic(out)
+    assert df["INPUT_IDS:0"].tolist() == [64, 128] and df["batch_size"].tolist() == [4, 1]
+    assert set(df["model"]) == {"bert"}
+    assert main(["traffic", "import", "triton", str(path), "--model", "gpt", "-o", str(tmp_path / "gpt.csv")]) == 2
+    assert "no traced requests of model 'gpt'" in capsys.readouterr().err
+    assert main(["traffic", "import", "csv", str(out), "--model", "bert", "-o", str(tmp_path / "x.csv")]) == 2
+    assert "--model applies to 'traffic import triton' only" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("tensor,expected", [

@@ -121,7 +121,7 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         description="Import a Triton trace file (level=TIMESTAMPS; with level=TENSORS too, each request's "
         "batch_size and <INPUT>:<k> shape columns come from its traced input tensors, else batch_size 1 is "
         "assumed and said), the Azure LLM trace CSV, or any CSV/Parquet table with a column mapping. "
-        "--map and --time-unit are csv's options, --include-children triton's: given to another kind, "
+        "--map and --time-unit are csv's options, --include-children and --model triton's: given to another kind, "
         "they are refused.",
     )
     p.add_argument("kind", choices=IMPORT_KINDS, help="triton | azure | csv")
@@ -142,6 +142,9 @@ def _import_command(sub: argparse._SubParsersAction) -> None:
         help="csv: unit of numeric times: s, ms, us or ns (default s)",
     )
     add_flag(p, "--include-children", "triton: keep requests sent by ensembles / BLS models too")
+    p.add_argument("--model", default=None, metavar="NAME",
+                   help="triton: keep only this model's requests (a trace of several models keeps only the shape "
+                        "columns every request has; one model's keep its own)")
 
 
 def _synth_command(sub: argparse._SubParsersAction) -> None:
@@ -283,7 +286,11 @@ def _import(args: argparse.Namespace) -> int:
     _check_output(args)
     if args.kind == "triton":
         notes: list[str] = []
-        df = traffic.import_triton_trace(args.input, include_children=args.include_children, notes=notes)
+        df = traffic.import_triton_trace(args.input, include_children=args.include_children, model=args.model,
+                                         notes=notes)
+        if df.empty:
+            raise TrafficError(f"{args.input}: no traced requests of model {args.model!r} (without --model, "
+                               "'traffic stats' of the import says which models the trace holds)")
         for note in notes:  # what the trace did not hold (batch sizes, shapes), said before the file is written
             print(f"note: {note}")
     elif args.kind == "azure":
@@ -305,7 +312,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 # The options of one kind of import: given to another kind, one would be silently ignored.
-KIND_OPTIONS = {"--map": "csv", "--time-unit": "csv", "--include-children": "triton"}
+KIND_OPTIONS = {"--map": "csv", "--time-unit": "csv", "--include-children": "triton", "--model": "triton"}
 
 
 def _refuse_other_kinds(args: argparse.Namespace) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.errors import TrafficError
-from tuner.traffic import MODEL, TIMESTAMP, import_triton_trace, read_traffic, validate_traffic
+from tuner.traffic import MODEL, TIMESTAMP, import_triton_trace, validate_traffic
 from tuner.traffic.recording import open_recording
 from tuner.traffic.scan import read_since
 
@@ -41,21 +41,19 @@ def traffic_files(path: str | Path, pattern: str = "*") -> list[Path]:
     return files
 
 
-def read_any(path: Path) -> pd.DataFrame:
-    """One traffic file as a table: a Triton trace imported, a recorded table read."""
-    if path.suffix.lower() in TRACE_SUFFIXES:
-        return import_triton_trace(path)
-    return read_traffic(path)
-
-
 def newest_traffic(path: str | Path, hours: float, model: str | None = None,
                    *,
                    pattern: str = "*") -> tuple[pd.DataFrame, list[Path]]:
     """The last `hours` of traffic (by timestamp) and the files it was read from."""
     files = traffic_files(path, pattern)
-    traces = [import_triton_trace(f) for f in files if f.suffix.lower() in TRACE_SUFFIXES]
+    # a trace read for the model alone keeps its shape columns (read whole, a trace of several models
+    # keeps only the columns every model's requests have); one without its requests adds nothing
+    traces = [t for t in (import_triton_trace(f, model=model) for f in files if f.suffix.lower() in TRACE_SUFFIXES)
+              if len(t)]
     recorded = [f for f in files if f.suffix.lower() in TABLE_SUFFIXES]
     rec = open_recording(recorded) if recorded else None
+    if not traces and rec is None:
+        raise TrafficError(f"{path}: no requests for model {model!r} in its trace files")
     newest = max([float(t[TIMESTAMP].iloc[-1]) for t in traces] + ([rec.end] if rec else []))
     tables = traces + ([read_since(rec, newest - hours * 3600.0)] if rec else [])
     tables = [t for t in tables if len(t)]

@@ -149,7 +149,7 @@ def _mapped(raw: pd.DataFrame, path, mapping: Mapping[str, str] | None, *, time_
     return table
 
 
-def import_triton_trace(path: str | os.PathLike, include_children: bool = False, *,
+def import_triton_trace(path: str | os.PathLike, include_children: bool = False, *, model: str | None = None,
                         notes: list[str] | None = None) -> pd.DataFrame:
     """A Triton trace file (`--trace-config triton,file=F --trace-config level=TIMESTAMPS`, and
     `--trace-config level=TENSORS` for the sizes).
@@ -165,7 +165,9 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False,
     (an ensemble or BLS model) sent are left out unless `include_children`. With `rate` > 1 Triton
     traces only every rate-th request, so the table is a sample. With `log-frequency` N > 0 Triton
     writes F.0, F.1, ...: give F and all the parts are read. An entry whose id, model_name,
-    parent_id or arrival time has the wrong type is refused, naming its part and entry.
+    parent_id or arrival time has the wrong type is refused, naming its part and entry. With `model`,
+    only that model's requests are kept (their shape columns complete, where a trace of several models
+    keeps only the columns every request has): a trace holding none of them gives an empty table.
 
     The JSON is streamed (ijson): what is kept is a few integers per traced request, never the
     file's text nor its entries as Python objects (a trace of millions of requests is gigabytes).
@@ -182,10 +184,12 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False,
             where = f"{part}: entry {n}"
             seen.update(k for k in ("id", "model_name", "timestamps") if k in entry)
             if entry.get("model_name") is not None:
-                trace_id, model, child = _trace_head(entry, where)
+                trace_id, name, child = _trace_head(entry, where)
                 if include_children or not child:
-                    heads["id"].append(trace_id)
-                    heads["model"].append(models.setdefault(model, len(models)))
+                    code = models.setdefault(name, len(models))
+                    if model is None or name == model:
+                        heads["id"].append(trace_id)
+                        heads["model"].append(code)
             if entry.get("timestamps") is not None:
                 trace_id = _trace_int(entry, "id", where)
                 for rank, ns in _trace_arrivals(entry, where):
@@ -202,6 +206,8 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False,
     if len(seen) < 3:
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
     ids, codes = _first_heads(heads)
+    if model is not None and not len(ids):
+        return pd.DataFrame({TIMESTAMP: np.zeros(0), MODEL: np.array([], dtype=object)})
     ns = _arrival_of(stamps, ids)
     found = ns >= 0
     if not found.any():
@@ -260,8 +266,10 @@ def _size_notes(sizes: pd.DataFrame, model: pd.Series, path) -> list[str]:
                      "batch_size 1 assumed for them")
     partial = [c for c in sizes.columns if c != BATCH_SIZE and sizes[c].isna().any()]
     if partial:
+        which = f" (models: {', '.join(sorted(model.unique()))}; --model NAME imports one model's requests with " \
+                "its shape columns)" if model.nunique() > 1 else ""
         notes.append(f"{path}: shape columns {', '.join(partial)} left out: not every request has the input "
-                     "(a traffic table has one set of shape columns)")
+                     f"(a traffic table has one set of shape columns){which}")
     return notes
 
 
