@@ -404,3 +404,20 @@ def test_the_progress_never_goes_back_while_the_memory_limit_is_bisected(tmp_pat
     fractions = [d / t for d, t in seen]
     assert all(b >= a for a, b in zip(fractions, fractions[1:], strict=False)), seen
     assert seen[-1][0] == seen[-1][1]
+
+
+@pytest.mark.slow
+def test_a_request_of_several_inputs_sized_by_one_length_column_is_served(triton_install):
+    """A Triton trace of a BERT gives INPUT_IDS:0, ATTENTION_MASK:0, ... of one length: the profile
+    takes the first as its length, and its requests must size every variable input by it (a frame of
+    that one column left the other inputs' variable dims unsized, and the replay refused the request)."""
+    from tuner.profiler import _Sender
+    from tuner.server.local import LocalLauncher
+
+    models = ROOT / "tests" / "data" / "replay_models"
+    with LocalLauncher(models, models=["dtypes"], install=triton_install) as launcher:
+        sender = _Sender(launcher, "dtypes", "F16:0", timeout_s=30)
+        one = sender.send(2, 5)
+        held = sender.send_held(2, 5, blocker=(1, 5, 1.0))
+    assert one.ok, one.error
+    assert held is None or held.ok  # timed, or said not to have formed one batch: never a refused request

@@ -653,8 +653,12 @@ def test_length_column_is_the_one_input_dim_column_or_seq_len():
     assert length_column(pd.DataFrame({"timestamp": [0.0], "seq_len": [3]})) == "seq_len"
     assert length_column(pd.DataFrame({"timestamp": [0.0], "INPUT_IDS:0": [3], "seq_len": [3]})) == "INPUT_IDS:0"
     assert length_column(pd.DataFrame({"timestamp": [0.0]})) is None
-    with pytest.raises(TrafficError, match="2 input dim columns"):
-        length_column(pd.DataFrame({"timestamp": [0.0], "A:0": [1], "B:0": [2]}))
+    # a BERT's three inputs of one length (a Triton trace gives a column each): one length, the first's
+    bert = pd.DataFrame({"timestamp": [0.0, 1.0], "INPUT_IDS:0": [3, 7], "ATTENTION_MASK:0": [3, 7],
+                         "TOKEN_TYPE_IDS:0": [3, 7]})
+    assert length_column(bert) == "INPUT_IDS:0"
+    with pytest.raises(TrafficError, match=r"^traffic row 1: 2 input dim columns differ \(A:0=7, B:0=2\)"):
+        length_column(pd.DataFrame({"timestamp": [0.0, 1.0], "A:0": [1, 7], "B:0": [1, 2]}))
 
 
 # --- the command -----------------------------------------------------------------------------------

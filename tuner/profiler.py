@@ -106,6 +106,7 @@ from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.simulate import ExecutionSize, Profile, ProfilePoint, Simulator, batcher_config, equal_shapes_of
 from tuner.study import model_digest
+from tuner.traffic import SEQ_LEN
 from tuner.trial import Warmup
 from tuner.trial.warmup import warm_up
 
@@ -602,7 +603,9 @@ def _measure_held(sender: _Sender, samples: list[Sample], *, repeats: int, count
 
 class _Sender:
     """Sends one request alone and reads its execution from Triton's statistics; or holds the instance
-    with one request while a batch of separate requests queues behind it."""
+    with one request while a batch of separate requests queues behind it. A request's length goes in
+    `seq_len`, which the replay gives every variable dim: the inputs the traffic's length column sizes
+    (one, or several holding one length) and any other variable one alike."""
 
     def __init__(self, launcher: Launcher, model: str, length_column: str | None, *, timeout_s: float) -> None:
         self.launcher, self.model, self.column, self.timeout_s = launcher, model, length_column, timeout_s
@@ -612,7 +615,7 @@ class _Sender:
 
         frame = pd.DataFrame({"timestamp": [0.0], "batch_size": [rows]})
         if self.column is not None:
-            frame[self.column] = [length]
+            frame[SEQ_LEN] = [length]
         before = self.launcher.statistics(self.model)
         sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
         after = self._after(before)
@@ -632,7 +635,7 @@ class _Sender:
         rows_b, length_b, blocker_ms = blocker
         frame = pd.DataFrame({"timestamp": [0.0] * (n + 1), "batch_size": [rows_b] + [1] * n})
         if self.column is not None:
-            frame[self.column] = [length_b] + [length] * n
+            frame[SEQ_LEN] = [length_b] + [length] * n
         before = self.launcher.statistics(self.model)
         # the blocker first, alone on the idle instance; the N requests while it runs
         lead_s = min(max(blocker_ms * 0.2, 2.0), 20.0) / 1e3
@@ -653,7 +656,7 @@ class _Sender:
 
         frame = pd.DataFrame({"timestamp": [0.0] * count, "batch_size": [rows] * count})
         if self.column is not None:
-            frame[self.column] = [length] * count
+            frame[SEQ_LEN] = [length] * count
         sent = send_together(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
         if sent.errors:
             raise ProfileError(f"{self.model}: {count} request(s) of {rows} rows x {length} sent at once to as many "

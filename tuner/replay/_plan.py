@@ -28,7 +28,7 @@ import pandas as pd
 from tuner.errors import ServerSetupError, TrafficError, did_you_mean
 from tuner.replay._http import ITEMSIZE
 
-SEQ_LEN = "seq_len"
+SEQ_LEN = "seq_len"  # tuner.traffic.SEQ_LEN: not imported, as tuner.traffic's package loads its importers and plots
 # Datatypes the replay can make data for (Triton's names).
 SUPPORTED = set(ITEMSIZE)
 # The most tensor data one request may carry: Triton's own default limit on an HTTP request's input

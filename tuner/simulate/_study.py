@@ -28,11 +28,10 @@ from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
 from tuner.simulate._profile import Profile
 from tuner.simulate._support import equal_shapes_of, queue_policy_of
-from tuner.traffic import BATCH_SIZE, mean_rps, peak_rps, shape_columns, step_window
+from tuner.traffic import BATCH_SIZE, SEQ_LEN, mean_rps, peak_rps, shape_columns, step_window
 from tuner.traffic.io import TIMESTAMP
 from tuner.trial import Capacity, Step, TrialRecord, assess, find_capacity, to_attrs
 
-SEQ_LEN = "seq_len"
 CONFIG_KEYS = space.NAMES
 
 
@@ -49,14 +48,21 @@ def config_row(config: BatcherConfig, params: dict | None = None) -> dict:
 
 
 def length_column(traffic: pd.DataFrame) -> str | None:
-    """The column that gives each request's sequence length: the one `<INPUT>:<k>` column, else
-    `seq_len`, else none (every request has length 1)."""
-    dims = [c for c in shape_columns(traffic) if ":" in str(c)]
+    """The column that gives each request's sequence length: the `<INPUT>:<k>` column (the first of
+    several that hold one length on every row: a BERT's INPUT_IDS:0, ATTENTION_MASK:0 and
+    TOKEN_TYPE_IDS:0), else `seq_len`, else none (every request has length 1). Several that differ on
+    a row are refused: the simulation charges one length per request."""
+    dims = [str(c) for c in shape_columns(traffic) if ":" in str(c)]
     if len(dims) > 1:
-        raise TrafficError(f"traffic: {len(dims)} input dim columns ({', '.join(map(str, dims))}): the "
-                           f"simulation charges one sequence length per request; keep one of them")
+        values = traffic[dims].to_numpy()
+        differ = (values != values[:, :1]).any(axis=1)
+        if differ.any():
+            i = int(np.argmax(differ))
+            row = ", ".join(f"{c}={traffic[c].iloc[i]}" for c in dims)
+            raise TrafficError(f"traffic row {traffic.index[i]}: {len(dims)} input dim columns differ ({row}): "
+                               f"the simulation charges one sequence length per request; keep one of them")
     if dims:
-        return str(dims[0])
+        return dims[0]
     return SEQ_LEN if SEQ_LEN in traffic.columns else None
 
 

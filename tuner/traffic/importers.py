@@ -22,6 +22,7 @@ from tuner.traffic.io import (
     OUTPUT_TOKENS,
     PREFIX_ID,
     PROMPT_TOKENS,
+    SEQ_LEN,
     TIMESTAMP,
     column_names,
     csv_to_parquet,
@@ -31,7 +32,7 @@ from tuner.traffic.io import (
 )
 
 # ours: the Azure trace's. `seq_len` (what encoder studies size their inputs by) is the prompt too.
-AZURE_MAPPING = {TIMESTAMP: "TIMESTAMP", "seq_len": "ContextTokens", PROMPT_TOKENS: "ContextTokens",
+AZURE_MAPPING = {TIMESTAMP: "TIMESTAMP", SEQ_LEN: "ContextTokens", PROMPT_TOKENS: "ContextTokens",
                  OUTPUT_TOKENS: "GeneratedTokens"}
 TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 # Where a request arrives, in order of preference: the HTTP endpoint's first byte, then the core's
@@ -85,7 +86,7 @@ def _check_unit(time_unit: str) -> None:
 
 # The columns a mapping may make: what the traffic table and the replay read (a shape column is
 # `seq_len`, or `<INPUT>:<k>` for dim k of a model input: tuner/replay/_plan.py)
-MAPPABLE = (TIMESTAMP, BATCH_SIZE, MODEL, "seq_len", PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
+MAPPABLE = (TIMESTAMP, BATCH_SIZE, MODEL, SEQ_LEN, PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID)
 _INPUT_DIM = re.compile(r".+:[0-9]+")
 # a traced tensor's dim: at most 15 digits, so it is exact as the float the table is built with
 _DIM = re.compile(r" *[0-9]{1,15} *")

@@ -31,6 +31,7 @@ from tuner.formats import first_line
 TIMESTAMP = "timestamp"
 BATCH_SIZE = "batch_size"
 MODEL = "model"
+SEQ_LEN = "seq_len"  # sizes every variable dim that has no <INPUT>:<k> column of its own
 PROMPT_TOKENS = "prompt_tokens"
 OUTPUT_TOKENS = "output_tokens"
 PREFIX_ID = "prefix_id"
