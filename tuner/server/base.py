@@ -11,9 +11,10 @@ import abc
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,18 @@ def _stop_all() -> None:
     for launcher in list(LIVE):
         with contextlib.suppress(Exception):
             launcher.stop()
+
+
+def triton_reason(lines: Iterable[str]) -> str:
+    """Why Triton stopped, from its log's `lines`: its last own error line (`E1205 ...] Poll failed for
+    model directory ...`), which its closing `error: creating server: ... failed to load all models`
+    only sums up, without the prefix; else the last line that says error (it prints its usage text
+    before the reason); "" when none does. One rule for every launcher's one-line failure."""
+    lines = list(lines)
+    # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start
+    own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
+    errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
+    return errors[0].split("] ", 1)[-1] if errors else ""
 
 
 def check_repository(repository: Path, models: Sequence[str] | None) -> list[str]:

@@ -31,7 +31,7 @@ from tuner.formats import first_line
 from tuner.llm import engineargs
 from tuner.localhost import check_port_free, free_ports, pid_alive
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
+from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models, triton_reason
 from tuner.server.client import TritonHttp, apply_and_verify
 from tuner.settings import ServerSettings
 
@@ -325,9 +325,17 @@ class DockerLauncher(Launcher):
         busy = _PORT_IN_USE.search(full)
         if busy:
             what = f"a port the server needs is in use ({busy.group(0).strip()}); {what}"
-        where = f" (full log: {self.log_dir / LOG_NAME})" if self.log_dir else ""
-        self.stop()
-        return f"the Triton container {self.container_name}: {what}{where}; last log lines:\n{log_tail(full)}"
+        self.stop()  # writes the log into log_dir
+        return f"the Triton container {self.container_name}: {what}{self._why(full)}"
+
+    def _why(self, log: str) -> str:
+        """': <Triton's reason>; its log: <file>', one line (`triton_reason`); without a log_dir, where
+        nothing is kept, the log's last lines follow it."""
+        reason = triton_reason(log.splitlines())
+        text = f": {reason}" if reason else ""
+        if self.log_dir is not None:
+            return f"{text}; its log: {self.log_dir / LOG_NAME}"
+        return f"{text}; last log lines:\n{log_tail(log)}"
 
     @contextlib.contextmanager
     def _died_to_server_error(self):
@@ -337,8 +345,8 @@ class DockerLauncher(Launcher):
             state = self._state()
             if state != "running":
                 full = self._fetch_logs(self._container) if self._container is not None else ""
-                raise ServerError(f"the Triton container {self.container_name} is {state}: {exc}; "
-                                  f"last log lines:\n{log_tail(full)}") from None
+                raise ServerError(f"the Triton container {self.container_name} is {state} "
+                                  f"({first_line(exc)}){self._why(full)}") from None
             raise
 
     def _explain_refusal(self, message: str, offset: int) -> str:

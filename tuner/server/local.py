@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from tuner.errors import ServerError, ServerSetupError
 from tuner.llm import engineargs
 from tuner.localhost import add_owner, check_port_free, free_ports, owned_tempdir
 from tuner.modelconfig import ModelConfig
-from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models
+from tuner.server.base import LIVE, Endpoints, Launcher, check_repository, copy_models, triton_reason
 from tuner.server.client import HttpError, TritonHttp, apply_and_verify
 from tuner.server.install import TritonInstall, find_tritonserver, model_pythonpath, pin_stub_python
 
@@ -278,8 +277,9 @@ class LocalLauncher(Launcher):
             raise ServerError("the local Triton server is not running (not started, or stopped)")
         code = self._proc.poll()
         if code is not None:
-            raise ServerError(f"tritonserver (pid {self._proc.pid}) exited with code {code}; "
-                              f"last log lines:\n{self.logs(10)}")
+            # one line, as a failed start's: Triton's reason and where its whole log stays
+            raise ServerError(f"tritonserver (pid {self._proc.pid}) exited with code {code}{self._first_error()}; "
+                              f"its log: {self._kept_log()}")
         return self._http
 
     def _watch(self, proc: subprocess.Popen) -> None:
@@ -325,14 +325,9 @@ class LocalLauncher(Launcher):
             return False
 
     def _first_error(self) -> str:
-        """': <the reason>' from the log, or '': Triton's last own error line (`E1205 ...] Poll failed for
-        model directory ...`), which its closing `error: creating server: ... failed to load all models`
-        only sums up; else the last line that says error (it prints its usage text before the reason)."""
-        lines = _read_from(self._log_file, self._log_start) if self._log_file else []
-        # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start
-        own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
-        errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
-        return f": {errors[0].split('] ', 1)[-1]}" if errors else ""
+        """': <the reason>' from the log since this start (`triton_reason`), or ''."""
+        reason = triton_reason(_read_from(self._log_file, self._log_start) if self._log_file else [])
+        return f": {reason}" if reason else ""
 
     def _kept_log(self) -> Path | None:
         """The server's log file, where it stays after `stop`: the `log_path` asked for, else a copy in the
