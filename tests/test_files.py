@@ -141,3 +141,33 @@ def test_check_replaceable_lets_through_nothing_there_force_or_a_file_tuner_wrot
     for path in (tmp_path / "link", tmp_path / "fifo"):
         with pytest.raises(OutputError, match="exists and tuner did not write it"):
             check_replaceable(path, force=False, ours=ours)
+
+
+def test_a_cache_directory_that_cannot_be_made_or_written_is_one_line_naming_its_variable(tmp_path, monkeypatch):
+    # TUNER_TRAFFIC_CACHE naming a file gave FileExistsError's traceback where a CSV was converted
+    from tuner.files import user_cache
+
+    monkeypatch.setenv("TUNER_X_CACHE", str(tmp_path / "made" / "here"))
+    assert user_cache("TUNER_X_CACHE", "x") == tmp_path / "made" / "here" and (tmp_path / "made" / "here").is_dir()
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("TUNER_X_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(OutputError, match=rf"^TUNER_X_CACHE={tmp_path / 'afile'}: exists and is not a directory$"):
+        user_cache("TUNER_X_CACHE", "x")
+    monkeypatch.setenv("TUNER_X_CACHE", "/proc/nonexist")
+    with pytest.raises(OutputError, match=r"^TUNER_X_CACHE=/proc/nonexist: cannot write there"):
+        user_cache("TUNER_X_CACHE", "x")
+    monkeypatch.delenv("TUNER_X_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "afile"))
+    with pytest.raises(OutputError, match=r"the cache directory .* \(set TUNER_X_CACHE for another\)"):
+        user_cache("TUNER_X_CACHE", "x")
+
+
+def test_a_traffic_cache_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from tuner.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("TUNER_TRAFFIC_CACHE", str(tmp_path / "afile"))
+    csv = tmp_path / "t.csv"
+    csv.write_text("timestamp\n0.0\n1.0\n")
+    assert main(["traffic", "stats", str(csv)]) == 2
+    assert capsys.readouterr().err == f"tuner: error: TUNER_TRAFFIC_CACHE={tmp_path / 'afile'}: exists and is not a directory\n"

@@ -27,13 +27,15 @@ __all__ = ["check_output_dir", "check_replaceable", "check_writable", "json_safe
 
 
 def user_cache(variable: str, name: str) -> Path:
-    """A cache directory of tuner's: $`variable` when set, else `$XDG_CACHE_HOME/tuner/<name>`, else
-    `~/.cache/tuner/<name>`."""
+    """A cache directory of tuner's, made if missing: $`variable` when set, else
+    `$XDG_CACHE_HOME/tuner/<name>`, else `~/.cache/tuner/<name>`. One that cannot be made or written (a
+    file, a read-only place) is an OutputError naming the variable, not a traceback where it is used."""
     given = os.environ.get(variable)
     if given:
-        return Path(given)
+        return writable_dir(given, label=f"{variable}={given}", create=True)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tuner" / name
+    path = Path(base) / "tuner" / name
+    return writable_dir(path, label=f"the cache directory {path} (set {variable} for another)", create=True)
 
 
 def json_safe(value):
