@@ -159,6 +159,10 @@ def test_tune_stops_starting_trials_at_the_studys_search_timeout_unless_timeout_
     assert seen == [7, 60]
     assert main(["tune", str(path), "--check"]) == 0
     assert "no trial started after 7 s (search.timeout_s)" in capsys.readouterr().out
+    # the dry run says what this run would do: --timeout and --trials, not the study's values
+    assert main(["tune", str(path), "--check", "--timeout", "60", "--trials", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "no trial started after 60 s (--timeout)" in out and ", 3 trials, " in out
 
 
 def test_tune_check_says_what_the_replay_sends_each_input(tmp_path, capsys):

@@ -311,8 +311,10 @@ def _input_rows(p: Prepared) -> list[tuple[str, str]]:
     return [("input", line) for line in describe_inputs(config, p.traffic)]
 
 
-def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
-    """What a study would do, as (what, value) rows: the dry run's answer (nothing is started)."""
+def check_table(p: Prepared, *, workers: int = 1, given: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """What a study would do, as (what, value) rows: the dry run's answer (nothing is started). `given`:
+    the command-line flags (`--trials`, `--timeout`) whose values the settings hold for this run, named
+    where the rows would otherwise name the study's keys."""
     s = p.settings
     price = price_for(s.cost)
     knobs = [f"{k.name} {_span(k.range_of(s.search))}" for k in space.tuned(s.search)]
@@ -331,7 +333,7 @@ def check_table(p: Prepared, *, workers: int = 1) -> list[tuple[str, str]]:
         *_input_rows(p),
         ("space", "; ".join(knobs) + f" ({space.grid_size(s.search)} grid points)"),
         *_refused_points(p),
-        ("search", _describe_search(s.search, profile=_profile_plan(p), incumbent=incumbent)),
+        ("search", _describe_search(s.search, profile=_profile_plan(p), incumbent=incumbent, given=given)),
         ("SLA", f"{export.sla_limits(dataclasses.asdict(s.sla))}, errors <= {s.sla.max_error_rate:.2%}"),
         *_step_rows(p),
         ("cost", f"{price.describe()}; scoring: {s.scoring}, "
@@ -417,26 +419,29 @@ def _profile_plan(p: Prepared) -> str:
         f"{out} (measured before; remove it to measure again)"
 
 
-def _describe_search(search_settings, *, profile: str = "", incumbent: space.Params | None = None) -> str:
+def _describe_search(search_settings, *, profile: str = "", incumbent: space.Params | None = None,
+                     given: frozenset[str] = frozenset()) -> str:
     remeasure = f"top {search_settings.top_k} re-measured {search_settings.remeasure_repeats}x"
     if search_settings.timeout_s:  # no trial starts after it (--timeout says it for one run)
-        remeasure += f"; no trial started after {search_settings.timeout_s:g} s (search.timeout_s)"
+        where = "--timeout" if "--timeout" in given else "search.timeout_s"
+        remeasure += f"; no trial started after {search_settings.timeout_s:g} s ({where})"
     if search_settings.strategy != "model":
-        return f"{search_settings.sampler}, {_trials_text(search_settings, incumbent)}, {remeasure}"
+        return f"{search_settings.sampler}, {_trials_text(search_settings, incumbent, given=given)}, {remeasure}"
     profile = profile or search_settings.profile or "measured first (OUTPUT/profile.csv)"
     return (f"model: profile {profile}; the whole space simulated, the incumbent and the simulation's top "
             f"{search_settings.model_top} measured; past a median error of {search_settings.model_error:.0%}, "
             f"{search_settings.sampler} up to {search_settings.trials} trials; {remeasure}")
 
 
-def _trials_text(search_settings, incumbent: space.Params | None) -> str:
+def _trials_text(search_settings, incumbent: space.Params | None, *, given: frozenset[str] = frozenset()) -> str:
     """The trials the run will count (`search.trials_to_run`): a grid study's stop at its grid's end."""
     n = search.trials_to_run(search_settings, search_settings.trials, incumbent=incumbent)
     if n == search_settings.trials:
         return f"{n} trials"
     points = space.grid_size(search_settings)
     which = " and the incumbent" if n > points else ", the incumbent one of them"
-    return f"{n} trials ({points} grid points{which}; search.trials {search_settings.trials})"
+    where = "--trials" if "--trials" in given else "search.trials"
+    return f"{n} trials ({points} grid points{which}; {where} {search_settings.trials})"
 
 
 def _span(r) -> str:

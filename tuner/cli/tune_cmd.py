@@ -69,8 +69,14 @@ def run(args: argparse.Namespace) -> int:
             raise SettingsError(f"{flag}: must be > 0, got {value}")
     if args.check:
         check_workers(settings, args.workers)
+        # the dry run says what this run would do: its --trials and --timeout, not the study's
+        given = frozenset(flag for flag, value in (("--trials", args.trials), ("--timeout", args.timeout))
+                          if value is not None)
+        settings = dataclasses.replace(settings, search=dataclasses.replace(
+            settings.search, trials=args.trials or settings.search.trials,
+            timeout_s=args.timeout or settings.search.timeout_s))
         prepared = prepare(settings, args.storage, dry_run=True)
-        rows = check_table(prepared, workers=args.workers)
+        rows = check_table(prepared, workers=args.workers, given=given)
         width = max(len(what) for what, _ in rows)
         print("\n".join(f"{what:<{width}}  {value}" for what, value in rows))
         print(f"\n{settings.source or 'the study'}: ok (nothing was started)")
