@@ -363,3 +363,14 @@ def test_a_null_max_batch_size_is_refused_at_load_where_a_null_delay_is_not_tune
     assert str(exc.value).startswith(f"{path}: search.max_batch_size: null: give a range"), exc.value
     held = _study_file(tmp_path, "search: {max_batch_size: {low: 16, high: 16}, max_queue_delay_microseconds: null}\n")
     assert read_study(held).search.max_queue_delay_microseconds is None
+
+
+def test_a_study_without_an_output_writes_to_runs_of_its_name_beside_it(tmp_path):
+    # every such study shared runs/study: a second one's resume check refused it, or mixed their outputs
+    from tuner.settings import read_study
+
+    for name in ("alpha", "beta/gamma"):
+        path = tmp_path / f"{name.replace('/', '-')}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "model_repository": ".", "model": "m",
+                                        "traffic": {"path": "t.csv"}}))
+        assert read_study(path).output == str(tmp_path / "runs" / name.replace("/", "_"))

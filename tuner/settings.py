@@ -261,9 +261,19 @@ class StudySettings:
     cost: CostSettings = field(default_factory=CostSettings)
     scoring: str = one_of(SCORINGS, "capacity")
     search: SearchSettings = field(default_factory=SearchSettings)
-    output: str = "runs/study"
+    output: str = ""  # "": runs/<name> (beside the study file, once its paths are resolved)
     storage: str | None = None
     source: str = ""  # the YAML file this came from (set by the loader)
+
+    def __post_init__(self) -> None:
+        if not self.output:  # two studies without an output of their own must not share one
+            object.__setattr__(self, "output", f"runs/{_folder_name(self.name)}")
+
+
+def _folder_name(name: str) -> str:
+    """A study's name as one folder name (`runs/<it>`): a character a path gives a meaning to becomes `_`."""
+    text = re.sub(r"[/\\\x00]", "_", name.strip())
+    return text if text not in ("", ".", "..") else "study"
 
 
 # --- server addresses ----------------------------------------------------------------------------
