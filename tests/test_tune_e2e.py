@@ -462,6 +462,16 @@ def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it
         prepare(read_study(too_big))
 
 
+def test_a_study_output_that_is_a_file_is_said_as_one_not_as_its_storage(tmp_path, capsys):
+    # said "storage sqlite:///.../afile.txt/study.db: Not a directory"
+    (tmp_path / "afile.txt").write_text("mine")
+    study = write_tune_study(tmp_path, "file", output=str(tmp_path / "afile.txt"))
+    for argv in (["tune", str(study), "--check"], ["tune", str(study)]):
+        assert main(argv) == 2
+        assert _one_line_error(capsys).endswith(f"output directory {tmp_path / 'afile.txt'}: exists and is not a directory")
+    assert (tmp_path / "afile.txt").read_text() == "mine"
+
+
 def test_a_seq_len_column_no_input_takes_is_named_in_a_note(tmp_path):
     # the recorded lengths changed no request of a model of fixed dims, and nothing said so
     from tuner.settings import read_study

@@ -402,7 +402,7 @@ def apply(base: ModelConfig, params: Params, search: SearchSettings | None = Non
     incumbent) give the base unchanged, measured exactly as its config.pbtxt is."""
     engine = sorted(set(params) & set(ENGINE_NAMES))
     if engine:
-        raise ConfigError(f"{engine[0]}: a vLLM engine argument, written to model.json (apply_engine), not to "
+        raise ConfigError(f"{engine[0]}: a vLLM engine argument: it goes in the model's model.json, not in "
                           f"config.pbtxt")
     unknown = sorted(set(params) - set(NAMES))
     if unknown:

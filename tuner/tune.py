@@ -146,7 +146,9 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     profile = _study_profile(settings)
     _check_remote(settings)
     url = search.storage_url(settings, storage)
-    # a storage the user named is a path they gave; the default one lives in the output directory, checked below
+    # the default storage lives in the output directory: an output that is a file is said as one, first
+    check_output_dir(settings.output, "output directory", create=False)
+    # a storage the user named is a path they gave
     search.check_storage(url, connect=dry_run, write=bool(storage or settings.storage))
     check_outputs_owner(settings.output, settings.name)
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
