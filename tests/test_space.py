@@ -332,7 +332,7 @@ def test_a_trial_splits_into_its_config_and_its_model_json():
     assert args == {"model": "tiny", "max_num_seqs": 16, "kv_cache_memory_bytes": 2 * 2**30}
     assert base["max_num_seqs"] == 4  # a copy
     assert "kv_cache_memory_bytes" not in space.apply_engine(base, {"kv_cache_gib": 0})  # 0: vLLM's own size
-    with pytest.raises(ConfigError, match="kv_cache_gib: a vLLM engine argument, written to model.json"):
+    with pytest.raises(ConfigError, match="kv_cache_gib: a vLLM engine argument: it goes in the model's model.json"):
         space.apply(with_base(""), params)
     with pytest.raises(ConfigError, match=r"max_num_batched_tokens \(8\) must be greater than or equal to"):
         space.apply_engine(base, {"max_num_seqs": 16, "max_num_batched_tokens": 8})
