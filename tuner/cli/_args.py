@@ -93,12 +93,31 @@ def _values(args: argparse.Namespace, action: argparse.Action) -> list[str]:
 
 def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:
     """The actions of `parser` and of the subcommands `args` chose."""
-    for action in parser._actions:  # argparse has no public list of a parser's arguments
-        yield action
-        if isinstance(action, argparse._SubParsersAction):
-            chosen = action.choices.get(getattr(args, action.dest, None) or "")
-            if chosen is not None:
-                yield from _chosen_actions(chosen, args)
+    for chosen in chosen_parsers(parser, args):
+        yield from chosen._actions  # argparse has no public list of a parser's arguments
+
+
+def chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """`parser` and the parsers of the subcommands `args` chose, outermost first (`tuner`, `tuner traffic`,
+    `tuner traffic stats`)."""
+    chain = [parser]
+    for action in _subcommands(parser):
+        chosen = action.choices.get(getattr(args, action.dest, None) or "")
+        if chosen is not None:
+            chain += chosen_parsers(chosen, args)
+    return chain
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def refuse_bad_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a command group given without its subcommand, as argparse's own errors are (one line, exit 2)."""
+    command = chosen_parsers(parser, args)[-1]
+    groups = _subcommands(command)
+    if groups:
+        command.error(f"{command.prog} needs a subcommand: {', '.join(groups[0].choices)}")
 
 
 def finite_float(text: str) -> float:
@@ -128,15 +147,10 @@ def add_group(
     subparsers: argparse._SubParsersAction, name: str, *, help: str, description: str,
     metavar: str = "COMMAND",
 ) -> argparse._SubParsersAction:
-    """A command group `name`; its subcommands go under what it returns, and alone it prints its help."""
+    """A command group `name`; its subcommands go under what it returns. Given none, it is refused in one
+    line naming them (refuse_bad_usage)."""
     parser = subparsers.add_parser(name, help=help, description=description)
-    parser.set_defaults(func=lambda args: _usage(parser))
     return parser.add_subparsers(dest=f"{name}_command", metavar=metavar)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2  # a group without its subcommand is bad usage, as argparse's own errors are
 
 
 def add_study(parser: argparse.ArgumentParser, help: str, *, optional: bool = False) -> None:
