@@ -1,5 +1,5 @@
 """Bad usage of the command line, said alike by every command: one line on stderr, exit 2, naming what
-was wrong and the `--help` of the command that was given it."""
+was wrong, the nearest known name where one is close, and the `--help` of the command that was given it."""
 
 from __future__ import annotations
 
@@ -38,3 +38,23 @@ def test_tuner_alone_prints_its_help_on_stderr_and_exits_2(capsys):
     assert main([]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: tuner ") and "traffic" in err
+
+
+def test_an_unknown_option_is_named_with_the_nearest_one_and_the_commands_help(capsys):
+    # "3" is taken as the study and x.yaml left over: only the option is named
+    err = _refused(capsys, ["tune", "--trails", "3", "x.yaml"])
+    assert err == "tuner: error: unrecognized option --trails; did you mean --trials? (see `tuner tune --help`)\n"
+    err = _refused(capsys, ["tune", "x.yaml", "--trails=3", "--quiett"])
+    assert "unrecognized options --trails=3, --quiett; did you mean --trials? did you mean --quiet?" in err
+    err = _refused(capsys, ["traffic", "--stat"])
+    assert err == "tuner: error: unrecognized option --stat (see `tuner traffic --help`)\n"
+    err = _refused(capsys, ["config", "set", "c.pbtxt", "--set", "a=1", "--in-plce"])
+    assert err == "tuner: error: unrecognized option --in-plce; did you mean --in-place? " \
+                  "(see `tuner config set --help`)\n"
+
+
+def test_a_positional_no_command_takes_is_named_by_that_command(capsys):
+    err = _refused(capsys, ["tune", "a.yaml", "b.yaml"])
+    assert err == "tuner: error: unrecognized arguments: b.yaml (see `tuner tune --help`)\n"
+    err = _refused(capsys, ["tune", "a.yaml", "-3"])  # a negative number is a positional, not an option
+    assert "unrecognized arguments: -3 (see `tuner tune --help`)" in err

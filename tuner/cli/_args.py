@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from tuner import paths
-from tuner.errors import OutputError
+from tuner.errors import OutputError, did_you_mean
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -112,12 +112,41 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAc
     return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
 
 
-def refuse_bad_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse a command group given without its subcommand, as argparse's own errors are (one line, exit 2)."""
+def refuse_bad_usage(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Refuse what parsing `parser.parse_known_args` let through, as argparse's own errors are (one line,
+    exit 2), said by the command given it (so `see tuner tune --help`): arguments no parser took
+    (`extras`), and a command group without its subcommand."""
     command = chosen_parsers(parser, args)[-1]
+    if extras:
+        command.error(_unrecognized(command, extras))
     groups = _subcommands(command)
     if groups:
         command.error(f"{command.prog} needs a subcommand: {', '.join(groups[0].choices)}")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's `unrecognized arguments`, naming only the unknown options where there are any (each
+    followed by the command's nearest option): the value after an unknown option is taken as the next
+    positional, so another one is left over (`tune --trails 3 x.yaml` leaves x.yaml) and naming it misleads."""
+    options = [a for a in extras if _is_option(parser, a)]
+    if not options:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    hints = [hint for hint in (did_you_mean(o.split("=", 1)[0], known) for o in options) if hint]
+    named = f"unrecognized option{'s' if len(options) > 1 else ''} {', '.join(options)}"
+    return "; ".join([named, " ".join(hints)]) if hints else named
+
+
+def _is_option(parser: argparse.ArgumentParser, text: str) -> bool:
+    """Whether `text` reads as an option: a prefix character then more, and not a negative number
+    (which argparse takes as a positional)."""
+    if len(text) < 2 or text[0] not in parser.prefix_chars:
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
 
 
 def finite_float(text: str) -> float:
