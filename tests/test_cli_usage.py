@@ -58,3 +58,21 @@ def test_a_positional_no_command_takes_is_named_by_that_command(capsys):
     assert err == "tuner: error: unrecognized arguments: b.yaml (see `tuner tune --help`)\n"
     err = _refused(capsys, ["tune", "a.yaml", "-3"])  # a negative number is a positional, not an option
     assert "unrecognized arguments: -3 (see `tuner tune --help`)" in err
+
+
+@pytest.mark.parametrize("argv,near,command", [
+    (["tnue"], "tune", "tuner"),
+    (["traffic", "stat"], "stats", "tuner traffic"),
+    (["config", "shwo"], "show", "tuner config"),
+    (["server", "instal"], "install", "tuner server"),
+    (["traffic", "synth", "poison"], "poisson", "tuner traffic synth"),
+])
+def test_an_unknown_command_or_choice_suggests_the_nearest(capsys, argv, near, command):
+    err = _refused(capsys, argv)
+    assert f"invalid choice: {argv[-1]!r}; did you mean {near}? (choose from " in err
+    assert err.endswith(f"(see `{command} --help`)\n"), err
+
+
+def test_nothing_is_suggested_where_nothing_is_near(capsys):
+    err = _refused(capsys, ["xyzzy"])
+    assert "did you mean" not in err and "invalid choice: 'xyzzy' (choose from 'tune'," in err

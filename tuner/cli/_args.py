@@ -31,6 +31,19 @@ class Parser(argparse.ArgumentParser):
         """Print `message` in one line with where to find the usage, and exit 2."""
         self.exit(2, f"tuner: error: {message} (see `{self.prog} --help`)\n")
 
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """argparse's check of a choice (a command's name too), which also suggests the nearest choice:
+        Python 3.14's `suggest_on_error` does, 3.11 and 3.12 have none."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = list(action.choices or ())
+            hint = did_you_mean(value, choices) if all(isinstance(c, str) for c in [value, *choices]) else ""
+            if not hint:
+                raise
+            listed = ", ".join(map(repr, choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}; {hint} (choose from {listed})") from None
+
 
 class PathArg:
     """The `type` of an argument that names a path: what it must be (`kind`, one of KINDS) and how its
