@@ -47,7 +47,7 @@ def test_unknown_command_is_exit_2(capsys):
 
 def test_no_command_prints_help_and_exit_2(capsys):
     assert main([]) == 2
-    assert "usage" in capsys.readouterr().out
+    assert "usage" in capsys.readouterr().err  # bad usage, on stderr (tests/test_cli_usage.py)
 
 
 def test_module_entry_point_runs():
@@ -59,7 +59,7 @@ def test_module_entry_point_runs():
 
 @pytest.mark.parametrize("argv,words", [
     (["tune"], "the following arguments are required: STUDY.yaml"),
-    (["tune", "s.yaml", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["tune", "s.yaml", "--no-such-flag"], "unrecognized option --no-such-flag"),
     (["traffic", "synth", "nope"], "argument kind: invalid choice: 'nope'"),
 ])
 def test_argparse_errors_are_one_line_and_exit_2(capsys, argv, words):

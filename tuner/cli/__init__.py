@@ -15,7 +15,7 @@ import importlib
 import sys
 
 from tuner import __version__
-from tuner.cli._args import Parser, check_paths
+from tuner.cli._args import Parser, check_paths, refuse_bad_usage
 from tuner.errors import Terminated, TunerError, sigterm_as_interrupt
 
 # Command-group modules, in the order `tuner --help` lists them (one that fails to import is an error).
@@ -54,10 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `tuner` command in `argv` (default: sys.argv); its exit code (an error: one line on stderr)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    # not parse_args: it refuses what a subcommand did not take as `tuner`'s (`see tuner --help`)
+    args, extras = parser.parse_known_args(argv)
+    if args.command is None and not extras:
+        # bad usage, as argparse's errors are: on stderr, exit 2 (`tuner --help` is stdout and exit 0)
+        parser.print_help(sys.stderr)
         return 2
+    refuse_bad_usage(parser, args, extras)
     try:
         with sigterm_as_interrupt():
             check_paths(parser, args)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from tuner import paths
-from tuner.errors import OutputError
+from tuner.errors import OutputError, did_you_mean
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -30,6 +30,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         """Print `message` in one line with where to find the usage, and exit 2."""
         self.exit(2, f"tuner: error: {message} (see `{self.prog} --help`)\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        """argparse's check of a choice (a command's name too), which also suggests the nearest choice:
+        Python 3.14's `suggest_on_error` does, 3.11 and 3.12 have none."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError:
+            choices = list(action.choices or ())
+            hint = did_you_mean(value, choices) if all(isinstance(c, str) for c in [value, *choices]) else ""
+            if not hint:
+                raise
+            listed = ", ".join(map(repr, choices))
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}; {hint} (choose from {listed})") from None
 
 
 class PathArg:
@@ -93,12 +106,60 @@ def _values(args: argparse.Namespace, action: argparse.Action) -> list[str]:
 
 def _chosen_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Iterator[argparse.Action]:
     """The actions of `parser` and of the subcommands `args` chose."""
-    for action in parser._actions:  # argparse has no public list of a parser's arguments
-        yield action
-        if isinstance(action, argparse._SubParsersAction):
-            chosen = action.choices.get(getattr(args, action.dest, None) or "")
-            if chosen is not None:
-                yield from _chosen_actions(chosen, args)
+    for chosen in chosen_parsers(parser, args):
+        yield from chosen._actions  # argparse has no public list of a parser's arguments
+
+
+def chosen_parsers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.ArgumentParser]:
+    """`parser` and the parsers of the subcommands `args` chose, outermost first (`tuner`, `tuner traffic`,
+    `tuner traffic stats`)."""
+    chain = [parser]
+    for action in _subcommands(parser):
+        chosen = action.choices.get(getattr(args, action.dest, None) or "")
+        if chosen is not None:
+            chain += chosen_parsers(chosen, args)
+    return chain
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def refuse_bad_usage(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Refuse what parsing `parser.parse_known_args` let through, as argparse's own errors are (one line,
+    exit 2), said by the command given it (so `see tuner tune --help`): arguments no parser took
+    (`extras`), and a command group without its subcommand."""
+    command = chosen_parsers(parser, args)[-1]
+    if extras:
+        command.error(_unrecognized(command, extras))
+    groups = _subcommands(command)
+    if groups:
+        command.error(f"{command.prog} needs a subcommand: {', '.join(groups[0].choices)}")
+
+
+def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's `unrecognized arguments`, naming only the unknown options where there are any (each
+    followed by the command's nearest option): the value after an unknown option is taken as the next
+    positional, so another one is left over (`tune --trails 3 x.yaml` leaves x.yaml) and naming it misleads."""
+    options = [a for a in extras if _is_option(parser, a)]
+    if not options:
+        return f"unrecognized arguments: {' '.join(extras)}"
+    known = [flag for action in parser._actions for flag in action.option_strings]
+    hints = [hint for hint in (did_you_mean(o.split("=", 1)[0], known) for o in options) if hint]
+    named = f"unrecognized option{'s' if len(options) > 1 else ''} {', '.join(options)}"
+    return "; ".join([named, " ".join(hints)]) if hints else named
+
+
+def _is_option(parser: argparse.ArgumentParser, text: str) -> bool:
+    """Whether `text` reads as an option: a prefix character then more, and not a negative number
+    (which argparse takes as a positional)."""
+    if len(text) < 2 or text[0] not in parser.prefix_chars:
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
 
 
 def finite_float(text: str) -> float:
@@ -128,15 +189,10 @@ def add_group(
     subparsers: argparse._SubParsersAction, name: str, *, help: str, description: str,
     metavar: str = "COMMAND",
 ) -> argparse._SubParsersAction:
-    """A command group `name`; its subcommands go under what it returns, and alone it prints its help."""
+    """A command group `name`; its subcommands go under what it returns. Given none, it is refused in one
+    line naming them (refuse_bad_usage)."""
     parser = subparsers.add_parser(name, help=help, description=description)
-    parser.set_defaults(func=lambda args: _usage(parser))
     return parser.add_subparsers(dest=f"{name}_command", metavar=metavar)
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help()
-    return 2  # a group without its subcommand is bad usage, as argparse's own errors are
 
 
 def add_study(parser: argparse.ArgumentParser, help: str, *, optional: bool = False) -> None:

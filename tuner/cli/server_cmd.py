@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from tuner.cli._args import add_command, add_output_dir
+from tuner.cli._args import add_command, add_group, add_output_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `tuner server install` to `subparsers`."""
-    parser = subparsers.add_parser(
-        "server", help="manage the local Triton server binary",
+    commands = add_group(
+        subparsers, "server", help="manage the local Triton server binary",
         description="The tritonserver binary the local launcher runs (from the nvidia-pytriton wheel, "
         "installed outside the project's environment).")
-    commands = parser.add_subparsers(dest="server_command", metavar="COMMAND", required=True)
     install = add_command(
         commands, "install", run=_install,
         help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
