@@ -33,7 +33,8 @@ class Parser(argparse.ArgumentParser):
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
         """argparse's check of a choice (a command's name too), which also suggests the nearest choice:
-        Python 3.14's `suggest_on_error` does, 3.11 and 3.12 have none."""
+        Python 3.14's `suggest_on_error` does, 3.11 and 3.12 have none. A private method overridden:
+        argparse has no public hook for a bad choice's message; this is the one place that does it."""
         try:
             super()._check_value(action, value)
         except argparse.ArgumentError:
