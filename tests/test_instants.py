@@ -14,7 +14,7 @@ NOON = 1_764_676_800.0  # 2025-12-02 12:00:00 UTC
 
 @pytest.mark.parametrize("value", ["2025-12-02T12:00", "2025-12-02 12:00:00", "2025-12-02T12:00:00Z",
                                    "2025-12-02T13:00:00+01:00", " 2025-12-02T12:00:00.000 ", NOON, int(NOON),
-                                   str(NOON), datetime.datetime(2025, 12, 2, 12, tzinfo=datetime.timezone.utc)])
+                                   str(NOON), datetime.datetime(2025, 12, 2, 12, tzinfo=datetime.UTC)])
 def test_every_way_of_writing_noon_utc_reads_the_same(value):
     assert parse_instant(value) == NOON
 

@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -348,7 +348,7 @@ def test_second_run_is_refused_while_the_first_holds_the_lock(tmp_path):
 
 
 def test_publish_is_a_rename_and_latest_follows(tmp_path):
-    stamp = rundir.night_stamp(datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc))
+    stamp = rundir.night_stamp(datetime(2026, 11, 30, 2, 0, tzinfo=UTC))
     assert stamp == "2026-11-30T020000Z"
     for expected in (stamp, stamp + "-2"):
         staging = rundir.staging_dir(tmp_path, stamp)
@@ -483,7 +483,7 @@ def _factory(engine):
 def _night(tmp_path, engine, rate=20.0, day=0, bursty=False, seed=None):
     traffic = (synth_bursty if bursty else synth_poisson)(rate, 300, seed=day if seed is None else seed)
     write_traffic(traffic, tmp_path / "traffic" / "night.csv")
-    when = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc) + timedelta(days=day)
+    when = datetime(2026, 11, 30, 2, 0, tzinfo=UTC) + timedelta(days=day)
     return run_night(load_nightly(tmp_path / "nightly.yaml"), _factory(engine), now=when)
 
 
@@ -876,7 +876,7 @@ def test_a_generative_night_proposes_a_model_json_scored_in_tokens(tmp_path, cap
     nightly = _write_llm_setup(tmp_path)
     engine = TokenEngine({2: 1.0e6, 34: 1.5e6})
     night = run_night(load_nightly(nightly), _factory_with_engine_args(engine, {"max_num_seqs": 2}),
-                      now=datetime(2026, 12, 1, 2, 0, tzinfo=timezone.utc))
+                      now=datetime(2026, 12, 1, 2, 0, tzinfo=UTC))
     assert night.exit_code == EXIT_ACT and len(engine.replays) == 6
     assert "output tokens per dollar" in night.decision.reason
     proposed = night.run_dir / "proposed"

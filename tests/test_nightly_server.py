@@ -18,7 +18,7 @@ import textwrap
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -94,7 +94,7 @@ def _setup(tmp_path: Path, templates_dir: Path, trials: int = 1) -> Path:
 
 def _night(nightly: Path, traffic, day: int, factory):
     write_traffic(traffic, nightly.parent / "traffic" / "recorded.csv")
-    when = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc) + timedelta(days=day)
+    when = datetime(2026, 11, 30, 2, 0, tzinfo=UTC) + timedelta(days=day)
     t0 = time.monotonic()
     result = run_night(load_nightly(nightly), factory, now=when)
     print(f"night {day + 1}: {result.decision.decision} (exit {result.exit_code}) in "

@@ -131,3 +131,22 @@ def test_where_the_server_does_not_start_in_time_the_process_is_run_directly(env
     # the server that was too slow is ended, not left behind
     assert not [p for p in psutil.Process().children(recursive=True)
                 if "--serve" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_folder_named_tuner_in_the_working_directory_is_not_what_the_load_generator_runs(
+        env, tmp_path, monkeypatch, forked):
+    # `python -m` put the working directory first on sys.path: run from inside another checkout, the load
+    # generator imported its tuner, not the one that started it
+    shadow = tmp_path / "elsewhere"
+    (shadow / "tuner").mkdir(parents=True)
+    (shadow / "tuner" / "__init__.py").write_text("raise SystemExit(7)\n")
+    monkeypatch.chdir(shadow)
+    if not forked:
+        monkeypatch.setattr(_forkserver, "READY_TIMEOUT_S", 0.0)
+    log = open(tmp_path / "err.log", "w+")
+    child = _forkserver.start([str(tmp_path / "missing.json"), "--role", "local"], stderr=log, env=env)
+    assert isinstance(child, _forkserver.Forked) == forked
+    assert child.wait(timeout=60) == 1  # this tuner's load generator, refusing the missing file; not 7
+    log.seek(0)
+    assert "missing.json" in log.read()

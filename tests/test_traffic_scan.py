@@ -184,7 +184,7 @@ def instant_iso(seconds: float) -> str:
     """Unix seconds as a naive ISO-8601 time (UTC), microseconds kept."""
     import datetime
 
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc).replace(tzinfo=None).isoformat()
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC).replace(tzinfo=None).isoformat()
 
 
 @pytest.mark.slow

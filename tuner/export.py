@@ -224,7 +224,7 @@ def summarize(study: optuna.Study) -> dict:
 
     summary: dict = {
         "tuner_version": __version__,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "study_name": study.study_name,
         "storage": without_password(meta["storage"]) if meta.get("storage") else None,
         "study_file": meta.get("study_file"),

@@ -39,7 +39,7 @@ def parse_instant(value: str | float, what: str = "time") -> float:
                 raise TrafficError(f"{what}: cannot read {value!r} as a date and time (e.g. 2026-11-25T06:00, "
                                    "naive times are UTC) or a number of seconds") from None
             if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=datetime.timezone.utc)
+                moment = moment.replace(tzinfo=datetime.UTC)
             number = moment.timestamp()
     if not math.isfinite(number):
         raise TrafficError(f"{what}: expected a finite time, got {value!r}")
@@ -50,6 +50,6 @@ def instant_text(seconds: float) -> str:
     """A time of the recording as a person reads it: its UTC date when it looks like Unix seconds
     (2001 to 2100), else its seconds."""
     if _UNIX_2001 <= seconds < _UNIX_2100:
-        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+        moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
         return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
     return f"{seconds:g} s"

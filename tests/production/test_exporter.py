@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +80,7 @@ def stack(prometheus_tools, triton_install, tmp_path_factory):
     """tritonserver (echo) with replayed traffic, Prometheus scraping it and the exporter; yields a dict."""
     tmp = tmp_path_factory.mktemp("stack")
     prom_port, exporter_port = free_ports(2)
-    night = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(minutes=3)
+    night = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=3)
     with LocalLauncher(MODELS, models=["echo"], install=triton_install) as server:
         metrics = urllib.parse.urlsplit(server.endpoints.metrics).netloc
         exporter = f"127.0.0.1:{exporter_port}"

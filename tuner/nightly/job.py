@@ -13,7 +13,7 @@ import json
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -174,7 +174,7 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     keys = set(production)
     unit = deployed.unit
     output = Path(settings.output)
-    started = now or datetime.now(timezone.utc)
+    started = now or datetime.now(UTC)
     stamp = rundir.night_stamp(started)
     t_start = time.monotonic()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 RUNS = "runs"
@@ -34,8 +34,8 @@ def is_runs(path: Path) -> bool:
 
 def night_stamp(now: datetime | None = None) -> str:
     """UTC, sortable, safe in a path: 2026-11-30T021500Z."""
-    now = now or datetime.now(timezone.utc)
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
+    now = now or datetime.now(UTC)
+    return now.astimezone(UTC).strftime("%Y-%m-%dT%H%M%SZ")
 
 
 def clear_stale_staging(output: str | Path) -> list[Path]:

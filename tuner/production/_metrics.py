@@ -13,7 +13,7 @@ import copy
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, write_to_textfile
@@ -323,7 +323,7 @@ def _night_time(stamp: str | None) -> float | None:
     if not stamp:
         return None
     try:
-        return datetime.strptime(stamp, "%Y-%m-%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(stamp, "%Y-%m-%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
 

@@ -28,6 +28,9 @@ from typing import IO
 
 __all__ = ["Forked", "shutdown", "start"]
 
+# -P: the working directory is not put first on sys.path, where a folder named tuner (another checkout,
+# say) would be imported instead of the tuner that started the process (the PYTHONPATH it is given)
+LOAD_GENERATOR = (sys.executable, "-P", "-m", "tuner.replay")
 READY_TIMEOUT_S = 60.0  # Locust's import on a starved machine
 REPLY_TIMEOUT_S = 30.0
 
@@ -39,7 +42,7 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.replay", "--serve", str(theirs.fileno())],
+                [*LOAD_GENERATOR, "--serve", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
@@ -161,7 +164,7 @@ def start(argv: list[str], *, stderr: IO, env: dict[str, str]) -> Forked | subpr
             return Forked(server, pid, os.fdopen(read, "r"))
         finally:
             os.close(write)
-    return subprocess.Popen([sys.executable, "-m", "tuner.replay", *argv], stdout=subprocess.PIPE,
+    return subprocess.Popen([*LOAD_GENERATOR, *argv], stdout=subprocess.PIPE,
                             stderr=stderr, text=True, env=env)
 
 

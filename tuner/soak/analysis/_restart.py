@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -169,7 +169,7 @@ def _clock(timestamp: float) -> str:
     """The UTC time of a Unix timestamp; empty for timestamps that are not Unix time."""
     if timestamp < _EPOCH_2001:
         return ""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 @dataclass(frozen=True, kw_only=True)
