@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and SLA, the production audit of the last --window read from --prometheus, or with --triton "
         "from the Tritons' own metrics ports, scraped by the exporter itself (requests per dollar, "
         "fill rate, throughput ratio and recoverable dollars per month against --baseline), and with "
-        "--nightly the last night's verdict and when it ran. deploy/prometheus/ and deploy/grafana/ read "
+        "--nightly the last night's verdict and when it ran. The repository's deploy/prometheus/ and deploy/grafana/ read "
         "them. Runs until interrupted (Ctrl-C, SIGTERM).",
     )
     add_study(p, "the study file (model, SLA, cost)")
