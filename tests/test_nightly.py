@@ -28,6 +28,7 @@ from tuner.errors import (
     OutputError,
     SettingsError,
     TrafficError,
+    TunerError,
 )
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
@@ -567,6 +568,76 @@ def test_a_production_config_the_run_cannot_use_is_refused_by_the_check_and_the_
             attempt()
         assert "\n" not in str(exc.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _starts_nothing():
+    """An engine factory a night must not reach: it fails the test if a server would start."""
+    @contextmanager
+    def factory(*args, **kw):
+        raise AssertionError("a server was started for a night its check should have refused")
+        yield
+
+    return factory
+
+
+@pytest.mark.parametrize("study_line, extra, message", [
+    ("cost: {gpu: a999}\n", "", "cost.gpu: unknown GPU 'a999'"),
+    ("", "study_overrides: {cost.gpu: l44}\n", "cost.gpu: unknown GPU 'l44'"),
+    # a request above production's max_batch_size (4): what tune's check refuses, the night's too
+    ("", "", "max_batch_size is 4, but the traffic has requests of 8 rows"),
+])
+def test_a_study_tune_would_refuse_is_refused_by_the_check_and_before_any_server(tmp_path, capsys, study_line,
+                                                                                 extra, message):
+    """`--check` checks the study as `tune --check` does (its price, the traffic as every replay takes it),
+    so that it never says ok to a night the run then refuses after starting a server; and the run refuses
+    it first, leaving no output directory, staging directory or lock."""
+    nightly = _write_setup(tmp_path, extra)
+    with open(tmp_path / "study.yaml", "a") as fh:
+        fh.write(study_line)
+    traffic = synth_poisson(20.0, 300, seed=0)
+    if not study_line and not extra:
+        traffic.loc[5, "batch_size"] = 8
+    write_traffic(traffic, tmp_path / "traffic" / "night.csv")
+    lines = []
+    for args in (["--check"], []):
+        assert main(["nightly", str(nightly), *args]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1]
+    with pytest.raises(TunerError, match=message):
+        run_night(load_nightly(nightly), _starts_nothing())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_night_refused_inside_leaves_no_staging_and_frees_the_lock(tmp_path):
+    """Bad input found once the night holds the lock (Triton refusing a config): its staging directory is
+    removed and the lock released; one whose server wrote a log keeps it (the error names the log)."""
+    _write_setup(tmp_path)
+    out = tmp_path / "out"
+
+    class Refusing(TableEngine):
+        def __init__(self, log_dir=None):
+            super().__init__({}, None)
+            self.log_dir = log_dir
+
+        def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+            if self.log_dir is not None:
+                (workdir.parent / self.log_dir).mkdir()
+                (workdir.parent / self.log_dir / "tritonserver.log").write_text("E refused\n")
+            raise ConfigError("model 'sim': Triton refused the configuration: bad")
+
+    with pytest.raises(ConfigError, match="Triton refused"):
+        _night(tmp_path, Refusing())
+    assert not list(out.glob(".staging-*")) and not run_dirs(out) and not history.read_history(out)
+    with lock.run_lock(out):  # released: the next night may run
+        pass
+    with pytest.raises(ConfigError, match="Triton refused"):
+        _night(tmp_path, Refusing(log_dir=rundir.SERVER_LOGS), day=1)
+    kept = list(out.glob(".staging-*"))
+    assert len(kept) == 1 and (kept[0] / rundir.SERVER_LOGS / "tritonserver.log").is_file()
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=2)  # the next night clears it
+    assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 1
 
 
 def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):

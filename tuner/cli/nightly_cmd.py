@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input(p, "nightly", kind="file or directory", metavar="NIGHTLY.yaml",
               help="the nightly settings (or, with --history, its output directory)")
     add_flag(p, "--history", "show the history of past nights as a table")
-    add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
+    add_flag(p, "--check", "a dry run: check the nightly settings, its study with the overrides (as tune --check "
+             "does: its price, tonight's traffic as the replays take it), production's config, tonight's "
              "traffic and the output directory; start nothing")
     add_textfile(p, "the night's verdict (with --history: the last night's) and when it ran")
 
