@@ -804,6 +804,28 @@ def test_study_overrides_and_the_shipped_example(tmp_path):
     assert "nightly" in (root / "deploy" / "crontab").read_text()
 
 
+def test_study_overrides_keep_yamls_values_and_name_a_misspelt_key(tmp_path):
+    """Each override is read as the study file's own value would be: null resets a nullable key (and is
+    refused, as null, by one that is not), a quoted "007" stays text, a mapping is a section; a misspelt
+    key gets the study file's `did you mean`."""
+    from tuner.nightly.settings import read_study_for
+
+    overrides = 'study_overrides: {search.timeout_s: null, name: "007", traffic.speed: 2, sla: {latency_ms: 80}}\n'
+    nightly = _write_setup(tmp_path, overrides)
+    (tmp_path / "study.yaml").write_text((tmp_path / "study.yaml").read_text() + "search: {timeout_s: 60}\n")
+    study = read_study_for(load_nightly(nightly))
+    assert study.search.timeout_s is None and study.name == "007" and study.traffic.speed == 2.0
+    assert study.sla.latency_ms == 80
+    for k, (extra, message) in enumerate([
+        ("{cost.gpu: null}", r"study_overrides: .*study.yaml: cost.gpu: expected a string, got None$"),
+        ("{cost.gpuu: l4}", r"study_overrides: .*study.yaml: cost.gpuu: unknown key \(did you mean gpu\? "
+                            r"expected one of: gpu, cloud, "),
+        ("{cost.gpu.x: l4}", r"study.yaml: cost.gpu.x: unknown key$"),  # a value has no keys
+    ]):
+        with pytest.raises(SettingsError, match=message):
+            read_study_for(load_nightly(_write_setup(tmp_path / str(k), f"study_overrides: {extra}\n")))
+
+
 @pytest.mark.parametrize("code,expected", [(0, 0), (10, 0), (3, 3), (2, 2), (1, 1)])
 def test_the_scheduler_wrapper_maps_exit_codes_and_runs_the_change_hook(tmp_path, code, expected):
     nightly = _write_setup(tmp_path)
