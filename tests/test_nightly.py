@@ -786,6 +786,18 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
+def test_check_with_history_is_refused_in_one_line(tmp_path, capsys):
+    """--history checks nothing: a --check beside it is refused, not ignored with exit 0."""
+    nightly = _write_setup(tmp_path)
+    for args in (["--history", "--check", str(nightly)], ["--check", "--history", str(nightly)]):
+        assert main(["nightly", *args]) == 2
+        captured = capsys.readouterr()
+        err = captured.err.splitlines()
+        assert len(err) == 1 and err[0].startswith("tuner: error: --check: ") and "--history" in err[0], err
+        assert captured.out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_study_overrides_and_the_shipped_example(tmp_path):
     from tuner.nightly.settings import read_study_for
 
