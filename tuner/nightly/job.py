@@ -150,7 +150,7 @@ class _Night:
     study: StudySettings
     deployed: Deployed
     traffic: pd.DataFrame
-    files: list
+    files: list[Path]
     price: Price                  # one server's, as every score divides by it
     notes: tuple[str, ...] = ()
 
@@ -163,7 +163,7 @@ def _read_night(settings: NightlySettings) -> _Night:
     from tuner.tune import check_traffic  # here: `tuner nightly --history` does not import Optuna
 
     study = read_study_for(settings)
-    price = price_for(study.cost)  # every trial scores per dollar: an unknown GPU refused here, not after a server started
+    price = price_for(study.cost)  # an unknown GPU: refused here, not by the first trial's score
     deployed = read_deployed(study, settings.production)  # checked as the run checks it
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
