@@ -28,6 +28,7 @@ from tuner.errors import (
     OutputError,
     SettingsError,
     TrafficError,
+    TunerError,
 )
 from tuner.nightly import drift, history, intake, lock, rundir, summary
 from tuner.nightly import rule as d
@@ -569,6 +570,76 @@ def test_a_production_config_the_run_cannot_use_is_refused_by_the_check_and_the_
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def _starts_nothing():
+    """An engine factory a night must not reach: it fails the test if a server would start."""
+    @contextmanager
+    def factory(*args, **kw):
+        raise AssertionError("a server was started for a night its check should have refused")
+        yield
+
+    return factory
+
+
+@pytest.mark.parametrize("study_line, extra, message", [
+    ("cost: {gpu: a999}\n", "", "cost.gpu: unknown GPU 'a999'"),
+    ("", "study_overrides: {cost.gpu: l44}\n", "cost.gpu: unknown GPU 'l44'"),
+    # a request above production's max_batch_size (4): what tune's check refuses, the night's too
+    ("", "", "max_batch_size is 4, but the traffic has requests of 8 rows"),
+])
+def test_a_study_tune_would_refuse_is_refused_by_the_check_and_before_any_server(tmp_path, capsys, study_line,
+                                                                                 extra, message):
+    """`--check` checks the study as `tune --check` does (its price, the traffic as every replay takes it),
+    so that it never says ok to a night the run then refuses after starting a server; and the run refuses
+    it first, leaving no output directory, staging directory or lock."""
+    nightly = _write_setup(tmp_path, extra)
+    with open(tmp_path / "study.yaml", "a") as fh:
+        fh.write(study_line)
+    traffic = synth_poisson(20.0, 300, seed=0)
+    if not study_line and not extra:
+        traffic.loc[5, "batch_size"] = 8
+    write_traffic(traffic, tmp_path / "traffic" / "night.csv")
+    lines = []
+    for args in (["--check"], []):
+        assert main(["nightly", str(nightly), *args]) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and message in err[0], err
+        lines.append(err[0])
+    assert lines[0] == lines[1]
+    with pytest.raises(TunerError, match=message):
+        run_night(load_nightly(nightly), _starts_nothing())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_night_refused_inside_leaves_no_staging_and_frees_the_lock(tmp_path):
+    """Bad input found once the night holds the lock (Triton refusing a config): its staging directory is
+    removed and the lock released; one whose server wrote a log keeps it (the error names the log)."""
+    _write_setup(tmp_path)
+    out = tmp_path / "out"
+
+    class Refusing(TableEngine):
+        def __init__(self, log_dir=None):
+            super().__init__({}, None)
+            self.log_dir = log_dir
+
+        def search(self, enqueue, trials, workdir, *, production, timeout_s=None):
+            if self.log_dir is not None:
+                (workdir.parent / self.log_dir).mkdir()
+                (workdir.parent / self.log_dir / "tritonserver.log").write_text("E refused\n")
+            raise ConfigError("model 'sim': Triton refused the configuration: bad")
+
+    with pytest.raises(ConfigError, match="Triton refused"):
+        _night(tmp_path, Refusing())
+    assert not list(out.glob(".staging-*")) and not run_dirs(out) and not history.read_history(out)
+    with lock.run_lock(out):  # released: the next night may run
+        pass
+    with pytest.raises(ConfigError, match="Triton refused"):
+        _night(tmp_path, Refusing(log_dir=rundir.SERVER_LOGS), day=1)
+    kept = list(out.glob(".staging-*"))
+    assert len(kept) == 1 and (kept[0] / rundir.SERVER_LOGS / "tritonserver.log").is_file()
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST), day=2)  # the next night clears it
+    assert not list(out.glob(".staging-*")) and len(history.read_history(out)) == 1
+
+
 def test_a_run_killed_halfway_leaves_the_previous_night_intact(tmp_path):
     _write_setup(tmp_path)
     out = tmp_path / "out"
@@ -715,6 +786,18 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
+def test_check_with_history_is_refused_in_one_line(tmp_path, capsys):
+    """--history checks nothing: a --check beside it is refused, not ignored with exit 0."""
+    nightly = _write_setup(tmp_path)
+    for args in (["--history", "--check", str(nightly)], ["--check", "--history", str(nightly)]):
+        assert main(["nightly", *args]) == 2
+        captured = capsys.readouterr()
+        err = captured.err.splitlines()
+        assert len(err) == 1 and err[0].startswith("tuner: error: --check: ") and "--history" in err[0], err
+        assert captured.out == ""
+    assert not (tmp_path / "out").exists()
+
+
 def test_study_overrides_and_the_shipped_example(tmp_path):
     from tuner.nightly.settings import read_study_for
 
@@ -731,6 +814,28 @@ def test_study_overrides_and_the_shipped_example(tmp_path):
     job = yaml.safe_load((root / "deploy" / "cronjob.yaml").read_text())
     assert job["kind"] == "CronJob" and job["spec"]["concurrencyPolicy"] == "Forbid"
     assert "nightly" in (root / "deploy" / "crontab").read_text()
+
+
+def test_study_overrides_keep_yamls_values_and_name_a_misspelt_key(tmp_path):
+    """Each override is read as the study file's own value would be: null resets a nullable key (and is
+    refused, as null, by one that is not), a quoted "007" stays text, a mapping is a section; a misspelt
+    key gets the study file's `did you mean`."""
+    from tuner.nightly.settings import read_study_for
+
+    overrides = 'study_overrides: {search.timeout_s: null, name: "007", traffic.speed: 2, sla: {latency_ms: 80}}\n'
+    nightly = _write_setup(tmp_path, overrides)
+    (tmp_path / "study.yaml").write_text((tmp_path / "study.yaml").read_text() + "search: {timeout_s: 60}\n")
+    study = read_study_for(load_nightly(nightly))
+    assert study.search.timeout_s is None and study.name == "007" and study.traffic.speed == 2.0
+    assert study.sla.latency_ms == 80
+    for k, (extra, message) in enumerate([
+        ("{cost.gpu: null}", r"study_overrides: .*study.yaml: cost.gpu: expected a string, got None$"),
+        ("{cost.gpuu: l4}", r"study_overrides: .*study.yaml: cost.gpuu: unknown key \(did you mean gpu\? "
+                            r"expected one of: gpu, cloud, "),
+        ("{cost.gpu.x: l4}", r"study.yaml: cost.gpu.x: unknown key$"),  # a value has no keys
+    ]):
+        with pytest.raises(SettingsError, match=message):
+            read_study_for(load_nightly(_write_setup(tmp_path / str(k), f"study_overrides: {extra}\n")))
 
 
 @pytest.mark.parametrize("code,expected", [(0, 0), (10, 0), (3, 3), (2, 2), (1, 1)])

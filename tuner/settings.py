@@ -353,20 +353,31 @@ def with_overrides(settings: StudySettings, overrides: dict[str, object]) -> Stu
     """Replace dotted keys (e.g. {"sla.latency_ms": 50}) and validate again."""
     data = dataclasses.asdict(settings)
     data.pop("source")  # the loader's, not a key: given back below
+    source = settings.source or "<study>"
     for key, value in overrides.items():
         node = data
         *parents, last = key.split(".")
         for part in parents:
-            if not isinstance(node.get(part), dict):
-                raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
+            _check_key(node, part, key=key, source=source)
             node = node[part]
-        if last not in node:
-            raise SettingsError(f"{settings.source or '<study>'}: {key}: unknown key")
+        _check_key(node, last, key=key, source=source)
         node[last] = value
     built = dataclasses.replace(_build(StudySettings, data, settings.source or "<study>", prefix=""),
                                 source=settings.source)
     _check(built, settings.source or "<study>")
     return built
+
+
+def _check_key(node, part: str, *, key: str, source: str) -> None:
+    """SettingsError for the dotted `key` whose `part` is not a key of `node`, with a `did you mean` as the
+    file's own misspelt key gets (`_build`); a value is no section: it has no keys."""
+    if isinstance(node, dict) and part in node:
+        return
+    if not isinstance(node, dict):
+        raise SettingsError(f"{source}: {key}: unknown key")
+    hint = did_you_mean(part, node)
+    raise SettingsError(f"{source}: {key}: unknown key ({hint + ' ' if hint else ''}"
+                        f"expected one of: {', '.join(node)})")
 
 
 # A study or nightly file is a page of settings; past this it is not one, and is refused unparsed.
@@ -460,7 +471,9 @@ def _convert(hint, value, source: str, *, key: str):
     if origin is dict:
         if not isinstance(value, dict):
             raise SettingsError(f"{source}: {key}: expected a mapping, got {value!r}")
-        return {str(k): str(v) for k, v in value.items()}
+        # a mapping to `object` (the nightly's study_overrides) keeps YAML's values: null, numbers, lists
+        keep = typing.get_args(hint)[1:] == (object,)
+        return {str(k): v if keep else str(v) for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
             raise SettingsError(f"{source}: {key}: expected true or false, got {value!r}")

@@ -1,4 +1,5 @@
-"""`tuner nightly NIGHTLY.yaml [--history]`: the nightly retuning job."""
+"""`tuner nightly NIGHTLY.yaml [--check]`, `tuner nightly --history NIGHTLY.yaml|OUTPUT_DIR`: the nightly
+retuning job."""
 
 from __future__ import annotations
 
@@ -23,18 +24,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "proposed, 3 SLA unmeetable, 2 bad input, 1 error (another run holds the lock, server failure).",
     )
     add_input(p, "nightly", kind="file or directory", metavar="NIGHTLY.yaml",
-              help="the nightly settings (or, with --history, its output directory)")
-    add_flag(p, "--history", "show the history of past nights as a table")
-    add_flag(p, "--check", "a dry run: check the nightly settings, its study, production's config, tonight's "
+              help="the nightly settings (or, with --history, its output directory; --textfile needs the "
+              "settings)")
+    add_flag(p, "--history", "show the history of past nights as a table (checks and runs nothing: not with --check)")
+    add_flag(p, "--check", "a dry run: check the nightly settings, its study with the overrides (as tune --check "
+             "does: its price, tonight's traffic as the replays take it), production's config, tonight's "
              "traffic and the output directory; start nothing")
     add_textfile(p, "the night's verdict (with --history: the last night's) and when it ran")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one night (or show the history, or check the settings) and print it; the night's exit code."""
-    from tuner.errors import InputError
+    from tuner.errors import InputError, SettingsError
     from tuner.nightly import format_history, load_nightly, read_history
 
+    if args.history and args.check:  # refused, not ignored: a --check that checked nothing would say ok
+        raise SettingsError("--check: checks a night before it runs; --history shows past nights and checks "
+                            "nothing: give one of them")
     if args.textfile and Path(args.nightly).is_dir():
         raise InputError(f"--textfile: give NIGHTLY.yaml, not its output directory {args.nightly} "
                          "(the metrics' labels come from its study)")

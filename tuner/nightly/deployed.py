@@ -9,7 +9,6 @@ dollar, and a proposal is production's model.json with only the tuned knobs chan
     study_for_model(study)                the study held to its model's kind (its space, its SLA)
     read_deployed(study, production)      production's `Deployed`: the config.pbtxt served, the tuned
                                           knobs' values, a vLLM-backend model's engine arguments
-    check_traffic(deployed, study, df)    a generative night's traffic: token columns, within the context
     Deployed.proposal(candidate, search)  the proposed file, its text and its diff against production's
 """
 
@@ -19,8 +18,6 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
 
 from tuner import modelconfig, space
 from tuner.errors import ConfigError
@@ -130,17 +127,3 @@ def _check_production(config: modelconfig.ModelConfig, path: Path, study: StudyS
     if config.name and config.name != study.model:
         raise ConfigError(f"{path}: names model {config.name!r}, not the study's {study.model!r}: production's "
                           "config must be the study model's")
-
-
-def check_traffic(deployed: Deployed, study: StudySettings, traffic: pd.DataFrame) -> None:
-    """Refuse up front, in one line, a generative night's traffic every replay would refuse: no token
-    columns, a model that does not stream, a request longer than production's context."""
-    if deployed.engine is None:
-        return
-    from tuner.replay import plan_generate
-    from tuner.trial.generate import check_context
-
-    plan_generate({**json.loads(modelconfig.to_json(deployed.config)), "name": study.model}, traffic)
-    context = engineargs.context_tokens(deployed.engine)
-    if context is not None:
-        check_context(traffic, context, model=study.model)

@@ -26,7 +26,8 @@ from tuner import search, space
 from tuner.export import trials_frame
 from tuner.files import write_atomic
 from tuner.modelconfig import ModelConfig
-from tuner.nightly.job import SearchResult
+from tuner.nightly import rundir
+from tuner.nightly.job import SearchResult, tonight
 from tuner.nightly.rule import ArmResult
 from tuner.server import Launcher, make_launcher
 from tuner.settings import StudySettings
@@ -130,13 +131,6 @@ def _key(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
-def tonight(study: StudySettings, traffic_path: Path) -> StudySettings:
-    """The study pointed at tonight's traffic file, whole (the night's window is already cut)."""
-    traffic = dataclasses.replace(study.traffic, path=str(traffic_path), start_s=None, duration_s=None,
-                                  busiest_s=None, since=None, until=None)
-    return dataclasses.replace(study, traffic=traffic)
-
-
 def make_load_replay(launcher: Launcher, study: StudySettings, production: ModelConfig,
                      *,
                      traffic: pd.DataFrame, engine: dict | None = None) -> LoadReplay:
@@ -166,7 +160,7 @@ def real_engine(study: StudySettings, production: ModelConfig, traffic_path: Pat
     with contextlib.ExitStack() as stack:
         if launcher is None:
             # a vLLM model is loaded by its first replay, with that arm's engine arguments: not at start too
-            launcher = stack.enter_context(make_launcher(study, log_dir=staging / "server", load_models=engine is None))
+            launcher = stack.enter_context(make_launcher(study, log_dir=staging / rundir.SERVER_LOGS, load_models=engine is None))
         evaluate = make_evaluate(launcher, study, production, traffic=traffic, engine=engine)
         load_replay = (make_load_replay(launcher, study, production, traffic=traffic, engine=engine)
                        if study.scoring == "utilization" else None)

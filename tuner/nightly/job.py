@@ -21,13 +21,14 @@ import pandas as pd
 from tqdm import tqdm
 
 from tuner import space
+from tuner.cost import Price, price_for
 from tuner.errors import EXIT_SLA_UNMET
 from tuner.files import check_output_dir
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import drift as drift_mod
 from tuner.nightly import history, lock, rundir
-from tuner.nightly.deployed import Deployed, Proposal, check_traffic, read_deployed
+from tuner.nightly.deployed import Deployed, Proposal, read_deployed
 from tuner.nightly.intake import newest_traffic
 from tuner.nightly.rule import UNIT_WORDS, ArmResult, Decision, decide, keep, pair_gains
 from tuner.nightly.settings import NightlySettings, read_study_for
@@ -134,27 +135,69 @@ def _previous_traffic(output: Path, previous: dict | None) -> pd.DataFrame | Non
         return None  # a previous run directory removed by hand: no drift baseline tonight
 
 
-def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
-    """The dry run of a night, as (what, value) rows: the study with its overrides, production's
-    config, tonight's traffic and the output directory, checked; nothing is started or written."""
+def tonight(study: StudySettings, traffic_path: str | Path) -> StudySettings:
+    """The study pointed at tonight's traffic, whole (the night's window is already cut)."""
+    traffic = dataclasses.replace(study.traffic, path=str(traffic_path), start_s=None, duration_s=None,
+                                  busiest_s=None, since=None, until=None)
+    return dataclasses.replace(study, traffic=traffic)
+
+
+@dataclass(frozen=True)
+class _Night:
+    """What a night runs on, checked: the study (its space narrowed to take tonight's largest request),
+    production's configuration, tonight's traffic and its files, the check's notes."""
+
+    study: StudySettings
+    deployed: Deployed
+    traffic: pd.DataFrame
+    files: list[Path]
+    price: Price                  # one server's, as every score divides by it
+    notes: tuple[str, ...] = ()
+
+
+def _read_night(settings: NightlySettings) -> _Night:
+    """Everything a night reads and checks before it writes or starts anything, for `--check` and the
+    run alike (bad input: one line, nothing made): the study with its overrides as `tuner tune --check`
+    checks it (its price, tonight's traffic as every replay takes it, a remote server's URL),
+    production's config, tonight's traffic."""
+    from tuner.tune import check_traffic  # here: `tuner nightly --history` does not import Optuna
+
     study = read_study_for(settings)
+    price = price_for(study.cost)  # an unknown GPU: refused here, not by the first trial's score
     deployed = read_deployed(study, settings.production)  # checked as the run checks it
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)
-    check_traffic(deployed, study, traffic)
+    engine = (None if deployed.engine is None  # as tune checks its incumbent: vLLM's values filled in
+              else engineargs.resolved(deployed.engine, engineargs.device_class(study.cost.gpu)))
+    study, notes = check_traffic(tonight(study, settings.traffic.path), deployed.config, traffic, engine=engine)
+    if study.server.launcher == "remote":
+        from tuner.server.remote import check_triton
+
+        check_triton(study.server.url)
+    return _Night(study, deployed, traffic, files, price, tuple(notes))
+
+
+def check_night(settings: NightlySettings) -> list[tuple[str, str]]:
+    """The dry run of a night, as (what, value) rows: everything the run checks before it starts a
+    server (`_read_night`) and the output directory; nothing is started or written."""
+    night = _read_night(settings)
+    study, deployed, traffic = night.study, night.deployed, night.traffic
     check_output(settings.output, create=False)
     span = float(traffic[TIMESTAMP].iloc[-1] - traffic[TIMESTAMP].iloc[0]) if len(traffic) > 1 else 0.0
-    server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "")
+    server = study.server.launcher + (f" {study.server.image}" if study.server.launcher == "docker" else "") + (
+        f" {study.server.url}" if study.server.launcher == "remote" else "")
     return [
         ("study", f"{settings.study} (model {study.model}, scoring {study.scoring}, {UNIT_WORDS[deployed.unit]})"),
         ("production", f"{deployed.path}: {space.describe(deployed.params)}"),
         ("traffic", f"{len(traffic)} requests over {span:,.0f} s (the last {settings.traffic.hours:g} h) "
-                    f"from {len(files)} file(s) in {settings.traffic.path}"),
+                    f"from {len(night.files)} file(s) in {settings.traffic.path}"),
         ("search", f"{settings.search.trials} trials after last night's best and production's"
                    + (f", none started after {settings.search.timeout_s:g} s" if settings.search.timeout_s else "")),
         ("confirm", f"{settings.confirm.pairs} pairs, margin {settings.confirm.margin:.0%}, rule {settings.confirm.rule}"),
+        ("cost", night.price.describe()),
         ("server", server),
         ("output", settings.output),
+        *(("note", note) for note in night.notes),
     ]
 
 
@@ -167,8 +210,8 @@ def check_output(output: str | Path, *, create: bool) -> Path:
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
               now: datetime | None = None) -> NightResult:
     """What one nightly run decided, after it has written its run directory and its history line."""
-    study = read_study_for(settings)
-    deployed = read_deployed(study, settings.production)
+    night = _read_night(settings)  # bad input refused here: no server started, nothing written
+    study, deployed, traffic, files = night.study, night.deployed, night.traffic, night.files
     # production's config as trial parameters, in the study's space (the search's own reading)
     production = deployed.params
     keys = set(production)
@@ -181,71 +224,68 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
     check_output(output, create=True)
     with lock.run_lock(output):
         rundir.clear_stale_staging(output)
-        traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
-                                        pattern=settings.traffic.pattern)
-        check_traffic(deployed, study, traffic)
         nights = history.read_history(output)
         previous = nights[-1] if nights else None
         drift = drift_mod.drift_table(_previous_traffic(output, previous), traffic, settings.drift.threshold)
-        staging = rundir.staging_dir(output, stamp)
-        traffic_path = write_traffic(traffic, staging / TRAFFIC_FILE)
+        with rundir.staging(output, stamp) as staging:
+            traffic_path = write_traffic(traffic, staging / TRAFFIC_FILE)
 
-        # warm start: last night's best and production are the first trials
-        enqueue = []
-        for params in ((previous or {}).get("best"), production):
-            if params and set(params) == set(keys) and params not in enqueue:
-                enqueue.append(dict(params))
+            # warm start: last night's best and production are the first trials
+            enqueue = []
+            for params in ((previous or {}).get("best"), production):
+                if params and set(params) == set(keys) and params not in enqueue:
+                    enqueue.append(dict(params))
 
-        with engine_factory(study, deployed.config, traffic_path, staging=staging, engine=deployed.engine) as engine:
-            found = engine.search(enqueue, settings.search.trials, staging / "search", production=production,
-                                  timeout_s=settings.search.timeout_s)
-            decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
-        candidate = found.best
-        proposal = None
-        if decision.decision == "change":
-            proposal = deployed.proposal(candidate, study.search)
-            _write_proposal(staging / "proposed", proposal, _header(stamp, study, decision, deployed=deployed, proposal=proposal))
+            with engine_factory(study, deployed.config, traffic_path, staging=staging, engine=deployed.engine) as engine:
+                found = engine.search(enqueue, settings.search.trials, staging / "search", production=production,
+                                      timeout_s=settings.search.timeout_s)
+                decision, pairs = _decide_night(engine, settings, found, production=production, nights=nights, drift=drift)
+            candidate = found.best
+            proposal = None
+            if decision.decision == "change":
+                proposal = deployed.proposal(candidate, study.search)
+                _write_proposal(staging / "proposed", proposal, _header(stamp, study, decision, deployed=deployed, proposal=proposal))
 
-        sla = f"{_sla(study)}, errors <= {study.sla.max_error_rate:.2%}"
-        soak = last_soak(study.output)
-        drift.to_csv(staging / "drift.csv", index=False)
-        (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
-        _write_pairs(staging / "confirmation.csv", pairs)
-        (staging / "summary.md").write_text(markdown_summary(
-            stamp=stamp, model=study.model, decision=decision, production=production,
-            candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, unit=unit,
-            percentile=study.sla.percentile, proposal=proposal, soak=soak,
-            search=_search_line(found, settings, planned=len(enqueue) + settings.search.trials)))
-        rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
-        entry = {
-            "night": stamp,
-            "decision": decision.decision,
-            "reason": decision.reason,
-            "exit_code": decision.exit_code,
-            "production": production,
-            "candidate": candidate,
-            "best": candidate,
-            # named by the unit (requests, or a generative model's output tokens) so nobody reads one as the other
-            "unit": unit,
-            f"best_{unit}_per_dollar": found.best_per_dollar,
-            f"production_{unit}_per_dollar": found.production_per_dollar,
-            "gain": decision.median_gain,
-            "min_gain": decision.min_gain,
-            "gains": list(decision.gains),
-            "trials": found.trials,
-            "search_timeout_s": settings.search.timeout_s,
-            "search_timed_out": found.timed_out,
-            "rate_rps": rate,
-            "requests": int(len(traffic)),
-            "drifted": drift_mod.drifted(drift),
-            "last_soak": soak,
-            "traffic_files": [str(f) for f in files],
-            "production_config": str(deployed.path),
-            **({"proposed": f"proposed/{proposal.name}", "changed": list(proposal.changed)} if proposal else {}),
-            "duration_s": round(time.monotonic() - t_start, 1),
-        }
-        (staging / rundir.DECISION).write_text(json.dumps(entry, indent=2, default=str) + "\n")
-        final = rundir.publish(staging, output, stamp)
+            sla = f"{_sla(study)}, errors <= {study.sla.max_error_rate:.2%}"
+            soak = last_soak(study.output)
+            drift.to_csv(staging / "drift.csv", index=False)
+            (staging / "drift.txt").write_text(drift_mod.format_drift(drift) + "\n")
+            _write_pairs(staging / "confirmation.csv", pairs)
+            (staging / "summary.md").write_text(markdown_summary(
+                stamp=stamp, model=study.model, decision=decision, production=production,
+                candidate=candidate, pairs=pairs, drift=drift, sla=sla, scoring=study.scoring, unit=unit,
+                percentile=study.sla.percentile, proposal=proposal, soak=soak,
+                search=_search_line(found, settings, planned=len(enqueue) + settings.search.trials)))
+            rate = float(drift.loc[drift["metric"] == "rate_rps", "current"].iloc[0])
+            entry = {
+                "night": stamp,
+                "decision": decision.decision,
+                "reason": decision.reason,
+                "exit_code": decision.exit_code,
+                "production": production,
+                "candidate": candidate,
+                "best": candidate,
+                # named by the unit (requests, or a generative model's output tokens) so nobody reads one as the other
+                "unit": unit,
+                f"best_{unit}_per_dollar": found.best_per_dollar,
+                f"production_{unit}_per_dollar": found.production_per_dollar,
+                "gain": decision.median_gain,
+                "min_gain": decision.min_gain,
+                "gains": list(decision.gains),
+                "trials": found.trials,
+                "search_timeout_s": settings.search.timeout_s,
+                "search_timed_out": found.timed_out,
+                "rate_rps": rate,
+                "requests": int(len(traffic)),
+                "drifted": drift_mod.drifted(drift),
+                "last_soak": soak,
+                "traffic_files": [str(f) for f in files],
+                "production_config": str(deployed.path),
+                **({"proposed": f"proposed/{proposal.name}", "changed": list(proposal.changed)} if proposal else {}),
+                "duration_s": round(time.monotonic() - t_start, 1),
+            }
+            (staging / rundir.DECISION).write_text(json.dumps(entry, indent=2, default=str) + "\n")
+            final = rundir.publish(staging, output, stamp)
         entry["run_dir"] = str(final.relative_to(output))
         # last: a run killed before this line leaves the history as it was
         history.append_night(output, entry)

@@ -2,21 +2,27 @@
 
 A night writes into `<output>/.staging-<stamp>-<pid>/`, and only when everything is there renames it
 to `<output>/runs/<stamp>/` and points `<output>/latest` at it (both atomic on one file system). A run
-killed halfway leaves a staging directory that the next run (holding the lock) removes; the previous
-runs, `latest` and the history are never touched before that point.
+killed halfway leaves a staging directory that the next run (holding the lock) removes; one refused on
+bad input removes its own (`staging`); the previous runs, `latest` and the history are never touched
+before that point.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+
+from tuner.errors import InputError
 
 RUNS = "runs"
 LATEST = "latest"
 DECISION = "decision.json"  # in every run directory: a night's is published whole, so it holds one
 STAGING_PREFIX = ".staging-"
+SERVER_LOGS = "server"  # in the staging directory: the night's server writes its log here
 
 
 def is_latest(path: Path) -> bool:
@@ -52,6 +58,20 @@ def staging_dir(output: str | Path, stamp: str) -> Path:
     d = Path(output) / f"{STAGING_PREFIX}{stamp}-{os.getpid()}"
     d.mkdir(parents=True)
     return d
+
+
+@contextmanager
+def staging(output: str | Path, stamp: str) -> Iterator[Path]:
+    """A new staging directory for the night `stamp` (`staging_dir`), removed when the night is refused
+    on bad input (exit 2) inside the block: such a night leaves nothing behind. One whose server wrote
+    a log is kept (the error names the log) until the next run clears it, as a killed run's is."""
+    d = staging_dir(output, stamp)
+    try:
+        yield d
+    except InputError:
+        if not (d / SERVER_LOGS).exists():
+            shutil.rmtree(d, ignore_errors=True)
+        raise
 
 
 def publish(staging: Path, output: str | Path, stamp: str) -> Path:

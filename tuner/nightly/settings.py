@@ -16,7 +16,7 @@ from pathlib import Path
 from tuner.errors import SettingsError
 from tuner.nightly.deployed import study_for_model
 from tuner.nightly.rule import RULES
-from tuner.settings import StudySettings, parse_yaml, read_settings, read_study, resolve_path, with_overrides
+from tuner.settings import StudySettings, read_settings, read_study, resolve_path, with_overrides
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,9 @@ class NightlySettings:
 
     study: str                    # the study YAML
     traffic: NightTraffic
-    # dotted study keys replaced for the nightly run, e.g. {"server.launcher": "docker"}
-    study_overrides: dict[str, str] = field(default_factory=dict)
+    # dotted study keys replaced for the nightly run, e.g. {"server.launcher": "docker"}: each value as
+    # YAML gave it (null, a number, a list, a mapping), read as the study file's own value would be
+    study_overrides: dict[str, object] = field(default_factory=dict)
     output: str = "nightly"       # root: runs/<date>/, history.jsonl, the lock
     # production's config.pbtxt, or a vLLM-backend model's model.json (default: the study model's own)
     production: str | None = None
@@ -81,11 +82,8 @@ def read_study_for(settings: NightlySettings) -> StudySettings:
     model's kind (a vLLM-backend model's: its engine knobs, its token SLA)."""
     study = read_study(settings.study)
     if settings.study_overrides:
-        # the loader keeps mapping values as text; read each back as the YAML scalar or list it was
-        values = {k: parse_yaml(v, f"{settings.source}: study_overrides.{k}")
-                  for k, v in settings.study_overrides.items()}
         try:
-            study = with_overrides(study, values)
+            study = with_overrides(study, settings.study_overrides)
         except SettingsError as exc:
             raise SettingsError(f"{settings.source}: study_overrides: {exc}") from None
     return study_for_model(study)
