@@ -11,6 +11,7 @@ replays of the shipped bursty profile, a real Optuna journal storage. Small spac
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -563,18 +564,26 @@ def test_a_new_knob_needs_only_the_space_a_bounded_queue_end_to_end(tmp_path, ca
     ("garbage!!", "neither a storage URL"),
     ("postgres//user@host/db", "neither a storage URL"),
     ("sqlite:///notes.txt", "exists and is not an SQLite database"),
+    # an SQLite database of the user's: Optuna made its 13 tables beside theirs, even in a dry run
+    ("sqlite:///app.db", "an SQLite database that is not an Optuna storage (its tables: customers)"),
 ])
 @pytest.mark.parametrize("check", [False, True])
 def test_a_storage_that_is_not_one_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch,
                                                                        storage, message, check):
+    import sqlite3
+
     monkeypatch.chdir(tmp_path)
     study = write_tune_study(tmp_path, "st")
     (tmp_path / "notes.txt").write_text("my notes\n")
+    with contextlib.closing(sqlite3.connect(tmp_path / "app.db")) as db:
+        db.execute("CREATE TABLE customers (id INTEGER, name TEXT)")
+        db.commit()
+    app = (tmp_path / "app.db").read_bytes()
     before = sorted(p.name for p in tmp_path.rglob("*"))
     assert main(["tune", str(study), "--storage", storage, *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
     assert f"storage {storage}: {message}" in line, line
-    assert (tmp_path / "notes.txt").read_text() == "my notes\n"
+    assert (tmp_path / "notes.txt").read_text() == "my notes\n" and (tmp_path / "app.db").read_bytes() == app
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output directory, no journal
 
 

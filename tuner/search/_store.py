@@ -67,7 +67,12 @@ def check_storage(url: str, *, connect: bool = False, write: bool = False) -> No
         raise SettingsError(f"{where}: {exc}") from None
     database = sqlite_path(url)
     if database is not None:
-        _check_existing(Path(database), where, _is_sqlite, kind="an SQLite database")
+        if _check_existing(Path(database), where, _is_sqlite, kind="an SQLite database"):
+            tables = _sqlite_tables(database)
+            if tables and "studies" not in tables:  # a database of the user's: Optuna would add its tables
+                raise SettingsError(f"{where}: an SQLite database that is not an Optuna storage (its tables: "
+                                    f"{', '.join(tables[:5])}{', ...' if len(tables) > 5 else ''}): refusing to "
+                                    f"write into it")
         _check_file(database, where, write=write)
     elif connect and url.startswith(("postgresql", "mysql", "mariadb")):
         _reach(url, where)
@@ -104,6 +109,18 @@ def _check_existing(path: Path, where: str, is_kind, *, kind: str) -> bool:
     if not is_kind(head):
         raise SettingsError(f"{where}: exists and is not {kind}: refusing to write into it")
     return True
+
+
+def _sqlite_tables(path: str) -> list[str]:
+    """The tables of the SQLite database at `path`, read without writing (a read-only connection: not
+    even SQLite's journal is made); [] where it cannot be read (opening it later says why)."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return sorted(row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    except sqlite3.Error:
+        return []
 
 
 def _is_sqlite(head: bytes) -> bool:
@@ -301,6 +318,8 @@ def check_resume(settings: StudySettings, storage: str, *, identity: dict) -> st
     if path is not None:
         if not Path(path).is_file() or Path(path).stat().st_size == 0:
             return None
+        if sqlite_path(storage) is not None and "studies" not in _sqlite_tables(path):
+            return None  # opening it would make Optuna's tables: the real run does, the dry run writes nothing
         backend = open_storage(storage)
     else:
         backend = _read_only_rdb(storage)
