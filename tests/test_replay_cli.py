@@ -437,3 +437,31 @@ def test_a_model_that_fails_executions_has_a_mean_batch_of_its_histogram_and_a_o
     errors = [line for line in run.stdout.splitlines() if line.startswith("errors")]
     assert len(errors) == 1 and re.search(r"; the first: .*TritonModelException: odd length \d+$", errors[0]), run.stdout
     assert "At:" not in run.stdout and "model.py" not in run.stdout
+
+
+def test_a_json_the_user_wrote_is_kept_unless_force_before_any_server(tmp_path, monkeypatch, capsys):
+    """--json over a file tuner did not write is refused (one line, exit 2) before a server starts, as
+    simulate's is; --force replaces it, and a measurement tuner wrote is replaced without it."""
+    import tuner.server
+    import tuner.trial.step
+    from tests.support import FakeLauncher, measurement
+    from tuner.cli import main
+
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    started = []
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: started.append(1) or FakeLauncher(config))
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "measurement": {"warmup": False},
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "precious data"}\n')
+    assert main(["replay", str(path), "--json", str(mine)]) == 2
+    assert capsys.readouterr().err == (f"tuner: error: --json {mine}: exists and tuner did not write it: give "
+                                       "--force to replace it, or write to another file\n")
+    assert mine.read_text() == '{"my": "precious data"}\n' and started == []
+    assert main(["replay", str(path), "--json", str(mine), "--force"]) == 0
+    assert "measurement" in json.loads(mine.read_text()) and started == [1]
+    assert main(["replay", str(path), "--json", str(mine)]) == 0  # tuner's own: replaced as before
+    assert started == [1, 1]

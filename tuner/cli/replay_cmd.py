@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from tuner import space
 from tuner.cli._args import Number, add_assignments, add_command, add_input, add_json, add_numbers, add_study
 from tuner.errors import SettingsError
-from tuner.files import check_writable, json_safe, write_atomic
+from tuner.files import check_writable, json_safe, json_with_keys, write_atomic
 from tuner.settings import read_study
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "percentiles, throughput, errors, send lag and Triton's batching figures. Each traffic row "
         "becomes one request: batch_size (default 1) is the first dim of a batching model, a "
         "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
-        "variable dim. Exits 1 when no measured request succeeded.",
+        "variable dim. --json replaces only a measurement tuner wrote (else --force), never one of the "
+        "study's inputs. Exits 1 when no measured request succeeded.",
     )
     add_study(p, "the study file (server, model, traffic, replay)")
     add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
-    add_json(p, "the measurement")
+    add_json(p, "the measurement", force=True)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -78,7 +79,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.warmup is not None and args.warmup < 0:
         raise SettingsError(f"--warmup: must be >= 0, got {args.warmup:g}")
     if args.json:
+        from tuner.cli.simulate_cmd import check_output
+
         check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
+        check_output(args.json, settings, label=f"--json {args.json}", force=args.force, ours=_is_replay)
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
@@ -121,6 +125,11 @@ def _replay(args: argparse.Namespace) -> int:
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, m.first_error)
+
+
+def _is_replay(path) -> bool:
+    """Whether `path` holds a measurement `tuner replay --json` wrote (either kind of model's)."""
+    return json_with_keys(path, {"measurement", "params"})
 
 
 def _config(settings, params: dict, path):
