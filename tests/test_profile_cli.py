@@ -142,3 +142,61 @@ def test_a_profile_in_a_missing_directory_is_refused_as_every_json_is(study, cap
     assert json_err.endswith(f"cannot write: no directory {target.parent}") and not (study / "typo").exists()
     assert _reached(capsys, main(["profile", str(study / "study.yaml")]))  # the default: out/profile.csv
     assert (study / "out").is_dir()
+
+
+BUDGET = 200  # the fake device's padded tokens: at the traffic's longest lengths, 4 rows run out of memory
+
+
+@pytest.fixture
+def measured(study, monkeypatch) -> Path:
+    """`study`, on a fake server whose every request takes rows x length / 100 ms and runs out of memory
+    past BUDGET padded tokens (the profiler's own logic measures it, bars and table included)."""
+    import tuner.profiler as profiler
+    import tuner.server
+    from tuner.profiler import Sample
+
+    class Sender:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def send(self, rows, length, *, measured=True):
+            fits = rows * length <= BUDGET
+            return Sample(rows=rows, length=length, ok=fits, client_ms=1.0, input_ms=0.05,
+                          infer_ms=rows * length / 100, output_ms=0.1, measured=measured,
+                          error="" if fits else "CUDA out of memory (emulated)")
+
+        def send_held(self, n, length, *, blocker, measured=True):
+            return Sample(rows=n, length=length, ok=True, client_ms=1.0, infer_ms=0.5 + 0.1 * n, measured=measured,
+                          requests=n)
+
+    class Launcher:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def apply_config(self, model, config):
+            return config
+
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Launcher())
+    monkeypatch.setattr(profiler, "_Sender", Sender)
+    monkeypatch.setattr(profiler, "padded_lengths", lambda *a, **k: ())  # the traffic's lengths only
+    settings = yaml.safe_load((study / "study.yaml").read_text())
+    (study / "study.yaml").write_text(yaml.safe_dump({**settings, "measurement": {"warmup": False}}))
+    return study
+
+
+def test_quiet_draws_no_progress_bar_and_still_prints_the_profile(measured, capsys):
+    argv = ["profile", str(measured / "study.yaml"), "-o", str(measured / "p.csv"), "--repeats", "2",
+            "--concurrent-executions", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "\r" in err and "profile:" in err and "point/s]" in err  # the bar, drawn to a stderr that is no terminal
+    assert main([*argv, "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert "\r" not in quiet_err and "point/s" not in quiet_err and "%|" not in quiet_err, quiet_err
+    assert quiet_out.splitlines()[:-1] == out.splitlines()[:-1]  # the table and notes; the last line: the seconds
+    assert quiet_out.splitlines()[-1].startswith(f"wrote {measured / 'p.csv'}: ")
+    assert quiet_err.startswith("profile: encoder_sim on the local server")  # its one-line notes
+

@@ -465,3 +465,18 @@ def test_a_json_the_user_wrote_is_kept_unless_force_before_any_server(tmp_path, 
     assert "measurement" in json.loads(mine.read_text()) and started == [1]
     assert main(["replay", str(path), "--json", str(mine)]) == 0  # tuner's own: replaced as before
     assert started == [1, 1]
+
+
+def test_quiet_draws_no_progress_bar_and_still_prints_the_measurement(server, tmp_path):
+    """In a CI log (stderr no terminal) the replay's bar writes \\r-separated frames; --quiet draws none."""
+    traffic = pd.DataFrame({"timestamp": np.arange(30) / 10.0, "seq_len": 4})  # 3 s at 10 req/s
+    path = study(tmp_path, server.endpoints.http, traffic=traffic)
+    run = tuner("replay", str(path))
+    assert run.returncode == 0, run.stderr
+    # the bar's frames (text mode reads its \r as line ends)
+    assert re.search(r"^replay: +\d+%\|.*req/s\]$", run.stderr, re.M), run.stderr
+    quiet = tuner("replay", str(path), "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "req/s]" not in quiet.stderr and "replay:" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr
+    assert "throughput" in quiet.stdout and "latency" in quiet.stdout  # the measurement as without it
+    assert [line for line in quiet.stderr.splitlines() if line.startswith("warm-up:")]  # and its one-line notes

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from tuner.cli._args import Number, add_command, add_flag, add_numbers, add_output_file, add_study
+from tuner.cli._args import Number, add_command, add_flag, add_numbers, add_output_file, add_quiet, add_study
 
 PROFILE = "profile.csv"
 
@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_numbers(p, COUNTS, type=int)
     add_flag(p, "--force", "replace a file at the profile's place that tuner did not write (the study's own "
              "inputs are never replaced)")
+    add_quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                                      max_rows=max_rows, max_length=args.max_length,
                                      repeats=args.repeats or REPEATS,
                                      concurrent_executions=args.concurrent_executions,
-                                     on_progress=progress, on_window=window)
+                                     on_progress=None if args.quiet else progress,
+                                     on_window=None if args.quiet else window)
     finally:
         for bar in bars.values():
             bar.close()

@@ -9,7 +9,16 @@ import sys
 from typing import TYPE_CHECKING
 
 from tuner import space
-from tuner.cli._args import Number, add_assignments, add_command, add_input, add_json, add_numbers, add_study
+from tuner.cli._args import (
+    Number,
+    add_assignments,
+    add_command,
+    add_input,
+    add_json,
+    add_numbers,
+    add_quiet,
+    add_study,
+)
 from tuner.errors import SettingsError
 from tuner.files import check_writable, json_safe, json_with_keys, write_atomic
 from tuner.settings import read_study
@@ -55,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
     add_json(p, "the measurement", force=True)
+    add_quiet(p)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -109,7 +119,8 @@ def _replay(args: argparse.Namespace) -> int:
                   + (f"steady (windows: {warm.seen})" if warm.stable else
                      f"FAILING, not slow: {warm.reason}" if warm.failing else f"NOT steady: {warm.reason}")
                   + (f"; {warm.failures()} (not judged: the measured window is)" if warm.errors else ""), file=sys.stderr)
-        probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
+        probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size),
+                           progress=not args.quiet,
                            on_measure=say.append)
         m = probe(speed)
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, "
@@ -225,7 +236,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)
         run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup,
-                              duration_s=None if end is None else end - warmup, progress=True)
+                              duration_s=None if end is None else end - warmup, progress=not args.quiet)
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")

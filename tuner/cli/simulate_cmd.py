@@ -10,7 +10,16 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
+from tuner.cli._args import (
+    Number,
+    add_command,
+    add_flag,
+    add_input,
+    add_json,
+    add_numbers,
+    add_quiet,
+    add_study,
+)
 from tuner.files import json_safe, json_with_keys, write_atomic
 
 # The ranking's columns printed, and their headings: the knobs' columns (headed by `tuner.space.LABELS`)
@@ -68,6 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "search can sample")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows to print (default 10)")
     add_json(p, "the whole ranking", force=True)
+    add_quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
           f"price ${price:g}/h; scoring: {settings.scoring}; space: {len(model.configs)} configurations "
           f"({', '.join(f'{k} {_span(v)}' for k, v in values.items())})")
     with tqdm(total=len(model.configs) + (not model.incumbent_in_space()), desc="simulate", unit="config",
-              file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+              file=sys.stderr, leave=False, dynamic_ncols=True, disable=args.quiet) as bar:
         ranking = model.rank(tolerance=args.tolerance, on_config=lambda done, total: bar.update(1))
         table = model.against_incumbent(ranking, tolerance=args.tolerance)
         bar.update(len(table) - len(ranking))
