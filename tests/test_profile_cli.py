@@ -4,7 +4,9 @@ simulation refuses, and where the profile may be written."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,38 @@ def test_quiet_draws_no_progress_bar_and_still_prints_the_profile(measured, caps
     assert quiet_out.splitlines()[-1].startswith(f"wrote {measured / 'p.csv'}: ")
     assert quiet_err.startswith("profile: encoder_sim on the local server")  # its one-line notes
 
+
+def test_the_table_says_what_a_blank_beyond_a_lengths_memory_limit_means(measured, capsys, monkeypatch):
+    """At length 57, 4 rows run out of memory and 8 are never sent (they would too): its cell is blank, as
+    are rows another length's bisection tried (3 at length 21); the legend says so, not OOM alone."""
+    argv = ["profile", str(measured / "study.yaml"), "-o", str(measured / "p.csv"), "--repeats", "2",
+            "--concurrent-executions", "1", "--quiet"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    legend = lines[0]
+    assert legend.startswith("device time per execution (Triton's compute_infer), ms: median (p10-p90) of 2 "
+                             "requests; OOM: out of memory; blank: not measured at that length (more rows than "
+                             "an OOM there, which run out of memory too, or rows tried only where another "
+                             "length's memory limit was searched)"), legend
+    cells = _table(lines)
+    assert cells[4]["len 57"] == "OOM" and cells[8]["len 57"] == "" and cells[8]["len 69"] == ""
+    assert cells[3]["len 21"] == "" and cells[3]["len 69"] == "OOM"
+    monkeypatch.setattr(sys.modules[__name__], "BUDGET", 10_000)  # no length runs out of memory: no blank
+    assert main(argv) == 0
+    legend = capsys.readouterr().out.splitlines()[0]
+    assert legend.endswith("of 2 requests; OOM: out of memory"), legend
+
+
+def _table(lines: list[str]) -> dict[int, dict[str, str]]:
+    """The printed device-time table: each row's cells by column (right-aligned under their heading)."""
+    first = next(k for k, x in enumerate(lines) if x.lstrip().startswith("rows "))
+    head = lines[first]
+    ends = [m.end() for m in re.finditer(r"rows|len \d+", head)]
+    spans = list(zip([0, *ends[:-1]], ends, strict=True))
+    table = {}
+    for line in lines[first + 1:]:
+        if not line[:ends[0]].strip().isdigit():
+            break
+        cells = {head[a:b].strip(): line.ljust(len(head))[a:b].strip() for a, b in spans}
+        table[int(cells.pop("rows"))] = cells
+    return table

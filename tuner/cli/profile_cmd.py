@@ -125,8 +125,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for bar in bars.values():
             bar.close()
+    # a length's bisection stops at its first failing rows: the rows above it are never sent (they would fail
+    # too), and the rows it tried are blank at the other lengths; said, else a blank reads as fitting
     print(f"device time per execution (Triton's compute_infer), ms: median (p10-p90) of "
-          f"{args.repeats or REPEATS} requests; OOM: out of memory")
+          f"{args.repeats or REPEATS} requests; OOM: out of memory"
+          + ("; blank: not measured at that length (more rows than an OOM there, which run out of memory too, "
+             "or rows tried only where another length's memory limit was searched)"
+             if result.profile.oom_rows else ""))
     padded = ", ".join(map(str, result.padded_lengths)) or "none"
     print(f"lengths measured: {', '.join(map(str, result.lengths))} (the requests' quantiles and the incumbent's "
           f"simulated padded lengths: {padded}, but for those within 15 % of another)")
