@@ -133,9 +133,17 @@ def _replay(args: argparse.Namespace) -> int:
             figures["fill_rate"] = None  # not 1.0: a model without batching has no fill rate
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
-                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+                "config": _config_path(args),
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+                # what the server ran, read back from it: the measurement says which configuration it is of
+                "running": space.deployed(running)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, m.first_error)
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """The --config file replayed, as given; None for the repository's (or the server's own) config."""
+    return None if args.config is None else str(args.config)
 
 
 def _is_replay(path) -> bool:
@@ -224,9 +232,10 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     if args.config is not None or engine_params:
         own = engine_file(args.config) if args.config is not None else engineargs.read(model_dir)
         engine_args = space.apply_engine(own, engine_params)
+    ran = (engine_args or engineargs.read(model_dir)) if vllm else None  # the engine arguments replayed
     traffic = study_traffic(settings)
     if vllm:
-        context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
+        context = engineargs.context_tokens(ran)
         if context is not None:
             check_context(traffic, context, model=settings.model)
     part, warmup, end = _windows(traffic, settings, args=args, speed=speed)(speed)
@@ -243,8 +252,9 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic)))
     if args.json:
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
-                "engine": _engine_figures(run.engine),
-                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+                "engine": _engine_figures(run.engine), "config": _config_path(args),
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+                "engine_args": ran}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, run.first_error)
 
@@ -351,6 +361,7 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
         ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        *([("repeats", _repeats(m, sla_percentile))] if m.repeats > 1 else []),
         ("executions", _executions(m)),
         ("batch size", _batch_sizes(m)),
         ("histogram", " ".join(f"{size}:{count}" for size, count in sorted(m.batch_histogram.items())) or "-"),
@@ -360,6 +371,13 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _repeats(m: Measurement, sla_percentile: float) -> str:
+    """A measurement near the SLA's limit was replayed again on the same window (tuner.trial.step's
+    repeat policy): the table is of the median one, not of a single replay."""
+    return (f"{m.repeats} replays of the same window (its p{sla_percentile:g} was near the SLA's limit); "
+            f"the median by p{sla_percentile:g} is shown")
 
 
 def _executions(m: Measurement) -> str:
