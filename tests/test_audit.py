@@ -386,3 +386,28 @@ def test_the_warm_ups_failures_are_said_in_the_table_and_the_json(tmp_path, monk
         result, warmup=Warmup(seconds=3.0)))
     assert main(["audit", str(write_study(tmp_path)), "--at-load-only"]) == 0
     assert "warm-up" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", [["--at-load-only"], ["--prometheus", "http://127.0.0.1:9"]])
+def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsys, mode):
+    """--json over a file tuner did not write is refused (one line, exit 2) before a server starts or
+    Prometheus is asked, as simulate's is; --force replaces it, and an audit tuner wrote is replaced without it."""
+    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    started = []
+    monkeypatch.setattr(audit_module, "make_launcher",
+                        lambda settings, read_only: started.append(1) or FakeLauncher(config))
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "precious data"}\n')
+    study = str(write_study(tmp_path))
+    code = main(["audit", study, *mode, "--json", str(mine)])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == (f"tuner: error: --json {mine}: exists and tuner did not write it: "
+                                               "give --force to replace it, or write to another file\n")
+    assert mine.read_text() == '{"my": "precious data"}\n' and started == []
+    if mode[0] == "--at-load-only":  # the replay audit writes; then its own JSON is replaced without --force
+        assert main(["audit", study, *mode, "--json", str(mine), "--force"]) == 0
+        assert json.loads(mine.read_text())["model"] == "encoder_sim" and started == [1]
+        assert main(["audit", study, *mode, "--json", str(mine)]) == 0 and started == [1, 1]

@@ -52,7 +52,7 @@ MEASUREMENT_FIELD = {
     ("tuner/cli/replay_cmd.py", "warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))"):
         "the replay measures the config the server runs: the warm-up's shape sweep up to its max_batch_size",
     ("tuner/cli/replay_cmd.py",
-     "probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,"):
+     "probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size),"):
         "the measurement's field, from the config the server runs",
     ("tuner/cli/replay_cmd.py", "if m.max_batch_size <= 0:"): "the measurement's field (no batching)",
     ("tuner/cli/replay_cmd.py", "if m.max_batch_size <= 0:  # each request runs alone: there is no batch to fill"):

@@ -4,7 +4,9 @@ simulation refuses, and where the profile may be written."""
 
 from __future__ import annotations
 
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,3 +144,96 @@ def test_a_profile_in_a_missing_directory_is_refused_as_every_json_is(study, cap
     assert json_err.endswith(f"cannot write: no directory {target.parent}") and not (study / "typo").exists()
     assert _reached(capsys, main(["profile", str(study / "study.yaml")]))  # the default: out/profile.csv
     assert (study / "out").is_dir()
+
+
+BUDGET = 200  # the fake device's padded tokens: at the traffic's longest lengths, 4 rows run out of memory
+
+
+@pytest.fixture
+def measured(study, monkeypatch) -> Path:
+    """`study`, on a fake server whose every request takes rows x length / 100 ms and runs out of memory
+    past BUDGET padded tokens (the profiler's own logic measures it, bars and table included)."""
+    import tuner.profiler as profiler
+    import tuner.server
+    from tuner.profiler import Sample
+
+    class Sender:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def send(self, rows, length, *, measured=True):
+            fits = rows * length <= BUDGET
+            return Sample(rows=rows, length=length, ok=fits, client_ms=1.0, input_ms=0.05,
+                          infer_ms=rows * length / 100, output_ms=0.1, measured=measured,
+                          error="" if fits else "CUDA out of memory (emulated)")
+
+        def send_held(self, n, length, *, blocker, measured=True):
+            return Sample(rows=n, length=length, ok=True, client_ms=1.0, infer_ms=0.5 + 0.1 * n, measured=measured,
+                          requests=n)
+
+    class Launcher:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def apply_config(self, model, config):
+            return config
+
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Launcher())
+    monkeypatch.setattr(profiler, "_Sender", Sender)
+    monkeypatch.setattr(profiler, "padded_lengths", lambda *a, **k: ())  # the traffic's lengths only
+    settings = yaml.safe_load((study / "study.yaml").read_text())
+    (study / "study.yaml").write_text(yaml.safe_dump({**settings, "measurement": {"warmup": False}}))
+    return study
+
+
+def test_quiet_draws_no_progress_bar_and_still_prints_the_profile(measured, capsys):
+    argv = ["profile", str(measured / "study.yaml"), "-o", str(measured / "p.csv"), "--repeats", "2",
+            "--concurrent-executions", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "\r" in err and "profile:" in err and "point/s]" in err  # the bar, drawn to a stderr that is no terminal
+    assert main([*argv, "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert "\r" not in quiet_err and "point/s" not in quiet_err and "%|" not in quiet_err, quiet_err
+    assert quiet_out.splitlines()[:-1] == out.splitlines()[:-1]  # the table and notes; the last line: the seconds
+    assert quiet_out.splitlines()[-1].startswith(f"wrote {measured / 'p.csv'}: ")
+    assert quiet_err.startswith("profile: encoder_sim on the local server")  # its one-line notes
+
+
+def test_the_table_says_what_a_blank_beyond_a_lengths_memory_limit_means(measured, capsys, monkeypatch):
+    """At length 57, 4 rows run out of memory and 8 are never sent (they would too): its cell is blank, as
+    are rows another length's bisection tried (3 at length 21); the legend says so, not OOM alone."""
+    argv = ["profile", str(measured / "study.yaml"), "-o", str(measured / "p.csv"), "--repeats", "2",
+            "--concurrent-executions", "1", "--quiet"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    legend = lines[0]
+    assert legend.startswith("device time per execution (Triton's compute_infer), ms: median (p10-p90) of 2 "
+                             "requests; OOM: out of memory; blank: not measured at that length (more rows than "
+                             "an OOM there, which run out of memory too, or rows tried only where another "
+                             "length's memory limit was searched)"), legend
+    cells = _table(lines)
+    assert cells[4]["len 57"] == "OOM" and cells[8]["len 57"] == "" and cells[8]["len 69"] == ""
+    assert cells[3]["len 21"] == "" and cells[3]["len 69"] == "OOM"
+    monkeypatch.setattr(sys.modules[__name__], "BUDGET", 10_000)  # no length runs out of memory: no blank
+    assert main(argv) == 0
+    legend = capsys.readouterr().out.splitlines()[0]
+    assert legend.endswith("of 2 requests; OOM: out of memory"), legend
+
+
+def _table(lines: list[str]) -> dict[int, dict[str, str]]:
+    """The printed device-time table: each row's cells by column (right-aligned under their heading)."""
+    first = next(k for k, x in enumerate(lines) if x.lstrip().startswith("rows "))
+    head = lines[first]
+    ends = [m.end() for m in re.finditer(r"rows|len \d+", head)]
+    spans = list(zip([0, *ends[:-1]], ends, strict=True))
+    table = {}
+    for line in lines[first + 1:]:
+        if not line[:ends[0]].strip().isdigit():
+            break
+        cells = {head[a:b].strip(): line.ljust(len(head))[a:b].strip() for a, b in spans}
+        table[int(cells.pop("rows"))] = cells
+    return table

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tuner import modelconfig
+from tuner import modelconfig, space
 from tuner.cli.replay_cmd import format_measurement
 from tuner.measurement import Measurement
 from tuner.server.local import LocalLauncher
@@ -98,8 +98,12 @@ def test_config_replays_against_a_named_config_pbtxt(server, tmp_path):
     run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--config", str(path),
                 "--set", "max_queue_delay_microseconds=2000", "--duration", "1", "--json", str(out))
     assert run.returncode == 0, run.stderr
-    m = json.loads(out.read_text())["measurement"]
+    data = json.loads(out.read_text())
+    m = data["measurement"]
     assert m["max_batch_size"] == 4 and max(int(k) for k in m["batch_histogram"]) <= 4 and m["errors"] == 0
+    # which configuration was measured: the file, and what the server read back having loaded it
+    assert data["config"] == str(path) and data["params"] == {"max_queue_delay_microseconds": 2000}
+    assert data["running"]["max_batch_size"] == 4 and data["running"]["max_queue_delay_microseconds"] == 2000
     assert server.model_config("echo").max_batch_size == 32
 
 
@@ -437,3 +441,136 @@ def test_a_model_that_fails_executions_has_a_mean_batch_of_its_histogram_and_a_o
     errors = [line for line in run.stdout.splitlines() if line.startswith("errors")]
     assert len(errors) == 1 and re.search(r"; the first: .*TritonModelException: odd length \d+$", errors[0]), run.stdout
     assert "At:" not in run.stdout and "model.py" not in run.stdout
+
+
+def test_a_json_the_user_wrote_is_kept_unless_force_before_any_server(tmp_path, monkeypatch, capsys):
+    """--json over a file tuner did not write is refused (one line, exit 2) before a server starts, as
+    simulate's is; --force replaces it, and a measurement tuner wrote is replaced without it."""
+    import tuner.server
+    import tuner.trial.step
+    from tests.support import FakeLauncher, measurement
+    from tuner.cli import main
+
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    started = []
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: started.append(1) or FakeLauncher(config))
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "measurement": {"warmup": False},
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "precious data"}\n')
+    assert main(["replay", str(path), "--json", str(mine)]) == 2
+    assert capsys.readouterr().err == (f"tuner: error: --json {mine}: exists and tuner did not write it: give "
+                                       "--force to replace it, or write to another file\n")
+    assert mine.read_text() == '{"my": "precious data"}\n' and started == []
+    assert main(["replay", str(path), "--json", str(mine), "--force"]) == 0
+    assert "measurement" in json.loads(mine.read_text()) and started == [1]
+    assert main(["replay", str(path), "--json", str(mine)]) == 0  # tuner's own: replaced as before
+    assert started == [1, 1]
+
+
+def test_quiet_draws_no_progress_bar_and_still_prints_the_measurement(server, tmp_path):
+    """In a CI log (stderr no terminal) the replay's bar writes \\r-separated frames; --quiet draws none."""
+    traffic = pd.DataFrame({"timestamp": np.arange(30) / 10.0, "seq_len": 4})  # 3 s at 10 req/s
+    path = study(tmp_path, server.endpoints.http, traffic=traffic)
+    run = tuner("replay", str(path))
+    assert run.returncode == 0, run.stderr
+    # the bar's frames (text mode reads its \r as line ends)
+    assert re.search(r"^replay: +\d+%\|.*req/s\]$", run.stderr, re.M), run.stderr
+    quiet = tuner("replay", str(path), "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "req/s]" not in quiet.stderr and "replay:" not in quiet.stderr and "%|" not in quiet.stderr, quiet.stderr
+    assert "throughput" in quiet.stdout and "latency" in quiet.stdout  # the measurement as without it
+    assert [line for line in quiet.stderr.splitlines() if line.startswith("warm-up:")]  # and its one-line notes
+
+
+def test_the_json_records_the_config_replayed_and_the_table_says_a_repeated_measurement(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """--json names the --config file and the batching fields the server ran (read back from it, not the
+    file's text); a measurement repeated near the SLA's limit says so in the table, as the JSON does."""
+    import tuner.server
+    import tuner.trial.step
+    from tests.support import FakeLauncher, measurement
+    from tuner.cli import main
+
+    class Applying(FakeLauncher):
+        def apply_config(self, model, config):
+            self.config = config  # what a server reads back: the loaded config
+            return config
+
+    base = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Applying(base))
+    repeated = dataclasses.replace(measurement(1.0), repeats=3)
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: lambda speed: repeated)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "measurement": {"warmup": False},
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+    config = tmp_path / "recommended.pbtxt"
+    config.write_text(modelconfig.to_text(space.apply(base, {
+        "max_batch_size": 16, "max_queue_delay_microseconds": 2000, "preferred_batch_size": (8, 16),
+        "instance_count": 2, "max_queue_size": 100})))
+    out = tmp_path / "m.json"
+    assert main(["replay", str(path), "--config", str(config), "--set", "max_queue_delay_microseconds=500",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"] == str(config)
+    assert data["params"] == {"max_queue_delay_microseconds": 500}
+    running = data["running"]
+    assert (running["max_batch_size"], running["max_queue_delay_microseconds"], running["preferred_batch_size"],
+            running["instance_count"], running["max_queue_size"]) == (16, 500, [8, 16], 2, 100)
+    assert data["measurement"]["repeats"] == 3
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("repeats")]
+    assert rows == ["repeats         3 replays of the same window (its p99 was near the SLA's limit); the median "
+                    "by p99 is shown"], rows
+    # the repository's config, a measurement taken once: no config named, no repeats row
+    monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
+    assert main(["replay", str(path), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"] is None and data["running"]["max_batch_size"] == base.max_batch_size
+    assert "repeats" not in capsys.readouterr().out
+
+
+def test_a_generative_replays_json_records_the_engine_arguments_it_ran(tmp_path, monkeypatch):
+    """A vLLM-served model's --json names the model.json given (or none) and the engine arguments the
+    engine was loaded with: the model's own where none were applied."""
+    import tuner.server
+    import tuner.trial.generate
+    from tests.support import FakeLauncher
+    from tuner.cli import main
+    from tuner.measurement_tokens import measure_tokens
+    from tuner.trial.generate import GenerateRun
+
+    applied = []
+
+    class Engine(FakeLauncher):
+        def apply_engine_args(self, model, config, args):
+            applied.append(dict(args))
+            return config
+
+    due = np.arange(0.0, 3.0, 0.5)
+    records = pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "send_s": due, "end_s": due + 0.5,
+                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 5,
+                            "tokens": 5, "first_token_s": due + 0.1, "last_token_s": due + 0.5,
+                            "itl_ms": [np.full(4, 100.0)] * len(due)})
+    m = measure_tokens(records, speed=1.0, warmup_s=0.5, lag_budget_ms=50.0, duration_s=3.0)
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Engine())
+    monkeypatch.setattr(tuner.trial.generate, "replay_generate", lambda *a, **k: GenerateRun(m, m, None))
+    pd.DataFrame({"timestamp": due, "prompt_tokens": 5, "output_tokens": 5}).to_csv(tmp_path / "t.csv", index=False)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "llm", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "llm_vllm", "traffic": {"path": "t.csv"}, "replay": {"warmup_s": 0.5},
+                                    "sla": {"ttft_ms": 1000}}))
+    own = json.loads((ROOT / "model_repository_templates" / "llm_vllm" / "1" / "model.json").read_text())
+    out = tmp_path / "r.json"
+    assert main(["replay", str(path), "--set", "max_num_seqs=4", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"] is None and data["engine_args"] == {**own, "max_num_seqs": 4} == applied[-1]
+    (tmp_path / "model.json").write_text(json.dumps({**own, "max_num_seqs": 2}))
+    assert main(["replay", str(path), "--config", str(tmp_path / "model.json"), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["config"] == str(tmp_path / "model.json") and data["engine_args"]["max_num_seqs"] == 2
+    assert main(["replay", str(path), "--json", str(out)]) == 0  # none applied: the model's own, as it loads
+    assert json.loads(out.read_text())["engine_args"] == own and len(applied) == 2

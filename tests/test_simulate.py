@@ -1030,3 +1030,15 @@ def test_the_best_line_says_why_the_incumbent_misses_the_sla(study, capsys):
     assert incumbent["sla_reason"].startswith("error rate")
     best = next(line for line in out.splitlines() if line.startswith("best: "))
     assert best.endswith(f"(the incumbent misses the SLA: {incumbent['sla_reason']})"), best
+
+
+def test_quiet_draws_no_progress_bar_and_still_prints_the_ranking_and_notes(study, capsys):
+    argv = ["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--grid", "--top", "3"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "\r" in err and "simulate:" in err  # the bar, drawn to a stderr that is no terminal
+    assert main([*argv, "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert "\r" not in quiet_err and "simulate:" not in quiet_err and "config/s" not in quiet_err, quiet_err
+    assert quiet_out == out and "best:" in quiet_out  # the ranking as without it
+    assert quiet_err.startswith("note: the profile timed") and err.startswith(quiet_err)  # its notes too

@@ -22,8 +22,8 @@ from typing import IO
 from tuner.errors import InputError, OutputError
 from tuner.paths import make_temp, name_max, os_reason, writable_dir
 
-__all__ = ["check_output_dir", "check_replaceable", "check_writable", "json_safe", "open_input", "os_reason", "read_json_object",
-           "read_text", "replacing", "write_atomic"]
+__all__ = ["check_output_dir", "check_replaceable", "check_writable", "json_safe", "json_with_keys", "open_input", "os_reason",
+           "read_json_object", "read_text", "replacing", "write_atomic"]
 
 
 def user_cache(variable: str, name: str) -> Path:
@@ -123,6 +123,20 @@ def read_json_object(path: str | os.PathLike, *, label: str | None = None, missi
     return data
 
 
+def json_with_keys(path: str | os.PathLike, keys: frozenset[str] | set[str]) -> bool:
+    """Whether `path` holds a JSON object with every one of `keys`: how a command tells a --json file it
+    wrote (check_replaceable's `ours`) from someone's own. A file that is not JSON is not read whole."""
+    with open(path, "rb") as fh:
+        if not fh.read(64).lstrip().startswith(b"{"):
+            return False
+        fh.seek(0)
+        try:
+            data = json.load(fh)
+        except (ValueError, UnicodeDecodeError):
+            return False
+    return isinstance(data, dict) and set(keys) <= data.keys()
+
+
 def check_writable(path: str | os.PathLike, *, label: str | None = None,
                    error: type[InputError] = OutputError) -> Path:
     """The path, once a new file can be made there (its directory exists and takes a new file, the
@@ -144,7 +158,7 @@ def check_replaceable(path: str | os.PathLike, *, force: bool, label: str | None
     (not even a dangling symbolic link, which a write would follow), a regular file tuner wrote
     (`ours(path)`, which reads what it needs to tell), or `force` (`--force` was given). Otherwise one
     `error` line naming the file (or `label`). The one place every command that writes a file a person
-    names decides this: export, config set, simulate, profile and the traffic writers."""
+    names decides this: export, config set, simulate, profile, replay, audit and the traffic writers."""
     path = Path(path)
     if force or not os.path.lexists(path):
         return path

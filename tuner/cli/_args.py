@@ -245,10 +245,14 @@ def add_output_file(
                         help=help)
 
 
-def add_json(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--json OUT`: also write `what` as JSON (checked as an output file before the work)."""
+def add_json(parser: argparse.ArgumentParser, what: str, *, force: bool = False) -> None:
+    """`--json OUT`: also write `what` as JSON (checked as an output file before the work). With `force`,
+    `--force` too: the command replaces only a JSON it wrote, else with --force (tuner.files.check_replaceable)."""
     parser.add_argument("--json", metavar="OUT", type=PathArg("output file", "--json {path}"),
                         help=f"also write {what} as JSON to OUT")
+    if force:
+        add_flag(parser, "--force", "replace a --json file that tuner did not write (the study's own inputs "
+                 "are never replaced)")
 
 
 class _Textfile(PathArg):

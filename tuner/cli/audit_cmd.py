@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "A model vLLM serves (a generative study) is measured in tokens, as tune measures it: its engine "
         "arguments from the study's model.json, the TTFT/TPOT SLA, the capacity in output tokens/s against a "
         "generative `tuner tune` baseline, vLLM's own preemptions, KV-cache use and sequences at the recorded "
-        "load in place of the batcher's findings (the replay audit only).",
+        "load in place of the batcher's findings (the replay audit only). --json replaces only an audit tuner "
+        "wrote (else --force), never one of the study's inputs.",
     )
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="T",
                    help="with --prometheus: the window's end, e.g. 2026-11-30T00:00 (naive times UTC) or Unix "
                    "seconds; default: the last whole hour, so a past week can be audited again as it was")
-    add_json(p, "the audit")
+    add_json(p, "the audit", force=True)
     add_textfile(p, "the audit's figures")
 
 
@@ -65,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
     if args.at_load_only and args.baseline:
         raise InputError("--baseline compares capacities, which --at-load-only does not measure: drop one of them")
     from tuner.audit import REQUESTS, TOKENS, audit, format_audit, load_baseline
-    from tuner.files import check_writable
     from tuner.server.remote import check_triton
     from tuner.settings import check_generative, parse_host_port, read_study, with_overrides
     from tuner.study import is_vllm_study
@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
-    if args.json:
-        check_writable(args.json, label=f"--json {args.json}")  # before the measuring, not after
+    _check_json(args, settings)  # before the measuring, not after
     unit = TOKENS if generative else REQUESTS
     baseline = load_baseline(args.baseline, settings, unit=unit) if args.baseline else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
@@ -109,7 +108,6 @@ def _production(args: argparse.Namespace) -> int:
 
     from tuner.audit import format_audit, soak_findings
     from tuner.errors import InputError
-    from tuner.files import check_writable
     from tuner.production import Prometheus, parse_duration
     from tuner.settings import read_study
     from tuner.study import is_vllm_study
@@ -120,8 +118,7 @@ def _production(args: argparse.Namespace) -> int:
     window_s = parse_duration(args.window or "7d")
     end = _until(args.until)
     settings = read_study(args.study)
-    if args.json:
-        check_writable(args.json, label=f"--json {args.json}")
+    _check_json(args, settings)
     prometheus = Prometheus(args.prometheus)
     audit = _production_engine if is_vllm_study(settings) else _production_triton
     result, textfile = audit(args, settings, prometheus, window_s=window_s, end=end)
@@ -201,6 +198,20 @@ def _query_progress(total: int | None = None) -> Iterator[Callable[[str], None]]
     with tqdm(total=total or QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
               leave=False) as bar:
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
+
+
+def _check_json(args: argparse.Namespace, settings) -> None:
+    """Refuse a --json that cannot be written, or that would replace a file tuner did not write (unless
+    --force) or one of the study's inputs, as simulate's --json is refused."""
+    from tuner.cli.simulate_cmd import check_output
+    from tuner.files import check_writable, json_with_keys
+
+    if args.json:
+        label = f"--json {args.json}"
+        check_writable(args.json, label=label)
+        # every audit's JSON (replay, --prometheus, generative) holds these (tuner.audit, tuner.production)
+        check_output(args.json, settings, label=label, force=args.force,
+                     ours=lambda path: json_with_keys(path, {"model", "findings", "exit_code"}))
 
 
 def _write_json(path: str | None, data: dict) -> None:

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from tuner.cli._args import Number, add_command, add_flag, add_numbers, add_output_file, add_study
+from tuner.cli._args import Number, add_command, add_flag, add_numbers, add_output_file, add_quiet, add_study
 
 PROFILE = "profile.csv"
 
@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_numbers(p, COUNTS, type=int)
     add_flag(p, "--force", "replace a file at the profile's place that tuner did not write (the study's own "
              "inputs are never replaced)")
+    add_quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,12 +120,18 @@ def run(args: argparse.Namespace) -> int:
                                      max_rows=max_rows, max_length=args.max_length,
                                      repeats=args.repeats or REPEATS,
                                      concurrent_executions=args.concurrent_executions,
-                                     on_progress=progress, on_window=window)
+                                     on_progress=None if args.quiet else progress,
+                                     on_window=None if args.quiet else window)
     finally:
         for bar in bars.values():
             bar.close()
+    # a length's bisection stops at its first failing rows: the rows above it are never sent (they would fail
+    # too), and the rows it tried are blank at the other lengths; said, else a blank reads as fitting
     print(f"device time per execution (Triton's compute_infer), ms: median (p10-p90) of "
-          f"{args.repeats or REPEATS} requests; OOM: out of memory")
+          f"{args.repeats or REPEATS} requests; OOM: out of memory"
+          + ("; blank: not measured at that length (more rows than an OOM there, which run out of memory too, "
+             "or rows tried only where another length's memory limit was searched)"
+             if result.profile.oom_rows else ""))
     padded = ", ".join(map(str, result.padded_lengths)) or "none"
     print(f"lengths measured: {', '.join(map(str, result.lengths))} (the requests' quantiles and the incumbent's "
           f"simulated padded lengths: {padded}, but for those within 15 % of another)")

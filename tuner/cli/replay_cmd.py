@@ -9,9 +9,18 @@ import sys
 from typing import TYPE_CHECKING
 
 from tuner import space
-from tuner.cli._args import Number, add_assignments, add_command, add_input, add_json, add_numbers, add_study
+from tuner.cli._args import (
+    Number,
+    add_assignments,
+    add_command,
+    add_input,
+    add_json,
+    add_numbers,
+    add_quiet,
+    add_study,
+)
 from tuner.errors import SettingsError
-from tuner.files import check_writable, json_safe, write_atomic
+from tuner.files import check_writable, json_safe, json_with_keys, write_atomic
 from tuner.settings import read_study
 
 if TYPE_CHECKING:
@@ -31,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "percentiles, throughput, errors, send lag and Triton's batching figures. Each traffic row "
         "becomes one request: batch_size (default 1) is the first dim of a batching model, a "
         "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
-        "variable dim. Exits 1 when no measured request succeeded.",
+        "variable dim. --json replaces only a measurement tuner wrote (else --force), never one of the "
+        "study's inputs. Exits 1 when no measured request succeeded.",
     )
     add_study(p, "the study file (server, model, traffic, replay)")
     add_input(p, "--config", metavar="PATH", what="a config.pbtxt",
@@ -53,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
-    add_json(p, "the measurement")
+    add_json(p, "the measurement", force=True)
+    add_quiet(p)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -78,7 +89,10 @@ def _replay(args: argparse.Namespace) -> int:
     if args.warmup is not None and args.warmup < 0:
         raise SettingsError(f"--warmup: must be >= 0, got {args.warmup:g}")
     if args.json:
+        from tuner.cli.simulate_cmd import check_output
+
         check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
+        check_output(args.json, settings, label=f"--json {args.json}", force=args.force, ours=_is_replay)
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
@@ -105,7 +119,8 @@ def _replay(args: argparse.Namespace) -> int:
                   + (f"steady (windows: {warm.seen})" if warm.stable else
                      f"FAILING, not slow: {warm.reason}" if warm.failing else f"NOT steady: {warm.reason}")
                   + (f"; {warm.failures()} (not judged: the measured window is)" if warm.errors else ""), file=sys.stderr)
-        probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size), progress=True,
+        probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size),
+                           progress=not args.quiet,
                            on_measure=say.append)
         m = probe(speed)
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, "
@@ -118,9 +133,22 @@ def _replay(args: argparse.Namespace) -> int:
             figures["fill_rate"] = None  # not 1.0: a model without batching has no fill rate
         data = {"measurement": figures, "workers": m.workers, "attempts": m.attempts,
                 "warmup": dataclasses.asdict(warm) if warm is not None else None,
-                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+                "config": _config_path(args),
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+                # what the server ran, read back from it: the measurement says which configuration it is of
+                "running": space.deployed(running)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, m.first_error)
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """The --config file replayed, as given; None for the repository's (or the server's own) config."""
+    return None if args.config is None else str(args.config)
+
+
+def _is_replay(path) -> bool:
+    """Whether `path` holds a measurement `tuner replay --json` wrote (either kind of model's)."""
+    return json_with_keys(path, {"measurement", "params"})
 
 
 def _config(settings, params: dict, path):
@@ -204,9 +232,10 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     if args.config is not None or engine_params:
         own = engine_file(args.config) if args.config is not None else engineargs.read(model_dir)
         engine_args = space.apply_engine(own, engine_params)
+    ran = (engine_args or engineargs.read(model_dir)) if vllm else None  # the engine arguments replayed
     traffic = study_traffic(settings)
     if vllm:
-        context = engineargs.context_tokens(engine_args or engineargs.read(model_dir))
+        context = engineargs.context_tokens(ran)
         if context is not None:
             check_context(traffic, context, model=settings.model)
     part, warmup, end = _windows(traffic, settings, args=args, speed=speed)(speed)
@@ -216,15 +245,16 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)
         run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup,
-                              duration_s=None if end is None else end - warmup, progress=True)
+                              duration_s=None if end is None else end - warmup, progress=not args.quiet)
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
     print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic)))
     if args.json:
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
-                "engine": _engine_figures(run.engine),
-                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}}
+                "engine": _engine_figures(run.engine), "config": _config_path(args),
+                "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
+                "engine_args": ran}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, run.first_error)
 
@@ -331,6 +361,7 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
         ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        *([("repeats", _repeats(m, sla_percentile))] if m.repeats > 1 else []),
         ("executions", _executions(m)),
         ("batch size", _batch_sizes(m)),
         ("histogram", " ".join(f"{size}:{count}" for size, count in sorted(m.batch_histogram.items())) or "-"),
@@ -340,6 +371,13 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _repeats(m: Measurement, sla_percentile: float) -> str:
+    """A measurement near the SLA's limit was replayed again on the same window (tuner.trial.step's
+    repeat policy): the table is of the median one, not of a single replay."""
+    return (f"{m.repeats} replays of the same window (its p{sla_percentile:g} was near the SLA's limit); "
+            f"the median by p{sla_percentile:g} is shown")
 
 
 def _executions(m: Measurement) -> str:

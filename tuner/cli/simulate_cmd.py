@@ -10,8 +10,17 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tuner.cli._args import Number, add_command, add_flag, add_input, add_json, add_numbers, add_study
-from tuner.files import json_safe, write_atomic
+from tuner.cli._args import (
+    Number,
+    add_command,
+    add_flag,
+    add_input,
+    add_json,
+    add_numbers,
+    add_quiet,
+    add_study,
+)
+from tuner.files import json_safe, json_with_keys, write_atomic
 
 # The ranking's columns printed, and their headings: the knobs' columns (headed by `tuner.space.LABELS`)
 # go after the tag; a knob the space does not vary is left out.
@@ -67,9 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_flag(p, "--grid", "only the grid sampler's points (search.grid_per_octave), not every batch size the "
              "search can sample")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows to print (default 10)")
-    add_json(p, "the whole ranking")
-    add_flag(p, "--force", "replace a --json file that tuner did not write (the study's own inputs are never "
-             "replaced)")
+    add_json(p, "the whole ranking", force=True)
+    add_quiet(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -146,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
           f"price ${price:g}/h; scoring: {settings.scoring}; space: {len(model.configs)} configurations "
           f"({', '.join(f'{k} {_span(v)}' for k, v in values.items())})")
     with tqdm(total=len(model.configs) + (not model.incumbent_in_space()), desc="simulate", unit="config",
-              file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+              file=sys.stderr, leave=False, dynamic_ncols=True, disable=args.quiet) as bar:
         ranking = model.rank(tolerance=args.tolerance, on_config=lambda done, total: bar.update(1))
         table = model.against_incumbent(ranking, tolerance=args.tolerance)
         bar.update(len(table) - len(ranking))
@@ -220,15 +228,7 @@ def check_output(path, settings, *, label: str, force: bool, ours: Callable[[Pat
 
 def _is_ranking(path: Path) -> bool:
     """Whether `path` holds a ranking `tuner simulate --json` wrote (a JSON object with its keys)."""
-    with open(path, "rb") as fh:
-        if not fh.read(64).lstrip().startswith(b"{"):  # not JSON: a large file is not read whole
-            return False
-        fh.seek(0)
-        try:
-            data = json.load(fh)
-        except (ValueError, UnicodeDecodeError):
-            return False
-    return isinstance(data, dict) and {"study", "profile", "ranking"} <= data.keys()
+    return json_with_keys(path, {"study", "profile", "ranking"})
 
 
 def _reason(table) -> str:
