@@ -43,3 +43,19 @@ def test_an_earlier_install_of_the_wheel_is_not_taken_for_ones_own_files(tmp_pat
     (tmp_path / "empty" / "x").write_text("")
     with pytest.raises(ServerSetupError, match="not a Triton install"):
         _check_ours(tmp_path / "empty")
+
+
+def test_the_default_install_directory_follows_xdg_cache_home_as_every_cache_does(tmp_path, monkeypatch):
+    # DEFAULT_DIR hard-coded ~/.cache/tuner/triton while the traffic and LLM caches followed XDG_CACHE_HOME
+    from tuner.server.install import install_dir_for
+
+    monkeypatch.delenv("TUNER_TRITON_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert install_dir_for() == tmp_path / "xdg" / "tuner" / "triton" / "nvidia-pytriton-0.7.0"
+    assert not (tmp_path / "xdg").exists()  # where it is, only: a read-only install is used as it is
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert install_dir_for() == tmp_path / "home" / ".cache" / "tuner" / "triton" / "nvidia-pytriton-0.7.0"
+    monkeypatch.setenv("TUNER_TRITON_HOME", str(tmp_path / "mine"))
+    assert install_dir_for() == tmp_path / "mine"
+    assert install_dir_for(tmp_path / "given") == tmp_path / "given"

@@ -2,7 +2,8 @@
 
 The wheel pins numpy<2, so it is never installed into the project's environment: it goes, without its
 dependencies, into a directory of its own (`pip install --no-deps --target DIR`). The directory is,
-in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, or `~/.cache/tuner/triton/nvidia-pytriton-0.7.0`.
+in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, `$XDG_CACHE_HOME/tuner/triton/nvidia-pytriton-0.7.0`,
+or `~/.cache/tuner/triton/nvidia-pytriton-0.7.0` (tuner.files.cache_path, the rule of every cache of tuner's).
 
 The Python backend's stub embeds the system Python and was built against numpy 1 (with numpy 2 its
 output tensors come back empty), so a `numpy<2` for the stub's Python version is installed next to
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
+from tuner.files import cache_path
 
 WHEEL = "nvidia-pytriton==0.7.0"
 MODEL_NUMPY = "numpy>=1.24,<2"
 TRITON_VERSION = "2.51.0"
 MIN_GLIBC = (2, 35)
-DEFAULT_DIR = Path("~/.cache/tuner/triton/nvidia-pytriton-0.7.0")
+# below the user cache, each release in a directory of its own: another WHEEL installs beside it
+DEFAULT_NAME = "triton/nvidia-pytriton-0.7.0"
 # Where the dynamic loader looks for a system libpython (Debian/Ubuntu/RHEL layouts).
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -51,8 +54,9 @@ class TritonInstall:
 
 
 def install_dir_for(install_dir: str | Path | None = None) -> Path:
-    """Where the Triton install lives: `install_dir`, else $TUNER_TRITON_HOME, else the user cache."""
-    chosen = install_dir or os.environ.get("TUNER_TRITON_HOME") or DEFAULT_DIR
+    """Where the Triton install lives: `install_dir`, else $TUNER_TRITON_HOME, else the user cache.
+    Nothing is made: a complete install in a read-only place is used as it is."""
+    chosen = install_dir or cache_path("TUNER_TRITON_HOME", DEFAULT_NAME)
     return Path(chosen).expanduser().resolve()
 
 
