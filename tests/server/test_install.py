@@ -1,11 +1,17 @@
-"""`tuner server install --dir`: a directory of the person's own is refused, never filled in place."""
+"""`tuner server install --dir`: a directory of the person's own is refused, never filled in place; the
+lock and the staging are inside the directory, and no staging outlives a run (pip is faked here)."""
 
 from __future__ import annotations
+
+import fcntl
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from tuner.cli import main
 from tuner.errors import ServerSetupError
+from tuner.server import install as install_mod
 
 
 def _own_files(root):
@@ -59,3 +65,85 @@ def test_the_default_install_directory_follows_xdg_cache_home_as_every_cache_doe
     monkeypatch.setenv("TUNER_TRITON_HOME", str(tmp_path / "mine"))
     assert install_dir_for() == tmp_path / "mine"
     assert install_dir_for(tmp_path / "given") == tmp_path / "given"
+
+
+def _fake_pip(monkeypatch, *, then=None, during=None):
+    """pip replaced: it fills its --target as the wheel would (part of it, when `then` is raised
+    midway: Ctrl-C, an error), calling `during(target)` first."""
+    calls = []
+
+    def run(cmd, **kwargs):
+        target = Path(cmd[cmd.index("--target") + 1])
+        calls.append(target)
+        if during is not None:
+            during(target)
+        (target / "nvidia_pytriton-0.7.0.dist-info").mkdir(parents=True)
+        (target / "nvidia_pytriton.libs").mkdir()
+        if then is not None:
+            raise then
+        (target / "pytriton" / "tritonserver" / "bin").mkdir(parents=True)
+        (target / "pytriton" / "tritonserver" / "bin" / "tritonserver").write_text("")
+        return subprocess.CompletedProcess(cmd, 0, stdout="")
+
+    monkeypatch.setattr(install_mod.subprocess, "run", run)
+    return calls
+
+
+def _tree(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt(), ServerSetupError("pip failed")])
+def test_a_stopped_install_leaves_no_staging_and_nothing_beside_the_directory(tmp_path, monkeypatch, stop):
+    # Ctrl-C left D/../.triton.XXXX/ (or D/.model-python3.11.XXXX/) for good, one per interrupt, and the
+    # lock file .triton.lock beside D, in a directory the person did not name
+    root = tmp_path / "triton"
+    _fake_pip(monkeypatch, then=stop)
+    with pytest.raises(type(stop)):
+        install_mod._install(root, quiet=True)
+    assert _tree(tmp_path) == ["triton", f"triton/{install_mod.LOCK}"]
+    (root / "pytriton" / "tritonserver" / "bin").mkdir(parents=True)
+    (root / "nvidia_pytriton-0.7.0.dist-info").mkdir()
+    before = _tree(tmp_path)
+    done = install_mod.TritonInstall(root=root, binary=root / "b", lib_dir=root, backends_dir=root,
+                                     python_version="3.11", model_pythonpath=root / "model-python3.11")
+    with pytest.raises(type(stop)):
+        install_mod._install_model_numpy(done, quiet=True)
+    assert _tree(tmp_path) == before
+
+
+def test_an_install_sweeps_the_staging_a_killed_run_left_and_nothing_else(tmp_path, monkeypatch):
+    root = tmp_path / "triton"
+    for stale in (root / ".tuner-staging-k1ll3d00", root / ".model-python3.11.ab_cd123", root / ".wheel",
+                  tmp_path / ".triton.x8y7z6w5"):  # the last two: where earlier versions staged
+        (stale / "pytriton").mkdir(parents=True)
+        (stale / "pytriton" / "part.py").write_text("")
+    (tmp_path / ".triton.lock").write_text("")  # an earlier version's lock, beside the directory
+    (tmp_path / ".triton.notes").write_text("mine\n")  # not a staging name: the person's own
+    (tmp_path / ".triton.longer-name").mkdir()
+    calls = _fake_pip(monkeypatch)
+    install_mod._install(root, quiet=True)
+    assert len(calls) == 1 and calls[0].parent == root and calls[0].name.startswith(install_mod.STAGING)
+    assert sorted(p.name for p in root.iterdir()) == [install_mod.LOCK, "nvidia_pytriton-0.7.0.dist-info",
+                                                      "nvidia_pytriton.libs", "pytriton"]
+    assert install_mod._binary(root).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".triton.longer-name", ".triton.notes", "triton"]
+
+
+def test_the_install_holds_its_lock_inside_the_directory_while_pip_runs(tmp_path, monkeypatch):
+    # two installs into one directory take turns on the lock file in it, made before anything else
+    root = tmp_path / "deep" / "triton"
+    held = []
+
+    def try_lock(target):
+        assert sorted(p.name for p in root.iterdir()) == [install_mod.LOCK, target.name]
+        with open(root / install_mod.LOCK) as other:  # a second open file: as another process would
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+
+    _fake_pip(monkeypatch, during=try_lock)
+    install_mod._install(root, quiet=True)
+    assert held == [True]
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["triton"]
