@@ -147,3 +147,63 @@ def test_the_install_holds_its_lock_inside_the_directory_while_pip_runs(tmp_path
     install_mod._install(root, quiet=True)
     assert held == [True]
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["triton"]
+
+
+# pip's log (--log) of a full disk and of a release that does not exist, shortened
+_FULL_DISK = """\
+2026-12-06T19:48:43,100 Successfully installed nvidia-pytriton-0.7.0
+2026-12-06T19:48:43,401 ERROR: Exception:
+2026-12-06T19:48:43,401 Traceback (most recent call last):
+2026-12-06T19:48:43,401 OSError: [Errno 18] Invalid cross-device link: '/tmp/pip-target-lo0/lib/python/pytriton' -> '/d/st/pytriton'
+2026-12-06T19:48:43,401 During handling of the above exception, another exception occurred:
+2026-12-06T19:48:43,401   File "/usr/lib/python3.11/shutil.py", line 515, in _copytree
+2026-12-06T19:48:43,401     raise Error(errors)
+2026-12-06T19:48:43,401 shutil.Error: [('/tmp/a/tritonserver', '/d/st/tritonserver', "[Errno 28] No space left on device: '/tmp/a/tritonserver' -> '/d/st/tritonserver'"), ('/tmp/a/x.py', '/d/st/x.py', "[Errno 28] No space left on device: '/tmp/a/x.py' -> '/d/st/x.py'")]
+2026-12-06T19:48:43,403 Removed build tracker: '/tmp/pip-build-tracker-ics0_xyr'
+"""
+_NOT_FOUND = """\
+2026-12-06T19:48:44,051 ERROR: Could not find a version that satisfies the requirement nvidia-pytriton==0.0.0.dev999 (from versions: 0.6.0, 0.7.0)
+2026-12-06T19:48:44,051 ERROR: No matching distribution found for nvidia-pytriton==0.0.0.dev999
+2026-12-06T19:48:44,052 Traceback (most recent call last):
+2026-12-06T19:48:44,052 pip._internal.exceptions.DistributionNotFound: No matching distribution found for nvidia-pytriton==0.0.0.dev999
+2026-12-06T19:48:44,054 Removed build tracker: '/tmp/pip-build-tracker-m5ujerhm'
+"""
+
+
+def test_pips_reason_is_its_last_error_line():
+    assert install_mod._pip_reason(_FULL_DISK) == "[Errno 28] No space left on device"
+    assert install_mod._pip_reason(_NOT_FOUND) == "No matching distribution found for nvidia-pytriton==0.0.0.dev999"
+    crash = "2026-12-06T19:48:44,051 ERROR: Exception:\n2026-12-06T19:48:44,051 Traceback (most recent call last):\n" \
+            "2026-12-06T19:48:44,052 ValueError: boom\n"
+    assert install_mod._pip_reason(crash) == "ValueError: boom"
+    assert install_mod._pip_reason("") == ""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_failed_pip_is_one_line_that_carries_pips_reason(tmp_path, monkeypatch, capsys, quiet):
+    # a full disk said "see pip's output above", the reason buried in 38 lines of pip's output
+    logs = []
+
+    def run(cmd, stdout=None, **kwargs):
+        shown = "\n".join(line.split(" ", 1)[1] for line in _FULL_DISK.splitlines())
+        if "--log" in cmd:
+            logs.append(Path(cmd[cmd.index("--log") + 1]))
+            with open(logs[-1], "a") as fh:
+                fh.write(_FULL_DISK)
+        if hasattr(stdout, "write"):  # shown, as pip shows it
+            print(shown, file=stdout)
+        return subprocess.CompletedProcess(cmd, 2, stdout=shown if stdout is subprocess.PIPE else None)
+
+    monkeypatch.setattr(install_mod.subprocess, "run", run)
+    root = tmp_path / "triton"
+    with pytest.raises(ServerSetupError) as caught:
+        install_mod._install(root, quiet=quiet)
+    assert str(caught.value) == (f"installing nvidia-pytriton==0.7.0 into {root} failed (pip exit 2): "
+                                 "[Errno 28] No space left on device")
+    if not quiet:
+        capsys.readouterr()
+        assert main(["server", "install", "--dir", str(root)]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            f"tuner: error: installing nvidia-pytriton==0.7.0 into {root} failed (pip exit 2): "
+            "[Errno 28] No space left on device")
+    assert not list(tmp_path.glob("**/.tuner-staging-*")) and logs and not any(log.exists() for log in logs)

@@ -42,6 +42,10 @@ LOCK = ".tuner-install.lock"  # in the install directory: installs into it take 
 STAGING = ".tuner-staging-"  # pip fills one of these in the install directory, then it is moved in
 # what earlier versions staged in the install directory: .wheel, .wheel.XXXXXXXX, .model-python3.11.XXXXXXXX
 _OLD_STAGING = re.compile(r"\.(wheel|model-python[0-9.]+)(\.[a-z0-9_]{8})?")
+# pip's log: each line after its time; the OS's words for an error (up to the path it names); its errors
+_PIP_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:,.]+ ")
+_PIP_ERRNO = re.compile(r"\[Errno -?\d+\] [^:'\"]+")
+_PIP_ERROR = re.compile(r"ERROR: (.+)")
 # Where the dynamic loader looks for a system libpython (Debian/Ubuntu/RHEL layouts).
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -201,17 +205,43 @@ def _staging(root: Path) -> Iterator[Path]:
 
 
 def _pip_target(staging: Path, requirement: str, extra: list[str], *, into: Path, quiet: bool) -> None:
-    """`pip install --no-deps --target STAGING REQUIREMENT`, the staging directory of `into`."""
+    """`pip install --no-deps --target STAGING REQUIREMENT`, the staging directory of `into`. A failure
+    is one line with pip's reason, read from its log (`--log`: pip's output still goes to the terminal
+    as it is, its progress bar live, where it is shown at all)."""
+    fd, log = tempfile.mkstemp(prefix="tuner-pip-", suffix=".log")
+    os.close(fd)
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-           "--progress-bar", "on", *extra, "--target", str(staging), requirement]
+           "--progress-bar", "on", "--log", log, *extra, "--target", str(staging), requirement]
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
-                              stderr=subprocess.STDOUT if quiet else None, text=True)
-    except OSError as exc:
-        raise ServerSetupError(f"cannot run pip to install {requirement}: {exc}") from None
-    if proc.returncode != 0:
-        tail = "; ".join((proc.stdout or "").strip().splitlines()[-3:]) if quiet else "see pip's output above"
-        raise ServerSetupError(f"installing {requirement} into {into} failed (pip exit {proc.returncode}): {tail}")
+        try:
+            code = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
+                                  stderr=subprocess.DEVNULL if quiet else None).returncode
+        except OSError as exc:
+            raise ServerSetupError(f"cannot run pip to install {requirement}: {exc}") from None
+        if code != 0:
+            reason = ""
+            with contextlib.suppress(OSError):
+                reason = _pip_reason(Path(log).read_text(errors="replace"))
+            reason = reason or ("see pip's output above" if not quiet else "pip gave no reason")
+            raise ServerSetupError(f"installing {requirement} into {into} failed (pip exit {code}): {reason}")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(log)
+
+
+def _pip_reason(log: str) -> str:
+    """Why pip failed, from its log: the last line naming an OS error (`[Errno 28] No space left on
+    device`) or saying `ERROR: ...`, else its last line (a traceback's: `ERROR: Exception:` says
+    nothing itself); '' for an empty log."""
+    lines = [_PIP_STAMP.sub("", line).strip() for line in log.splitlines()]
+    for line in reversed(lines):
+        found = _PIP_ERRNO.search(line)
+        if found:
+            return found.group(0).strip()
+        found = _PIP_ERROR.match(line)
+        if found and found.group(1) != "Exception:":
+            return found.group(1)
+    return next((line for line in reversed(lines) if line), "")
 
 
 def _install_model_numpy(install: TritonInstall, quiet: bool) -> None:
