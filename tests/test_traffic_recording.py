@@ -139,3 +139,26 @@ def test_a_file_joins_a_recording_where_its_directory_or_glob_would_read_it(tmp_
     assert joins_recording(tmp_path / "rec" / "day2.parquet", pattern)
     assert not joins_recording(tmp_path / "rec" / "night2.parquet", pattern)
     assert not joins_recording(tmp_path / "rec" / "b.csv", single)  # one file: only itself, by same_file
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "not parquet"])
+def test_a_damaged_conversion_in_the_cache_is_converted_again_not_blamed_on_the_csv(tmp_path, monkeypatch, capsys, damage):
+    # an emptied cache entry gave `t.csv: empty file`, a truncated one `t.csv: not a readable Parquet file`,
+    # and each stayed: the CSV (14 KB, fine) was blamed for the cache's fault, run after run
+    monkeypatch.setenv("TUNER_TRAFFIC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "t.csv"
+    _table(0, 500).to_csv(src, index=False)
+    assert main(["traffic", "stats", str(src)]) == 0
+    first = capsys.readouterr().out
+    [entry] = (tmp_path / "cache").iterdir()
+    if damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "truncated":
+        entry.write_bytes(entry.read_bytes()[:100])
+    else:
+        entry.write_text("timestamp\n0\n")
+    for _ in range(2):  # converted again, and that conversion read the next time
+        assert main(["traffic", "stats", str(src)]) == 0
+        assert capsys.readouterr().out == first
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name]
+    pd.testing.assert_frame_equal(read_all(open_recording(src)), read_traffic(src))

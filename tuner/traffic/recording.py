@@ -10,7 +10,8 @@ whose range meets it (the filter pushed down to the footers' statistics).
 
 A CSV is converted once, streamed a million rows at a time, to Parquet in the tuner's cache
 ($TUNER_TRAFFIC_CACHE, else ~/.cache/tuner/traffic), keyed by its path, size, modification and change
-times and inode: the user's files are only ever read.
+times and inode: the user's files are only ever read. An entry that cannot be read (emptied, truncated)
+is converted again.
 """
 
 from __future__ import annotations
@@ -401,10 +402,22 @@ def _as_parquet(path: Path, *, progress: bool) -> Path:
     stamp = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
     key = hashlib.sha256(stamp.encode()).hexdigest()[:20]
     target = cache_dir() / f"{path.stem[:80]}-{key}.parquet"
-    if target.exists():
+    if _readable(target):
         return target
+    # not there, or not readable (emptied, truncated): converted again, never blamed on the CSV
     convert_csv(path, target, progress=progress)
     return target
+
+
+def _readable(entry: Path) -> bool:
+    """Whether a cache entry is there and readable Parquet (its footer: an emptied or truncated file has none)."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(entry)
+    except Exception:  # pyarrow raises several unrelated types for a damaged file
+        return False
+    return True
 
 
 def convert_csv(path: Path, target: Path, *, progress: bool = False) -> Path:
