@@ -69,7 +69,7 @@ class Part:
     hi: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recording:
     """Parquet row groups in time order: `segments` are lists of parts read together (one row
     group, or several whose time ranges overlap); `notes` say what was combined and how.
