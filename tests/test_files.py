@@ -171,3 +171,15 @@ def test_a_traffic_cache_that_cannot_be_written_is_one_line_and_exit_2(tmp_path,
     csv.write_text("timestamp\n0.0\n1.0\n")
     assert main(["traffic", "stats", str(csv)]) == 2
     assert capsys.readouterr().err == f"tuner: error: TUNER_TRAFFIC_CACHE={tmp_path / 'afile'}: exists and is not a directory\n"
+
+
+def test_cache_path_is_the_rule_alone_and_makes_nothing(tmp_path, monkeypatch):
+    from tuner.files import cache_path, user_cache
+
+    monkeypatch.delenv("TUNER_X_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_path("TUNER_X_CACHE", "x/1.0") == tmp_path / "xdg" / "tuner" / "x" / "1.0"
+    assert not (tmp_path / "xdg").exists()
+    assert user_cache("TUNER_X_CACHE", "x") == tmp_path / "xdg" / "tuner" / "x" and (tmp_path / "xdg" / "tuner" / "x").is_dir()
+    monkeypatch.setenv("TUNER_X_CACHE", str(tmp_path / "mine"))
+    assert cache_path("TUNER_X_CACHE", "x") == tmp_path / "mine" and not (tmp_path / "mine").exists()

@@ -3,6 +3,7 @@ into the cache; bad files named in one line (exit 2)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 
@@ -139,3 +140,78 @@ def test_a_file_joins_a_recording_where_its_directory_or_glob_would_read_it(tmp_
     assert joins_recording(tmp_path / "rec" / "day2.parquet", pattern)
     assert not joins_recording(tmp_path / "rec" / "night2.parquet", pattern)
     assert not joins_recording(tmp_path / "rec" / "b.csv", single)  # one file: only itself, by same_file
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "not parquet"])
+def test_a_damaged_conversion_in_the_cache_is_converted_again_not_blamed_on_the_csv(tmp_path, monkeypatch, capsys, damage):
+    # an emptied cache entry gave `t.csv: empty file`, a truncated one `t.csv: not a readable Parquet file`,
+    # and each stayed: the CSV (14 KB, fine) was blamed for the cache's fault, run after run
+    monkeypatch.setenv("TUNER_TRAFFIC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "t.csv"
+    _table(0, 500).to_csv(src, index=False)
+    assert main(["traffic", "stats", str(src)]) == 0
+    first = capsys.readouterr().out
+    [entry] = (tmp_path / "cache").iterdir()
+    if damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "truncated":
+        entry.write_bytes(entry.read_bytes()[:100])
+    else:
+        entry.write_text("timestamp\n0\n")
+    for _ in range(2):  # converted again, and that conversion read the next time
+        assert main(["traffic", "stats", str(src)]) == 0
+        assert capsys.readouterr().out == first
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name]
+    pd.testing.assert_frame_equal(read_all(open_recording(src)), read_traffic(src))
+
+
+def _entries(cache):
+    return sorted(p.name for p in cache.iterdir())
+
+
+def test_a_new_version_of_a_csv_replaces_its_earlier_conversions_and_keeps_other_files(tmp_path, monkeypatch):
+    # `touch big.csv` (or replacing it) left a full stale Parquet copy each time, never removed
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TUNER_TRAFFIC_CACHE", str(cache))
+    src, other = tmp_path / "big.csv", tmp_path / "other.csv"
+    _table(0, 300).to_csv(src, index=False)
+    _table(0, 200).to_csv(other, index=False)
+    read_all(open_recording(other))
+    kept = _entries(cache)
+    for n in range(3):
+        os.utime(src, ns=(10**18 + n, 10**18 + n))  # a new modification time: a new version
+        assert len(read_all(open_recording(src))) == 300
+        assert len(_entries(cache)) == 2 and set(kept) < set(_entries(cache))
+    (tmp_path / "new.csv").write_text(src.read_text())
+    os.replace(tmp_path / "new.csv", src)  # another inode
+    assert len(read_all(open_recording(src))) == 300
+    assert len(_entries(cache)) == 2 and set(kept) < set(_entries(cache))
+    # the same file by another name (a link) is the same source: one entry for it still
+    (tmp_path / "link.csv").symlink_to(src)
+    assert len(read_all(open_recording(tmp_path / "link.csv"))) == 300
+    assert len(_entries(cache)) == 2
+
+
+def test_an_earlier_conversion_still_read_is_left_until_it_is_not(tmp_path, monkeypatch):
+    # two processes at once: one reads the conversion of the version it found, while the other converts
+    # the file as it is now; a removal needs the entry's lock, which every reader holds (shared)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TUNER_TRAFFIC_CACHE", str(cache))
+    src = tmp_path / "t.csv"
+    _table(0, 300).to_csv(src, index=False)
+    reading = open_recording(src)
+    [first] = _entries(cache)
+    other = open(cache / first)  # as another process reading it would: a lock of its own
+    fcntl.flock(other, fcntl.LOCK_SH)
+    del reading  # this process is done with it; the other is not
+    os.utime(src, ns=(10**18, 10**18))
+    assert len(read_all(open_recording(src))) == 300
+    assert len(_entries(cache)) == 2 and first in _entries(cache)
+    other.close()
+    os.utime(src, ns=(2 * 10**18, 2 * 10**18))
+    still = open_recording(src)
+    assert len(_entries(cache)) == 1 and first not in _entries(cache)
+    assert len(read_all(still)) == 300
+    os.utime(src, ns=(3 * 10**18, 3 * 10**18))
+    assert len(read_all(open_recording(src))) == 300
+    assert len(_entries(cache)) == 2  # `still` reads its version: kept

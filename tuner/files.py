@@ -22,20 +22,28 @@ from typing import IO
 from tuner.errors import InputError, OutputError
 from tuner.paths import make_temp, name_max, os_reason, writable_dir
 
-__all__ = ["check_output_dir", "check_replaceable", "check_writable", "json_safe", "json_with_keys", "open_input", "os_reason",
-           "read_json_object", "read_text", "replacing", "write_atomic"]
+__all__ = ["cache_path", "check_output_dir", "check_replaceable", "check_writable", "json_safe", "json_with_keys", "open_input",
+           "os_reason", "read_json_object", "read_text", "replacing", "write_atomic"]
+
+
+def cache_path(variable: str, name: str) -> Path:
+    """Where a cache of tuner's lives, nothing made: $`variable` when set, else
+    `$XDG_CACHE_HOME/tuner/<name>`, else `~/.cache/tuner/<name>` (`name` may hold a `/`). The one rule
+    for every cache: the traffic and LLM caches (user_cache) and the Triton install."""
+    given = os.environ.get(variable)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tuner" / name
 
 
 def user_cache(variable: str, name: str) -> Path:
-    """A cache directory of tuner's, made if missing: $`variable` when set, else
-    `$XDG_CACHE_HOME/tuner/<name>`, else `~/.cache/tuner/<name>`. One that cannot be made or written (a
+    """The cache directory cache_path names, made if missing. One that cannot be made or written (a
     file, a read-only place) is an OutputError naming the variable, not a traceback where it is used."""
+    path = cache_path(variable, name)
     given = os.environ.get(variable)
-    if given:
-        return writable_dir(given, label=f"{variable}={given}", create=True)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "tuner" / name
-    return writable_dir(path, label=f"the cache directory {path} (set {variable} for another)", create=True)
+    label = f"{variable}={given}" if given else f"the cache directory {path} (set {variable} for another)"
+    return writable_dir(path, label=label, create=True)
 
 
 def json_safe(value):

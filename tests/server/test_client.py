@@ -109,7 +109,9 @@ def test_pip_failure_is_a_setup_error(tmp_path, monkeypatch):
     monkeypatch.setattr(install_mod, "WHEEL", "nvidia-pytriton==0.0.0.dev999")  # no such release
     with pytest.raises(ServerSetupError, match=r"installing nvidia-pytriton==0.0.0.dev999 .* failed \(pip exit"):
         install_mod.find_tritonserver(tmp_path / "triton", quiet=True)
-    assert not (tmp_path / "triton").exists()  # nothing half-installed
+    # nothing half-installed: the directory holds its lock alone, and nothing is beside it
+    assert [p.name for p in (tmp_path / "triton").iterdir()] == [install_mod.LOCK]
+    assert [p.name for p in tmp_path.iterdir()] == ["triton"]
 
 
 def test_found_install_is_complete(triton_install):

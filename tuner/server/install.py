@@ -2,7 +2,8 @@
 
 The wheel pins numpy<2, so it is never installed into the project's environment: it goes, without its
 dependencies, into a directory of its own (`pip install --no-deps --target DIR`). The directory is,
-in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, or `~/.cache/tuner/triton/nvidia-pytriton-0.7.0`.
+in order: the `install_dir` argument, `$TUNER_TRITON_HOME`, `$XDG_CACHE_HOME/tuner/triton/nvidia-pytriton-0.7.0`,
+or `~/.cache/tuner/triton/nvidia-pytriton-0.7.0` (tuner.files.cache_path, the rule of every cache of tuner's).
 
 The Python backend's stub embeds the system Python and was built against numpy 1 (with numpy 2 its
 output tensors come back empty), so a `numpy<2` for the stub's Python version is installed next to
@@ -16,6 +17,7 @@ import contextlib
 import fcntl
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -23,16 +25,27 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
+from tuner.files import cache_path
 
 WHEEL = "nvidia-pytriton==0.7.0"
 MODEL_NUMPY = "numpy>=1.24,<2"
 TRITON_VERSION = "2.51.0"
 MIN_GLIBC = (2, 35)
-DEFAULT_DIR = Path("~/.cache/tuner/triton/nvidia-pytriton-0.7.0")
+# below the user cache, each release in a directory of its own: another WHEEL installs beside it
+DEFAULT_NAME = "triton/nvidia-pytriton-0.7.0"
+LOCK = ".tuner-install.lock"  # in the install directory: installs into it take turns
+STAGING = ".tuner-staging-"  # pip fills one of these in the install directory, then it is moved in
+# what earlier versions staged in the install directory: .wheel, .wheel.XXXXXXXX, .model-python3.11.XXXXXXXX
+_OLD_STAGING = re.compile(r"\.(wheel|model-python[0-9.]+)(\.[a-z0-9_]{8})?")
+# pip's log: each line after its time; the OS's words for an error (up to the path it names); its errors
+_PIP_STAMP = re.compile(r"^\d{4}-\d\d-\d\dT[0-9:,.]+ ")
+_PIP_ERRNO = re.compile(r"\[Errno -?\d+\] [^:'\"]+")
+_PIP_ERROR = re.compile(r"ERROR: (.+)")
 # Where the dynamic loader looks for a system libpython (Debian/Ubuntu/RHEL layouts).
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
 
@@ -51,8 +64,9 @@ class TritonInstall:
 
 
 def install_dir_for(install_dir: str | Path | None = None) -> Path:
-    """Where the Triton install lives: `install_dir`, else $TUNER_TRITON_HOME, else the user cache."""
-    chosen = install_dir or os.environ.get("TUNER_TRITON_HOME") or DEFAULT_DIR
+    """Where the Triton install lives: `install_dir`, else $TUNER_TRITON_HOME, else the user cache.
+    Nothing is made: a complete install in a read-only place is used as it is."""
+    chosen = install_dir or cache_path("TUNER_TRITON_HOME", DEFAULT_NAME)
     return Path(chosen).expanduser().resolve()
 
 
@@ -127,32 +141,38 @@ def _binary(root: Path) -> Path:
 
 
 def _install(root: Path, quiet: bool) -> None:
-    _check_ours(root)  # before the lock file beside it, too
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(root.parent / f".{root.name}.lock"):
+    _check_ours(root)  # before the lock file in it, too
+    root.mkdir(parents=True, exist_ok=True)
+    with _locked(root):
         if _binary(root).is_file():  # another process installed it while we waited
             return
         _check_ours(root)
         if not quiet:
             print(f"tuner: installing the Triton server ({WHEEL}, ~55 MB) into {root}", file=sys.stderr)
         started = time.monotonic()
-        if root.exists():  # an empty or broken leftover (e.g. an empty TUNER_TRITON_HOME): fill it in place
-            staging = root / ".wheel"
-            _pip_target(staging, WHEEL, [], quiet=quiet)
-            for child in staging.iterdir():
-                target = root / child.name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-                child.rename(target)
-            staging.rmdir()
-        else:
-            _pip_target(root, WHEEL, [], quiet=quiet)
+        # staged inside root and moved in, never renamed over it: the lock file is in root
+        with _staging(root) as staging:
+            _pip_target(staging, WHEEL, [], into=root, quiet=quiet)
+            for child in sorted(staging.iterdir(), key=_move_order):
+                _replace(root / child.name, child)
         if not _binary(root).is_file():
             raise ServerSetupError(f"{root}: {WHEEL} installed but holds no tritonserver binary")
         if not quiet:
             print(f"tuner: installed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
+def _move_order(entry: Path) -> int:
+    """The dist-info first: a stop midway leaves a directory _check_ours knows as tuner's; pytriton last:
+    its binary says the install is complete."""
+    return 0 if entry.name.endswith(".dist-info") else 2 if entry.name == "pytriton" else 1
+
+
+def _replace(target: Path, source: Path) -> None:
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
+        target.unlink()
+    source.rename(target)
 
 
 def _check_ours(root: Path) -> None:
@@ -161,36 +181,72 @@ def _check_ours(root: Path) -> None:
     files there would go with them."""
     if not root.is_dir():
         return
-    entries = [p for p in root.iterdir() if p.name != ".wheel"]  # .wheel: our own staging, left by a stop
+    # the lock and the staging directories of a run stopped before the wheel's first entry was in
+    entries = [p for p in root.iterdir() if p.name != LOCK and not _is_staging(p.name)]
     if entries and not any(p.name.startswith("nvidia_pytriton-") and p.name.endswith(".dist-info") for p in entries):
         shown = ", ".join(sorted(p.name for p in entries)[:3]) + (", ..." if len(entries) > 3 else "")
         raise ServerSetupError(f"{root}: not empty ({shown}) and not a Triton install of tuner's: name a new or "
                                "empty directory (nothing was changed)")
 
 
-def _pip_target(target: Path, requirement: str, extra: list[str], *, quiet: bool) -> None:
-    """`pip install --no-deps --target TARGET REQUIREMENT`, via a staging dir renamed into place."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
-           "--progress-bar", "on", *extra, "--target", str(staging), requirement]
+def _is_staging(name: str) -> bool:
+    return name.startswith(STAGING) or bool(_OLD_STAGING.fullmatch(name))
+
+
+@contextlib.contextmanager
+def _staging(root: Path) -> Iterator[Path]:
+    """A new directory in `root` for pip to fill, removed on any exit (an error, Ctrl-C, SIGTERM); one
+    that a SIGKILL leaves is swept by the next install (_locked)."""
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=root))
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
-                              stderr=subprocess.STDOUT if quiet else None, text=True)
-    except OSError as exc:
+        yield staging
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ServerSetupError(f"cannot run pip to install {requirement}: {exc}") from None
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = "; ".join((proc.stdout or "").strip().splitlines()[-3:]) if quiet else "see pip's output above"
-        raise ServerSetupError(f"installing {requirement} into {target} failed (pip exit {proc.returncode}): {tail}")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+
+
+def _pip_target(staging: Path, requirement: str, extra: list[str], *, into: Path, quiet: bool) -> None:
+    """`pip install --no-deps --target STAGING REQUIREMENT`, the staging directory of `into`. A failure
+    is one line with pip's reason, read from its log (`--log`: pip's output still goes to the terminal
+    as it is, its progress bar live, where it is shown at all)."""
+    fd, log = tempfile.mkstemp(prefix="tuner-pip-", suffix=".log")
+    os.close(fd)
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+           "--progress-bar", "on", "--log", log, *extra, "--target", str(staging), requirement]
+    try:
+        try:
+            code = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr,
+                                  stderr=subprocess.DEVNULL if quiet else None).returncode
+        except OSError as exc:
+            raise ServerSetupError(f"cannot run pip to install {requirement}: {exc}") from None
+        if code != 0:
+            reason = ""
+            with contextlib.suppress(OSError):
+                reason = _pip_reason(Path(log).read_text(errors="replace"))
+            reason = reason or ("see pip's output above" if not quiet else "pip gave no reason")
+            raise ServerSetupError(f"installing {requirement} into {into} failed (pip exit {code}): {reason}")
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(log)
+
+
+def _pip_reason(log: str) -> str:
+    """Why pip failed, from its log: the last line naming an OS error (`[Errno 28] No space left on
+    device`) or saying `ERROR: ...`, else its last line (a traceback's: `ERROR: Exception:` says
+    nothing itself); '' for an empty log."""
+    lines = [_PIP_STAMP.sub("", line).strip() for line in log.splitlines()]
+    for line in reversed(lines):
+        found = _PIP_ERRNO.search(line)
+        if found:
+            return found.group(0).strip()
+        found = _PIP_ERROR.match(line)
+        if found and found.group(1) != "Exception:":
+            return found.group(1)
+    return next((line for line in reversed(lines) if line), "")
 
 
 def _install_model_numpy(install: TritonInstall, quiet: bool) -> None:
     target = install.model_pythonpath
-    with _locked(target.parent / f".{target.name}.lock"):
+    with _locked(install.root):
         if (target / "numpy").is_dir():
             return
         version = install.python_version.replace(".", "")
@@ -199,7 +255,9 @@ def _install_model_numpy(install: TritonInstall, quiet: bool) -> None:
         if not quiet:
             print(f"tuner: installing {MODEL_NUMPY} for the Python backend (Python {install.python_version}) "
                   f"into {target}", file=sys.stderr)
-        _pip_target(target, MODEL_NUMPY, extra, quiet=quiet)
+        with _staging(install.root) as staging:
+            _pip_target(staging, MODEL_NUMPY, extra, into=target, quiet=quiet)
+            _replace(target, staging)
 
 
 def _prepare(root: Path) -> TritonInstall:
@@ -262,10 +320,37 @@ def _make_executable(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "w") as fh:
+def _locked(root: Path) -> Iterator[None]:
+    """Hold the lock of the install in `root` (a file in it: two installs into one directory take turns,
+    and nothing is written beside it), then remove the staging directories a killed run left: an
+    install stages only while it holds the lock, so every one there now is stale."""
+    with open(root / LOCK, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
+            _sweep(root)
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sweep(root: Path) -> None:
+    for entry in root.iterdir():
+        if _is_staging(entry.name) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+    _sweep_beside(root)
+
+
+def _sweep_beside(root: Path) -> None:
+    """Earlier versions staged the wheel beside root (`.<root>.XXXXXXXX`, tempfile's suffix) under a lock
+    file there (`.<root>.lock`): theirs are removed, under that lock when another holds it not."""
+    old_lock = root.parent / f".{root.name}.lock"
+    pattern = re.compile(re.escape(f".{root.name}.") + "[a-z0-9_]{8}")
+    with contextlib.suppress(OSError), open(old_lock) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # an earlier version is installing there now
+            return
+        for entry in root.parent.iterdir():
+            if pattern.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+        old_lock.unlink()

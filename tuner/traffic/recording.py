@@ -9,17 +9,24 @@ come out in time order, one segment in memory at a time, and a window reads only
 whose range meets it (the filter pushed down to the footers' statistics).
 
 A CSV is converted once, streamed a million rows at a time, to Parquet in the tuner's cache
-($TUNER_TRAFFIC_CACHE, else ~/.cache/tuner/traffic), keyed by its path, size, modification and change
-times and inode: the user's files are only ever read.
+($TUNER_TRAFFIC_CACHE, else $XDG_CACHE_HOME/tuner/traffic, else ~/.cache/tuner/traffic): the user's files
+are only ever read. An entry is named `<stem>-<path>-<version>.parquet`, by hashes of the CSV's resolved
+path and of its size, modification and change times and inode. One that cannot be read (emptied,
+truncated) is converted again; writing one removes the entries of the same CSV's earlier versions. A
+Recording holds a shared lock (flock) on each entry it reads for as long as it lives, and an entry is
+removed only under an exclusive one: a conversion never removes one that another process is reading.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import os
+import re
 import stat
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -62,7 +69,7 @@ class Part:
     hi: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recording:
     """Parquet row groups in time order: `segments` are lists of parts read together (one row
     group, or several whose time ranges overlap); `notes` say what was combined and how.
@@ -77,6 +84,8 @@ class Recording:
     notes: list[str] = field(default_factory=list)
     model: str | None = None
     left_out: dict[str, int] = field(default_factory=dict)
+    # the CSVs' conversions it reads, held until the last copy (of_model) of it goes
+    holds: list[_Hold] = field(default_factory=list, repr=False, compare=False)
 
     def of_model(self, name: str) -> Recording:
         """The same recording, read as `name`'s requests alone (unchanged without a model column)."""
@@ -236,10 +245,13 @@ def open_recording(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     columns: list[str] | None = None
     kinds: dict[str, str] = {}
     first: str | None = None
+    holds: list[_Hold] = []
     for n, given in enumerate(paths, start=1):
         if progress and len(paths) > 20 and (n == len(paths) or n % 100 == 0):
             print(f"  reading footers: {n:,} of {len(paths):,} files", file=sys.stderr, flush=True)
-        parquet = _as_parquet(given, progress=progress)
+        parquet, hold = _as_parquet(given, progress=progress)
+        if hold is not None:
+            holds.append(hold)
         pf = _open(parquet, str(given))
         names = list(pf.schema_arrow.names)
         if TIMESTAMP not in names:
@@ -260,7 +272,7 @@ def open_recording(path: str | os.PathLike | Sequence[str | os.PathLike], *,
     if not parts:
         raise TrafficError(f"{source}: no requests (the files hold no rows)")
     segments, notes = _segments(parts)
-    return Recording(source=source, columns=list(columns or []), segments=segments, notes=notes)
+    return Recording(source=source, columns=list(columns or []), segments=segments, notes=notes, holds=holds)
 
 
 def _family(kind) -> str:
@@ -384,11 +396,12 @@ def _read_segment(seg: list[Part], columns: Sequence[str] | None) -> pd.DataFram
 
 # --- CSV: converted once ----------------------------------------------------------------------------
 
-def _as_parquet(path: Path, *, progress: bool) -> Path:
-    """A Parquet file to read for `path`: itself, or a CSV's conversion in the cache (made once)."""
+def _as_parquet(path: Path, *, progress: bool) -> tuple[Path, _Hold | None]:
+    """A Parquet file to read for `path`: itself, or a CSV's conversion in the cache (made once), held
+    while it is read."""
     suffix = path.suffix.lower()
     if suffix in PARQUET_SUFFIXES:
-        return path
+        return path, None
     if suffix not in CSV_SUFFIXES:
         with files.open_input(path, what="a traffic file", error=TrafficError):
             pass  # a path that is not there is said so before its suffix is judged
@@ -396,15 +409,93 @@ def _as_parquet(path: Path, *, progress: bool) -> Path:
                            "(expected .csv or .parquet)")
     with files.open_input(path, what="a traffic file", error=TrafficError) as fh:
         st = os.fstat(fh.fileno())
+    source = path.resolve()
     # the change time and inode too: a file replaced by one of the same size and modification time
     # (`cp -p`, `rsync -a`, `tar x`) has a new one, which no tool can set back
-    stamp = f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
-    key = hashlib.sha256(stamp.encode()).hexdigest()[:20]
-    target = cache_dir() / f"{path.stem[:80]}-{key}.parquet"
-    if target.exists():
-        return target
-    convert_csv(path, target, progress=progress)
-    return target
+    version = f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
+    folder = cache_dir()
+    mine = _digest(str(source))
+    target = folder / f"{source.stem[:80]}-{mine}-{_digest(version)}.parquet"
+    hold = _held(target)
+    if hold is not None:
+        return target, hold
+    # not there, or not readable (emptied, truncated): the CSV is read again, never blamed for it
+    for _ in range(2):
+        convert_csv(path, target, progress=progress)
+        hold = _held(target)
+        if hold is not None:
+            break
+    else:
+        raise TrafficError(f"{path}: its conversion to Parquet ({target}) cannot be read back")
+    _remove_earlier(folder, mine, keep=target)
+    return target, hold
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class _Hold:
+    """A cache entry open with a shared lock (flock), closed once no Recording reads it any more: no
+    other process's conversion removes the entry while this one reads it."""
+
+    def __init__(self, fd: int) -> None:
+        weakref.finalize(self, os.close, fd)
+
+
+def _held(entry: Path) -> _Hold | None:
+    """The cache entry held (_Hold), when it is there and readable Parquet (its footer: an emptied or
+    truncated file has none); None otherwise."""
+    import pyarrow.parquet as pq
+
+    fd = _open_locked(entry)
+    if fd is None:
+        return None
+    try:
+        pq.ParquetFile(entry)
+    except Exception:  # pyarrow raises several unrelated types for a damaged file
+        os.close(fd)
+        return None
+    return _Hold(fd)
+
+
+def _open_locked(entry: Path) -> int | None:
+    """The entry open with a shared lock, the file its name holds now (None when there is none)."""
+    for _ in range(5):  # renamed over meanwhile by another process's conversion of the same version
+        try:
+            fd = os.open(entry, os.O_RDONLY)
+        except OSError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a removal holds the entry
+        try:
+            if os.fstat(fd).st_ino == os.stat(entry).st_ino:
+                return fd
+        except OSError:  # removed while this waited
+            os.close(fd)
+            return None
+        os.close(fd)
+    return None
+
+
+def _remove_earlier(folder: Path, mine: str, *, keep: Path) -> None:
+    """Remove the conversions of the source file's earlier versions (`mine`: its path's digest) but
+    `keep`; one that another process is reading (a shared lock) is left for a later conversion."""
+    earlier = re.compile(rf".*-{mine}-[0-9a-f]{{16}}\.parquet")
+    for entry in folder.iterdir():
+        if entry.name == keep.name or not earlier.fullmatch(entry.name):
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.fstat(fd).st_ino == os.stat(entry).st_ino:
+                os.unlink(entry)
+        except OSError:  # held by a reader, or gone already
+            pass
+        finally:
+            os.close(fd)
 
 
 def convert_csv(path: Path, target: Path, *, progress: bool = False) -> Path:
