@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         commands, "install", run=_install,
         help="install tritonserver (nvidia-pytriton wheel) for the local launcher, if absent",
         description="Install the tritonserver binary bundled in the nvidia-pytriton wheel into DIR "
-        "(default: $TUNER_TRITON_HOME or ~/.cache/tuner/triton/...), outside the project's environment, "
+        "(default: $TUNER_TRITON_HOME, else $XDG_CACHE_HOME/tuner/triton/..., else ~/.cache/tuner/triton/...), outside the project's environment, "
         "and print where it is.")
     add_output_dir(install, flag="--dir", label="install directory {path}",
                    help="install directory (default: $TUNER_TRITON_HOME, else the user cache)")
