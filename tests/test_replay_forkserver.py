@@ -150,3 +150,24 @@ def test_a_folder_named_tuner_in_the_working_directory_is_not_what_the_load_gene
     assert child.wait(timeout=60) == 1  # this tuner's load generator, refusing the missing file; not 7
     log.seek(0)
     assert "missing.json" in log.read()
+
+
+def test_a_ctrl_c_while_the_server_ends_at_exit_ends_it_without_a_traceback(env, tmp_path, monkeypatch):
+    # a second Ctrl-C during the atexit shutdown's wait printed "Exception ignored in atexit callback" and
+    # a KeyboardInterrupt traceback
+    log = open(tmp_path / "err.log", "w+")
+    child = _forkserver.start([str(tmp_path / "missing.json"), "--role", "local"], stderr=log, env=env)
+    assert child.wait(timeout=30) == 1
+    server = _forkserver._server
+    waited = server.proc.wait
+    calls = []
+
+    def interrupted(timeout=None):
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return waited(timeout=timeout)
+
+    monkeypatch.setattr(server.proc, "wait", interrupted)
+    _forkserver._at_exit()  # raises nothing
+    assert server.proc.poll() is not None and _forkserver._server is None

@@ -197,4 +197,16 @@ def shutdown() -> None:
         old.close()
 
 
-atexit.register(shutdown)
+def _at_exit() -> None:
+    """`shutdown` as the process exits: a Ctrl-C pressed again while the server ends (a user pressing it
+    twice) ends it at once, where it was a traceback from the atexit callback."""
+    server = _server
+    try:
+        shutdown()
+    except KeyboardInterrupt:
+        if server is not None and server.owner == os.getpid():
+            server.proc.kill()
+            server.proc.wait()
+
+
+atexit.register(_at_exit)
