@@ -473,6 +473,17 @@ def test_a_study_output_that_is_a_file_is_said_as_one_not_as_its_storage(tmp_pat
     assert (tmp_path / "afile.txt").read_text() == "mine"
 
 
+def test_an_output_inside_the_models_directory_is_refused_before_anything_is_written(tmp_path, capsys):
+    # the outputs landed in the user's model directory, and every server's private copy took them along
+    repo = repository(tmp_path)
+    before = sorted(p.name for p in (repo / "encoder_sim").rglob("*"))
+    study = write_tune_study(tmp_path, "inside", repo, output=str(repo / "encoder_sim" / "out"))
+    for argv in (["tune", str(study), "--check"], ["tune", str(study)]):
+        assert main(argv) == 2
+        assert "in the model's directory" in _one_line_error(capsys)
+    assert sorted(p.name for p in (repo / "encoder_sim").rglob("*")) == before
+
+
 def test_a_seq_len_column_no_input_takes_is_named_in_a_note(tmp_path):
     # the recorded lengths changed no request of a model of fixed dims, and nothing said so
     from tuner.settings import read_study

@@ -36,7 +36,7 @@ from tuner.settings import StudySettings
 from tuner.traffic.recording import joins_recording, open_recording, recording_files
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
-__all__ = ["base_config", "base_engine", "check_batcher_study", "check_not_input", "checked_base", "config_file",
+__all__ = ["base_config", "base_engine", "check_batcher_study", "check_not_in_model", "check_not_input", "checked_base", "config_file",
            "engine_file", "is_vllm_study", "model_digest", "model_files",
            "stale_profile", "study_traffic"]
 
@@ -220,6 +220,19 @@ def check_batcher_study(settings: StudySettings, command: str) -> None:
         raise SettingsError(f"{settings.source or '<study>'}: {settings.model} is served by vLLM (its batching is the "
                             f"engine's): tuner {command} does not take a generative study yet; tuner tune and "
                             f"tuner replay do")
+
+
+def check_not_in_model(path: str | Path, settings: StudySettings, *, label: str) -> None:
+    """Refuse (OutputError, one line starting with `label`) a file or directory to write inside the
+    study's model directory, resolved (a write through a link lands where it points): a new file there
+    too, as the model's directory is what the server loads (and what a resumed study digests,
+    `model_files`)."""
+    if not settings.model_repository:
+        return
+    model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
+    if Path(os.path.realpath(path)).is_relative_to(model_dir):
+        raise OutputError(f"{label}: in the model's directory {model_dir}, which the server loads; refusing "
+                          "to write there")
 
 
 def check_not_input(path: str | Path, *, label: str, study_file: str | None, traffic: str | None,

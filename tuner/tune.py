@@ -38,7 +38,14 @@ from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
-from tuner.study import base_engine, checked_base, model_files, stale_profile, study_traffic
+from tuner.study import (
+    base_engine,
+    check_not_in_model,
+    checked_base,
+    model_files,
+    stale_profile,
+    study_traffic,
+)
 from tuner.traffic import busiest_window, mean_rps, peak_rps
 from tuner.trial import Hints
 from tuner.trial.run import session
@@ -150,6 +157,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     check_output_dir(settings.output, "output directory", create=False)
     # a storage the user named is a path they gave
     search.check_storage(url, connect=dry_run, write=bool(storage or settings.storage))
+    check_not_in_model(settings.output, settings, label=f"output directory {settings.output}")
     check_outputs_owner(settings.output, settings.name)
     check_output_dir(settings.output, "output directory", create=not dry_run)  # made last: all checked
     notes.insert(0, f"study {settings.name!r} in {search.safe_url(url)}")

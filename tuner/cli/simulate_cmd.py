@@ -209,18 +209,12 @@ def check_output(path, settings, *, label: str, force: bool, ours: Callable[[Pat
     or where the study's traffic (a directory, a glob) would take it for one more traffic file,
     whatever `force` says; and over any other existing file unless `ours(path)` (tuner wrote it) or
     `force` (tuner.files.check_replaceable). Nothing is read beyond what `ours` reads, nothing written."""
-    from tuner.errors import OutputError
     from tuner.files import check_replaceable
-    from tuner.study import check_not_input
+    from tuner.study import check_not_in_model, check_not_input
 
     path = Path(path)
     check_not_input(path, label=label, study_file=settings.source, traffic=settings.traffic.path, inputs=inputs)
-    model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
-    # resolved: a write through a link replaces the file it points to. A new file there is refused too: the
-    # model's directory is what the server loads (and what a resumed study digests, study.model_files)
-    if settings.model_repository and Path(os.path.realpath(path)).is_relative_to(model_dir):
-        raise OutputError(f"{label}: in the model's directory {model_dir}, which the server loads; refusing "
-                          "to write there")
+    check_not_in_model(path, settings, label=label)
     if not os.path.lexists(path):
         return
     check_replaceable(path, force=force, label=label, ours=ours)
