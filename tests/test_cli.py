@@ -116,6 +116,16 @@ def test_sigterm_says_resume_only_where_running_again_resumes(tmp_path, monkeypa
     err = _interrupted(monkeypatch, capsys, replay_cmd, "_replay", ["resumes"])
     assert err == "tuner: terminated (SIGTERM); run the same command again to resume\n"
 
+    def ctrl_c(args):
+        raise KeyboardInterrupt
+
+    # Ctrl-C says it too (it said only "tuner: interrupted")
+    monkeypatch.setattr(replay_cmd, "_replay", ctrl_c)
+    assert main(["resumes"]) == 130
+    assert capsys.readouterr().err == "tuner: interrupted; run the same command again to resume\n"
+    assert main(["replay", str(study)]) == 130
+    assert capsys.readouterr().err == "tuner: interrupted\n"
+
 
 # (command, dest) of numbers still read with plain float, which takes "nan" and "inf": each is a
 # one-line change to `type=finite_float` (tuner/cli/_args.py); one changed must leave this list

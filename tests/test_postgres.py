@@ -303,9 +303,9 @@ def test_the_first_host_to_find_the_search_over_re_measures_and_the_others_are_t
     by = search.claim_finish(study, a)
     assert by["running"] == running.number
     # a host does not wait for another's trial (its GPU is free): it says who measures, and the way out
-    said = Handover(study.study_name, url, by, 4).message()
+    said = Handover(study.study_name, url, by, 4).message("gpu_study.yaml")
     assert f"node-c (pid None, None) still measures trial {running.number}: the last host to finish" in said
-    assert said.endswith("If that host stops, run: tuner finish STUDY.yaml --storage URL")
+    assert said.endswith(f"If that host stops, run: tuner finish gpu_study.yaml --storage {url}")  # not a placeholder
     study.tell(running, 1.0)
     assert search.claim_finish(study, a) is None  # a first: it re-measures
     claim = search.claim_finish(study, b)

@@ -242,6 +242,9 @@ def test_report_of_a_study_where_nothing_met_the_sla(output_dir: Path, tmp_path:
     "make, message",
     [
         (lambda d: None, "not a study output directory: summary.json is missing"),
+        # a study begun here and interrupted: said as one, with the way to finish it
+        (lambda d: (d / "study.db").write_bytes(b"x"),
+         "the study begun here is not finished (summary.json is not written yet): run the same `tuner tune` again"),
         (
             lambda d: (d / "summary.json").write_text("{nope") and (d / "trials.csv").write_text("a\n1\n"),
             "summary.json: not valid JSON",

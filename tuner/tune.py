@@ -94,16 +94,16 @@ class Handover:
     ran_here: int
     hosts: list = field(default_factory=list)   # export.hosts(study)
 
-    def message(self) -> str:
-        """One line for the terminal."""
+    def message(self, study_file: str = "STUDY.yaml") -> str:
+        """One line for the terminal; its way out names the study file and the storage to finish with."""
         who = f"{self.by.get('host')} (pid {self.by.get('pid')}, {self.by.get('gpu')})"
+        finish = f"tuner finish {study_file} --storage {self.storage}"
         if "running" in self.by:
             return (f"{who} still measures trial {self.by['running']}: the last host to finish re-measures the "
                     f"top configurations and writes the outputs; this host measured {self.ran_here} trial(s). "
-                    f"If that host stops, run: tuner finish STUDY.yaml --storage URL")
+                    f"If that host stops, run: {finish}")
         return (f"{who} re-measures the top configurations and writes the outputs (since {self.by.get('since')}); "
-                f"this host measured {self.ran_here} trial(s). If it stops, run: tuner finish STUDY.yaml "
-                f"--storage URL")
+                f"this host measured {self.ran_here} trial(s). If it stops, run: {finish}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -72,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tuner: terminated (SIGTERM){_resume(args)}", file=sys.stderr)
         return 143
     except KeyboardInterrupt:
-        print("tuner: interrupted", file=sys.stderr)
+        print(f"tuner: interrupted{_resume(args)}", file=sys.stderr)
         return 130
 
 
 def _resume(args: argparse.Namespace) -> str:
-    """What the SIGTERM message adds: how to resume, for a command that does (`resumable`)."""
+    """What the Ctrl-C and SIGTERM messages add: how to resume, for a command that does (`resumable`)."""
     return "; run the same command again to resume" if getattr(args, "resumable", False) else ""
 
 

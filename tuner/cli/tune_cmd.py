@@ -92,6 +92,6 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(summary, Handover):  # another host re-measures and writes the outputs
         if summary.hosts:
             print(export.hosts_table(summary.hosts))
-        print(f"\nstudy {summary.study_name!r} in {summary.storage}: {summary.message()}")
+        print(f"\nstudy {summary.study_name!r} in {summary.storage}: {summary.message(args.study)}")
         return 0
     return print_outcome(summary, settings.output)

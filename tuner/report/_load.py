@@ -27,7 +27,7 @@ from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
 from tuner.formats import first_line
 from tuner.score import monthly_cost, servers_needed
-from tuner.search import open_storage
+from tuner.search import DEFAULT_STORAGE_FILE, open_storage
 from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
 
@@ -250,6 +250,10 @@ def load_output(path: str | Path) -> StudyOutput:
         raise InputError(f"{path}: not a directory (expected a `tuner tune` output directory)")
     for required in (SUMMARY, TRIALS):
         if not (path / required).is_file():
+            if (path / DEFAULT_STORAGE_FILE).is_file():  # a study begun here, stopped before its outputs
+                raise InputError(f"{path}: the study begun here is not finished ({required} is not written yet): "
+                                 "run the same `tuner tune` again to finish it, or `tuner finish` for a study "
+                                 "several hosts searched")
             raise InputError(f"{path}: not a study output directory: {required} is missing")
     summary = _read_summary(path / SUMMARY)
     trials = _read_trials(path / TRIALS, summary)
