@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tuner.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _commands(parser: argparse.ArgumentParser, prefix=()):
@@ -190,3 +194,16 @@ def test_tune_check_says_what_the_replay_sends_each_input(tmp_path, capsys):
     assert main(["tune", str(path), "--check"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^input\s+INPUT_IDS: INT32 \[batch_size, -1 from seq_len\], sent$", out, re.M), out
+
+
+def test_output_into_a_closed_pipe_ends_quietly_as_a_unix_tool_does(tmp_path):
+    # `tuner traffic stats FILE | head -1` printed a BrokenPipeError traceback
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written: every write fails
+    try:
+        done = subprocess.run([sys.executable, "-m", "tuner", "traffic", "stats", str(ROOT / "traffic_profiles" / "bursty_60s.csv")],
+                              stdout=write, stderr=subprocess.PIPE, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

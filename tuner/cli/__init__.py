@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tuner import __version__
@@ -74,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tuner: interrupted{_resume(args)}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of the output went away (`| head`): stop without a word, as a Unix tool does; stdout
+        # goes to /dev/null so that the interpreter's last flush does not raise it again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool the signal ended
 
 
 def _resume(args: argparse.Namespace) -> str:
