@@ -411,3 +411,18 @@ def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsy
         assert main(["audit", study, *mode, "--json", str(mine), "--force"]) == 0
         assert json.loads(mine.read_text())["model"] == "encoder_sim" and started == [1]
         assert main(["audit", study, *mode, "--json", str(mine)]) == 0 and started == [1, 1]
+
+
+def test_quiet_says_no_step_lines_and_still_prints_the_audit(tmp_path, monkeypatch, capsys):
+    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: FakeLauncher(config))
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    study = str(write_study(tmp_path))
+    assert main(["audit", study, "--at-load-only"]) == 0
+    out, err = capsys.readouterr()
+    assert "auditing encoder_sim on" in err
+    assert main(["audit", study, "--at-load-only", "--quiet"]) == 0
+    quiet_out, quiet_err = capsys.readouterr()
+    assert quiet_out == out and "auditing" not in quiet_err

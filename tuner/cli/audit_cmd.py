@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 
-from tuner.cli._args import add_command, add_flag, add_input, add_json, add_study, add_textfile
+from tuner.cli._args import add_command, add_flag, add_input, add_json, add_quiet, add_study, add_textfile
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "seconds; default: the last whole hour, so a past week can be audited again as it was")
     add_json(p, "the audit", force=True)
     add_textfile(p, "the audit's figures")
+    add_quiet(p, help="no progress bars or step lines (the audit's table still prints)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     baseline = load_baseline(args.baseline, settings, unit=unit) if args.baseline else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_triton(settings.server.url, where="--url" if args.url is not None else "server.url")
-    result = audit(settings, baseline, at_load_only=args.at_load_only)
+    result = audit(settings, baseline, at_load_only=args.at_load_only, progress=not args.quiet)
     print(format_audit(result))
     _write_json(args.json, result.as_dict())
     if args.textfile:
@@ -138,7 +139,7 @@ def _production_triton(args: argparse.Namespace, settings, prometheus, *, window
     from tuner.production import audit_families, labels_for, production_audit, study_families, write_textfile
 
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
-    with _query_progress() as on_query:
+    with _query_progress(quiet=args.quiet) as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                   on_query=on_query)
 
@@ -164,7 +165,7 @@ def _production_engine(args: argparse.Namespace, settings, prometheus, *, window
     )
 
     baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
-    with _query_progress(ENGINE_QUERIES) as on_query:
+    with _query_progress(ENGINE_QUERIES, quiet=args.quiet) as on_query:
         result = production_engine_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                          on_query=on_query)
     return result, lambda audited: write_textfile(args.textfile, engine_audit_families(audited, labels_for(settings)))
@@ -188,15 +189,15 @@ def _until(value: str | None) -> float | None:
 
 
 @contextlib.contextmanager
-def _query_progress(total: int | None = None) -> Iterator[Callable[[str], None]]:
+def _query_progress(total: int | None = None, *, quiet: bool = False) -> Iterator[Callable[[str], None]]:
     """A bar over the queries on stderr (`total`: the production audit's), drawn only once they take
-    more than a second."""
+    more than a second; none with `quiet`."""
     from tqdm import tqdm
 
     from tuner.production import QUERIES
 
     with tqdm(total=total or QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
-              leave=False) as bar:
+              leave=False, disable=quiet) as bar:
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
 
 
