@@ -5,9 +5,11 @@ are applied with the repository load API and a config override. `start()` record
 configuration; `stop()` reloads the models it changed with that original configuration and leaves the
 server running. A `read_only` one (for `tuner audit`) changes nothing and works in any control mode.
 
-`check_triton(url)` is the first thing `start()` does, and what a command calls before any other work
-to refuse a URL where nothing answers, or where something other than Triton's HTTP endpoint does (its
-metrics or gRPC port, another web server), in one line.
+`check_triton(url)` refuses, in one line, a URL where nothing answers, or where something other than
+Triton's HTTP endpoint does (its metrics or gRPC port, another web server). `check_remote(url, models)`
+adds what a study needs of the server (explicit model control, its models loaded and ready): `start()`
+and `tuner tune --check` call it alike, so a server the run would refuse is refused before anything is
+written.
 """
 
 from __future__ import annotations
@@ -33,6 +35,31 @@ def check_triton(url: str, *, where: str = "server.url") -> None:
     the URL and what answered (or that nothing did). `where` names the key or flag of a malformed URL."""
     host, port = parse_host_port(url, where=where, error=ServerSetupError)
     _check_endpoint(TritonHttp(f"{host}:{port}", timeout_s=CONTROL_TIMEOUT_S), url)
+
+
+def check_remote(url: str, models: Sequence[str] = (), *, read_only: bool = False, where: str = "server.url") -> None:
+    """Everything the remote launcher's start needs of the server at `url`, checked before anything
+    changes: Triton's HTTP endpoint answers (`check_triton`), in explicit model-control mode unless
+    `read_only`, each of `models` loaded and ready. ServerSetupError in one line otherwise."""
+    host, port = parse_host_port(url, where=where, error=ServerSetupError)
+    http = TritonHttp(f"{host}:{port}", timeout_s=CONTROL_TIMEOUT_S)
+    _check_endpoint(http, url)
+    if not read_only:
+        _check_explicit_mode(http, url)
+    for model in models:
+        if not http.ok(f"v2/models/{model}/ready", timeout_s=CONTROL_TIMEOUT_S):
+            raise ServerSetupError(f"model '{model}' is not loaded and ready on the server at {url}")
+
+
+def _check_explicit_mode(http: TritonHttp, url: str) -> None:
+    """Unloading a model that does not exist is harmless, and refused unless control is explicit."""
+    try:
+        http.post_json("v2/repository/models/__tuner_probe_no_such_model__/unload", {})
+    except HttpError as exc:
+        if _NOT_EXPLICIT in exc.message:
+            raise ServerSetupError(
+                f"the Triton server at {url} does not run in explicit model-control mode; "
+                "start it with --model-control-mode=explicit so configurations can be loaded") from None
 
 
 def _check_endpoint(http: TritonHttp, url: str) -> None:
@@ -97,12 +124,8 @@ class RemoteLauncher(Launcher):
     def start(self) -> None:
         if self._started:
             return
-        _check_endpoint(self._http, self.url)
-        if not self.read_only:
-            self._check_explicit_mode()
+        check_remote(self.url, self.models, read_only=self.read_only)
         for model in self.models:
-            if not self._http.ok(f"v2/models/{model}/ready", timeout_s=CONTROL_TIMEOUT_S):
-                raise ServerSetupError(f"model '{model}' is not loaded and ready on the server at {self.url}")
             self._originals[model] = self._http.model_config(model)
         self._started = True
 
@@ -167,13 +190,3 @@ class RemoteLauncher(Launcher):
         self._started = False
         if failures:
             raise ServerError(f"could not restore the original configuration on {self.url}: {'; '.join(failures)}")
-
-    def _check_explicit_mode(self) -> None:
-        """Unloading a model that does not exist is harmless, and refused unless control is explicit."""
-        try:
-            self._http.post_json("v2/repository/models/__tuner_probe_no_such_model__/unload", {})
-        except HttpError as exc:
-            if _NOT_EXPLICIT in exc.message:
-                raise ServerSetupError(
-                    f"the Triton server at {self.url} does not run in explicit model-control mode; "
-                    "start it with --model-control-mode=explicit so configurations can be loaded") from None
