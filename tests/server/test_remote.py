@@ -15,7 +15,7 @@ import pytest
 from support import write_tune_study
 
 from tuner.cli import main
-from tuner.errors import ServerSetupError
+from tuner.errors import ServerError, ServerSetupError
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher
 
@@ -154,3 +154,19 @@ def test_tune_refuses_a_server_its_launcher_would_refuse_before_writing_anything
             lines = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
             assert len(lines) == 1 and why in lines[0] and "Traceback" not in err, (check, err)
             assert not (tmp_path / "remote").exists(), check  # no output directory, no study.db
+
+
+def test_a_server_that_dies_after_it_was_reached_is_a_server_error(triton_install, templates_dir, tmp_path):
+    # never reached: bad input (exit 2); reached, then gone: a failure of the work (exit 1), whether the
+    # same launcher starts again (a crash's restart) or a new one does (the re-measurement's session)
+    with someone_elses_server(triton_install, templates_dir, tmp_path, models=["encoder_sim"], mode="explicit",
+                              load=["encoder_sim"]) as (address, proc):
+        with RemoteLauncher(address, models=["encoder_sim"]) as remote:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            remote.stop()
+            with pytest.raises(ServerError, match=rf"^the Triton server at {address} was ready earlier in this "
+                                                  rf"run and failed since: cannot reach a Triton server at {address}"):
+                remote.start()
+        with pytest.raises(ServerError, match="was ready earlier in this run and failed since: cannot reach"):
+            RemoteLauncher(address, models=["encoder_sim"]).start()

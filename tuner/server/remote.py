@@ -9,7 +9,8 @@ server running. A `read_only` one (for `tuner audit`) changes nothing and works 
 Triton's HTTP endpoint does (its metrics or gRPC port, another web server). `check_remote(url, models)`
 adds what a study needs of the server (explicit model control, its models loaded and ready): `start()`
 and `tuner tune --check` call it alike, so a server the run would refuse is refused before anything is
-written.
+written. Its refusals are bad input (ServerSetupError) only until the server was found ready: a later
+start that fails (after a crash, for the re-measurement) is a ServerError.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ CONTROL_TIMEOUT_S = 5.0
 LOAD_TIMEOUT_S = 300.0
 # Triton's answer to a load/unload when model control is not explicit
 _NOT_EXPLICIT = "explicit model load / unload is not allowed"
+# (address, models) a launcher of this process found ready: one that fails a later start (a crash's restart,
+# the re-measurement's session) died or changed during the work, a ServerError (exit 1), not bad input
+_REACHED: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def check_triton(url: str, *, where: str = "server.url") -> None:
@@ -124,14 +128,28 @@ class RemoteLauncher(Launcher):
     def start(self) -> None:
         if self._started:
             return
-        check_remote(self.url, self.models, read_only=self.read_only)
-        for model in self.models:
-            self._originals[model] = self._http.model_config(model)
+        try:
+            check_remote(self.url, self.models, read_only=self.read_only)
+            for model in self.models:
+                self._originals[model] = self._http.model_config(model)
+        except ServerSetupError as exc:
+            raise self._failure(exc) from None
         self._started = True
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         if not self._http.ok("v2/health/ready", timeout_s=min(timeout_s or CONTROL_TIMEOUT_S, CONTROL_TIMEOUT_S)):
-            raise ServerSetupError(f"the Triton server at {self.url} is not ready")
+            raise self._failure(ServerSetupError(f"the Triton server at {self.url} is not ready"))
+        _REACHED.add(self._attachment)
+
+    @property
+    def _attachment(self) -> tuple[str, tuple[str, ...]]:
+        return self._endpoints.http, tuple(sorted(self.models))
+
+    def _failure(self, exc: ServerSetupError) -> ServerSetupError | ServerError:
+        """`exc` as said at the first start; a server this process found ready before has failed since."""
+        if self._attachment not in _REACHED:
+            return exc
+        return ServerError(f"the Triton server at {self.url} was ready earlier in this run and failed since: {exc}")
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
         if self.read_only:
