@@ -15,7 +15,7 @@ import pytest
 from support import write_tune_study
 
 from tuner.cli import main
-from tuner.errors import ServerError, ServerSetupError
+from tuner.errors import InputError, OutputError, ServerError, ServerSetupError
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher
 
@@ -170,3 +170,64 @@ def test_a_server_that_dies_after_it_was_reached_is_a_server_error(triton_instal
                 remote.start()
         with pytest.raises(ServerError, match="was ready earlier in this run and failed since: cannot reach"):
             RemoteLauncher(address, models=["encoder_sim"]).start()
+
+
+def test_a_killed_runs_trial_configuration_is_undone_by_the_next_run(owner, tmp_path, capsys):
+    # a run that is killed never reaches stop(): the original it kept before its first trial's load is
+    # what the next run restores the server to, and takes for the original, not the trial's it finds
+    original = owner.model_config("encoder_sim")
+    killed = RemoteLauncher(owner.endpoints.http, models=["encoder_sim"], originals_dir=tmp_path)
+    killed.start()
+    killed.apply_config("encoder_sim", with_batching(template("encoder_sim"), 7, 6000))
+    [kept] = tmp_path.iterdir()  # kept on disk while the trial's configuration runs
+    assert owner.model_config("encoder_sim").max_batch_size == 7
+    del killed  # no stop(): as kill -9 leaves it
+
+    following = RemoteLauncher(owner.endpoints.http, models=["encoder_sim"], originals_dir=tmp_path)
+    try:
+        with following:
+            assert owner.model_config("encoder_sim") == original  # restored first, read back equal
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "ran a configuration an interrupted run left" in err, err
+            assert "max_batch_size: 64 -> 7" in err and str(kept) in err, err
+            assert not kept.exists()  # restored: nothing left to restore
+            following.apply_config("encoder_sim", with_batching(template("encoder_sim"), 8, 3000))
+            assert kept.exists()
+        assert owner.model_config("encoder_sim") == original  # its stop() put back the real original
+        assert list(tmp_path.iterdir()) == []
+    finally:  # the module's other tests share this server
+        owner.apply_config("encoder_sim", original)
+
+
+def test_the_original_is_kept_before_a_trial_changes_the_server(owner, tmp_path):
+    # where the original cannot be kept, no trial's configuration is loaded: one line, the server untouched
+    original = owner.model_config("encoder_sim")
+    (tmp_path / "taken").write_text("someone's file")
+    remote = RemoteLauncher(owner.endpoints.http, models=["encoder_sim"], originals_dir=tmp_path / "taken")
+    with remote:
+        with pytest.raises(OutputError, match=r"^.*taken/remote-original-encoder_sim-127\.0\.0\.1_\d+\.json "
+                                              r"\(the original configuration of 'encoder_sim' on .*\): cannot write"):
+            remote.apply_config("encoder_sim", with_batching(template("encoder_sim"), 8, 3000))
+        assert owner.model_config("encoder_sim") == original
+    assert (tmp_path / "taken").read_text() == "someone's file"
+
+
+def test_a_kept_original_that_cannot_be_read_is_refused_and_left(owner, tmp_path):
+    remote = RemoteLauncher(owner.endpoints.http, models=["encoder_sim"], originals_dir=tmp_path)
+    kept = remote._kept("encoder_sim")
+    kept.write_text('{"url": "x", "model": "encoder_sim"}')
+    with pytest.raises(InputError, match=rf"^{kept} \(the original configuration of 'encoder_sim' on .*, kept by an "
+                                         rf"interrupted run\): holds no 'config' object; check the server's"):
+        remote.start()
+    assert kept.read_text() == '{"url": "x", "model": "encoder_sim"}'
+
+
+def test_make_launcher_keeps_a_remote_original_in_the_studys_output(tmp_path):
+    from tuner.server import make_launcher
+    from tuner.settings import study_from_dict
+
+    settings = study_from_dict({"name": "s", "model_repository": str(tmp_path), "model": "m", "traffic": {"path": "t.csv"},
+                                "server": {"launcher": "remote", "url": "127.0.0.1:8000"},
+                                "output": str(tmp_path / "out")}, base_dir=tmp_path)
+    assert make_launcher(settings).originals_dir == tmp_path / "out" / "server"
+    assert make_launcher(settings, read_only=True).originals_dir is None  # it changes nothing

@@ -2,8 +2,14 @@
 
 The server must run in explicit model-control mode (`--model-control-mode=explicit`): configurations
 are applied with the repository load API and a config override. `start()` records each model's
-configuration; `stop()` reloads the models it changed with that original configuration and leaves the
-server running. A `read_only` one (for `tuner audit`) changes nothing and works in any control mode.
+configuration; `stop()` reloads the models it changed with that original configuration, reads it back
+and leaves the server running. A `read_only` one (for `tuner audit`) changes nothing and works in any
+control mode.
+
+A run killed before its `stop()` leaves the server with a trial's configuration, which the next run
+would take for the original: so before a model's first trial configuration is loaded, its original is
+kept in `originals_dir` (the study's output directory's `server/`), removed once restored; a start that
+finds one left restores the server to it first, and says so in one line.
 
 `check_triton(url)` refuses, in one line, a URL where nothing answers, or where something other than
 Triton's HTTP endpoint does (its metrics or gRPC port, another web server). `check_remote(url, models)`
@@ -15,10 +21,17 @@ start that fails (after a crash, for the re-measurement) is a ServerError.
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tuner.errors import ServerError, ServerSetupError
+from tqdm import tqdm
+
+from tuner import modelconfig
+from tuner.errors import ConfigError, InputError, OutputError, ServerError, ServerSetupError
+from tuner.files import read_json_object, write_atomic
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
 from tuner.server.base import Endpoints, Launcher
@@ -97,7 +110,8 @@ class RemoteLauncher(Launcher):
     def __init__(self, url: str, grpc_url: str | None = None, models: Sequence[str] = (),
                  *,
                  metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
-                 read_only: bool = False, model_repository: str | Path | None = None):
+                 read_only: bool = False, model_repository: str | Path | None = None,
+                 originals_dir: str | Path | None = None):
         host, port = parse_host_port(url, where="server.url", error=ServerSetupError)
         if grpc_url:
             grpc = "{}:{}".format(*parse_host_port(grpc_url, where="server.grpc_url", schemes=("grpc",),
@@ -120,6 +134,8 @@ class RemoteLauncher(Launcher):
         # the user's local copy of the served models: a trial's engine arguments go with its version
         # directory's other files (a Python-backend model's code), which the server's own are replaced by
         self.model_repository = Path(model_repository) if model_repository else None
+        # where each changed model's original is kept until restored: the next run finds a killed one's
+        self.originals_dir = Path(originals_dir) if originals_dir is not None and not read_only else None
 
     @property
     def endpoints(self) -> Endpoints:
@@ -131,7 +147,8 @@ class RemoteLauncher(Launcher):
         try:
             check_remote(self.url, self.models, read_only=self.read_only)
             for model in self.models:
-                self._originals[model] = self._http.model_config(model)
+                original = self._recover(model)
+                self._originals[model] = original if original is not None else self._http.model_config(model)
         except ServerSetupError as exc:
             raise self._failure(exc) from None
         self._started = True
@@ -154,10 +171,7 @@ class RemoteLauncher(Launcher):
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:
         if self.read_only:
             raise ServerSetupError(f"the server at {self.url} is attached read-only: its configuration is not changed")
-        if model not in self._originals:
-            # record it first, so stop() can put it back
-            self._originals[model] = self._http.model_config(model)
-        self._changed.add(model)
+        self._keep(model)
         return apply_and_verify(self._http, model, config, timeout_s=self.load_timeout_s,
                                 explain_refusal=lambda msg: f"{msg} (the reason is in the server's log)")
 
@@ -170,9 +184,7 @@ class RemoteLauncher(Launcher):
             raise ServerSetupError(f"the server at {self.url} is attached read-only: its configuration is not changed")
         local = self.model_repository / model if self.model_repository else None
         files = engineargs.version_files(local if local and local.is_dir() else None, args)
-        if model not in self._originals:
-            self._originals[model] = self._http.model_config(model)
-        self._changed.add(model)
+        self._keep(model)
         return apply_and_verify(self._http, model, config, timeout_s=self.load_timeout_s, files=files, fresh=True,
                                 explain_refusal=lambda msg: f"{msg} (the reason is in the server's log)")
 
@@ -197,14 +209,95 @@ class RemoteLauncher(Launcher):
     stopping = "reloading the models tuner changed with their own configuration (the server keeps running)"
 
     def stop(self) -> None:
-        """Reload every model we changed with its original configuration (the server keeps running)."""
+        """Reload every model we changed with its original configuration as the override (a load without
+        one may keep serving the last override), read back equal; its kept copy is removed then, and
+        left for the next run otherwise (the server keeps running)."""
         failures = []
         for model in sorted(self._changed):
             try:
                 self._http.load(model, self._originals[model], timeout_s=self.load_timeout_s)
-            except (HttpError, ServerError) as exc:
-                failures.append(f"{model}: {exc}")
+                running = self._http.model_config(model)
+            except (HttpError, ServerError, ServerSetupError) as exc:
+                failures.append(f"{model}: {exc}{self._left(model)}")
+                continue
+            if running != self._originals[model]:
+                failures.append(f"{model}: reloaded, but the server runs "
+                                f"{_fields(self._originals[model], running)}{self._left(model)}")
+                continue
+            self._forget(model)
         self._changed.clear()
         self._started = False
         if failures:
             raise ServerError(f"could not restore the original configuration on {self.url}: {'; '.join(failures)}")
+
+    # --- the originals kept on disk while a trial's configuration may run ------------------------
+
+    def _kept(self, model: str) -> Path | None:
+        if self.originals_dir is None:
+            return None
+        address = re.sub(r"[^\w.-]", "_", self._endpoints.http)  # host:port, [::1]:port: one file name
+        return self.originals_dir / f"remote-original-{model}-{address}.json"
+
+    def _keep(self, model: str) -> None:
+        """Record `model`'s original before a trial's configuration replaces it (for `stop()`), and keep
+        it on disk before the first one (for the next run, if this one is killed before `stop()`)."""
+        if model not in self._originals:
+            self._originals[model] = self._http.model_config(model)
+        path = self._kept(model)
+        if model not in self._changed and path is not None:
+            record = {"url": self.url, "model": model,
+                      "config": json.loads(modelconfig.to_json(self._originals[model]))}
+            write_atomic(path, json.dumps(record, indent=1) + "\n", error=OutputError,
+                         label=f"{path} (the original configuration of '{model}' on {self.url})")
+        self._changed.add(model)
+
+    def _forget(self, model: str) -> None:
+        path = self._kept(model)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def _left(self, model: str) -> str:
+        path = self._kept(model)
+        return f" (its original is kept in {path}: the next run restores it)" if path and path.exists() else ""
+
+    def _recover(self, model: str) -> ModelConfig | None:
+        """The original an interrupted run kept for `model`, loaded again (as the override: a load without
+        one may keep serving a trial's) and read back equal, with one line saying so; None without one."""
+        path = self._kept(model)
+        if path is None or not path.exists():
+            return None
+        label = f"{path} (the original configuration of '{model}' on {self.url}, kept by an interrupted run)"
+        fix = f"check the server's configuration of '{model}', then remove the file"
+        try:
+            kept = read_json_object(path, label=label, error=InputError).get("config")
+        except InputError as exc:
+            raise InputError(f"{exc}; {fix}") from None
+        try:
+            original = modelconfig.from_json(kept) if isinstance(kept, dict) else None
+        except ConfigError as exc:
+            raise InputError(f"{label}: {exc}; {fix}") from None
+        if original is None:
+            raise InputError(f"{label}: holds no 'config' object; {fix}")
+        running = self._http.model_config(model)
+        if running != original:
+            try:
+                self._http.load(model, original, timeout_s=self.load_timeout_s)
+            except HttpError as exc:
+                raise ServerSetupError(f"{label}: Triton refused to load it again: {exc.message}") from None
+            restored = self._http.model_config(model)
+            if restored != original:
+                raise ServerSetupError(f"{label}: loaded again, but the server runs {_fields(original, restored)}")
+            said = (f"ran a configuration an interrupted run left ({_fields(original, running)}): restored its "
+                    f"original, kept in {path}")
+        else:
+            said = f"runs its original configuration, which an interrupted run kept in {path}"
+        tqdm.write(f"tuner: '{model}' on {self.url} {said}", file=sys.stderr)  # clear of a progress bar
+        path.unlink(missing_ok=True)
+        return original
+
+
+def _fields(original: ModelConfig, running: ModelConfig, shown: int = 3) -> str:
+    """What `running` holds other than `original`, in a few `field: old -> new`."""
+    changes = modelconfig.changed_fields(original, running)
+    more = f" and {len(changes) - shown} more" if len(changes) > shown else ""
+    return "; ".join(changes[:shown]) + more
