@@ -243,12 +243,13 @@ def _study_profile(settings: StudySettings):
 
 
 def _check_remote(settings: StudySettings) -> None:
-    """A remote server's URL must answer as Triton's HTTP endpoint (not its metrics or gRPC port)."""
+    """A remote server must be what the run's launcher will take: Triton's HTTP endpoint at the URL (not
+    its metrics or gRPC port), in explicit model-control mode, the study's model loaded and ready."""
     if settings.server.launcher != "remote":
         return
-    from tuner.server.remote import check_triton
+    from tuner.server.remote import check_remote
 
-    check_triton(settings.server.url)
+    check_remote(settings.server.url, [settings.model])
 
 
 PROFILE = "profile.csv"  # the model strategy's, measured in the run

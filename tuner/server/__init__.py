@@ -35,8 +35,10 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
     if server.launcher == "remote":
         if not server.url:
             raise ServerSetupError(f"{settings.source or '<study>'}: server.url: required when server.launcher is remote")
+        # the originals it changes are kept where the study's next run looks: its output directory
         return RemoteLauncher(server.url, grpc_url=server.grpc_url, metrics_url=server.metrics_url, models=models,
-                              read_only=read_only, model_repository=settings.model_repository or None)
+                              read_only=read_only, model_repository=settings.model_repository or None,
+                              originals_dir=Path(settings.output) / "server")
     if server.launcher == "docker":
         from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
 
