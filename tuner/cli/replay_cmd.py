@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _replay(args: argparse.Namespace) -> int:
     # Imported here: `tuner --help` need not load the server and traffic stacks.
     from tuner.server import make_launcher
-    from tuner.server.remote import check_triton
+    from tuner.server.remote import check_remote
     from tuner.study import study_traffic
     from tuner.trial.step import make_probe
     from tuner.trial.warmup import warm_up
@@ -106,7 +106,7 @@ def _replay(args: argparse.Namespace) -> int:
     traffic = study_traffic(settings)
     windows = _windows(traffic, settings, args=args, speed=speed)
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
-        check_triton(settings.server.url)
+        check_remote(settings.server.url, [settings.model])  # what its launcher refuses, before any replay
     say = []
 
     with make_launcher(settings) as launcher:
@@ -209,7 +209,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
 
     from tuner.llm import engineargs
     from tuner.server import make_launcher
-    from tuner.server.remote import check_triton
+    from tuner.server.remote import check_remote
     from tuner.study import base_config, engine_file, study_traffic
     from tuner.traffic import mean_output_tps
     from tuner.trial.generate import check_context, replay_generate
@@ -240,7 +240,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
             check_context(traffic, context, model=settings.model)
     part, warmup, end = _windows(traffic, settings, args=args, speed=speed)(speed)
     if settings.server.launcher == "remote":
-        check_triton(settings.server.url)
+        check_remote(settings.server.url, [settings.model])  # what its launcher refuses, before any replay
     with make_launcher(settings) as launcher:
         if engine_args is not None:
             launcher.apply_engine_args(settings.model, base, engine_args)

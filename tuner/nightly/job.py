@@ -171,9 +171,9 @@ def _read_night(settings: NightlySettings) -> _Night:
               else engineargs.resolved(deployed.engine, engineargs.device_class(study.cost.gpu)))
     study, notes = check_traffic(tonight(study, settings.traffic.path), deployed.config, traffic, engine=engine)
     if study.server.launcher == "remote":
-        from tuner.server.remote import check_triton
+        from tuner.server.remote import check_remote
 
-        check_triton(study.server.url)
+        check_remote(study.server.url, [study.model])  # what its launcher will refuse, refused now
     return _Night(study, deployed, traffic, files, price, tuple(notes))
 
 
