@@ -91,6 +91,8 @@ def test_size_specs():
         ("constant:2.5", "value must be a whole number, got 2.5"),  # was cut to 2 without a word
         ("lognormal:median=200,max=511.5", "max must be a whole number"),
         ("constant:inf", "value must be a whole number"),  # was an OverflowError's traceback
+        ("constant:1e19", "value must be <= 1,000,000,000"),  # the same, from numpy's int64
+        ("zipf:a=1.5,max=10,a=2", "a is given twice"),  # the last won without a word
     ],
 )
 def test_bad_size_specs(text, expected):

@@ -27,6 +27,7 @@ SIZE_KINDS = ("constant", "zipf", "lognormal")
 # request for more is refused from rate x duration before anything is allocated
 MAX_ROWS = 100_000_000
 ZIPF_MAX = 10_000_000  # a zipf size draws from a table of `max` weights
+SIZE_MAX = 1_000_000_000  # the largest size any spec gives (rows or tokens of one request)
 SEED_MAX = 2**32 - 1  # the seeds a study's search.seed takes too
 
 
@@ -63,11 +64,15 @@ class SizeSpec:
                     raise TrafficError(
                         f"size {text!r}: expected key=value with keys {', '.join(allowed)}, got {item!r}"
                     )
+                if key.strip() in fields:  # the last would win without a word
+                    raise TrafficError(f"size {text!r}: {key.strip()} is given twice")
                 fields[key.strip()] = _number(text, key.strip(), val)
         for key in ("value", "min", "max"):  # counts of rows or tokens: whole, not silently cut
             if key in fields:
                 if not math.isfinite(fields[key]) or fields[key] != int(fields[key]):
                     raise TrafficError(f"size {text!r}: {key} must be a whole number, got {fields[key]:g}")
+                if fields[key] > SIZE_MAX:  # a size column is int64; no request is near this
+                    raise TrafficError(f"size {text!r}: {key} must be <= {SIZE_MAX:,}, got {fields[key]:g}")
                 fields[key] = int(fields[key])
         spec = cls(kind=kind, **fields)  # type: ignore[arg-type]
         spec.check(text)
