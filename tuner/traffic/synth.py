@@ -71,8 +71,6 @@ class SizeSpec:
             if key in fields:
                 if not math.isfinite(fields[key]) or fields[key] != int(fields[key]):
                     raise TrafficError(f"size {text!r}: {key} must be a whole number, got {fields[key]:g}")
-                if fields[key] > SIZE_MAX:  # a size column is int64; no request is near this
-                    raise TrafficError(f"size {text!r}: {key} must be <= {SIZE_MAX:,}, got {fields[key]:g}")
                 fields[key] = int(fields[key])
         spec = cls(kind=kind, **fields)  # type: ignore[arg-type]
         spec.check(text)
@@ -88,6 +86,9 @@ class SizeSpec:
             )
         if self.kind == "zipf" and self.max > ZIPF_MAX:
             raise TrafficError(f"size {label!r}: zipf max must be <= {ZIPF_MAX:,}, got max={self.max}")
+        for key in ("value", "min", "max"):  # a size column is int64 (numpy's draw); no request is near this
+            if getattr(self, key) > SIZE_MAX:
+                raise TrafficError(f"size {label!r}: {key} must be <= {SIZE_MAX:,}, got {getattr(self, key):,}")
         if self.kind == "lognormal" and not (
             self.median > 0 and self.sigma >= 0 and 1 <= self.min <= self.max
         ):
