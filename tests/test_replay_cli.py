@@ -574,3 +574,25 @@ def test_a_generative_replays_json_records_the_engine_arguments_it_ran(tmp_path,
     assert data["config"] == str(tmp_path / "model.json") and data["engine_args"]["max_num_seqs"] == 2
     assert main(["replay", str(path), "--json", str(out)]) == 0  # none applied: the model's own, as it loads
     assert json.loads(out.read_text())["engine_args"] == own and len(applied) == 2
+
+
+@pytest.mark.parametrize("command", ["replay", "profile"])
+def test_a_seq_len_column_a_fixed_dims_model_does_not_take_is_named_before_the_server(tmp_path, monkeypatch, capsys,
+                                                                                    command):
+    # tune and simulate said so; replay and profile sent the same shapes whatever the lengths, without a word
+    import tuner.server
+    from tuner.cli import main
+    from tuner.errors import ServerSetupError
+
+    def no_server(*args, **kwargs):
+        raise ServerSetupError("no server in this test")
+
+    monkeypatch.setattr(tuner.server, "make_launcher", no_server)
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "mm", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "matmul_cpu",
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+    argv = [command, str(path)] + (["-o", str(tmp_path / "p.csv")] if command == "profile" else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "column 'seq_len' is not sent: no input of matmul_cpu has a variable dim it sizes" in err, err

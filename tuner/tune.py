@@ -51,7 +51,7 @@ from tuner.trial import Hints
 from tuner.trial.run import session
 
 __all__ = ["Handover", "Prepared", "Progress", "check_outputs_owner", "check_table", "check_traffic", "check_workers", "finish",
-           "outputs_from_storage", "prepare", "tune"]
+           "ignored_column_notes", "outputs_from_storage", "prepare", "tune"]
 
 # requests slower than the SLA's percentile, at the least, in a step at the recorded load for its verdict not
 # to hang on one or two of them (fewer: `tuner tune --check` says so)
@@ -186,7 +186,7 @@ def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffi
                 f"{largest} rows ({where}): Triton refuses a request larger than max_batch_size")
     _check_replayable(settings, base, traffic, engine=engine)
     if engine is None:
-        notes += _ignored_columns(settings, base, traffic)
+        notes += ignored_column_notes(settings, base, traffic)
         narrowed, note = space.fit_to_rows(settings.search, largest, where=where,
                                            source=settings.source or "<study>")
         if note:
@@ -195,7 +195,7 @@ def check_traffic(settings: StudySettings, base: modelconfig.ModelConfig, traffi
     return settings, notes
 
 
-def _ignored_columns(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame) -> list[str]:
+def ignored_column_notes(settings: StudySettings, base: modelconfig.ModelConfig, traffic: pd.DataFrame) -> list[str]:
     """A note for each shape column of the traffic that no request the replay sends takes (a `seq_len`
     where the model's inputs have fixed dims): the lengths it records are not what the trials send."""
     from tuner.replay import ignored_columns

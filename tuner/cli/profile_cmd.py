@@ -88,7 +88,9 @@ def run(args: argparse.Namespace) -> int:
     # a file a person names goes where a directory is already, as every --json's does
     check_writable(output, label=f"profile {output}")  # before a minute of work, not after
     traffic = study_traffic(settings)
-    settings, _ = check_traffic(settings, base, traffic)  # a profile of traffic tune refuses serves nothing
+    settings, notes = check_traffic(settings, base, traffic)  # a profile of traffic tune refuses serves nothing
+    for note in notes:  # what tune would say of this traffic (a narrowed space, a column no input takes)
+        print(f"note: {note}", file=sys.stderr)
     column = length_column(traffic)
     max_rows = getattr(args, MAX_ROWS.dest)
     mbs = largest_rows(settings, max_rows or None)

@@ -104,6 +104,11 @@ def _replay(args: argparse.Namespace) -> int:
         return _replay_generate(settings, params, speed=speed, args=args)
     config = _config(settings, params, args.config)
     traffic = study_traffic(settings)
+    from tuner.study import base_config
+    from tuner.tune import ignored_column_notes
+
+    for note in ignored_column_notes(settings, config if config is not None else base_config(settings), traffic):
+        print(f"note: {note}", file=sys.stderr)  # a column the requests do not take, said as tune says it
     windows = _windows(traffic, settings, args=args, speed=speed)
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
         check_remote(settings.server.url, [settings.model])  # what its launcher refuses, before any replay
