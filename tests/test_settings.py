@@ -374,3 +374,22 @@ def test_a_study_without_an_output_writes_to_runs_of_its_name_beside_it(tmp_path
         path.write_text(yaml.safe_dump({"name": name, "model_repository": ".", "model": "m",
                                         "traffic": {"path": "t.csv"}}))
         assert read_study(path).output == str(tmp_path / "runs" / name.replace("/", "_"))
+
+
+@pytest.mark.parametrize("given, resolved", [
+    ("sqlite:///mine.db", "sqlite:///{dir}/mine.db"),        # relative to the study file, as its other paths
+    ("sqlite:///../up.db", "sqlite:///{parent}/up.db"),
+    ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+    ("study.journal", "{dir}/study.journal"),
+    ("postgresql://tuner@db:5432/tuner", "postgresql://tuner@db:5432/tuner"),
+])
+def test_a_study_storage_file_is_relative_to_the_study_file(tmp_path, given, resolved):
+    # it was taken relative to the working directory: from another folder, another database
+    from tuner.settings import read_study
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    path = folder / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "model_repository": ".", "model": "m", "traffic": {"path": "t.csv"},
+                                    "storage": given}))
+    assert read_study(path).storage == resolved.format(dir=folder, parent=tmp_path)

@@ -527,7 +527,23 @@ def resolve_path(value: str | None, base: Path, *, key: str, source: str) -> str
 def _resolve_paths(settings: StudySettings, base: Path, source: str) -> StudySettings:
     for key in _PATH_KEYS:
         settings = _replace(settings, key, resolve_path(_get(settings, key), base, key=key, source=source))
-    return settings
+    return dataclasses.replace(settings, storage=_resolve_storage(settings.storage, base, source=source))
+
+
+def _resolve_storage(storage: str | None, base: Path, *, source: str) -> str | None:
+    """The study's `storage` with a file it names relative to the study's folder, as its other paths: an
+    SQLite URL's (`sqlite:///study.db`, three slashes and a relative path) or a journal file's; a
+    database server's URL as it is."""
+    if not storage:
+        return storage
+    if storage.startswith("sqlite:///"):
+        path = storage.removeprefix("sqlite:///")
+        if path and not path.startswith("/") and path != ":memory:":
+            return "sqlite:///" + resolve_path(path, base, key="storage", source=source)
+        return storage
+    if "://" in storage:
+        return storage
+    return resolve_path(storage, base, key="storage", source=source)
 
 
 def _replace(node, dotted: str, value):
