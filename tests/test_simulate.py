@@ -709,6 +709,14 @@ def test_cli_prints_the_ranked_table_and_answers_what_ifs(study, capsys):
     # an SLA no configuration meets: exit 3
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--sla-ms", "0.5"])
     assert code == 3
+    # --price is one server's, whatever GPUs per server the study's price table multiplied (it was refused
+    # naming cost.price_per_hour, which the user did not write)
+    text = (study / "study.yaml").read_text().replace("cost: {price_per_hour: 3.6}", "cost: {gpu: a100-40gb, gpus_per_server: 2}")
+    (study / "study.yaml").write_text(text)
+    code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--price", "7.2",
+                 "--json", str(out_json)])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(out_json.read_text())["price_per_hour"] == 7.2
 
 
 def test_cli_checks_the_traffic_as_tune_does_and_ranks_only_the_space_tune_searches(study, capsys):

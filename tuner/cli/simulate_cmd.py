@@ -123,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         overrides["traffic.speed"] = args.speed
     if args.sla_ms is not None:
         overrides["sla.latency_ms"] = args.sla_ms
-    if args.price is not None:
-        overrides["cost.price_per_hour"] = args.price
+    if args.price is not None:  # one server's price, whatever the study's GPUs per server multiplied
+        overrides.update({"cost.price_per_hour": args.price, "cost.gpus_per_server": 1})
     if overrides:
         settings = with_overrides(settings, overrides)
     profile = read_profile(args.profile, model=settings.model)  # another model's times would rank nothing
