@@ -76,3 +76,12 @@ def test_an_unknown_command_or_choice_suggests_the_nearest(capsys, argv, near, c
 def test_nothing_is_suggested_where_nothing_is_near(capsys):
     err = _refused(capsys, ["xyzzy"])
     assert "did you mean" not in err and "invalid choice: 'xyzzy' (choose from 'tune'," in err
+
+
+def test_an_unknown_option_is_not_matched_on_its_dashes_and_every_group_names_its_commands_alike(capsys):
+    # `--check` was "did you mean --help?" (the shared dashes made them near); `config chek` said
+    # "argument SUBCOMMAND" where `traffic sytnh` said "argument COMMAND"
+    err = _refused(capsys, ["finish", "--check", "s.yaml"])
+    assert err == "tuner: error: unrecognized option --check (see `tuner finish --help`)\n"
+    assert "argument COMMAND: invalid choice: 'chek'; did you mean check?" in _refused(capsys, ["config", "chek", "x"])
+    assert "argument COMMAND: invalid choice: 'sytnh'; did you mean synth?" in _refused(capsys, ["traffic", "sytnh"])

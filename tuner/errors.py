@@ -100,10 +100,16 @@ class Terminated(KeyboardInterrupt):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`did you mean X?` for the choice `word` most likely misspells (difflib's closest match), or ''
-    when none is close: the one way a refusal of an unknown name suggests the known one."""
+    """`did you mean X?` for the choice `word` most likely misspells (`nearest`), or '' when none is
+    close: the one way a refusal of an unknown name suggests the known one."""
+    near = nearest(word, choices)
+    return f"did you mean {near}?" if near is not None else ""
+
+
+def nearest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely misspells (difflib's closest match), None when none is close."""
     near = difflib.get_close_matches(word, list(choices), n=1)
-    return f"did you mean {near[0]}?" if near else ""
+    return near[0] if near else None
 
 
 def _raise_terminated(signum, frame) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from tuner import paths
-from tuner.errors import OutputError, did_you_mean
+from tuner.errors import OutputError, did_you_mean, nearest
 
 Run = Callable[[argparse.Namespace], int]
 
@@ -145,8 +145,10 @@ def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     options = [a for a in extras if _is_option(parser, a)]
     if not options:
         return f"unrecognized arguments: {' '.join(extras)}"
-    known = [flag for action in parser._actions for flag in action.option_strings]
-    hints = [hint for hint in (did_you_mean(o.split("=", 1)[0], known) for o in options) if hint]
+    # matched without their dashes, which every option shares (`--check` was near enough to `--help`)
+    known = {flag.lstrip(parser.prefix_chars): flag for action in parser._actions for flag in action.option_strings}
+    near = [nearest(o.split("=", 1)[0].lstrip(parser.prefix_chars), known) for o in options]
+    hints = [f"did you mean {known[name]}?" for name in near if name is not None]
     named = f"unrecognized option{'s' if len(options) > 1 else ''} {', '.join(options)}"
     return "; ".join([named, " ".join(hints)]) if hints else named
 

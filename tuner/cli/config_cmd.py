@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers, "config", help="check, change or show a model's config.pbtxt",
         description="Read a Triton config.pbtxt with Triton's own schema, check the scheduling and tensor rules "
         "Triton enforces, change the tuned fields, or show them.",
-        metavar="SUBCOMMAND",
     )
 
     check = add_command(
