@@ -624,7 +624,10 @@ def test_one_models_requests_of_a_trace_of_several_keep_their_shape_columns(tmp_
     assert df["INPUT_IDS:0"].tolist() == [64, 128] and df["batch_size"].tolist() == [4, 1]
     assert set(df["model"]) == {"bert"}
     assert main(["traffic", "import", "triton", str(path), "--model", "gpt", "-o", str(tmp_path / "gpt.csv")]) == 2
-    assert "no traced requests of model 'gpt'" in capsys.readouterr().err
+    assert "no traced requests of model 'gpt' (the trace holds: bert, resnet)" in capsys.readouterr().err
+    assert main(["traffic", "import", "triton", str(path), "--model", "bret", "-o", str(tmp_path / "gpt.csv")]) == 2
+    assert "no traced requests of model 'bret' (did you mean bert? the trace holds: bert, resnet)" in \
+        capsys.readouterr().err
     assert main(["traffic", "import", "csv", str(out), "--model", "bert", "-o", str(tmp_path / "x.csv")]) == 2
     assert "--model applies to 'traffic import triton' only" in capsys.readouterr().err
 

@@ -289,8 +289,12 @@ def _import(args: argparse.Namespace) -> int:
         df = traffic.import_triton_trace(args.input, include_children=args.include_children, model=args.model,
                                          notes=notes)
         if df.empty:
-            raise TrafficError(f"{args.input}: no traced requests of model {args.model!r} (without --model, "
-                               "'traffic stats' of the import says which models the trace holds)")
+            from tuner.errors import did_you_mean
+
+            held = df.attrs.get("models", [])
+            hint = did_you_mean(args.model, held)
+            raise TrafficError(f"{args.input}: no traced requests of model {args.model!r} ("
+                               + (f"{hint} " if hint else "") + f"the trace holds: {', '.join(held) or 'none'})")
         for note in notes:  # what the trace did not hold (batch sizes, shapes), said before the file is written
             print(f"note: {note}")
     elif args.kind == "azure":

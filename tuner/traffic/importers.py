@@ -168,7 +168,8 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False,
     writes F.0, F.1, ...: give F and all the parts are read. An entry whose id, model_name,
     parent_id or arrival time has the wrong type is refused, naming its part and entry. With `model`,
     only that model's requests are kept (their shape columns complete, where a trace of several models
-    keeps only the columns every request has): a trace holding none of them gives an empty table.
+    keeps only the columns every request has): a trace holding none of them gives an empty table, whose
+    `attrs["models"]` are the models it holds.
 
     The JSON is streamed (ijson): what is kept is a few integers per traced request, never the
     file's text nor its entries as Python objects (a trace of millions of requests is gigabytes).
@@ -208,7 +209,9 @@ def import_triton_trace(path: str | os.PathLike, include_children: bool = False,
         raise TrafficError(f"{path}: not a Triton trace (no id / model_name / timestamps entries)")
     ids, codes = _first_heads(heads)
     if model is not None and not len(ids):
-        return pd.DataFrame({TIMESTAMP: np.zeros(0), MODEL: np.array([], dtype=object)})
+        empty = pd.DataFrame({TIMESTAMP: np.zeros(0), MODEL: np.array([], dtype=object)})
+        empty.attrs["models"] = sorted(models)  # what the trace holds instead, for the refusal to name
+        return empty
     ns = _arrival_of(stamps, ids)
     found = ns >= 0
     if not found.any():
