@@ -413,6 +413,48 @@ def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsy
         assert main(["audit", study, *mode, "--json", str(mine)]) == 0 and started == [1, 1]
 
 
+@pytest.mark.parametrize("mode", [["--at-load-only"], ["--prometheus", "http://127.0.0.1:9"]])
+def test_a_textfile_follows_the_jsons_rules(tmp_path, monkeypatch, capsys, mode):
+    """--textfile is refused (one line, exit 2, before a server starts or Prometheus is asked) over the
+    study's traffic, over a file tuner did not write (unless --force) and inside the model's directory;
+    a textfile tuner wrote is replaced without --force (node_exporter reads the newest)."""
+    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    started = []
+    monkeypatch.setattr(audit_module, "make_launcher",
+                        lambda settings, read_only: started.append(1) or FakeLauncher(config))
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    # the study's inputs are copies here: a write that got through would change nothing of the project's
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", tmp_path / "models" / "encoder_sim")
+    traffic = tmp_path / "traffic.csv"
+    shutil.copyfile(PROFILE, traffic)
+    study_path = write_study(tmp_path)
+    data = yaml.safe_load(study_path.read_text())
+    data["model_repository"], data["traffic"]["path"] = str(tmp_path / "models"), str(traffic)
+    study_path.write_text(yaml.safe_dump(data))
+    mine = tmp_path / "user.json"
+    mine.write_text('{"mine": 1}\n')
+    model_file = tmp_path / "models" / "encoder_sim" / "audit.prom"
+    for target, why in [(traffic, f"the same file as the study's traffic {traffic}"),
+                        (mine, "exists and tuner did not write it: give --force"),
+                        (model_file, "in the model's directory")]:
+        before = target.read_bytes() if target.exists() else None
+        code = main(["audit", str(study_path), *mode, "--textfile", str(target)])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and err.count("\n") == 1, out + err
+        assert err.startswith(f"tuner: error: --textfile {target}: ") and why in err, err
+        assert (target.read_bytes() if target.exists() else None) == before and started == []
+    # the study's traffic is refused even with --force
+    assert main(["audit", str(study_path), *mode, "--textfile", str(traffic), "--force"]) == 2
+    assert traffic.read_bytes() == PROFILE.read_bytes() and started == []
+    capsys.readouterr()
+    if mode[0] == "--at-load-only":  # the replay audit writes: --force replaces the user's file, then its own
+        assert main(["audit", str(study_path), *mode, "--textfile", str(mine), "--force"]) == 0
+        assert mine.read_text().startswith("# HELP tuner_") and started == [1]
+        assert main(["audit", str(study_path), *mode, "--textfile", str(mine)]) == 0 and started == [1, 1]
+
+
 def test_quiet_says_no_step_lines_and_still_prints_the_audit(tmp_path, monkeypatch, capsys):
     load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
     result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)

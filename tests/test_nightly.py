@@ -786,6 +786,36 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
+def test_a_textfile_is_refused_over_an_input_a_users_file_or_in_the_model_before_the_night(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """--textfile follows audit's rules, checked before the night starts (and in --check, --history): never
+    over the traffic or into the model's directory; a file tuner did not write only with --force; the
+    textfile tuner wrote is replaced night after night without it."""
+    import tuner.nightly.engine
+
+    nightly = _write_setup(tmp_path)
+    _night(tmp_path, TableEngine({4: 100.0, 16: 130.0}, BEST))
+    capsys.readouterr()
+    monkeypatch.setattr(tuner.nightly.engine, "real_engine", _starts_nothing())
+    mine = tmp_path / "user.json"
+    mine.write_text('{"mine": 1}\n')
+    traffic = tmp_path / "traffic" / "night.csv"
+    for target, why in [(traffic, "the same file as tonight's traffic"),
+                        (mine, "exists and tuner did not write it: give --force"),
+                        (tmp_path / "repo" / "sim" / "n.prom", "in the model's directory")]:
+        before = target.read_bytes() if target.exists() else None
+        for args in ([], ["--check"], ["--history"]):
+            code = main(["nightly", str(nightly), *args, "--textfile", str(target)])
+            out, err = capsys.readouterr()
+            assert code == 2 and out == "" and err.count("\n") == 1, out + err
+            assert err.startswith(f"tuner: error: --textfile {target}: ") and why in err, err
+            assert (target.read_bytes() if target.exists() else None) == before
+    assert len(run_dirs(tmp_path / "out")) == 1  # no second night started
+    assert main(["nightly", "--history", str(nightly), "--textfile", str(mine), "--force"]) == 0
+    assert mine.read_text().startswith("# HELP tuner_nightly_")
+    assert main(["nightly", "--history", str(nightly), "--textfile", str(mine)]) == 0
+
+
 def test_check_with_history_is_refused_in_one_line(tmp_path, capsys):
     """--history checks nothing: a --check beside it is refused, not ignored with exit 0."""
     nightly = _write_setup(tmp_path)

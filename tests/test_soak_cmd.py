@@ -256,6 +256,27 @@ def test_files_of_a_soaks_names_without_its_soak_json_are_someones_own_even_with
     assert (folder / "windows.csv").read_text() == "my own data\n"
 
 
+@pytest.mark.parametrize("where", ["--output", "study"])
+def test_an_output_in_the_models_directory_is_refused_before_anything(tmp_path, capsys, where):
+    """As tune refuses it (tuner.study.check_not_in_model): one line, exit 2, nothing made there; the
+    study's own `output` the same as --output."""
+    repository = tmp_path / "models"
+    (repository / "encoder_sim").mkdir(parents=True)
+    (repository / "encoder_sim" / "config.pbtxt").write_text((TEMPLATE / "config.pbtxt").read_text())
+    study = write_study(tmp_path, repository)
+    target = repository / "encoder_sim" / "soak"
+    args = ["--output", str(target)]
+    if where == "study":
+        data = yaml.safe_load(study.read_text())
+        data["output"], args = str(target), []
+        study.write_text(yaml.safe_dump(data))
+    assert main(["soak", str(study), "--hours", "0.02", "--window", "0.05", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"tuner: error: output directory {target}: in the model's directory "
+                                 f"{repository / 'encoder_sim'}, which the server loads; refusing to write there\n")
+    assert sorted(p.name for p in (repository / "encoder_sim").iterdir()) == ["config.pbtxt"]
+
+
 # --- a real soak ---------------------------------------------------------------------------------
 
 

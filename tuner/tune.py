@@ -37,7 +37,7 @@ from tuner.errors import (
 from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
-from tuner.settings import StudySettings, check_generative
+from tuner.settings import StudySettings, check_generative, read_study
 from tuner.study import (
     base_engine,
     check_not_in_model,
@@ -727,12 +727,18 @@ def finish(settings: StudySettings, *, storage: str | None = None, progress: Pro
     return _write(study, s, repeats)
 
 
-def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> dict:
+def outputs_from_storage(storage: str, name: str | None, output: str | Path, *,
+                         settings: StudySettings | None = None) -> dict:
     """Write the outputs of a study from its storage alone, on any machine that reaches it (no
     server): recommended config, summary, trials table and report. The per-request latencies of the
-    re-measurement stay with the host that measured them (the report goes without their CDFs)."""
+    re-measurement stay with the host that measured them (the report goes without their CDFs). An
+    output inside the model's directory is refused as tune refuses it: the model's as `settings` (the
+    study file given) or the study file the storage names say, where this host has it."""
     study = search.load_study(storage, name)
     export.check_finished(study)
+    settings = settings or _recorded_study(study)
+    if settings is not None:
+        check_not_in_model(output, settings, label=f"output directory {output}")
     check_outputs_owner(output, study.study_name)
     check_output_dir(output, "output directory")
     summary = export.write_outputs(study, output)
@@ -741,6 +747,18 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path) -> 
     except TunerError as exc:
         summary["report_error"] = str(exc)
     return summary
+
+
+def _recorded_study(study: optuna.Study) -> StudySettings | None:
+    """The study file its storage names (tune records it), read on this host; None where it is not here
+    or no longer reads: the outputs need none of it, and a finish from storage runs on any machine."""
+    path = study.user_attrs.get("study_file")
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return read_study(path)
+    except TunerError:
+        return None
 
 
 def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, *, progress: Progress,

@@ -275,10 +275,41 @@ class _Textfile(PathArg):
 
 def add_textfile(parser: argparse.ArgumentParser, what: str) -> None:
     """`--textfile PATH`: also write `what` as Prometheus metrics for node_exporter's textfile collector
-    (checked before the work, its directory too)."""
+    (checked before the work, its directory too; the command checks it against its study with
+    `check_textfile_output`)."""
     parser.add_argument("--textfile", metavar="PATH", type=_Textfile(),
                         help=f"also write {what} as Prometheus metrics to PATH, for node_exporter's textfile "
-                        "collector (PATH ending in .prom, in its --collector.textfile.directory)")
+                        "collector (PATH ending in .prom, in its --collector.textfile.directory); it replaces "
+                        "a textfile tuner wrote, another file only with --force, never one of the study's "
+                        "inputs nor a file in its model's directory")
+
+
+def check_textfile_output(path: str, settings, *, force: bool, inputs: Iterable[tuple[str, str]] = ()) -> None:
+    """--textfile's rules, --json's (tuner.cli.simulate_cmd.check_output): never over one of the study's
+    inputs (or `inputs`: (path, what)) nor into its model's directory; over another existing file only if
+    it is a textfile tuner wrote, or with `force`. Said before the work, as one OutputError line."""
+    from tuner.cli.simulate_cmd import check_output
+
+    check_output(path, settings, label=f"--textfile {path}", force=force, ours=_is_tuner_textfile, inputs=inputs)
+
+
+def _is_tuner_textfile(path) -> bool:
+    """Whether `path` holds what tuner.production.write_textfile writes: Prometheus's text format, every
+    family named `tuner_...`, its first line a HELP line (or nothing: an audit with no figures). Every
+    run replaces its own textfile, as node_exporter reads the newest. Another file is not read whole."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    head = b"# HELP tuner_"
+    with open(path, "rb") as fh:
+        start = fh.read(len(head))
+        if start and start != head:
+            return False
+        fh.seek(0)
+        data = fh.read()
+    try:
+        return all(f.name.startswith("tuner_") for f in text_string_to_metric_families(data.decode()))
+    except ValueError:  # a line not of the format, or bytes not UTF-8: someone's own file
+        return False
 
 
 def add_assignments(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:

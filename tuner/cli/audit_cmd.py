@@ -9,7 +9,16 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 
-from tuner.cli._args import add_command, add_flag, add_input, add_json, add_quiet, add_study, add_textfile
+from tuner.cli._args import (
+    add_command,
+    add_flag,
+    add_input,
+    add_json,
+    add_quiet,
+    add_study,
+    add_textfile,
+    check_textfile_output,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "arguments from the study's model.json, the TTFT/TPOT SLA, the capacity in output tokens/s against a "
         "generative `tuner tune` baseline, vLLM's own preemptions, KV-cache use and sequences at the recorded "
         "load in place of the batcher's findings (the replay audit only). --json replaces only an audit tuner "
-        "wrote (else --force), never one of the study's inputs.",
+        "wrote, --textfile only a textfile tuner wrote (else --force), never one of the study's inputs nor a "
+        "file in its model's directory.",
     )
     add_study(p, "the study file (model, traffic, SLA, cost, server)")
     p.add_argument("--url", metavar="HOST:PORT",
@@ -50,8 +60,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--until", metavar="T",
                    help="with --prometheus: the window's end, e.g. 2026-11-30T00:00 (naive times UTC) or Unix "
                    "seconds; default: the last whole hour, so a past week can be audited again as it was")
-    add_json(p, "the audit", force=True)
+    add_json(p, "the audit")
     add_textfile(p, "the audit's figures")
+    add_flag(p, "--force", "replace a --json or --textfile file that tuner did not write (the study's own inputs "
+             "are never replaced)")
     add_quiet(p, help="no progress bars or step lines (the audit's table still prints)")
 
 
@@ -78,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if args.url is not None:
         parse_host_port(args.url, where="--url")  # named as the flag, not as the study's key
         settings = with_overrides(settings, {"server.launcher": "remote", "server.url": args.url})
-    _check_json(args, settings)  # before the measuring, not after
+    _check_outputs(args, settings)  # before the measuring, not after
     unit = TOKENS if generative else REQUESTS
     baseline = load_baseline(args.baseline, settings, unit=unit) if args.baseline else None
     if settings.server.launcher == "remote":  # Triton's HTTP endpoint, not its metrics or gRPC port
@@ -119,7 +131,7 @@ def _production(args: argparse.Namespace) -> int:
     window_s = parse_duration(args.window or "7d")
     end = _until(args.until)
     settings = read_study(args.study)
-    _check_json(args, settings)
+    _check_outputs(args, settings)
     prometheus = Prometheus(args.prometheus)
     audit = _production_engine if is_vllm_study(settings) else _production_triton
     result, textfile = audit(args, settings, prometheus, window_s=window_s, end=end)
@@ -201,9 +213,9 @@ def _query_progress(total: int | None = None, *, quiet: bool = False) -> Iterato
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
 
 
-def _check_json(args: argparse.Namespace, settings) -> None:
-    """Refuse a --json that cannot be written, or that would replace a file tuner did not write (unless
-    --force) or one of the study's inputs, as simulate's --json is refused."""
+def _check_outputs(args: argparse.Namespace, settings) -> None:
+    """Refuse a --json or --textfile that cannot be written, or that would replace a file tuner did not
+    write (unless --force) or one of the study's inputs, as simulate's --json is refused."""
     from tuner.cli.simulate_cmd import check_output
     from tuner.files import check_writable, json_with_keys
 
@@ -213,6 +225,8 @@ def _check_json(args: argparse.Namespace, settings) -> None:
         # every audit's JSON (replay, --prometheus, generative) holds these (tuner.audit, tuner.production)
         check_output(args.json, settings, label=label, force=args.force,
                      ours=lambda path: json_with_keys(path, {"model", "findings", "exit_code"}))
+    if args.textfile:
+        check_textfile_output(args.textfile, settings, force=args.force)
 
 
 def _write_json(path: str | None, data: dict) -> None:

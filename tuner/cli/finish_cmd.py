@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, output=str(Path(args.output).resolve()))
     if args.no_remeasure:
         output = args.output or settings.output
-        summary = outputs_from_storage(storage, settings.name if settings else args.name, output)
+        summary = outputs_from_storage(storage, settings.name if settings else args.name, output, settings=settings)
     else:
         summary = finish(settings, storage=storage, progress=Bars(enabled=not args.quiet))
         output = settings.output

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tuner.cli._args import add_command, add_flag, add_input, add_textfile
+from tuner.cli._args import add_command, add_flag, add_input, add_textfile, check_textfile_output
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "does: its price, tonight's traffic as the replays take it), production's config, tonight's "
              "traffic and the output directory; start nothing")
     add_textfile(p, "the night's verdict (with --history: the last night's) and when it ran")
+    add_flag(p, "--force", "replace a --textfile file that tuner did not write (the study's and the night's "
+             "inputs are never replaced)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,13 +48,15 @@ def run(args: argparse.Namespace) -> int:
                          "(the metrics' labels come from its study)")
     if args.history:
         target = Path(args.nightly)
-        output = target if target.is_dir() else Path(load_nightly(target).output)
-        nights = read_history(output)
+        settings = None if target.is_dir() else load_nightly(target)
+        study = _check_textfile(args, settings)
+        nights = read_history(target if settings is None else Path(settings.output))
         print(format_history(nights))
         if args.textfile and nights:
-            _write_textfile(args.textfile, load_nightly(target), nights[-1])
+            _write_textfile(args.textfile, study, nights[-1])
         return 0
     settings = load_nightly(args.nightly)
+    study = _check_textfile(args, settings)  # before the night: its figures would have nowhere to go
     if args.check:
         from tuner.nightly.job import check_night
 
@@ -68,15 +72,34 @@ def run(args: argparse.Namespace) -> int:
     print((result.run_dir / "summary.md").read_text())
     print(f"run directory: {result.run_dir}")
     if args.textfile:
-        _write_textfile(args.textfile, settings, result.entry)
+        _write_textfile(args.textfile, study, result.entry)
     return result.exit_code
 
 
-def _write_textfile(path: str, settings, entry: dict) -> None:
+def _check_textfile(args: argparse.Namespace, settings):
+    """The nightly's study (None without --textfile), once --textfile may be written: audit's rules
+    (never over the study's or the night's inputs nor into the model's directory; another file only
+    if tuner wrote it, or with --force)."""
+    from tuner.errors import TrafficError
+    from tuner.nightly.intake import traffic_files
+    from tuner.nightly.settings import read_study_for
+
+    if not args.textfile:
+        return None
+    study = read_study_for(settings)
+    inputs = [(settings.source, "the nightly settings"), (settings.production, "production's config")]
+    try:
+        inputs += [(str(f), "tonight's traffic") for f in traffic_files(settings.traffic.path,
+                                                                         settings.traffic.pattern)]
+    except TrafficError:
+        pass  # the night says why in its own line (--history reads none)
+    check_textfile_output(args.textfile, study, force=args.force, inputs=inputs)
+    return study
+
+
+def _write_textfile(path: str, study, entry: dict) -> None:
     """The night's verdict as Prometheus metrics, labelled with its study's model and GPU; a generative
     model's night scores output tokens, written as their own series (never as requests per dollar)."""
-    from tuner.nightly.settings import read_study_for
     from tuner.production import labels_for, nightly_families, write_textfile
 
-    labels = labels_for(read_study_for(settings))
-    write_textfile(path, nightly_families(entry, labels))
+    write_textfile(path, nightly_families(entry, labels_for(study)))

@@ -95,14 +95,17 @@ def run(args: argparse.Namespace) -> int:
         restart_windows,
         run_soak,
         soak_config,
+        soak_dir,
         soak_engine,
         window_drain_s,
     )
-    from tuner.study import study_traffic
+    from tuner.study import check_not_in_model, study_traffic
 
     settings = read_study(args.study)
     output = Path(args.output).resolve() if args.output else Path(settings.output)
     settings = dataclasses.replace(settings, output=str(output))
+    # as tune's output: the server loads the model's directory (and a copy of the soak would go with it)
+    check_not_in_model(soak_dir(output), settings, label=f"output directory {output}")
     if not (0 <= args.margin < 1):
         raise SettingsError(f"--margin: must be a fraction in [0, 1), got {args.margin}")
     if args.restart_at is not None and settings.server.launcher == "remote":
