@@ -388,10 +388,8 @@ def test_the_warm_ups_failures_are_said_in_the_table_and_the_json(tmp_path, monk
     assert "warm-up" not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode", [["--at-load-only"], ["--prometheus", "http://127.0.0.1:9"]])
-def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsys, mode):
-    """--json over a file tuner did not write is refused (one line, exit 2) before a server starts or
-    Prometheus is asked, as simulate's is; --force replaces it, and an audit tuner wrote is replaced without it."""
+def _fake_audit(monkeypatch) -> list[int]:
+    """A replay audit that measures a fixed record on a fake server; the list grows by one per server started."""
     load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
     result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
     config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
@@ -399,6 +397,14 @@ def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(audit_module, "make_launcher",
                         lambda settings, read_only: started.append(1) or FakeLauncher(config))
     monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    return started
+
+
+@pytest.mark.parametrize("mode", [["--at-load-only"], ["--prometheus", "http://127.0.0.1:9"]])
+def test_a_json_the_user_wrote_is_kept_unless_force(tmp_path, monkeypatch, capsys, mode):
+    """--json over a file tuner did not write is refused (one line, exit 2) before a server starts or
+    Prometheus is asked, as simulate's is; --force replaces it, and an audit tuner wrote is replaced without it."""
+    started = _fake_audit(monkeypatch)
     mine = tmp_path / "mine.json"
     mine.write_text('{"my": "precious data"}\n')
     study = str(write_study(tmp_path))
@@ -418,13 +424,7 @@ def test_a_textfile_follows_the_jsons_rules(tmp_path, monkeypatch, capsys, mode)
     """--textfile is refused (one line, exit 2, before a server starts or Prometheus is asked) over the
     study's traffic, over a file tuner did not write (unless --force) and inside the model's directory;
     a textfile tuner wrote is replaced without --force (node_exporter reads the newest)."""
-    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
-    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
-    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
-    started = []
-    monkeypatch.setattr(audit_module, "make_launcher",
-                        lambda settings, read_only: started.append(1) or FakeLauncher(config))
-    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    started = _fake_audit(monkeypatch)
     # the study's inputs are copies here: a write that got through would change nothing of the project's
     shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", tmp_path / "models" / "encoder_sim")
     traffic = tmp_path / "traffic.csv"
@@ -456,11 +456,7 @@ def test_a_textfile_follows_the_jsons_rules(tmp_path, monkeypatch, capsys, mode)
 
 
 def test_quiet_says_no_step_lines_and_still_prints_the_audit(tmp_path, monkeypatch, capsys):
-    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
-    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=True, violation=-0.5)
-    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
-    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: FakeLauncher(config))
-    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    _fake_audit(monkeypatch)
     study = str(write_study(tmp_path))
     assert main(["audit", study, "--at-load-only"]) == 0
     out, err = capsys.readouterr()
