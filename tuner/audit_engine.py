@@ -86,12 +86,7 @@ def deployed_engine(settings: StudySettings) -> tuple[dict, str]:
 
 
 def _device(settings: StudySettings) -> str:
-    """The device class the deployment's engine runs on: a local server's is this machine's vLLM, whose
-    CPU build runs on the CPU whatever `cost.gpu` prices (llm_sim emulates an A100's step times on it);
-    otherwise the study's `cost.gpu`, as tune's incumbent has it."""
-    if settings.server.launcher == "local" and engineargs.installed_device() == "cpu":
-        return "cpu"
-    return engineargs.device_class(settings.cost.gpu)
+    return engineargs.engine_device(launcher=settings.server.launcher, gpu=settings.cost.gpu)
 
 
 def engine_params(args: dict, *, gpu: bool) -> space.Params:

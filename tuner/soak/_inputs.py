@@ -70,7 +70,9 @@ def soak_engine(settings: StudySettings, output: str | Path, assignments: Iterab
             label = str(engineargs.version_dir(Path(settings.model_repository) / settings.model) / engineargs.ENGINE_FILE)
             source = f"{label} (the model's own)"
         engineargs.check(args, source=label)
-    args = engineargs.resolved(args, engineargs.device_class(settings.cost.gpu))
+    # what the engine runs with (vLLM's values filled in; no gpu_memory_utilization where the KV cache is
+    # set in bytes), as the audit says it
+    args = engineargs.in_effect(args, engineargs.engine_device(launcher=settings.server.launcher, gpu=settings.cost.gpu))
     params = space.parse_assignments(assignments)
     batcher, knobs = space.split(params)
     if batcher:
