@@ -596,3 +596,5 @@ def test_a_seq_len_column_a_fixed_dims_model_does_not_take_is_named_before_the_s
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "column 'seq_len' is not sent: no input of matmul_cpu has a variable dim it sizes" in err, err
+    if command == "profile":  # and it profiles one length, not the column's six
+        assert ", no length column" in err and "lengths from the traffic's 'seq_len'" not in err, err

@@ -56,12 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure the model's profile on the study's server, print it and write the profile CSV; exit 0."""
+    import json
+
     from tqdm import tqdm
 
     from tuner.cli.simulate_cmd import check_base, check_output
     from tuner.errors import SettingsError
     from tuner.files import check_output_dir, check_writable, write_atomic
+    from tuner.modelconfig import to_json
     from tuner.profiler import REPEATS, describe_split, largest_rows, measure_profile, request_table, table
+    from tuner.replay import ignored_columns
     from tuner.server import make_launcher
     from tuner.settings import read_study
     from tuner.simulate import length_column, profile_text
@@ -92,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:  # what tune would say of this traffic (a narrowed space, a column no input takes)
         print(f"note: {note}", file=sys.stderr)
     column = length_column(traffic)
+    if column is not None and column in ignored_columns(json.loads(to_json(base)), traffic.columns):
+        column = None  # the requests take no length from it (the note above): one length, not six
     max_rows = getattr(args, MAX_ROWS.dest)
     mbs = largest_rows(settings, max_rows or None)
     print(f"profile: {settings.model} on the {settings.server.launcher} server, rows up to {mbs}"
