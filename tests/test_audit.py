@@ -464,3 +464,13 @@ def test_quiet_says_no_step_lines_and_still_prints_the_audit(tmp_path, monkeypat
     assert main(["audit", study, "--at-load-only", "--quiet"]) == 0
     quiet_out, quiet_err = capsys.readouterr()
     assert quiet_out == out and "auditing" not in quiet_err
+
+
+def test_a_json_and_a_textfile_of_one_name_are_refused_before_the_audit(tmp_path, monkeypatch, capsys):
+    # the textfile, written last, replaced the JSON without a word
+    started = _fake_audit(monkeypatch)
+    same = tmp_path / "same.out"
+    assert main(["audit", str(write_study(tmp_path)), "--at-load-only", "--json", str(same), "--textfile", str(same)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tuner: error: --json {same} and --textfile {same}: the same file; name two\n"
+    assert started == [] and not same.exists()

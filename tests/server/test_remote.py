@@ -231,3 +231,11 @@ def test_make_launcher_keeps_a_remote_original_in_the_studys_output(tmp_path):
                                 "output": str(tmp_path / "out")}, base_dir=tmp_path)
     assert make_launcher(settings).originals_dir == tmp_path / "out" / "server"
     assert make_launcher(settings, read_only=True).originals_dir is None  # it changes nothing
+
+
+def test_an_interrupted_read_only_launcher_says_it_leaves_the_server_as_it_is():
+    # an interrupted audit said "reloading the models tuner changed", of a deployment it never changed
+    from tuner.server.remote import RemoteLauncher
+
+    assert "nothing was changed" in RemoteLauncher("127.0.0.1:9", read_only=True).stopping
+    assert "reloading the models tuner changed" in RemoteLauncher("127.0.0.1:9").stopping

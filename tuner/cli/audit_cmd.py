@@ -226,6 +226,12 @@ def _check_outputs(args: argparse.Namespace, settings) -> None:
         check_output(args.json, settings, label=label, force=args.force,
                      ours=lambda path: json_with_keys(path, {"model", "findings", "exit_code"}))
     if args.textfile:
+        if args.json:
+            from tuner.errors import InputError
+            from tuner.paths import same_file
+
+            if same_file(args.json, args.textfile):  # the textfile, written last, would replace the JSON
+                raise InputError(f"--json {args.json} and --textfile {args.textfile}: the same file; name two")
         check_textfile_output(args.textfile, settings, force=args.force)
 
 

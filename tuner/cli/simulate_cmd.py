@@ -45,7 +45,8 @@ FIGURES = (
     Number("--traffic-scale", "X",
            "what-if: compress the traffic's timestamps X times (2: twice the requests per second)"),
     Number("--sla-ms", "L", "what-if: another latency SLA (ms)"),
-    Number("--price", "P", "what-if: another price per hour ($)"),
+    Number("--price", "P", "what-if: one server's price per hour ($), in place of the study's (the price "
+           "table's per GPU x cost.gpus_per_server, or cost.price_per_hour)"),
     Number("--tolerance", "T", "capacity bisection tolerance (default: the study's search.capacity."
            "tolerance, a fraction in (0, 1]); simulation is cheap, a finer one (0.02) separates close "
            "configurations"),

@@ -206,7 +206,12 @@ class RemoteLauncher(Launcher):
     def is_alive(self) -> bool:
         return self._http.ok("v2/health/live", timeout_s=2.0)
 
-    stopping = "reloading the models tuner changed with their own configuration (the server keeps running)"
+    @property
+    def stopping(self) -> str:
+        """What an interrupt says this launcher does as it ends: a read-only one (the audit) changed nothing."""
+        if self.read_only:
+            return "leaving the server as it is (nothing was changed)"
+        return "reloading the models tuner changed with their own configuration (the server keeps running)"
 
     def stop(self) -> None:
         """Reload every model we changed with its original configuration as the override (a load without
