@@ -224,8 +224,10 @@ def add_input(parser: argparse.ArgumentParser, flag: str, *, kind: str = "file",
 
 
 def add_storage(parser: argparse.ArgumentParser, help: str) -> None:
-    """`--storage URL`: an Optuna storage."""
-    parser.add_argument("--storage", metavar="URL", help=help)
+    """`--storage URL`: an Optuna storage (a file it names is relative to the working directory, as every
+    path on the command line; the study file's `storage:` is relative to the study file)."""
+    parser.add_argument("--storage", metavar="URL",
+                        help=f"{help} (a file it names, sqlite:///PATH or a journal, is relative to the working directory)")
 
 
 def add_output_dir(parser: argparse.ArgumentParser, *, note: str | None = None, flag: str = "--output",
