@@ -93,6 +93,7 @@ def test_size_specs():
         ("constant:inf", "value must be a whole number"),  # was an OverflowError's traceback
         ("constant:1e19", "value must be <= 1,000,000,000"),  # the same, from numpy's int64
         ("zipf:a=1.5,max=10,a=2", "a is given twice"),  # the last won without a word
+        ("lognormal:median=1e19,sigma=0.5", r"median 1e\+19 lies outside \[min, max\] = \[1, 512\]"),  # all 512
     ],
 )
 def test_bad_size_specs(text, expected):

@@ -96,6 +96,9 @@ class SizeSpec:
                 f"size {label!r}: lognormal needs median > 0, sigma >= 0 and 1 <= min <= max, got "
                 f"median={self.median}, sigma={self.sigma}, min={self.min}, max={self.max}"
             )
+        if self.kind == "lognormal" and not self.min <= self.median <= self.max:  # every draw would be clamped
+            raise TrafficError(f"size {label!r}: lognormal median {self.median:g} lies outside [min, max] = "
+                               f"[{self.min}, {self.max}] (max defaults to 512): raise max or lower the median")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` sizes drawn from the spec with `rng`, as int64."""
