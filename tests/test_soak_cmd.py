@@ -201,6 +201,14 @@ def test_a_short_recording_blames_restart_minutes_only_when_given(tmp_path, caps
     assert main([*args, "--restart-minutes", "2"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tuner: error: --restart-minutes 2: the restart window must fit") and "short.csv spans 1 min" in err
+    # a study that cuts a window of a longer recording: the window is named, not the file (whose hour was
+    # said to span a minute)
+    data = yaml.safe_load(study.read_text())
+    data["traffic"].update(busiest_s=30)
+    study.write_text(yaml.safe_dump(data))
+    assert main([*args, "--restart-minutes", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "the study's traffic window (the busiest 30 s of" in err and "short.csv) spans 0.492 min" in err, err
 
 
 def test_a_recording_shorter_than_the_default_restart_has_no_restart_window():

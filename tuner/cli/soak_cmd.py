@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(traffic, hours=args.hours, speed=speed, window_minutes=args.window,
                      restart_at_hours=args.restart_at)
     quiet, quiet_text = restart_windows(traffic, minutes=args.restart_minutes, day_hours=args.day_hours,
-                                        recording=f"the recording {settings.traffic.path}")
+                                        recording=_replayed(settings.traffic))
     generative = soak_engine(settings, output, args.assignments, config_path=args.config)
     engine, drain_s = None, 0.0
     if generative is None:
@@ -168,3 +168,14 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _replayed(t) -> str:
+    """What the soak replays, as a line names it: the recording, or the study's window of it (a soak
+    of `traffic.busiest_s: 60` repeats that minute, not the file's hour)."""
+    if t.busiest_s is not None:
+        return f"the study's traffic window (the busiest {t.busiest_s:g} s of {t.path})"
+    if t.start_s is not None or t.duration_s is not None or t.since is not None or t.until is not None:
+        return f"the study's traffic window of {t.path}"
+    return f"the recording {t.path}"
+
