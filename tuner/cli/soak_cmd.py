@@ -178,4 +178,3 @@ def _replayed(t) -> str:
     if t.start_s is not None or t.duration_s is not None or t.since is not None or t.until is not None:
         return f"the study's traffic window of {t.path}"
     return f"the recording {t.path}"
-
