@@ -37,3 +37,18 @@ def test_finish_refuses_an_output_in_the_models_directory_before_writing(tmp_pat
     # elsewhere the outputs are written, from the storage alone
     assert main(["finish", "--storage", url, "--output", str(tmp_path / "elsewhere"), "--no-remeasure"]) == 0
     assert (tmp_path / "elsewhere" / "summary.json").is_file()
+
+
+def test_export_writes_no_new_file_in_the_models_directory_but_its_live_config_with_force(tmp_path, capsys):
+    # `export -o MODEL/new.pbtxt` wrote there (and changed the model's files, so the study no longer resumed);
+    # with --force it replaced the model's README or model.py
+    url = _finished(tmp_path)
+    model = tmp_path / "encoder_sim"
+    (model / "README.md").write_text("mine\n")
+    for name in ("new.pbtxt", "README.md"):
+        assert main(["export", "--storage", url, "--study", "exp", "-o", str(model / name), "--force"]) == 2
+        assert "in the model's directory" in capsys.readouterr().err
+    assert sorted(p.name for p in model.iterdir()) == ["README.md", "config.pbtxt"]
+    assert (model / "README.md").read_text() == "mine\n"
+    # the live config.pbtxt is the one file there export may replace (--force: your own)
+    assert main(["export", "--storage", url, "--study", "exp", "-o", str(model / "config.pbtxt"), "--force"]) == 0

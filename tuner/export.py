@@ -34,6 +34,7 @@ from tuner import __version__, modelconfig, space
 from tuner.errors import InputError, NoFeasibleConfigError, OutputError, SettingsError
 from tuner.files import check_replaceable, check_writable, os_reason, read_json_object, write_atomic
 from tuner.formats import figure
+from tuner.llm import engineargs
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
@@ -54,7 +55,7 @@ from tuner.search import (
     without_password,
 )
 from tuner.settings import SearchSettings
-from tuner.study import check_not_input
+from tuner.study import check_not_in_model, check_not_input, recorded_study
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "check_finished", "closing_table", "export",
@@ -668,6 +669,11 @@ def export(storage: str, name: str | None, output: str | Path, *, force: bool = 
     # never over what the study reads, --force or not; the model's config.pbtxt may be (your live config)
     check_not_input(path, label=label, study_file=study.user_attrs.get("study_file"),
                     traffic=(study.user_attrs.get("traffic") or {}).get("path"))
+    settings = recorded_study(study.user_attrs.get("study_file"))
+    if settings is not None:  # nor a new file among the model's: only its live config.pbtxt or model.json
+        model_dir = Path(settings.model_repository) / settings.model
+        check_not_in_model(path, settings, label=label, but=[
+            model_dir / "config.pbtxt", engineargs.version_dir(model_dir) / engineargs.ENGINE_FILE])
     text = recommended_text(study, summarize(study))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

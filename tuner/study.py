@@ -27,16 +27,17 @@ from pathlib import Path
 import pandas as pd
 
 from tuner import modelconfig
-from tuner.errors import ConfigError, OutputError, TrafficError
+from tuner.errors import ConfigError, OutputError, TrafficError, TunerError
 from tuner.files import os_reason
 from tuner.instants import parse_instant
 from tuner.modelconfig import ModelConfig
 from tuner.paths import same_file
-from tuner.settings import StudySettings
+from tuner.settings import StudySettings, read_study
 from tuner.traffic.recording import joins_recording, open_recording, recording_files
 from tuner.traffic.scan import busiest_in, read_all, read_range, read_window
 
 __all__ = ["base_config", "base_engine", "check_batcher_study", "check_not_in_model", "check_not_input", "checked_base", "config_file",
+           "recorded_study",
            "engine_file", "is_vllm_study", "model_digest", "model_files",
            "stale_profile", "study_traffic"]
 
@@ -222,17 +223,30 @@ def check_batcher_study(settings: StudySettings, command: str) -> None:
                             f"tuner replay do")
 
 
-def check_not_in_model(path: str | Path, settings: StudySettings, *, label: str) -> None:
+def check_not_in_model(path: str | Path, settings: StudySettings, *, label: str,
+                       but: Iterable[str | Path] = ()) -> None:
     """Refuse (OutputError, one line starting with `label`) a file or directory to write inside the
     study's model directory, resolved (a write through a link lands where it points): a new file there
     too, as the model's directory is what the server loads (and what a resumed study digests,
-    `model_files`)."""
+    `model_files`). `but`: files there that may be written (export's live config, with --force)."""
     if not settings.model_repository:
         return
     model_dir = Path(os.path.realpath(Path(settings.model_repository) / settings.model))
-    if Path(os.path.realpath(path)).is_relative_to(model_dir):
+    target = Path(os.path.realpath(path))
+    if target.is_relative_to(model_dir) and target not in {Path(os.path.realpath(p)) for p in but}:
         raise OutputError(f"{label}: in the model's directory {model_dir}, which the server loads; refusing "
                           "to write there")
+
+
+def recorded_study(study_file: str | None) -> StudySettings | None:
+    """The study file a storage names (tune records it), read on this host; None where it is not here
+    or no longer reads: what is checked against it is then left unchecked (a storage is read anywhere)."""
+    if not study_file or not Path(study_file).is_file():
+        return None
+    try:
+        return read_study(study_file)
+    except TunerError:
+        return None
 
 
 def check_not_input(path: str | Path, *, label: str, study_file: str | None, traffic: str | None,

@@ -37,12 +37,13 @@ from tuner.errors import (
 from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
 from tuner.report import REPORT, SIMULATION, write_report
-from tuner.settings import StudySettings, check_generative, read_study
+from tuner.settings import StudySettings, check_generative
 from tuner.study import (
     base_engine,
     check_not_in_model,
     checked_base,
     model_files,
+    recorded_study,
     stale_profile,
     study_traffic,
 )
@@ -736,7 +737,7 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path, *,
     study file given) or the study file the storage names say, where this host has it."""
     study = search.load_study(storage, name)
     export.check_finished(study)
-    settings = settings or _recorded_study(study)
+    settings = settings or recorded_study(study.user_attrs.get("study_file"))
     if settings is not None:
         check_not_in_model(output, settings, label=f"output directory {output}")
     check_outputs_owner(output, study.study_name)
@@ -747,18 +748,6 @@ def outputs_from_storage(storage: str, name: str | None, output: str | Path, *,
     except TunerError as exc:
         summary["report_error"] = str(exc)
     return summary
-
-
-def _recorded_study(study: optuna.Study) -> StudySettings | None:
-    """The study file its storage names (tune records it), read on this host; None where it is not here
-    or no longer reads: the outputs need none of it, and a finish from storage runs on any machine."""
-    path = study.user_attrs.get("study_file")
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        return read_study(path)
-    except TunerError:
-        return None
 
 
 def _remeasure(study: optuna.Study, evaluate_trial, settings: StudySettings, *, progress: Progress,
