@@ -450,3 +450,14 @@ def test_ctrl_c_keeps_every_finished_window_and_the_report_renders(tmp_path, tri
     assert main(["report", str(tmp_path / "out")]) == 0
     page = (soak_dir(tmp_path / "out") / "report.html").read_text()
     assert "the soak was interrupted" in page
+
+
+def test_a_remote_server_its_launcher_would_refuse_is_refused_before_the_soaks_directory(tmp_path, capsys):
+    # the refusal came from the launcher, after the soak's directory was made
+    study = write_study(tmp_path, ROOT / "model_repository_templates")
+    data = yaml.safe_load(study.read_text())
+    data["server"] = {"launcher": "remote", "url": "127.0.0.1:9"}  # nothing answers there
+    study.write_text(yaml.safe_dump(data))
+    assert main(["soak", str(study), "--hours", "0.1", "--window", "0.5", "--quiet"]) == 2
+    assert "cannot reach a Triton server at 127.0.0.1:9" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

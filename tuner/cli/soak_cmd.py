@@ -128,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         check_generative_traffic(settings, config, traffic, args=engine)
         knobs = ", ".join(f"{k}={engine[k]}" for k in space.ENGINE_NAMES if engine.get(k) is not None)
         drain_s = window_drain_s(settings, traffic)
+    if settings.server.launcher == "remote":  # what its launcher refuses, before the soak's directory is made
+        from tuner.server.remote import check_remote
+
+        check_remote(settings.server.url, [settings.model])
     print(f"soak: {settings.model} with {knobs}\n  config: {source}\n"
           f"  {plan.hours:g} h of recorded traffic at speed {plan.speed:g}: {plan.windows} windows of "
           f"{plan.window_wall_s / 60:g} min ({plan.window_s / 3600:.3g} h of traffic each), "
