@@ -802,7 +802,9 @@ def test_a_textfile_is_refused_over_an_input_a_users_file_or_in_the_model_before
     traffic = tmp_path / "traffic" / "night.csv"
     for target, why in [(traffic, "the same file as tonight's traffic"),
                         (mine, "exists and tuner did not write it: give --force"),
-                        (tmp_path / "repo" / "sim" / "n.prom", "in the model's directory")]:
+                        (tmp_path / "repo" / "sim" / "n.prom", "in the model's directory"),
+                        # a new file the next night would read as traffic (a .csv in tonight's directory)
+                        (tmp_path / "traffic" / "metrics.csv", "among tonight's traffic files")]:
         before = target.read_bytes() if target.exists() else None
         for args in ([], ["--check"], ["--history"]):
             code = main(["nightly", str(nightly), *args, "--textfile", str(target)])

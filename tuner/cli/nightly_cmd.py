@@ -81,7 +81,7 @@ def _check_textfile(args: argparse.Namespace, settings):
     (never over the study's or the night's inputs nor into the model's directory; another file only
     if tuner wrote it, or with --force)."""
     from tuner.errors import TrafficError
-    from tuner.nightly.intake import traffic_files
+    from tuner.nightly.intake import joins_tonight, traffic_files
     from tuner.nightly.settings import read_study_for
 
     if not args.textfile:
@@ -94,6 +94,12 @@ def _check_textfile(args: argparse.Namespace, settings):
     except TrafficError:
         pass  # the night says why in its own line (--history reads none)
     check_textfile_output(args.textfile, study, force=args.force, inputs=inputs)
+    if joins_tonight(args.textfile, settings.traffic.path, settings.traffic.pattern):
+        from tuner.errors import OutputError
+
+        raise OutputError(f"--textfile {args.textfile}: among tonight's traffic files ({settings.traffic.path}, "
+                          f"{settings.traffic.pattern!r}): the next night would read it as traffic; refusing to "
+                          "write it there")
     return study
 
 

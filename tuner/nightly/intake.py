@@ -12,6 +12,7 @@ Parquet once, in the tuner's cache). Trace files are read whole.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,14 @@ def traffic_files(path: str | Path, pattern: str = "*") -> list[Path]:
         raise TrafficError(f"{path}: no traffic files matching {pattern!r} "
                            f"(expected {', '.join(TABLE_SUFFIXES + TRACE_SUFFIXES)})")
     return files
+
+
+def joins_tonight(path: str | Path, traffic: str | Path, pattern: str = "*") -> bool:
+    """Whether a file written at `path`, there yet or not, would be read as one of the night's traffic
+    files (`traffic_files`: a directory's tables and traces matching `pattern`)."""
+    path, traffic = Path(os.path.abspath(path)), Path(traffic)
+    return (traffic.is_dir() and path.suffix.lower() in TABLE_SUFFIXES + TRACE_SUFFIXES
+            and Path(os.path.realpath(path.parent)) == Path(os.path.realpath(traffic)) and path.match(pattern))
 
 
 def newest_traffic(path: str | Path, hours: float, model: str | None = None,
