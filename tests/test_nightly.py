@@ -802,9 +802,7 @@ def test_a_textfile_is_refused_over_an_input_a_users_file_or_in_the_model_before
     traffic = tmp_path / "traffic" / "night.csv"
     for target, why in [(traffic, "the same file as tonight's traffic"),
                         (mine, "exists and tuner did not write it: give --force"),
-                        (tmp_path / "repo" / "sim" / "n.prom", "in the model's directory"),
-                        # a new file the next night would read as traffic (a .csv in tonight's directory)
-                        (tmp_path / "traffic" / "metrics.csv", "among tonight's traffic files")]:
+                        (tmp_path / "repo" / "sim" / "n.prom", "in the model's directory")]:
         before = target.read_bytes() if target.exists() else None
         for args in ([], ["--check"], ["--history"]):
             code = main(["nightly", str(nightly), *args, "--textfile", str(target)])
@@ -816,6 +814,23 @@ def test_a_textfile_is_refused_over_an_input_a_users_file_or_in_the_model_before
     assert main(["nightly", "--history", str(nightly), "--textfile", str(mine), "--force"]) == 0
     assert mine.read_text().startswith("# HELP tuner_nightly_")
     assert main(["nightly", "--history", str(nightly), "--textfile", str(mine)]) == 0
+
+
+def test_a_textfile_the_next_night_would_read_as_traffic_is_refused(tmp_path, capsys):
+    # tonight's traffic is another directory than the study's: a new metrics.csv there was accepted, and
+    # the next night failed on it ("not a readable CSV table")
+    nightly = _write_setup(tmp_path)
+    (tmp_path / "recorded").mkdir()
+    study = tmp_path / "study.yaml"
+    study.write_text(study.read_text().replace("traffic: {path: traffic}", "traffic: {path: recorded}"))
+    target = tmp_path / "traffic" / "metrics.csv"
+    for args in (["--check"], ["--history"]):
+        assert main(["nightly", str(nightly), *args, "--textfile", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"tuner: error: --textfile {target}: among tonight's traffic files") and \
+            err.count("\n") == 1, err
+    assert not target.exists()
+    assert main(["nightly", str(nightly), "--history", "--textfile", str(tmp_path / "traffic" / "m.prom")]) == 0
 
 
 def test_check_with_history_is_refused_in_one_line(tmp_path, capsys):
