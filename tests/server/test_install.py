@@ -149,24 +149,25 @@ def test_the_install_holds_its_lock_inside_the_directory_while_pip_runs(tmp_path
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["triton"]
 
 
-# pip's log (--log) of a full disk and of a release that does not exist, shortened
+# pip's log (--log) of a full disk and of a release that does not exist, shortened (its paths made
+# relative: the text is parsed, no file is read)
 _FULL_DISK = """\
 2026-12-06T19:48:43,100 Successfully installed nvidia-pytriton-0.7.0
 2026-12-06T19:48:43,401 ERROR: Exception:
 2026-12-06T19:48:43,401 Traceback (most recent call last):
-2026-12-06T19:48:43,401 OSError: [Errno 18] Invalid cross-device link: '/tmp/pip-target-lo0/lib/python/pytriton' -> '/d/st/pytriton'
+2026-12-06T19:48:43,401 OSError: [Errno 18] Invalid cross-device link: 'staging/pip-target-lo0/lib/python/pytriton' -> 'target/pytriton'
 2026-12-06T19:48:43,401 During handling of the above exception, another exception occurred:
-2026-12-06T19:48:43,401   File "/usr/lib/python3.11/shutil.py", line 515, in _copytree
+2026-12-06T19:48:43,401   File "shutil.py", line 515, in _copytree
 2026-12-06T19:48:43,401     raise Error(errors)
-2026-12-06T19:48:43,401 shutil.Error: [('/tmp/a/tritonserver', '/d/st/tritonserver', "[Errno 28] No space left on device: '/tmp/a/tritonserver' -> '/d/st/tritonserver'"), ('/tmp/a/x.py', '/d/st/x.py', "[Errno 28] No space left on device: '/tmp/a/x.py' -> '/d/st/x.py'")]
-2026-12-06T19:48:43,403 Removed build tracker: '/tmp/pip-build-tracker-ics0_xyr'
+2026-12-06T19:48:43,401 shutil.Error: [('staging/tritonserver', 'target/tritonserver', "[Errno 28] No space left on device: 'staging/tritonserver' -> 'target/tritonserver'"), ('staging/x.py', 'target/x.py', "[Errno 28] No space left on device: 'staging/x.py' -> 'target/x.py'")]
+2026-12-06T19:48:43,403 Removed build tracker: 'pip-build-tracker-ics0_xyr'
 """
 _NOT_FOUND = """\
 2026-12-06T19:48:44,051 ERROR: Could not find a version that satisfies the requirement nvidia-pytriton==0.0.0.dev999 (from versions: 0.6.0, 0.7.0)
 2026-12-06T19:48:44,051 ERROR: No matching distribution found for nvidia-pytriton==0.0.0.dev999
 2026-12-06T19:48:44,052 Traceback (most recent call last):
 2026-12-06T19:48:44,052 pip._internal.exceptions.DistributionNotFound: No matching distribution found for nvidia-pytriton==0.0.0.dev999
-2026-12-06T19:48:44,054 Removed build tracker: '/tmp/pip-build-tracker-m5ujerhm'
+2026-12-06T19:48:44,054 Removed build tracker: 'pip-build-tracker-m5ujerhm'
 """
 
 
