@@ -326,6 +326,21 @@ def test_a_study_keeps_the_sla_of_its_kind():
         check_generative(generative, generative=False)
 
 
+@pytest.mark.parametrize("written", [100, 2000])
+def test_an_encoders_latency_limit_in_a_generative_study_is_refused_even_at_its_default(written):
+    from tuner.settings import check_generative, with_overrides
+    study = study_from_dict({**MINIMAL, "sla": {"ttft_ms": 500, "latency_ms": written}}, source="study.yaml")
+    with pytest.raises(SettingsError, match=r"^<study>: sla.latency_ms: the encoder.s limit, not used"):
+        check_generative(study, generative=True)
+    unwritten = study_from_dict({**MINIMAL, "sla": {"ttft_ms": 500}})
+    check_generative(unwritten, generative=True)
+    # an override of another key keeps the default unwritten; one of latency_ms writes it
+    check_generative(with_overrides(unwritten, {"sla.percentile": 95}), generative=True)
+    with pytest.raises(SettingsError, match="sla.latency_ms: the encoder's limit"):
+        check_generative(with_overrides(unwritten, {"sla.latency_ms": 100}), generative=True)
+    assert unwritten.sla.latency_ms == 100 and f"{unwritten.sla.latency_ms:g}" == "100"
+
+
 @pytest.mark.parametrize("url,ok", [("http://127.0.0.1:9002/metrics", True), ("http://127.0.0.1:9002/metrics/", True),
                                     ("127.0.0.1:9002", False), ("http://127.0.0.1/metrics", False),
                                     ("https://127.0.0.1:9002/metrics", False)])

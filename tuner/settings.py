@@ -144,6 +144,11 @@ class MeasurementSettings:
     max_repeats: int = positive(3)
 
 
+class _Unwritten(float):
+    """A default the study file did not write: a number like any other, that `check_generative` can
+    tell from the same number written (a generative study refuses an encoder's `latency_ms`)."""
+
+
 @dataclass(frozen=True)
 class SlaSettings:
     """The SLA (`sla:`): a percentile's limit and the share of errors allowed. An encoder study limits
@@ -153,7 +158,7 @@ class SlaSettings:
     1)) and/or the end-to-end time (`e2e_ms`: last token minus due time, the limit vLLM's auto-tune
     script uses), each at the same percentile (`check_generative` holds a study to its kind)."""
 
-    latency_ms: float = positive(100.0)
+    latency_ms: float = positive(_Unwritten(100.0))
     percentile: float = 99.0
     max_error_rate: float = at_least_zero(0.001)
     ttft_ms: float | None = positive(None)
@@ -483,6 +488,8 @@ def _convert(hint, value, source: str, *, key: str):
             raise SettingsError(f"{source}: {key}: expected an integer, got {value!r}")
         return value
     if hint is float:
+        if isinstance(value, _Unwritten):  # a default carried through with_overrides stays one
+            return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SettingsError(f"{source}: {key}: expected a number, got {value!r}")
         try:
@@ -693,14 +700,17 @@ def _check_engine_ranges(s: StudySettings, source: str) -> None:
 
 def check_generative(s: StudySettings, *, generative: bool) -> None:
     """Hold the study's SLA to its kind: a generative study (a vLLM-backend model, token traffic)
-    needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms (sla.latency_ms, the encoder's limit, is not used); an
-    encoder study refuses them. SettingsError in one line."""
+    needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms, and refuses sla.latency_ms (the encoder's limit) if the
+    file wrote it; an encoder study refuses the token limits. SettingsError in one line."""
     source = s.source or "<study>"
     given = [key for key in ("ttft_ms", "tpot_ms", "e2e_ms") if getattr(s.sla, key) is not None]
     if generative and not given:
         raise SettingsError(f"{source}: sla: a generative study (a vLLM-backend model, token traffic) needs "
                             f"sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms (time to first token, time per output "
                             f"token, end to end, at sla.percentile)")
+    if generative and given and not isinstance(s.sla.latency_ms, _Unwritten):
+        raise SettingsError(f"{source}: sla.latency_ms: the encoder's limit, not used by a generative study "
+                            f"(a vLLM-backend model): limit sla.e2e_ms for the end-to-end time")
     if not generative and given:
         raise SettingsError(f"{source}: sla.{given[0]}: a token limit, for a generative study (a vLLM-backend "
                             f"model); {s.model} is an encoder: limit sla.latency_ms")

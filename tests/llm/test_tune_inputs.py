@@ -76,6 +76,7 @@ def test_the_incumbent_takes_vllms_values_for_the_studys_gpu(tmp_path, capsys, g
     ({"search__max_batch_size": {"low": 1, "high": 8}}, "Triton's dynamic batcher does nothing on a vLLM-backend"),
     ({"search__strategy": "model"}, "search.strategy: model simulates Triton's dynamic batcher"),
     ({"sla": {"latency_ms": 200}}, "needs sla.ttft_ms, sla.tpot_ms and/or sla.e2e_ms"),
+    ({"sla__latency_ms": 2000}, "sla.latency_ms: the encoder's limit, not used by a generative study"),
 ])
 def test_a_study_of_the_wrong_kind_is_one_line(tmp_path, capsys, changes, expected):
     assert expected in refused(capsys, "tune", str(study(tmp_path, **changes)), "--check")
