@@ -53,6 +53,24 @@ def test_an_unknown_option_is_named_with_the_nearest_one_and_the_commands_help(c
                   "(see `tuner config set --help`)\n"
 
 
+def test_a_misspelt_option_is_named_where_a_required_one_seems_missing(capsys):
+    # argparse stops at the missing --set before it would have named --sett
+    err = _refused(capsys, ["config", "set", "c.pbtxt", "--sett", "a=1"])
+    assert err == "tuner: error: unrecognized option --sett; did you mean --set? (see `tuner config set --help`)\n"
+    # nothing misspelt: the missing arguments are named as argparse names them
+    err = _refused(capsys, ["config", "set", "c.pbtxt"])
+    assert "the following arguments are required: --set" in err
+    err = _refused(capsys, ["config", "set", "--", "--sett"])  # after `--` a name is a positional
+    assert "the following arguments are required: --set" in err
+
+
+@pytest.mark.parametrize("argv, prefix", [(["replay", "x.yaml", "--spe", "2"], "--spe"),
+                                          (["config", "set", "c.pbtxt", "--set", "a=1", "--in-pl"], "--in-pl")])
+def test_an_options_prefix_is_not_taken_for_it(capsys, argv, prefix):
+    # a prefix would change meaning in a script the day another option shares it
+    assert f"unrecognized option {prefix}; did you mean" in _refused(capsys, argv)
+
+
 def test_a_positional_no_command_takes_is_named_by_that_command(capsys):
     err = _refused(capsys, ["tune", "a.yaml", "b.yaml"])
     assert err == "tuner: error: unrecognized arguments: b.yaml (see `tuner tune --help`)\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import typing
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
@@ -25,10 +26,30 @@ OUTPUT_DIR_HELP = "output directory (default: the study's output)"
 
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (`tuner: error: ...`) and exit 2, as every other
-    error of tuner is; its subcommands' parsers are of this class too."""
+    error of tuner is; its subcommands' parsers are of this class too. An option is taken only by its
+    whole name: a prefix (`--spe` for `--speed`) would change meaning in a script the day an option
+    sharing it is added, and a misspelt option is told its nearest name instead."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, keeping the arguments given this parser (a subcommand's parser is given its own
+        by argparse) for `error` to name a misspelt option among them."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> typing.NoReturn:
-        """Print `message` in one line with where to find the usage, and exit 2."""
+        """Print `message` in one line with where to find the usage, and exit 2. A required argument
+        missing beside an option this parser does not know is most likely that option misspelt
+        (`config set X --sett a=1`): the option is named, with its nearest, instead."""
+        if message.startswith("the following arguments are required"):
+            given = self._given[:self._given.index("--")] if "--" in self._given else self._given
+            unknown = [a for a in given if _is_option(self, a) and not _takes(self, a)]
+            if unknown:
+                message = _unrecognized(self, unknown)
         self.exit(2, f"tuner: error: {message} (see `{self.prog} --help`)\n")
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
@@ -151,6 +172,13 @@ def _unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
     hints = [f"did you mean {known[name]}?" for name in near if name is not None]
     named = f"unrecognized option{'s' if len(options) > 1 else ''} {', '.join(options)}"
     return "; ".join([named, " ".join(hints)]) if hints else named
+
+
+def _takes(parser: argparse.ArgumentParser, text: str) -> bool:
+    """Whether `parser` has the option `text` names (`--name`, `--name=value`, `-x`, `-xVALUE`)."""
+    flags = parser._option_string_actions  # argparse has no public table of a parser's option names
+    name = text.split("=", 1)[0]
+    return name in flags or (not text.startswith("--") and text[:2] in flags)
 
 
 def _is_option(parser: argparse.ArgumentParser, text: str) -> bool:
