@@ -84,6 +84,7 @@ def test_a_positional_no_command_takes_is_named_by_that_command(capsys):
     (["config", "shwo"], "show", "tuner config"),
     (["server", "instal"], "install", "tuner server"),
     (["traffic", "synth", "poison"], "poisson", "tuner traffic synth"),
+    (["replay", "x.yaml", "--protocol", "HTTP"], "http", "tuner replay"),  # letters' case aside
 ])
 def test_an_unknown_command_or_choice_suggests_the_nearest(capsys, argv, near, command):
     err = _refused(capsys, argv)

@@ -628,6 +628,10 @@ def test_one_models_requests_of_a_trace_of_several_keep_their_shape_columns(tmp_
     assert main(["traffic", "import", "triton", str(path), "--model", "bret", "-o", str(tmp_path / "gpt.csv")]) == 2
     assert "no traced requests of model 'bret' (did you mean bert? the trace holds: bert, resnet)" in \
         capsys.readouterr().err
+    # Triton's model names are case-sensitive: the one in another case is the nearest
+    assert main(["traffic", "import", "triton", str(path), "--model", "BERT", "-o", str(tmp_path / "gpt.csv")]) == 2
+    assert "no traced requests of model 'BERT' (did you mean bert? the trace holds: bert, resnet)" in \
+        capsys.readouterr().err
     assert main(["traffic", "import", "csv", str(out), "--model", "bert", "-o", str(tmp_path / "x.csv")]) == 2
     assert "--model applies to 'traffic import triton' only" in capsys.readouterr().err
 

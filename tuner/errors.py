@@ -107,9 +107,14 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 
 def nearest(word: str, choices: Iterable[str]) -> str | None:
-    """The choice `word` most likely misspells (difflib's closest match), None when none is close."""
-    near = difflib.get_close_matches(word, list(choices), n=1)
-    return near[0] if near else None
+    """The choice `word` most likely misspells (difflib's closest match, letters' case aside: `BERT` for
+    `bert`), None when none is close."""
+    choices = list(choices)
+    by_case = {}
+    for choice in choices:
+        by_case.setdefault(choice.casefold(), choice)
+    near = difflib.get_close_matches(word.casefold(), list(by_case), n=1)
+    return by_case[near[0]] if near else None
 
 
 def _raise_terminated(signum, frame) -> None:
