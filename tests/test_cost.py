@@ -48,6 +48,11 @@ def test_unknown_gpu_or_cloud_is_named():
         price_for(CostSettings(gpu="v100"))
     with pytest.raises(SettingsError, match="cost.cloud: unknown cloud 'oracle'"):
         price_for(CostSettings(gpu="t4", cloud="oracle"))
+    # named as every error of a study's settings is: the file first, then the nearest name
+    with pytest.raises(SettingsError, match=r"^study.yaml: cost.gpu: unknown GPU 'h10' \(did you mean h100\? "):
+        price_for(CostSettings(gpu="h10"), source="study.yaml")
+    with pytest.raises(SettingsError, match=r"^study.yaml: cost.cloud: unknown cloud 'azzure' for t4 \(did you mean azure"):
+        price_for(CostSettings(gpu="t4", cloud="azzure"), source="study.yaml")
 
 
 def test_a_price_of_the_users_own_says_so():

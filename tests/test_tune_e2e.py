@@ -337,7 +337,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_server_starts(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 6 and all(line.startswith("tuner: error: ") for line in err), err
     assert "slaa: unknown key" in err[1] and "none.csv" in err[2] and "config.pbtxt:1" in err[3]
-    assert "cost.gpu: unknown GPU 'v100'" in err[4]
+    assert f"{tmp_path / 'gpu.yaml'}: cost.gpu: unknown GPU 'v100'" in err[4]
     assert not list(tmp_path.glob("*/study.db")) and not list(tmp_path.glob("*/study.journal"))
 
 

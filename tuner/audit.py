@@ -223,7 +223,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         return audit_engine.audit_engine(settings, baseline, at_load_only, progress=progress)
     traffic = study_traffic(settings)
     check_measured(step_windows(traffic, settings), settings.traffic.speed, source=str(settings.traffic.path))
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     if settings.server.launcher == "remote":
         # a deployment serves people: it gets the recorded traffic only, not the shape sweep's made-up

@@ -122,7 +122,7 @@ def audit_engine(settings: StudySettings, baseline: Baseline | None = None, at_l
     args, where = deployed_engine(settings)
     traffic = study_traffic(settings)
     _check_traffic(settings, base_config(settings), traffic, args=args)
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
     params = engine_params(args, gpu=_device(settings) != "cpu")
     replays: list[tuple[TokenMeasurement, dict | None]] = []  # each replay, with the engine's stretch over it

@@ -16,7 +16,7 @@ from importlib import resources
 
 import yaml
 
-from tuner.errors import SettingsError
+from tuner.errors import SettingsError, did_you_mean
 from tuner.settings import CostSettings
 
 HOURS_PER_MONTH = 730.0  # 365 * 24 / 12, the figure cloud bills use
@@ -62,8 +62,18 @@ def gpu_names() -> list[str]:
     return ["cpu", *price_table()["gpus"]]
 
 
-def price_for(cost: CostSettings) -> Price:
-    """One server's price under the study's `cost` section (see the module doc for the rules)."""
+def price_for(cost: CostSettings, *, source: str = "") -> Price:
+    """One server's price under the study's `cost` section (see the module doc for the rules); a
+    SettingsError names the study file `source` first, as every other error of its settings does."""
+    try:
+        return _price(cost)
+    except SettingsError as exc:
+        if not source:
+            raise
+        raise SettingsError(f"{source}: {exc}") from None
+
+
+def _price(cost: CostSettings) -> Price:
     n = cost.gpus_per_server
     if cost.price_per_hour is not None:
         if n != 1:  # which one it is, a GPU's or the server's, cannot be told: say it rather than guess
@@ -82,16 +92,18 @@ def price_for(cost: CostSettings) -> Price:
         return Price(price_per_hour=entry["price_per_hour"] * n, gpu="cpu", cloud=None, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
                      read=str(entry["read"]), estimate=bool(entry["estimate"]))
     if gpu not in table["gpus"]:
-        raise SettingsError(f"cost.gpu: unknown GPU {cost.gpu!r} (expected one of: {', '.join(gpu_names())}; "
-                            f"or give cost.price_per_hour)")
+        hint = did_you_mean(cost.gpu, gpu_names())
+        raise SettingsError(f"cost.gpu: unknown GPU {cost.gpu!r} ({hint + ' ' if hint else ''}expected one of: "
+                            f"{', '.join(gpu_names())}; or give cost.price_per_hour)")
     clouds = table["gpus"][gpu]
     if cost.cloud is None:
         cloud = min(clouds, key=lambda c: clouds[c]["price_per_hour"])
     elif cost.cloud.lower() in clouds:
         cloud = cost.cloud.lower()
     else:
+        hint = did_you_mean(cost.cloud, clouds)
         raise SettingsError(f"cost.cloud: unknown cloud {cost.cloud!r} for {gpu} "
-                            f"(expected one of: {', '.join(clouds)})")
+                            f"({hint + ' ' if hint else ''}expected one of: {', '.join(clouds)})")
     entry = clouds[cloud]
     return Price(price_per_hour=entry["price_per_hour"] * n, gpu=gpu, cloud=cloud, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
                  read=str(entry["read"]), estimate=bool(entry["estimate"]))

@@ -141,7 +141,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
             raise SettingsError(f"{settings.source or '<study>'}: search.strategy: model simulates Triton's dynamic "
                                 f"batcher; {settings.model} is batched by vLLM: use search.strategy: measure")
     traffic = study_traffic(settings)
-    price_for(settings.cost)
+    price_for(settings.cost, source=settings.source)
     settings, notes = check_traffic(settings, base, traffic, engine=engine)
     incumbent = space.from_config(base, settings.search, engine=engine)
     space.check_choices(incumbent, settings.search, whose="the incumbent's")
@@ -328,7 +328,7 @@ def check_table(p: Prepared, *, workers: int = 1, given: frozenset[str] = frozen
     the command-line flags (`--trials`, `--timeout`) whose values the settings hold for this run, named
     where the rows would otherwise name the study's keys."""
     s = p.settings
-    price = price_for(s.cost)
+    price = price_for(s.cost, source=s.source)
     knobs = [f"{k.name} {_span(k.range_of(s.search))}" for k in space.tuned(s.search)]
     server = s.server.launcher + (f" {s.server.image}" if s.server.launcher == "docker" else "") + (
         f" {s.server.url}" if s.server.launcher == "remote" else "")
@@ -480,7 +480,7 @@ def identity(p: Prepared) -> dict:
         "traffic": f"{len(p.traffic)} requests, hash {int(pd.util.hash_pandas_object(p.traffic, index=False).sum()) & (2**63 - 1):x}",
         "speed": s.traffic.speed,
         "sla": dataclasses.asdict(s.sla),
-        "price_per_hour": price_for(s.cost).price_per_hour,
+        "price_per_hour": price_for(s.cost, source=s.source).price_per_hour,
         "scoring": s.scoring,
         "space": {**knobs, "preferred_batch_size": s.search.preferred_batch_size,
                   "grid_per_octave": s.search.grid_per_octave},
@@ -510,7 +510,7 @@ def _metadata(p: Prepared) -> dict:
                     # the busiest second and the mean at the study's speed; mean_rps: the recording's own (speed 1)
                     "peak_rps": peak_rps(p.traffic, s.traffic.speed),
                     "load_mean_rps": mean_rps(p.traffic) * s.traffic.speed, "mean_rps": mean_rps(p.traffic)},
-        "price": price_for(s.cost).as_dict(),
+        "price": price_for(s.cost, source=s.source).as_dict(),
         **({"base_engine": engineargs.read(Path(s.model_repository) / s.model)} if p.engine is not None else {}),
     }
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     if args.traffic_scale is not None:
         traffic = scale_time(traffic, args.traffic_scale)
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
 
     model = search.model_space(settings, base=base, traffic=traffic, profile=profile, every_batch_size=not args.grid,
                                price_per_hour=price)

@@ -163,7 +163,7 @@ def _read_night(settings: NightlySettings) -> _Night:
     from tuner.tune import check_traffic  # here: `tuner nightly --history` does not import Optuna
 
     study = read_study_for(settings)
-    price = price_for(study.cost)  # an unknown GPU: refused here, not by the first trial's score
+    price = price_for(study.cost, source=study.source)  # an unknown GPU: refused here, not by the first trial's score
     deployed = read_deployed(study, settings.production)  # checked as the run checks it
     traffic, files = newest_traffic(settings.traffic.path, settings.traffic.hours, study.model,
                                     pattern=settings.traffic.pattern)

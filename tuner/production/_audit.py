@@ -79,7 +79,7 @@ def production_audit(
         end=end,
         step_s=step_s,
         max_batch_size=max_batch_size,
-        price_per_hour=price_for(settings.cost).price_per_hour,
+        price_per_hour=price_for(settings.cost, source=settings.source).price_per_hour,
         max_error_rate=settings.sla.max_error_rate,
         baseline=baseline,
     )

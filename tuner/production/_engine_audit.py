@@ -51,7 +51,7 @@ def production_engine_audit(
             raise NoSeriesError(f"Prometheus {prometheus.url}: model {settings.model!r} has no {name} "
                                 f"histogram ({' or '.join(names)}) in the window: sla.{key} cannot be judged")
     return judge_engine(series, model=settings.model, prometheus=prometheus.url, start=start, end=end,
-                        step_s=step_s, price_per_hour=price_for(settings.cost).price_per_hour, sla=sla,
+                        step_s=step_s, price_per_hour=price_for(settings.cost, source=settings.source).price_per_hour, sla=sla,
                         baseline=baseline)
 
 

@@ -89,7 +89,7 @@ def study_families(
 ) -> list[Metric]:
     """What the study says (the price, max_batch_size, the SLA) and the baseline's figures: the constants
     the recording rules divide Triton's own counters by."""
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
     capacity = baseline.capacity_rps if baseline is not None else None
     return _present(
         [

@@ -168,7 +168,7 @@ class Simulator:
     def for_study(cls, settings: StudySettings, traffic: pd.DataFrame, profile: Profile, *,
                   price_per_hour: float | None = None, length: str | None = None) -> Simulator:
         """A simulator with the study's SLA, capacity search, warm-up, load and price."""
-        price = price_per_hour if price_per_hour is not None else price_for(settings.cost).price_per_hour
+        price = price_per_hour if price_per_hour is not None else price_for(settings.cost, source=settings.source).price_per_hour
         return cls(traffic, profile, sla=settings.sla, capacity=settings.search.capacity,
                    warmup_s=settings.replay.warmup_s, load_speed=settings.traffic.speed,
                    price_per_hour=price, scoring=settings.scoring, length=length)

@@ -83,7 +83,7 @@ def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig
     `engine`: a vLLM-backend model's engine arguments (its model.json), which the trial's engine knobs
     change instead (`tuner.study.base_engine`)."""
     measure_running = make_measure(launcher, settings, traffic, generative=engine is not None)
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
     running: list[space.Params | None] = [None]  # the configuration measured last, still loaded
 
     def evaluate(params: space.Params, hints: Hints) -> TrialRecord:
@@ -165,7 +165,7 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
     TrialRecord` (`params` must hold its max_batch_size, unless `generative`: a vLLM-backend model,
     streamed and scored in tokens). Without `capacity`, only the recorded load is replayed.
     `on_measure` sees every replay's measurement (progress)."""
-    price = price_for(settings.cost).price_per_hour
+    price = price_for(settings.cost, source=settings.source).price_per_hour
     cap = settings.search.capacity
     load_speed = settings.traffic.speed
     peak = peak_rps(traffic, load_speed)
