@@ -189,9 +189,19 @@ def test_a_close_call_is_repeated_until_two_agree_and_the_median_stands():
 
     result = with_repeats(probe, sla=sla, near=0.15, max_repeats=4, pct=10)(2.0)
     assert len(calls) == 4 and result.repeats == 4  # 130 vs 95 and 104 vs 130 disagreed; 105 vs 104 agreed
-    assert result.latency_ms["p99"] == 104.0  # the lower median of 95, 104, 105, 130
+    assert result.latency_ms["p99"] == 105.0  # of 95, 104, 105, 130 the slower middle one
     far = with_repeats(lambda s: m(40.0), sla=sla, near=0.15, max_repeats=4, pct=10)(2.0)
     assert far.repeats == 1  # far from the limit: one measurement decides
+
+
+def test_two_runs_that_straddle_the_limit_fail_it():
+    # 107 and 98 agree within 10 %: their median, 102.5, is over the limit, and so is the one that stands
+    sla = SlaSettings(latency_ms=100.0)
+    draws = iter([107.0, 98.0])
+    result = with_repeats(lambda s: m(next(draws)), sla=sla, near=0.15, max_repeats=3, pct=10)(2.0)
+    assert result.repeats == 2 and result.latency_ms["p99"] == 107.0
+    three = iter([107.0, 80.0, 98.0])  # 107 vs 80 disagree, 80 vs 98 agree: the median of three stands
+    assert with_repeats(lambda s: m(next(three)), sla=sla, near=0.15, max_repeats=3, pct=20)(2.0).latency_ms["p99"] == 98.0
 
 
 # --- on a real server ----------------------------------------------------------------------------------

@@ -136,7 +136,9 @@ def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES
 def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: int, pct: float) -> Probe:
     """A measurement that decides a close call, repeated on the same window: when its SLA percentile
     is within `near` (a share) of the limit, again until two in a row agree within `pct` percent or
-    `max_repeats` ran; the median one (by that percentile) stands, with the repeats it took."""
+    `max_repeats` ran; the median one (by that percentile) stands, with the repeats it took. Of an even
+    count the slower middle one stands: two runs that straddle the limit fail it, as their median
+    (between them) would, where the faster would pass a step that one real run broke."""
 
     def repeated(speed: float) -> Measurement:
         runs = [probe(speed)]
@@ -153,7 +155,7 @@ def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: in
             if abs(a - b) <= pct / 100 * max(a, b):
                 break
         ranked = sorted(runs, key=lambda r: r.latency(sla.percentile))
-        return dataclasses.replace(ranked[(len(ranked) - 1) // 2], repeats=len(runs))
+        return dataclasses.replace(ranked[len(ranked) // 2], repeats=len(runs))
 
     return repeated
 
