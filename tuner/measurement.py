@@ -72,14 +72,14 @@ class Measurement(Served):
 
     def latency(self, percentile: float) -> float:
         """The latency at a percentile the SLA names (p50/p90/p95/p99/max are kept)."""
-        key = "max" if percentile >= 100 else f"p{percentile:g}"
+        key = percentile_key(percentile)
         if key not in self.latency_ms:
             raise KeyError(f"latency percentile {key} was not measured")
         return self.latency_ms[key]
 
 
-__all__ = ["PERCENTILES", "Measurement", "Served", "assemble", "error_line", "measure", "percentiles", "rows_executed",
-           "send_lag_figures", "stat_deltas"]
+__all__ = ["PERCENTILES", "Measurement", "Served", "assemble", "error_line", "measure", "percentile_key", "percentiles",
+           "rows_executed", "send_lag_figures", "stat_deltas"]
 
 PERCENTILES = (50, 90, 95, 99)
 _COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -196,12 +196,18 @@ def _pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else math.nan
 
 
+def percentile_key(percentile: float) -> str:
+    """The key of a percentile among the figures `percentiles` keeps: `p99`, `p99.9`; 100 is `max`
+    (the one name of the slowest request, in every table, column and JSON)."""
+    return "max" if percentile >= 100 else f"p{percentile:g}"
+
+
 def percentiles(values: np.ndarray, *, sla_percentile: float) -> dict[str, float]:
     """p50, p90, p95, p99 and max of `values` (and the SLA's percentile when it is another); NaN
     when there are none."""
     out = {f"p{q}": _pct(values, q) for q in PERCENTILES}
-    if sla_percentile < 100 and f"p{sla_percentile:g}" not in out:
-        out[f"p{sla_percentile:g}"] = _pct(values, sla_percentile)
+    if sla_percentile < 100 and percentile_key(sla_percentile) not in out:
+        out[percentile_key(sla_percentile)] = _pct(values, sla_percentile)
     out["max"] = float(values.max()) if len(values) else math.nan
     return out
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tuner.measurement import Served, percentiles, send_lag_figures
+from tuner.measurement import Served, percentile_key, percentiles, send_lag_figures
 
 __all__ = ["PER_REQUEST", "RECORD_COLUMNS", "WINDOW_LIVES", "TokenMeasurement", "measure_tokens", "short_window"]
 
@@ -217,7 +217,7 @@ def _busy_s(starts: np.ndarray, ends: np.ndarray) -> float:
 
 
 def _at(figures: dict[str, float], percentile: float, what: str) -> float:
-    key = "max" if percentile >= 100 else f"p{percentile:g}"
+    key = percentile_key(percentile)
     if key not in figures:
         raise KeyError(f"{what} percentile {key} was not measured")
     return figures[key]

@@ -30,7 +30,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tuner.measurement import PERCENTILES, Measurement, rows_executed
+from tuner.measurement import PERCENTILES, Measurement, percentile_key, rows_executed
 
 # an out-of-memory error as backends word it (CUDA, PyTorch's OutOfMemoryError, TensorRT, the emulation)
 _OOM = re.compile(r"out of memory|outofmemory|\boom\b", re.IGNORECASE)
@@ -44,7 +44,7 @@ _COMPUTE = ("compute_input", "compute_infer", "compute_output")
 
 def latency_column(percentile: float) -> str:
     """The windows.csv column of a latency percentile (`latency_p99_ms`; 100: `latency_max_ms`)."""
-    return "latency_max_ms" if percentile >= 100 else f"latency_p{percentile:g}_ms"
+    return f"latency_{percentile_key(percentile)}_ms"
 
 
 def is_oom(error: str) -> bool:
@@ -128,9 +128,9 @@ def window_row(m: Measurement, errors: pd.Series, *, sla_percentile: float, sla_
         "oom_error_rate": oom / m.requests if m.requests else 0.0,
     }
     for q in (*PERCENTILES, 100):
-        row[latency_column(q)] = m.latency_ms.get("max" if q >= 100 else f"p{q:g}", math.nan)
+        row[latency_column(q)] = m.latency_ms.get(percentile_key(q), math.nan)
     if latency_column(sla_percentile) not in row:
-        row[latency_column(sla_percentile)] = m.latency_ms.get(f"p{sla_percentile:g}", math.nan)
+        row[latency_column(sla_percentile)] = m.latency_ms.get(percentile_key(sla_percentile), math.nan)
     row.update({
         "send_lag_p99_ms": m.send_lag_ms.get("p99", math.nan),
         "valid": bool(m.valid),
