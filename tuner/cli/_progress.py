@@ -19,7 +19,10 @@ class Bars(Progress):
         self.bar = None
 
     def note(self, text: str) -> None:
-        print(f"tuner: {text}", file=sys.stderr, flush=True)
+        if self.bar is not None:  # on its own line, the open bar drawn again below it
+            tqdm.write(f"tuner: {text}", file=sys.stderr)
+        else:
+            print(f"tuner: {text}", file=sys.stderr, flush=True)
 
     def trials(self, study: optuna.Study, total: int) -> None:
         self._new(total, min(search.spent_done(study), total), "trials")
@@ -37,12 +40,14 @@ class Bars(Progress):
         if self.enabled and (self.bar is None or self.bar.desc != "profile"):
             self._new(total, 0, "profile", unit="point")
         if self.bar is not None:
-            self.bar.total = total  # counted up front at its most, it only falls (tuner.profiler.most_points)
-            self.bar.update(done - self.bar.n)
+            # counted up front at its most, the total only falls (tuner.profiler.most_points), never under
+            # the points done; the count never goes back
+            self.bar.total = max(total, done, self.bar.n)
+            self.bar.update(max(done - self.bar.n, 0))
             self.bar.set_postfix_str(what)
 
     def remeasure(self, total: int) -> None:
-        self._new(total, 0, "re-measure")
+        self._new(total, 0, "re-measure", unit="replay")  # it counts measurements, several per trial
 
     def remeasured_one(self) -> None:
         if self.bar is not None:

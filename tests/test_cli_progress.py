@@ -1,0 +1,35 @@
+"""The bars `tune` draws (tuner.cli._progress.Bars): a note goes on its own line, the profile bar never
+goes back, the re-measure bar names what it counts (reviewer U7)."""
+
+from __future__ import annotations
+
+from tuner.cli._progress import Bars
+
+
+def test_a_note_while_a_bar_is_open_is_on_its_own_line(capsys):
+    bars = Bars(True)
+    bars.remeasure(3)
+    bars.remeasured_one()
+    bars.note("simulation error on the 3 measured configurations")
+    bars.close()
+    err = capsys.readouterr().err
+    assert "\ntuner: simulation error on the 3 measured configurations\n" in err.replace("\r", "\n"), repr(err)
+
+
+def test_the_profile_bar_never_goes_back_and_its_total_never_falls_under_its_count():
+    bars = Bars(True)
+    bars.profile_point(49, 62, "a")
+    bars.profile_point(50, 58, "b")
+    assert (bars.bar.n, bars.bar.total) == (50, 58)
+    bars.profile_point(50, 40, "c")  # a total under what is done: the count stands
+    assert (bars.bar.n, bars.bar.total) == (50, 50)
+    bars.profile_point(49, 50, "d")  # never back
+    assert bars.bar.n == 50
+    bars.close()
+
+
+def test_the_remeasure_bar_counts_replays():
+    bars = Bars(True)
+    bars.remeasure(6)
+    assert bars.bar.unit == "replay"
+    bars.close()
