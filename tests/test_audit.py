@@ -474,3 +474,44 @@ def test_a_json_and_a_textfile_of_one_name_are_refused_before_the_audit(tmp_path
     err = capsys.readouterr().err
     assert err == f"tuner: error: --json {same} and --textfile {same}: the same file; name two\n"
     assert started == [] and not same.exists()
+
+
+def test_a_fresh_deployments_cold_start_is_judged_as_tune_judges_it(triton_install, tmp_path, capsys):
+    """Reviewer U1: a fresh server running the template (64 rows, no delay) on the bursty code trace
+    fails its cold start (slow executions queue up, batches of 33+ long rows run out of memory) and then
+    serves the load without an error, as tune's incumbent did after its shape sweep. The audit warms it
+    once unjudged (the sweep's place), then judges it by tune's rule: not broken, the failures said."""
+    repo = tmp_path / "models"
+    shutil.copytree(ROOT / "model_repository_templates" / "encoder_sim", repo / "encoder_sim")
+    study = yaml.safe_load(write_study(tmp_path).read_text())
+    study["traffic"] = {"path": str(ROOT / "traffic_profiles" / "azure_llm_2023_code.csv"), "speed": 4}
+    (tmp_path / "audit.yaml").write_text(yaml.safe_dump(study))
+    with LocalLauncher(repo, models=["encoder_sim"], install=triton_install) as server:
+        code = main(["audit", str(tmp_path / "audit.yaml"), "--url", server.endpoints.http, "--at-load-only",
+                     "--json", str(tmp_path / "audit.json")])
+    out, err = capsys.readouterr()
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert report["figures"]["errors"] == 0, out + err  # the measured window: no error
+    assert code == 0 and report["sla_met"] and not report["figures"]["warmup_failing"], out + err
+    assert "broken" not in out, out
+    if report["settling"]["errors"]:  # the cold start failed requests: said, one row, not judged
+        row = [line for line in out.splitlines() if line.startswith("warm-up (settling)")]
+        assert len(row) == 1 and "requests failed" in row[0] and "watch" in row[0] and "not judged" in row[0], out
+
+
+def test_a_warm_up_the_model_failed_is_a_broken_row_with_its_failures(tmp_path, monkeypatch, capsys):
+    """Judged by tune's rule (Warmup.failing): the warm-up row is broken with what failed, and the SLA
+    row shows those failures beside the measured window's errors."""
+    from tuner.trial import Warmup
+
+    load = Figures(requests=100, fill_rate=0.8, mean_batch_size=6.4, latency_ms={"p99": 100.0})
+    warm = Warmup(seconds=3.0, window_errors=900, failing=True, reason="the model failed its requests: 900 of 1000")
+    result = TrialRecord(params={"max_batch_size": 8}, at_load=load, sla_met=False, violation=1000.0, warmup=warm,
+                         sla_reason=warm.reason)
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    monkeypatch.setattr(audit_module, "make_launcher", lambda settings, read_only: FakeLauncher(config))
+    monkeypatch.setattr(audit_module, "make_measure", lambda *a, **k: lambda params, hints: result)
+    assert main(["audit", str(write_study(tmp_path)), "--at-load-only"]) == 3
+    rows = {line.split("  ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "broken" in rows["warm-up"] and "900 requests failed" in rows["warm-up"] and "900 of 1000" in rows["warm-up"]
+    assert "errors 0.00%, warm-up 900 failed" in rows["SLA at the recorded load"]

@@ -3,7 +3,8 @@ whether it wastes money, without changing anything.
 
 The model's configuration is read from the server as it runs (a remote server is attached read-only:
 no model is loaded or unloaded, any control mode works, and it is sent the recorded traffic only: no
-warm-up shape sweep). The study's traffic is replayed at its
+warm-up shape sweep: the recorded traffic
+takes its place, see `audit`). The study's traffic is replayed at its
 recorded load (the SLA there, Triton's fill rate, queue and compute time) and, unless
 `at_load_only`, the capacity is searched like a trial's, which drives the server past its SLA:
 audit a replica, or a quiet hour.
@@ -37,9 +38,10 @@ from tuner.server import make_launcher
 from tuner.settings import StudySettings
 from tuner.soak import last_soak
 from tuner.study import is_vllm_study, study_traffic
-from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, to_attrs
+from tuner.trial import NO_VERDICT, UNMEASURED, Hints, TrialRecord, Warmup, to_attrs
 from tuner.trial.run import make_measure
 from tuner.trial.step import check_measured, step_windows
+from tuner.trial.warmup import warm_up
 
 HEALTHY = 0.75      # throughput ratio above which the deployment is healthy
 INEFFICIENT = 0.60  # ... and below which it is inefficient
@@ -88,6 +90,7 @@ class AuditResult:
     traffic_path: str | None = None
     unit: str = REQUESTS  # tokens: a generative deployment's, its capacity in output tokens/s
     engine: dict | None = None  # a generative deployment's engine arguments and statistics (tuner.audit_engine)
+    settling: Warmup | None = None  # a remote deployment's unjudged first warm-up (audit: in place of the sweep)
 
     @property
     def exit_code(self) -> int:
@@ -115,6 +118,8 @@ class AuditResult:
             "warmup": None if (w := self.result.warmup) is None else {
                 "errors": w.errors, "sweep_errors": w.sweep_errors, "window_errors": w.window_errors,
                 "first_error": w.first_error or None},
+            "settling": None if (s := self.settling) is None else {
+                "errors": s.errors, "stable": s.stable, "first_error": s.first_error or None},
             "exit_code": self.exit_code,
             "sla": self.sla, "traffic": {"path": self.traffic_path},
             "unit": self.unit,
@@ -225,10 +230,11 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
     check_measured(step_windows(traffic, settings), settings.traffic.speed, source=str(settings.traffic.path))
     price = price_for(settings.cost, source=settings.source).price_per_hour
     server = settings.server.url if settings.server.launcher == "remote" else f"{settings.server.launcher} server"
-    if settings.server.launcher == "remote":
+    remote = settings.server.launcher == "remote"
+    if remote:
         # a deployment serves people: it gets the recorded traffic only, not the shape sweep's made-up
         # batches (up to max_batch_size rows at the longest lengths, which it may fail and count as
-        # failures); it has been serving, so it is warm; the steady-state windows still judge that
+        # failures); the steady-state windows still judge whether it is warm
         settings = dataclasses.replace(settings, measurement=dataclasses.replace(settings.measurement,
                                                                                  shape_sweep=False))
     with make_launcher(settings, read_only=True) as launcher:
@@ -239,6 +245,17 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         params = space.from_config(config, settings.search)
         if progress:
             print(f"auditing {settings.model} on {server}: {space.describe(params)}", file=sys.stderr, flush=True)
+        settling = None
+        if remote and settings.measurement.warmup:
+            # tune's trial meets a cold server with its shape sweep, which is never judged (only the windows
+            # after it are: tuner.trial.warmup.model_failing); without the sweep, a fresh or restarted
+            # deployment's cold start (slow executions, a queue, batches it runs out of memory on) would
+            # land in the judged windows. So the recorded traffic warms it once, unjudged as the sweep is,
+            # and the trial's own warm-up then judges it by tune's rule: the two agree on one config
+            settling = warm_up(launcher, settings, traffic, max_batch_size=int(params["max_batch_size"]))
+            if progress and settling.errors:
+                print(f"  settling on the recorded traffic: {settling.failures()} (not judged, as tune's shape "
+                      "sweep is not)", file=sys.stderr, flush=True)
         result = measured(params, Hints())
     ratio = recoverable = None
     if baseline is not None and result.capacity_rps > 0:
@@ -247,7 +264,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
         recoverable = max(0.0, 1.0 - ratio) * cost if cost is not None else None
     out = AuditResult(model=settings.model, server=server, params=space.deployed(config), result=result, price_per_hour=price, baseline=baseline, ratio=ratio, recoverable_per_month=recoverable,
                       sla={"latency_ms": settings.sla.latency_ms, "percentile": settings.sla.percentile},
-                      traffic_path=str(settings.traffic.path))
+                      traffic_path=str(settings.traffic.path), settling=settling)
     return dataclasses.replace(out, findings=findings(out, settings, at_load_only))
 
 
@@ -256,11 +273,13 @@ def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> lis
     r, load = a.result, a.result.at_load
     pct = f"p{settings.sla.percentile:g}"
     if r.outcome in NO_VERDICT:
-        return no_verdict(r) + warmup_findings(r)
-    out = warmup_findings(r) + [Finding(
+        return no_verdict(r) + warmup_findings(r, a.settling)
+    # a model that failed its warm-up is judged by it (tune's rule): the row shows those failures too
+    failed_warm = f", warm-up {r.warmup.errors} failed" if r.warmup is not None and r.warmup.failing else ""
+    out = warmup_findings(r, a.settling) + [Finding(
         "SLA at the recorded load",
         f"{pct} {formats.number(load.latency_ms.get(pct))} ms (limit {settings.sla.latency_ms:g}), "
-        f"errors {load.error_rate:.2%}",
+        f"errors {load.error_rate:.2%}{failed_warm}",
         "ok" if r.meets_sla else "broken",
         "" if r.meets_sla else f"{r.sla_reason}: the deployment misses its SLA at today's load")]
     mbs = a.params["max_batch_size"]
@@ -294,14 +313,28 @@ def no_verdict(r: TrialRecord) -> list[Finding]:
                     f"measurement.warmup_max_s)")]
 
 
-def warmup_findings(r: TrialRecord) -> list[Finding]:
-    """The warm-up's failed requests, when it had any: not judged (tune judges the measured window
-    only, tuner.trial.warmup), but said, as a fresh server failing them is worth watching."""
+def warmup_findings(r: TrialRecord, settling: Warmup | None = None) -> list[Finding]:
+    """The warm-ups' failed requests, when they had any: the settling one (a remote deployment's, in place
+    of tune's shape sweep) is never judged, the trial's is as tune judges it (tuner.trial.warmup.model_failing:
+    a model failing more of its requests than it served); failures either way are worth watching."""
+    out = []
+    if settling is not None and settling.errors:
+        out.append(Finding("warm-up (settling)", f"{settling.failures()} before the deployment settled", "watch",
+                           f"not judged, as tune's shape sweep is not (a cold or restarted deployment fails "
+                           f"them, then serves the load); the first: {_first_error(settling)}"))
     w = r.warmup
-    if w is None or not w.errors:
-        return []
-    first = error_line(w.first_error) if w.first_error.strip() else "not known (Triton counted them)"
-    return [Finding("warm-up", w.failures(), "watch", f"not judged (the measured window is); the first: {first}")]
+    if w is not None and w.failing:
+        out.append(Finding("warm-up", w.failures(), "broken", w.reason))
+    elif w is not None and w.errors:
+        out.append(Finding("warm-up", w.failures(), "watch",
+                           f"not judged (the measured window is); the first: {_first_error(w)}"))
+    return out
+
+
+def _first_error(w: Warmup) -> str:
+    # a replay the warm-up stopped keeps no request's error: Triton's counts are all there is
+    return (error_line(w.first_error) if w.first_error.strip() else
+            "not kept (Triton counted them; its log has their error)")
 
 
 def ratio_findings(a: AuditResult, mine: float, theirs: float, *, unit: str) -> list[Finding]:
