@@ -47,6 +47,10 @@ MEASUREMENT_FIELD = {
     ("tuner/audit.py", "mbs = a.params[\"max_batch_size\"]"):
         "the audit's fill-rate finding reads the trial's value (equal to the measurement's "
         "`load.max_batch_size`); owned by the audit's findings, to read the measurement's field",
+    ("tuner/audit.py",
+     "settling = warm_up(launcher, settings, traffic, max_batch_size=int(params[space.MAX_BATCH_SIZE]))"):
+        "the remote audit's settling warm-up, of the config the server runs (read through space.MAX_BATCH_SIZE), "
+        "as the replay's warm-up is",
     ("tuner/audit.py", "fill = f\", fill rate {m.fill_rate:.2f}\" if m.max_batch_size > 0 else \"\""):
         "the measurement's field: a model without batching has no fill rate",
     ("tuner/cli/replay_cmd.py", "warm = warm_up(launcher, settings, traffic, max_batch_size=int(running.max_batch_size))"):

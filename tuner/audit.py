@@ -252,7 +252,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
             # deployment's cold start (slow executions, a queue, batches it runs out of memory on) would
             # land in the judged windows. So the recorded traffic warms it once, unjudged as the sweep is,
             # and the trial's own warm-up then judges it by tune's rule: the two agree on one config
-            settling = warm_up(launcher, settings, traffic, max_batch_size=int(params["max_batch_size"]))
+            settling = warm_up(launcher, settings, traffic, max_batch_size=int(params[space.MAX_BATCH_SIZE]))
             if progress and settling.errors:
                 print(f"  settling on the recorded traffic: {settling.failures()} (not judged, as tune's shape "
                       "sweep is not)", file=sys.stderr, flush=True)
