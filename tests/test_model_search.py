@@ -66,16 +66,20 @@ def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path
     assert [t.user_attrs["simulated_rank"] for t in ranked][0] == 1  # the simulation's best, measured first
     # then not a near-copy of it: the best-ranked of another region (batch size to the half octave) than
     # the best's and the incumbent's (64, outside the space)
-    from tuner.search import region
+    from tuner.search import same_region
 
     ranking = pd.read_csv(tmp_path / "model" / "simulation.csv")
     best = ranking.iloc[0]
-    taken = {region({"max_batch_size": int(best["max_batch_size"])}), region({"max_batch_size": 64})}
+    taken = [{"max_batch_size": int(best["max_batch_size"])}, {"max_batch_size": 64}]
+
+    def covered(b) -> bool:
+        return any(same_region({"max_batch_size": int(b)}, t) for t in taken)
+
     other = ranking[(ranking["value"] >= ranking["value"].iloc[0] * (1 - 0.5)) & ~ranking["max_batch_size"].map(
-        lambda b: region({"max_batch_size": int(b)}) in taken)]  # within model_error of the best
+        covered)]  # within model_error of the best
     assert not other.empty  # this space has one: the test would not show the spread otherwise
     assert ranked[1].user_attrs["simulated_rank"] == int(other.iloc[0]["rank"]) > 1
-    assert region({"max_batch_size": ranked[1].params["max_batch_size"]}) not in taken
+    assert not covered(ranked[1].params["max_batch_size"])
     info = study.user_attrs["model_search"]
     assert info["simulated"] == 32 * 3 and not info["fallback"] and len(info["measured"]) >= 2
     assert info["median_error"] is not None and info["median_error"] <= 0.5  # computed, and within
@@ -235,7 +239,7 @@ def _ranking(rows: list[tuple[int, int, float]]) -> pd.DataFrame:
 
 
 def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_path):
-    from tuner.search import diverse_top, region
+    from tuner.search import diverse_top, same_region
 
     settings = _settings(tmp_path)
     # the quick start's case: the simulation's top 3 are one batch size a delay step apart
@@ -244,7 +248,8 @@ def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_p
     picks = [(p["max_batch_size"], p["max_queue_delay_microseconds"])
              for p in diverse_top(ranking, settings, count=3)]
     assert picks == [(16, 2000), (24, 2000), (8, 2000)]  # the best, then the best of each other region
-    assert len({region(dict(max_batch_size=b)) for b, _ in picks}) == 3
+    assert not any(same_region(dict(max_batch_size=a), dict(max_batch_size=b)) for i, (a, _) in enumerate(picks)
+                   for b, _ in picks[i + 1:])
     # the best is measured first even when the known (the incumbent) share its region
     first = diverse_top(ranking, settings, count=1, known=[{"max_batch_size": 16, "max_queue_delay_microseconds": 0}])
     assert first == [{"max_batch_size": 16, "max_queue_delay_microseconds": 2000}]
@@ -258,6 +263,23 @@ def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_p
     assert [(p["max_batch_size"], p["max_queue_delay_microseconds"]) for p in everything] == [
         (16, 2000), (24, 2000), (8, 2000), (16, 1000), (17, 2000), (16, 0), (25, 1000), (2, 0)]
     assert diverse_top(ranking, settings, count=0) == []
+
+
+def test_a_region_is_a_half_octave_around_a_batch_size_not_a_bin(tmp_path):
+    from tuner.search import diverse_top, same_region
+
+    def b(n: int, **more) -> dict:
+        return {"max_batch_size": n, "max_queue_delay_microseconds": 8000, **more}
+
+    # neighbours across what a fixed bin's edge was (13 | 14) are one region; a half octave apart are two
+    assert same_region(b(13), b(14)) and same_region(b(16), b(22)) and same_region(b(22), b(16))
+    assert not same_region(b(16), b(23)) and not same_region(b(8), b(16))
+    assert same_region(b(16), {"max_batch_size": 16, "max_queue_delay_microseconds": 0})  # the delay aside
+    assert not same_region(b(16, instance_count=1), b(16, instance_count=2))
+    # the model-strategy quick start's picks were (14, 8 ms) then (13, 8 ms), simulated alike
+    ranking = _ranking([(14, 8000, 29.0), (13, 8000, 29.0), (15, 8000, 28.9), (9, 8000, 27.0), (24, 8000, 26.0)])
+    picks = [p["max_batch_size"] for p in diverse_top(ranking, _settings(tmp_path), count=3)]
+    assert picks == [14, 9, 24]
 
 
 def test_picks_a_stopped_run_queued_are_not_queued_again_when_it_resumes(tmp_path):

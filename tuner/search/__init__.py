@@ -12,7 +12,7 @@ what it found.
     recommend / met_sla                                      ... and what it recommends
     check_simulatable / model_space / rank_space / model_search   _model: `search.strategy: model`, the
         / enqueue_ranked / simulation_errors / met_sla_in_simulation   one simulation-based strategy (`tune`
-        / diverse_top / region / relative_error                 and `tuner simulate` both rank through it;
+        / diverse_top / same_region / relative_error                 and `tuner simulate` both rank through it;
         / expected_speeds                                       where its capacity searches start;
         / order_agreement / Order                               what to measure, how its error is judged)
 
@@ -45,8 +45,8 @@ from tuner.search._model import (
     model_space,
     order_agreement,
     rank_space,
-    region,
     relative_error,
+    same_region,
     simulation_errors,
 )
 from tuner.search._results import (
@@ -79,8 +79,8 @@ from tuner.search._workers import OpenEvaluation, run_workers
 
 __all__ = [
     "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked", "expected_speeds",
-    "describe_model_search", "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space", "region",
-    "relative_error", "simulation_errors",
+    "describe_model_search", "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space",
+    "relative_error", "same_region", "simulation_errors",
     "DEFAULT_STORAGE_FILE", "JOURNAL_FILE", "Evaluate", "Host", "OpenEvaluation", "Repeats", "add_incumbent",
     "best_trial", "check_gpu", "check_resume", "check_storage", "claim_finish", "claim_incumbent", "config_of", "counts", "exclusive",
     "feasible_trials", "finished_count", "incumbent_trial", "is_journal", "load_study", "make_sampler",

@@ -59,7 +59,7 @@ from tuner.trial import MEASURED, is_feasible, record_of
 
 __all__ = ["RANKING_TOLERANCE", "Order", "SpaceModel", "check_simulatable", "diverse_top", "enqueue_ranked",
            "expected_speeds", "met_sla_in_simulation", "model_search", "model_space", "order_agreement", "rank_space",
-           "region", "relative_error", "simulation_errors"]
+           "relative_error", "same_region", "simulation_errors"]
 
 # The capacity bisection's tolerance that orders the space. The study's own tolerance (5-15 %) is what
 # a real measurement can afford; at it, configurations a few per cent apart end in the same bracket
@@ -186,25 +186,29 @@ def _params(row: pd.Series, settings: StudySettings) -> dict:
     return space.from_row(row, space.tuned(settings.search))
 
 
-def region(params: dict) -> tuple:
-    """The part of the space a configuration stands for, as far as the simulation's error goes: its
-    batch size to the half octave (14-19 are one region, 20-26 the next) and its instance count,
-    preferred sizes and queue bound as they are. The delay is left out: the delays of one batch size
-    share the simulation's error about that size (the quick start's (16, 4-8 ms) measured alike)."""
-    out = []
+def same_region(a: dict, b: dict) -> bool:
+    """Whether two configurations stand for one part of the space, as far as the simulation's error
+    goes: the same instance count, preferred sizes and queue bound, and batch sizes less than a half
+    octave apart (13 and 14, 16 and 22; not 16 and 23). The delay is left out: the delays of one batch
+    size share the simulation's error about that size (the quick start's (16, 4-8 ms) measured alike).
+    A distance, not fixed bins: bins put neighbours across their edge (13 | 14) in two regions."""
     for knob in space.KNOBS:
-        if knob.name not in params or knob.name == space.QUEUE_DELAY:
+        if knob.name == space.QUEUE_DELAY or (knob.name not in a and knob.name not in b):
             continue
-        value = params[knob.name]
-        out.append(round(2 * math.log2(value)) if knob.name == space.MAX_BATCH_SIZE and value > 0 else value)
-    return tuple(out)
+        x, y = a.get(knob.name), b.get(knob.name)
+        if knob.name == space.MAX_BATCH_SIZE and x is not None and y is not None and x > 0 and y > 0:
+            if abs(math.log2(x / y)) >= 0.5:
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
                 known: Iterable[dict] = ()) -> list[dict]:
     """What to measure next, `count` configurations that met the SLA in simulation and are not `known`
     (measured or queued): the simulation's best first (when not known), then the best of each region
-    (`region`) that neither the known nor the picks cover, among the configurations the simulation
+    (`same_region`) that neither the known nor the picks cover, among the configurations the simulation
     cannot tell from its best (simulated within `search.model_error`, the error it is allowed, of the
     best's value), then the rest in ranked order. So the measurements cover where the simulation may
     be wrong instead of spending the budget on near-copies of one point."""
@@ -221,13 +225,13 @@ def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
     picks: list[dict] = []
     if fresh and fresh[0][0] == rows[0]:  # the best is measured first, near-copy of the known or not
         picks.append(rows[0])
-    covered = {region(p) for p in known} | {region(p) for p in picks}
+    covered = [*known, *picks]
     for params, near_best in fresh:
         if len(picks) == count:
             return picks
-        if near_best and params not in picks and region(params) not in covered:
+        if near_best and params not in picks and not any(same_region(params, c) for c in covered):
             picks.append(params)
-            covered.add(region(params))
+            covered.append(params)
     for params, _ in fresh:  # every region near the best covered: the ranking's order
         if len(picks) == count:
             break
