@@ -636,3 +636,52 @@ def test_the_report_writes_the_price_as_the_exported_config_does(tmp_path_factor
     _summary_edit(copy, _audited)
     facts = _facts(load_output(copy))
     assert "price $3.4/h ·" in facts and "server-hour" not in facts, facts
+
+
+# --- a trial the measurement could not judge (unstable, unmeasured): no verdict, never infeasible --------
+
+def _unstable(out_dir: Path, numbers: list[int], *, without_latency: int) -> None:
+    """As `tuner tune` writes an unstable trial: stored as failed, outcome `unstable`, not feasible, no
+    score, its latency at the load kept (trial `without_latency`: the server never settled, none)."""
+    trials = pd.read_csv(out_dir / "trials.csv")
+    trials["outcome"] = np.where(trials["state"] == "COMPLETE", "measured", "")
+    rows = trials["number"].isin([*numbers, without_latency])
+    trials.loc[rows, ["state", "outcome", "feasible"]] = ["FAIL", "unstable", False]
+    trials.loc[rows, ["requests_per_dollar", "score_capacity", "score_utilization"]] = np.nan
+    trials.loc[trials["number"] == without_latency, [c for c in trials if c.startswith("latency_")]] = np.nan
+    trials.to_csv(out_dir / "trials.csv", index=False)
+    _summary_edit(out_dir, lambda s: s["trials"].update(
+        total=len(trials), complete=int((trials["state"] == "COMPLETE").sum()), unstable=int(rows.sum()),
+        failed=int((trials["state"] == "FAIL").sum() - rows.sum())))
+
+
+def test_unstable_trials_are_counted_and_drawn_as_no_verdict_not_as_infeasible(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report._html import _facts
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    complete = pd.read_csv(copy / "trials.csv").query("state == 'COMPLETE' and feasible")["number"]
+    summary = json.loads((copy / "summary.json").read_text())
+    kept = {summary["best"]["trial"], summary["incumbent"]["trial"]}
+    unstable = [int(n) for n in complete if n not in kept][:3]
+    _unstable(copy, unstable[:2], without_latency=unstable[2])
+    out = load_output(copy)
+
+    facts = _facts(out)
+    assert "3 unstable (no verdict)" in facts and f"trials: {len(out.trials)} (" in facts, facts
+
+    fig = figures.trials_scatter(out)
+    drawn = {t.name: [int(re.match(r"trial (\d+)", h).group(1)) for h in t.text] for t in fig.data if t.text}
+    assert sorted(drawn["no verdict (unstable), no score"]) == sorted(unstable[:2]), drawn
+    assert not any(n in unstable for name, ns in drawn.items() if "infeasible" in name for n in ns)
+    assert all("unstable: no verdict" in h and "capacity not measured" in h
+               for t in fig.data if t.name.startswith("no verdict") for h in t.text)
+    assert "1 of them with no verdict" in fig.layout.title.text, fig.layout.title.text
+
+    fig = figures.param_map(out)
+    marks = {t.name: [int(re.match(r"trial (\d+)", h).group(1)) for h in t.text] for t in fig.data}
+    assert sorted(marks["no verdict (unstable)"]) == sorted(unstable), marks
+    assert not set(unstable) & {n for name, ns in marks.items() if name != "no verdict (unstable)" for n in ns}
+    assert "no verdict" in fig.layout.title.text
+
+    assert "3 unstable (no verdict)" in write_report(copy).read_text()

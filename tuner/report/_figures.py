@@ -21,18 +21,28 @@ from tuner.traffic import TIMESTAMP, busiest_window
 from tuner.traffic.windows import offsets
 
 INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
+NO_VERDICT_COLOR = "#9467bd"  # an unstable or unmeasured trial: neither feasible nor infeasible
 LAYOUT: dict[str, Any] = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
 
 
 def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
     rows = []
     for _, row in frame.iterrows():
-        bits = [f"trial {row['number']:.0f} ({row['state'].lower()})"]
+        # an unstable trial is stored as failed, but the failure is the measurement's, not the configuration's
+        state = f"{row['outcome']}: no verdict" if row["no_verdict"] else row["state"].lower()
+        bits = [f"trial {row['number']:.0f} ({state})"]
         bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
         fill = f", fill rate {row['fill_rate']:.2f}" if pd.notna(row["fill_rate"]) else ""
-        bits.append(f"capacity {row['capacity_rps']:.1f} req/s{fill}")
+        bits.append(f"capacity {'not measured' if row['no_verdict'] else format(row['capacity_rps'], '.1f') + ' req/s'}"
+                    f"{fill}")
         rows.append("<br>".join(bits))
     return rows
+
+
+def _no_verdict(frame: pd.DataFrame) -> str:
+    """The legend of trials the measurement could not judge, by their outcomes: "no verdict (unstable)"."""
+    outcomes = sorted(set(frame.loc[frame["no_verdict"], "outcome"].dropna()))
+    return f"no verdict ({', '.join(outcomes)})" if outcomes else "no verdict"
 
 
 def pareto_front(frame: pd.DataFrame, latency: str) -> pd.DataFrame:
@@ -58,8 +68,11 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
         fig.add_vrect(x0=0, x1=sla["latency_ms"], fillcolor="rgba(44,160,44,0.08)", line_width=0,
                       annotation_text="meets the SLA", annotation_position="top left")
         fig.add_vline(x=sla["latency_ms"], line_dash="dash", line_color="gray")
-    for feasible, name, color in ((True, "feasible", "#1f77b4"), (False, "infeasible", "#bbbbbb")):
-        part = measured[measured["feasible"] == feasible]
+    verdicts = ((measured["feasible"] & ~measured["no_verdict"], "feasible", "#1f77b4"),
+                (measured["no_verdict"], _no_verdict(measured), NO_VERDICT_COLOR),
+                (~measured["feasible"] & ~measured["no_verdict"], "infeasible", "#bbbbbb"))
+    for which, name, color in verdicts:
+        part = measured[which]
         scored = part["requests_per_dollar"].notna()
         for mask, suffix, symbol in ((scored, "", "circle"), (~scored, ", no score", "circle-open")):
             if mask.any():
@@ -80,10 +93,12 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
         if x is not None and y is not None:
             fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
                                      marker={"color": color, "size": 16, "symbol": symbol}))
-    unmeasured = len(frame) - len(measured)
+    unmeasured = frame.drop(measured.index)
     title = f"Trials: {out.score_label} against the SLA {out.latency_name}"
-    if unmeasured:
-        title += f" ({unmeasured} trials without a measurement not shown)"
+    if len(unmeasured):
+        unstable = int(unmeasured["no_verdict"].sum())
+        title += (f" ({len(unmeasured)} trial{'s' if len(unmeasured) > 1 else ''} without a latency at the load not shown"
+                  + (f", {unstable} of them with no verdict" if unstable else "") + ")")
     fig.update_layout(title=title, xaxis_title=f"{out.latency_name} {q} at the recorded load (ms)",
                       yaxis_title=out.score_label, **LAYOUT)
     return fig
@@ -135,15 +150,25 @@ def param_map(out: StudyOutput) -> go.Figure | None:
         out.notes.append(f"trials.csv lacks {x} or {y}: no parameter map")
         return None
     frame = out.trials.dropna(subset=[x, y])
+    judged = frame[~frame["no_verdict"]]
     fig = go.Figure(go.Scatter(
-        x=frame[x], y=frame[y], mode="markers", text=_hover(frame, out.params), hoverinfo="text",
-        marker={"size": 10, "color": frame["requests_per_dollar"].where(frame["feasible"]),
+        x=judged[x], y=judged[y], mode="markers", text=_hover(judged, out.params), hoverinfo="text",
+        name="feasible (colour: score) or infeasible (grey)", showlegend=False,
+        marker={"size": 10, "color": judged["requests_per_dollar"].where(judged["feasible"]),
                 "colorscale": "Viridis", "showscale": True, "colorbar": {"title": out.score_short},
-                "line": {"width": 1, "color": np.where(frame["feasible"], "#333", "#ccc")}}))
+                "line": {"width": 1, "color": np.where(judged["feasible"], "#333", "#ccc")}}))
+    unjudged = frame[frame["no_verdict"]]
+    if len(unjudged):  # not infeasible: the measurement could not judge it
+        fig.add_trace(go.Scatter(
+            x=unjudged[x], y=unjudged[y], mode="markers", text=_hover(unjudged, out.params), hoverinfo="text",
+            name=_no_verdict(unjudged), marker={"size": 11, "symbol": "diamond-open", "color": NO_VERDICT_COLOR,
+                                                  "line": {"width": 2}}))
+        fig.update_layout(legend={"orientation": "h", "y": -0.2})
     fig.update_xaxes(type="log", tickvals=sorted(frame[x].unique()))
     if tokens:
         fig.update_yaxes(type="log")
-    fig.update_layout(title="Parameters tried (grey: infeasible)", xaxis_title=x, yaxis_title=y, **LAYOUT)
+    title = "Parameters tried (grey: infeasible" + (f"; open diamond: {_no_verdict(unjudged)})" if len(unjudged) else ")")
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, **LAYOUT)
     return fig
 
 

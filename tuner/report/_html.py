@@ -72,7 +72,13 @@ def recommendation_line(out: StudyOutput) -> str:
 def _facts(out: StudyOutput) -> str:
     sla = out.sla
     counts = out.summary.get("trials") or {}
-    trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
+    # an unstable or unmeasured trial is neither feasible nor failed: counted as no verdict, as README says
+    no_verdict = {k: counts[k] for k in ("unstable", "unmeasured") if counts.get(k)}
+    trials = ", ".join([f"{counts[k]} {k}" for k in ("complete", "feasible") if k in counts]
+                       + [f"{n} {k} (no verdict)" for k, n in no_verdict.items()]
+                       + [f"{counts[k]} {k}" for k in ("failed", "pruned") if k in counts])
+    if trials and counts.get("total") is not None:
+        trials = f"{counts['total']} ({trials})"
     given = out.summary.get("sla") or {}
     limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
               else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT

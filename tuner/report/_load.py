@@ -30,6 +30,7 @@ from tuner.score import monthly_cost, servers_needed
 from tuner.search import DEFAULT_STORAGE_FILE, open_storage
 from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
+from tuner.trial import NO_VERDICT
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
@@ -62,6 +63,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
        for q in ("p50", "p90", "p95", "p99", "max")},
     "capacity_fill_rate": ("capacity_fill_rate", "user_attrs_capacity_fill_rate"),
     "feasible": ("feasible", "user_attrs_feasible"),
+    # measured, unstable, unmeasured, ...: an unstable or unmeasured trial has no verdict (tuner.trial.NO_VERDICT)
+    "outcome": ("outcome", "user_attrs_outcome"),
 }
 
 
@@ -329,12 +332,13 @@ def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
         name = column.removeprefix("params_").removeprefix("param.").removeprefix("params.")
         if name in (*space.NAMES, *space.ENGINE_NAMES) and name not in frame:
             frame[name] = raw[column]
-    numeric = [c for c in COLUMNS if c not in ("state", "feasible")]
+    numeric = [c for c in COLUMNS if c not in ("state", "feasible", "outcome")]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
     if frame["requests_per_dollar"].isna().all():  # the score under the study's scoring
         frame["requests_per_dollar"] = frame[f"score_{summary.get('scoring') or 'capacity'}"]
     frame["state"] = frame["state"].fillna("COMPLETE").astype(str).str.upper().str.removeprefix("TRIALSTATE.")
     frame["feasible"] = _feasible(frame, raw, summary)
+    frame["no_verdict"] = frame["outcome"].isin(NO_VERDICT)  # neither feasible nor infeasible: not judged
     return frame
 
 
