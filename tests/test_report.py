@@ -685,3 +685,37 @@ def test_unstable_trials_are_counted_and_drawn_as_no_verdict_not_as_infeasible(
     assert "no verdict" in fig.layout.title.text
 
     assert "3 unstable (no verdict)" in write_report(copy).read_text()
+
+
+def test_a_re_measurement_that_lost_a_repeat_says_how_many_were_measured_and_pooled(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import comparison_table
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    out = load_output(copy)
+    best = out.summary["best"]["trial"]
+    other = next(int(n) for n in out.top_trials(3, incumbent=False)["number"] if n != best)
+    records = copy / "records"
+    # as `tuner tune` writes them after a Ctrl-C'd, resumed re-measurement: the lost repeat (0) has no
+    # records and no value; the other trial lost one of three
+    for stem, kept in ((f"trial_{best}", [1]), ("incumbent", [0, 1]), (f"trial_{other}", [0, 2])):
+        frame = pd.read_parquet(records / f"{stem}.parquet")
+        frame["repeat"] = np.array(kept)[np.arange(len(frame)) % len(kept)]
+        frame.to_parquet(records / f"{stem}.parquet")
+
+    def lost(summary: dict) -> None:
+        summary["best"]["repeats"] = {"values": [summary["best"]["requests_per_dollar"]], "unmeasured_runs": 1}
+        summary["incumbent"]["repeats"] = {"values": [1.0, 1.0], "unmeasured_runs": 0}
+        summary["top"] = [{"trial": other, "repeats": {"values": [1.0, 1.0], "unmeasured_runs": 1}}]
+
+    _summary_edit(copy, lost)
+    out = load_output(copy)
+    names = [t.name for t in figures.latency_cdfs(out).data]
+    assert f"trial {best} (1 of 2 repeats pooled)" in names, names
+    assert f"trial {other} (2 of 3 repeats pooled)" in names and "incumbent (2 repeats pooled)" in names, names
+    table = comparison_table(out)
+    assert table.loc["repeats measured", "recommended"] == "1 of 2", table
+    assert table.loc["repeats measured", "incumbent"] == "2 of 2"
+    marks = [t.name for t in figures.trials_scatter(out).data]
+    assert "recommended (re-measured: 1 of 2 repeats measured)" in marks and "incumbent (re-measured)" in marks
+    assert "(the median of 1 of 2 repeats measured)" in recommendation_line(out)

@@ -85,9 +85,11 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
                              name="Pareto front", line={"color": PARETO, "shape": "hv"},
                              marker={"size": 6, "color": PARETO}))
     q = f"p{sla['percentile']:g}"
-    remeasured = " (re-measured)" if _dig(out.summary, "best.repeats") else ""
-    for which, name, color, symbol in (("incumbent", "incumbent" + remeasured, INCUMBENT, "x"),
-                                       ("best", "recommended" + remeasured, WINNER, "star")):
+    for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
+                                       ("best", "recommended", WINNER, "star")):
+        ran = out.repeats_measured(which)
+        if ran is not None:  # the repeats' medians: how many repeats they are of
+            name += " (re-measured" + (f": {ran[0]} of {ran[1]} repeats measured)" if ran[0] < ran[1] else ")")
         x = out.summary_latency(which).get(q)
         y = out.per_dollar(which)
         if x is not None and y is not None:
@@ -205,7 +207,11 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
             x, y = values[keep], (keep + 1) / len(values)
             repeats = out.latency_repeats.get(label, 1)
             pooled |= repeats > 1
-            name = f"{label} ({repeats} repeats pooled)" if repeats > 1 else label
+            ran = out.repeats_measured("incumbent" if label == "incumbent" else int(label.removeprefix("trial ")))
+            if ran is not None and ran[1] > repeats:  # a repeat with no verdict has no records: say it is missing
+                name = f"{label} ({repeats} of {ran[1]} repeats pooled)"
+            else:
+                name = f"{label} ({repeats} repeats pooled)" if repeats > 1 else label
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line={"color": color}))
             continue
         points = _cdf_points(percentiles)
@@ -226,7 +232,7 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
         fig.add_vline(x=limit, line_dash="dash", line_color="gray", annotation_text="SLA")
     title = "End-to-end latency CDF at capacity (due time to last token)" if tokens else "Latency CDF at capacity"
     if pooled:  # a pooled curve's 0.99 is not the median of the repeats' p99s the tables quote
-        title += (f"<br><sup>all repeats' requests pooled; the table's {'end to end ' if tokens else ''}p99 is the "
+        title += (f"<br><sup>the measured repeats' requests pooled; the table's {'end to end ' if tokens else ''}p99 is the "
                   "median of the repeats' p99</sup>")
     fig.update_layout(title=title, xaxis_title="end to end (ms)" if tokens else "latency (ms)",
                       yaxis_title="fraction of requests", **LAYOUT)

@@ -66,7 +66,9 @@ def recommendation_line(out: StudyOutput) -> str:
         gain = "the incumbent did not meet the SLA"
     else:
         gain = "no incumbent to compare with"
-    return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}, {gain}."
+    ran = out.repeats_measured("best")
+    lost = f" (the median of {ran[0]} of {ran[1]} repeats measured)" if ran is not None and ran[0] < ran[1] else ""
+    return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}{lost}, {gain}."
 
 
 def _facts(out: StudyOutput) -> str:
@@ -124,10 +126,19 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
                   "KV cache (peak)": _num(_dig(out.summary, f"{which}.engine.kv_cache_peak"), 2),
                   "preemptions": _num(_dig(out.summary, f"{which}.engine.preemptions"), 0)}
                if out.unit == "tokens" else {"fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2)}),
+            **({"repeats measured": _repeats(out, which)} if any(out.repeats_measured(w) for w in ("incumbent", "best"))
+               else {}),
             "servers for the load": servers[0] if servers else "n/a",
             "monthly cost": _money(servers[1]) if servers else "n/a",
         }
     return pd.DataFrame(rows)
+
+
+def _repeats(out: StudyOutput, which: str) -> str:
+    """"1 of 2": of how many re-measurement repeats the figures beside it are the medians (a repeat with
+    no verdict counts in none)."""
+    ran = out.repeats_measured(which)
+    return "n/a (not re-measured)" if ran is None else f"{ran[0]} of {ran[1]}"
 
 
 def _capacity_note(out: StudyOutput) -> str:

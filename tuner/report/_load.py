@@ -211,6 +211,20 @@ class StudyOutput:
         block = _dig(self.summary, f"{which}.at_{at}.{key}") or _dig(self.summary, f"{which}.{key}")
         return {k: float(v) for k, v in (block or {}).items() if v is not None}
 
+    def repeats_measured(self, which: str | int) -> tuple[int, int] | None:
+        """How many of a re-measured configuration's repeats were measured, and of how many (a repeat
+        with no verdict, lost to Ctrl-C, say, counts in neither its medians nor its records): for
+        best/incumbent or a trial number among the summary's re-measured entries; None when the
+        configuration was not re-measured."""
+        entries = [self.summary.get(w) for w in ("best", "incumbent")] + list(self.summary.get("top") or [])
+        entry = self.summary.get(which) if isinstance(which, str) else next(
+            (e for e in entries if isinstance(e, dict) and e.get("trial") == which), None)
+        repeats = entry.get("repeats") if isinstance(entry, dict) else None
+        if not isinstance(repeats, dict) or repeats.get("values") is None:
+            return None
+        measured = len(repeats["values"])
+        return measured, measured + int(repeats.get("unmeasured_runs") or 0)
+
     def trial_attr(self, number: int | None, key: str) -> Any:
         """A user attribute of one trial in the storage (None without storage or attribute)."""
         if self.study is None or number is None:
