@@ -719,3 +719,29 @@ def test_a_re_measurement_that_lost_a_repeat_says_how_many_were_measured_and_poo
     marks = [t.name for t in figures.trials_scatter(out).data]
     assert "recommended (re-measured: 1 of 2 repeats measured)" in marks and "incumbent (re-measured)" in marks
     assert "(the median of 1 of 2 repeats measured)" in recommendation_line(out)
+
+
+def test_sla_percentile_100_draws_and_tabulates_the_max(tmp_path_factory: pytest.TempPathFactory,
+                                                       tmp_path: Path) -> None:
+    from tuner.report import simulation_table
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, lambda s: s["sla"].update(percentile=100.0))
+    _simulated(copy)  # a simulation keeps p50, p95 and p99: no max to compare with
+    out = load_output(copy)
+    trials = pd.read_csv(copy / "trials.csv").set_index("number")
+
+    fig = figures.trials_scatter(out)
+    assert "max" in fig.layout.xaxis.title.text, fig.layout.xaxis.title.text
+    for trace in fig.data:
+        for x, hover in zip(trace.x, trace.text or (), strict=False):
+            number = int(re.match(r"trial (\d+)", hover).group(1))
+            assert x == pytest.approx(trials.loc[number, "latency_max_ms"])  # the max, not the p99
+    marks = {t.name: t.x[0] for t in fig.data if t.name in ("incumbent", "recommended")}
+    assert marks == {"incumbent": out.summary["incumbent"]["latency_ms"]["max"],
+                     "recommended": out.summary["best"]["latency_ms"]["max"]}
+
+    table = simulation_table(out)
+    number = table.index[0]
+    assert table.loc[number, "max at load measured (ms)"] == f"{trials.loc[number, 'latency_max_ms']:,.1f}"
+    assert (table["max at load simulated (ms)"] == "n/a").all() and (table["max error"] == "n/a").all()

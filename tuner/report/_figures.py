@@ -84,7 +84,7 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
     fig.add_trace(go.Scatter(x=front[latency], y=front["requests_per_dollar"], mode="lines+markers",
                              name="Pareto front", line={"color": PARETO, "shape": "hv"},
                              marker={"size": 6, "color": PARETO}))
-    q = f"p{sla['percentile']:g}"
+    q = out.latency_key  # the percentile drawn (100: max), for the markers as for the trials
     for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
                                        ("best", "recommended", WINNER, "star")):
         ran = out.repeats_measured(which)

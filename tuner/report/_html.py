@@ -164,7 +164,7 @@ def simulation_table(out: StudyOutput) -> pd.DataFrame:
     m = simulated_vs_measured(out)
     if m.empty:
         return m
-    q = f"p{out.sla['percentile']:g}"
+    q = out.latency_key  # the percentile simulated_vs_measured compares (100: max)
     rows = []
     for _, r in m.iterrows():
         both = r["measured_feasible"] and r["simulated_feasible"]

@@ -26,6 +26,7 @@ from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
 from tuner.formats import first_line
+from tuner.measurement import percentile_key
 from tuner.score import monthly_cost, servers_needed
 from tuner.search import DEFAULT_STORAGE_FILE, open_storage
 from tuner.traffic import busiest_window, mean_rps, read_traffic
@@ -141,8 +142,14 @@ class StudyOutput:
         """The trials column of the SLA's percentile (p99 by default): a generative study's TTFT, TPOT or
         end to end (its latency column)."""
         stem = {"latency": "latency", "TTFT": "ttft", "TPOT": "tpot", "end to end": "latency"}[self.latency_name]
-        key = f"{stem}_p{self.sla['percentile']:g}_ms"
+        key = f"{stem}_{percentile_key(self.sla['percentile'])}_ms"  # 100: the max, as the tuner keeps it
         return key if key in self.trials else f"{stem}_p99_ms"
+
+    @property
+    def latency_key(self) -> str:
+        """The percentile `latency_column` holds, as the summary's latency blocks key it (p99; max for
+        sla.percentile 100): what the report's axes, markers and tables read and say."""
+        return self.latency_column.split("_")[-2]
 
     def peak_rps(self) -> float | None:
         """The load's busiest second: the most requests in any one second of the profile at the study's
@@ -509,8 +516,8 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
     if sim is None:
         return pd.DataFrame()
     scoring = out.summary.get("scoring") or "capacity"
-    pct = f"latency_p{out.sla['percentile']:g}_ms"
-    sim_latency = pct if pct in sim.columns else "latency_p99_ms"
+    # the simulation's figure of the same percentile as the measured one, else none (its p99 is no max)
+    sim_latency = f"latency_{out.latency_key}_ms"
     measured = t[t["state"].isin(("COMPLETE", "PRUNED")) & t[out.latency_column].notna()]
     x, y, more = space.MAX_BATCH_SIZE, space.QUEUE_DELAY, (space.INSTANCES, space.QUEUE_SIZE)
     keys = [k for k in more if k in measured.columns and k in sim.columns]
