@@ -457,7 +457,8 @@ def test_a_simulation_beside_the_study_adds_its_landscape_and_simulated_vs_measu
     assert len(both) and (both["capacity error"] == "+10.0%").all()
     assert (table["p99 error"] == "-10.0%").all() and (table["fill rate error"] == "+0.0%").all()
     assert table.loc[wrong, "feasible (measured / simulated)"] == "yes / no"
-    assert table.loc[wrong, "capacity error"] == "n/a"
+    # the model strategy's rule (tuner.search.relative_error): a verdict the server refutes is a 100 % error
+    assert table.loc[wrong, "capacity error"] == "-100.0%"
     line = simulation_line(out)
     assert f"capacity within 10.0% (median absolute error over the {len(both)} feasible in both)" in line
     assert f"the SLA verdict agrees on {len(complete) - 1} of {len(complete)}" in line
@@ -745,3 +746,37 @@ def test_sla_percentile_100_draws_and_tabulates_the_max(tmp_path_factory: pytest
     number = table.index[0]
     assert table.loc[number, "max at load measured (ms)"] == f"{trials.loc[number, 'latency_max_ms']:,.1f}"
     assert (table["max at load simulated (ms)"] == "n/a").all() and (table["max error"] == "n/a").all()
+
+
+def test_simulated_vs_measured_judges_capacity_as_the_model_strategy_did(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import simulation_line, simulation_table
+    from tuner.search import relative_error
+
+    # as a model-strategy study writes them: each capacity a bracket (capacity_upper_rps 20 % above), the
+    # simulation's finest estimate its ranking's (ranking_capacity_rps), the strategy's verdict 0 error
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    trials = pd.read_csv(copy / "trials.csv")
+    trials["capacity_upper_rps"] = trials["capacity_rps"] * 1.2
+    trials.to_csv(copy / "trials.csv", index=False)
+    sim = _simulated(copy, capacity=1.02)  # the coarse capacity 2 % above the bracket's lower edge
+    measured = {(int(r.max_batch_size), int(r.max_queue_delay_microseconds)): r for r in trials.itertuples()
+                if r.state == "COMPLETE" and r.feasible}
+    above = next(iter(measured))  # one configuration the simulation puts above its bracket, by 10 %
+    sim["ranking_capacity_rps"] = [
+        measured[k].capacity_rps * (1.32 if k == above else 1.1) if k in measured else c
+        for k, c in zip(zip(sim["max_batch_size"], sim["max_queue_delay_microseconds"], strict=True),
+                        sim["capacity_rps"], strict=True)]
+    sim.to_csv(copy / "simulation.csv", index=False)
+    out = load_output(copy)
+    table = simulation_table(out)
+    feasible = table[table["feasible (measured / simulated)"] == "yes / yes"]
+    outside = int(measured[above].number)
+    inside = feasible.drop(index=outside)
+    assert len(inside) and (inside["capacity error"] == "+0.0%").all(), table["capacity error"]
+    assert table.loc[outside, "capacity error"] == f"{relative_error(1.32, 1.0, upper=1.2):+.1%}" == "+10.0%"
+    number = int(inside.index[0])
+    row = trials.set_index("number").loc[number]
+    assert table.loc[number, "capacity simulated (req/s)"] == f"{row.capacity_rps * 1.1:,.1f}"  # the ranking's
+    assert table.loc[number, "capacity measured (req/s)"] == f"{row.capacity_rps:,.1f}–{row.capacity_rps * 1.2:,.1f}"
+    assert "capacity within 0.0% (median absolute error" in simulation_line(out)

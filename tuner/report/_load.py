@@ -28,7 +28,7 @@ from tuner.files import read_json_object
 from tuner.formats import first_line
 from tuner.measurement import percentile_key
 from tuner.score import monthly_cost, servers_needed
-from tuner.search import DEFAULT_STORAGE_FILE, open_storage
+from tuner.search import DEFAULT_STORAGE_FILE, open_storage, relative_error
 from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
 from tuner.trial import NO_VERDICT
@@ -63,6 +63,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     **{f"capacity_latency_{q}_ms": (f"capacity_latency_{q}_ms", f"user_attrs_capacity_latency_{q}_ms")
        for q in ("p50", "p90", "p95", "p99", "max")},
     "capacity_fill_rate": ("capacity_fill_rate", "user_attrs_capacity_fill_rate"),
+    # the first speed that missed the SLA, as a rate: the capacity is a bracket [capacity_rps, this]
+    "capacity_upper_rps": ("capacity_upper_rps", "user_attrs_capacity_upper_rps"),
     "feasible": ("feasible", "user_attrs_feasible"),
     # measured, unstable, unmeasured, ...: an unstable or unmeasured trial has no verdict (tuner.trial.NO_VERDICT)
     "outcome": ("outcome", "user_attrs_outcome"),
@@ -511,7 +513,9 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
     """One row per measured trial that the simulation has (same max_batch_size and delay, and the same
     instance count, queue size and preferred sizes where both tell them): trial number, parameters, and
     capacity, the SLA's latency percentile at the recorded load, fill rate and the scoring's requests
-    per dollar, `measured_*` beside `simulated_*`."""
+    per dollar, `measured_*` beside `simulated_*`; and `capacity_error` as the model strategy judges it
+    (`tuner.search.relative_error`: the simulation's finest capacity, its ranking's, against the
+    measured bracket, no error inside it)."""
     sim, t = out.simulation, out.trials
     if sim is None:
         return pd.DataFrame()
@@ -538,14 +542,23 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
         order = [c for c in more if c in match.columns]
         s = match.sort_values(order).iloc[0] if order else match.iloc[0]  # else Triton's defaults first
         feasible = bool(trial["feasible"])
+        measured_capacity = float(trial["capacity_rps"]) if feasible and pd.notna(trial["capacity_rps"]) else 0.0
+        upper = float(trial["capacity_upper_rps"]) if pd.notna(trial["capacity_upper_rps"]) else None
+        # the estimate the strategy judged: the ranking's 1 % bisection where the simulation kept it
+        fine = s["ranking_capacity_rps"] if "ranking_capacity_rps" in s and pd.notna(s["ranking_capacity_rps"]) \
+            else s["capacity_rps"]
+        simulated_capacity = float(fine) if pd.notna(fine) else 0.0
         rows.append({
             "number": int(trial["number"]),
             **{p: trial[p] for p in out.params},
             "measured_feasible": feasible,
             "simulated_feasible": bool(s["feasible"]) if "feasible" in s and pd.notna(s["feasible"])
             else bool(pd.notna(s[f"score_{scoring}"]) and s[f"score_{scoring}"] > 0),
-            "measured_capacity_rps": float(trial["capacity_rps"]) if feasible and pd.notna(trial["capacity_rps"]) else 0.0,
-            "simulated_capacity_rps": float(s["capacity_rps"]) if pd.notna(s["capacity_rps"]) else 0.0,
+            "measured_capacity_rps": measured_capacity,
+            "measured_capacity_upper_rps": upper if upper is not None else math.nan,
+            "simulated_capacity_rps": simulated_capacity,
+            "capacity_error": relative_error(simulated_capacity, measured_capacity, upper=upper,
+                                             pruned=trial["state"] == "PRUNED"),
             "measured_latency_ms": float(trial[out.latency_column]),
             "simulated_latency_ms": float(s[sim_latency]) if sim_latency in s and pd.notna(s[sim_latency]) else math.nan,
             "measured_fill_rate": float(trial["fill_rate"]) if pd.notna(trial["fill_rate"]) else math.nan,
