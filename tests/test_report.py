@@ -457,7 +457,8 @@ def test_a_simulation_beside_the_study_adds_its_landscape_and_simulated_vs_measu
     assert len(both) and (both["capacity error"] == "+10.0%").all()
     assert (table["p99 error"] == "-10.0%").all() and (table["fill rate error"] == "+0.0%").all()
     assert table.loc[wrong, "feasible (measured / simulated)"] == "yes / no"
-    assert table.loc[wrong, "capacity error"] == "n/a"
+    # the model strategy's rule (tuner.search.relative_error): a verdict the server refutes is a 100 % error
+    assert table.loc[wrong, "capacity error"] == "-100.0%"
     line = simulation_line(out)
     assert f"capacity within 10.0% (median absolute error over the {len(both)} feasible in both)" in line
     assert f"the SLA verdict agrees on {len(complete) - 1} of {len(complete)}" in line
@@ -636,3 +637,146 @@ def test_the_report_writes_the_price_as_the_exported_config_does(tmp_path_factor
     _summary_edit(copy, _audited)
     facts = _facts(load_output(copy))
     assert "price $3.4/h ·" in facts and "server-hour" not in facts, facts
+
+
+# --- a trial the measurement could not judge (unstable, unmeasured): no verdict, never infeasible --------
+
+def _unstable(out_dir: Path, numbers: list[int], *, without_latency: int) -> None:
+    """As `tuner tune` writes an unstable trial: stored as failed, outcome `unstable`, not feasible, no
+    score, its latency at the load kept (trial `without_latency`: the server never settled, none)."""
+    trials = pd.read_csv(out_dir / "trials.csv")
+    trials["outcome"] = np.where(trials["state"] == "COMPLETE", "measured", "")
+    rows = trials["number"].isin([*numbers, without_latency])
+    trials.loc[rows, ["state", "outcome", "feasible"]] = ["FAIL", "unstable", False]
+    trials.loc[rows, ["requests_per_dollar", "score_capacity", "score_utilization"]] = np.nan
+    trials.loc[trials["number"] == without_latency, [c for c in trials if c.startswith("latency_")]] = np.nan
+    trials.to_csv(out_dir / "trials.csv", index=False)
+    _summary_edit(out_dir, lambda s: s["trials"].update(
+        total=len(trials), complete=int((trials["state"] == "COMPLETE").sum()), unstable=int(rows.sum()),
+        failed=int((trials["state"] == "FAIL").sum() - rows.sum())))
+
+
+def test_unstable_trials_are_counted_and_drawn_as_no_verdict_not_as_infeasible(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report._html import _facts
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    complete = pd.read_csv(copy / "trials.csv").query("state == 'COMPLETE' and feasible")["number"]
+    summary = json.loads((copy / "summary.json").read_text())
+    kept = {summary["best"]["trial"], summary["incumbent"]["trial"]}
+    unstable = [int(n) for n in complete if n not in kept][:3]
+    _unstable(copy, unstable[:2], without_latency=unstable[2])
+    out = load_output(copy)
+
+    facts = _facts(out)
+    assert "3 unstable (no verdict)" in facts and f"trials: {len(out.trials)} (" in facts, facts
+
+    fig = figures.trials_scatter(out)
+    drawn = {t.name: [int(re.match(r"trial (\d+)", h).group(1)) for h in t.text] for t in fig.data if t.text}
+    assert sorted(drawn["no verdict (unstable), no score"]) == sorted(unstable[:2]), drawn
+    assert not any(n in unstable for name, ns in drawn.items() if "infeasible" in name for n in ns)
+    assert all("unstable: no verdict" in h and "capacity not measured" in h
+               for t in fig.data if t.name.startswith("no verdict") for h in t.text)
+    assert "1 of them with no verdict" in fig.layout.title.text, fig.layout.title.text
+
+    fig = figures.param_map(out)
+    marks = {t.name: [int(re.match(r"trial (\d+)", h).group(1)) for h in t.text] for t in fig.data}
+    assert sorted(marks["no verdict (unstable)"]) == sorted(unstable), marks
+    assert not set(unstable) & {n for name, ns in marks.items() if name != "no verdict (unstable)" for n in ns}
+    assert "no verdict" in fig.layout.title.text
+
+    assert "3 unstable (no verdict)" in write_report(copy).read_text()
+
+
+def test_a_re_measurement_that_lost_a_repeat_says_how_many_were_measured_and_pooled(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import comparison_table
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    out = load_output(copy)
+    best = out.summary["best"]["trial"]
+    other = next(int(n) for n in out.top_trials(3, incumbent=False)["number"] if n != best)
+    records = copy / "records"
+    # as `tuner tune` writes them after a Ctrl-C'd, resumed re-measurement: the lost repeat (0) has no
+    # records and no value; the other trial lost one of three
+    for stem, kept in ((f"trial_{best}", [1]), ("incumbent", [0, 1]), (f"trial_{other}", [0, 2])):
+        frame = pd.read_parquet(records / f"{stem}.parquet")
+        frame["repeat"] = np.array(kept)[np.arange(len(frame)) % len(kept)]
+        frame.to_parquet(records / f"{stem}.parquet")
+
+    def lost(summary: dict) -> None:
+        summary["best"]["repeats"] = {"values": [summary["best"]["requests_per_dollar"]], "unmeasured_runs": 1}
+        summary["incumbent"]["repeats"] = {"values": [1.0, 1.0], "unmeasured_runs": 0}
+        summary["top"] = [{"trial": other, "repeats": {"values": [1.0, 1.0], "unmeasured_runs": 1}}]
+
+    _summary_edit(copy, lost)
+    out = load_output(copy)
+    names = [t.name for t in figures.latency_cdfs(out).data]
+    assert f"trial {best} (1 of 2 repeats pooled)" in names, names
+    assert f"trial {other} (2 of 3 repeats pooled)" in names and "incumbent (2 repeats pooled)" in names, names
+    table = comparison_table(out)
+    assert table.loc["repeats measured", "recommended"] == "1 of 2", table
+    assert table.loc["repeats measured", "incumbent"] == "2 of 2"
+    marks = [t.name for t in figures.trials_scatter(out).data]
+    assert "recommended (re-measured: 1 of 2 repeats measured)" in marks and "incumbent (re-measured)" in marks
+    assert "(the median of 1 of 2 repeats measured)" in recommendation_line(out)
+
+
+def test_sla_percentile_100_draws_and_tabulates_the_max(tmp_path_factory: pytest.TempPathFactory,
+                                                       tmp_path: Path) -> None:
+    from tuner.report import simulation_table
+
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, lambda s: s["sla"].update(percentile=100.0))
+    _simulated(copy)  # a simulation keeps p50, p95 and p99: no max to compare with
+    out = load_output(copy)
+    trials = pd.read_csv(copy / "trials.csv").set_index("number")
+
+    fig = figures.trials_scatter(out)
+    assert "max" in fig.layout.xaxis.title.text, fig.layout.xaxis.title.text
+    for trace in fig.data:
+        for x, hover in zip(trace.x, trace.text or (), strict=False):
+            number = int(re.match(r"trial (\d+)", hover).group(1))
+            assert x == pytest.approx(trials.loc[number, "latency_max_ms"])  # the max, not the p99
+    marks = {t.name: t.x[0] for t in fig.data if t.name in ("incumbent", "recommended")}
+    assert marks == {"incumbent": out.summary["incumbent"]["latency_ms"]["max"],
+                     "recommended": out.summary["best"]["latency_ms"]["max"]}
+
+    table = simulation_table(out)
+    number = table.index[0]
+    assert table.loc[number, "max at load measured (ms)"] == f"{trials.loc[number, 'latency_max_ms']:,.1f}"
+    assert (table["max at load simulated (ms)"] == "n/a").all() and (table["max error"] == "n/a").all()
+
+
+def test_simulated_vs_measured_judges_capacity_as_the_model_strategy_did(
+        tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    from tuner.report import simulation_line, simulation_table
+    from tuner.search import relative_error
+
+    # as a model-strategy study writes them: each capacity a bracket (capacity_upper_rps 20 % above), the
+    # simulation's finest estimate its ranking's (ranking_capacity_rps), the strategy's verdict 0 error
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    trials = pd.read_csv(copy / "trials.csv")
+    trials["capacity_upper_rps"] = trials["capacity_rps"] * 1.2
+    trials.to_csv(copy / "trials.csv", index=False)
+    sim = _simulated(copy, capacity=1.02)  # the coarse capacity 2 % above the bracket's lower edge
+    measured = {(int(r.max_batch_size), int(r.max_queue_delay_microseconds)): r for r in trials.itertuples()
+                if r.state == "COMPLETE" and r.feasible}
+    above = next(iter(measured))  # one configuration the simulation puts above its bracket, by 10 %
+    sim["ranking_capacity_rps"] = [
+        measured[k].capacity_rps * (1.32 if k == above else 1.1) if k in measured else c
+        for k, c in zip(zip(sim["max_batch_size"], sim["max_queue_delay_microseconds"], strict=True),
+                        sim["capacity_rps"], strict=True)]
+    sim.to_csv(copy / "simulation.csv", index=False)
+    out = load_output(copy)
+    table = simulation_table(out)
+    feasible = table[table["feasible (measured / simulated)"] == "yes / yes"]
+    outside = int(measured[above].number)
+    inside = feasible.drop(index=outside)
+    assert len(inside) and (inside["capacity error"] == "+0.0%").all(), table["capacity error"]
+    assert table.loc[outside, "capacity error"] == f"{relative_error(1.32, 1.0, upper=1.2):+.1%}" == "+10.0%"
+    number = int(inside.index[0])
+    row = trials.set_index("number").loc[number]
+    assert table.loc[number, "capacity simulated (req/s)"] == f"{row.capacity_rps * 1.1:,.1f}"  # the ranking's
+    assert table.loc[number, "capacity measured (req/s)"] == f"{row.capacity_rps:,.1f}–{row.capacity_rps * 1.2:,.1f}"
+    assert "capacity within 0.0% (median absolute error" in simulation_line(out)

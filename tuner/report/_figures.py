@@ -21,18 +21,28 @@ from tuner.traffic import TIMESTAMP, busiest_window
 from tuner.traffic.windows import offsets
 
 INCUMBENT, WINNER, PARETO = "#d62728", "#2ca02c", "#ff7f0e"
+NO_VERDICT_COLOR = "#9467bd"  # an unstable or unmeasured trial: neither feasible nor infeasible
 LAYOUT: dict[str, Any] = {"template": "plotly_white", "height": 420, "margin": {"l": 60, "r": 20, "t": 50, "b": 50}}
 
 
 def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
     rows = []
     for _, row in frame.iterrows():
-        bits = [f"trial {row['number']:.0f} ({row['state'].lower()})"]
+        # an unstable trial is stored as failed, but the failure is the measurement's, not the configuration's
+        state = f"{row['outcome']}: no verdict" if row["no_verdict"] else row["state"].lower()
+        bits = [f"trial {row['number']:.0f} ({state})"]
         bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
         fill = f", fill rate {row['fill_rate']:.2f}" if pd.notna(row["fill_rate"]) else ""
-        bits.append(f"capacity {row['capacity_rps']:.1f} req/s{fill}")
+        bits.append(f"capacity {'not measured' if row['no_verdict'] else format(row['capacity_rps'], '.1f') + ' req/s'}"
+                    f"{fill}")
         rows.append("<br>".join(bits))
     return rows
+
+
+def _no_verdict(frame: pd.DataFrame) -> str:
+    """The legend of trials the measurement could not judge, by their outcomes: "no verdict (unstable)"."""
+    outcomes = sorted(set(frame.loc[frame["no_verdict"], "outcome"].dropna()))
+    return f"no verdict ({', '.join(outcomes)})" if outcomes else "no verdict"
 
 
 def pareto_front(frame: pd.DataFrame, latency: str) -> pd.DataFrame:
@@ -58,8 +68,11 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
         fig.add_vrect(x0=0, x1=sla["latency_ms"], fillcolor="rgba(44,160,44,0.08)", line_width=0,
                       annotation_text="meets the SLA", annotation_position="top left")
         fig.add_vline(x=sla["latency_ms"], line_dash="dash", line_color="gray")
-    for feasible, name, color in ((True, "feasible", "#1f77b4"), (False, "infeasible", "#bbbbbb")):
-        part = measured[measured["feasible"] == feasible]
+    verdicts = ((measured["feasible"] & ~measured["no_verdict"], "feasible", "#1f77b4"),
+                (measured["no_verdict"], _no_verdict(measured), NO_VERDICT_COLOR),
+                (~measured["feasible"] & ~measured["no_verdict"], "infeasible", "#bbbbbb"))
+    for which, name, color in verdicts:
+        part = measured[which]
         scored = part["requests_per_dollar"].notna()
         for mask, suffix, symbol in ((scored, "", "circle"), (~scored, ", no score", "circle-open")):
             if mask.any():
@@ -71,19 +84,23 @@ def trials_scatter(out: StudyOutput) -> go.Figure:
     fig.add_trace(go.Scatter(x=front[latency], y=front["requests_per_dollar"], mode="lines+markers",
                              name="Pareto front", line={"color": PARETO, "shape": "hv"},
                              marker={"size": 6, "color": PARETO}))
-    q = f"p{sla['percentile']:g}"
-    remeasured = " (re-measured)" if _dig(out.summary, "best.repeats") else ""
-    for which, name, color, symbol in (("incumbent", "incumbent" + remeasured, INCUMBENT, "x"),
-                                       ("best", "recommended" + remeasured, WINNER, "star")):
+    q = out.latency_key  # the percentile drawn (100: max), for the markers as for the trials
+    for which, name, color, symbol in (("incumbent", "incumbent", INCUMBENT, "x"),
+                                       ("best", "recommended", WINNER, "star")):
+        ran = out.repeats_measured(which)
+        if ran is not None:  # the repeats' medians: how many repeats they are of
+            name += " (re-measured" + (f": {ran[0]} of {ran[1]} repeats measured)" if ran[0] < ran[1] else ")")
         x = out.summary_latency(which).get(q)
         y = out.per_dollar(which)
         if x is not None and y is not None:
             fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=name,
                                      marker={"color": color, "size": 16, "symbol": symbol}))
-    unmeasured = len(frame) - len(measured)
+    unmeasured = frame.drop(measured.index)
     title = f"Trials: {out.score_label} against the SLA {out.latency_name}"
-    if unmeasured:
-        title += f" ({unmeasured} trials without a measurement not shown)"
+    if len(unmeasured):
+        unstable = int(unmeasured["no_verdict"].sum())
+        title += (f" ({len(unmeasured)} trial{'s' if len(unmeasured) > 1 else ''} without a latency at the load not shown"
+                  + (f", {unstable} of them with no verdict" if unstable else "") + ")")
     fig.update_layout(title=title, xaxis_title=f"{out.latency_name} {q} at the recorded load (ms)",
                       yaxis_title=out.score_label, **LAYOUT)
     return fig
@@ -135,15 +152,25 @@ def param_map(out: StudyOutput) -> go.Figure | None:
         out.notes.append(f"trials.csv lacks {x} or {y}: no parameter map")
         return None
     frame = out.trials.dropna(subset=[x, y])
+    judged = frame[~frame["no_verdict"]]
     fig = go.Figure(go.Scatter(
-        x=frame[x], y=frame[y], mode="markers", text=_hover(frame, out.params), hoverinfo="text",
-        marker={"size": 10, "color": frame["requests_per_dollar"].where(frame["feasible"]),
+        x=judged[x], y=judged[y], mode="markers", text=_hover(judged, out.params), hoverinfo="text",
+        name="feasible (colour: score) or infeasible (grey)", showlegend=False,
+        marker={"size": 10, "color": judged["requests_per_dollar"].where(judged["feasible"]),
                 "colorscale": "Viridis", "showscale": True, "colorbar": {"title": out.score_short},
-                "line": {"width": 1, "color": np.where(frame["feasible"], "#333", "#ccc")}}))
+                "line": {"width": 1, "color": np.where(judged["feasible"], "#333", "#ccc")}}))
+    unjudged = frame[frame["no_verdict"]]
+    if len(unjudged):  # not infeasible: the measurement could not judge it
+        fig.add_trace(go.Scatter(
+            x=unjudged[x], y=unjudged[y], mode="markers", text=_hover(unjudged, out.params), hoverinfo="text",
+            name=_no_verdict(unjudged), marker={"size": 11, "symbol": "diamond-open", "color": NO_VERDICT_COLOR,
+                                                  "line": {"width": 2}}))
+        fig.update_layout(legend={"orientation": "h", "y": -0.2})
     fig.update_xaxes(type="log", tickvals=sorted(frame[x].unique()))
     if tokens:
         fig.update_yaxes(type="log")
-    fig.update_layout(title="Parameters tried (grey: infeasible)", xaxis_title=x, yaxis_title=y, **LAYOUT)
+    title = "Parameters tried (grey: infeasible" + (f"; open diamond: {_no_verdict(unjudged)})" if len(unjudged) else ")")
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, **LAYOUT)
     return fig
 
 
@@ -180,7 +207,11 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
             x, y = values[keep], (keep + 1) / len(values)
             repeats = out.latency_repeats.get(label, 1)
             pooled |= repeats > 1
-            name = f"{label} ({repeats} repeats pooled)" if repeats > 1 else label
+            ran = out.repeats_measured("incumbent" if label == "incumbent" else int(label.removeprefix("trial ")))
+            if ran is not None and ran[1] > repeats:  # a repeat with no verdict has no records: say it is missing
+                name = f"{label} ({repeats} of {ran[1]} repeats pooled)"
+            else:
+                name = f"{label} ({repeats} repeats pooled)" if repeats > 1 else label
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line={"color": color}))
             continue
         points = _cdf_points(percentiles)
@@ -201,7 +232,7 @@ def latency_cdfs(out: StudyOutput) -> go.Figure | None:
         fig.add_vline(x=limit, line_dash="dash", line_color="gray", annotation_text="SLA")
     title = "End-to-end latency CDF at capacity (due time to last token)" if tokens else "Latency CDF at capacity"
     if pooled:  # a pooled curve's 0.99 is not the median of the repeats' p99s the tables quote
-        title += (f"<br><sup>all repeats' requests pooled; the table's {'end to end ' if tokens else ''}p99 is the "
+        title += (f"<br><sup>the measured repeats' requests pooled; the table's {'end to end ' if tokens else ''}p99 is the "
                   "median of the repeats' p99</sup>")
     fig.update_layout(title=title, xaxis_title="end to end (ms)" if tokens else "latency (ms)",
                       yaxis_title="fraction of requests", **LAYOUT)

@@ -66,13 +66,21 @@ def recommendation_line(out: StudyOutput) -> str:
         gain = "the incumbent did not meet the SLA"
     else:
         gain = "no incumbent to compare with"
-    return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}, {gain}."
+    ran = out.repeats_measured("best")
+    lost = f" (the median of {ran[0]} of {ran[1]} repeats measured)" if ran is not None and ran[0] < ran[1] else ""
+    return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}{lost}, {gain}."
 
 
 def _facts(out: StudyOutput) -> str:
     sla = out.sla
     counts = out.summary.get("trials") or {}
-    trials = ", ".join(f"{counts[k]} {k}" for k in ("complete", "feasible", "failed", "pruned") if k in counts)
+    # an unstable or unmeasured trial is neither feasible nor failed: counted as no verdict, as README says
+    no_verdict = {k: counts[k] for k in ("unstable", "unmeasured") if counts.get(k)}
+    trials = ", ".join([f"{counts[k]} {k}" for k in ("complete", "feasible") if k in counts]
+                       + [f"{n} {k} (no verdict)" for k, n in no_verdict.items()]
+                       + [f"{counts[k]} {k}" for k in ("failed", "pruned") if k in counts])
+    if trials and counts.get("total") is not None:
+        trials = f"{counts['total']} ({trials})"
     given = out.summary.get("sla") or {}
     limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
               else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
@@ -118,10 +126,19 @@ def comparison_table(out: StudyOutput) -> pd.DataFrame:
                   "KV cache (peak)": _num(_dig(out.summary, f"{which}.engine.kv_cache_peak"), 2),
                   "preemptions": _num(_dig(out.summary, f"{which}.engine.preemptions"), 0)}
                if out.unit == "tokens" else {"fill rate": _num(_dig(out.summary, f"{which}.fill_rate"), 2)}),
+            **({"repeats measured": _repeats(out, which)} if any(out.repeats_measured(w) for w in ("incumbent", "best"))
+               else {}),
             "servers for the load": servers[0] if servers else "n/a",
             "monthly cost": _money(servers[1]) if servers else "n/a",
         }
     return pd.DataFrame(rows)
+
+
+def _repeats(out: StudyOutput, which: str) -> str:
+    """"1 of 2": of how many re-measurement repeats the figures beside it are the medians (a repeat with
+    no verdict counts in none)."""
+    ran = out.repeats_measured(which)
+    return "n/a (not re-measured)" if ran is None else f"{ran[0]} of {ran[1]}"
 
 
 def _capacity_note(out: StudyOutput) -> str:
@@ -140,24 +157,30 @@ def _error(simulated: float, measured: float) -> str:
     return f"{simulated / measured - 1:+.1%}"
 
 
+def _share(error: float) -> str:
+    return "n/a" if pd.isna(error) else f"{error:+.1%}"
+
+
 def simulation_table(out: StudyOutput) -> pd.DataFrame:
-    """Simulated vs measured for every measured configuration the simulation has: capacity, the
-    SLA's percentile at the recorded load, fill rate, requests per dollar, each with its error
-    (simulated / measured - 1)."""
+    """Simulated vs measured for every measured configuration the simulation has: capacity (the error as
+    the model strategy judges it: `simulated_vs_measured`), the SLA's percentile at the recorded load,
+    fill rate, each with its error (simulated / measured - 1)."""
     m = simulated_vs_measured(out)
     if m.empty:
         return m
-    q = f"p{out.sla['percentile']:g}"
+    q = out.latency_key  # the percentile simulated_vs_measured compares (100: max)
     rows = []
     for _, r in m.iterrows():
-        both = r["measured_feasible"] and r["simulated_feasible"]
         rows.append({
             "trial": int(r["number"]), **{p: r[p] for p in out.params if p in r},
             "feasible (measured / simulated)": f"{'yes' if r['measured_feasible'] else 'no'} / "
                                                f"{'yes' if r['simulated_feasible'] else 'no'}",
-            "capacity measured (req/s)": _num(r["measured_capacity_rps"] or None),
+            # the measured capacity is a bracket: the last speed that met the SLA to the first that did not
+            "capacity measured (req/s)": _num(r["measured_capacity_rps"] or None) + (
+                f"–{_num(r['measured_capacity_upper_rps'])}" if r["measured_capacity_rps"]
+                and pd.notna(r["measured_capacity_upper_rps"]) else ""),
             "capacity simulated (req/s)": _num(r["simulated_capacity_rps"] or None),
-            "capacity error": _error(r["simulated_capacity_rps"], r["measured_capacity_rps"]) if both else "n/a",
+            "capacity error": _share(r["capacity_error"]),
             f"{q} at load measured (ms)": _num(r["measured_latency_ms"]),
             f"{q} at load simulated (ms)": _num(r["simulated_latency_ms"]),
             f"{q} error": _error(r["simulated_latency_ms"], r["measured_latency_ms"]),
@@ -178,11 +201,11 @@ def simulation_line(out: StudyOutput) -> str:
     if info:  # the model strategy judged its own simulation (brackets, its fine ranking): quote that, one verdict
         agree = int((m["measured_feasible"] == m["simulated_feasible"]).sum())
         return (f"Simulated vs measured, as the model strategy judged it: {search.describe_model_search(info)}; "
-                f"the SLA verdict agrees on {agree} of {len(m)} (the table: each measured capacity's lower edge).")
+                f"the SLA verdict agrees on {agree} of {len(m)}.")
     both = m[m["measured_feasible"] & m["simulated_feasible"] & (m["measured_capacity_rps"] > 0)]
     parts = [f"{len(m)} measured configurations in the simulation"]
     if len(both):
-        error = (both["simulated_capacity_rps"] / both["measured_capacity_rps"] - 1).abs().median()
+        error = both["capacity_error"].abs().median()
         parts.append(f"capacity within {error:.1%} (median absolute error over the {len(both)} feasible in both)")
     if len(m) >= 3 and m["measured_requests_per_dollar"].nunique() > 1 and m["simulated_requests_per_dollar"].nunique() > 1:
         rho = m["measured_requests_per_dollar"].rank().corr(m["simulated_requests_per_dollar"].rank())

@@ -26,10 +26,12 @@ from tuner import export, space
 from tuner.errors import InputError, TunerError
 from tuner.files import read_json_object
 from tuner.formats import first_line
+from tuner.measurement import percentile_key
 from tuner.score import monthly_cost, servers_needed
-from tuner.search import DEFAULT_STORAGE_FILE, open_storage
+from tuner.search import DEFAULT_STORAGE_FILE, open_storage, relative_error
 from tuner.traffic import busiest_window, mean_rps, read_traffic
 from tuner.traffic.windows import offsets
+from tuner.trial import NO_VERDICT
 
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
@@ -61,7 +63,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     **{f"capacity_latency_{q}_ms": (f"capacity_latency_{q}_ms", f"user_attrs_capacity_latency_{q}_ms")
        for q in ("p50", "p90", "p95", "p99", "max")},
     "capacity_fill_rate": ("capacity_fill_rate", "user_attrs_capacity_fill_rate"),
+    # the first speed that missed the SLA, as a rate: the capacity is a bracket [capacity_rps, this]
+    "capacity_upper_rps": ("capacity_upper_rps", "user_attrs_capacity_upper_rps"),
     "feasible": ("feasible", "user_attrs_feasible"),
+    # measured, unstable, unmeasured, ...: an unstable or unmeasured trial has no verdict (tuner.trial.NO_VERDICT)
+    "outcome": ("outcome", "user_attrs_outcome"),
 }
 
 
@@ -138,8 +144,14 @@ class StudyOutput:
         """The trials column of the SLA's percentile (p99 by default): a generative study's TTFT, TPOT or
         end to end (its latency column)."""
         stem = {"latency": "latency", "TTFT": "ttft", "TPOT": "tpot", "end to end": "latency"}[self.latency_name]
-        key = f"{stem}_p{self.sla['percentile']:g}_ms"
+        key = f"{stem}_{percentile_key(self.sla['percentile'])}_ms"  # 100: the max, as the tuner keeps it
         return key if key in self.trials else f"{stem}_p99_ms"
+
+    @property
+    def latency_key(self) -> str:
+        """The percentile `latency_column` holds, as the summary's latency blocks key it (p99; max for
+        sla.percentile 100): what the report's axes, markers and tables read and say."""
+        return self.latency_column.split("_")[-2]
 
     def peak_rps(self) -> float | None:
         """The load's busiest second: the most requests in any one second of the profile at the study's
@@ -207,6 +219,20 @@ class StudyOutput:
         key = {"latency": "latency_ms", "TTFT": "ttft_ms", "TPOT": "tpot_ms", "end to end": "latency_ms"}[self.latency_name]
         block = _dig(self.summary, f"{which}.at_{at}.{key}") or _dig(self.summary, f"{which}.{key}")
         return {k: float(v) for k, v in (block or {}).items() if v is not None}
+
+    def repeats_measured(self, which: str | int) -> tuple[int, int] | None:
+        """How many of a re-measured configuration's repeats were measured, and of how many (a repeat
+        with no verdict, lost to Ctrl-C, say, counts in neither its medians nor its records): for
+        best/incumbent or a trial number among the summary's re-measured entries; None when the
+        configuration was not re-measured."""
+        entries = [self.summary.get(w) for w in ("best", "incumbent")] + list(self.summary.get("top") or [])
+        entry = self.summary.get(which) if isinstance(which, str) else next(
+            (e for e in entries if isinstance(e, dict) and e.get("trial") == which), None)
+        repeats = entry.get("repeats") if isinstance(entry, dict) else None
+        if not isinstance(repeats, dict) or repeats.get("values") is None:
+            return None
+        measured = len(repeats["values"])
+        return measured, measured + int(repeats.get("unmeasured_runs") or 0)
 
     def trial_attr(self, number: int | None, key: str) -> Any:
         """A user attribute of one trial in the storage (None without storage or attribute)."""
@@ -329,12 +355,13 @@ def _read_trials(path: Path, summary: dict[str, Any]) -> pd.DataFrame:
         name = column.removeprefix("params_").removeprefix("param.").removeprefix("params.")
         if name in (*space.NAMES, *space.ENGINE_NAMES) and name not in frame:
             frame[name] = raw[column]
-    numeric = [c for c in COLUMNS if c not in ("state", "feasible")]
+    numeric = [c for c in COLUMNS if c not in ("state", "feasible", "outcome")]
     frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
     if frame["requests_per_dollar"].isna().all():  # the score under the study's scoring
         frame["requests_per_dollar"] = frame[f"score_{summary.get('scoring') or 'capacity'}"]
     frame["state"] = frame["state"].fillna("COMPLETE").astype(str).str.upper().str.removeprefix("TRIALSTATE.")
     frame["feasible"] = _feasible(frame, raw, summary)
+    frame["no_verdict"] = frame["outcome"].isin(NO_VERDICT)  # neither feasible nor infeasible: not judged
     return frame
 
 
@@ -486,13 +513,15 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
     """One row per measured trial that the simulation has (same max_batch_size and delay, and the same
     instance count, queue size and preferred sizes where both tell them): trial number, parameters, and
     capacity, the SLA's latency percentile at the recorded load, fill rate and the scoring's requests
-    per dollar, `measured_*` beside `simulated_*`."""
+    per dollar, `measured_*` beside `simulated_*`; and `capacity_error` as the model strategy judges it
+    (`tuner.search.relative_error`: the simulation's finest capacity, its ranking's, against the
+    measured bracket, no error inside it)."""
     sim, t = out.simulation, out.trials
     if sim is None:
         return pd.DataFrame()
     scoring = out.summary.get("scoring") or "capacity"
-    pct = f"latency_p{out.sla['percentile']:g}_ms"
-    sim_latency = pct if pct in sim.columns else "latency_p99_ms"
+    # the simulation's figure of the same percentile as the measured one, else none (its p99 is no max)
+    sim_latency = f"latency_{out.latency_key}_ms"
     measured = t[t["state"].isin(("COMPLETE", "PRUNED")) & t[out.latency_column].notna()]
     x, y, more = space.MAX_BATCH_SIZE, space.QUEUE_DELAY, (space.INSTANCES, space.QUEUE_SIZE)
     keys = [k for k in more if k in measured.columns and k in sim.columns]
@@ -513,14 +542,23 @@ def simulated_vs_measured(out: StudyOutput) -> pd.DataFrame:
         order = [c for c in more if c in match.columns]
         s = match.sort_values(order).iloc[0] if order else match.iloc[0]  # else Triton's defaults first
         feasible = bool(trial["feasible"])
+        measured_capacity = float(trial["capacity_rps"]) if feasible and pd.notna(trial["capacity_rps"]) else 0.0
+        upper = float(trial["capacity_upper_rps"]) if pd.notna(trial["capacity_upper_rps"]) else None
+        # the estimate the strategy judged: the ranking's 1 % bisection where the simulation kept it
+        fine = s["ranking_capacity_rps"] if "ranking_capacity_rps" in s and pd.notna(s["ranking_capacity_rps"]) \
+            else s["capacity_rps"]
+        simulated_capacity = float(fine) if pd.notna(fine) else 0.0
         rows.append({
             "number": int(trial["number"]),
             **{p: trial[p] for p in out.params},
             "measured_feasible": feasible,
             "simulated_feasible": bool(s["feasible"]) if "feasible" in s and pd.notna(s["feasible"])
             else bool(pd.notna(s[f"score_{scoring}"]) and s[f"score_{scoring}"] > 0),
-            "measured_capacity_rps": float(trial["capacity_rps"]) if feasible and pd.notna(trial["capacity_rps"]) else 0.0,
-            "simulated_capacity_rps": float(s["capacity_rps"]) if pd.notna(s["capacity_rps"]) else 0.0,
+            "measured_capacity_rps": measured_capacity,
+            "measured_capacity_upper_rps": upper if upper is not None else math.nan,
+            "simulated_capacity_rps": simulated_capacity,
+            "capacity_error": relative_error(simulated_capacity, measured_capacity, upper=upper,
+                                             pruned=trial["state"] == "PRUNED"),
             "measured_latency_ms": float(trial[out.latency_column]),
             "simulated_latency_ms": float(s[sim_latency]) if sim_latency in s and pd.notna(s[sim_latency]) else math.nan,
             "measured_fill_rate": float(trial["fill_rate"]) if pd.notna(trial["fill_rate"]) else math.nan,
