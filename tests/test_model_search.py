@@ -415,7 +415,7 @@ def _add_trial(study: optuna.Study, params: dict, *, sla_met: bool, rps: float =
     dist = {"max_batch_size": optuna.distributions.IntDistribution(1, 32, log=True),
             "max_queue_delay_microseconds": optuna.distributions.IntDistribution(0, 2000, step=1000)}
     bracket = Bracket(rps=rps, speed=1.0, upper_rps=upper, steps=2) if sla_met else None
-    record = TrialRecord(params=params, at_load=Figures(latency_ms={"p99": 50.0}), sla_met=sla_met,
+    record = TrialRecord(params=params, at_load=Figures(latency_ms={"p99": 50.0, "max": 80.0}), sla_met=sla_met,
                          violation=-1.0 if sla_met else 1.0, capacity=bracket, pruned=state.name == "PRUNED",
                          scores={"capacity": rps * 100 if sla_met else None, "utilization": None})
     value = record.value("capacity") if state == optuna.trial.TrialState.COMPLETE else None
@@ -475,3 +475,20 @@ def test_the_simulations_fine_capacity_is_judged_against_the_measured_bracket(tm
     assert errors["value_error"].iloc[0] == 0.0
     verdict = _model._judge(errors, settings)
     assert verdict["median_error"] == pytest.approx(0.0) and not verdict["fallback"]
+
+
+def test_the_latency_compared_at_the_load_is_the_slas_percentile_and_100_is_the_max(tmp_path):
+    import dataclasses
+
+    from tuner.search import _model
+
+    settings = _settings(tmp_path)
+    ranking = _ranking([(16, 2000, 17700.0)])
+    ranking["latency_p99_ms"], ranking["latency_max_ms"] = [45.0], [70.0]
+    study = optuna.create_study(direction="maximize")
+    _add_trial(study, {"max_batch_size": 16, "max_queue_delay_microseconds": 2000}, sla_met=True, rps=176.7)
+    errors = _model.simulation_errors(study, ranking, settings)
+    assert (errors["simulated_sla_ms"].iloc[0], errors["measured_sla_ms"].iloc[0]) == (45.0, 50.0)
+    whole = dataclasses.replace(settings, sla=dataclasses.replace(settings.sla, percentile=100.0))
+    errors = _model.simulation_errors(study, ranking, whole)
+    assert (errors["simulated_sla_ms"].iloc[0], errors["measured_sla_ms"].iloc[0]) == (70.0, 80.0)

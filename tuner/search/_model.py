@@ -44,6 +44,7 @@ import pandas as pd
 from optuna.trial import TrialState
 
 from tuner import space
+from tuner.measurement import percentile_key
 from tuner.search._loop import drawn, run_trials, spent
 from tuner.settings import StudySettings
 from tuner.simulate import (
@@ -326,7 +327,8 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
     (`relative_error`: feasible in simulation, infeasible measured = +100 %; the simulation's capacity
     at its ranking's 1 % against the measured capacity bracket, pruned or complete). A trial with no
     verdict (unstable, unmeasured) is left out."""
-    pct = f"latency_p{settings.sla.percentile:g}_ms"
+    q = percentile_key(settings.sla.percentile)  # 100: max
+    pct = f"latency_{q}_ms"
     tuned = [k.name for k in space.tuned(settings.search)]
     index = {tuple(_params(row, settings).values()): row for _, row in ranking.iterrows()}
     rows = []
@@ -356,7 +358,7 @@ def simulation_errors(study: optuna.Study, ranking: pd.DataFrame, settings: Stud
             "simulated_capacity_rps": estimate, "measured_capacity_rps": lower,
             "measured_capacity_upper_rps": upper,
             "simulated_sla_ms": sim.get(pct), "measured_sla_ms":
-                record.at_load.latency_ms.get(pct[len("latency_"):-len("_ms")]) if record.at_load else None,
+                record.at_load.latency_ms.get(q) if record.at_load else None,
             "simulated_value": simulated_value, "measured_value": float(measured_value),
             "measured_value_upper": value_upper,
         })
