@@ -536,3 +536,23 @@ def test_a_configuration_that_missed_the_sla_says_which_limit_in_the_table(tmp_p
     summary["top"] = [e for e in summary["top"] if e["trial"] != summary["incumbent"]["trial"]]
     row = [line for line in export.closing_table(summary).splitlines() if line.lstrip().startswith("incumbent")][0]
     assert "SLA missed: error rate 54.80% > 0.10%" in row and "p99 169" not in row, row
+
+
+def test_a_re_measured_bracket_says_what_its_repeats_brackets_said(tmp_path):
+    """Reviewer V3/U5: summary.json said a re-measured capacity bracket had not converged where every
+    repeat's had, and the closing table lost the load generator's limit (`*`) of a re-measured entry."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    summary = export.summarize(study)
+    assert summary["best"]["capacity_bracket"]["converged"] is True  # every repeat's bracket converged
+    assert summary["incumbent"]["capacity_bracket"]["converged"] is True
+    stored = study.user_attrs["remeasured"]
+    at = next(i for i, r in enumerate(stored) if r["trial"] == summary["best"]["trial"])
+    run = fake(stored[at]["params"], Hints(), 40.0)
+    run = dataclasses.replace(run, capacity=dataclasses.replace(run.capacity, limited_by="load_generator"))
+    repeats = search.Repeats(stored[at]["params"], stored[at]["trial"], False, (run, run, run), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(repeats), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert summary["best"]["capacity_bracket"]["limited_by"] == "load_generator"
+    table = export.closing_table(summary)
+    row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
+    assert " * " in row + " " and "* limited by the load generator" in table, table
