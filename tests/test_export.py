@@ -556,3 +556,20 @@ def test_a_re_measured_bracket_says_what_its_repeats_brackets_said(tmp_path):
     table = export.closing_table(summary)
     row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
     assert " * " in row + " " and "* limited by the load generator" in table, table
+
+
+def test_an_sla_on_the_slowest_request_shows_its_figure_in_the_closing_table():
+    """Reviewer V2: `sla.percentile: 100` is checked against the max, which summary.json keeps as "max";
+    the closing table looked up "p100" and printed `-` in every row."""
+    def row(trial, unit):
+        return {"trial": trial, "params": {"max_batch_size": 8}, "feasible": True, "per_dollar": 1.0e6,
+                "unit": unit, "capacity_rps": 2.0, "capacity_bracket": None,
+                "latency_ms": {"p99": 150.0, "max": 181.0}, "ttft_ms": {"p99": 110.0, "max": 123.0},
+                "tpot_ms": {"p99": 20.0, "max": 27.5}, "output_tokens_per_s": 300.0, "engine": {}}
+
+    for unit, heads, figures in (("requests", ["max ms"], ["181"]),
+                                 ("tokens", ["TTFT max ms", "TPOT max ms"], ["123", "27.5"])):
+        best = row(1, unit)
+        table = export.closing_table({"sla": {"percentile": 100}, "top": [best], "incumbent": None, "best": best})
+        header, first = table.splitlines()[:2]
+        assert all(h in header for h in heads) and all(f in first.split() for f in figures), table

@@ -37,6 +37,7 @@ from tuner.formats import figure
 from tuner.llm import engineargs
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
+from tuner.measurement import percentile_key
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
 from tuner.paths import writable_file
 from tuner.search import (
@@ -478,7 +479,7 @@ def closing_table(summary: dict) -> str:
     """Top configurations and the incumbent: parameters, capacity, SLA percentile, fill rate,
     Triton's queue and compute time, requests per dollar, improvement over the incumbent; then the
     trials that could not be measured."""
-    pct = f"p{summary['sla'].get('percentile', 99):g}"
+    pct = percentile_key(summary['sla'].get('percentile', 99))  # p100's figure is kept as "max"
     rows = list(summary.get("top") or [])[:5]
     inc = summary.get("incumbent")
     if inc and all(r.get("trial") != inc.get("trial") for r in rows):
