@@ -573,3 +573,22 @@ def test_an_sla_on_the_slowest_request_shows_its_figure_in_the_closing_table():
         table = export.closing_table({"sla": {"percentile": 100}, "top": [best], "incumbent": None, "best": best})
         header, first = table.splitlines()[:2]
         assert all(h in header for h in heads) and all(f in first.split() for f in figures), table
+
+
+def test_a_re_measured_entry_that_lost_repeats_says_how_many_measured(tmp_path):
+    """Reviewer U2: after an interrupted re-measurement the best had 1 measured and 1 unmeasured repeat
+    of 2; the closing table printed its spread as if both had measured."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    stored = study.user_attrs["remeasured"]
+    best = export.summarize(study)["best"]
+    assert "repeats measured" not in export.closing_table(export.summarize(study))  # every repeat measured
+    at = next(i for i, r in enumerate(stored) if r["trial"] == best["trial"])
+    lost = TrialRecord(params=dict(stored[at]["params"]), outcome=UNMEASURED, note="interrupted")
+    repeats = search.Repeats(stored[at]["params"], stored[at]["trial"], False,
+                             (fake(stored[at]["params"], Hints(), 40.0), lost), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(repeats), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert summary["best"]["repeats"]["unmeasured_runs"] == 1
+    table = export.closing_table(summary)
+    row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
+    assert "10%, 1 of 2 repeats measured" in row, table  # the bracket's width, and the repeats behind it
