@@ -536,3 +536,59 @@ def test_a_configuration_that_missed_the_sla_says_which_limit_in_the_table(tmp_p
     summary["top"] = [e for e in summary["top"] if e["trial"] != summary["incumbent"]["trial"]]
     row = [line for line in export.closing_table(summary).splitlines() if line.lstrip().startswith("incumbent")][0]
     assert "SLA missed: error rate 54.80% > 0.10%" in row and "p99 169" not in row, row
+
+
+def test_a_re_measured_bracket_says_what_its_repeats_brackets_said(tmp_path):
+    """Reviewer V3/U5: summary.json said a re-measured capacity bracket had not converged where every
+    repeat's had, and the closing table lost the load generator's limit (`*`) of a re-measured entry."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    summary = export.summarize(study)
+    assert summary["best"]["capacity_bracket"]["converged"] is True  # every repeat's bracket converged
+    assert summary["incumbent"]["capacity_bracket"]["converged"] is True
+    stored = study.user_attrs["remeasured"]
+    at = next(i for i, r in enumerate(stored) if r["trial"] == summary["best"]["trial"])
+    run = fake(stored[at]["params"], Hints(), 40.0)
+    run = dataclasses.replace(run, capacity=dataclasses.replace(run.capacity, limited_by="load_generator"))
+    repeats = search.Repeats(stored[at]["params"], stored[at]["trial"], False, (run, run, run), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(repeats), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert summary["best"]["capacity_bracket"]["limited_by"] == "load_generator"
+    table = export.closing_table(summary)
+    row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
+    assert " * " in row + " " and "* limited by the load generator" in table, table
+
+
+def test_an_sla_on_the_slowest_request_shows_its_figure_in_the_closing_table():
+    """Reviewer V2: `sla.percentile: 100` is checked against the max, which summary.json keeps as "max";
+    the closing table looked up "p100" and printed `-` in every row."""
+    def row(trial, unit):
+        return {"trial": trial, "params": {"max_batch_size": 8}, "feasible": True, "per_dollar": 1.0e6,
+                "unit": unit, "capacity_rps": 2.0, "capacity_bracket": None,
+                "latency_ms": {"p99": 150.0, "max": 181.0}, "ttft_ms": {"p99": 110.0, "max": 123.0},
+                "tpot_ms": {"p99": 20.0, "max": 27.5}, "output_tokens_per_s": 300.0, "engine": {}}
+
+    for unit, heads, figures in (("requests", ["max ms"], ["181"]),
+                                 ("tokens", ["TTFT max ms", "TPOT max ms"], ["123", "27.5"])):
+        best = row(1, unit)
+        table = export.closing_table({"sla": {"percentile": 100}, "top": [best], "incumbent": None, "best": best})
+        header, first = table.splitlines()[:2]
+        assert all(h in header for h in heads) and all(f in first.split() for f in figures), table
+
+
+def test_a_re_measured_entry_that_lost_repeats_says_how_many_measured(tmp_path):
+    """Reviewer U2: after an interrupted re-measurement the best had 1 measured and 1 unmeasured repeat
+    of 2; the closing table printed its spread as if both had measured."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    stored = study.user_attrs["remeasured"]
+    best = export.summarize(study)["best"]
+    assert "repeats measured" not in export.closing_table(export.summarize(study))  # every repeat measured
+    at = next(i for i, r in enumerate(stored) if r["trial"] == best["trial"])
+    lost = TrialRecord(params=dict(stored[at]["params"]), outcome=UNMEASURED, note="interrupted")
+    repeats = search.Repeats(stored[at]["params"], stored[at]["trial"], False,
+                             (fake(stored[at]["params"], Hints(), 40.0), lost), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(repeats), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert summary["best"]["repeats"]["unmeasured_runs"] == 1
+    table = export.closing_table(summary)
+    row = [line for line in table.splitlines() if line.lstrip().startswith("best")][0]
+    assert "10%, 1 of 2 repeats measured" in row, table  # the bracket's width, and the repeats behind it

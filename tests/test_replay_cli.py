@@ -598,3 +598,65 @@ def test_a_seq_len_column_a_fixed_dims_model_does_not_take_is_named_before_the_s
     assert "column 'seq_len' is not sent: no input of matmul_cpu has a variable dim it sizes" in err, err
     if command == "profile":  # and it profiles one length, not the column's six
         assert ", no length column" in err and "lengths from the traffic's 'seq_len'" not in err, err
+
+
+def test_the_table_says_whether_the_studys_sla_held_for_the_window(tmp_path, monkeypatch, capsys):
+    """Reviewer U6: the check-it line tune prints replays the recommendation, and the table gave p99 181 ms
+    but no verdict: the reader compared it with the 200-ms limit by hand. A row says it, by the rule a
+    trial's step is judged by (`tuner.score.check_sla`), the figures beside it."""
+    import tuner.server
+    import tuner.trial.step
+    from tests.support import FakeLauncher, measurement
+    from tuner.cli import main
+
+    config = modelconfig.load(ROOT / "model_repository_templates" / "encoder_sim" / "config.pbtxt")
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: FakeLauncher(config))
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({"name": "w", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "encoder_sim", "measurement": {"warmup": False},
+                                    "sla": {"latency_ms": 200, "max_error_rate": 0.01},
+                                    "traffic": {"path": str(ROOT / "traffic_profiles" / "bursty_60s.csv")}}))
+
+    def sla_row(m) -> str:
+        monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: lambda speed: m)
+        assert main(["replay", str(path), "--step"]) == 0
+        rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SLA ")]
+        assert len(rows) == 1, rows
+        return rows[0]
+
+    assert sla_row(measurement(1.0, p99=181.0)) == (
+        "SLA             held for this window: p99 181.0 ms <= 200 ms, error rate 0.00% <= 1.00%")
+    assert sla_row(measurement(1.0, p99=214.0)) == "SLA             MISSED for this window: p99 214.0 ms > 200 ms"
+    assert sla_row(measurement(1.0, p99=181.0, errors=20)).endswith("error rate 2.00% > 1.00%")
+    assert "no verdict: the replay was not valid" in sla_row(measurement(1.0, valid=False))
+
+
+def test_a_generative_replays_table_says_whether_its_token_sla_held(tmp_path, monkeypatch, capsys):
+    """The same row for a generative study: its token SLA (here TTFT at p99), by `tuner.score.check_tokens`."""
+    import tuner.server
+    import tuner.trial.generate
+    from tests.support import FakeLauncher
+    from tuner.cli import main
+    from tuner.measurement_tokens import measure_tokens
+    from tuner.trial.generate import GenerateRun
+
+    due = np.arange(0.0, 3.0, 0.5)
+    records = pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "send_s": due, "end_s": due + 0.5,
+                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 5,
+                            "tokens": 5, "first_token_s": due + 0.1, "last_token_s": due + 0.5,
+                            "itl_ms": [np.full(4, 100.0)] * len(due)})
+    m = measure_tokens(records, speed=1.0, warmup_s=0.5, lag_budget_ms=50.0, duration_s=3.0)
+    monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: FakeLauncher())
+    monkeypatch.setattr(tuner.trial.generate, "replay_generate", lambda *a, **k: GenerateRun(m, m, None))
+    pd.DataFrame({"timestamp": due, "prompt_tokens": 5, "output_tokens": 5}).to_csv(tmp_path / "t.csv", index=False)
+    for limit, row in ((1000, "held for this window: p99 TTFT 100.0 ms <= 1000 ms, error rate 0.00% <= 0.10%"),
+                       (50, "MISSED for this window: p99 TTFT 100.0 ms > 50 ms")):
+        path = tmp_path / "study.yaml"
+        path.write_text(yaml.safe_dump({"name": "llm", "model_repository": str(ROOT / "model_repository_templates"),
+                                        "model": "llm_vllm", "traffic": {"path": "t.csv"},
+                                        "replay": {"warmup_s": 0.5}, "sla": {"ttft_ms": limit},
+                                        "search": {"capacity": {"step_duration_s": 1.0}}}))
+        for step in ([], ["--step"]):  # a step's rule (`keeping_up`): an engine that kept up passes as at the load
+            assert main(["replay", str(path), *step]) == 0
+            rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SLA ")]
+            assert len(rows) == 1 and rows[0].split(None, 1)[1] == row, rows

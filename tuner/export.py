@@ -37,6 +37,7 @@ from tuner.formats import figure
 from tuner.llm import engineargs
 from tuner.llm.engine_metrics import OVERRUN_LIMIT
 from tuner.llm.engine_watch import BATCH_FIGURES
+from tuner.measurement import percentile_key
 from tuner.measurement_tokens import WINDOW_LIVES, short_window
 from tuner.paths import writable_file
 from tuner.search import (
@@ -478,7 +479,7 @@ def closing_table(summary: dict) -> str:
     """Top configurations and the incumbent: parameters, capacity, SLA percentile, fill rate,
     Triton's queue and compute time, requests per dollar, improvement over the incumbent; then the
     trials that could not be measured."""
-    pct = f"p{summary['sla'].get('percentile', 99):g}"
+    pct = percentile_key(summary['sla'].get('percentile', 99))  # p100's figure is kept as "max"
     rows = list(summary.get("top") or [])[:5]
     inc = summary.get("incumbent")
     if inc and all(r.get("trial") != inc.get("trial") for r in rows):
@@ -491,7 +492,6 @@ def closing_table(summary: dict) -> str:
         is_best = bool(summary.get("best")) and r.get("trial") == summary["best"].get("trial")
         tag = ("best, incumbent" if is_best else "incumbent") if inc and r.get("trial") == inc.get("trial") else (
             "best" if is_best else "")
-        spread = (r.get("repeats") or {}).get("spread")
         if not tag and r.get("trial") in (summary.get("indistinguishable_from_best") or []):
             tag = "~ best"
         bracket = r.get("capacity_bracket") or {}
@@ -517,7 +517,7 @@ def closing_table(summary: dict) -> str:
                 "compute ms": figure(r.get("compute_ms"))}),
             "tokens/$" if r.get("unit") == "tokens" else "req/$":
                 figure(r.get("per_dollar")) if r["feasible"] else _missed(r),
-            "spread": f"{spread:.0%}" if isinstance(spread, (int, float)) else "",
+            "spread": _spread(r),
             "vs incumbent": _gain(r, inc, base),
         })
     text = pd.DataFrame(table).to_string(index=False) if table else "no trial met the SLA or was measured"
@@ -552,6 +552,19 @@ def closing_table(summary: dict) -> str:
         on = summary.get("remeasured_on") or {}
         text += ("\n\nmeasured by:\n" + hosts_table(measured_by)
                  + (f"\nre-measured on {on.get('host')} (pid {on.get('pid')}, {on.get('gpu')})" if on else ""))
+    return text
+
+
+def _spread(r: dict) -> str:
+    """A re-measured entry's spread and, where replays were lost (interrupted, failed or unmeasured), how
+    many of its repeats measured: a median of fewer repeats than asked is less sure than it reads."""
+    repeats = r.get("repeats") or {}
+    spread = repeats.get("spread")
+    text = f"{spread:.0%}" if isinstance(spread, (int, float)) else ""
+    lost = repeats.get("unmeasured_runs") or 0
+    if lost:
+        asked = len(repeats.get("values") or []) + lost  # "values": one per measured repeat
+        text = ", ".join(filter(None, (text, f"{asked - lost} of {asked} repeats measured")))
     return text
 
 

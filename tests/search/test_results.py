@@ -58,3 +58,17 @@ def test_counts_stay_whole_numbers_a_repeat_had():
     assert attrs["capacity_peak_rps"] == 331.0
     assert attrs["monthly_cost"] == pytest.approx(PRICE * 730.0)  # the cost of the servers kept, 1
     assert attrs["capacity_rps"] == pytest.approx((17.27 + 18.83) / 2)  # a measured rate is still the median
+
+
+def test_a_bracket_keeps_its_repeats_converged_flag_and_limit():
+    """Reviewer V3/U5: the flags and words of a bracket were dropped (not numbers), so a re-measured
+    bracket read as not converged and lost the load generator's limit."""
+    limited = dataclasses.replace(SECOND, capacity=dataclasses.replace(SECOND.capacity, limited_by="load_generator"))
+    attrs = search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (FIRST, limited, limited), "capacity"))["attrs"]
+    assert attrs["capacity_converged"] is True and attrs["capacity_limited_by"] == "load_generator"
+    # as a count's median: a flag two repeats split is the lower middle one (False); a limit one met is kept
+    open_ended = repeat(25.0, None, peak=400.0, servers=1, steps=6)
+    attrs = search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (FIRST, open_ended), "capacity"))["attrs"]
+    assert attrs["capacity_converged"] is False
+    attrs = search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (FIRST, limited), "capacity"))["attrs"]
+    assert attrs["capacity_limited_by"] == "load_generator"

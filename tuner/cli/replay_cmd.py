@@ -24,7 +24,11 @@ from tuner.files import check_writable, json_safe, json_with_keys, write_atomic
 from tuner.settings import read_study
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tuner.measurement import Measurement, Served
+    from tuner.score import SlaCheck
+    from tuner.settings import SlaSettings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Start (or attach to) the study's Triton server, load the model's config.pbtxt "
         "from the repository with the --set fields changed, replay the study's traffic open loop "
         "(each request leaves at its due time; latency counts from the due time) and print latency "
-        "percentiles, throughput, errors, send lag and Triton's batching figures. Each traffic row "
+        "percentiles, throughput, errors, send lag, Triton's batching figures and whether the study's SLA "
+        "held for the window (as a search step judges it). Each traffic row "
         "becomes one request: batch_size (default 1) is the first dim of a batching model, a "
         "'<INPUT>:<k>' column gives dim k of that input, else a 'seq_len' column gives every "
         "variable dim. --json replaces only a measurement tuner wrote (else --force), never one of the "
@@ -131,7 +136,9 @@ def _replay(args: argparse.Namespace) -> int:
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}"
           + (f", {m.attempts} attempts (the send lag broke its budget)" if m.attempts > 1 else ""))
-    print(format_measurement(m, settings.sla.percentile))
+    from tuner.score import check_sla
+
+    print(format_measurement(m, settings.sla.percentile, verdict=sla_verdict_row(m, settings.sla, check_sla)))
     if args.json:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
         if m.max_batch_size <= 0:
@@ -213,11 +220,12 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from pathlib import Path
 
     from tuner.llm import engineargs
+    from tuner.score import check_tokens
     from tuner.server import make_launcher
     from tuner.server.remote import check_remote
     from tuner.study import base_config, engine_file, study_traffic
     from tuner.traffic import mean_output_tps
-    from tuner.trial.generate import check_context, replay_generate
+    from tuner.trial.generate import check_context, keeping_up, replay_generate
 
     config_params, engine_params = space.split(params)
     if config_params:
@@ -254,7 +262,10 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
-    print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic)))
+    # the rule tune judges the same window by: a step's (it also fails an engine fallen behind), else the load's
+    check = keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic)) if args.step else check_tokens
+    print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic),
+                          verdict=sla_verdict_row(m, settings.sla, check)))
     if args.json:
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
                 "engine": _engine_figures(run.engine), "config": _config_path(args),
@@ -296,10 +307,34 @@ def _engine_figures(engine) -> dict | None:
     return out
 
 
-def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: float | None = None) -> str:
+def sla_verdict_row(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSettings], SlaCheck]) -> str:
+    """Whether the study's SLA held for the replayed window, by `check` (the rule tune judges it by:
+    `tuner.score.check_sla`, a generative model's `check_tokens`), with the figures it compared, so that
+    no one compares a p99 with its limit by hand; no verdict for a replay that was not valid (tune's
+    "unmeasured")."""
+    from tuner.measurement_tokens import TokenMeasurement
+
+    if not m.valid:
+        return f"no verdict: the replay was not valid ({m.invalid_reason})"
+    c = check(m, sla)
+    if not c.ok:
+        return f"MISSED for this window: {c.reason or 'no request was measured'}"
+    q = f"p{sla.percentile:g}"
+    if isinstance(m, TokenMeasurement):  # a generative model's: each token limit the SLA sets
+        held = [f"{q} {name} {value(sla.percentile):.1f} ms <= {limit:g} ms"
+                for name, value, limit in (("TTFT", m.ttft, sla.ttft_ms), ("TPOT", m.tpot, sla.tpot_ms),
+                                           ("end to end", m.e2e, sla.e2e_ms)) if limit is not None]
+    else:
+        held = [f"{q} {c.latency_ms:.1f} ms <= {sla.latency_ms:g} ms"]
+    return f"held for this window: {', '.join(held)}, error rate {c.error_rate:.2%} <= {sla.max_error_rate:.2%}"
+
+
+def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: float | None = None,
+                    verdict: str | None = None) -> str:
     """A generative replay as two tables: the replay's figures, then TTFT / TPOT / ITL / end to end
     as the replay and as the engine saw the same requests. `average_tokens_per_s`: the output tokens/s
-    the traffic offers on average at the replay's speed, set beside what the engine streamed."""
+    the traffic offers on average at the replay's speed, set beside what the engine streamed;
+    `verdict`: the SLA's row (`sla_verdict_row`)."""
     from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
     from tuner.measurement import error_line
     from tuner.measurement_tokens import WINDOW_LIVES, short_window
@@ -325,6 +360,7 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
         ("errors", f"{m.errors} ({m.error_rate:.2%})" + (f"; the first: {error_line(run.first_error)}" if run.first_error else "")),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        *([("SLA", verdict)] if verdict else []),
         ("load generator", f"{m.load_generator_cpu:.2f} CPU cores, {m.workers} process(es)"),
     ]
     engine = run.engine
@@ -355,8 +391,8 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
     return top + "\n\n" + "\n".join(lines)
 
 
-def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
-    """The measurement as an aligned two-column table."""
+def format_measurement(m: Measurement, sla_percentile: float = 99.0, *, verdict: str | None = None) -> str:
+    """The measurement as an aligned two-column table; `verdict`: the SLA's row (`sla_verdict_row`)."""
     from tuner.measurement import error_line
 
     rows = [
@@ -366,6 +402,7 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0) -> str:
         ("latency", "  ".join(f"{k} {v:.2f}" for k, v in m.latency_ms.items()) + " ms (from due time)"),
         ("send lag", "  ".join(f"{k} {v:.3f}" for k, v in m.send_lag_ms.items()) + " ms"),
         ("valid", "yes" if m.valid else f"NO: {m.invalid_reason}"),
+        *([("SLA", verdict)] if verdict else []),
         *([("repeats", _repeats(m, sla_percentile))] if m.repeats > 1 else []),
         ("executions", _executions(m)),
         ("batch size", _batch_sizes(m)),

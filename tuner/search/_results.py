@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -202,9 +203,20 @@ def recommend(remeasured: list[dict]) -> list[dict]:
 _COUNTED = ("peak_rps", "capacity_peak_rps", "monthly_cost")
 
 
+def _middle_word(values: list) -> bool | str:
+    """The re-measured configuration's flag or word from its repeats', as a count's median: a flag the
+    lower middle repeat had (most repeats': a tie is False, a bracket converged only if most did); a word
+    most repeats had, a tie the one that says something (a limit one of two repeats met is kept)."""
+    if all(isinstance(v, bool) for v in values):
+        return statistics.median_low(values)
+    counted = Counter(values).most_common()
+    return max((v for v, n in counted if n == counted[0][1]), key=bool)
+
+
 def repeats_as_dict(r: Repeats) -> dict:
     """JSON-able, kept in the study's storage so that `tuner export` can rebuild the summary: the
-    medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names, and each
+    medians of every figure a trial records (`tuner.trial.to_attrs`), under the same names (a flag or a
+    word: `_middle_word`), and each
     repeat's own range of requests per dollar (`Repeats.ranges`, under "ranges")."""
     attrs = [to_attrs(x) for x in r.measured]
     keys = sorted({k for a in attrs for k, v in a.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
@@ -216,6 +228,10 @@ def repeats_as_dict(r: Repeats) -> dict:
             # busiest seconds' requests, is 1.5, which no run measured and no one can deploy
             whole = key in _COUNTED or all(isinstance(v, int) for v in values)
             medians[key] = statistics.median_low(values) if whole else statistics.median(values)
+    # flags and words (a bracket's converged and limited_by): dropped, they came back as their defaults and
+    # the summary said a converged bracket had not converged and lost a load generator's limit
+    for key in sorted({k for a in attrs for k, v in a.items() if isinstance(v, (bool, str))} - medians.keys()):
+        medians[key] = _middle_word([a[key] for a in attrs if isinstance(a.get(key), (bool, str))])
     return {
         "trial": r.trial,
         "params": {k: list(v) if isinstance(v, tuple) else v for k, v in r.params.items()},
