@@ -90,6 +90,16 @@ def test_a_confirmation_replay_under_capacity_scoring_carries_its_brackets_top()
     assert to_arm(open_ended, "candidate", "capacity", percentile=99).per_dollar_upper is None
 
 
+def test_a_confirmation_replay_under_an_sla_on_the_slowest_request_carries_the_max():
+    from tuner.trial import MEASURED, Figures, TrialRecord
+
+    record = TrialRecord(params={"max_batch_size": 8}, outcome=MEASURED, sla_met=True, violation=-1.0,
+                         at_load=Figures(latency_ms={"p99": 40.0, "max": 55.0}),
+                         scores={"capacity": 50.0, "utilization": 40.0})
+    assert to_arm(record, "candidate", "capacity", percentile=99).latency_ms == 40.0
+    assert to_arm(record, "candidate", "capacity", percentile=100).latency_ms == 55.0
+
+
 def test_every_pair_needs_the_margin_in_every_pair():
     pairs = [(R("production", 100), R("candidate", 110)) for _ in range(3)]
     got = d.decide(pairs, margin=0.05, rule="every_pair")

@@ -602,6 +602,13 @@ def test_trial_and_rank_score_both_ways_best_first():
     assert table.loc[0, "max_batch_size"] != 1
 
 
+def test_an_sla_on_the_slowest_request_ranks_by_the_max_and_shows_it():
+    sim = make_simulator(sla=SlaSettings(latency_ms=200.0, percentile=100))
+    table = sim.rank([{"max_batch_size": b, "max_queue_delay_microseconds": 0} for b in (4, 16)])
+    assert table["latency_max_ms"].notna().all() and table["capacity_latency_ms"].notna().all()
+    assert (table["latency_max_ms"] >= table["latency_p99_ms"]).all()
+
+
 def test_an_infeasible_configuration_scores_zero():
     sim = make_simulator(sla=SlaSettings(latency_ms=1.0))  # below a single execution's time
     result = sim.trial(BatcherConfig(max_batch_size=4))

@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.cost import price_for
     from tuner.errors import SettingsError
     from tuner.files import check_writable
+    from tuner.measurement import percentile_key
     from tuner.settings import read_study, with_overrides
     from tuner.simulate import read_profile
     from tuner.study import stale_profile, study_traffic
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     model = search.model_space(settings, base=base, traffic=traffic, profile=profile, every_batch_size=not args.grid,
                                price_per_hour=price)
     sim, values = model.simulator, model.values()
-    pct = f"p{settings.sla.percentile:g}"
+    pct = percentile_key(settings.sla.percentile)  # 100: max
     print(f"profile: {args.profile}: {profile.describe()}")
     beyond = model.extrapolated()
     if beyond:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from tuner import search, space
 from tuner.export import trials_frame
 from tuner.files import write_atomic
+from tuner.measurement import percentile_key
 from tuner.modelconfig import ModelConfig
 from tuner.nightly import rundir
 from tuner.nightly.job import SearchResult, tonight
@@ -96,7 +97,7 @@ def to_arm(record: TrialRecord, arm: str, scoring: str, *, percentile: float, un
     """A confirmation replay's record as the rule reads it (unmeasured: not valid, no verdict); a
     generative model's with its TTFT and TPOT at the SLA's percentile."""
     load = record.at_load
-    q = f"p{percentile:g}"
+    q = percentile_key(percentile)  # 100: max
     latency = load.latency_ms.get(q) if load is not None else None
     ttft = load.ttft_ms.get(q) if load is not None and load.generative else None
     tpot = load.tpot_ms.get(q) if load is not None and load.generative else None

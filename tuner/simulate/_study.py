@@ -23,7 +23,7 @@ import pandas as pd
 from tuner import space
 from tuner.cost import price_for
 from tuner.errors import SettingsError, TrafficError
-from tuner.measurement import Measurement, assemble
+from tuner.measurement import Measurement, assemble, percentile_key
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
 from tuner.simulate._profile import Profile
@@ -299,7 +299,7 @@ class Simulator:
         go to `batcher_config`). `on_config(done, total)` reports progress."""
         given = [None if isinstance(c, BatcherConfig) else c for c in configs]
         configs = [c if isinstance(c, BatcherConfig) else batcher_config(c, **defaults) for c in configs]
-        pct = f"p{self.sla.percentile:g}"
+        pct = percentile_key(self.sla.percentile)  # 100: max
         other = "utilization" if self.scoring == "capacity" else "capacity"
         rows = []
         for done, (config, params) in enumerate(zip(configs, given, strict=True), start=1):
