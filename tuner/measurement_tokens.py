@@ -15,8 +15,9 @@ last token times, the tokens received and the gaps between token responses. Defi
   completions - window start), as `tuner.measurement` defines throughput; total tokens per second
   counts their prompt tokens too;
 - goodput = successful measured requests whose own TTFT and TPOT meet every limit given
-  (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit), per second over the
-  same span;
+  (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit, and so the SLA check,
+  `tuner.score.check_tokens`, holds a window with no request of 2+ tokens to meet it), per second over
+  the same span;
 - offered tokens per second = the output tokens the measured requests asked for, per second of the
   window (their `output_tokens`, as `offered_rps` counts them);
 - streamed tokens per second = the output tokens streamed during the measured window (its start to the
