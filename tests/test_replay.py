@@ -70,6 +70,24 @@ def test_replay_sends_every_request_on_time_and_keeps_a_record_of_each(server):
 
 
 @pytest.mark.slow
+def test_a_window_asked_for_ends_where_asked_not_at_its_last_due_request(server):
+    """A step's window lasts its length at its speed however early its last request is due: the offered
+    rate is per second of the window (a sparse step read 29 requests / 9.32 s, not / 10 s)."""
+    traffic = uniform(100, 1.0, seq_len=None)  # 100 requests due in [0, 0.99] s, then nothing
+    traffic["seq_len"] = 4
+    result = replay(server.endpoints, "echo", traffic, speed=1.0, settings=settings(), duration_s=2.0)
+    assert len(result.records) == 100 and result.duration_s == 2.0
+    m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=0.5,
+                lag_budget_ms=50, max_batch_size=32, duration_s=result.duration_s)
+    assert m.requests == 50 and m.duration_s == pytest.approx(1.5) and m.offered_rps == pytest.approx(50 / 1.5)
+    # the throughput stays what was served over the time it took, the window's end aside
+    assert m.throughput_rps == pytest.approx(50 / (result.records["end_s"].max() - 0.5))
+    # no window asked for: the traffic's own span at that speed
+    whole = replay(server.endpoints, "echo", traffic, speed=2.0, settings=settings())
+    assert whole.duration_s == pytest.approx(0.99 / 2)
+
+
+@pytest.mark.slow
 def test_grpc_and_distributed_mode_replay_the_same_schedule(server):
     traffic = uniform(150, 2.0)
     grpc = replay(server.endpoints, "echo", traffic, speed=1.0, settings=settings(protocol="grpc"))

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+import pandas as pd
 import pytest
 from support import measurement
 
@@ -91,3 +95,28 @@ def test_tokens_per_dollar_at_capacity_and_at_the_recorded_load():
     assert at_load.output == pytest.approx(90_000) and at_load.total == pytest.approx(100_000)
     idle = tokens_per_dollar_at_load(output_tokens=9000, prompt_tokens=0, busy_s=0.0, price_per_hour=4.0)
     assert idle.output is None and idle.total is None
+
+
+def test_a_window_of_one_token_requests_meets_the_tpot_limit_as_goodput_counts_it():
+    # one rule for both: a one-token request has no TPOT and meets that limit (tuner.measurement_tokens)
+    from tuner.measurement_tokens import measure_tokens
+    from tuner.score import check_token_sla, check_tokens
+    due = np.linspace(1.0, 10.0, 50)
+    records = pd.DataFrame({"due_s": due, "end_s": due + 0.2, "send_lag_ms": 0.0, "ok": True, "prompt_tokens": 100,
+                            "tokens": 1, "output_tokens": 1, "first_token_s": due + 0.2, "last_token_s": due + 0.2,
+                            "itl_ms": [np.empty(0)] * 50})
+    sla = SlaSettings(ttft_ms=1000.0, tpot_ms=100.0)
+    m = measure_tokens(records, speed=1.0, warmup_s=0.0, lag_budget_ms=50.0, ttft_ms=1000.0, tpot_ms=100.0)
+    assert m.good_requests == m.requests == 50
+    check = check_tokens(m, sla)
+    assert check.ok and check.violation == pytest.approx(0.2 - 1.0)  # TTFT's: 200 of 1000 ms
+    assert check.reason == "p99 TPOT none: no request of 2+ tokens"
+    only_tpot = check_tokens(m, SlaSettings(tpot_ms=100.0))
+    assert only_tpot.ok and only_tpot.violation < 0
+    slow = check_tokens(m, SlaSettings(ttft_ms=100.0, tpot_ms=100.0))  # the TTFT limit still holds them
+    assert not slow.ok and slow.reason == "p99 TTFT 200.0 ms > 100 ms; p99 TPOT none: no request of 2+ tokens"
+    # nothing served: no token came back, every limit broken
+    failed = check_tokens(dataclasses.replace(m, errors=50, error_rate=1.0), sla)
+    assert not failed.ok and "TPOT none measured > 100 ms" in failed.reason
+    # told nothing of the requests, a TPOT of none is still broken
+    assert not check_token_sla(ttft_ms=200.0, tpot_ms=None, error_rate=0.0, sla=sla).ok

@@ -5,7 +5,10 @@ from a replay's records (`tuner.replay.ReplayResult.records`) and two snapshots 
 statistics, through `assemble`, the one construction the simulation's replays go through too.
 
 Definitions used here:
-- the measured window runs from `warmup_s` to the last due time; requests due in it are measured;
+- the measured window runs from `warmup_s` to the schedule's end: the length the replay was asked to
+  run (`ReplayResult.duration_s`: a step's length at its speed, a `--duration`), else the last due
+  time; requests due in it are measured, and the offered rate is theirs per second of it (a sparse
+  window's last request may be due well before its end);
 - latency percentiles are over the measured requests that succeeded, from their due times (errors
   are counted in the error rate, not in the latency);
 - throughput = successful measured requests / (last of their completions - window start), so a server
@@ -100,8 +103,9 @@ def measure(
     duration_s: float | None = None,
 ) -> Measurement:
     """One trial's figures. `records` needs columns due_s, end_s, latency_ms, send_lag_ms and ok (one
-    row per request of the whole schedule, warm-up included); `duration_s` is the schedule's length
-    (default: the last due time). Statistics are Triton's model entry (or the whole stats response)."""
+    row per request of the whole schedule, warm-up included); `duration_s` is the schedule's length,
+    where the measured window ends (`ReplayResult.duration_s`; default: the last due time).
+    Statistics are Triton's model entry (or the whole stats response)."""
     end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
     window = records[records["due_s"] >= warmup_s]
     ok = window["ok"].to_numpy(dtype=bool)

@@ -4,7 +4,9 @@ A generative replay (`tuner.replay.replay` against a model that takes `text_inpu
 traffic row as one request: a prompt of exactly its `prompt_tokens`, exactly its `output_tokens`
 generated (`ignore_eos`). Its records give, per request, the due, send and end times, the first and
 last token times, the tokens received and the gaps between token responses. Definitions:
-- the measured window runs from `warmup_s` to the last due time; requests due in it are measured;
+- the measured window runs from `warmup_s` to the schedule's end (`duration_s`: the length the replay
+  was asked to run, else the last due time), as `tuner.measurement` defines it; requests due in it are
+  measured;
 - TTFT (time to first token) = first streamed token - due time;
 - TPOT (time per output token) = (last token - first token) / (output tokens - 1), for requests of
   two tokens or more;
@@ -15,8 +17,9 @@ last token times, the tokens received and the gaps between token responses. Defi
   completions - window start), as `tuner.measurement` defines throughput; total tokens per second
   counts their prompt tokens too;
 - goodput = successful measured requests whose own TTFT and TPOT meet every limit given
-  (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit), per second over the
-  same span;
+  (`ttft_ms`, `tpot_ms`; a one-token request has no TPOT and meets that limit, and so the SLA check,
+  `tuner.score.check_tokens`, holds a window with no request of 2+ tokens to meet it), per second over
+  the same span;
 - offered tokens per second = the output tokens the measured requests asked for, per second of the
   window (their `output_tokens`, as `offered_rps` counts them);
 - streamed tokens per second = the output tokens streamed during the measured window (its start to the
@@ -123,7 +126,8 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
                    duration_s: float | None = None) -> TokenMeasurement:
     """The figures of a generative replay's `records` (RECORD_COLUMNS, one row per request of the
     whole schedule, warm-up included). `ttft_ms` / `tpot_ms` / `e2e_ms`: the SLA's limits goodput counts
-    against (None: no such limit); `duration_s`: the schedule's length (default: the last due time)."""
+    against (None: no such limit); `duration_s`: the schedule's length, where the measured window ends
+    (`ReplayResult.duration_s`; default: the last due time)."""
     missing = [c for c in RECORD_COLUMNS if c not in records.columns]
     if missing:
         raise ValueError(f"not the records of a generative replay: no {', '.join(missing)}")

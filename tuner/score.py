@@ -84,9 +84,10 @@ def monthly_cost(servers: int | None, price_per_hour: float) -> float | None:
 # TTFT = the first streamed token's time minus the request's due time; TPOT = (last token - first
 # token) / (output tokens - 1); end to end = the last token's time minus the due time. The SLA:
 # percentile q of TTFT <= sla.ttft_ms and/or of TPOT <= sla.tpot_ms and/or of end to end <= sla.e2e_ms,
-# errors <= sla.max_error_rate. Tokens per dollar = output tokens served per dollar of
-# server time, at capacity (the fastest replay that meets the SLA) or at the recorded load (the
-# engine's busy time); total tokens (prompt + output) beside it.
+# errors <= sla.max_error_rate. A one-token request has no TPOT and meets its limit, in goodput and
+# here alike: a window served with none of 2+ tokens meets the TPOT limit. Tokens per dollar = output
+# tokens served per dollar of server time, at capacity (the fastest replay that meets the SLA) or at
+# the recorded load (the engine's busy time); total tokens (prompt + output) beside it.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,22 +105,29 @@ class TokenSlaCheck:
 
 
 def check_token_sla(*, ttft_ms: float | None, tpot_ms: float | None, error_rate: float,
-                    sla: SlaSettings, e2e_ms: float | None = None) -> TokenSlaCheck:
+                    sla: SlaSettings, e2e_ms: float | None = None, no_tpot: bool = False) -> TokenSlaCheck:
     """Whether a generative measurement meets the SLA: `ttft_ms`, `tpot_ms` and `e2e_ms` are its TTFT,
     TPOT and end-to-end time at `sla.percentile` (None: none measured), each held to its limit when the
-    SLA sets one (a limit with nothing measured is broken: no token came back)."""
+    SLA sets one (a limit with nothing measured is broken: no token came back). `no_tpot`: requests
+    were served, none of 2+ tokens; a one-token request has no TPOT and meets that limit, as goodput
+    counts it (`tuner.measurement_tokens`), so the TPOT limit holds and the reason says why."""
+    if sla.ttft_ms is None and sla.tpot_ms is None and sla.e2e_ms is None:
+        raise ValueError("a token SLA needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms (settings.check_generative)")
     overs, reasons = [], []
     for name, measured, limit in (("TTFT", ttft_ms, sla.ttft_ms), ("TPOT", tpot_ms, sla.tpot_ms),
                                   ("end to end", e2e_ms, sla.e2e_ms)):
         if limit is None:
             continue
-        over = math.inf if measured is None or math.isnan(measured) else measured / limit - 1.0
+        unmeasured = measured is None or math.isnan(measured)
+        if name == "TPOT" and no_tpot and unmeasured:
+            overs.append(-1.0)  # met outright, as a TPOT of 0 would be
+            reasons.append(f"p{sla.percentile:g} TPOT none: no request of 2+ tokens")
+            continue
+        over = math.inf if unmeasured else measured / limit - 1.0
         overs.append(over)
         if over > 0:
-            shown = "none measured" if measured is None or math.isnan(measured) else f"{measured:.1f} ms"
+            shown = "none measured" if unmeasured else f"{measured:.1f} ms"
             reasons.append(f"p{sla.percentile:g} {name} {shown} > {limit:g} ms")
-    if not overs:
-        raise ValueError("a token SLA needs sla.ttft_ms, sla.tpot_ms or sla.e2e_ms (settings.check_generative)")
     over_errors = _over_errors(error_rate, sla.max_error_rate)
     if over_errors > 0:
         reasons.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")
@@ -138,7 +146,10 @@ def check_tokens(m: TokenMeasurement, sla: SlaSettings) -> SlaCheck:
     ttft = m.ttft(sla.percentile) if served else None
     tpot = m.tpot(sla.percentile) if served else None
     e2e = m.e2e(sla.percentile) if served else None
-    check = check_token_sla(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, error_rate=m.error_rate, sla=sla)
+    # TPOT's percentiles are NaN only over no request: served ones, none of 2+ tokens
+    no_tpot = served and tpot is not None and math.isnan(tpot)
+    check = check_token_sla(ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, error_rate=m.error_rate, sla=sla,
+                            no_tpot=no_tpot)
     shown = check.ttft_ms if sla.ttft_ms is not None else check.tpot_ms if sla.tpot_ms is not None else check.e2e_ms
     return SlaCheck(check.ok, math.nan if shown is None else shown, check.error_rate, check.violation, check.reason)
 

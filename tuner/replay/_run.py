@@ -46,7 +46,9 @@ class ReplayResult:
     stats_after: dict | None    # ... once every request had finished
     speed: float
     warmup_s: float
-    duration_s: float           # length of the schedule (last due time)
+    # the schedule's end, where its measured window ends: the `duration_s` it was asked to run (a step's
+    # length at its speed, a --duration) however early its last request is due, else the last due time
+    duration_s: float
     mode: str                   # "local" (one process) or "distributed" (master + workers)
     workers: int
     reason: str                 # why this mode
@@ -80,7 +82,8 @@ def replay(
 ) -> ReplayResult:
     """Replay `traffic` against `model` at `speed`, open loop, and return the per-request records.
 
-    `duration_s` cuts the schedule to requests due within that many seconds (warm-up included);
+    `duration_s` cuts the schedule to requests due within that many seconds (warm-up included), and
+    is where its measured window ends (`ReplayResult.duration_s`; default: the last due time);
     `warmup_s` defaults to `settings.warmup_s`; `stats` returns the model's Triton statistics
     (default: `v2/models/<model>/stats` over HTTP). `watch(seconds since the start) -> stop?` is called
     every `watch_every_s` and may end the replay early (`stopped`: no records; the warm-up uses it to
@@ -126,7 +129,7 @@ def replay(
     wall = max((s["wall_s"] for s in summaries), default=0.0) or 1.0
     return ReplayResult(
         records=outcome.records, stats_before=outcome.stats_before, stats_after=outcome.stats_after,
-        speed=speed, warmup_s=warmup_s, duration_s=float(due[-1]),
+        speed=speed, warmup_s=warmup_s, duration_s=float(due[-1] if duration_s is None else duration_s),
         mode="local" if workers == 1 else "distributed", workers=workers, reason=reason,
         load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
         details={"processes": summaries, "t0_monotonic": outcome.t0,

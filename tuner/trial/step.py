@@ -45,7 +45,8 @@ __all__ = ["TRIES", "Windows", "check_measured", "make_probe", "replay_measured"
            "whole_traffic", "with_repeats", "with_retries"]
 
 TRIES = 3
-# speed -> (the traffic to replay, its warm-up in wall seconds, the schedule's length or None: all of it)
+# speed -> (the traffic to replay, its warm-up in wall seconds, the schedule's length, where its measured
+# window ends, or None: all of it, to its last request)
 Windows = Callable[[float], tuple[pd.DataFrame, float, float | None]]
 
 
@@ -63,6 +64,9 @@ def step_windows(traffic: pd.DataFrame, settings: StudySettings, *, warmup_s: fl
         part, warmup = step_window(traffic, speed, before_s, measured_s=measured_s)
         if fill and warmup < before_s - 1e-9 and len(part):
             part, warmup = _filled(part, speed, warmup=warmup, want_s=before_s, span=measured_s * speed)
+        if part is traffic:  # the traffic is no longer than a step: all of it, over its own span
+            return part, warmup, _until(traffic, speed, warmup + measured_s)
+        # the stretch lasts the step whenever its last request is due: the window ends there
         return part, warmup, warmup + measured_s
 
     return windows
@@ -91,8 +95,17 @@ def _filled(part: pd.DataFrame, speed: float, *, warmup: float, want_s: float, s
 
 
 def whole_traffic(traffic: pd.DataFrame, warmup_s: float, duration_s: float | None = None) -> Windows:
-    """The traffic from its first request at every speed; `duration_s` measured after the warm-up."""
-    return lambda speed: (traffic, warmup_s, None if duration_s is None else warmup_s + duration_s)
+    """The traffic from its first request at every speed; `duration_s` measured after the warm-up (no
+    longer than the traffic)."""
+    return lambda speed: (traffic, warmup_s,
+                          None if duration_s is None else _until(traffic, speed, warmup_s + duration_s))
+
+
+def _until(traffic: pd.DataFrame, speed: float, end: float) -> float | None:
+    """The end of a replay of the whole of `traffic` at `speed` asked to last `end` seconds: `end`, or
+    None (all of it: its window ends at its last request, the trace's span) where the traffic ends first."""
+    due = due_offsets(traffic, speed)
+    return end if len(due) and due[-1] >= end else None
 
 
 def check_measured(windows: Windows, speed: float, *, source: str, hint: str = "replay.warmup_s") -> None:
