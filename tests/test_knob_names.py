@@ -73,7 +73,7 @@ MEASUREMENT_FIELD = {
     ("tuner/simulate/_study.py", "max_batch_size=max_batch_size, sla_percentile=sla_percentile,"):
         "the measurement's field (its fill rate's denominator)",
     ("tuner/simulate/_study.py",
-     "m = measurement(run, requests, speed=float(speed), warmup_s=warmup, max_batch_size=config.max_batch_size,"):
+     "max_batch_size=config.max_batch_size, sla_percentile=self.sla.percentile)"):
         "the measurement's field, from the simulated configuration",
 }
 

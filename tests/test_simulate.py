@@ -573,6 +573,20 @@ def test_a_simulated_step_is_a_measurement_the_sla_check_reads():
     assert m.busy_s > 0 and sum(m.batch_histogram.values()) == m.execution_count
 
 
+def test_a_sparse_simulated_step_offers_its_requests_per_second_of_the_step_as_a_replay_does():
+    # one request a second: a 3-s step holds 3, the last due 2 s in; a real replay's window lasts the
+    # step (tuner.trial.step.step_windows), and so does the simulated one's
+    traffic = pd.DataFrame({"timestamp": np.arange(60.0), "batch_size": 1, "seq_len": 100})
+    sim = make_simulator(traffic)
+    step = sim.run(BatcherConfig(max_batch_size=8), 1.0)
+    measured = int((step.requests.due_s >= step.warmup_s).sum())
+    assert step.measurement.duration_s == pytest.approx(3.0)
+    assert step.measurement.offered_rps == pytest.approx(measured / 3.0)
+    # a traffic shorter than the step: its own span, as a replay of all of it
+    short = make_simulator(traffic.head(3)).run(BatcherConfig(max_batch_size=8), 1.0)
+    assert short.measurement.duration_s == pytest.approx(float(short.requests.due_s[-1]) - short.warmup_s)
+
+
 def test_capacity_uses_the_real_bisection_and_batching_raises_it():
     traffic = poisson_traffic()
     sim = make_simulator(traffic)

@@ -84,8 +84,9 @@ def _requests_at(traffic: pd.DataFrame, speed: float, column: str | None = None)
 
 
 def measurement(run: BatchRun, requests: Requests, *, speed: float, warmup_s: float, max_batch_size: int,
-                sla_percentile: float = 99.0) -> Measurement:
-    """The simulated replay's figures, defined as `tuner.measurement.measure` defines the real ones."""
+                sla_percentile: float = 99.0, end_s: float | None = None) -> Measurement:
+    """The simulated replay's figures, defined as `tuner.measurement.measure` defines the real ones;
+    `end_s`: where the window ends (the step's end; default: the last due time)."""
     due = requests.due_s
     measured = due >= warmup_s
     good = measured & (run.status == OK)
@@ -93,7 +94,8 @@ def measurement(run: BatchRun, requests: Requests, *, speed: float, warmup_s: fl
     sizes, freq = np.unique(run.exec_rows[counted], return_counts=True)
     queue = (run.dispatch_s[good] - due[good]) * 1e3
     return assemble(
-        speed=speed, warmup_s=warmup_s, end_s=float(due[-1]) if len(due) else 0.0, requests=int(measured.sum()),
+        speed=speed, warmup_s=warmup_s, end_s=end_s if end_s is not None else float(due[-1]) if len(due) else 0.0,
+        requests=int(measured.sum()),
         latencies_ms=(run.done_s[good] - due[good]) * 1e3,
         last_done_s=float(run.done_s[good].max()) if good.any() else warmup_s,
         send_lag_ms={"p50": 0.0, "p99": 0.0, "max": 0.0},  # a simulated request leaves on time
@@ -203,27 +205,31 @@ class Simulator:
 
     # --- one step --------------------------------------------------------------------------------
 
-    def schedule(self, speed: float) -> tuple[Requests, float]:
-        """What a real step at `speed` replays: the requests (due from the window's first) and the
-        warm-up in seconds."""
+    def schedule(self, speed: float) -> tuple[Requests, float, float]:
+        """What a real step at `speed` replays (`tuner.trial.step.step_windows`): the requests (due from
+        the window's first), the warm-up and the window's end in seconds (the step's end, wherever its
+        last request is due; a traffic no longer than a step: its own span)."""
         speed = float(speed)
         cached = self._schedules.get(speed)
         if cached is None:
             step_s = self.capacity_settings.step_duration_s
             part, warmup = step_window(self.traffic, speed, self.warmup_s, measured_s=step_s)
             requests = _requests_at(part, speed, self.length)
+            end = warmup + step_s
+            if part is self.traffic and (not len(requests.due_s) or requests.due_s[-1] < end):
+                end = float(requests.due_s[-1]) if len(requests.due_s) else 0.0
             keep = requests.due_s < warmup + step_s
             if not keep.all():
                 requests = Requests(requests.due_s[keep], requests.rows[keep], requests.length[keep])
-            cached = self._schedules[speed] = (requests, warmup)
+            cached = self._schedules[speed] = (requests, warmup, end)
         return cached
 
     def run(self, config: BatcherConfig, speed: float) -> SimStep:
         """Simulate the step at `speed` under `config`."""
-        requests, warmup = self.schedule(speed)
+        requests, warmup, end = self.schedule(speed)
         run = simulate(requests, config, self.profile, device_cache=self._device)
-        m = measurement(run, requests, speed=float(speed), warmup_s=warmup, max_batch_size=config.max_batch_size,
-                        sla_percentile=self.sla.percentile)
+        m = measurement(run, requests, speed=float(speed), warmup_s=warmup, end_s=end,
+                        max_batch_size=config.max_batch_size, sla_percentile=self.sla.percentile)
         return SimStep(float(speed), warmup, requests, run, m)
 
     def step(self, config: BatcherConfig, speed: float) -> Measurement:
@@ -274,7 +280,7 @@ class Simulator:
         empty = sorted((s, sched) for s, sched in self._schedules.items() if not (sched[0].due_s >= sched[1]).any())
         where = ""
         if empty:
-            speed, (requests, warmup) = empty[0]
+            speed, (requests, warmup, _) = empty[0]
             lasts = float(requests.due_s[-1]) if len(requests) else 0.0
             where = (f": at speed {speed:g} a step holds no request after its {warmup:g} s warm-up (the traffic "
                      f"lasts {lasts:.3g} s there)")
