@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -46,16 +48,44 @@ def fake(params: dict, hints: Hints, latency_limit: float = 30.0, unmeasured: tu
                        sla_reason="" if feasible else f"p99 {p99:.1f} ms > {latency_limit:g} ms")
 
 
+# the studies `make_study` built, by its arguments: a study's ~1,200 SQLite commits take seconds, and most
+# tests here want one of a few; each test gets its own copy
+_BUILT: dict[tuple, Path] = {}
+
+
 def make_study(tmp_path: Path, latency_limit: float = 30.0, remeasure: bool = True, unmeasured: tuple = (),
                step_s: float | None = None, life_s: float | None = None) -> optuna.Study:
-    """`step_s`: the capacity steps' length kept in the study; `life_s`: every trial's step_warmup_s
+    """A finished study in tmp_path/out/study.db, as `_build` makes it there: built once per session for
+    each set of arguments (beside the first test's tmp_path), copied, its storage attribute this copy's.
+    `step_s`: the capacity steps' length kept in the study; `life_s`: every trial's step_warmup_s
     (a generative trial's: a request's life end to end at the speed that decided its capacity)."""
+    key = (latency_limit, remeasure, unmeasured, step_s, life_s)
+    if key not in _BUILT:  # in the session's temporary directory, which pytest removes as it does tmp_path
+        _BUILT[key] = Path(tempfile.mkdtemp(prefix="built-study-", dir=tmp_path.parent))
+        _build(_BUILT[key], *key)
+    shutil.copytree(_BUILT[key] / "out", tmp_path / "out")
+    s = _settings(tmp_path, latency_limit)
+    url = search.storage_url(s)
+    study = optuna.load_study(study_name=s.name, storage=search.open_storage(url, s.search),
+                              sampler=search.make_sampler(s.search))
+    study.set_user_attr("storage", url)  # what `_build` writes where the study is built
+    return study
+
+
+def _settings(tmp_path: Path, latency_limit: float):
     s = study_from_dict({"name": "exp", "model_repository": str(tmp_path), "model": "encoder_sim",
                          "traffic": {"path": "t.csv"}, "output": str(tmp_path / "out"),
                          "sla": {"latency_ms": latency_limit},
                          "search": {"sampler": "grid", "top_k": 2, "remeasure_repeats": 3}}, base_dir=tmp_path)
     s = dataclasses.replace(s, search=dataclasses.replace(
         s.search, max_batch_size=IntRange(4, 64, log=True), max_queue_delay_microseconds=IntRange(0, 2000, step=1000)))
+    return s
+
+
+def _build(tmp_path: Path, latency_limit: float, remeasure: bool, unmeasured: tuple, step_s: float | None,
+           life_s: float | None) -> optuna.Study:
+    """The study of `make_study`'s arguments, run by the search loop with `fake` measurements."""
+    s = _settings(tmp_path, latency_limit)
     storage = search.storage_url(s)
     base = modelconfig.load(TEMPLATE)
     meta = {"scoring": "capacity", "model": "encoder_sim", "storage": storage, "study_file": "study.yaml",
