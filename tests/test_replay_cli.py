@@ -37,7 +37,9 @@ def tuner(*args: str) -> subprocess.CompletedProcess:
 
 
 def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame | None = None,
-          step_s: float | None = None) -> Path:
+          step_s: float | None = None, warmup: bool = True) -> Path:
+    """`warmup=False`: for a test that reads neither the warm-up nor a latency (the warm-up is ~4 s of
+    each replay; test_replay_prints_the_measurement_and_writes_json checks it)."""
     if traffic is None:
         n = 300
         traffic = pd.DataFrame({"timestamp": np.arange(n) / 100.0, "seq_len": np.arange(n) % 9 + 3})
@@ -49,6 +51,7 @@ def study(tmp_path: Path, url: str, model: str = "echo", traffic: pd.DataFrame |
         "server": {"launcher": "remote", "url": url},
         "replay": {"warmup_s": 0.5, "workers": 1, "lag_budget_ms": 20},
         **({"search": {"capacity": {"step_duration_s": step_s}}} if step_s else {}),
+        **({} if warmup else {"measurement": {"warmup": False}}),
     }))
     return path
 
@@ -95,7 +98,7 @@ def test_config_replays_against_a_named_config_pbtxt(server, tmp_path):
     path = tmp_path / "recommended.pbtxt"
     path.write_text(modelconfig.to_text(config))
     out = tmp_path / "m.json"
-    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--config", str(path),
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, warmup=False)), "--config", str(path),
                 "--set", "max_queue_delay_microseconds=2000", "--duration", "1", "--json", str(out))
     assert run.returncode == 0, run.stderr
     data = json.loads(out.read_text())
@@ -125,7 +128,8 @@ def test_a_config_that_is_missing_or_not_a_config_is_one_line_and_exit_2(tmp_pat
 @pytest.mark.slow
 def test_duration_cuts_the_measured_part(server, tmp_path):
     out = tmp_path / "m.json"
-    run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--duration", "1", "--json", str(out))
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, warmup=False)), "--duration", "1",
+                "--json", str(out))
     assert run.returncode == 0, run.stderr
     assert json.loads(out.read_text())["measurement"]["requests"] == 100  # [0.5, 1.5) s at 100 req/s
 
@@ -138,8 +142,8 @@ def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path
     burst = 2.0 + np.arange(50) / 100.0                 # and 50 more in [2.0, 2.5): the busiest half second
     traffic = pd.DataFrame({"timestamp": np.sort(np.concatenate([steady, burst])), "seq_len": 4})
     out = tmp_path / "m.json"
-    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic, step_s=0.5)), "--step",
-                "--json", str(out))
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic, step_s=0.5, warmup=False)),
+                "--step", "--json", str(out))
     assert run.returncode == 0, run.stderr
     assert "one search step (the busiest 0.5 s of the traffic)" in run.stdout
     m = json.loads(out.read_text())["measurement"]
@@ -149,7 +153,8 @@ def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path
 
 def test_a_duration_longer_than_the_traffic_says_what_is_replayed(server, tmp_path):
     traffic = pd.DataFrame({"timestamp": np.arange(30) / 10.0, "seq_len": 4})  # 3 s at 10 req/s
-    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)), "--duration", "1000")
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic, warmup=False)),
+                "--duration", "1000")
     assert run.returncode == 0, run.stderr
     assert "note: --duration 1000: the traffic holds 2.4 s after its warm-up at speed 1" in run.stderr, run.stderr
 
