@@ -399,9 +399,12 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         nonlocal total
         total -= k
 
+    reported = [total]  # the total the bar last had
+
     def progress_done(what: str) -> None:
         nonlocal done
         done += 1
+        reported[0] = total
         if on_progress is not None:
             on_progress(done, total, what)
 
@@ -480,6 +483,8 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
                 overlap = overlap_of(k, device_ms, alone_ms=alone_ms, together_ms=together_ms)
         held_notes.extend(notes_later)
         progress_done(f"{instances} instances at once")
+    if on_progress is not None and total != reported[0]:  # lowered after the last point (no separate requests)
+        on_progress(done, total, "done")
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
                                    device_overlap=overlap, model=model, model_digest=model_digest(settings, base))
     notes.extend(early_notes + held_notes)
