@@ -670,6 +670,9 @@ def test_unstable_trials_are_counted_and_drawn_as_no_verdict_not_as_infeasible(
 
     facts = _facts(out)
     assert "3 unstable (no verdict)" in facts and f"trials: {len(out.trials)} (" in facts, facts
+    # a trial an interruption stopped, measured again on resume: said as such, not as a failure
+    out.summary["trials"]["interrupted"] = 1
+    assert "1 interrupted (measured again)" in _facts(out)
 
     fig = figures.trials_scatter(out)
     drawn = {t.name: [int(re.match(r"trial (\d+)", h).group(1)) for h in t.text] for t in fig.data if t.text}

@@ -254,8 +254,9 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
     configs = [tuple(sorted(t.params.items())) for t in finished]
     assert len(set(configs)) == len(configs)
     assert len({t.user_attrs["pid"] for t in trials}) >= 2
-    assert json.loads((output / "summary.json").read_text())["trials"]["failed"] == sum(
-        t.state == TrialState.FAIL for t in trials)
+    counts = json.loads((output / "summary.json").read_text())["trials"]
+    assert counts["failed"] == 0 and counts["interrupted"] + counts["duplicate"] == sum(
+        t.state == TrialState.FAIL for t in trials), counts  # an interruption is not the configuration's failure
 
 
 @pytest.mark.slow

@@ -72,3 +72,17 @@ def test_a_bracket_keeps_its_repeats_converged_flag_and_limit():
     assert attrs["capacity_converged"] is False
     attrs = search.repeats_as_dict(search.Repeats(PARAMS, 0, True, (FIRST, limited), "capacity"))["attrs"]
     assert attrs["capacity_limited_by"] == "load_generator"
+
+
+def test_an_interrupted_trial_is_counted_as_interrupted_not_failed():
+    from optuna.trial import TrialState, create_trial
+
+    def trial(state, **attrs):
+        return create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None, user_attrs=attrs)
+
+    trials = [trial(TrialState.COMPLETE), trial(TrialState.FAIL, error_kind="interrupted"),
+              trial(TrialState.FAIL, error_kind="duplicate"), trial(TrialState.FAIL, error_kind="config"),
+              trial(TrialState.FAIL, outcome="unstable")]
+    counts = search.tally(trials)
+    assert (counts["interrupted"], counts["duplicate"], counts["failed"], counts["unstable"]) == (1, 1, 1, 1)
+    assert counts["total"] == 5

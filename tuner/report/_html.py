@@ -78,7 +78,8 @@ def _facts(out: StudyOutput) -> str:
     no_verdict = {k: counts[k] for k in ("unstable", "unmeasured") if counts.get(k)}
     trials = ", ".join([f"{counts[k]} {k}" for k in ("complete", "feasible") if k in counts]
                        + [f"{n} {k} (no verdict)" for k, n in no_verdict.items()]
-                       + [f"{counts[k]} {k}" for k in ("failed", "pruned") if k in counts])
+                       + [f"{counts[k]} {k}" for k in ("failed", "pruned") if k in counts]
+                       + ([f"{counts['interrupted']} interrupted (measured again)"] if counts.get("interrupted") else []))
     if trials and counts.get("total") is not None:
         trials = f"{counts['total']} ({trials})"
     given = out.summary.get("sla") or {}

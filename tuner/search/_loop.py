@@ -37,7 +37,7 @@ from tuner.errors import ConfigError, ServerSetupError, SettingsError, TunerErro
 from tuner.localhost import pid_alive
 from tuner.search._hosts import Host, this_host
 from tuner.search._interrupts import InterruptGuard
-from tuner.search._results import best_trial
+from tuner.search._results import DUPLICATE, INTERRUPTED, best_trial
 from tuner.search._store import beat_now, fail_dead_local_trials, open_storage
 from tuner.search._urls import is_journal
 from tuner.settings import SearchSettings, StudySettings
@@ -46,8 +46,6 @@ from tuner.trial import NO_VERDICT, Evaluate, Hints, TrialRecord, to_attrs
 OnTrial = Callable[[optuna.trial.FrozenTrial], None]
 
 MAX_FAILURES_IN_A_ROW = 3
-INTERRUPTED = "interrupted"
-DUPLICATE = "duplicate"  # a grid point another trial measures or measured: not measured again
 RETRY_KEEPS = ("incumbent", "simulated_rank")  # what an interrupted trial's retry keeps of its attributes
 
 

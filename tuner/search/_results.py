@@ -71,6 +71,11 @@ def counts(study: optuna.Study) -> dict[str, int]:
     return tally(study.get_trials(deepcopy=False))
 
 
+# why a failed trial measured nothing of its configuration (its `error_kind`)
+INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM: enqueued again when the study resumes
+DUPLICATE = "duplicate"  # a grid point another trial measures or measured: not measured again
+
+
 def tally(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
     """Trials by what became of them: the one count of the summary and of each host's row."""
     trials = list(trials)
@@ -79,12 +84,14 @@ def tally(trials: Iterable[optuna.trial.FrozenTrial]) -> dict[str, int]:
     unstable = sum(t.user_attrs.get("outcome") == UNSTABLE for t in trials)
     # a grid point another trial measured (the incumbent's, or one two hosts drew at once): this trial
     # measured nothing (not a failure)
-    duplicate = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == "duplicate" for t in trials)
+    duplicate = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == DUPLICATE for t in trials)
+    # stopped by Ctrl-C or SIGTERM, not by the configuration: measured again when the study resumes
+    interrupted = sum(t.state == TrialState.FAIL and t.user_attrs.get("error_kind") == INTERRUPTED for t in trials)
     return {"total": len(trials), "complete": states.count(TrialState.COMPLETE),
             "feasible": sum(is_feasible(t) for t in trials), "unmeasured": unmeasured, "unstable": unstable,
-            "failed": states.count(TrialState.FAIL) - unmeasured - unstable - duplicate,
+            "failed": states.count(TrialState.FAIL) - unmeasured - unstable - duplicate - interrupted,
             "pruned": states.count(TrialState.PRUNED), "running": states.count(TrialState.RUNNING),
-            "duplicate": duplicate}
+            "duplicate": duplicate, "interrupted": interrupted}
 
 
 def finished_count(study: optuna.Study) -> int:
