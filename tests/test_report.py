@@ -153,7 +153,9 @@ def test_report_is_one_offline_file_with_the_recommendation(output_dir: Path, re
     summary = json.loads((output_dir / "summary.json").read_text())
     line = recommendation_line(load_output(output_dir))
     assert f"max_batch_size={summary['best']['params']['max_batch_size']}" in line
-    if summary["improvement"] is not None:
+    if summary["best"]["trial"] == (summary.get("incumbent") or {}).get("trial"):
+        assert line.startswith("Keep the incumbent: ")
+    elif summary["improvement"] is not None:
         assert f"{summary['improvement']:+.1%} over the incumbent" in line
     else:
         assert "the incumbent did not meet the SLA" in line
@@ -783,3 +785,11 @@ def test_simulated_vs_measured_judges_capacity_as_the_model_strategy_did(
     assert table.loc[number, "capacity simulated (req/s)"] == f"{row.capacity_rps * 1.1:,.1f}"  # the ranking's
     assert table.loc[number, "capacity measured (req/s)"] == f"{row.capacity_rps:,.1f}–{row.capacity_rps * 1.2:,.1f}"
     assert "capacity within 0.0% (median absolute error" in simulation_line(out)
+
+
+def test_a_study_whose_best_is_the_incumbent_says_keep_it(tmp_path_factory: pytest.TempPathFactory,
+                                                          tmp_path: Path) -> None:
+    copy = shutil.copytree(fake_output(tmp_path_factory, 24), tmp_path / "out")
+    _summary_edit(copy, lambda s: s.update(best=s["incumbent"], improvement=0.0))
+    line = recommendation_line(load_output(copy))
+    assert line.startswith("Keep the incumbent: ") and "best configuration measured" in line and "+0.0%" not in line

@@ -68,6 +68,9 @@ def recommendation_line(out: StudyOutput) -> str:
         gain = "no incumbent to compare with"
     ran = out.repeats_measured("best")
     lost = f" (the median of {ran[0]} of {ran[1]} repeats measured)" if ran is not None and ran[0] < ran[1] else ""
+    if _dig(out.summary, "best.trial") is not None and _dig(out.summary, "best.trial") == _dig(out.summary, "incumbent.trial"):
+        # the study's message says "keep it": a "+0.0 % over the incumbent" would read as a change to make
+        return f"Keep the incumbent: {setting} — the best configuration measured, {_num(best, 0)} {out.score_label}{lost}."
     return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}{lost}, {gain}."
 
 
