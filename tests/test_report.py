@@ -793,3 +793,14 @@ def test_a_study_whose_best_is_the_incumbent_says_keep_it(tmp_path_factory: pyte
     _summary_edit(copy, lambda s: s.update(best=s["incumbent"], improvement=0.0))
     line = recommendation_line(load_output(copy))
     assert line.startswith("Keep the incumbent: ") and "best configuration measured" in line and "+0.0%" not in line
+
+
+def test_a_trial_that_failed_before_any_capacity_says_so_when_hovered(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tuner.report._figures import _hover
+
+    out = load_output(fake_output(tmp_path_factory, 24))
+    frame = out.trials[out.trials["capacity_rps"].notna() & ~out.trials["no_verdict"]].head(2).copy()
+    frame.loc[frame.index[0], "capacity_rps"] = float("nan")
+    first, second = _hover(frame, out.params)
+    assert "capacity not measured" in first and "nan" not in first
+    assert f"capacity {frame['capacity_rps'].iloc[1]:.1f} req/s" in second

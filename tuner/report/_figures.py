@@ -33,8 +33,8 @@ def _hover(frame: pd.DataFrame, params: list[str]) -> list[str]:
         bits = [f"trial {row['number']:.0f} ({state})"]
         bits += [f"{p}={row[p]}" for p in params if pd.notna(row[p])]
         fill = f", fill rate {row['fill_rate']:.2f}" if pd.notna(row["fill_rate"]) else ""
-        bits.append(f"capacity {'not measured' if row['no_verdict'] else format(row['capacity_rps'], '.1f') + ' req/s'}"
-                    f"{fill}")
+        unknown = row["no_verdict"] or pd.isna(row["capacity_rps"])  # no verdict, or failed before any capacity
+        bits.append(f"capacity {'not measured' if unknown else format(row['capacity_rps'], '.1f') + ' req/s'}{fill}")
         rows.append("<br>".join(bits))
     return rows
 
