@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -414,6 +415,22 @@ def test_a_trace_of_several_models_keeps_the_study_models_shape_columns(tmp_path
     assert len(files) == 2 and table["INPUT_IDS:0"].tolist() == [64, 128] and table["batch_size"].tolist() == [4, 1]
 
 
+def _patched(text: str, diff: str) -> str:
+    """`text` with the unified `diff` applied, as `patch` would: each hunk's old lines must be there."""
+    lines, out, at = text.splitlines(), [], 0
+    for hunk in re.split(r"^@@ ", diff, flags=re.M)[1:]:
+        start = int(re.match(r"-(\d+)", hunk).group(1)) - 1
+        out.extend(lines[at:start])
+        at = start
+        for line in hunk.splitlines()[1:]:
+            if line.startswith((" ", "-")):
+                assert lines[at] == line[1:], (lines[at], line)  # the hunk does not apply
+                at += 1
+            if line.startswith((" ", "+")):
+                out.append(line[1:])
+    return "\n".join(out + lines[at:]) + "\n"
+
+
 def _write_setup(tmp_path: Path, yaml_extra: str = "") -> Path:
     repo = tmp_path / "repo" / "sim"
     repo.mkdir(parents=True)
@@ -512,7 +529,11 @@ def test_three_nights_over_a_known_engine(tmp_path):
     proposed = (n1.run_dir / "proposed" / "config.pbtxt").read_text()
     assert "max_batch_size: 16" in proposed and "max_queue_delay_microseconds: 2000" in proposed
     assert "# serving config of sim: owned by the serving team" in proposed  # production's comments go on
-    assert "+max_batch_size: 16" in (n1.run_dir / "proposed" / "config.diff").read_text()
+    diff = (n1.run_dir / "proposed" / "config.diff").read_text()
+    assert "+max_batch_size: 16" in diff
+    # the diff applies to production's file as written (comments, `input [ {`), giving the proposal's body
+    body = proposed.split("\n\n", 1)[1]  # after the header of comments the night writes
+    assert _patched(CONFIG, diff) == body
     assert "**Decision: change**" in (n1.run_dir / "summary.md").read_text()
     assert os.path.realpath(out / "latest") == str(n1.run_dir)
     # night 2: nobody applied the proposal; the same change is not proposed again, no replays spent

@@ -508,13 +508,17 @@ def describe(params: Params, *, as_set: bool = False, code: bool = False) -> str
 
 
 def config_diff(old: ModelConfig | str, new: ModelConfig | str, *, old_name: str, new_name: str,
-                context: int = 3) -> list[str]:
+                context: int = 3, as_written: bool = False) -> list[str]:
     """The unified diff from one config.pbtxt to another, line by line (no line ends): the one way
     the outputs compare two configs (the report's incumbent -> recommended, the nightly proposal).
     Both in Triton's canonical print, so the diff shows real changes (a text that does not parse is
-    compared as it is)."""
-    return list(difflib.unified_diff(_canonical(old).splitlines(), _canonical(new).splitlines(), old_name,
-                                     new_name, lineterm="", n=context))
+    compared as it is); `as_written`: two texts as they are, for a diff `patch` applies to the file
+    (the nightly's proposal against production's own file, its comments and layout)."""
+    if as_written and isinstance(old, str) and isinstance(new, str):
+        before, after = old.splitlines(), new.splitlines()
+    else:
+        before, after = _canonical(old).splitlines(), _canonical(new).splitlines()
+    return list(difflib.unified_diff(before, after, old_name, new_name, lineterm="", n=context))
 
 
 def engine_diff(old: Mapping[str, object] | str, new: Mapping[str, object] | str, *, old_name: str, new_name: str,

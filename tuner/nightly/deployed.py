@@ -59,9 +59,11 @@ class Deployed:
         if self.engine is None:
             proposed = space.apply(self.config, candidate, search)
             modelconfig.validate(proposed, "proposed config")
-            text = modelconfig.to_text(proposed, comments_from=self.path.read_text())
-            diff = space.config_diff(self.config, proposed, old_name=f"production/{self.path.name}",
-                                     new_name=f"proposed/{CONFIG_FILE}")
+            written = self.path.read_text()
+            text = modelconfig.to_text(proposed, comments_from=written)
+            # against production's file as written (its comments, its layout): a diff `patch` applies to it
+            diff = space.config_diff(written, text, old_name=f"production/{self.path.name}",
+                                     new_name=f"proposed/{CONFIG_FILE}", as_written=True)
             changed = tuple(modelconfig.changed_fields(self.config, proposed))
             return Proposal(CONFIG_FILE, text, _lines(diff), changed)
         # as tune's recommended/model.json (tuner.export.recommended_engine): production's arguments,
