@@ -79,6 +79,22 @@ def test_under_capacity_scoring_a_change_needs_the_brackets_apart_by_the_margin(
     assert d.decide([(R("production", 100.0), R("candidate", 130.0))] * 3).decision == "change"
 
 
+
+def test_a_change_judged_against_productions_bracket_top_shows_that_top_beside_its_figure():
+    # the reason's +30.0 % is 169 over 130, production's bracket top: the table a reviewer reads holds 130
+    def arm(name, rpd):
+        return dataclasses.replace(R(name, rpd), per_dollar_upper=rpd * 1.3)
+
+    pairs = [(arm("production", 100.0), arm("candidate", 169.0))] * 3
+    got = d.decide(pairs, margin=0.05, rule="all_replays")
+    assert "its worst replay over production's best, production's at the top of its capacity bracket: +30.0%" \
+        in got.reason, got.reason
+    table = summary.confirmation_table(pairs)
+    assert table.startswith("| pair | production req/$ | production req/$ (bracket top) | candidate req/$ | gain |")
+    assert "| 1 | 100 | 130 | 169 | +69.0% |" in table, table
+    assert "(bracket top)" not in summary.confirmation_table([(R("production", 100.0), R("candidate", 130.0))])
+
+
 def test_a_confirmation_replay_under_capacity_scoring_carries_its_brackets_top():
     from tuner.trial import MEASURED, Bracket, TrialRecord
 

@@ -157,7 +157,8 @@ def decide(pairs: list[tuple[ArmResult, ArmResult]], margin: float = 0.05, min_p
         if spread < margin:
             return keep(f"the candidate's worst replay beat production's best by {gain(spread)}{against}, "
                         f"below the {margin:.0%} margin (gains per pair {_list(gains)})", gains=gains)
-        how = f"in every replay (its worst against production's best{against}: {gain(spread)})"
+        top = ", production's at the top of its capacity bracket" if sure != gains else ""
+        how = f"in every replay (its worst replay over production's best{top}: {gain(spread)})"
     return Decision("change", f"the candidate met the SLA in all {len(pairs)} replays and beat "
                     f"production's {words} by at least {margin:.0%} {how}; "
                     f"gains per pair {_list(gains)}", EXIT_ACT, gains)

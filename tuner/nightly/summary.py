@@ -13,8 +13,9 @@ from tuner.nightly.rule import UNIT_LABELS, UNIT_WORDS, ArmResult, Decision, pai
 
 
 def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: float = 99.0) -> str:
-    """The confirmation pairs as a Markdown table: each arm's score per dollar (in its unit) and
-    latency (a generative model's: TTFT and TPOT), the gain."""
+    """The confirmation pairs as a Markdown table: each arm's score per dollar (in its unit; production's
+    at the top of its capacity bracket too, where the rule judges against it) and latency (a generative
+    model's: TTFT and TPOT), the gain."""
     q = f"p{percentile:g}"
     unit = pairs[0][0].unit if pairs else "requests"
     per = UNIT_LABELS.get(unit, "/$")
@@ -22,16 +23,20 @@ def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: flo
     shown = ([("TTFT", lambda r: r.ttft_ms), ("TPOT", lambda r: r.tpot_ms)] if unit == "tokens"
              else [("", lambda r: r.latency_ms)])
     heads = [f"{arm} {(name + ' ') if name else ''}{q} ms" for name, _ in shown for arm in ("production", "candidate")]
-    lines = [f"| pair | production {per} | candidate {per} | gain | {' | '.join(heads)} | candidate SLA |",
-             "|---:|---:|---:|---:|" + "---:|" * len(heads) + "---|"]
+    # under capacity scoring the rule judges the candidate against the top of production's bracket: shown
+    top = any(p.per_dollar_upper is not None for p, _ in pairs)
+    top_head = f" production {per} (bracket top) |" if top else ""
+    lines = [f"| pair | production {per} |{top_head} candidate {per} | gain | {' | '.join(heads)} | candidate SLA |",
+             "|---:|---:|" + ("---:|" if top else "") + "---:|---:|" + "---:|" * len(heads) + "---|"]
     for k, ((p, c), g) in enumerate(zip(pairs, pair_gains(pairs), strict=True), 1):
+        top_cell = f" {_rpd(p.per_dollar_upper)} |" if top else ""
         if g is None:
             note = next(r.note for r in (p, c) if not r.valid)
-            lines.append(f"| {k} | - | - | unmeasured | {' | '.join('-' for _ in heads)} | {note} |")
+            lines.append(f"| {k} | - |{' - |' if top else ''} - | unmeasured | {' | '.join('-' for _ in heads)} | {note} |")
             continue
         cells = [_ms(get(r)) for _, get in shown for r in (p, c)]
-        lines.append(f"| {k} | {_rpd(p.per_dollar)} | {_rpd(c.per_dollar)} | {_gain(g)} | {' | '.join(cells)} | "
-                     f"{'met' if c.meets_sla else 'broken: ' + (c.note or '')} |")
+        lines.append(f"| {k} | {_rpd(p.per_dollar)} |{top_cell} {_rpd(c.per_dollar)} | {_gain(g)} | "
+                     f"{' | '.join(cells)} | {'met' if c.meets_sla else 'broken: ' + (c.note or '')} |")
     return "\n".join(lines)
 
 
