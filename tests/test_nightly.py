@@ -823,6 +823,14 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "change" in out and "batch 16" in out and "night" in out
     assert main(["nightly", "--history", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    # a directory of other things is not a nightly output: an empty history would read as healthy
+    assert main(["nightly", "--history", str(tmp_path / "traffic")]) == 2
+    err = capsys.readouterr().err
+    assert "traffic: not a nightly output directory (no history.jsonl; it holds " in err and err.count("\n") == 1
+    (tmp_path / "empty").mkdir()  # a new output, before its first night
+    assert main(["nightly", "--history", str(tmp_path / "empty")]) == 0
+    assert "no nights recorded yet" in capsys.readouterr().out
     (tmp_path / "broken.yaml").write_text("study: [\n")
     assert main(["nightly", str(tmp_path / "broken.yaml")]) == 2
     err = capsys.readouterr().err

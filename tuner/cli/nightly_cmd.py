@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run one night (or show the history, or check the settings) and print it; the night's exit code."""
     from tuner.errors import InputError, SettingsError
-    from tuner.nightly import format_history, load_nightly, read_history
+    from tuner.nightly import check_history_output, format_history, load_nightly, read_history
 
     if args.history and args.check:  # refused, not ignored: a --check that checked nothing would say ok
         raise SettingsError("--check: checks a night before it runs; --history shows past nights and checks "
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if args.history:
         target = Path(args.nightly)
         settings = None if target.is_dir() else load_nightly(target)
+        if settings is None:
+            check_history_output(target)
         study = _check_textfile(args, settings)
         nights = read_history(target if settings is None else Path(settings.output))
         print(format_history(nights))

@@ -15,7 +15,7 @@
 """
 
 from tuner.nightly.history import format_history, read_history
-from tuner.nightly.job import Engine, NightResult, SearchResult, run_night
+from tuner.nightly.job import Engine, NightResult, SearchResult, check_history_output, run_night
 from tuner.nightly.rule import ArmResult, Decision, decide
 from tuner.nightly.settings import NightlySettings, load_nightly
 
@@ -26,6 +26,7 @@ __all__ = [
     "NightlySettings",
     "ArmResult",
     "SearchResult",
+    "check_history_output",
     "decide",
     "format_history",
     "load_nightly",

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from tuner import space
 from tuner.cost import Price, price_for
-from tuner.errors import EXIT_SLA_UNMET
+from tuner.errors import EXIT_SLA_UNMET, InputError
 from tuner.files import check_output_dir
 from tuner.llm import engineargs
 from tuner.modelconfig import ModelConfig
@@ -205,6 +205,19 @@ def check_output(output: str | Path, *, create: bool) -> Path:
     """The output directory, once a night can write there and nothing of a night's names in it is
     someone else's (the run's check and `--check`'s, one check); made with `create`."""
     return check_output_dir(output, "output", create=create, ours=OUTPUT_NAMES)
+
+
+def check_history_output(output: str | Path) -> None:
+    """`--history` of a directory: one a night wrote, or an empty one (no night yet); a directory of other
+    files and no history is not a nightly output (a mistyped path would read as an empty, healthy history):
+    InputError naming what it holds."""
+    if history.history_path(output).exists():
+        return
+    others = sorted(p.name for p in Path(output).iterdir() if p.name not in OUTPUT_NAMES)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise InputError(f"{output}: not a nightly output directory (no {history.HISTORY_NAME}; it holds {shown}): "
+                         f"give NIGHTLY.yaml or the output directory its nights write")
 
 
 def run_night(settings: NightlySettings, engine_factory: EngineFactory,
