@@ -151,6 +151,32 @@ def write_study(tmp: Path, repository: Path, *, speed: float = 2.0, name: str = 
     return path
 
 
+def test_each_window_is_measured_to_its_stretchs_end_not_to_its_last_request(tmp_path, capsys):
+    """A window's offered rate is its requests per second of the window: the replay is told where the
+    window ends (its stretch's end, from its first request), as a trial's step is, whenever the stretch's
+    last request is due."""
+    from tuner.settings import read_study
+    from tuner.soak import _run
+
+    settings = read_study(write_study(tmp_path, TEMPLATE.parent))
+    traffic = pd.DataFrame({"timestamp": [0.0, 1.0, 2.0, 10.0, 11.0, 19.5], "seq_len": 8})
+    plan = make_plan(traffic, hours=60 / 3600, speed=1.0, window_minutes=0.1)  # windows of 6 s
+    asked = []
+
+    def measure(part, speed, warmup, *, duration_s):
+        asked.append((float(part["timestamp"].min()), duration_s))
+        return {"requests": len(part)}, []
+
+    kind = _run._Kind(measure, lambda: None, ["window", "requests"], ())
+    _run._windows(None, settings, kind, plan=plan, traffic=traffic, folder=tmp_path, progress=False)
+    capsys.readouterr()
+    ends = {start: plan.bounds(k)[1] for k in range(plan.windows) for start in [plan.bounds(k)[0]]}
+    assert asked, "no window was replayed"
+    for first, duration in asked:
+        end = next(e for start, e in ends.items() if start <= first < e)
+        assert duration == pytest.approx(end - first)  # at speed 1: seconds of the traffic are wall seconds
+
+
 @pytest.mark.parametrize("args, message", [
     (["--hours", "0"], "--hours: must be a positive number, got 0.0"),
     (["--hours", "0.02", "--window", "0.5"], "the trend test needs at least 6"),

@@ -19,10 +19,13 @@ from tuner.trial.generate import replay_generate
 
 
 def measure_window(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, *, speed: float,
-                   warmup_s: float, memory: Callable[[], dict]) -> dict:
-    """Stream `part` at `speed` to the model (measured after `warmup_s`) and return the window's figures
+                   warmup_s: float, memory: Callable[[], dict], duration_s: float | None = None) -> dict:
+    """Stream `part` at `speed` to the model (measured after `warmup_s`, to `duration_s`: the window's
+    wall length, warm-up included, where its measured part ends) and return the window's figures
     (`tuner.soak.analysis._tokens.window_row`); `memory()`: the server's memory after it."""
-    run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup_s)  # its gauges sampled meanwhile
+    measured_s = None if duration_s is None else max(duration_s - warmup_s, 0.0)  # replay_generate's: after it
+    run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup_s,
+                          duration_s=measured_s)  # its gauges sampled meanwhile
     m, stretch = run.measurement, run.stretch
     check = check_tokens(m, settings.sla)
     return window_row(m, sla_ok=check.ok, sla_reason=check.reason, engine=run.engine,

@@ -58,7 +58,7 @@ from tuner.soak.analysis._windows import (  # the window's row: built here, wher
     window_columns,
     window_row,
 )
-from tuner.traffic import mean_rps
+from tuner.traffic import TIMESTAMP, mean_rps
 from tuner.trial import MEASURED, Hints
 from tuner.trial.run import make_measure
 from tuner.trial.step import replay_measured
@@ -162,7 +162,8 @@ def run_soak(settings: StudySettings, config: ModelConfig, plan: SoakPlan, *, tr
 class _Kind:
     """How one kind of model is soaked: each window measured, the server restarted, the row printed."""
 
-    measure: Callable[[pd.DataFrame, float, float], tuple[dict, list[dict]]]  # (part, speed, warm-up) -> figures, executions
+    # (part, speed, warm-up, *, duration_s: the window's wall length, where its measured part ends) -> figures, executions
+    measure: Callable[..., tuple[dict, list[dict]]]
     restart: Callable[[], None]
     columns: list[str]                 # windows.csv
     printed: tuple[Column, ...]        # the line per window
@@ -175,9 +176,10 @@ def _encoder(launcher: Launcher, settings: StudySettings, config: ModelConfig, *
     model, sla = settings.model, settings.sla
     reference: dict[int, tuple[int, float]] | None = None  # the first window's batches: the fixed mix
 
-    def measure(part: pd.DataFrame, speed: float, warmup: float) -> tuple[dict, list[dict]]:
+    def measure(part: pd.DataFrame, speed: float, warmup: float, *, duration_s: float) -> tuple[dict, list[dict]]:
         nonlocal reference
-        m, errors, since_load, times = _replay(launcher, settings, part, speed=speed, warmup=warmup, mbs=mbs)
+        m, errors, since_load, times = _replay(launcher, settings, part, speed=speed, warmup=warmup, mbs=mbs,
+                                               duration_s=duration_s)
         histogram = m.batch_histogram
         failed = max(rows_executed(histogram) - m.inference_count, 0)
         failures = {s: bad for s, (_, bad) in split_failures(histogram, failed).items() if bad}
@@ -199,8 +201,8 @@ def _generative(launcher: Launcher, settings: StudySettings, config: ModelConfig
     """A vLLM-served model's soak: each window streamed and measured in tokens, the engine's statistics."""
     model = settings.model
 
-    def measure(part: pd.DataFrame, speed: float, warmup: float) -> tuple[dict, list[dict]]:
-        return _generate.measure_window(launcher, settings, part, speed=speed, warmup_s=warmup,
+    def measure(part: pd.DataFrame, speed: float, warmup: float, *, duration_s: float) -> tuple[dict, list[dict]]:
+        return _generate.measure_window(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=duration_s,
                                         memory=lambda: _memory(launcher)), []
 
     def restart() -> None:  # no warm-up: the engine starts with the window's load, as a trial's does
@@ -229,7 +231,11 @@ def _windows(launcher: Launcher, settings: StudySettings, kind: _Kind, *, plan: 
             if len(part) < 2:  # nothing to replay in this stretch: the clock moves on
                 row, executions = {**place, "requests": 0, "valid": False, "sla_ok": True}, []
             else:
-                figures, executions = kind.measure(part, plan.speed, warmup)
+                # the window lasts its stretch of the traffic, from its first request (where a replay's
+                # schedule starts) to the stretch's end, wherever its last request is due
+                end = plan.bounds(k)[1]
+                figures, executions = kind.measure(part, plan.speed, warmup,
+                                                   duration_s=(end - float(part[TIMESTAMP].min())) / plan.speed)
                 row = {**place, **figures}
             row["wall_s"] = time.monotonic() - t0
             _files.append_rows(folder / _files.WINDOWS, [row], kind.columns)
@@ -241,10 +247,12 @@ def _windows(launcher: Launcher, settings: StudySettings, kind: _Kind, *, plan: 
 
 
 def _replay(launcher: Launcher, settings: StudySettings, part: pd.DataFrame, *, speed: float, warmup: float,
-            mbs: int) -> tuple[Measurement, pd.Series, int | None, dict[int, tuple[int, float]]]:
-    """One window: replay and measure (the measurement step, once); the measured requests' errors,
-    Triton's execution count since the load and the compute time per execution of each batch size."""
-    m, result = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, max_batch_size=mbs)
+            mbs: int, duration_s: float | None = None) -> tuple[Measurement, pd.Series, int | None, dict[int, tuple[int, float]]]:
+    """One window: replay and measure (the measurement step, once; `duration_s`: where its window ends);
+    the measured requests' errors, Triton's execution count since the load and the compute time per
+    execution of each batch size."""
+    m, result = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, max_batch_size=mbs,
+                                duration_s=duration_s)
     measured = result.measured()
     errors = measured.loc[~measured["ok"].astype(bool), "error"].astype(str)
     after = result.stats_after or {}
