@@ -207,6 +207,39 @@ def test_each_sides_range_holds_every_capacity_its_repeats_allow(tmp_path):
     assert export.summarize(study)["incumbent"]["range"] == pytest.approx([17.27 * 1800, 20.15 * 1800])
 
 
+def test_a_best_that_cannot_be_told_apart_from_the_incumbent_says_keep_the_incumbent(tmp_path):
+    """The incumbent re-measured as close to the best as the best's own bracket: the gain lies within the
+    measurements' uncertainty, so the verdict is to keep the incumbent, the gain and its range beside it
+    (the report's headline says the same)."""
+    from tuner.report._html import recommendation_line
+    from tuner.report._load import StudyOutput
+
+    study = make_study(tmp_path, latency_limit=40.0)
+    apart = export.summarize(study)
+    assert "keep_incumbent" not in apart and not apart["message"].startswith("keep")
+    stored = study.user_attrs["remeasured"]
+    at = next(i for i, r in enumerate(stored) if r["incumbent"])
+    cap = apart["best"]["capacity_rps"]
+
+    def run(lower: float, upper: float) -> TrialRecord:  # the price is 2 $/h: 1,800 req/$ per req/s
+        return dataclasses.replace(fake(stored[at]["params"], Hints(), 40.0), scores={"capacity": lower * 1800.0},
+                                   capacity=Bracket(rps=lower, speed=lower / 100.0, upper_rps=upper, steps=4))
+
+    close = search.Repeats(stored[at]["params"], stored[at]["trial"], True,
+                           (run(cap * 0.97, cap * 1.07), run(cap * 0.97, cap * 1.07)), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(close), *stored[at + 1:]])
+    summary = export.summarize(study)
+    low, high = summary["improvement_range"]
+    assert summary["keep_incumbent"] and low < 0 < high
+    assert summary["message"].startswith(f"keep the incumbent: the best measured, trial {summary['best']['trial']}, "
+                                         f"is {summary['improvement']:+.1%} requests per dollar over the incumbent "
+                                         f"(between {low:+.1%} and {high:+.1%}), which cannot be told apart")
+    assert f"trial(s) {summary['incumbent']['trial']}" not in summary["message"]  # said once, as the verdict
+    line = recommendation_line(StudyOutput(path=tmp_path, summary=summary, trials=pd.DataFrame(), params=[],
+                                           recommended_config=""))
+    assert line.startswith("Keep the incumbent: the best measured, ") and f"between {low:+.1%}" in line
+
+
 @pytest.mark.parametrize("limited_by, mark, says", [("load_generator", " *", "* limited by the load generator"),
                                                     ("traffic", " ^", "^ limited by the traffic")])
 def test_a_capacity_a_limit_other_than_the_server_stopped_is_marked_and_said(tmp_path, limited_by, mark, says):

@@ -274,8 +274,15 @@ def summarize(study: optuna.Study) -> dict:
     elif incumbent is not None and best.get("trial") == incumbent.get("trial"):
         summary["message"] = "the incumbent is the best configuration measured: keep it"
     else:
-        summary["message"] = f"{improvement:+.1%} {summary['unit']} per dollar over the incumbent" + (
+        gain = f"{improvement:+.1%} {summary['unit']} per dollar over the incumbent" + (
             f" (between {improvement_range[0]:+.1%} and {improvement_range[1]:+.1%})" if improvement_range else "")
+        summary["message"] = gain
+        if incumbent is not None and incumbent.get("trial") in indistinguishable:
+            # the best's gain lies within the measurements' uncertainty: nothing shows a change is worth making
+            summary["keep_incumbent"] = True
+            summary["message"] = (f"keep the incumbent: the best measured, trial {best.get('trial')}, is {gain}, "
+                                  f"which cannot be told apart from it within the measurements' uncertainty")
+            indistinguishable = [t for t in indistinguishable if t != incumbent.get("trial")]
     if indistinguishable:
         summary["message"] += (f"; trial(s) {', '.join(map(str, indistinguishable))} cannot be told apart from "
                                f"the best within the measurements' uncertainty")

@@ -71,6 +71,11 @@ def recommendation_line(out: StudyOutput) -> str:
     if _dig(out.summary, "best.trial") is not None and _dig(out.summary, "best.trial") == _dig(out.summary, "incumbent.trial"):
         # the study's message says "keep it": a "+0.0 % over the incumbent" would read as a change to make
         return f"Keep the incumbent: {setting} — the best configuration measured, {_num(best, 0)} {out.score_label}{lost}."
+    if out.summary.get("keep_incumbent"):  # the best's gain within the measurements' uncertainty (tuner.export)
+        low_high = out.summary.get("improvement_range")
+        within = f" (between {low_high[0]:+.1%} and {low_high[1]:+.1%})" if low_high else ""
+        return (f"Keep the incumbent: the best measured, {setting} — {_num(best, 0)} {out.score_label}{lost}, "
+                f"{gain.split(' (')[0]}{within} — cannot be told apart from it within the measurements' uncertainty.")
     return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}{lost}, {gain}."
 
 
