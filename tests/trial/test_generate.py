@@ -108,3 +108,40 @@ def test_over_a_window_shorter_than_two_requests_lives_an_engine_that_keeps_up_r
     assert falls_behind(m, average_tokens_per_s=250.0) is behind
     assert settled_warmup_s(m) == pytest.approx(5.0)
     assert short_window(m.duration_s, life_s=settled_warmup_s(m)) is behind
+
+
+def test_the_replay_at_the_load_is_judged_by_whether_the_engine_keeps_up_unless_its_window_is_too_short():
+    """A trial's replay at the recorded load is the capacity search's lower bound: an engine that falls
+    behind it fails it (the study reported a capacity the engine does not hold); over a window shorter
+    than two requests' lives the streamed rate reads low whatever the engine does, and latency judges."""
+    from tuner.trial.generate import load_check
+
+    behind = step(3.0)
+    assert not load_check(check_tokens, behind, tokens_per_s=MEAN_TPS)(behind, SLA).ok
+    kept = step(2.0)
+    assert load_check(check_tokens, kept, tokens_per_s=MEAN_TPS)(kept, SLA) == check_tokens(kept, SLA)
+    # the same requests, each living 4 s end to end: a 5-s window is under two lives
+    slow = dataclasses.replace(behind, e2es_ms=np.full(len(behind.e2es_ms), 4000.0))
+    assert load_check(check_tokens, slow, tokens_per_s=MEAN_TPS)(slow, SLA) == check_tokens(slow, SLA)
+
+
+def test_a_trial_whose_engine_falls_behind_the_load_does_not_meet_the_sla_there(monkeypatch, tmp_path):
+    """make_measure judges its replay at the load by load_check: a trial whose engine falls behind the
+    recorded load is not feasible there (its capacity would have started from that replay)."""
+    from tuner.settings import study_from_dict
+    from tuner.trial import Hints
+    from tuner.trial import run as trial_run
+
+    # the traffic's mean: 4 requests of 10 tokens a second, as MEAN_TPS says; its load at speed 3
+    traffic = pd.DataFrame({"timestamp": np.arange(400) / 4.0, "prompt_tokens": 5, "output_tokens": TOKENS})
+    settings = study_from_dict({"name": "g", "model_repository": str(tmp_path), "model": "llm",
+                                "traffic": {"path": "t.csv", "speed": 3.0},
+                                "sla": {"ttft_ms": SLA.ttft_ms, "tpot_ms": SLA.tpot_ms, "max_error_rate": 0.0}},
+                               base_dir=tmp_path)
+    measured = {3.0: step(3.0), 2.0: step(2.0)}
+    monkeypatch.setattr(trial_run, "make_token_probe", lambda *a, **k: lambda speed: measured[speed])
+    monkeypatch.setattr(trial_run, "make_settled_probe", lambda *a, **k: (lambda speed: measured[speed], {}))
+    record = trial_run.make_measure(None, settings, traffic, generative=True, capacity=False)({}, Hints())
+    assert not record.sla_met and "fell behind" in record.sla_reason, record.sla_reason
+    kept = dataclasses.replace(settings, traffic=dataclasses.replace(settings.traffic, speed=2.0))
+    assert trial_run.make_measure(None, kept, traffic, generative=True, capacity=False)({}, Hints()).sla_met

@@ -32,15 +32,15 @@ import pandas as pd
 from tuner.errors import TrafficError
 from tuner.llm.engine_metrics import EngineFigures
 from tuner.llm.engine_watch import EngineWatch, Stretch, batch_figures
-from tuner.measurement_tokens import TokenMeasurement, measure_tokens
+from tuner.measurement_tokens import TokenMeasurement, measure_tokens, short_window
 from tuner.score import SlaCheck
 from tuner.server import Launcher
 from tuner.settings import StudySettings
 from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
 
-__all__ = ["BEHIND", "GenerateRun", "check_context", "falls_behind", "keeping_up", "make_settled_probe", "make_token_probe",
-           "replay_generate", "settled_warmup_s"]
+__all__ = ["BEHIND", "GenerateRun", "check_context", "falls_behind", "keeping_up", "load_check", "make_settled_probe",
+           "make_token_probe", "replay_generate", "settled_warmup_s"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +161,18 @@ def keeping_up(check: Callable[[TokenMeasurement, object], SlaCheck], *, tokens_
                         holds_speed=float(m.streamed_tokens_per_s / tokens_per_s))
 
     return checked
+
+
+def load_check(check: Callable[[TokenMeasurement, object], SlaCheck], load: TokenMeasurement, *,
+               tokens_per_s: float) -> Callable[[TokenMeasurement, object], SlaCheck]:
+    """The check a generative trial's replay at the recorded load is judged by: `keeping_up`, as its
+    capacity steps are (an engine that falls behind the load meets a TTFT limit for the window's seconds,
+    then not: the capacity search took that replay as its lower bound, and the study reported a
+    capacity the engine does not hold), unless the window lasts under WINDOW_LIVES of its requests'
+    lives: its streamed rate then reads low whatever the engine does, and the latency judges alone."""
+    if short_window(load.duration_s, life_s=settled_warmup_s(load)):
+        return check
+    return keeping_up(check, tokens_per_s=tokens_per_s)
 
 
 def falls_behind(m: TokenMeasurement, *, average_tokens_per_s: float) -> bool:

@@ -274,13 +274,15 @@ TOKENS = Scoring(
 
 def assess(params: Params, load: Measurement, sla: SlaSettings, *, capacity: Callable[[Step], Capacity] | None,
            price_per_hour: float, load_speed: float, peak_rps: float,
-           peak_at: Callable[[float], float] | None = None, scoring: Scoring = REQUESTS, **extra) -> TrialRecord:
+           peak_at: Callable[[float], float] | None = None, scoring: Scoring = REQUESTS,
+           check: Callable[[Measurement, SlaSettings], SlaCheck] | None = None, **extra) -> TrialRecord:
     """A measured trial's record from its replay at the recorded load: the SLA there, then (if it
     held and `capacity` is given: the capacity search, from that replay as its lower bound) the
     bracket, both scores and the servers the peak needs. The one assessment the real search and the
-    simulation share (`scoring`: an encoder's or a generative model's); `extra` goes to the record
-    (warm-up, note)."""
-    check = scoring.check(load, sla)
+    simulation share (`scoring`: an encoder's or a generative model's; `check`: the load's SLA check,
+    default the scoring's: a generative model's also asks whether its engine keeps up,
+    `tuner.trial.generate.load_check`); `extra` goes to the record (warm-up, note)."""
+    check = (check or scoring.check)(load, sla)
     bracket, latencies, pruned, at_cap = None, (), False, None
     if check.ok and capacity is not None:
         found = capacity(Step(load_speed, load, check))

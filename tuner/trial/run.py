@@ -47,7 +47,7 @@ from tuner.settings import StudySettings
 from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import mean_output_tps, mean_rps, peak_rps
 from tuner.trial.capacity import Capacity, Hints, Step, find_capacity
-from tuner.trial.generate import keeping_up, make_settled_probe, make_token_probe
+from tuner.trial.generate import keeping_up, load_check, make_settled_probe, make_token_probe
 from tuner.trial.record import (
     CRASHED,
     MEASURED,
@@ -209,9 +209,11 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
                                  min_speed=load_speed, growth=INFORMED_GROWTH if hints.start_speed else 2.0,
                                  rate=rate, lower=lower, upper_guess=hints.upper_speed, check=step_check)
 
+        # a generative model's load is judged as its capacity steps are: does the engine keep up with it?
+        at_load = load_check(scoring.check, load, tokens_per_s=mean_output_tps(traffic)) if generative else None
         record = assess(params, load, settings.sla, capacity=capacity_search if capacity else None,
                         price_per_hour=price, load_speed=load_speed, peak_rps=peak,
-                        peak_at=lambda s: peak_rps(traffic, s), warmup=warm, scoring=scoring)
+                        peak_at=lambda s: peak_rps(traffic, s), warmup=warm, scoring=scoring, check=at_load)
         # the warm-up of the step that decided the capacity: `tuner replay --step --warmup` replays it again
         return dataclasses.replace(record, step_warmup_s=used.get(record.capacity_speed)) if used else record
 
