@@ -68,6 +68,14 @@ def test_the_quantile_is_prometheus_histogram_quantile():
     assert math.isnan(Histogram((0.01,), (0, 0), total=0.0, count=0).quantile(0.5))
 
 
+def test_observations_binned_into_a_histograms_buckets_are_counted_as_prometheus_counts_them():
+    like = Histogram((0.01, 0.02, 0.04), (0, 0, 0, 0), total=0.0, count=0)
+    # a value on a bound is in that bound's bucket (le); past the last, in +Inf
+    same = like.binned([0.005, 0.01, 0.015, 0.02, 0.03, 0.03, 0.05])
+    assert same.counts == (2.0, 2.0, 2.0, 1.0) and same.count == 7 and same.total == pytest.approx(0.16)
+    assert same.quantile(0.5) == pytest.approx(0.01 + 0.01 * (3.5 - 2) / 2)  # linear within its bucket, not 0.02
+
+
 def test_an_emulated_gpus_step_counters_are_read_and_differenced_with_the_engines():
     def with_steps(steps: int, overruns: int) -> str:
         return exposition(ttft_counts=(1, 0, 0, 0), preemptions=0) + "\n".join([

@@ -159,6 +159,8 @@ def test_tuner_replay_measures_the_tokens_the_engine_counts(server, tmp_path, ca
     assert main(["replay", str(study), "--json", str(tmp_path / "r.json")]) == 0
     out = capsys.readouterr().out
     assert "TTFT (replay)" in out and "TTFT (engine)" in out and "TPOT (engine)" in out
+    # the replay's own requests in the engine's buckets, the figure that compares with the engine's like for like
+    assert "TTFT (replay, bucketed)" in out and "TPOT (replay, bucketed)" in out
     data = json.loads((tmp_path / "r.json").read_text())
     mine, engine = data["all_requests"], data["engine"]
     assert mine["requests"] == n and mine["errors"] == 0 and mine["output_tokens"] == 16 * n

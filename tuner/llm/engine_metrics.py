@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["OVERRUN_LIMIT", "EngineFigures", "EngineSnapshot", "Histogram", "engine_delta", "read_engine"]
@@ -63,6 +64,15 @@ class Histogram:
                 return low + (self.bounds[k] - low) * (rank - seen) / n
             seen += n
         return self.bounds[-1] if self.bounds else math.nan
+
+    def binned(self, seconds) -> Histogram:
+        """`seconds` (observations) counted into these buckets as Prometheus counts them (`le`: a value on
+        a bound is in that bound's bucket), so that their quantiles compare with this histogram's like for
+        like: a quantile of a histogram is linear within its bucket, not the observations' own."""
+        values = np.asarray(seconds, dtype=float)
+        edges = np.searchsorted(np.asarray(self.bounds), values, side="left")
+        counts = np.bincount(edges, minlength=len(self.bounds) + 1)
+        return Histogram(self.bounds, tuple(float(c) for c in counts), float(values.sum()), float(len(values)))
 
     def minus(self, earlier: Histogram) -> Histogram:
         """The observations made since `earlier` (the same buckets)."""
