@@ -207,3 +207,9 @@ def test_output_into_a_closed_pipe_ends_quietly_as_a_unix_tool_does(tmp_path):
     finally:
         os.close(write)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_export_says_what_it_writes_for_a_model_vllm_serves():
+    sub = dict((" ".join(p), s) for p, s in COMMANDS)["export"]
+    text = " ".join(sub.format_help().split())
+    assert "for a model vLLM serves its model.json" in text and "same text, or with --force" in text

@@ -15,10 +15,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         subparsers,
         "export",
         run=run,
-        help="write the recommended config.pbtxt of a finished study",
+        help="write the recommended config.pbtxt (a vLLM-backend model's model.json) of a finished study",
         description="Write the recommended config.pbtxt (the study's base config with only the tuned "
-        "fields changed, under a comment header) from a `tuner tune` output directory or from any "
-        "Optuna storage holding a study made by `tuner tune`. Exit 3 if no configuration met the SLA.",
+        "fields changed, under a comment header), or for a model vLLM serves its model.json (its engine "
+        "arguments with only the tuned knobs changed; JSON holds no comment, so a file there is replaced "
+        "only where it holds the same text, or with --force), from a `tuner tune` output directory or "
+        "from any Optuna storage holding a study made by `tuner tune`. Exit 3 if no configuration met the SLA.",
     )
     add_tune_output(parser, "a `tuner tune` output directory", optional=True)
     add_storage(parser, "an Optuna storage URL or journal file")

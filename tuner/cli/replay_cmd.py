@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -267,8 +268,13 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic),
                           verdict=sla_verdict_row(m, settings.sla, check)))
     if args.json:
+        from tuner.llm.engine_watch import batch_figures
+
+        engine = _engine_figures(run.engine)
+        if engine is not None:  # the peaks sampled while the replay ran (its gauges' last values are the idle end's)
+            engine.update({k: v for k, v in batch_figures(run.stretch).items() if k.endswith("_peak")})
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
-                "engine": _engine_figures(run.engine), "config": _config_path(args),
+                "engine": engine, "config": _config_path(args),
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
                 "engine_args": ran}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
@@ -336,6 +342,7 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
     the traffic offers on average at the replay's speed, set beside what the engine streamed;
     `verdict`: the SLA's row (`sla_verdict_row`)."""
     from tuner.llm.engine_metrics import E2E, ITL, OVERRUN_LIMIT, TPOT, TTFT
+    from tuner.llm.engine_watch import batch_figures
     from tuner.measurement import error_line
     from tuner.measurement_tokens import WINDOW_LIVES, short_window
     from tuner.trial.generate import falls_behind, settled_warmup_s
@@ -365,8 +372,14 @@ def format_generate(run, sla_percentile: float = 99.0, *, average_tokens_per_s: 
     ]
     engine = run.engine
     if engine is not None:
+        peaks = batch_figures(run.stretch)  # sampled while the replay ran, as a trial's are (trials.csv)
+        at_peak = (f"; at its peak {peaks['running_peak']:.0f} sequences running, {peaks['waiting_peak']:.0f} waiting, "
+                   f"KV cache {peaks['kv_cache_peak']:.0%} used"
+                   if all(math.isfinite(peaks.get(k, math.nan)) for k in ("running_peak", "waiting_peak", "kv_cache_peak"))
+                   else "")
         rows.append(("engine", f"{engine.requests:.0f} requests, {engine.generation_tokens:.0f} output tokens, "
-                               f"{engine.preemptions:.0f} preemptions, KV cache {engine.kv_cache_usage:.0%} used at the end"))
+                               f"{engine.preemptions:.0f} preemptions{at_peak}; KV cache {engine.kv_cache_usage:.0%} "
+                               f"used at the end"))
         if engine.emulated_steps > 0:  # llm_sim: where the CPU was slower than the GPU it emulates
             share = engine.overrun_share
             rows.append(("emulated GPU", f"{engine.emulated_steps:.0f} engine steps, {engine.emulated_overruns:.0f} "
