@@ -165,7 +165,7 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
     prepared = Prepared(settings=settings, base=base, traffic=traffic, storage=url, notes=tuple(notes),
                         profile=profile, engine=engine, model_files=model_files(settings))
     if dry_run:  # the real run checks this as it opens the study: the dry run says now what it will say
-        resume = search.check_resume(settings, url, identity=identity(prepared))
+        resume = search.check_resume(settings, url, identity=identity(prepared), host=search.this_host())
         if resume:
             prepared = dataclasses.replace(prepared, notes=(*prepared.notes, resume))
     return prepared

@@ -89,10 +89,19 @@ def exclusive(url: str, name: str) -> Iterator[None]:
 
 def check_gpu(study: optuna.Study, settings: StudySettings, storage: str, *, host: Host) -> None:
     """SettingsError when `host`'s GPU type is not the study's first host's and the study does not
-    allow mixed GPUs."""
+    allow mixed GPUs, as it started (`search.mixed_gpus` of the study that made it, which a joining
+    host's file must not change: its one incumbent would be compared with another GPU's search)."""
     first = study.user_attrs.get("gpu")
-    if not isinstance(first, dict) or first.get("type") == host.gpu or settings.search.mixed_gpus:
+    if not isinstance(first, dict):
         return  # a study of an earlier tuner did not record it
+    mixed = first.get("mixed")
+    if mixed is not None and bool(mixed) != settings.search.mixed_gpus:
+        raise SettingsError(
+            f"study {settings.name!r} in {safe_url(storage)} started with search.mixed_gpus: "
+            f"{str(bool(mixed)).lower()}, this study file says {str(settings.search.mixed_gpus).lower()}: a study "
+            f"keeps the rule it started with (tune another GPU type in a study of its own, another name)")
+    if first.get("type") == host.gpu or (settings.search.mixed_gpus if mixed is None else mixed):
+        return
     raise SettingsError(
         f"study {settings.name!r} in {safe_url(storage)} is measured on {first.get('type')!r} (its first host, "
         f"{first.get('host')}), but this host ({host.name}) has {host.gpu!r}: a capacity on one GPU type is "

@@ -301,19 +301,20 @@ def open_study(settings: StudySettings, storage: str, *, sampler: optuna.sampler
     for key, value in {**(metadata or {}), "identity": identity}.items():
         study.set_user_attr(key, value)
     if host is not None:
-        study.set_user_attr("gpu", {"type": host.gpu, "host": host.name})
+        # the rule it starts with: a host that joins later is held to it (check_gpu), whatever its file says
+        study.set_user_attr("gpu", {"type": host.gpu, "host": host.name, "mixed": settings.search.mixed_gpus})
     if incumbent is not None and not study.trials and not settings.search.mixed_gpus:
         study.enqueue_trial(incumbent, user_attrs={"incumbent": True})
     study.set_user_attr("created", True)
     return study
 
 
-def check_resume(settings: StudySettings, storage: str, *, identity: dict) -> str | None:
+def check_resume(settings: StudySettings, storage: str, *, identity: dict, host: Host | None = None) -> str | None:
     """What the real run will do with a study already in `storage`, without writing a thing (`tune
     --check`): None when it starts fresh; a line saying it resumes (how many trials), or the
-    SettingsError `open_study` raises when the study was measured against something else or is not
-    tuner's. A database server is read without making Optuna's tables (where they are missing, the
-    study starts fresh)."""
+    SettingsError `open_study` raises when the study was measured against something else, on another
+    GPU type than `host`'s, or is not tuner's. A database server is read without making Optuna's tables
+    (where they are missing, the study starts fresh)."""
     path = sqlite_path(storage) or (storage if is_journal(storage) else None)
     if path is not None:
         if not Path(path).is_file() or Path(path).stat().st_size == 0:
@@ -331,6 +332,8 @@ def check_resume(settings: StudySettings, storage: str, *, identity: dict) -> st
     _check_ours(study, settings, storage)
     if study.user_attrs.get("created"):
         _check_same_study(study, settings, storage, identity=identity)
+        if host is not None:
+            check_gpu(study, settings, storage, host=host)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     done = sum(st == optuna.trial.TrialState.COMPLETE or st == optuna.trial.TrialState.PRUNED for st in states)
     return f"resumes study {settings.name!r}: {done} trial(s) measured of {len(states)}"
