@@ -104,3 +104,10 @@ def test_an_unknown_option_is_not_matched_on_its_dashes_and_every_group_names_it
     assert err == "tuner: error: unrecognized option --check (see `tuner finish --help`)\n"
     assert "argument COMMAND: invalid choice: 'chek'; did you mean check?" in _refused(capsys, ["config", "chek", "x"])
     assert "argument COMMAND: invalid choice: 'sytnh'; did you mean synth?" in _refused(capsys, ["traffic", "sytnh"])
+
+
+@pytest.mark.parametrize("command", [["tune", "s.yaml"], ["finish", "s.yaml"], ["export"], ["tune", "s.yaml", "--check"]])
+def test_an_empty_storage_url_is_refused_not_taken_for_the_studys_own(capsys, command):
+    # `--storage "$DB"` with DB unset: the shared study must not quietly become a private SQLite file
+    err = _refused(capsys, [*command, "--storage", ""])
+    assert "argument --storage: an empty storage URL (an unset variable?)" in err

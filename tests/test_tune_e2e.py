@@ -623,6 +623,17 @@ def test_a_storage_path_the_os_refuses_is_one_line_before_anything_is_written(tm
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # no output directory, no probe left
 
 
+def test_a_database_that_cannot_be_reached_is_the_runs_one_line_and_nothing_before_it(tmp_path, capsys):
+    # the real run connects as it opens the study: the study's notes ("study 'st' in ...") waited until then
+    from tuner.localhost import free_ports
+
+    study = write_tune_study(tmp_path, "st")
+    url = f"postgresql://tuner@127.0.0.1:{free_ports(1)[0]}/tuner"
+    assert main(["tune", str(study), "--storage", url, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tuner: error: storage ") and err.count("\n") == 1 and "cannot open" in err, err
+
+
 class _MetricsLike(http.server.BaseHTTPRequestHandler):
     """Answers every GET as Triton's metrics port answers GET /v2: 200 with an empty body."""
 

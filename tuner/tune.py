@@ -560,8 +560,6 @@ def _remove_empty_tree(path: Path) -> None:
 def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, storage: str | None, workers: int,
           progress: Progress) -> dict | Handover:
     p = prepare(settings, storage)
-    for note in p.notes:
-        progress.note(note)
     s = p.settings
     host = search.this_host()
     incumbent = space.from_config(p.base, s.search, engine=p.engine)
@@ -570,6 +568,9 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                                   metadata=_metadata(p), identity=identity(p), host=host)
         search.requeue_interrupted(study)
         own_incumbent = s.search.mixed_gpus and search.claim_incumbent(study, host)
+    # once the storage opened: a storage that cannot be reached is its one line, not notes of a study first
+    for note in p.notes:
+        progress.note(note)
     if s.replay.workers == 0:  # the load generator's processes follow from this host's own limit
         from tuner.replay import calibrate
 
@@ -620,8 +621,8 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                     repeats = _remeasure(study, evaluate_trial, s, progress=progress)
     finally:
         progress.close()
-    if handover:
-        return dataclasses.replace(handover, ran_here=ran)
+    if handover:  # the trials this host measured: its own incumbent too (a mixed-GPU study's, outside the loop)
+        return dataclasses.replace(handover, ran_here=ran + bool(own_incumbent))
     return _write(study, s, repeats)
 
 

@@ -254,8 +254,17 @@ def add_input(parser: argparse.ArgumentParser, flag: str, *, kind: str = "file",
 def add_storage(parser: argparse.ArgumentParser, help: str) -> None:
     """`--storage URL`: an Optuna storage (a file it names is relative to the working directory, as every
     path on the command line; the study file's `storage:` is relative to the study file)."""
-    parser.add_argument("--storage", metavar="URL",
+    parser.add_argument("--storage", metavar="URL", type=_storage_url,
                         help=f"{help} (a file it names, sqlite:///PATH or a journal, is relative to the working directory)")
+
+
+def _storage_url(text: str) -> str:
+    """`--storage`'s value: an empty one (most likely an unset shell variable) is refused, where it would
+    silently fall back to the study's own storage instead of the shared one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty storage URL (an unset variable?): give the URL, or leave "
+                                         "--storage out for the study's own")
+    return text
 
 
 def add_output_dir(parser: argparse.ArgumentParser, *, note: str | None = None, flag: str = "--output",
