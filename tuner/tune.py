@@ -601,7 +601,8 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
                                               timeout_s=timeout_s, on_plan=plan)
                 else:
                     ran = search.run_trials(study, s, evaluate_trial, n_trials=trials, timeout_s=timeout_s, host=host,
-                                            on_trial=lambda _t: progress.trial_done(study))
+                                            on_trial=lambda _t: progress.trial_done(study), note=progress.note)
+                progress.trial_done(study)  # trials other hosts ended while this one waited count too
                 _record_time_limit(study, s, timeout_s=timeout_s, planned=planned[-1], started=started)
                 handover = _claim(study, p, host)
                 repeats = None if handover else _remeasure(study, evaluate_trial, s, progress=progress)

@@ -42,3 +42,23 @@ def test_a_study_started_with_mixed_gpus_takes_another_type_and_keeps_its_rule(t
     single = dataclasses.replace(settings, search=dataclasses.replace(settings.search, mixed_gpus=False))
     with pytest.raises(SettingsError, match="started with search.mixed_gpus: true, this study file says false"):
         search.open_study(single, url, sampler=search.make_sampler(single.search), identity={}, host=L4)
+
+
+def test_a_wait_for_another_hosts_trial_is_said_once_per_trial():
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.search._loop import _say_waiting
+
+    def running(number: int, host: str, pid: int):
+        t = create_trial(state=TrialState.RUNNING, user_attrs={"host": host, "pid": pid, "gpu": "NVIDIA L4"})
+        t.number = number
+        return t
+
+    said, lines = set(), []
+    _say_waiting([running(2, "node-2", 753)], said, note=lines.append, grace_s=60)
+    _say_waiting([running(2, "node-2", 753)], said, note=lines.append, grace_s=60)  # still waiting: not again
+    _say_waiting([running(2, "node-2", 753), running(5, "node-3", 9)], said, note=lines.append, grace_s=60)
+    assert lines[0] == ("waiting for trial 2 by node-2 (pid 753, NVIDIA L4): every trial ends before the "
+                        "re-measurement (a host that stopped is failed 60 s after its last heartbeat, "
+                        "search.grace_period_s)")
+    assert len(lines) == 2 and lines[1].startswith("waiting for trial 5 by node-3 (pid 9, NVIDIA L4)")

@@ -217,14 +217,17 @@ def add_incumbent(study: optuna.Study, settings: StudySettings, record: TrialRec
 
 def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate, *, n_trials: int,
                timeout_s: float | None = None, on_trial: OnTrial | None = None, host: Host | None = None,
-               estimate: Callable[[dict], float | None] | None = None) -> int:
+               estimate: Callable[[dict], float | None] | None = None,
+               note: Callable[[str], None] | None = None) -> int:
     """Run trials until the study holds `n_trials` (all workers together), the grid is used up, or
-    `timeout_s` passes; then wait for trials other workers still run. Returns the trials run here.
-    `estimate`: a configuration's expected capacity speed (the simulation's), where known: its capacity
-    search starts around it (`Hints.around`) instead of at the best trial's speed."""
+    `timeout_s` passes; then wait for trials other workers still run, said through `note` once per
+    trial waited for. Returns the trials run here. `estimate`: a configuration's expected capacity
+    speed (the simulation's), where known: its capacity search starts around it (`Hints.around`)
+    instead of at the best trial's speed."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
     host = host or this_host()
     ran = 0
+    said: set[int] = set()  # the trials of other workers a wait was said for
     failures = 0  # setup failures in a row
 
     guard = InterruptGuard()
@@ -310,11 +313,27 @@ def run_trials(study: optuna.Study, settings: StudySettings, evaluate: Evaluate,
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break
+                if note is not None:
+                    _say_waiting(running, said, note=note, grace_s=settings.search.grace_period_s)
                 with guard.open():
                     time.sleep(min(settings.search.heartbeat_s, 5))  # another worker's trial: alive or stale?
     finally:
         optuna.logging.set_verbosity(verbosity)
     return ran
+
+
+def _say_waiting(running: list[optuna.trial.FrozenTrial], said: set[int], *, note: Callable[[str], None],
+                 grace_s: float) -> None:
+    """Say, once each, the trials another worker still measures that this one waits for (a wait can last
+    up to the grace period, a dead host's trial: without a word it looks like a hang)."""
+    new = [t for t in running if t.number not in said]
+    if not new:
+        return
+    said.update(t.number for t in new)
+    who = "; ".join(f"trial {t.number} by {t.user_attrs.get('host', 'another host')} (pid {t.user_attrs.get('pid', '?')}"
+                    f"{', ' + t.user_attrs['gpu'] if t.user_attrs.get('gpu') else ''})" for t in new)
+    note(f"waiting for {who}: every trial ends before the re-measurement (a host that stopped is failed "
+         f"{grace_s:g} s after its last heartbeat, search.grace_period_s)")
 
 
 def _grid_used_up(study: optuna.Study, settings: StudySettings) -> bool:
