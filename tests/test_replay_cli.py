@@ -545,7 +545,6 @@ def test_a_generative_replays_json_records_the_engine_arguments_it_ran(tmp_path,
     import tuner.trial.generate
     from tests.support import FakeLauncher
     from tuner.cli import main
-    from tuner.measurement_tokens import measure_tokens
     from tuner.trial.generate import GenerateRun
 
     applied = []
@@ -555,12 +554,7 @@ def test_a_generative_replays_json_records_the_engine_arguments_it_ran(tmp_path,
             applied.append(dict(args))
             return config
 
-    due = np.arange(0.0, 3.0, 0.5)
-    records = pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "send_s": due, "end_s": due + 0.5,
-                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 5,
-                            "tokens": 5, "first_token_s": due + 0.1, "last_token_s": due + 0.5,
-                            "itl_ms": [np.full(4, 100.0)] * len(due)})
-    m = measure_tokens(records, speed=1.0, warmup_s=0.5, lag_budget_ms=50.0, duration_s=3.0)
+    due, m = _streamed()
     monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: Engine())
     monkeypatch.setattr(tuner.trial.generate, "replay_generate", lambda *a, **k: GenerateRun(m, m, None))
     pd.DataFrame({"timestamp": due, "prompt_tokens": 5, "output_tokens": 5}).to_csv(tmp_path / "t.csv", index=False)
@@ -642,15 +636,9 @@ def test_a_generative_replays_table_says_whether_its_token_sla_held(tmp_path, mo
     import tuner.trial.generate
     from tests.support import FakeLauncher
     from tuner.cli import main
-    from tuner.measurement_tokens import measure_tokens
     from tuner.trial.generate import GenerateRun
 
-    due = np.arange(0.0, 3.0, 0.5)
-    records = pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "send_s": due, "end_s": due + 0.5,
-                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 5,
-                            "tokens": 5, "first_token_s": due + 0.1, "last_token_s": due + 0.5,
-                            "itl_ms": [np.full(4, 100.0)] * len(due)})
-    m = measure_tokens(records, speed=1.0, warmup_s=0.5, lag_budget_ms=50.0, duration_s=3.0)
+    due, m = _streamed()
     monkeypatch.setattr(tuner.server, "make_launcher", lambda settings: FakeLauncher())
     monkeypatch.setattr(tuner.trial.generate, "replay_generate", lambda *a, **k: GenerateRun(m, m, None))
     pd.DataFrame({"timestamp": due, "prompt_tokens": 5, "output_tokens": 5}).to_csv(tmp_path / "t.csv", index=False)
@@ -665,3 +653,16 @@ def test_a_generative_replays_table_says_whether_its_token_sla_held(tmp_path, mo
             assert main(["replay", str(path), *step]) == 0
             rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SLA ")]
             assert len(rows) == 1 and rows[0].split(None, 1)[1] == row, rows
+
+
+def _streamed():
+    """A generative replay's due times and measurement: a request every 0.5 s for 3 s, 5 tokens each,
+    its first token 100 ms after its due time, then one every 100 ms."""
+    from tuner.measurement_tokens import measure_tokens
+
+    due = np.arange(0.0, 3.0, 0.5)
+    records = pd.DataFrame({"row": np.arange(len(due)), "due_s": due, "send_s": due, "end_s": due + 0.5,
+                            "send_lag_ms": 0.1, "ok": True, "error": "", "prompt_tokens": 5, "output_tokens": 5,
+                            "tokens": 5, "first_token_s": due + 0.1, "last_token_s": due + 0.5,
+                            "itl_ms": [np.full(4, 100.0)] * len(due)})
+    return due, measure_tokens(records, speed=1.0, warmup_s=0.5, lag_budget_ms=50.0, duration_s=3.0)
