@@ -33,3 +33,20 @@ def test_the_remeasure_bar_counts_replays():
     bars.remeasure(6)
     assert bars.bar.unit == "replay"
     bars.close()
+
+
+def test_the_trials_bar_counts_every_trial_the_study_holds_even_past_what_was_planned():
+    # a mixed-GPU study holds one incumbent per GPU type: 4 grid points and 2 incumbents, 5 planned
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    study = optuna.create_study()
+    for _ in range(5):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
+    bars = Bars(True)
+    bars.trials(study, 5)
+    assert (bars.bar.n, bars.bar.total) == (5, 5)
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
+    bars.trial_done(study)
+    assert (bars.bar.n, bars.bar.total) == (6, 6)
+    bars.close()

@@ -25,12 +25,17 @@ class Bars(Progress):
             print(f"tuner: {text}", file=sys.stderr, flush=True)
 
     def trials(self, study: optuna.Study, total: int) -> None:
-        self._new(total, min(search.spent_done(study), total), "trials")
+        done = search.spent_done(study)
+        self._new(max(total, done), done, "trials")
 
     def trial_done(self, study: optuna.Study) -> None:
         if self.bar is None:
             return
-        self.bar.n = min(search.spent_done(study), self.bar.total)
+        # a study can hold more than this run planned (a mixed-GPU study's incumbent of each GPU type joining
+        # it): the total grows to the count, the bar stays full, and never reads 5 of 5 for 6 trials
+        done = search.spent_done(study)
+        self.bar.total = max(self.bar.total, done)
+        self.bar.n = done
         best = search.best_trial(study)
         if best is not None:
             self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
