@@ -50,3 +50,28 @@ def test_the_trials_bar_counts_every_trial_the_study_holds_even_past_what_was_pl
     bars.trial_done(study)
     assert (bars.bar.n, bars.bar.total) == (6, 6)
     bars.close()
+
+
+def test_each_replay_of_a_trial_shows_on_the_trials_bar():
+    # a generative trial lasts minutes: its steps show where it is, beside the best so far
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from tuner.measurement import Measurement
+
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(create_trial(state=TrialState.COMPLETE, value=100.0))
+    bars = Bars(True)
+    bars.trials(study, 5)
+    bars.trial_done(study)
+
+    def step(speed):
+        return Measurement(speed=speed, offered_rps=1, duration_s=1, requests=1, errors=0, error_rate=0.0,
+                           throughput_rps=1, latency_ms={"p99": 1.0}, send_lag_ms={"p99": 0.1}, valid=True)
+
+    bars.step(step(0.25))
+    bars.step(step(1.3))
+    assert bars.bar.postfix == "best=100/$, trial=0, step x1.3", bars.bar.postfix
+    bars.close()
+    quiet = Bars(False)  # --quiet: no bar, nothing drawn
+    quiet.step(step(1.0))

@@ -113,3 +113,18 @@ def test_traffic_above_every_max_batch_size_of_the_search_is_refused_naming_the_
     errors = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
     assert "Traceback" not in err and len(errors) == 1, err
     assert errors[0].startswith(f"tuner: error: {study}: search.max_batch_size: the traffic has a request of 5 rows ")
+
+
+def test_the_trials_of_this_process_report_each_replay_to_the_progress(tmp_path, monkeypatch):
+    # a generative trial lasts minutes: each of its replays reaches the bar (Progress.step)
+    evaluation, given = FakeEvaluation(latency_ms=1000), []
+
+    @contextlib.contextmanager
+    def session(*_args, **kw):
+        given.append(kw.get("on_measure"))
+        yield evaluation
+
+    monkeypatch.setattr(tune_module, "session", session)
+    bar = Bar()
+    tune_module.tune(read_study(write_tune_study(tmp_path, "grid", **ON_GRID)), 2, progress=bar)
+    assert given and all(hook == bar.step for hook in given), given

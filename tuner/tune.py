@@ -74,6 +74,10 @@ class Progress:
     def profile_point(self, done: int, total: int, what: str) -> None:
         """The model strategy's profile measured `done` of at most `total` points (`what`: the last)."""
 
+    def step(self, m) -> None:
+        """One replay of a trial measured (at the load, or a capacity step at `m.speed`): progress within
+        a trial, which lasts minutes where it is a generative model's."""
+
     def remeasure(self, total: int) -> None:
         """The re-measurement starts: `total` measurements."""
 
@@ -577,6 +581,8 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
         progress.note(f"load generator: {calibrate(s.replay.protocol).describe()}")
     total = search.trials_to_run(s.search, trials, incumbent=incumbent)
     open_evaluation = functools.partial(session, s, str(Path(s.output) / "server"))
+    # in this process: its replays shown on the bar (workers' processes draw no bar: theirs is the plain one)
+    open_here = functools.partial(session, s, str(Path(s.output) / "server"), on_measure=progress.step)
     ran = 0
     handover = None
     model_based = s.search.strategy == "model"
@@ -592,7 +598,7 @@ def _tune(settings: StudySettings, trials: int, *, timeout_s: float | None, stor
         if not model_based:
             progress.trials(study, total)
         if workers <= 1:
-            with open_evaluation() as evaluate_trial:
+            with open_here() as evaluate_trial:
                 if own_incumbent:
                     search.add_incumbent(study, s, evaluate_trial(incumbent, Hints()), host=host)
                 if model_based:

@@ -41,6 +41,12 @@ class Bars(Progress):
             self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
         self.bar.refresh()
 
+    def step(self, m) -> None:
+        # on the trials bar: which replay of the trial runs now (a generative trial's last minutes)
+        if self.bar is not None and self.bar.desc == "trials":
+            before = (self.bar.postfix or "").split("step x")[0].rstrip(", ")  # the best so far, if any
+            self.bar.set_postfix_str(", ".join(filter(None, (before, f"step x{m.speed:.3g}"))))
+
     def profile_point(self, done: int, total: int, what: str) -> None:
         if self.enabled and (self.bar is None or self.bar.desc != "profile"):
             self._new(total, 0, "profile", unit="point")

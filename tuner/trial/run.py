@@ -78,11 +78,11 @@ LOAD_ATTEMPTS = 2
 
 
 def make_evaluate(launcher: Launcher, settings: StudySettings, base: ModelConfig, *, traffic: pd.DataFrame,
-                  engine: dict | None = None) -> Evaluate:
+                  engine: dict | None = None, on_measure: Callable[[Measurement], None] | None = None) -> Evaluate:
     """An `Evaluate` for the study on a started server: apply the trial's config, then measure it.
     `engine`: a vLLM-backend model's engine arguments (its model.json), which the trial's engine knobs
-    change instead (`tuner.study.base_engine`)."""
-    measure_running = make_measure(launcher, settings, traffic, generative=engine is not None)
+    change instead (`tuner.study.base_engine`); `on_measure`: every replay's measurement (progress)."""
+    measure_running = make_measure(launcher, settings, traffic, generative=engine is not None, on_measure=on_measure)
     price = price_for(settings.cost, source=settings.source).price_per_hour
     running: list[space.Params | None] = [None]  # the configuration measured last, still loaded
 
@@ -230,8 +230,10 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
 
 
 @contextlib.contextmanager
-def session(settings: StudySettings, log_dir: str | None = None) -> Iterator[Evaluate]:
-    """Start the study's server, yield its `Evaluate`, stop the server."""
+def session(settings: StudySettings, log_dir: str | None = None, *,
+            on_measure: Callable[[Measurement], None] | None = None) -> Iterator[Evaluate]:
+    """Start the study's server, yield its `Evaluate`, stop the server (`on_measure`: every replay's
+    measurement, for progress within a trial)."""
     base = base_config(settings)
     traffic = study_traffic(settings)
     engine = base_engine(settings, base)
@@ -239,4 +241,4 @@ def session(settings: StudySettings, log_dir: str | None = None) -> Iterator[Eva
         log_dir = str(Path(log_dir) / f"pid-{os.getpid()}")
     # a vLLM model is loaded by its first trial, with that trial's engine arguments: not at start too
     with make_launcher(settings, log_dir=log_dir, load_models=engine is None) as launcher:  # a remote one restores its config
-        yield make_evaluate(launcher, settings, base, traffic=traffic, engine=engine)
+        yield make_evaluate(launcher, settings, base, traffic=traffic, engine=engine, on_measure=on_measure)
