@@ -653,6 +653,13 @@ def test_a_generative_replays_table_says_whether_its_token_sla_held(tmp_path, mo
             assert main(["replay", str(path), *step]) == 0
             rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SLA ")]
             assert len(rows) == 1 and rows[0].split(None, 1)[1] == row, rows
+    # a study that limits no token figure is still replayed (a measurement): no verdict, said, not a traceback
+    path.write_text(yaml.safe_dump({"name": "llm", "model_repository": str(ROOT / "model_repository_templates"),
+                                    "model": "llm_vllm", "traffic": {"path": "t.csv"}, "replay": {"warmup_s": 0.5}}))
+    assert main(["replay", str(path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("SLA ")]
+    assert rows[0].split(None, 1)[1] == "no verdict: the study limits no token figure (sla.ttft_ms, sla.tpot_ms or " \
+                                        "sla.e2e_ms)", rows
 
 
 def _streamed():

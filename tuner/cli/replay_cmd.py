@@ -322,6 +322,9 @@ def sla_verdict_row(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSet
 
     if not m.valid:
         return f"no verdict: the replay was not valid ({m.invalid_reason})"
+    if isinstance(m, TokenMeasurement) and sla.ttft_ms is None and sla.tpot_ms is None and sla.e2e_ms is None:
+        # a replay measures whatever the study limits (tune holds a generative study to a token SLA)
+        return "no verdict: the study limits no token figure (sla.ttft_ms, sla.tpot_ms or sla.e2e_ms)"
     c = check(m, sla)
     if not c.ok:
         return f"MISSED for this window: {c.reason or 'no request was measured'}"
