@@ -17,6 +17,7 @@ class Bars(Progress):
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar = None
+        self._best = ""  # the trials bar's best so far, beside which a step shows
 
     def note(self, text: str) -> None:
         if self.bar is not None:  # on its own line, the open bar drawn again below it
@@ -37,15 +38,14 @@ class Bars(Progress):
         self.bar.total = max(self.bar.total, done)
         self.bar.n = done
         best = search.best_trial(study)
-        if best is not None:
-            self.bar.set_postfix(best=f"{best.value:.3g}/$", trial=best.number, refresh=False)
+        self._best = f"best={best.value:.3g}/$, trial={best.number}" if best is not None else ""
+        self.bar.set_postfix_str(self._best, refresh=False)
         self.bar.refresh()
 
     def step(self, m) -> None:
         # on the trials bar: which replay of the trial runs now (a generative trial's last minutes)
         if self.bar is not None and self.bar.desc == "trials":
-            before = (self.bar.postfix or "").split("step x")[0].rstrip(", ")  # the best so far, if any
-            self.bar.set_postfix_str(", ".join(filter(None, (before, f"step x{m.speed:.3g}"))))
+            self.bar.set_postfix_str(", ".join(filter(None, (self._best, f"step x{m.speed:.3g}"))))
 
     def profile_point(self, done: int, total: int, what: str) -> None:
         if self.enabled and (self.bar is None or self.bar.desc != "profile"):

@@ -75,7 +75,8 @@ def recommendation_line(out: StudyOutput) -> str:
         low_high = out.summary.get("improvement_range")
         within = f" (between {low_high[0]:+.1%} and {low_high[1]:+.1%})" if low_high else ""
         return (f"Keep the incumbent: the best measured, {setting} — {_num(best, 0)} {out.score_label}{lost}, "
-                f"{gain.split(' (')[0]}{within} — cannot be told apart from it within the measurements' uncertainty.")
+                f"{float(improvement):+.1%} over the incumbent{within} — cannot be told apart from it within the "
+                f"measurements' uncertainty.")
     return f"Recommended: {setting} — {_num(best, 0)} {out.score_label}{lost}, {gain}."
 
 
