@@ -32,6 +32,9 @@ def test_sla_check_uses_the_percentile_asked_for():
     assert check_sla(measurement(1.0, p99=120.0), SlaSettings(latency_ms=100.0, percentile=50)).ok
     with pytest.raises(KeyError):
         check_sla(measurement(1.0), SlaSettings(latency_ms=100.0, percentile=99.9))
+    # an SLA on the slowest request reads it as "max", the one name of that figure everywhere (not "p100")
+    slowest = check_sla(measurement(1.0, p99=60.0), SlaSettings(latency_ms=100.0, percentile=100))
+    assert not slowest.ok and slowest.reason == "max 120.0 ms > 100 ms"
 
 
 def test_scores_servers_and_monthly_bill():

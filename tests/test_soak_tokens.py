@@ -127,6 +127,21 @@ def test_a_persistent_token_sla_break_is_observed_by_the_figure_that_broke():
     assert findings.analysis.breach.figure == "tpot_p99_ms" and findings.analysis.breach.hours < findings.observed.hours
 
 
+def test_a_window_is_named_broken_by_the_figure_over_its_limit_not_by_a_missing_tpot():
+    table = windows()
+    table["latency_p99_ms"] = 2000.0
+    table.loc[8:, "latency_p99_ms"] = 9000.0  # end to end over its 5,000 ms limit from window 8 on
+    table.loc[8:, "tpot_p99_ms"] = math.nan  # every request one token: no TPOT, which meets its limit
+    table.loc[8:, "sla_ok"] = False
+    e2e = {**SLA, "e2e_ms": 5000.0}
+    seen = observed_break(table, e2e, window_hours=0.5, tokens=True)
+    assert seen.figure == "latency_p99_ms" and seen.limit == 5000.0
+    assert "latency_p99_ms" in [t.figure for t in analyze(table, pd.DataFrame(), {**META, "sla": e2e}).analysis.trends]
+    table.loc[8:, "ttft_p99_ms"] = math.nan  # no token came back at all: TTFT is the one that broke
+    table.loc[8:, "latency_p99_ms"] = math.nan
+    assert observed_break(table, e2e, window_hours=0.5, tokens=True).figure == "ttft_p99_ms"
+
+
 def test_too_few_windows_still_give_the_engine_table_and_the_reason():
     findings = analyze(windows(3, preempt=lambda t, load: np.array([0, 2, 5])), pd.DataFrame(), META)
     assert findings.analysis is None and "the trend test needs at least 6" in findings.error

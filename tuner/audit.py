@@ -32,7 +32,7 @@ from tuner import formats, space
 from tuner.cost import price_for
 from tuner.errors import EXIT_ACT, EXIT_OK, EXIT_SLA_UNMET, InputError, UnmeasuredError
 from tuner.files import read_json_object
-from tuner.measurement import Measurement, error_line
+from tuner.measurement import Measurement, error_line, percentile_key
 from tuner.score import check_sla, sla_verdict
 from tuner.server import make_launcher
 from tuner.settings import StudySettings
@@ -271,7 +271,7 @@ def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_onl
 def findings(a: AuditResult, settings: StudySettings, at_load_only: bool) -> list[Finding]:
     """The audit's findings: the SLA and fill rate at the recorded load, the capacity, the ratio, the soak."""
     r, load = a.result, a.result.at_load
-    pct = f"p{settings.sla.percentile:g}"
+    pct = percentile_key(settings.sla.percentile)
     if r.outcome in NO_VERDICT:
         return no_verdict(r) + warmup_findings(r, a.settling)
     # a model that failed its warm-up is judged by it (tune's rule): the row shows those failures too

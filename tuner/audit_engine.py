@@ -49,6 +49,7 @@ from tuner.cost import price_for
 from tuner.errors import SettingsError
 from tuner.llm import engineargs
 from tuner.llm.engine_watch import INTERVAL_S, EngineWatch
+from tuner.measurement import percentile_key
 from tuner.measurement_tokens import TokenMeasurement
 from tuner.modelconfig import ModelConfig
 from tuner.score import check_tokens, sla_verdict
@@ -168,7 +169,7 @@ def engine_findings(a: AuditResult, settings: StudySettings, at_load_only: bool)
     out = [Finding("deployed engine arguments", space.describe(a.params), "info", f"from {engine.get('args_from')}")]
     if r.outcome in NO_VERDICT:
         return out + no_verdict(r)
-    pct = f"p{sla.percentile:g}"
+    pct = percentile_key(sla.percentile)
     latencies = ", ".join(
         f"{pct} {name} {_ms(figures.get(pct))} ms" + (f" (limit {limit:g})" if limit is not None else "")
         for name, figures, limit in (("TTFT", load.ttft_ms, sla.ttft_ms), ("TPOT", load.tpot_ms, sla.tpot_ms)))
@@ -227,7 +228,7 @@ def _missing(value) -> bool:
 
 
 def _say_step(settings: StudySettings, traffic):
-    pct = f"p{settings.sla.percentile:g}"
+    pct = percentile_key(settings.sla.percentile)
     # a capacity step is judged as the search judges it: the SLA, and an engine falling behind its window
     step_check = keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic))
 

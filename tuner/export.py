@@ -355,7 +355,7 @@ def _short_step_notes(summary: dict) -> list[str]:
 def sla_limits(sla: dict) -> str:
     """The SLA's latency limits as text: an encoder's latency, or a generative model's TTFT, TPOT and
     end to end."""
-    pct = f"p{sla.get('percentile', 99):g}"
+    pct = percentile_key(sla.get('percentile', 99))
     tokens = [f"{pct} {name} <= {sla[key]:g} ms"
               for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("end to end", "e2e_ms"))
               if sla.get(key) is not None]

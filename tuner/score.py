@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from tuner.cost import HOURS_PER_MONTH
-from tuner.measurement import Measurement
+from tuner.measurement import Measurement, percentile_key
 from tuner.measurement_tokens import TokenMeasurement
 from tuner.settings import SlaSettings
 
@@ -40,7 +40,7 @@ def check_sla(m: Measurement, sla: SlaSettings) -> SlaCheck:
         violation = float("inf")
     reasons = []
     if over_latency > 0:
-        reasons.append(f"p{sla.percentile:g} {latency:.1f} ms > {sla.latency_ms:g} ms")
+        reasons.append(f"{percentile_key(sla.percentile)} {latency:.1f} ms > {sla.latency_ms:g} ms")
     if over_errors > 0:
         reasons.append(f"error rate {m.error_rate:.2%} > {sla.max_error_rate:.2%}")
     return SlaCheck(violation <= 0, latency, m.error_rate, violation, "; ".join(reasons))
@@ -121,13 +121,13 @@ def check_token_sla(*, ttft_ms: float | None, tpot_ms: float | None, error_rate:
         unmeasured = measured is None or math.isnan(measured)
         if name == "TPOT" and no_tpot and unmeasured:
             overs.append(-1.0)  # met outright, as a TPOT of 0 would be
-            reasons.append(f"p{sla.percentile:g} TPOT none: no request of 2+ tokens")
+            reasons.append(f"{percentile_key(sla.percentile)} TPOT none: no request of 2+ tokens")
             continue
         over = math.inf if unmeasured else measured / limit - 1.0
         overs.append(over)
         if over > 0:
             shown = "none measured" if unmeasured else f"{measured:.1f} ms"
-            reasons.append(f"p{sla.percentile:g} {name} {shown} > {limit:g} ms")
+            reasons.append(f"{percentile_key(sla.percentile)} {name} {shown} > {limit:g} ms")
     over_errors = _over_errors(error_rate, sla.max_error_rate)
     if over_errors > 0:
         reasons.append(f"error rate {error_rate:.2%} > {sla.max_error_rate:.2%}")

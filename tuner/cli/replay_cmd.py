@@ -318,6 +318,7 @@ def sla_verdict_row(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSet
     `tuner.score.check_sla`, a generative model's `check_tokens`), with the figures it compared, so that
     no one compares a p99 with its limit by hand; no verdict for a replay that was not valid (tune's
     "unmeasured")."""
+    from tuner.measurement import percentile_key
     from tuner.measurement_tokens import TokenMeasurement
 
     if not m.valid:
@@ -328,7 +329,7 @@ def sla_verdict_row(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSet
     c = check(m, sla)
     if not c.ok:
         return f"MISSED for this window: {c.reason or 'no request was measured'}"
-    q = f"p{sla.percentile:g}"
+    q = percentile_key(sla.percentile)
     if isinstance(m, TokenMeasurement):  # a generative model's: each token limit the SLA sets
         held = [f"{q} {name} {value(sla.percentile):.1f} ms <= {limit:g} ms"
                 for name, value, limit in (("TTFT", m.ttft, sla.ttft_ms), ("TPOT", m.tpot, sla.tpot_ms),

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 from tuner import space
+from tuner.measurement import percentile_key
 from tuner.nightly import drift as drift_mod
 from tuner.nightly.deployed import Proposal
 from tuner.nightly.rule import UNIT_LABELS, UNIT_WORDS, ArmResult, Decision, pair_gains
@@ -16,7 +17,7 @@ def confirmation_table(pairs: list[tuple[ArmResult, ArmResult]], percentile: flo
     """The confirmation pairs as a Markdown table: each arm's score per dollar (in its unit; production's
     at the top of its capacity bracket too, where the rule judges against it) and latency (a generative
     model's: TTFT and TPOT), the gain."""
-    q = f"p{percentile:g}"
+    q = percentile_key(percentile)
     unit = pairs[0][0].unit if pairs else "requests"
     per = UNIT_LABELS.get(unit, "/$")
     # (heading, value) per latency column: an encoder's latency, a generative model's TTFT and TPOT

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tuner.errors import InputError
 from tuner.files import read_json_object
+from tuner.measurement import percentile_key
 from tuner.production._engine_result import EngineBaseline
 from tuner.settings import StudySettings
 
@@ -46,7 +47,7 @@ def load_engine_baseline(path: str | Path, settings: StudySettings) -> EngineBas
 
 
 def _limits(sla: dict) -> str:
-    pct = f"p{float(sla.get('percentile') or 99):g}"
+    pct = percentile_key(float(sla.get('percentile') or 99))
     given = [f"{pct} {name} <= {sla[key]:g} ms"
              for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("end to end", "e2e_ms"))
              if sla.get(key) is not None]

@@ -10,6 +10,7 @@ import pandas as pd
 from tuner import formats, space
 from tuner.audit import Finding, exit_code_of, ratio_verdict
 from tuner.errors import UnmeasuredError
+from tuner.measurement import percentile_key
 from tuner.production._engine_figures import EngineTotals
 from tuner.production._result import _iso, _steps, _times
 from tuner.production._window import format_duration
@@ -129,7 +130,7 @@ def engine_findings(a: EngineAudit) -> list[Finding]:
         f"{formats.number(f.tokens_per_dollar, ',.0f')} ({f.generation_tokens:,.0f} tokens / "
         f"{hours:,.4g} server-hours x ${a.price_per_hour:g})",
         "info", f"prompt tokens beside them: {f.prompt_tokens:,.0f}; requests finished: {f.requests:,.0f}"))
-    pct = f"p{sla.percentile:g}"
+    pct = percentile_key(sla.percentile)
     for name, value, limit in (("TTFT", f.ttft_ms, sla.ttft_ms), ("TPOT", f.tpot_ms, sla.tpot_ms),
                                ("end to end", f.e2e_ms, sla.e2e_ms)):
         if limit is None:

@@ -36,7 +36,7 @@ from tqdm import tqdm
 from tuner import space
 from tuner.errors import ServerError, TunerError
 from tuner.formats import first_line
-from tuner.measurement import Measurement, rows_executed
+from tuner.measurement import Measurement, percentile_key, rows_executed
 from tuner.modelconfig import ModelConfig
 from tuner.score import check_sla, check_tokens, sla_verdict
 from tuner.server import Launcher, make_launcher
@@ -270,10 +270,10 @@ def _capacity(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame
     def step(m) -> None:
         if generative:
             check = check_tokens(m, sla)
-            figure = f"TTFT p{pct:g} {m.ttft(pct):.1f} ms, TPOT p{pct:g} {m.tpot(pct):.1f} ms"
+            figure = f"TTFT {percentile_key(pct)} {m.ttft(pct):.1f} ms, TPOT {percentile_key(pct)} {m.tpot(pct):.1f} ms"
         else:
             check = check_sla(m, sla)
-            figure = f"p{pct:g} {m.latency(pct):.1f} ms"
+            figure = f"{percentile_key(pct)} {m.latency(pct):.1f} ms"
         say(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, {figure}, "
             f"errors {m.error_rate:.2%}: {sla_verdict(check)}")
 

@@ -31,6 +31,7 @@ import pandas as pd
 from tuner.llm.engine_metrics import EngineFigures
 from tuner.measurement import PERCENTILES
 from tuner.measurement_tokens import TokenMeasurement
+from tuner.soak.analysis._windows import latency_column
 from tuner.traffic import due_offsets
 
 UNIT = "tokens"          # soak.json's `unit` for a generative soak (an encoder's soak has none: requests)
@@ -59,40 +60,51 @@ def tpot_column(percentile: float) -> str:
 
 def trend_figures(sla: Mapping) -> tuple[str, ...]:
     """The figures a generative soak's trend test runs on: TTFT and TPOT (the SLA's percentile and the
-    median), errors, the engine's KV-cache use (peak and mean over each window), its preemptions per
-    finished request, and the server's memory."""
+    median), end to end where the SLA limits it, errors, the engine's KV-cache use (peak and mean over
+    each window), its preemptions per finished request, and the server's memory."""
     pct = float(sla.get("percentile", 99))
-    return tuple(dict.fromkeys((ttft_column(pct), "ttft_p50_ms", tpot_column(pct), "tpot_p50_ms", "error_rate",
+    e2e = (latency_column(pct),) if sla.get("e2e_ms") is not None else ()
+    return tuple(dict.fromkeys((ttft_column(pct), "ttft_p50_ms", tpot_column(pct), "tpot_p50_ms", *e2e, "error_rate",
                                 "kv_cache_usage_peak", "kv_cache_usage_mean", "preemptions_per_request",
                                 "memory_mb")))
 
 
 def sla_limits(sla: Mapping) -> dict[str, float]:
-    """{column: limit} of the token SLA: TTFT and/or TPOT at its percentile."""
+    """{column: limit} of the token SLA: TTFT, TPOT and/or end to end (the `latency_*` column) at its
+    percentile."""
     pct = float(sla.get("percentile", 99))
     out = {}
-    if sla.get("ttft_ms") is not None:
-        out[ttft_column(pct)] = float(sla["ttft_ms"])
-    if sla.get("tpot_ms") is not None:
-        out[tpot_column(pct)] = float(sla["tpot_ms"])
+    for column, key in ((ttft_column(pct), "ttft_ms"), (tpot_column(pct), "tpot_ms"), (latency_column(pct), "e2e_ms")):
+        if sla.get(key) is not None:
+            out[column] = float(sla[key])
     return out
 
 
 def broken_figure(row: Mapping, sla: Mapping) -> tuple[str, float]:
-    """The figure (and its limit) by which a window broke the token SLA: the error rate, else TTFT,
-    else TPOT (the first over its limit; the first limited one when none reads over)."""
+    """The figure (and its limit) by which a window broke the token SLA: the error rate, else the first
+    figure over its limit, else the first one none of which was measured (no token came back); the first
+    limited one when none reads over. A TPOT missing beside a measured TTFT is a window of one-token
+    requests, which meets the TPOT limit (`tuner.score.check_token_sla`): never the one named."""
     max_errors = float(sla.get("max_error_rate", 0.0))
     if float(row.get("error_rate", 0.0)) > max_errors:
         return "error_rate", max_errors
     limits = sla_limits(sla)
-    for column, limit in limits.items():
-        try:
-            value = float(row.get(column))
-        except (TypeError, ValueError):
-            value = math.nan
-        if not math.isfinite(value) or value > limit:  # none measured: no token came back, broken
-            return column, limit
-    return next(iter(limits.items()), ("error_rate", max_errors))
+    values = {column: _figure(row, column) for column in limits}
+    over = [(column, limit) for column, limit in limits.items() if values[column] > limit]  # NaN is never over
+    if over:
+        return over[0]
+    pct = float(sla.get("percentile", 99))
+    tokens_came = math.isfinite(_figure(row, ttft_column(pct)))
+    missing = [(column, limit) for column, limit in limits.items() if not math.isfinite(values[column])
+               and not (column == tpot_column(pct) and tokens_came)]
+    return next(iter(missing or limits.items()), ("error_rate", max_errors))
+
+
+def _figure(row: Mapping, column: str) -> float:
+    try:
+        return float(row.get(column))
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def gauge_figures(samples: Sequence[Mapping[str, float]], end: EngineFigures | None) -> dict[str, float]:
