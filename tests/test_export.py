@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tuner import export, modelconfig, search
+from tuner import export, modelconfig, search, space
 from tuner.cli import main
 from tuner.settings import IntRange, study_from_dict
 from tuner.trial import UNMEASURED, Bracket, Figures, Hints, TrialRecord
@@ -205,6 +205,24 @@ def test_each_sides_range_holds_every_capacity_its_repeats_allow(tmp_path):
     study.set_user_attr("remeasured", [{k: v for k, v in r.items() if k != "ranges"}
                                        for r in study.user_attrs["remeasured"]])
     assert export.summarize(study)["incumbent"]["range"] == pytest.approx([17.27 * 1800, 20.15 * 1800])
+
+
+def test_a_configuration_that_met_the_sla_in_one_of_two_re_measurements_is_not_confirmed(tmp_path):
+    """Two repeats of which one missed the SLA: its median is half a measurement, and it is not confirmed:
+    left out of the ranking (not 'cannot be told apart from the best'), with a note saying so."""
+    study = make_study(tmp_path, latency_limit=40.0)
+    stored = study.user_attrs["remeasured"]
+    best = export.summarize(study)["best"]["trial"]
+    at, other = next((i, r) for i, r in enumerate(stored) if not r["incumbent"] and r["trial"] != best)
+    passing, missing = fake(other["params"], Hints(), 40.0), fake(other["params"], Hints(), 1.0)
+    assert passing.meets_sla and not missing.meets_sla
+    straddling = search.Repeats(other["params"], other["trial"], False, (missing, passing), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(straddling), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert other["trial"] not in [e["trial"] for e in summary["top"]]
+    assert other["trial"] not in summary["indistinguishable_from_best"]
+    assert (f"trial {other['trial']} ({space.describe(other['params'])}) met the SLA in 1 of 2 re-measurements: "
+            "not confirmed, left out of the ranking") in summary["notes"]
 
 
 def test_a_best_that_cannot_be_told_apart_from_the_incumbent_says_keep_the_incumbent(tmp_path):

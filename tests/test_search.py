@@ -379,10 +379,15 @@ def test_remeasure_is_interleaved_and_recommends_by_median(tmp_path):
 
 
 def test_the_recommendation_is_the_best_median_that_met_the_sla():
-    stored = [{"trial": 1, "median": 5.0, "feasible_runs": 2}, {"trial": 2, "median": 7.0, "feasible_runs": 0},
-              {"trial": 3, "median": 0.0, "feasible_runs": 1}, {"trial": 4, "median": 6.0, "feasible_runs": 1},
-              {"trial": 5, "median": 6.0, "feasible_runs": 3}]
-    assert [r["trial"] for r in search.recommend(stored)] == [4, 5, 1]  # a tie keeps the re-measurement's order
+    stored = [{"trial": 1, "median": 5.0, "feasible_runs": 2, "values": [5.0, 5.0]},
+              {"trial": 2, "median": 7.0, "feasible_runs": 0, "values": [7.0, 7.0]},
+              {"trial": 3, "median": 0.0, "feasible_runs": 1, "values": [0.0, 0.0, 1.0]},
+              {"trial": 4, "median": 6.0, "feasible_runs": 1, "values": [6.0]},
+              {"trial": 5, "median": 6.0, "feasible_runs": 3, "values": [6.0, 6.0, 6.0]},
+              # met the SLA in one of two repeats: its median is half a measurement, and it is not confirmed
+              {"trial": 6, "median": 9.0, "feasible_runs": 1, "values": [0.0, 18.0]},
+              {"trial": 7, "median": 8.0, "feasible_runs": 2, "values": [0.0, 8.0, 9.0]}]
+    assert [r["trial"] for r in search.recommend(stored)] == [7, 4, 5, 1]  # a tie keeps the re-measurement's order
     # a tie with the incumbent goes to it: a change that gains nothing (+0.0 %) is not recommended
     tied = [{"trial": 3, "median": 6.0, "feasible_runs": 2}, {"trial": 0, "median": 6.0, "feasible_runs": 2,
                                                             "incumbent": True}]

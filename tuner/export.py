@@ -257,6 +257,7 @@ def summarize(study: optuna.Study) -> dict:
     summary["notes"] = _time_limit_notes(meta.get("search_time_limit") or {})
     summary["notes"] += _short_step_notes(summary) if scoring == "capacity" else []
     summary["notes"] += _floor_notes(summary) if scoring == "capacity" else []
+    summary["notes"] += _unconfirmed_notes(stored)
     if best is None:
         closest = _closest(study, scoring)
         summary["closest"] = closest
@@ -305,6 +306,14 @@ def is_floor(entry: dict | None) -> bool:
     bracket = (entry or {}).get("capacity_bracket") or {}
     return bool(entry and entry.get("feasible") and bracket.get("lower_rps") and not bracket.get("upper_rps")
                 and not bracket.get("limited_by"))  # the load generator's or the traffic's: said on their own
+
+
+def _unconfirmed_notes(stored: list[dict]) -> list[str]:
+    """A line for each re-measured configuration that met the SLA in some repeats but not in most
+    (`met_sla`): left out of the ranking, where it would otherwise vanish without a word."""
+    return [f"trial {r.get('trial')} ({space.describe(r['params'])}) met the SLA in {r['feasible_runs']} of "
+            f"{len(r.get('values') or [])} re-measurements: not confirmed, left out of the ranking"
+            for r in stored if r.get("feasible_runs", 0) > 0 and not met_sla(r)]
 
 
 def _floor_notes(summary: dict) -> list[str]:
