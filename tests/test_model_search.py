@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from pathlib import Path
 
 import optuna
@@ -265,6 +266,12 @@ def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_p
     assert [(p["max_batch_size"], p["max_queue_delay_microseconds"]) for p in everything] == [
         (16, 2000), (24, 2000), (8, 2000), (16, 1000), (17, 2000), (16, 0), (25, 1000), (2, 0)]
     assert diverse_top(ranking, settings, count=0) == []
+    # the note says why each was picked: a fourth pick, with every region near the best covered, is the next in rank
+    from tuner.search._model import _pick_words
+
+    assert _pick_words(diverse_top(ranking, settings, count=4), ranking, settings) == [
+        "batch 16, delay us 2000 (its best)", "batch 24, delay us 2000 (another region)",
+        "batch 8, delay us 2000 (another region)", "batch 16, delay us 1000 (next in rank)"]
 
 
 def test_a_region_is_a_half_octave_around_a_batch_size_not_a_bin(tmp_path):
@@ -358,7 +365,8 @@ def test_a_run_interrupted_and_resumed_measures_what_an_uninterrupted_one_does_a
     assert len(measured(whole)) == 3 and measured(resumed) == measured(whole)
     # nothing picked again; the line names the picks still queued (the one interrupted is queued again)
     assert notes[0].startswith("simulation's picks still to measure (queued by the run this one resumes): ")
-    assert sorted(notes[0].split(": ", 1)[1].split("; ")) == sorted(picked.split(": ", 1)[1].split("; "))
+    assert sorted(notes[0].split(": ", 1)[1].split("; ")) == sorted(
+        re.sub(r" \((its best|another region|next in rank)\)", "", picked.split(": ", 1)[1]).split("; "))
     retry = search.incumbent_trial(resumed)
     assert retry is not None and retry.params == incumbent and retry.number == (0 if interrupt_at == 2 else 3)
     assert [t.state for t in resumed.trials if t.user_attrs.get("incumbent")] == (

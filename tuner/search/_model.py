@@ -391,8 +391,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     deadline = None if timeout_s is None else time.monotonic() + timeout_s  # one clock for both runs
     picks = _enqueue_ranked_within(study, ranking, s, trials=trials, upto=s.search.model_top)
     if picks:
-        note("simulation's picks to measure (its best, then the best of other regions): "
-             + "; ".join(space.describe(p) for p in picks))
+        note("simulation's picks to measure: " + "; ".join(_pick_words(picks, ranking, s)))
     elif queued := [drawn(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     if "simulated_rank" in t.user_attrs]:
         note("simulation's picks still to measure (queued by the run this one resumes): "
@@ -455,6 +454,18 @@ def _describe(verdict: dict, measured: int, threshold: float) -> str:
     return (text + f"; order: Spearman {rho}, {verdict['discordant']} of {verdict['pairs']} pairs measured in the "
             f"other order by more than {threshold:.0%}" + (" (the simulation's order is not trusted)"
                                                             if verdict["discordant"] else ""))
+
+
+def _pick_words(picks: list[dict], ranking: pd.DataFrame, s: StudySettings) -> list[str]:
+    """Each pick and why `diverse_top` chose it: the simulation's best, another region than the picks
+    before it, or the next in rank (every region near the best was covered)."""
+    best = _params(ranking[ranking["value"] > 0].iloc[0], s) if (ranking["value"] > 0).any() else None
+    words = []
+    for i, params in enumerate(picks):
+        why = ("its best" if params == best else
+               "another region" if not any(same_region(params, c) for c in picks[:i]) else "next in rank")
+        words.append(f"{space.describe(params)} ({why})")
+    return words
 
 
 def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int,
