@@ -328,6 +328,19 @@ def test_a_baseline_without_a_feasible_best_is_refused(tmp_path):
         load_baseline(out, read_study(write_study(tmp_path)))
 
 
+def test_a_baseline_measured_on_another_gpu_is_refused(tmp_path):
+    out = write_baseline(tmp_path, 20.0)
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "price": {"gpu": "t4", "price_per_hour": 0.526}}))
+    with pytest.raises(InputError, match=r"was measured on t4, this study's cost.gpu is a100-40gb: the capacities do "
+                                         r"not compare"):
+        load_baseline(out, read_study(write_study(tmp_path)))
+    # the same GPU, or a price of the user's own that names none: compared
+    for price in ({"gpu": "a100-40gb", "price_per_hour": 3.673}, {"gpu": None, "price_per_hour": 2.0}):
+        (out / "summary.json").write_text(json.dumps({**summary, "price": price}))
+        assert load_baseline(out, read_study(write_study(tmp_path))).capacity_rps == 20.0
+
+
 def audit_json(tmp_path, monkeypatch, capacity_rps: float | None, *, latency_ms: float = 200.0) -> Path:
     """What `tuner audit --json` writes for an audit that measured `capacity_rps` (None: --at-load-only)."""
     from tuner.cli.audit_cmd import _write_json

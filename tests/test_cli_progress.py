@@ -72,6 +72,9 @@ def test_each_replay_of_a_trial_shows_on_the_trials_bar():
     bars.step(step(0.25))
     bars.step(step(1.3))
     assert bars.bar.postfix == "best=100/$, trial=0, step x1.3", bars.bar.postfix
+    bars.remeasure(2)  # and on the re-measure bar, whose count moves once a configuration's search ends
+    bars.step(step(0.8))
+    assert bars.bar.desc == "re-measure" and bars.bar.postfix == "step x0.8", bars.bar.postfix
     bars.close()
     quiet = Bars(False)  # --quiet: no bar, nothing drawn
     quiet.step(step(1.0))

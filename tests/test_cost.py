@@ -35,6 +35,14 @@ def test_price_for_a_gpu_picks_the_cloud_asked_or_the_cheapest():
     gcp = price_for(CostSettings(gpu="H100", cloud="gcp", gpus_per_server=2))
     assert gcp.price_per_hour == pytest.approx(2 * price_table()["gpus"]["h100"]["gcp"]["price_per_hour"])
     assert gcp.cloud == "gcp" and gcp.gpus_per_server == 2
+    # a cloud that does not sell the GPU lists another part standing in for it: never picked unasked
+    a10g = price_for(CostSettings(gpu="a10g"))
+    assert a10g.cloud == "aws" and a10g.price_per_hour == price_table()["gpus"]["a10g"]["aws"]["price_per_hour"]
+    assert price_for(CostSettings(gpu="a10g", cloud="gcp")).instance.endswith("nearest part)")  # asked: given
+    # the CPU default is one cloud's instance: another cloud named beside it is refused, not ignored
+    with pytest.raises(SettingsError, match="cost.cloud: gcp"):
+        price_for(CostSettings(cloud="gcp"))
+    assert price_for(CostSettings(cloud="AWS")).gpu == "cpu"
 
 
 def test_explicit_price_wins_and_cpu_is_the_default():

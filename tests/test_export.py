@@ -223,6 +223,20 @@ def test_a_configuration_that_met_the_sla_in_one_of_two_re_measurements_is_not_c
     assert other["trial"] not in summary["indistinguishable_from_best"]
     assert (f"trial {other['trial']} ({space.describe(other['params'])}) met the SLA in 1 of 2 re-measurements: "
             "not confirmed, left out of the ranking") in summary["notes"]
+    # the incumbent so: no gain over half a measurement, in the summary or the report's headline
+    from tuner.report._html import recommendation_line
+    from tuner.report._load import StudyOutput
+
+    at = next(i for i, r in enumerate(stored) if r["incumbent"])
+    inc = stored[at]
+    straddling = search.Repeats(inc["params"], inc["trial"], True,
+                                (fake(inc["params"], Hints(), 1.0), fake(inc["params"], Hints(), 40.0)), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(straddling), *stored[at + 1:]])
+    summary = export.summarize(study)
+    assert summary["improvement"] is None and summary["incumbent"]["feasible"] is False
+    line = recommendation_line(StudyOutput(path=tmp_path, summary=summary, trials=pd.DataFrame(), params=[],
+                                           recommended_config=""))
+    assert line.endswith("the incumbent did not meet the SLA."), line
 
 
 def test_a_best_that_cannot_be_told_apart_from_the_incumbent_says_keep_the_incumbent(tmp_path):
@@ -256,6 +270,20 @@ def test_a_best_that_cannot_be_told_apart_from_the_incumbent_says_keep_the_incum
     line = recommendation_line(StudyOutput(path=tmp_path, summary=summary, trials=pd.DataFrame(), params=[],
                                            recommended_config=""))
     assert line.startswith("Keep the incumbent: the best measured, ") and f"between {low:+.1%}" in line
+    # what recommended/ holds, `tuner export` writes and the check-it line replays is the incumbent, kept
+    text = export.recommended_config(study, summary)
+    assert "# changed: nothing (keep the incumbent)" in text and "max_batch_size: 64" in text
+    assert (f"# improvement over the incumbent: none: keep the incumbent (the best measured, trial "
+            f"{summary['best']['trial']}, is {summary['improvement']:+.1%}") in text
+    assert export.recommended_entry(summary) is summary["incumbent"]
+    # ranges that only touch are apart: a range's top is the score at its first failing speed
+    best_low = summary["best"]["range"][0] / 1800.0
+    touching = search.Repeats(stored[at]["params"], stored[at]["trial"], True,
+                              (run(best_low * 0.85, best_low), run(best_low * 0.85, best_low)), "capacity")
+    study.set_user_attr("remeasured", [*stored[:at], search.repeats_as_dict(touching), *stored[at + 1:]])
+    apart = export.summarize(study)
+    assert "keep_incumbent" not in apart and apart["improvement_range"][0] == 0.0
+    assert export.recommended_entry(apart) is apart["best"]
 
 
 @pytest.mark.parametrize("limited_by, mark, says", [("load_generator", " *", "* limited by the load generator"),

@@ -98,6 +98,14 @@ def test_send_lag_over_budget_makes_the_measurement_invalid():
     assert not m.valid and "send lag p99" in m.invalid_reason
     assert m.send_lag_ms["p50"] == pytest.approx(0.2)
     assert run(records()).valid
+    # a server that failed every request it was sent missed the SLA, whatever the lag: not a load generator's
+    # bottleneck to measure again (three more replays of a hung server, each to its request timeout)
+    failing = records(lag_ms=lag, ok=np.zeros(1000, dtype=bool)).assign(error="timed out")
+    dead = run(failing)
+    assert dead.valid and dead.error_rate == 1.0 and dead.send_lag_ms["p99"] > 2.0
+    # ... unless the load generator did not send them: then the lag says why
+    unsent = run(failing.assign(error="not sent: 4 requests already in flight (replay.max_in_flight)"))
+    assert not unsent.valid and "send lag p99" in unsent.invalid_reason
 
 
 def test_a_schedule_shorter_than_the_warmup_is_invalid_not_a_crash():
@@ -117,6 +125,16 @@ def test_statistics_deltas_give_counts_fill_rate_histogram_and_busy_time():
     # busy time is per execution (batch_stats), not the per-request inference_stats.compute_infer
     assert m.busy_s == pytest.approx(200 * 0.001)
     assert m.compute_ms_mean == pytest.approx(1.0)
+
+
+def test_busy_time_of_instances_running_at_once_is_at_most_the_wall_time():
+    # two instances, each busy most of a 10-s replay: Triton sums their executions to 14.5 s; the device
+    # was busy at most the 10 s they ran in (the utilization score charges that time)
+    recs = records()
+    after = stats(1000, 500, {2: 500}, ns_per_execution=29_000_000)
+    m = run(recs, None, after)
+    assert m.busy_s == pytest.approx(float(recs["end_s"].max()))
+    assert m.compute_ms_mean == pytest.approx(29.0)  # per execution: as Triton timed it
 
 
 def test_statistics_in_grpc_json_form_and_wrapped_in_model_stats():

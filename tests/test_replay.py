@@ -392,6 +392,10 @@ def test_a_row_too_large_for_any_request_is_refused_naming_it_and_the_limit():
     assert plan.shapes == [[[1, fits], [1, fits, 4]]]
     with pytest.raises(TrafficError, match="traffic row 0"):
         plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [fits + 1]}))
+    # a warm-up's synthetic rows (1 up to max_batch_size rows of a long request): those over the limit left out
+    sweep = pd.DataFrame({"timestamp": [0.0, 1.0, 2.0], "batch_size": [1, 2, 3], "seq_len": fits // 2})
+    kept = plan_requests({"name": "m"}, CONFIG, sweep, drop_oversize=True)
+    assert [shapes[0][0] for shapes in kept.shapes] == [1, 2]
     # dims so large that their product overflows 64-bit integers are still named, not wrapped around
     with pytest.raises(TrafficError, match=r"traffic row 0 \(timestamp 0.0\).*PiB"):
         plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [1e18]}))

@@ -529,7 +529,9 @@ def test_the_json_records_the_config_replayed_and_the_table_says_a_repeated_meas
     assert data["measurement"]["repeats"] == 3
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("repeats")]
     assert rows == ["repeats         3 replays of the same window (its p99 was near the SLA's limit); the median "
-                    "by p99 is shown"], rows
+                    "by how far each breaks the SLA is shown (of two, the worse)"], rows
+    # the SLA's verdict, as the table's row says it, for a script running the check-it line
+    assert data["sla"]["held"] is True and data["sla"]["verdict"].startswith("held for this window: p99 10.0 ms")
     # the repository's config, a measurement taken once: no config named, no repeats row
     monkeypatch.setattr(tuner.trial.step, "make_probe", lambda *a, **k: measurement)
     assert main(["replay", str(path), "--json", str(out)]) == 0
@@ -572,7 +574,10 @@ def test_a_generative_replays_json_records_the_engine_arguments_it_ran(tmp_path,
     data = json.loads(out.read_text())
     assert data["config"] == str(tmp_path / "model.json") and data["engine_args"]["max_num_seqs"] == 2
     assert main(["replay", str(path), "--json", str(out)]) == 0  # none applied: the model's own, as it loads
-    assert json.loads(out.read_text())["engine_args"] == own and len(applied) == 2
+    data = json.loads(out.read_text())
+    assert data["engine_args"] == own and len(applied) == 2
+    assert isinstance(data["sla"]["held"], bool) and data["sla"]["verdict"].startswith(
+        "held for this window" if data["sla"]["held"] else "MISSED for this window")
 
 
 @pytest.mark.parametrize("command", ["replay", "profile"])

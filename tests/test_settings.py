@@ -94,6 +94,20 @@ def test_a_bad_server_url_is_refused_at_load(url, why):
     assert "port in 1..65535" in message and f"but got {url!r} ({why}" in message, message
 
 
+@pytest.mark.parametrize("server,key", [
+    ({"shm_size": "1 gig"}, "server.shm_size: expected a size such as 256m or 1g"),
+    ({"gpus": "banana"}, "server.gpus: expected 'all', a count or device ids"),  # not a device id for the runtime
+    ({"gpus": "-1"}, "server.gpus: expected"), ({"gpus": -1}, "server.gpus: expected"),
+    ({"gpus": [0, -1]}, "server.gpus: expected"),
+])
+def test_a_docker_size_or_gpu_list_it_cannot_read_is_refused_at_load(server, key):
+    with pytest.raises(SettingsError, match=rf"^study.yaml: {re.escape(key)}"):
+        study_from_dict({**MINIMAL, "server": {"launcher": "docker", **server}}, source="study.yaml")
+    for fine in ({"shm_size": "1g"}, {"shm_size": "1.5gb"}, {"gpus": "all"}, {"gpus": 2}, {"gpus": "0,1"},
+                 {"gpus": "device=1,2"}, {"gpus": [0, 3]}):
+        study_from_dict({**MINIMAL, "server": {"launcher": "docker", **fine}}, source="study.yaml")
+
+
 def test_a_bad_grpc_url_is_refused_at_load():
     data = {**MINIMAL, "server": {"launcher": "remote", "url": "127.0.0.1:8000", "grpc_url": "127.0.0.1:x"}}
     with pytest.raises(SettingsError, match=r"^study.yaml: server.grpc_url: .*port 'x' is not a number"):
@@ -297,6 +311,8 @@ def test_the_engine_knobs_ranges_load():
     ({"search": {"enable_chunked_prefill": ["yes"]}}, "search.enable_chunked_prefill[0]: expected true or false"),
     ({"search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9}}},
      "search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); size its KV cache with search.kv_cache_gib"),
+    ({"cost": {"gpu": "CPU"}, "search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9}}},
+     "search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu)"),  # the price table's case aside
     ({"cost": {"gpu": "h100"}, "search": {"gpu_memory_utilization": {"low": 0.5, "high": 1.5}}},
      "search.gpu_memory_utilization: 0 < low <= high <= 1 must hold"),
     ({"cost": {"gpu": "h100"}, "search": {"gpu_memory_utilization": {"low": 0.5, "high": 0.9},

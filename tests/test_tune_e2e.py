@@ -81,9 +81,12 @@ def test_the_measured_stretch_only_gets_busier_with_the_speed():
 
 
 def test_re_runs_of_an_invalid_replay_add_load_generators_but_leave_the_server_a_core():
-    assert retry_workers(0, 1, cpus=8) == 2 and retry_workers(2, 2, cpus=8) == 4
-    assert retry_workers(0, 2, cpus=2) == 1  # 2 cores: another try with one process
-    assert retry_workers(0, 5, cpus=4) == 3
+    # one more than the attempt before used, up to the cores less one
+    assert retry_workers(1, cpus=8) == 2 and retry_workers(2, cpus=8) == 3 and retry_workers(0, cpus=8) == 2
+    assert retry_workers(1, cpus=2) == 1  # 2 cores: another try with one process
+    assert retry_workers(3, cpus=4) == 3
+    # never fewer than before: a count asked for above the cores, or one the replay chose, stands
+    assert retry_workers(6, cpus=2) == 6 and retry_workers(5, cpus=4) == 5
 
 
 # --- end to end ------------------------------------------------------------------------------------

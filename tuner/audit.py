@@ -185,6 +185,7 @@ def load_baseline(path: str | Path, settings: StudySettings, *, unit: str = REQU
         raise InputError(f"--baseline: {summary_path}: its best configuration has no output tokens/s at "
                          "capacity, so there is nothing to compare with")
     _check_same_sla(summary_path, summary["sla"], settings, unit=unit)
+    check_same_gpu(f"--baseline: {summary_path}", summary, settings)
     traffic = (summary.get("traffic") or {}).get("path")
     if traffic and Path(traffic).name != Path(settings.traffic.path).name:
         raise InputError(f"--baseline: {summary_path} was tuned on {Path(traffic).name}, this audit replays "
@@ -195,6 +196,16 @@ def load_baseline(path: str | Path, settings: StudySettings, *, unit: str = REQU
 
 _KIND = {REQUESTS: "an encoder study's (capacity in requests/s)",
          TOKENS: "a generative study's (capacity in output tokens/s)"}
+
+
+def check_same_gpu(where: str, summary: dict, settings: StudySettings) -> None:
+    """InputError in one line when the baseline was measured on another GPU type than this study's
+    `cost.gpu`: its capacity is that GPU's (a price of the user's own, with no GPU named, tells none)."""
+    theirs = (summary.get("price") or {}).get("gpu")
+    ours = price_for(settings.cost, source=settings.source).gpu
+    if theirs and ours and theirs != ours:
+        raise InputError(f"{where} was measured on {theirs}, this study's cost.gpu is {ours}: the capacities "
+                         f"do not compare (tune on this GPU, or audit with that study's cost)")
 
 
 def _check_same_sla(summary_path: Path, sla: dict, settings: StudySettings, *, unit: str) -> None:
@@ -213,8 +224,8 @@ def _check_same_sla(summary_path: Path, sla: dict, settings: StudySettings, *, u
     ours = (float(settings.sla.latency_ms), float(settings.sla.percentile))
     theirs = (float(sla.get("latency_ms", -1)), float(sla.get("percentile", 99)))
     if ours != theirs:
-        raise InputError(f"--baseline: {summary_path} was tuned for p{theirs[1]:g} <= {theirs[0]:g} ms, this "
-                         f"audit's SLA is p{ours[1]:g} <= {ours[0]:g} ms: the capacities do not compare")
+        raise InputError(f"--baseline: {summary_path} was tuned for {percentile_key(theirs[1])} <= {theirs[0]:g} ms, "
+                         f"this audit's SLA is {percentile_key(ours[1])} <= {ours[0]:g} ms: the capacities do not compare")
 
 
 def audit(settings: StudySettings, baseline: Baseline | None = None, at_load_only: bool = False,
@@ -376,7 +387,7 @@ def _say_step(settings: StudySettings):
         said = sla_verdict(check_sla(m, settings.sla))
         # a model without batching (max_batch_size 0) has no batch to fill
         fill = f", fill rate {m.fill_rate:.2f}" if m.max_batch_size > 0 else ""
-        print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, p{pct:g} "
+        print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.1f} req/s, {percentile_key(pct)} "
               f"{m.latency(pct):.1f} ms{fill}: {said}", file=sys.stderr, flush=True)
 
     return say

@@ -58,7 +58,7 @@ from tuner.settings import StudySettings, check_generative
 from tuner.study import base_config, base_engine, study_traffic
 from tuner.traffic import mean_output_tps
 from tuner.trial import NO_VERDICT, Hints
-from tuner.trial.generate import keeping_up
+from tuner.trial.generate import keeping_up, load_check
 from tuner.trial.run import make_measure
 
 __all__ = ["audit_engine", "check_not_vllm", "deployed_engine", "engine_findings", "textfile_families"]
@@ -233,7 +233,10 @@ def _say_step(settings: StudySettings, traffic):
     step_check = keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic))
 
     def say(m: TokenMeasurement) -> None:
-        check = check_tokens if m.speed == settings.traffic.speed else step_check  # the recorded load: the SLA
+        # the recorded load: the rule its record is judged by (load_check: falling behind fails it too,
+        # unless its window is too short to tell); a capacity step: the step's
+        check = (load_check(check_tokens, m, tokens_per_s=mean_output_tps(traffic))
+                 if m.speed == settings.traffic.speed else step_check)
         verdict = sla_verdict(check(m, settings.sla)) if m.valid else \
             f"no verdict, {m.invalid_reason}"  # replayed again (the step's retry policy)
         print(f"  replay at speed {m.speed:.2f}: {m.throughput_rps:.2f} req/s, {m.output_tokens_per_s:.1f} output "

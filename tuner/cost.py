@@ -89,6 +89,9 @@ def _price(cost: CostSettings) -> Price:
             raise SettingsError(f"cost.gpus_per_server: {n} GPUs on cost.gpu cpu (the default, a CPU instance's "
                                 f"price): name the GPU in cost.gpu, or leave gpus_per_server out")
         entry = table["cpu"]["default"]
+        if cost.cloud is not None and cost.cloud.lower() != entry["cloud"]:
+            raise SettingsError(f"cost.cloud: {cost.cloud} beside cost.gpu cpu: the CPU price is one instance's, "
+                                f"{entry['instance']}; give that cloud's price in cost.price_per_hour")
         return Price(price_per_hour=entry["price_per_hour"] * n, gpu="cpu", cloud=None, gpus_per_server=n, instance=entry["instance"], source=entry["source"],
                      read=str(entry["read"]), estimate=bool(entry["estimate"]))
     if gpu not in table["gpus"]:
@@ -96,8 +99,9 @@ def _price(cost: CostSettings) -> Price:
         raise SettingsError(f"cost.gpu: unknown GPU {cost.gpu!r} ({hint + ' ' if hint else ''}expected one of: "
                             f"{', '.join(gpu_names())}; or give cost.price_per_hour)")
     clouds = table["gpus"][gpu]
-    if cost.cloud is None:
-        cloud = min(clouds, key=lambda c: clouds[c]["price_per_hour"])
+    if cost.cloud is None:  # the cheapest cloud that sells this GPU: another part standing in for it is not
+        cloud = min([c for c in clouds if not clouds[c].get("stand_in")] or clouds,
+                    key=lambda c: clouds[c]["price_per_hour"])
     elif cost.cloud.lower() in clouds:
         cloud = cost.cloud.lower()
     else:

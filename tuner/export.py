@@ -60,7 +60,7 @@ from tuner.study import check_not_in_model, check_not_input, recorded_study
 from tuner.trial import NO_VERDICT, TrialRecord, from_attrs, is_feasible, record_of
 
 __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_command", "check_finished", "closing_table", "export",
-           "hosts", "hosts_table", "recommended_config", "recommended_engine", "recommended_path", "recommended_text",
+           "hosts", "hosts_table", "recommended_config", "recommended_entry", "recommended_engine", "recommended_path", "recommended_text",
            "sla_limits", "storage_of", "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
@@ -220,9 +220,10 @@ def summarize(study: optuna.Study) -> dict:
         improvement = best["per_dollar"] / incumbent["per_dollar"] - 1.0
         if best.get("range") and incumbent.get("range"):
             (b_low, b_high), (i_low, i_high) = best["range"], incumbent["range"]
-            improvement_range = [b_low / i_high - 1.0, b_high / i_low - 1.0]
+            # a range's top is the score at its first failing speed: touching ranges are apart, by a gain of 0
+            improvement_range = [_zero_if_tiny(b_low / i_high - 1.0), b_high / i_low - 1.0]
     indistinguishable = [e["trial"] for e in ranked_or_best[1:]
-                         if best and best.get("range") and e.get("range") and e["range"][1] >= best["range"][0]]
+                         if best and best.get("range") and e.get("range") and _overlap(e["range"], best["range"])]
 
     summary: dict = {
         "tuner_version": __version__,
@@ -291,6 +292,27 @@ def summarize(study: optuna.Study) -> dict:
         summary["message"] += ("; the re-measurement did not confirm the SLA for any of the top configurations "
                                "(their figures here are the search's)")
     return summary
+
+
+def _overlap(lower: list, upper: list) -> bool:
+    """Whether the range `lower` (below or beside `upper`) reaches into `upper`: a range's top is the
+    score at its first failing speed (the capacity lies under it), so a top that only touches the other's
+    bottom (capacity searches share a grid of speeds) is apart; a relative 1e-9 absorbs the rounding of
+    one score computed two ways."""
+    return lower[1] > upper[0] * (1.0 + 1e-9)
+
+
+def _zero_if_tiny(x: float) -> float:
+    return 0.0 if abs(x) < 1e-9 else x
+
+
+def recommended_entry(summary: dict) -> dict | None:
+    """The configuration the study recommends deploying: the best measured, or the incumbent where the
+    best's gain cannot be told apart from it (`keep_incumbent`): what recommended/ holds, `tuner export`
+    writes and the check-it line replays."""
+    if summary.get("keep_incumbent") and summary.get("incumbent"):
+        return summary["incumbent"]
+    return summary.get("best")
 
 
 def _missed(entry: dict) -> str:
@@ -435,7 +457,7 @@ def recommended_config(study: optuna.Study, summary: dict) -> str:
     base = modelconfig.parse(base_text, "<base config>")
     # the study's preferred-size strategy, stored under the knob's name (tune's metadata)
     search = SearchSettings(**{space.PREFERRED: study.user_attrs.get(space.PREFERRED, "none")})
-    params = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["best"]["params"].items()}
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in recommended_entry(summary)["params"].items()}
     config = space.apply(base, params, search)
     modelconfig.validate(config, "recommended config")
     return _header(summary, base, config) + modelconfig.to_text(
@@ -447,25 +469,32 @@ def recommended_engine(study: optuna.Study, summary: dict) -> str:
     knobs changed. JSON holds no comment: what the config.pbtxt's header says is in the summary."""
     if not summary.get("best"):
         raise NoFeasibleConfigError(summary.get("message") or "no configuration met the SLA")
-    params = {k: tuple(v) if isinstance(v, list) else v for k, v in summary["best"]["params"].items()}
+    params = {k: tuple(v) if isinstance(v, list) else v for k, v in recommended_entry(summary)["params"].items()}
     args = space.apply_engine(dict(study.user_attrs["base_engine"]), space.split(params)[1])
     return json.dumps(args, indent=2) + "\n"
 
 
 def _header(summary: dict, base, config) -> str:
-    sla, traffic, best = summary["sla"], summary["traffic"], summary["best"]
+    sla, traffic, chosen = summary["sla"], summary["traffic"], recommended_entry(summary)
+    keep = bool(summary.get("keep_incumbent"))
     changed = modelconfig.changed_fields(base, config)
+    if keep:  # the summary's verdict: the best's gain lies within the measurements' uncertainty
+        gain = (f"none: keep the incumbent (the best measured, trial {summary['best'].get('trial')}, is "
+                f"{summary['improvement']:+.1%}, within the measurements' uncertainty)")
+    else:
+        gain = (f"{summary['improvement']:+.1%}" if summary.get("improvement") is not None
+                else "n/a (incumbent missed the SLA)")
     lines = [
         f"{modelconfig.EXPORT_HEADER[2:]}{summary['tuner_version']} on {summary['date']} (study {summary['study_name']!r})",
-        f"SLA: p{sla.get('percentile', 99):g} latency <= {sla.get('latency_ms')} ms, "
+        f"SLA: {percentile_key(sla.get('percentile', 99))} latency <= {sla.get('latency_ms')} ms, "
         f"error rate <= {sla.get('max_error_rate', 0.001):.2%}",
         f"traffic: {traffic.get('path')} at speed {traffic.get('speed', 1.0):g}"
         + (f", window {traffic['window']}" if traffic.get("window") else ""),
-        f"score ({summary['scoring']}): {figure(best['requests_per_dollar'])} requests per dollar"
-        f" at ${figure(summary.get('price_per_hour'))}/h; capacity {figure(best['capacity_rps'])} req/s",
-        "improvement over the incumbent: "
-        + (f"{summary['improvement']:+.1%}" if summary.get("improvement") is not None else "n/a (incumbent missed the SLA)"),
-        "changed: " + ("; ".join(changed) if changed else "nothing (the incumbent is best)"),
+        f"score ({summary['scoring']}): {figure(chosen['requests_per_dollar'])} requests per dollar"
+        f" at ${figure(summary.get('price_per_hour'))}/h; capacity {figure(chosen['capacity_rps'])} req/s",
+        "improvement over the incumbent: " + gain,
+        "changed: " + ("; ".join(changed) if changed else
+                       "nothing (keep the incumbent)" if keep else "nothing (the incumbent is best)"),
     ]
     return "".join(f"# {line}\n" for line in lines) + "\n"
 
@@ -755,7 +784,7 @@ def check_command(summary: dict, output: str) -> str | None:
     with the warm-up they had, `--warmup`). None without a recommendation."""
     import shlex
 
-    best, study, config = summary.get("best"), summary.get("study_file"), recommended_path(output)
+    best, study, config = recommended_entry(summary), summary.get("study_file"), recommended_path(output)
     if not summary.get("feasible") or not best or not study or not config.is_file():
         return None
     speed = best.get("capacity_speed") if summary.get("scoring") == "capacity" else \

@@ -24,6 +24,7 @@ Definitions used here:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -63,7 +64,7 @@ class Measurement(Served):
     batch_histogram: dict[int, int] = field(default_factory=dict)  # batch size -> executions
     queue_ms_mean: float = 0.0
     compute_ms_mean: float = 0.0    # per execution: input + infer + output
-    busy_s: float = 0.0             # model execution time (compute_input + compute_infer + compute_output)
+    busy_s: float = 0.0             # model execution time (compute_input + compute_infer + compute_output), at most the replay's
     max_batch_size: int = 0
     load_generator_cpu: float = 0.0  # CPU seconds used by the load generator per wall second
     workers: int = 1                 # Locust processes used
@@ -112,8 +113,12 @@ def measure(
     good = window[ok]
     failed = window.loc[~ok, "error"] if "error" in window else ()
     send_lag, lag_reason = send_lag_figures(window["send_lag_ms"].to_numpy(dtype=float), lag_budget_ms)
+    if lag_reason and len(window) and not ok.any() and not any(str(e).startswith("not sent") for e in failed):
+        # the server failed every request it was sent (a hung or broken server also slows the sending):
+        # a miss of the SLA, whatever the lag, not a load generator's bottleneck to measure again
+        lag_reason = ""
     deltas = stat_deltas(stats_before, stats_after)
-    return assemble(
+    m = assemble(
         speed=speed, warmup_s=warmup_s, end_s=end, requests=len(window),
         latencies_ms=good["latency_ms"].to_numpy(dtype=float),
         last_done_s=float(good["end_s"].max()) if len(good) else warmup_s,
@@ -124,6 +129,11 @@ def measure(
         load_generator_cpu=load_generator_cpu, workers=workers,
         first_error=str(failed.iloc[0]) if len(failed) else "",
     )
+    # the device's busy time: Triton sums the executions of every instance, which overlap where several
+    # run at once, so the sum can pass the wall time they ran in; the time the device was busy cannot
+    # (without each execution's start and end, which the statistics lack, the sum capped there)
+    span = float(records["end_s"].max()) if len(records) else end
+    return dataclasses.replace(m, busy_s=min(m.busy_s, span)) if span > 0 else m
 
 
 def assemble(*, speed: float, warmup_s: float, end_s: float, requests: int, latencies_ms: np.ndarray,

@@ -656,8 +656,25 @@ def _check(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: server.metrics_url: expected http://host:port/metrics, "
                                 f"got {s.server.metrics_url!r}")
         parse_host_port(address.rstrip("/")[: -len("/metrics")], where=f"{source}: server.metrics_url")
+    _check_docker_fields(s.server, source)
     if not s.name or not s.model:
         raise SettingsError(f"{source}: name and model must not be empty")
+
+
+def _check_docker_fields(server: ServerSettings, source: str) -> None:
+    """server.shm_size as Docker reads a size (a number, then b, k, m or g) and server.gpus as the docker
+    launcher reads GPUs ('all', a count, device ids): refused here, where a run would fail at its
+    container's start (or hand a typo to the GPU runtime as a device id)."""
+    if not re.fullmatch(r"\d+(\.\d+)?([kmg]b?|b)?", str(server.shm_size).strip().lower()):
+        raise SettingsError(f"{source}: server.shm_size: expected a size such as 256m or 1g (a number, then b, "
+                            f"k, m or g), got {server.shm_size!r}")
+    gpus = server.gpus
+    ids = (gpus if isinstance(gpus, list) else [] if gpus is None or isinstance(gpus, int) or str(gpus).strip() in
+           ("", "all") else [p.strip() for p in str(gpus).strip().removeprefix("device=").split(",")])
+    if (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus < 0) or isinstance(gpus, bool) or \
+            any(not str(i).isdigit() for i in ids):
+        raise SettingsError(f"{source}: server.gpus: expected 'all', a count or device ids (0,1 or [0, 1]), "
+                            f"got {gpus!r}")
 
 
 def _log_and_step(source: str, key: str, step: float) -> SettingsError:
@@ -686,7 +703,7 @@ def _check_engine_ranges(s: StudySettings, source: str) -> None:
             raise SettingsError(f"{source}: search.gpu_memory_utilization.step: must be > 0, got {r.step:g}")
         if r.log and r.step is not None:
             raise _log_and_step(source, "search.gpu_memory_utilization", r.step)
-        if s.cost.gpu == "cpu":
+        if s.cost.gpu.lower() == "cpu":
             raise SettingsError(f"{source}: search.gpu_memory_utilization: the server is a CPU (cost.gpu: cpu); "
                                 f"size its KV cache with search.kv_cache_gib")
         if search.kv_cache_gib is not None:

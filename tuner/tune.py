@@ -36,6 +36,7 @@ from tuner.errors import (
 )
 from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
+from tuner.measurement import percentile_key
 from tuner.report import REPORT, SIMULATION, write_report
 from tuner.settings import StudySettings, check_generative
 from tuner.study import (
@@ -334,7 +335,8 @@ def check_table(p: Prepared, *, workers: int = 1, given: frozenset[str] = frozen
     s = p.settings
     price = price_for(s.cost, source=s.source)
     knobs = [f"{k.name} {_span(k.range_of(s.search))}" for k in space.tuned(s.search)]
-    server = s.server.launcher + (f" {s.server.image}" if s.server.launcher == "docker" else "") + (
+    server = s.server.launcher + (f" {s.server.image} (the Docker engine and the image are checked when a run "
+                                  f"starts, not here)" if s.server.launcher == "docker" else "") + (
         f" {s.server.url}" if s.server.launcher == "remote" else "")
     span = float(p.traffic["timestamp"].iloc[-1] - p.traffic["timestamp"].iloc[0]) if len(p.traffic) > 1 else 0.0
     incumbent = space.from_config(p.base, s.search, engine=p.engine)
@@ -396,10 +398,10 @@ def _step_rows(p: Prepared) -> list[tuple[str, str]]:
     k = int(above) + 1
     where = (f"lies between their {_ordinal(k)} and {_ordinal(k + 1)} slowest" if above % 1 else
              "is their slowest" if k == 1 else f"is their {_ordinal(k)} slowest")
-    rows = [("step", f"the busiest {step_s:g} s at each speed; at the recorded load {n} requests, whose p{q:g} "
+    rows = [("step", f"the busiest {step_s:g} s at each speed; at the recorded load {n} requests, whose {percentile_key(q)} "
                      f"{where}")]
     if above < STEADY_TAIL:
-        rows.append(("note", f"at the recorded load a step holds {n} requests, whose p{q:g} {where}: a slow request "
+        rows.append(("note", f"at the recorded load a step holds {n} requests, whose {percentile_key(q)} {where}: a slow request "
                              f"or two decide the SLA's verdict; a longer search.capacity.step_duration_s steadies it"))
     return rows
 

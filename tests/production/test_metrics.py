@@ -8,6 +8,7 @@ tests/production/test_exporter.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -90,6 +91,8 @@ def test_the_textfile_holds_the_audits_figures_with_units_and_labels(tmp_path):
     settings = study(tmp_path)
     labels = labels_for(settings)
     assert (labels.model, labels.version, labels.gpu) == ("m", "3", "cpu")  # the newest version directory
+    shouted = dataclasses.replace(settings, cost=dataclasses.replace(settings.cost, gpu="A100-40GB"))
+    assert labels_for(shouted).gpu == "a100-40gb"  # one GPU type, one label value, as the price table names it
     a = audit(tmp_path)
     path = write_textfile(
         tmp_path / "tuner.prom",

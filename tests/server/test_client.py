@@ -158,3 +158,16 @@ def test_cli_server_install_into_an_unusable_dir_is_one_line(tmp_path, capsys):
     # refused by the path check before any download: the directory, and why
     assert err == f"tuner: error: install directory {blocker / 'triton'}: cannot write there (Not a directory)"
     assert len(err.splitlines()) == 1
+
+
+def test_tritons_reason_is_an_unknown_option_it_names_before_its_usage_text():
+    from tuner.server.base import triton_reason
+
+    usage = ["/opt/tritonserver/bin/tritonserver: unrecognized option '--bogus-flag=1'", "Usage: tritonserver [options]",
+             "  --exit-on-error <boolean>", "\tExit the inference server if an error occurs during",
+             "\t--load-model argument will result in error. Note that this option will only"]
+    assert triton_reason(usage) == "/opt/tritonserver/bin/tritonserver: unrecognized option '--bogus-flag=1'"
+    # Triton's own error line, as before: the last one, without its prefix
+    assert triton_reason(["I0101 x.cc:1] starting", "E0101 y.cc:2] Poll failed for model directory 'm'",
+                          "error: creating server: Internal - failed to load all models"]) == \
+        "Poll failed for model directory 'm'"

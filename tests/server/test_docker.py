@@ -22,12 +22,17 @@ import pytest
 from tuner.errors import ServerError, ServerSetupError
 from tuner.localhost import free_ports
 from tuner.server.docker import (
+    LABEL_HOST,
     LABEL_MANAGED,
+    LABEL_PID,
+    LABEL_PIDNS,
     LABEL_SESSION,
     DockerLauncher,
     device_requests,
     log_tail,
     managed_containers,
+    pid_namespace,
+    remove_orphans,
 )
 from tuner.settings import ServerSettings
 from tuner.trial import CRASHED
@@ -279,6 +284,38 @@ def test_container_of_a_killed_run_is_removed_by_the_next_start(engine):
 
 
 # --- pure helpers (no engine) --------------------------------------------------------------------
+
+
+def test_only_containers_whose_owner_is_gone_in_this_pid_namespace_are_removed(capsys):
+    """Two pods of one node share its hostname (hostNetwork), not their process ids: a container of
+    another PID namespace is named, never removed (its pid, alive or not here, says nothing of its run)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    class Container:
+        def __init__(self, name: str, pid: int, pidns: str | None) -> None:
+            self.name, self.attrs, self.removed = name, {"Mounts": []}, False
+            self.labels = {LABEL_MANAGED: "1", LABEL_HOST: socket.gethostname(), LABEL_PID: str(pid),
+                           **({LABEL_PIDNS: pidns} if pidns is not None else {})}
+
+        def remove(self, force: bool) -> None:
+            self.removed = True
+
+    here = pid_namespace()
+    containers = [Container("ours-dead", dead.pid, here), Container("ours-live", os.getpid(), here),
+                  Container("other-pod", dead.pid, "4026531999"), Container("old-label", dead.pid, None)]
+
+    class Client:
+        class containers:  # noqa: N801 (docker's client.containers)
+            @staticmethod
+            def list(all: bool, filters: dict) -> list:  # noqa: A002 (docker's own name)
+                return containers
+
+    assert here and remove_orphans(Client()) == ["ours-dead"]
+    assert [c.name for c in containers if c.removed] == ["ours-dead"]
+    err = capsys.readouterr().err
+    assert "left 2 container(s) of a tuner run in another PID namespace" in err and "other-pod, old-label" in err
+
 
 @pytest.mark.parametrize(("gpus", "count", "ids"), [
     ("all", -1, None), (2, 2, None), ("2", 2, None), ([0, 3], None, ["0", "3"]),

@@ -74,6 +74,21 @@ def test_model_not_loaded_is_a_setup_error(owner):
         _remote(owner, ["nope"]).start()
 
 
+def test_a_grpc_replays_endpoint_that_does_not_answer_is_a_setup_error(owner):
+    from tuner.localhost import free_ports
+
+    (port,) = free_ports(1)  # nothing listens there: a wrong server.grpc_url (or the HTTP port + 1 guessed wrong)
+    wrong = RemoteLauncher(owner.endpoints.http, grpc_url=f"grpc://127.0.0.1:{port}", models=["encoder_sim"],
+                           check_grpc=True)
+    with pytest.raises(ServerSetupError, match=rf"no gRPC endpoint answers at 127.0.0.1:{port} .*replay.protocol grpc"):
+        wrong.start()
+    # the same with the replay by HTTP: gRPC is not needed, not checked
+    with RemoteLauncher(owner.endpoints.http, grpc_url=f"grpc://127.0.0.1:{port}", models=["encoder_sim"]):
+        pass
+    with RemoteLauncher(owner.endpoints.http, grpc_url=owner.endpoints.grpc, models=["encoder_sim"], check_grpc=True):
+        pass
+
+
 @pytest.mark.parametrize("url,grpc_url,key,why", [
     ("localhost", None, "server.url", "no port"),
     ("127.0.0.1:abc", None, "server.url", "port 'abc' is not a number"),

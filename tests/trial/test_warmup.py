@@ -172,8 +172,8 @@ def test_the_windows_are_always_printed_with_their_uncertainty():
 # --- repeats near the limit --------------------------------------------------------------------------
 
 
-def m(p99: float, valid: bool = True) -> Measurement:
-    return Measurement(speed=1.0, offered_rps=10, duration_s=1, requests=10, errors=0, error_rate=0.0,
+def m(p99: float, valid: bool = True, errors: int = 0) -> Measurement:
+    return Measurement(speed=1.0, offered_rps=10, duration_s=1, requests=10, errors=errors, error_rate=errors / 10,
                        throughput_rps=10, latency_ms={"p50": p99 / 2, "p99": p99}, send_lag_ms={"p99": 0.1},
                        valid=valid)
 
@@ -202,6 +202,10 @@ def test_two_runs_that_straddle_the_limit_fail_it():
     assert result.repeats == 2 and result.latency_ms["p99"] == 107.0
     three = iter([107.0, 80.0, 98.0])  # 107 vs 80 disagree, 80 vs 98 agree: the median of three stands
     assert with_repeats(lambda s: m(next(three)), sla=sla, near=0.15, max_repeats=3, pct=20)(2.0).latency_ms["p99"] == 98.0
+    # two that straddle the error budget: the faster one failed requests, the slower held its limit
+    runs = iter([m(92.0, errors=1), m(97.0)])
+    worse = with_repeats(lambda s: next(runs), sla=sla, near=0.15, max_repeats=3, pct=10)(2.0)
+    assert worse.repeats == 2 and worse.errors == 1 and worse.latency_ms["p99"] == 92.0
 
 
 # --- on a real server ----------------------------------------------------------------------------------

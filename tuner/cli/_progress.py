@@ -43,9 +43,11 @@ class Bars(Progress):
         self.bar.refresh()
 
     def step(self, m) -> None:
-        # on the trials bar: which replay of the trial runs now (a generative trial's last minutes)
-        if self.bar is not None and self.bar.desc == "trials":
-            self.bar.set_postfix_str(", ".join(filter(None, (self._best, f"step x{m.speed:.3g}"))))
+        # which replay of the trial (or of the re-measured configuration) runs now: a generative trial's
+        # capacity search lasts minutes under one count
+        if self.bar is not None and self.bar.desc in ("trials", "re-measure"):
+            best = self._best if self.bar.desc == "trials" else ""
+            self.bar.set_postfix_str(", ".join(filter(None, (best, f"step x{m.speed:.3g}"))))
 
     def profile_point(self, done: int, total: int, what: str) -> None:
         if self.enabled and (self.bar is None or self.bar.desc != "profile"):

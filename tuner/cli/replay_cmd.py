@@ -139,7 +139,8 @@ def _replay(args: argparse.Namespace) -> int:
           + (f", {m.attempts} attempts (the send lag broke its budget)" if m.attempts > 1 else ""))
     from tuner.score import check_sla
 
-    print(format_measurement(m, settings.sla.percentile, verdict=sla_verdict_row(m, settings.sla, check_sla)))
+    verdict = sla_verdict_row(m, settings.sla, check_sla)
+    print(format_measurement(m, settings.sla.percentile, verdict=verdict))
     if args.json:
         figures = {k: v for k, v in dataclasses.asdict(m).items() if k != "latencies_ms"}
         if m.max_batch_size <= 0:
@@ -149,7 +150,8 @@ def _replay(args: argparse.Namespace) -> int:
                 "config": _config_path(args),
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
                 # what the server ran, read back from it: the measurement says which configuration it is of
-                "running": space.deployed(running)}
+                "running": space.deployed(running),
+                "sla": _sla_json(m, settings.sla, check_sla, row=verdict)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, m.first_error)
 
@@ -226,7 +228,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     from tuner.server.remote import check_remote
     from tuner.study import base_config, engine_file, study_traffic
     from tuner.traffic import mean_output_tps
-    from tuner.trial.generate import check_context, keeping_up, replay_generate
+    from tuner.trial.generate import check_context, keeping_up, load_check, replay_generate
 
     config_params, engine_params = space.split(params)
     if config_params:
@@ -263,10 +265,13 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     m = run.measurement
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
-    # the rule tune judges the same window by: a step's (it also fails an engine fallen behind), else the load's
-    check = keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic)) if args.step else check_tokens
+    # the rule tune judges the same window by: a step's (it also fails an engine fallen behind), else the
+    # load's (the same, unless the window is too short to tell: load_check)
+    check = (keeping_up(check_tokens, tokens_per_s=mean_output_tps(traffic)) if args.step
+             else load_check(check_tokens, m, tokens_per_s=mean_output_tps(traffic)))
+    verdict = sla_verdict_row(m, settings.sla, check)
     print(format_generate(run, settings.sla.percentile, average_tokens_per_s=speed * mean_output_tps(traffic),
-                          verdict=sla_verdict_row(m, settings.sla, check)))
+                          verdict=verdict))
     if args.json:
         from tuner.llm.engine_watch import batch_figures
 
@@ -276,7 +281,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         data = {"measurement": _figures(m), "all_requests": _figures(run.whole),
                 "engine": engine, "config": _config_path(args),
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
-                "engine_args": ran}
+                "engine_args": ran, "sla": _sla_json(m, settings.sla, check, row=verdict)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
     return _exit_code(m, run.first_error)
 
@@ -311,6 +316,12 @@ def _engine_figures(engine) -> dict | None:
             out[f"{key}_ms"] = {"mean": hist.mean() * 1e3, "p50": hist.quantile(0.5) * 1e3,
                                 "p99": hist.quantile(0.99) * 1e3, "count": hist.count}
     return out
+
+
+def _sla_json(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSettings], SlaCheck], *, row: str) -> dict:
+    """--json's SLA verdict, as the table's row says it: `held` true or false, null where the row gives
+    no verdict (a replay that was not valid, a generative study that limits no token figure)."""
+    return {"held": None if row.startswith("no verdict") else bool(check(m, sla).ok), "verdict": row}
 
 
 def sla_verdict_row(m: Served, sla: SlaSettings, check: Callable[[Served, SlaSettings], SlaCheck]) -> str:
@@ -440,8 +451,11 @@ def format_measurement(m: Measurement, sla_percentile: float = 99.0, *, verdict:
 def _repeats(m: Measurement, sla_percentile: float) -> str:
     """A measurement near the SLA's limit was replayed again on the same window (tuner.trial.step's
     repeat policy): the table is of the median one, not of a single replay."""
-    return (f"{m.repeats} replays of the same window (its p{sla_percentile:g} was near the SLA's limit); "
-            f"the median by p{sla_percentile:g} is shown")
+    from tuner.measurement import percentile_key
+
+    q = percentile_key(sla_percentile)
+    return (f"{m.repeats} replays of the same window (its {q} was near the SLA's limit); the median by how far "
+            f"each breaks the SLA is shown (of two, the worse)")
 
 
 def _executions(m: Measurement) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.audit import check_same_gpu
 from tuner.errors import InputError
 from tuner.files import read_json_object
 from tuner.measurement import percentile_key
@@ -43,6 +44,7 @@ def load_engine_baseline(path: str | Path, settings: StudySettings) -> EngineBas
     if traffic and Path(traffic).name != Path(settings.traffic.path).name:
         raise InputError(f"{where} was tuned on {Path(traffic).name}, this audit's study replays "
                          f"{Path(settings.traffic.path).name}: the capacities do not compare")
+    check_same_gpu(where, summary, settings)
     return EngineBaseline(str(summary_path), dict(best.get("params") or {}), float(capacity))
 
 

@@ -77,7 +77,8 @@ def labels_for(settings: StudySettings) -> Labels:
         versions = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
     except OSError:
         versions = []
-    return Labels(settings.model, str(max(versions)) if versions else "", settings.cost.gpu)
+    # the GPU as the price table names it (cost.gpu's case aside): one GPU type, one label value
+    return Labels(settings.model, str(max(versions)) if versions else "", settings.cost.gpu.lower())
 
 
 def _present(families: Iterable[Metric | None]) -> list[Metric]:

@@ -107,8 +107,11 @@ def statistics(http: str, model: str) -> dict:
     return stats[0]
 
 
-def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> RequestPlan:
-    """The tensors of every traffic row for this model (see the module doc); TrafficError if unfit."""
+def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame, *, drop_oversize: bool = False) -> RequestPlan:
+    """The tensors of every traffic row for this model (see the module doc); TrafficError if unfit.
+    `drop_oversize`: rows whose request would pass MAX_REQUEST_BYTES are left out instead of refused
+    (a warm-up's synthetic rows, up to max_batch_size rows of the traffic's longest shapes, which the
+    traffic itself, checked as it is, never sends)."""
     model = metadata.get("name") or config.get("name", "?")
     max_batch = int(config.get("max_batch_size", 0))
     batched = max_batch > 0
@@ -142,6 +145,10 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame) -> Reques
             dim_values.append(values)
     outputs = tuple(o["name"] for o in config.get("output", []))
 
+    if drop_oversize and n:
+        fits = _request_bytes(batched, inputs, dim_values=dim_values, n=n) <= MAX_REQUEST_BYTES
+        if fits.any() and not fits.all():
+            return plan_requests(metadata, config, traffic[fits])
     _check_request_sizes(model, batched, inputs, dim_values=dim_values, traffic=traffic)
 
     # One id per distinct combination of all dims, so requests are made once per shape, not per request.
@@ -261,14 +268,8 @@ def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], *, 
                          traffic: pd.DataFrame) -> None:
     """Refuse the first row whose tensors add up to more than MAX_REQUEST_BYTES (sizes in floats: a
     product of huge dims must not wrap around)."""
-    n = len(traffic)
-    pos = 1 if batched else 0
-    shapes, total = [], np.zeros(n)
-    for plan in inputs:
-        dims = ([dim_values[0]] if batched else []) + dim_values[pos:pos + len(plan.dims)]
-        pos += len(plan.dims)
-        shapes.append(dims)
-        total += np.prod(np.stack(dims), axis=0) * ITEMSIZE[plan.datatype] if dims else ITEMSIZE[plan.datatype]
+    total = _request_bytes(batched, inputs, dim_values=dim_values, n=len(traffic))
+    shapes = _input_dims(batched, inputs, dim_values)
     over = total > MAX_REQUEST_BYTES
     if not over.any():
         return
@@ -279,6 +280,23 @@ def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], *, 
     raise TrafficError(f"traffic row {traffic.index[i]}{stamp}: its request would carry "
                        f"{_bytes(total[i])} of tensor data ({described}), above the replay's limit of "
                        f"{_bytes(MAX_REQUEST_BYTES)} per request for model '{model}'")
+
+
+def _input_dims(batched: bool, inputs: list[InputPlan], dim_values: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Each input's dims, one array of values per dim (the batch dim first where the model batches)."""
+    pos, out = 1 if batched else 0, []
+    for plan in inputs:
+        out.append(([dim_values[0]] if batched else []) + dim_values[pos:pos + len(plan.dims)])
+        pos += len(plan.dims)
+    return out
+
+
+def _request_bytes(batched: bool, inputs: list[InputPlan], *, dim_values: list[np.ndarray], n: int) -> np.ndarray:
+    """Each row's tensor bytes, all inputs together (in floats: a product of huge dims must not wrap)."""
+    total = np.zeros(n)
+    for plan, dims in zip(inputs, _input_dims(batched, inputs, dim_values), strict=True):
+        total += np.prod(np.stack(dims), axis=0) * ITEMSIZE[plan.datatype] if dims else ITEMSIZE[plan.datatype]
+    return total
 
 
 def _bytes(n: float) -> str:

@@ -32,12 +32,14 @@ def check_fits(http: str, model: str, traffic: pd.DataFrame) -> None:
     _plan.plan_requests(metadata, config, traffic)
 
 
-def send_one_by_one(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: float = 30.0) -> Sent:
+def send_one_by_one(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: float = 30.0,
+                    drop_oversize: bool = False) -> Sent:
     """Send each row of `traffic` as one request (its shape from the row, as the replay makes it),
     each after the previous answer; returns the counts. Errors (an out-of-memory, a refused shape) are
-    counted, not raised: a warm-up goes on past them."""
+    counted, not raised: a warm-up goes on past them. `drop_oversize`: rows above the replay's size
+    limit per request are left out (`_plan.plan_requests`), as a warm-up's synthetic rows may be."""
     metadata, config = _plan.model_info(http, model)
-    plan = _plan.plan_requests(metadata, config, traffic)
+    plan = _plan.plan_requests(metadata, config, traffic, drop_oversize=drop_oversize)
     inputs = [(i.name, i.datatype) for i in plan.inputs]
     longest = [max((math.prod(shape[k]) for shape in plan.shapes), default=0) for k in range(len(inputs))]
     data = [memoryview(_http.tensor_data(datatype, n, seed=k))

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from tuner import export, search, space
 from tuner.files import write_atomic
 from tuner.formats import figure
+from tuner.measurement import percentile_key
 from tuner.report import _figures as figures
 from tuner.report._load import StudyOutput, _dig, load_output, simulated_vs_measured
 from tuner.soak import has_soak, last_soak
@@ -51,14 +52,17 @@ def recommendation_line(out: StudyOutput) -> str:
     """One line: what to set, its score and the gain over the incumbent."""
     if not isinstance(out.summary.get("best"), dict):
         sla = out.sla
-        return (f"No configuration met the SLA ({out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms): "
+        return (f"No configuration met the SLA ({out.latency_name} {percentile_key(sla['percentile'])} ≤ {_num(sla['latency_ms'], 0)} ms): "
                 f"nothing to recommend; the incumbent scores "
                 f"{_num(out.per_dollar('incumbent'), 0)} {out.score_label}.")
     params = _dig(out.summary, "best.params") or {}
     setting = ", ".join(f"{k}={v}" for k, v in params.items()) or "(no parameters recorded)"
     best, incumbent = (out.per_dollar(w) for w in ("best", "incumbent"))
     improvement = out.summary.get("improvement")
-    if improvement is None and best and incumbent:
+    # a summary of before the improvement was kept: computed here, unless its incumbent missed the SLA (a
+    # re-measured one's median would be half a measurement, tuner.search.met_sla)
+    if (improvement is None and best and incumbent and "improvement" not in out.summary
+            and _dig(out.summary, "incumbent.feasible") is not False):
         improvement = float(best) / float(incumbent) - 1
     if improvement is not None:
         gain = f"{float(improvement):+.1%} over the incumbent ({_num(incumbent, 0)})"
@@ -93,7 +97,7 @@ def _facts(out: StudyOutput) -> str:
         trials = f"{counts['total']} ({trials})"
     given = out.summary.get("sla") or {}
     limits = (export.sla_limits(given).replace("<=", "≤") if isinstance(given, dict) and out.latency_name != "latency"
-              else f"{out.latency_name} p{sla['percentile']:g} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
+              else f"{out.latency_name} {percentile_key(sla['percentile'])} ≤ {_num(sla['latency_ms'], 0)} ms")  # TTFT and TPOT
     return (f"SLA: {limits}, error rate ≤ "
             f"{sla['max_error_rate']:.2%} · price {_price(out.price_per_hour)} · "
             f"scoring: {out.summary.get('scoring', 'capacity')} · trials: {trials or len(out.trials)}{_servers(out)}")

@@ -38,7 +38,8 @@ def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool =
         # the originals it changes are kept where the study's next run looks: its output directory
         return RemoteLauncher(server.url, grpc_url=server.grpc_url, metrics_url=server.metrics_url, models=models,
                               read_only=read_only, model_repository=settings.model_repository or None,
-                              originals_dir=Path(settings.output) / "server")
+                              originals_dir=Path(settings.output) / "server",
+                              check_grpc=settings.replay.protocol == "grpc")
     if server.launcher == "docker":
         from tuner.server.docker import DockerLauncher  # the docker SDK loads only for this launcher
 

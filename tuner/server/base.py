@@ -124,9 +124,14 @@ def _stop_all() -> None:
 def triton_reason(lines: Iterable[str]) -> str:
     """Why Triton stopped, from its log's `lines`: its last own error line (`E1205 ...] Poll failed for
     model directory ...`), which its closing `error: creating server: ... failed to load all models`
-    only sums up, without the prefix; else the last line that says error (it prints its usage text
-    before the reason); "" when none does. One rule for every launcher's one-line failure."""
+    only sums up, without the prefix; an option it does not know, said before its usage text; else the
+    last line that says error (it prints its usage text before the reason); "" when none does. One rule for every launcher's one-line failure."""
     lines = list(lines)
+    # an option it does not know: said first (`tritonserver: unrecognized option '--x'`), then the usage
+    # text, whose lines mention errors of other options
+    unknown = [line.strip() for line in lines if "unrecognized option" in line or "option requires an argument" in line]
+    if unknown:
+        return unknown[0]
     # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start
     own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
     errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]

@@ -39,6 +39,7 @@ LABEL_MANAGED = "tuner.managed"
 LABEL_SESSION = "tuner.session"
 LABEL_HOST = "tuner.host"
 LABEL_PID = "tuner.pid"
+LABEL_PIDNS = "tuner.pidns"  # the owner's PID namespace: a pid means something only inside it
 REPO_IN_CONTAINER = "/models"
 LOG_NAME = "tritonserver.log"
 REPO_COPY_PREFIX = "tuner-docker-repo-"
@@ -119,7 +120,7 @@ class DockerLauncher(Launcher):
             name=self.container_name,
             detach=True,
             labels={LABEL_MANAGED: "1", LABEL_SESSION: self.session,
-                    LABEL_HOST: socket.gethostname(), LABEL_PID: str(os.getpid())},
+                    LABEL_HOST: socket.gethostname(), LABEL_PID: str(os.getpid()), LABEL_PIDNS: pid_namespace()},
             volumes={str(self._repo_copy): {"bind": REPO_IN_CONTAINER, "mode": "ro"}},
             shm_size=self.settings.shm_size,
             environment=environment,
@@ -135,6 +136,9 @@ class DockerLauncher(Launcher):
             self._container.start()
         except docker.errors.APIError as exc:
             raise ServerSetupError(self._explain_api_error(exc, ports)) from None
+        except docker.errors.DockerException as exc:  # the SDK's own checks (a size it cannot read), before any call
+            raise ServerSetupError(f"the Triton container: {first_line(exc)} (server.shm_size "
+                                   f"{self.settings.shm_size!r}?)") from None
         if self.settings.network == "published":
             self._check_published()
 
@@ -444,14 +448,30 @@ def managed_containers(client: docker.DockerClient, session: str | None = None) 
     return client.containers.list(all=True, filters={"label": labels})
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (its nsfs inode), '' where it cannot be read: two pods of one node
+    share its hostname (hostNetwork) but not their process ids."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
 def remove_orphans(client: docker.DockerClient) -> list[str]:
     """Remove tuner's containers whose owning process on this host is gone; returns their names.
-    Containers of live processes (another tuner run sharing the engine) are left alone."""
-    removed = []
-    host = socket.gethostname()
+    Containers of live processes (another tuner run sharing the engine) are left alone, and so are those
+    of a process in another PID namespace (another pod on the node): whether it lives cannot be told from
+    here, so they are named, for a person to remove once its run is gone."""
+    removed, elsewhere = [], []
+    host, ours = socket.gethostname(), pid_namespace()
     for container in managed_containers(client):
         labels = container.labels or {}
-        if labels.get(LABEL_HOST) != host or pid_alive(labels.get(LABEL_PID, "")):
+        if labels.get(LABEL_HOST) != host:
+            continue
+        if labels.get(LABEL_PIDNS, "") != ours:  # a label-less container: of a tuner before the label
+            elsewhere.append(container.name)
+            continue
+        if pid_alive(labels.get(LABEL_PID, "")):
             continue
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True)
@@ -463,6 +483,10 @@ def remove_orphans(client: docker.DockerClient) -> list[str]:
     if removed:
         print(f"tuner: removed {len(removed)} container(s) left by an earlier run: {', '.join(removed)}",
               file=sys.stderr)
+    if elsewhere:
+        print(f"tuner: left {len(elsewhere)} container(s) of a tuner run in another PID namespace (another pod "
+              f"or container on this host), whose process cannot be checked from here: {', '.join(elsewhere)}; "
+              f"`docker rm -f` them once that run is gone", file=sys.stderr)
     return removed
 
 

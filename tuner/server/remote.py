@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -68,6 +69,18 @@ def check_remote(url: str, models: Sequence[str] = (), *, read_only: bool = Fals
             raise ServerSetupError(f"model '{model}' is not loaded and ready on the server at {url}")
 
 
+def _check_grpc_port(address: str, url: str) -> None:
+    """The gRPC endpoint a gRPC replay sends to accepts a connection: a wrong port fails before any
+    replay, in one line, not as a window of refused requests."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=CONTROL_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ServerSetupError(f"no gRPC endpoint answers at {address} ({exc.strerror or exc}), where a replay with "
+                               f"replay.protocol grpc sends to the server at {url}: the HTTP port + 1 unless "
+                               f"server.grpc_url names it") from None
+
+
 def _check_explicit_mode(http: TritonHttp, url: str) -> None:
     """Unloading a model that does not exist is harmless, and refused unless control is explicit."""
     try:
@@ -111,7 +124,7 @@ class RemoteLauncher(Launcher):
                  *,
                  metrics_url: str | None = None, load_timeout_s: float = LOAD_TIMEOUT_S,
                  read_only: bool = False, model_repository: str | Path | None = None,
-                 originals_dir: str | Path | None = None):
+                 originals_dir: str | Path | None = None, check_grpc: bool = False):
         host, port = parse_host_port(url, where="server.url", error=ServerSetupError)
         if grpc_url:
             grpc = "{}:{}".format(*parse_host_port(grpc_url, where="server.grpc_url", schemes=("grpc",),
@@ -119,6 +132,7 @@ class RemoteLauncher(Launcher):
         else:
             grpc = f"{host}:{port + 1}"
         self.url = url
+        self.check_grpc = check_grpc  # the replay sends by gRPC: its endpoint must answer too
         self._endpoints = Endpoints(
             http=f"{host}:{port}",
             grpc=grpc,
@@ -146,6 +160,8 @@ class RemoteLauncher(Launcher):
             return
         try:
             check_remote(self.url, self.models, read_only=self.read_only)
+            if self.check_grpc:
+                _check_grpc_port(self._endpoints.grpc, self.url)
             for model in self.models:
                 original = self._recover(model)
                 self._originals[model] = original if original is not None else self._http.model_config(model)

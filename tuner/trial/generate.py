@@ -88,11 +88,14 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
     """Measure the generative model the server runs at a speed, as `tuner.trial.step.make_probe` measures an
     encoder: the step's window, and again with more load-generator processes while the send lag broke its
     budget. Not repeated near the SLA's limit (that policy reads an encoder's latency)."""
+    used = [0]  # the processes the attempt before used (tuner.trial.step.make_probe's rule)
+
     def run(speed: float, attempt: int) -> TokenMeasurement:
         part, warmup, end = windows(speed)
-        workers = retry_workers(settings.replay.workers, attempt) if attempt else None
+        workers = retry_workers(max(settings.replay.workers, used[0])) if attempt else None
         run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
                               duration_s=None if end is None else end - warmup)
+        used[0] = run.measurement.workers
         return dataclasses.replace(run.measurement, engine=batch_figures(run.stretch))
 
     return with_retries(run, tries=tries, on_measure=on_measure)

@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # Locust runs in its own processes: the replay package is imp
 
 from tuner.errors import TrafficError
 from tuner.measurement import Measurement, measure
+from tuner.score import check_sla
 from tuner.server import Launcher
 from tuner.settings import SlaSettings, StudySettings
 from tuner.traffic import due_offsets, step_window
@@ -122,11 +123,14 @@ def check_measured(windows: Windows, speed: float, *, source: str, hint: str = "
     raise TrafficError(f"{source}: no requests due in the measured window: at speed {speed:g} {where} ({hint})")
 
 
-def retry_workers(requested: int, attempt: int, cpus: int | None = None) -> int:
-    """Load-generator processes for a re-run: one more per attempt, leaving a core to the server
-    (on 2 cores a re-run is one process again: another try, reported if it stays invalid)."""
+def retry_workers(previous: int, cpus: int | None = None) -> int:
+    """Load-generator processes for a re-run after the send lag broke its budget: one more than the
+    attempt before used (`previous`), leaving a core to the server, and never fewer (a count asked for
+    above the cores stands; on 2 cores a re-run is one process again: another try, reported if it stays
+    invalid)."""
     cpus = cpus or os.cpu_count() or 1
-    return max(1, min((requested or 1) + attempt, cpus - 1))
+    previous = max(previous, 1)
+    return max(previous, min(previous + 1, cpus - 1))
 
 
 def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES,
@@ -149,9 +153,11 @@ def with_retries(run: Callable[[float, int], Measurement], *, tries: int = TRIES
 def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: int, pct: float) -> Probe:
     """A measurement that decides a close call, repeated on the same window: when its SLA percentile
     is within `near` (a share) of the limit, again until two in a row agree within `pct` percent or
-    `max_repeats` ran; the median one (by that percentile) stands, with the repeats it took. Of an even
-    count the slower middle one stands: two runs that straddle the limit fail it, as their median
-    (between them) would, where the faster would pass a step that one real run broke."""
+    `max_repeats` ran; the median one stands, with the repeats it took, ranked by how far each breaks the
+    SLA (`tuner.score.check_sla`'s violation: its percentile against the limit, its errors against their
+    budget, whichever is worse). Of an even count the worse middle one stands: two runs that straddle
+    the limit fail it, as their median (between them) would, where the better would pass a step that
+    one real run broke (by its latency or by its errors)."""
 
     def repeated(speed: float) -> Measurement:
         runs = [probe(speed)]
@@ -167,7 +173,7 @@ def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: in
             a, b = runs[-2].latency(sla.percentile), runs[-1].latency(sla.percentile)
             if abs(a - b) <= pct / 100 * max(a, b):
                 break
-        ranked = sorted(runs, key=lambda r: r.latency(sla.percentile))
+        ranked = sorted(runs, key=lambda r: (check_sla(r, sla).violation, r.latency(sla.percentile)))
         return dataclasses.replace(ranked[len(ranked) // 2], repeats=len(runs))
 
     return repeated
@@ -178,12 +184,15 @@ def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *,
                on_measure: Callable[[Measurement], None] | None = None) -> Probe:
     """Measure the configuration the server runs now at a speed (`max_batch_size` is that
     configuration's, for the fill rate). `on_measure` sees every replay's measurement."""
+    used = [0]  # the processes the attempt before used (the first: as many as the replay decides)
+
     def run(speed: float, attempt: int) -> Measurement:
         part, warmup, duration = windows(speed)
         # a re-run after the send lag broke its budget: more load-generator processes
-        workers = retry_workers(settings.replay.workers, attempt) if attempt else None
+        workers = retry_workers(max(settings.replay.workers, used[0])) if attempt else None
         m, _ = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=duration,
                                max_batch_size=max_batch_size, workers=workers, progress=progress)
+        used[0] = m.workers
         return m
 
     probe = with_retries(run, tries=tries, on_measure=on_measure)
