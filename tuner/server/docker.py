@@ -386,7 +386,10 @@ def pull_with_progress(client: docker.DockerClient, image: str) -> None:
     """`docker pull` with one progress bar over all layers (an NGC image is many gigabytes)."""
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
     layers: dict[str, tuple[int, int]] = {}
-    with tqdm(total=0, unit="B", unit_scale=True, desc=f"pull {image}", file=sys.stderr, leave=False) as bar:
+    # disable=None: no bar where stderr is not a terminal (a log, a script's capture), whose line an
+    # error would otherwise follow on the bar's unerased one
+    with tqdm(total=0, unit="B", unit_scale=True, desc=f"pull {image}", file=sys.stderr, leave=False,
+              disable=None) as bar:
         for event in client.api.pull(repository, tag=tag or "latest", stream=True, decode=True):
             if "error" in event:
                 raise docker.errors.APIError(event["error"])
