@@ -669,10 +669,14 @@ def _check_docker_fields(server: ServerSettings, source: str) -> None:
         raise SettingsError(f"{source}: server.shm_size: expected a size such as 256m or 1g (a number, then b, "
                             f"k, m or g), got {server.shm_size!r}")
     gpus = server.gpus
-    ids = (gpus if isinstance(gpus, list) else [] if gpus is None or isinstance(gpus, int) or str(gpus).strip() in
-           ("", "all") else [p.strip() for p in str(gpus).strip().removeprefix("device=").split(",")])
-    if (isinstance(gpus, int) and not isinstance(gpus, bool) and gpus < 0) or isinstance(gpus, bool) or \
-            any(not str(i).isdigit() for i in ids):
+    if isinstance(gpus, bool) or isinstance(gpus, int):  # a count (a bool is YAML's yes/no, not one)
+        ok = not isinstance(gpus, bool) and gpus >= 0
+    elif isinstance(gpus, list):  # device ids
+        ok = all(str(i).isdigit() for i in gpus)
+    else:  # None, "", "all", a count as text, or device ids as text ("0,1", "device=0,1")
+        text = str(gpus or "").strip()
+        ok = text in ("", "all") or all(p.strip().isdigit() for p in text.removeprefix("device=").split(","))
+    if not ok:
         raise SettingsError(f"{source}: server.gpus: expected 'all', a count or device ids (0,1 or [0, 1]), "
                             f"got {gpus!r}")
 
