@@ -160,13 +160,13 @@ class RemoteLauncher(Launcher):
             return
         try:
             check_remote(self.url, self.models, read_only=self.read_only)
-            if self.check_grpc:
-                _check_grpc_port(self._endpoints.grpc, self.url)
             for model in self.models:
                 original = self._recover(model)
                 self._originals[model] = original if original is not None else self._http.model_config(model)
         except ServerSetupError as exc:
             raise self._failure(exc) from None
+        if self.check_grpc:  # the study's endpoint, not a server that failed since it was reached: as it is
+            _check_grpc_port(self._endpoints.grpc, self.url)
         self._started = True
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
