@@ -288,7 +288,9 @@ def test_a_profile_on_real_triton_finds_the_emulated_gpu_its_cold_start_left_out
     held = [r for r in (2, 4, 8, 12, 16) if (r, shortest) in {(p.rows, p.length) for p in profile.points}]
     table_lines = printed.split("batches of N separate one-row requests vs one request of N rows")[1].splitlines()
     assert [line.split()[0] for line in table_lines[2:2 + len(held)]] == [str(n) for n in held], printed
-    assert "did not form one batch" not in printed
+    # none given up ("... did not form one batch behind the slowest execution"); a loaded machine may
+    # start some of an N's sends late, which the profile says ("timed 4 of 5 times") and keeps (CI saw it)
+    assert "did not form one batch behind" not in printed
     assert 0 <= profile.host_ms_per_request < 1.0
     assert 0 <= profile.host_ms_per_row < 0.1 and 0 <= profile.host_ms_per_execution < 2
     assert 0 < profile.overhead_ms < 10 and profile.concurrent_executions == 1
