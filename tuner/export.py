@@ -64,6 +64,10 @@ __all__ = ["RECOMMENDED", "RECOMMENDED_ENGINE", "SUMMARY", "TRIALS", "check_comm
            "sla_limits", "storage_of", "study_unit", "summarize", "trials_frame", "unmeasured_advice",
            "write_latency_records", "write_outputs"]
 
+# the rounding of one score computed two ways (a range's edge from the speeds, the score from the rate):
+# scores that differ by less, relatively, are the same score
+_ROUNDING = 1e-9
+
 SUMMARY = "summary.json"
 TRIALS = "trials.csv"
 RECOMMENDED = Path("recommended") / "config.pbtxt"
@@ -297,13 +301,13 @@ def summarize(study: optuna.Study) -> dict:
 def _overlap(lower: list, upper: list) -> bool:
     """Whether the range `lower` (below or beside `upper`) reaches into `upper`: a range's top is the
     score at its first failing speed (the capacity lies under it), so a top that only touches the other's
-    bottom (capacity searches share a grid of speeds) is apart; a relative 1e-9 absorbs the rounding of
-    one score computed two ways."""
-    return lower[1] > upper[0] * (1.0 + 1e-9)
+    bottom (capacity searches share a grid of speeds) is apart, within `_ROUNDING`."""
+    return lower[1] > upper[0] * (1.0 + _ROUNDING)
 
 
 def _zero_if_tiny(x: float) -> float:
-    return 0.0 if abs(x) < 1e-9 else x
+    """A relative change within `_ROUNDING` of none is none (a range's edge that only touches)."""
+    return 0.0 if abs(x) < _ROUNDING else x
 
 
 def recommended_entry(summary: dict) -> dict | None:
