@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from benchmarks import encoder_sim
+from tuner import space
 from tuner.cli import main
 from tuner.search import open_storage
 from tuner.simulate import write_profile
@@ -267,11 +268,15 @@ def test_the_measured_top_covers_distinct_regions_and_the_best_comes_first(tmp_p
         (16, 2000), (24, 2000), (8, 2000), (16, 1000), (17, 2000), (16, 0), (25, 1000), (2, 0)]
     assert diverse_top(ranking, settings, count=0) == []
     # the note says why each was picked: a fourth pick, with every region near the best covered, is the next in rank
-    from tuner.search._model import _pick_words
+    from tuner.search._model import _diverse_picks
 
-    assert _pick_words(diverse_top(ranking, settings, count=4), ranking, settings) == [
-        "batch 16, delay us 2000 (its best)", "batch 24, delay us 2000 (another region)",
-        "batch 8, delay us 2000 (another region)", "batch 16, delay us 1000 (next in rank)"]
+    assert [(space.describe(p), why) for p, why in _diverse_picks(ranking, settings, count=4)] == [
+        ("batch 16, delay us 2000", "its best"), ("batch 24, delay us 2000", "another region"),
+        ("batch 8, delay us 2000", "another region"), ("batch 16, delay us 1000", "next in rank")]
+    # ... and a pick in a region the known cover is the next in rank, though no pick before it is there
+    assert [why for _, why in _diverse_picks(ranking, settings, count=2, known=[
+        dict(max_batch_size=16, max_queue_delay_microseconds=2000),
+        dict(max_batch_size=24, max_queue_delay_microseconds=2000)])] == ["another region", "next in rank"]
 
 
 def test_a_region_is_a_half_octave_around_a_batch_size_not_a_bin(tmp_path):

@@ -213,6 +213,16 @@ def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
     cannot tell from its best (simulated within `search.model_error`, the error it is allowed, of the
     best's value), then the rest in ranked order. So the measurements cover where the simulation may
     be wrong instead of spending the budget on near-copies of one point."""
+    return [params for params, _ in _diverse_picks(ranking, settings, count=count, known=known)]
+
+
+# why `_diverse_picks` chose a configuration, as the model strategy's note says it
+_BEST, _REGION, _NEXT = "its best", "another region", "next in rank"
+
+
+def _diverse_picks(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
+                   known: Iterable[dict] = ()) -> list[tuple[dict, str]]:
+    """`diverse_top`'s picks, each with why it was chosen (`_BEST`, `_REGION` or `_NEXT`)."""
     if count <= 0:
         return []
     known = list(known)
@@ -223,32 +233,40 @@ def diverse_top(ranking: pd.DataFrame, settings: StudySettings, *, count: int,
     rows = [_params(row, settings) for _, row in feasible.iterrows()]
     close = (feasible["value"] >= float(feasible["value"].iloc[0]) * (1.0 - settings.search.model_error)).tolist()
     fresh = [(p, c) for p, c in zip(rows, close, strict=True) if tuple(sorted(p.items())) not in keys]
-    picks: list[dict] = []
+    picks: list[tuple[dict, str]] = []
     if fresh and fresh[0][0] == rows[0]:  # the best is measured first, near-copy of the known or not
-        picks.append(rows[0])
-    covered = [*known, *picks]
+        picks.append((rows[0], _BEST))
+    covered = [*known, rows[0]] if picks else list(known)
     for params, near_best in fresh:
         if len(picks) == count:
             return picks
-        if near_best and params not in picks and not any(same_region(params, c) for c in covered):
-            picks.append(params)
+        if near_best and params not in covered and not any(same_region(params, c) for c in covered):
+            picks.append((params, _REGION))
             covered.append(params)
+    chosen = [params for params, _ in picks]
     for params, _ in fresh:  # every region near the best covered: the ranking's order
         if len(picks) == count:
             break
-        if params not in picks:
-            picks.append(params)
+        if params not in chosen:
+            picks.append((params, _NEXT))
+            chosen.append(params)
     return picks
 
 
 def enqueue_ranked(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int) -> list[dict]:
     """Enqueue `count` simulated configurations the study has not measured or queued yet, chosen by
     `diverse_top` (only those that met the SLA in simulation), best first; returns them."""
+    return [params for params, _ in _enqueue_picks(study, ranking, settings, count=count)]
+
+
+def _enqueue_picks(study: optuna.Study, ranking: pd.DataFrame, settings: StudySettings, *, count: int
+                   ) -> list[tuple[dict, str]]:
+    """`enqueue_ranked`, each pick with why it was chosen (`_diverse_picks`)."""
     # queued trials too (their parameters not drawn yet): a resumed study still holds the picks it queued
     known = [params for t in study.get_trials(deepcopy=False) if (params := drawn(t))]
     ranks = {tuple(sorted(_params(row, settings).items())): int(row["rank"]) for _, row in ranking.iterrows()}
-    picks = diverse_top(ranking, settings, count=count, known=known)
-    for params in picks:
+    picks = _diverse_picks(ranking, settings, count=count, known=known)
+    for params, _ in picks:
         study.enqueue_trial(params, user_attrs={"simulated_rank": ranks[tuple(sorted(params.items()))]})
     return picks
 
@@ -391,7 +409,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     deadline = None if timeout_s is None else time.monotonic() + timeout_s  # one clock for both runs
     picks = _enqueue_ranked_within(study, ranking, s, trials=trials, upto=s.search.model_top)
     if picks:
-        note("simulation's picks to measure: " + "; ".join(_pick_words(picks, ranking, s)))
+        note("simulation's picks to measure: " + "; ".join(f"{space.describe(p)} ({why})" for p, why in picks))
     elif queued := [drawn(t) for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
                     if "simulated_rank" in t.user_attrs]:
         note("simulation's picks still to measure (queued by the run this one resumes): "
@@ -456,27 +474,15 @@ def _describe(verdict: dict, measured: int, threshold: float) -> str:
                                                             if verdict["discordant"] else ""))
 
 
-def _pick_words(picks: list[dict], ranking: pd.DataFrame, s: StudySettings) -> list[str]:
-    """Each pick and why `diverse_top` chose it: the simulation's best, another region than the picks
-    before it, or the next in rank (every region near the best was covered)."""
-    best = _params(ranking[ranking["value"] > 0].iloc[0], s) if (ranking["value"] > 0).any() else None
-    words = []
-    for i, params in enumerate(picks):
-        why = ("its best" if params == best else
-               "another region" if not any(same_region(params, c) for c in picks[:i]) else "next in rank")
-        words.append(f"{space.describe(params)} ({why})")
-    return words
-
-
 def _enqueue_ranked_within(study: optuna.Study, ranking: pd.DataFrame, s: StudySettings, *, trials: int,
-                           upto: int) -> list[dict]:
+                           upto: int) -> list[tuple[dict, str]]:
     """Enqueue the simulation's next picks (`diverse_top`) until the study holds `upto` of them, no more
     than the budget has room for beyond the trials begun and those queued (a queued trial always runs:
     `run_trials` empties the queue). The picks a resumed study holds (queued, measured, or interrupted
     and queued again) count: it measures what the run it resumes would have, not `model_top` more."""
     waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
     room = max(0, trials - spent(study) - waiting)
-    return enqueue_ranked(study, ranking, s, count=min(upto - len(_picked(study)), room))
+    return _enqueue_picks(study, ranking, s, count=min(upto - len(_picked(study)), room))
 
 
 def _picked(study: optuna.Study) -> set[tuple]:
