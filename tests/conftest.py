@@ -88,25 +88,33 @@ SLOWEST_FIRST = ("test_tune_e2e.py", "test_nightly_server.py", "test_report.py",
 # two cores and no worker idles on the engine lock (`EngineGroupScheduling`).
 ENGINE_GROUP = "vllm-engine"
 ENGINE_PATHS = ("tests/llm/", "tests/production/test_engine_audit.py")
+# The tests that take `no_vllm_engine_beside` join the group: the engine's worker runs them in turn, when
+# no engine runs, where another worker holding the engine lock had the engine's worker idle on it (CI:
+# 150 s). By node id: xdist's scheduler sees no fixtures (`pytest_collection_modifyitems` checks the list).
+ENGINE_BESIDE = ("tests/test_tune_e2e.py::test_tune_recommends_a_config_that_loads_beats_the_incumbent_and_holds_its_capacity",)
 
 
 def engine_scope(nodeid: str) -> str | None:
-    """ENGINE_GROUP for a test that starts vLLM's engine (by its file), else None."""
-    return ENGINE_GROUP if nodeid.startswith(ENGINE_PATHS) else None
+    """ENGINE_GROUP for a test that starts vLLM's engine (by its file) or must not run beside it, else None."""
+    return ENGINE_GROUP if nodeid.startswith(ENGINE_PATHS) or nodeid.split("[")[0] in ENGINE_BESIDE else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The engine tests first, then the slowest files; in a file, the tests that take
+    """The engine's group first (`engine_scope`), then the slowest files; in a file, the tests that take
     `one_multi_process_study_at_a_time` first: they are done within minutes of the start, before the
     other worker reaches the other file of such tests (its worker would otherwise idle for minutes on
-    the lock); the tests that take `no_vllm_engine_beside` last: by then the engine tests, run first,
-    are mostly done, and the wait for the engine lock is short."""
+    the lock)."""
+    stray = [item.nodeid for item in items if "no_vllm_engine_beside" in getattr(item, "fixturenames", ())
+             and engine_scope(item.nodeid) is None]
+    if stray:
+        raise pytest.UsageError(f"tests/conftest.py: add to ENGINE_BESIDE the tests that take no_vllm_engine_beside: "
+                                f"{', '.join(stray)}")
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
 
-    def key(item: pytest.Item) -> tuple[int, int, bool, bool]:
+    def key(item: pytest.Item) -> tuple[bool, int, bool]:
         fixtures = getattr(item, "fixturenames", ())
         return (engine_scope(item.nodeid) is None, rank.get(item.path.name, len(rank)),
-                "one_multi_process_study_at_a_time" not in fixtures, "no_vllm_engine_beside" in fixtures)
+                "one_multi_process_study_at_a_time" not in fixtures)
 
     items.sort(key=key)  # stable: the rest keep their order
 
@@ -164,7 +172,8 @@ def no_vllm_engine_beside(tmp_path_factory):
     """For a test whose claim is a timing measured twice, minutes apart (a capacity found by `tune`,
     then held by fresh replays): the engine takes both cores in bursts, so one measurement beside it
     and the other not disagree by more than the claim's margin (CI: p99 118 ms at 0.9x a capacity
-    found at p99 <= 100 ms). It holds the engine lock, so no engine runs while it does."""
+    found at p99 <= 100 ms). Under xdist it runs in the engine's group (`ENGINE_BESIDE`), where the lock
+    is never contended; it holds the engine lock for any other way of spreading the tests."""
     with take_turns(tmp_path_factory, "vllm-engine.lock"):
         yield
 
