@@ -79,12 +79,12 @@ if [ -f docker/start-engine.sh ] && command -v dockerd >/dev/null && [ "$(id -u)
 fi
 
 step "test suite"
-# Most of the suite waits on servers and replays in real time, not on the CPU (two cores ~40 % busy
-# on average with three workers): three pytest workers (pytest-xdist) take about 17 minutes where two
-# took 21. The multi-process study tests, which time kills and heartbeats, take turns on a lock
-# (tests/conftest.py). Each test file stays on one worker, the slowest first (tests/conftest.py orders
-# them). TUNER_TEST_WORKERS=0 runs it in this process.
-workers=${TUNER_TEST_WORKERS:-3}
+# Most of the suite waits on servers and replays in real time, not on the CPU: with three pytest workers
+# (pytest-xdist) two cores were ~60 % busy and the tests took 26-28 minutes; four keep them ~80 % busy
+# and took 20 (2026-12-07). The multi-process study tests, which time kills and heartbeats, take turns
+# on a lock, and vLLM's engine tests run on one worker (tests/conftest.py). Each test file stays on one
+# worker, the slowest first (tests/conftest.py orders them). TUNER_TEST_WORKERS=0 runs it in this process.
+workers=${TUNER_TEST_WORKERS:-4}
 parallel=()
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 set +e

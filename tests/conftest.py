@@ -76,7 +76,7 @@ def postgres():
         yield cluster
 
 
-# The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on three
+# The slowest files first (each minutes of real tuning): scripts/run-tests.sh runs the suite on four
 # workers, a file per worker, in this order (`--no-loadscope-reorder`), so the long files start at once.
 # The two files of multi-process studies (test_tune_e2e, test_postgres) take turns on a lock: the
 # second starts only when a worker is done with the third file, by when the first has let it go.

@@ -417,10 +417,13 @@ def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_sam
                                                     **QUICK_TRIALS})  # the claim is the resume, not the capacity
     output = tmp_path / "single"
     db = f"sqlite:///{output / 'study.db'}"
-    first = tuner_process("tune", str(study_file), "--quiet")
+    first_log = tmp_path / "first.log"
+    first = tuner_process("tune", str(study_file), "--quiet", log=first_log)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        # a generous deadline: four test workers on 2 cores slow a trial several times (CI: the incumbent
+        # alone took over 120 s); a run that ended before is a failure of its own, said with its log
+        deadline, states = time.monotonic() + 300, []
+        while time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.5)
             if (output / "study.db").exists():
                 try:
@@ -430,9 +433,11 @@ def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_sam
                 if TrialState.COMPLETE in states and TrialState.RUNNING in states:
                     break
         else:
-            pytest.fail("no trial in flight after a finished one")
+            pytest.fail(f"no trial in flight after a finished one (exit {first.poll()}, trials {states}): "
+                        f"{first_log.read_text()[-3000:]}")
         first.send_signal(signal.SIGTERM)  # as a scheduler stops a job
-        log = first.communicate(timeout=60)[0]
+        first.wait(timeout=60)
+        log = first_log.read_text()
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
