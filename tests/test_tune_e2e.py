@@ -198,8 +198,9 @@ def run_two_worker_study(tmp_path: Path, name: str) -> tuple[Path, Path, subproc
     return study_file, tmp_path / name, run_tune(study_file, "--workers", "2", "--trials", "3")
 
 
-def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float = 150) -> None:
-    """Poll the study's storage until `ready(trial states)` holds; fail the test after `timeout_s`."""
+def wait_for_trials(output: Path, name: str, what: str, ready, timeout_s: float = 300) -> None:
+    """Poll the study's storage until `ready(trial states)` holds; fail the test after `timeout_s` (generous:
+    four test workers on 2 cores slow a trial several times)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(1.0)
@@ -233,7 +234,7 @@ def test_ctrl_c_in_a_two_worker_study_then_the_same_command_completes_it(tmp_pat
     assert not [t for t in interrupted if t.state == TrialState.RUNNING]
 
     again = run_tune(study_file, "--workers", "2", "--trials", "3")
-    log = again.communicate(timeout=240)[0]
+    log = again.communicate(timeout=420)[0]
     assert again.returncode == 0, log
     trials = load(output, "resume").get_trials()
     finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
