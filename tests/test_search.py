@@ -226,6 +226,25 @@ def test_an_interrupt_inside_ask_of_a_grid_study_loses_no_grid_point(tmp_path):
     assert len(measured) == space.grid_size(s.search)
 
 
+def test_a_grid_draw_of_the_point_a_retry_just_took_from_the_queue_is_its_duplicate():
+    """Two workers of a resumed grid study: one takes the interrupted point's retry from the queue, the
+    other draws that point from the grid before the retry suggested it (no parameters yet). The earlier
+    trial keeps it by what it was enqueued with (CI: both measured it, four trials where three were due)."""
+    from tuner.search._loop import _twin
+
+    study = optuna.create_study()
+    point = {"max_batch_size": 16, "max_queue_delay_microseconds": 0}
+    study.enqueue_trial(point, user_attrs={"retry_of": 2})
+    retry = study.ask()  # RUNNING, its parameters not suggested yet
+    assert retry.params == {}
+    drawn_later = study.ask()
+    assert _twin(study, drawn_later.number, point) == retry.number
+    assert _twin(study, retry.number, point) is None  # the earlier keeps it, whichever looks first
+    drawn_later.suggest_int("max_batch_size", 16, 16)
+    drawn_later.suggest_int("max_queue_delay_microseconds", 0, 0)
+    assert _twin(study, retry.number, point) is None and _twin(study, drawn_later.number, point) == retry.number
+
+
 def test_a_journal_from_an_earlier_version_resumes_and_a_dead_process_trial_is_retried(tmp_path):
     s = fake_settings(tmp_path, trials=3)
     journal = tmp_path / "out" / "study.journal"

@@ -348,8 +348,11 @@ def _grid_used_up(study: optuna.Study, settings: StudySettings) -> bool:
 
 def _twin(study: optuna.Study, number: int, params: dict) -> int | None:
     """A trial that measured these parameters, or an earlier one measuring them now (the earlier of
-    two drawn at once keeps it, whichever looks first)."""
+    two drawn at once keeps it, whichever looks first). A running trial's configuration is what it
+    was enqueued with until it suggests it (`drawn`): a retry taken from the queue a moment before a
+    grid draw of the same point has no parameters yet, and both measured it (CI: a resumed two-worker
+    study measured its interrupted point twice)."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
-        if t.number != number and t.params == params and (t.state != TrialState.RUNNING or t.number < number):
+        if t.number != number and drawn(t) == params and (t.state != TrialState.RUNNING or t.number < number):
             return t.number
     return None
