@@ -856,3 +856,14 @@ def test_a_full_disk_making_the_database_leaves_no_empty_file_or_directory(tmp_p
     line = _one_line_error(capsys)
     assert f"storage sqlite:///{db}: cannot open: database or disk is full" in line, line
     assert not db.exists() and not (tmp_path / "full").exists()
+
+
+def test_the_dry_run_of_a_docker_study_starts_nothing_and_says_when_docker_is_checked(tmp_path, capsys, monkeypatch):
+    # no Docker engine is reached: a DOCKER_HOST that nothing answers changes nothing in a dry run
+    study = write_tune_study(tmp_path, "dock", **{"server": {"launcher": "docker", "image": "example/triton:1"}})
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    assert main(["tune", str(study), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert ("docker example/triton:1 (the Docker engine and the image are checked when a run starts, not here)"
+            in out), out
+    assert out.rstrip().endswith("ok (nothing was started)") and not (tmp_path / "dock").exists()
