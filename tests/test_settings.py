@@ -154,11 +154,23 @@ def _study_file(tmp_path: Path, text: str) -> Path:
     ("replay: {warmup_s: -.inf}", "replay.warmup_s", "-inf"),
     ("sla: {percentile: .nan}", "sla.percentile", "nan"),
     ("cost: {price_per_hour: 1.0e+400}", "cost.price_per_hour", "inf"),
+    ("cost: {price_per_hour: 1e300000}", "cost.price_per_hour", "inf"),
 ])
 def test_nan_and_infinity_are_refused_naming_the_key(tmp_path, text, key, value):
     with pytest.raises(SettingsError) as exc:
         read_study(_study_file(tmp_path, text + "\n"))
     assert str(exc.value) == f"{tmp_path / 'study.yaml'}: {key}: expected a finite number, got {value}"
+
+
+def test_a_number_in_exponent_form_is_a_number_as_yaml_1_2_reads_it():
+    # PyYAML's YAML 1.1 wants a dot and a signed exponent; without the resolver these were strings
+    text = "a: 1e3\nb: 2.5e-3\nc: -1E+2\nd: .5e1\ne: 1e3x\nf: '1e3'\ng: 1.5\nh: 12\ni: 1_000e1\n"
+    assert parse_yaml(text, "s.yaml") == {"a": 1000.0, "b": 0.0025, "c": -100.0, "d": 5.0, "e": "1e3x",
+                                          "f": "1e3", "g": 1.5, "h": 12, "i": 10000.0}
+
+
+def test_a_latency_limit_written_2e2_is_200_ms(tmp_path):
+    assert read_study(_study_file(tmp_path, "sla: {latency_ms: 2e2}\n")).sla.latency_ms == 200
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, 2**40])

@@ -410,6 +410,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# PyYAML follows YAML 1.1, where a float needs a dot and a signed exponent: `1e3`, `2.5e3` and `1e-3`
+# were read as strings and refused as "expected a number". YAML 1.2 (and a person) reads them as numbers.
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def parse_yaml(text: str, source: str):
     """The data of YAML `text` (the safe loader, no key given twice); SettingsError
     `<source>:<line>:<column>: invalid YAML: <problem>` otherwise."""
