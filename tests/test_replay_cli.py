@@ -149,6 +149,13 @@ def test_step_replays_what_a_search_step_measures_at_that_speed(server, tmp_path
     m = json.loads(out.read_text())["measurement"]
     assert m["requests"] == 100 and m["duration_s"] == pytest.approx(0.5, abs=0.05)  # the burst's half second
     assert m["offered_rps"] == pytest.approx(200, rel=0.1)                             # not the traffic's 117
+    # a step longer than the traffic: a step replays all of it after its warm-up, and the line says so
+    run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic, step_s=5, warmup=False)),
+                "--step", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert ("one search step (the whole traffic after its warm-up: at this speed it lasts no longer than a step's "
+            "0.5 s of warm-up and 5 s)") in run.stdout
+    assert json.loads(out.read_text())["measurement"]["requests"] == 300  # all but the first 0.5 s's 50
 
 
 def test_a_duration_longer_than_the_traffic_says_what_is_replayed(server, tmp_path):

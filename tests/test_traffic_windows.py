@@ -131,3 +131,16 @@ def test_a_window_with_bad_bounds_is_refused_alike_in_a_table_and_a_recording(st
     with pytest.raises(TrafficError) as in_recording:
         read_window(open_recording(tmp_path / "t.parquet"), start, duration)
     assert str(in_table.value) == str(in_recording.value) == message
+
+
+def test_a_traffic_fits_one_step_when_it_lasts_no_longer_than_a_step_and_its_warm_up_at_that_speed():
+    from tuner.traffic import fits_one_step, step_window
+
+    traffic = pd.DataFrame({"timestamp": np.arange(31) / 10.0, "seq_len": 4})  # 3 s of the recording
+    assert fits_one_step(traffic, 1.0, 0.5, measured_s=2.5)        # 3 s <= 0.5 + 2.5
+    assert not fits_one_step(traffic, 1.0, 0.5, measured_s=2.4)
+    assert fits_one_step(traffic, 2.0, 0.5, measured_s=1.0)        # at twice the speed it lasts 1.5 s
+    assert fits_one_step(traffic.iloc[:0], 1.0, 0.0, measured_s=1.0)  # nothing: nothing to choose from
+    # step_window replays all of a traffic that fits, and a stretch of one that does not
+    assert step_window(traffic, 1.0, 0.5, measured_s=2.5)[0] is traffic
+    assert len(step_window(traffic, 1.0, 0.5, measured_s=1.0)[0]) < len(traffic)

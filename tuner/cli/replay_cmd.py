@@ -134,7 +134,7 @@ def _replay(args: argparse.Namespace) -> int:
                            progress=not args.quiet,
                            on_measure=say.append)
         m = probe(speed)
-    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, "
+    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, traffic, step=args.step, speed=speed)}, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}"
           + (f", {m.attempts} attempts (the send lag broke its budget)" if m.attempts > 1 else ""))
     from tuner.score import check_sla
@@ -203,11 +203,18 @@ def _windows(traffic, settings, *, args: argparse.Namespace, speed: float):
     return windows
 
 
-def _what(settings, step: bool) -> str:
-    """What the replay measured, when it is not the traffic from its start."""
+def _what(settings, traffic, *, step: bool, speed: float) -> str:
+    """What the replay measured, when it is not the traffic from its start: a step's busiest stretch, or
+    the whole traffic where it is no longer than a step at this speed (a step replays all of it then)."""
+    from tuner.traffic import fits_one_step
+
     if not step:
         return ""
-    return f", one search step (the busiest {settings.search.capacity.step_duration_s:g} s of the traffic)"
+    measured_s, warmup_s = settings.search.capacity.step_duration_s, settings.replay.warmup_s
+    if fits_one_step(traffic, speed, warmup_s, measured_s=measured_s):
+        return (f", one search step (the whole traffic after its warm-up: at this speed it lasts no longer than a "
+                f"step's {warmup_s:g} s of warm-up and {measured_s:g} s)")
+    return f", one search step (the busiest {measured_s:g} s of the traffic)"
 
 
 def _is_generative(settings) -> bool:
@@ -263,7 +270,7 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
         run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup,
                               duration_s=None if end is None else end - warmup, progress=not args.quiet)
     m = run.measurement
-    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, args.step)}, {m.requests} requests streamed, "
+    print(f"replay: {settings.model} at speed {speed:g}{_what(settings, traffic, step=args.step, speed=speed)}, {m.requests} requests streamed, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}")
     # the rule tune judges the same window by: a step's (it also fails an engine fallen behind), else the
     # load's (the same, unless the window is too short to tell: load_check)

@@ -4,8 +4,8 @@ io         read_traffic / write_traffic / validate_traffic, shape_columns, check
            (an output path checked before the work that fills it), is_generative (prompt_tokens and
            output_tokens: requests to a generative model; PROMPT_TOKENS, OUTPUT_TOKENS, PREFIX_ID),
            fit_context (the generative requests that fit a model's context)
-windows    due_offsets, scale_time, window, busiest_window, step_window, mean_rps, mean_output_tps,
-           peak_rps
+windows    due_offsets, scale_time, window, busiest_window, step_window, fits_one_step, mean_rps,
+           mean_output_tps, peak_rps
            (time from the first request)
 synth      synth_poisson / synth_diurnal / synth_bursty / synth_flash_crowd, SizeSpec
 importers  import_triton_trace, import_azure, import_csv
@@ -39,6 +39,7 @@ from tuner.traffic.synth import SizeSpec, synth_bursty, synth_diurnal, synth_fla
 from tuner.traffic.windows import (
     busiest_window,
     due_offsets,
+    fits_one_step,
     mean_output_tps,
     mean_rps,
     parse_duration,
@@ -64,6 +65,7 @@ __all__ = [
     "describe",
     "due_offsets",
     "fit_context",
+    "fits_one_step",
     "format_stats",
     "import_azure",
     "import_csv",

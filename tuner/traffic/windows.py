@@ -140,7 +140,7 @@ def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, *, measure
     span = measured_s * speed
     lead = warmup_s * speed
     first = float(traffic["timestamp"].iloc[0]) if len(traffic) else 0.0
-    if len(traffic) == 0 or float(traffic["timestamp"].iloc[-1]) - first <= span + lead:
+    if fits_one_step(traffic, speed, warmup_s, measured_s=measured_s):
         return traffic, warmup_s
     start, _ = busiest_window(traffic, span)
     lead = min(lead, start)
@@ -148,6 +148,15 @@ def step_window(traffic: pd.DataFrame, speed: float, warmup_s: float, *, measure
     # the window's first request may come after `start - lead` (a quiet gap): the replay starts there
     warmup_wall = (start - (float(part["timestamp"].iloc[0]) - first)) / speed
     return part, warmup_wall
+
+
+def fits_one_step(traffic: pd.DataFrame, speed: float, warmup_s: float, *, measured_s: float) -> bool:
+    """Whether the traffic at `speed` lasts no longer than a step's warm-up and measured stretch: then a
+    step replays all of it (`step_window`), not a busiest stretch of it."""
+    if len(traffic) == 0:
+        return True
+    stamps = traffic["timestamp"]
+    return float(stamps.iloc[-1]) - float(stamps.iloc[0]) <= (measured_s + warmup_s) * speed
 
 
 def mean_rps(traffic: pd.DataFrame) -> float:
