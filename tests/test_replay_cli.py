@@ -250,6 +250,14 @@ def test_a_row_no_request_can_carry_is_one_line_and_exit_2(server, tmp_path):
     assert_one_line_error(run, "traffic row 7 (timestamp 0.7)", "3.64 TiB", "64 MiB per request")
 
 
+def test_a_replay_whose_measured_window_lasts_no_time_is_one_line_and_exit_2_before_any_server(tmp_path):
+    """Its offered rate would read 0 req/s: three requests due at the warm-up's end, the window ending there."""
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.25, 0.5, 0.5, 0.5], "seq_len": 4})
+    run = tuner("replay", str(study(tmp_path, "127.0.0.1:1", traffic=traffic)))
+    assert_one_line_error(run, "traffic.csv: the measured window has no length: at speed 1 its 3 request(s) are "
+                               "all due at 0.5 s, where the warm-up ends", "a lower --speed")
+
+
 @pytest.mark.parametrize("argv,where", [
     (["--speed", "1000"], "at speed 1000 the traffic lasts 0.00299 s, within the 0.5 s warm-up"),
     (["--speed", "1000", "--step"], "at speed 1000 the traffic lasts 0.00299 s, within the 0.5 s warm-up"),

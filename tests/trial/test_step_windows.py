@@ -36,3 +36,18 @@ def test_a_whole_trace_ends_at_its_last_request_when_shorter_than_asked():
     part, warmup, end = step_windows(traffic, study(10.0, warmup_s=0.5))(1.0)
     assert part is traffic and warmup == 0.5 and end is None
     check_measured(step_windows(traffic, study(10.0, warmup_s=0.5)), 1.0, source="t.csv")
+
+
+def test_a_measured_window_that_lasts_no_time_is_refused_naming_its_requests():
+    from tuner.errors import TrafficError
+
+    # three requests due where the 0.5 s warm-up ends, and the window ends at the last of them
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.25, 0.5, 0.5, 0.5], "seq_len": 4})
+    with pytest.raises(TrafficError, match=r"^t.csv: the measured window has no length: at speed 1 its 3 "
+                                           r"request\(s\) are all due at 0.5 s, where the warm-up ends"):
+        check_measured(whole_traffic(traffic, 0.5), 1.0, source="t.csv")
+    with pytest.raises(TrafficError, match="the measured window has no length"):
+        check_measured(step_windows(traffic, study(10.0, warmup_s=0.5)), 1.0, source="t.csv")
+    with pytest.raises(TrafficError, match="the measured window has no length"):  # longer than the traffic
+        check_measured(whole_traffic(traffic, 0.5, 2.0), 1.0, source="t.csv")
+    check_measured(whole_traffic(traffic, 0.25), 1.0, source="t.csv")      # 0.25 s from the warm-up's end

@@ -111,12 +111,19 @@ def _until(traffic: pd.DataFrame, speed: float, end: float) -> float | None:
 
 def check_measured(windows: Windows, speed: float, *, source: str, hint: str = "replay.warmup_s") -> None:
     """Refuse the replay `windows` make at `speed` when no request is due in its measured part (after
-    the warm-up, before the end): it would measure nothing. One line naming `source` and what to change."""
+    the warm-up, before the end): it would measure nothing; or when that part lasts no time (it ends at its
+    last request, due where the warm-up ends): it would measure no rate. One line naming `source` and what
+    to change."""
     part, warmup, end = windows(speed)
     due = due_offsets(part, speed)
     measured = (due >= warmup) & (due < end if end is not None else True)
-    if measured.any():
+    if measured.any() and (end is not None or float(due[-1]) > warmup):
         return
+    if measured.any():  # a window that ends at its last request, due where the warm-up ends: no time to rate
+        raise TrafficError(f"{source}: the measured window has no length: at speed {speed:g} its "
+                           f"{int(measured.sum())} request(s) are all due at {warmup:.3g} s, where the warm-up "
+                           f"ends, and the window ends at the last request; requests per second need requests "
+                           f"spread over time ({hint})")
     last = float(due[-1]) if len(due) else 0.0
     where = (f"the traffic lasts {last:.3g} s, within the {warmup:g} s warm-up" if last < warmup else
              f"no request is due between {warmup:g} and {end:g} s")
