@@ -822,6 +822,15 @@ def test_cli_history_table_and_bad_input(tmp_path, capsys):
     assert main(["nightly", "--history", str(nightly)]) == 0
     out = capsys.readouterr().out
     assert "change" in out and "batch 16" in out and "night" in out
+    # the price every score of the night divides by is kept with it (the study's: the CPU default here)
+    from tuner.cost import price_for
+    from tuner.settings import read_study
+
+    price = price_for(read_study(tmp_path / "study.yaml").cost).price_per_hour
+    (night,) = history.read_history(tmp_path / "out")
+    assert night["price_per_hour"] == price and f" {price:g} $/h " in out, out
+    older = {k: v for k, v in night.items() if k != "price_per_hour"}  # a night from before prices were kept
+    assert history.history_table([older])["price"].tolist() == ["-"]
     assert main(["nightly", "--history", str(tmp_path / "out")]) == 0
     capsys.readouterr()
     # a directory of other things is not a nightly output: an empty history would read as healthy

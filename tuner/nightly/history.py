@@ -117,8 +117,8 @@ def _best(night: dict) -> str:
 
 
 def history_table(nights: list[dict]) -> pd.DataFrame:
-    """One row per night: the decision, both configurations, the best score with its unit, the gain,
-    the rate, the drift and why."""
+    """One row per night: the decision, both configurations, the best score with its unit and the server's
+    price it divides by (a night before prices were kept: -), the gain, the rate, the drift and why."""
     rows = []
     for n in nights:
         drift = n.get("drifted") or []
@@ -129,14 +129,15 @@ def history_table(nights: list[dict]) -> pd.DataFrame:
             "production": _params(n.get("production")),
             "candidate": _params(n.get("candidate")),
             "best": _best(n),
+            "price": "-" if n.get("price_per_hour") is None else f"{n['price_per_hour']:g} $/h",
             "gain": formats.number(n.get("gain"), "+.1%"),
             "rate_rps": formats.number(n.get("rate_rps"), ".1f"),
             "drift": ", ".join(drift) if drift else "-",
             # the whole reason is in the night's decision.json and summary.md
             "reason": textwrap.shorten(n.get("reason", ""), width=100, placeholder=" ..."),
         })
-    return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "best", "gain",
-                                       "rate_rps", "drift", "reason"])
+    return pd.DataFrame(rows, columns=["night", "decision", "exit", "production", "candidate", "best", "price",
+                                       "gain", "rate_rps", "drift", "reason"])
 
 
 def format_history(nights: list[dict]) -> str:

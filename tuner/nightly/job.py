@@ -289,6 +289,8 @@ def run_night(settings: NightlySettings, engine_factory: EngineFactory,
                 "search_timeout_s": settings.search.timeout_s,
                 "search_timed_out": found.timed_out,
                 "rate_rps": rate,
+                # what every score above divides by: a price table changed between nights moves them all
+                "price_per_hour": night.price.price_per_hour,
                 "requests": int(len(traffic)),
                 "drifted": drift_mod.drifted(drift),
                 "last_soak": soak,
