@@ -23,10 +23,12 @@ from tuner.traffic import read_traffic
 from tuner.trial.step import with_repeats
 from tuner.trial.warmup import (
     FLOOR_MS,
+    MAX_APART,
     MIN_EXECUTIONS,
     describe_windows,
     executions,
     fixed_mix_ms,
+    rule_text,
     shape_sweep,
     steady,
     warm_up,
@@ -411,3 +413,9 @@ def test_a_model_failing_its_requests_is_told_from_a_slow_one_settled_or_not():
     assert not model_failing(stable=True, failed=96, answered=700, window_errors=0, served=508)
     assert not model_failing(stable=True, failed=96, answered=192, window_errors=0, served=0)
     assert not model_failing(stable=False, failed=10, answered=100, window_errors=5, served=80)  # slow, not failing
+
+
+def test_the_rule_line_names_every_bound_of_the_rule():
+    text = rule_text(MeasurementSettings(stable_windows=4, stability_pct=7.5))
+    assert text == ("4 windows of at least 12 executions in a row agreeing on the compute time per execution within "
+                    f"3 standard errors (never {MAX_APART * 100:g} % apart) or 7.5 %")

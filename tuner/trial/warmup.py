@@ -267,7 +267,7 @@ def describe_windows(windows: list[Window], *, open_window: Window | None = None
 def rule_text(m: MeasurementSettings) -> str:
     """The steady-state rule in one line, as messages name it."""
     return (f"{m.stable_windows} windows of at least {MIN_EXECUTIONS} executions in a row agreeing on the compute "
-            f"time per execution within {Z:g} standard errors or {m.stability_pct:g} %")
+            f"time per execution within {Z:g} standard errors (never {MAX_APART * 100:g} % apart) or {m.stability_pct:g} %")
 
 
 def model_failing(*, stable: bool, failed: int, answered: int, window_errors: int, served: int) -> bool:
