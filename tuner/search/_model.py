@@ -240,7 +240,7 @@ def _diverse_picks(ranking: pd.DataFrame, settings: StudySettings, *, count: int
     for params, near_best in fresh:
         if len(picks) == count:
             return picks
-        if near_best and params not in covered and not any(same_region(params, c) for c in covered):
+        if near_best and not any(same_region(params, c) for c in covered):
             picks.append((params, _REGION))
             covered.append(params)
     chosen = [params for params, _ in picks]
