@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -280,6 +283,59 @@ def test_the_example_study_runs_on_the_embedded_default(tmp_path):
     assert run.returncode == 0, run.stderr
     m = json.loads(out.read_text())["measurement"]
     assert m["requests"] > 0 and m["errors"] == 0 and m["execution_count"] > 0
+
+
+@pytest.mark.slow
+def test_a_server_killed_in_the_middle_of_a_replay_ends_it_at_once_in_one_line_and_exit_1(tmp_path):
+    """A minute of traffic; its tritonserver killed 3 s into the replay: `tuner replay` ends within seconds
+    with the local launcher's own line (which process, how it exited, its log), not a minute later."""
+    import threading
+    import time
+    import urllib.request
+
+    import psutil
+
+    n = 1200  # 20 req/s for 60 s
+    traffic = pd.DataFrame({"timestamp": np.arange(n) / 20.0, "seq_len": np.arange(n) % 9 + 3})
+    path = study(tmp_path, "127.0.0.1:1", traffic=traffic, warmup=False)
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**data, "server": {"launcher": "local"}}))
+    job = subprocess.Popen([sys.executable, "-m", "tuner", "replay", str(path), "--quiet"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed: list[tuple[int, float]] = []
+
+    def kill_once_the_replay_runs() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and job.poll() is None:
+            with contextlib.suppress(psutil.Error, OSError, KeyError, IndexError, ValueError):
+                (server,) = [p for p in psutil.Process(job.pid).children(recursive=True) if p.name() == "tritonserver"]
+                port = server.cmdline()[server.cmdline().index("--http-port") + 1]
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/echo/stats", timeout=2) as r:
+                    if json.load(r)["model_stats"][0]["inference_count"] > 0:  # the replay is under way
+                        time.sleep(3.0)
+                        os.kill(server.pid, signal.SIGKILL)
+                        killed.append((server.pid, time.monotonic()))
+                        return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_once_the_replay_runs, daemon=True)
+    killer.start()
+    try:
+        _out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    ended = time.monotonic()
+    killer.join(timeout=5)
+    assert killed, f"the server was never killed: {err}"
+    pid, at = killed[0]
+    assert ended - at < 15, f"tuner replay went on {ended - at:.1f} s after the kill: {err}"
+    assert job.returncode == 1, err
+    # one line (a slow start may say how long it has waited before it)
+    errors = [line for line in err.splitlines() if line.startswith("tuner: error: ")]
+    assert len(errors) == 1 and err.strip().endswith(errors[0]) and "Traceback" not in err, err
+    assert errors[0].startswith(f"tuner: error: tritonserver (pid {pid}) exited with code -9"), err
+    assert "; its log: " in errors[0], err
 
 
 @pytest.mark.slow

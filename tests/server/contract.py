@@ -98,6 +98,10 @@ class LauncherContract:
         assert launcher.is_alive()
         launcher.wait_ready(10)
 
+    def test_a_running_server_has_not_exited(self, launcher):
+        # what a replay's watch asks every second: a live server's replay must never be cut short
+        assert launcher.exited() is False
+
     def test_apply_config_is_read_back(self, launcher):
         base = template("matmul_cpu")
         try:

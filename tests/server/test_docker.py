@@ -17,6 +17,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from tuner.errors import ServerError, ServerSetupError
@@ -138,16 +139,18 @@ def test_killed_container_is_reported_with_its_log_and_a_new_one_starts(engine, 
         container = engine.containers.get(launcher.container_name)
         repo_copy = Path(container.attrs["Mounts"][0]["Source"])
         assert (repo_copy / MODEL / "config.pbtxt").is_file()
+        assert not launcher.exited()
         container.kill()
         deadline = time.monotonic() + 10
         while launcher.is_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not launcher.is_alive()
+        assert not launcher.is_alive() and launcher.exited()
         with pytest.raises(ServerError) as caught:
             launcher.statistics(MODEL)
         message = str(caught.value)
         # one line: the container's state and where its log is kept (the log's lines are in that file)
         assert "exited" in message and "\n" not in message and message.endswith(f"; its log: {tmp_path / 'tritonserver.log'}")
+    assert not launcher.exited()  # stopped: no container of its own to have exited
     assert not managed_containers(engine, launcher.session)
     assert not repo_copy.parent.exists()  # the private copy is gone with the container
     assert "Started HTTPService" in (tmp_path / "tritonserver.log").read_text()
@@ -315,6 +318,32 @@ def test_only_containers_whose_owner_is_gone_in_this_pid_namespace_are_removed(c
     assert [c.name for c in containers if c.removed] == ["ours-dead"]
     err = capsys.readouterr().err
     assert "left 2 container(s) of a tuner run in another PID namespace" in err and "other-pod, old-label" in err
+
+
+class _Container:
+    """A container as the SDK gives it, in one state: `reload` reads it again (or fails as the engine does)."""
+
+    def __init__(self, status: str, fails: Exception | None = None):
+        self.status, self.fails = status, fails
+        self.attrs = {"State": {"ExitCode": 137}}
+
+    def reload(self) -> None:
+        if self.fails is not None:
+            raise self.fails
+
+
+@pytest.mark.parametrize(("status", "fails", "exited"), [
+    ("running", None, False), ("created", None, False), ("paused", None, False), ("restarting", None, False),
+    ("exited", None, True), ("dead", None, True),
+    ("running", docker.errors.NotFound("gone"), True),  # removed (docker rm -f): certainly gone
+    # an engine that does not answer tells nothing of the container: a replay is never cut short for it
+    ("running", docker.errors.DockerException("engine unreachable"), False),
+])
+def test_exited_is_the_containers_state_not_a_health_check(status, fails, exited):
+    launcher = DockerLauncher(SETTINGS, TEMPLATES, [MODEL])
+    assert launcher.exited() is False  # not started
+    launcher._container = _Container(status, fails)
+    assert launcher.exited() is exited
 
 
 @pytest.mark.parametrize(("gpus", "count", "ids"), [

@@ -62,9 +62,10 @@ def test_killed_server_fails_fast_and_user_files_stay_unchanged(triton_install, 
     with server:
         workdir = server.repository.parent
         server.apply_config("matmul_cpu", with_batching(template("matmul_cpu"), 4, 500))
+        assert not server.exited()
         os.kill(server.pid, signal.SIGKILL)
         time.sleep(0.2)
-        assert not server.is_alive()
+        assert not server.is_alive() and server.exited()
         for call in (lambda: server.statistics("matmul_cpu"), server.metrics,
                      lambda: server.apply_config("matmul_cpu", template("matmul_cpu"))):
             started = time.monotonic()
@@ -73,8 +74,13 @@ def test_killed_server_fails_fast_and_user_files_stay_unchanged(triton_install, 
             assert time.monotonic() - started < 1.0
             assert "\n" not in str(caught.value) and "; its log: " in str(caught.value)  # one line, not a dump
     assert not workdir.exists()
+    assert not server.exited()  # stopped: no server of its own to have exited
     server.stop()  # idempotent
     assert _tree_hash(templates_dir) == before
+
+
+def test_a_launcher_never_started_has_not_exited(templates_dir):
+    assert LocalLauncher(templates_dir, models=["encoder_sim"]).exited() is False
 
 
 def test_stop_ends_the_process_group(triton_install, templates_dir):

@@ -339,6 +339,9 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
         def statistics(self, model):
             return {"inference_stats": {"fail": {"count": failed[0]}}, "batch_stats": []}
 
+        def exited(self):
+            return False
+
     def replay(endpoints, model, part, *, watch, **kwargs):
         # the first replay: two windows of 7 failures each; the loop replays again until warmup_max_s
         for elapsed in (0.1, 0.2) if not calls else ():
@@ -360,6 +363,55 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
     assert not warm.stable and warm.failing and "did not settle" not in warm.reason
     assert warm.reason == ("the model failed its requests: 17 of the 24 answered in the warm-up failed (the shape "
                            "sweep and the windows after it); the first error: 400: out of memory")
+
+
+def test_a_server_that_exits_in_the_windows_ends_the_warm_up_with_an_error_never_as_settled(tmp_path, monkeypatch):
+    """The watch that ends the windows once they settle also ends them when the server has exited: by
+    raising, at the next tick, so that a dead server never reads as a steady one. Here the stand-in's
+    statistics go on counting identical windows after its death (a real launcher's would fail too, but
+    the watch does not count on it): read, they would settle at the third tick."""
+    import tuner.replay as replay_module
+    from tuner.errors import ServerError
+    from tuner.replay import ReplayResult
+    from tuner.replay._sequential import Sent
+    from tuner.settings import read_study
+    from tuner.trial.warmup import warm_up
+
+    settings = read_study(write_study(tmp_path, repository(tmp_path), window_s=0.1, warmup_max_s=5))
+    ticks = []
+
+    class Launcher:
+        name = "stand-in"
+        endpoints = type("E", (), {"http": "127.0.0.1:9"})()
+        gone = False
+        reads = 0
+
+        def statistics(self, model):
+            self.reads += 1  # 20 executions of 1 ms between two reads: identical windows
+            n = 20 * self.reads
+            return {"batch_stats": [{"batch_size": 1, "compute_infer": {"count": n, "ns": n * 1_000_000}}]}
+
+        def exited(self):
+            return self.gone
+
+    launcher = Launcher()
+
+    def replay(endpoints, model, part, *, watch, **kwargs):
+        for k in range(1, 50):
+            launcher.gone = k > 2  # the server dies after the second tick
+            ticks.append(k)
+            if watch(k * 0.1):
+                break
+        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0, warmup_s=0.0,
+                            duration_s=1.0, mode="local", workers=1, reason="", load_generator_cpu=0.0, stopped=True)
+
+    monkeypatch.setattr(replay_module, "check_fits", lambda *a: None)
+    monkeypatch.setattr(replay_module, "send_one_by_one", lambda *a, **k: Sent(10, 0, 0.1, ""))
+    monkeypatch.setattr(replay_module, "replay", replay)
+    traffic = pd.DataFrame({"timestamp": [0.0, 0.1, 0.2], "input_length": [64, 64, 64]})
+    with pytest.raises(ServerError, match=r"^the Triton server \(stand-in\) exited during the replay$"):
+        warm_up(launcher, settings, traffic, max_batch_size=4)
+    assert ticks == [1, 2, 3]  # ended at the first tick after the death
 
 
 @pytest.mark.slow

@@ -87,12 +87,11 @@ def replay(
     `warmup_s` defaults to `settings.warmup_s`; `stats` returns the model's Triton statistics
     (default: `v2/models/<model>/stats` over HTTP). `watch(seconds since the start) -> stop?` is called
     every `watch_every_s` and may end the replay early (`stopped`: no records; the warm-up uses it to
-    stop once the server is steady). A model that takes `text_input` (the vLLM backend's interface) is
-    replayed generatively: each row streamed over HTTP with `prompts` (default: the tiny model's words;
-    tuner.replay._generate), whatever `settings.protocol` says. Raises ServerSetupError (unreachable server,
-    model not loaded), TrafficError (shapes that do not fit the model), ReplayError (the load
-    generator failed).
-    """
+    stop once the server is steady), or raise (`tuner.server.exit_watch`: the server exited). A model
+    that takes `text_input` (the vLLM backend's interface) is replayed generatively: each row streamed
+    over HTTP with `prompts` (default: the tiny model's words; tuner.replay._generate), whatever
+    `settings.protocol` says. Raises ServerSetupError (unreachable server, model not loaded), TrafficError
+    (shapes that do not fit the model), ReplayError (the load generator failed)."""
     warmup_s = settings.warmup_s if warmup_s is None else warmup_s
     metadata, config = _plan.model_info(endpoints.http, model)
     if "timestamp" not in traffic.columns:

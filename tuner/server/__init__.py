@@ -3,6 +3,7 @@
     make_launcher(settings, log_dir=None) -> Launcher    local | docker | remote, from the study YAML
     LocalLauncher, RemoteLauncher, find_tritonserver    the pieces, for use without a study
     check_triton(url)                                   Triton's HTTP endpoint answers at url, or ServerSetupError
+    exit_watch(launcher, model, then=None)              a replay's watch: ended at once when the server exited
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.errors import ServerSetupError
-from tuner.server.base import Endpoints, Launcher
+from tuner.server.base import Endpoints, Launcher, exit_watch
 from tuner.server.install import TritonInstall, find_tritonserver
 from tuner.server.local import LocalLauncher
 from tuner.server.remote import RemoteLauncher, check_triton
 
 __all__ = ["Endpoints", "Launcher", "LocalLauncher", "RemoteLauncher", "TritonInstall", "check_triton",
-           "find_tritonserver", "make_launcher"]
+           "exit_watch", "find_tritonserver", "make_launcher"]
 
 
 def make_launcher(settings, log_dir: str | Path | None = None, read_only: bool = False, *,

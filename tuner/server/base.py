@@ -3,6 +3,8 @@
 A launcher is a context manager: `with launcher: ...` starts it and waits until it is ready, and
 always stops it. Implementations: `local.LocalLauncher`, `remote.RemoteLauncher`,
 `docker.DockerLauncher`. The same contract tests run against each (tests/server/contract.py).
+`exit_watch(launcher, model)`: the watch every replay against a launcher runs with, which ends it at
+once when the server has exited.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner import modelconfig
-from tuner.errors import ServerSetupError
+from tuner.errors import ServerError, ServerSetupError
 from tuner.modelconfig import ModelConfig
 
 
@@ -87,6 +89,14 @@ class Launcher(abc.ABC):
         """False once the server process/container is gone or no longer answers."""
 
     @abc.abstractmethod
+    def exited(self) -> bool:
+        """True only when the server this launcher started is certainly gone: its process exited, its
+        container no longer runs. Told without asking the server anything (a loaded server may answer
+        slowly, and a slow answer is no death), so a replay may ask it every second and end at once
+        (`exit_watch`). False before the start and after `stop`, and always for a server we do not own,
+        whose death cannot be told for sure. Not `is_alive`'s question (does it run and answer?)."""
+
+    @abc.abstractmethod
     def stop(self) -> None:
         """Stop what we started (and restore what we changed); safe to call twice."""
 
@@ -107,6 +117,26 @@ class Launcher(abc.ABC):
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             print(f"tuner: interrupted: {self.stopping} ...", file=sys.stderr, flush=True)
         self.stop()
+
+
+Watch = Callable[[float], bool]  # a replay's `watch`: seconds since its start -> stop now?
+
+
+def exit_watch(launcher: Launcher, model: str, *, then: Watch | None = None) -> Watch:
+    """A replay's `watch` (`tuner.replay.replay(watch=...)`) that ends it as soon as the server has
+    `exited`, raising the launcher's own error (how it exited, where its log is), rather than sending
+    the rest of the schedule to a dead port; otherwise `then`'s answer (a caller's own watch, the
+    warm-up's), or go on. Raised, not a stop: a caller reading a stop as its own (the warm-up: settled)
+    must not read a dead server so."""
+
+    def watch(elapsed: float) -> bool:
+        if launcher.exited():
+            # the launcher's account of a server that is gone: what its next call raises at once
+            launcher.statistics(model)
+            raise ServerError(f"the Triton server ({launcher.name}) exited during the replay")
+        return then(elapsed) if then is not None else False
+
+    return watch
 
 
 # Launchers started by this process and not yet stopped: stopped at interpreter exit even when the

@@ -192,6 +192,14 @@ class DockerLauncher(Launcher):
             return False
         return self._state() == "running" and self._http.ok("v2/health/live")
 
+    def exited(self) -> bool:
+        """Whether the container this launcher started has stopped or is gone (`Launcher.exited`), by
+        its state as the engine tells it: an engine that does not answer tells nothing (False)."""
+        if self._container is None:
+            return False
+        state = self._state()
+        return state.startswith("exited") or state in ("dead", "removed")
+
     # --- model control and observation -------------------------------------------------------------
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:

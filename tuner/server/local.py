@@ -216,6 +216,10 @@ class LocalLauncher(Launcher):
             return False
         return self._http.ok("v2/health/live", timeout_s=2.0)
 
+    def exited(self) -> bool:
+        """Whether the tritonserver process this launcher started has exited (`Launcher.exited`)."""
+        return self._proc is not None and self._proc.poll() is not None
+
     # --- control --------------------------------------------------------------------------------
 
     def apply_config(self, model: str, config: ModelConfig) -> ModelConfig:

@@ -222,6 +222,11 @@ class RemoteLauncher(Launcher):
     def is_alive(self) -> bool:
         return self._http.ok("v2/health/live", timeout_s=2.0)
 
+    def exited(self) -> bool:
+        """Always False (`Launcher.exited`): a server we do not own cannot be known dead for sure (a
+        refused connection may be a restart, a slow answer a busy server), so its replay runs to its end."""
+        return False
+
     @property
     def stopping(self) -> str:
         """What an interrupt says this launcher does as it ends: a read-only one (the audit) changed nothing."""

@@ -34,7 +34,7 @@ from tuner.llm.engine_metrics import EngineFigures
 from tuner.llm.engine_watch import EngineWatch, Stretch, batch_figures
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens, short_window
 from tuner.score import SlaCheck
-from tuner.server import Launcher
+from tuner.server import Launcher, exit_watch
 from tuner.settings import StudySettings
 from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
@@ -66,9 +66,11 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     warmup_s = settings.replay.warmup_s if warmup_s is None else warmup_s
     replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
     with EngineWatch(launcher.endpoints.metrics, model) as watch:
+        # a server that dies ends the replay at once, with the launcher's error (not the schedule's end)
         result = replay(launcher.endpoints, model, traffic, speed=speed, settings=replay_settings,
                         warmup_s=warmup_s, duration_s=None if duration_s is None else warmup_s + duration_s,
-                        stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts)
+                        stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts,
+                        watch=exit_watch(launcher, model))
         stretch = watch.mark()
 
     def measured(warmup: float) -> TokenMeasurement:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # Locust runs in its own processes: the replay package is imp
 from tuner.errors import TrafficError
 from tuner.measurement import Measurement, measure
 from tuner.score import check_sla
-from tuner.server import Launcher
+from tuner.server import Launcher, exit_watch
 from tuner.settings import SlaSettings, StudySettings
 from tuner.traffic import due_offsets, step_window
 from tuner.trial.capacity import Probe
@@ -215,13 +215,16 @@ def replay_measured(launcher: Launcher, settings: StudySettings, part: pd.DataFr
                     workers: int | None = None, progress: bool = False) -> tuple[Measurement, ReplayResult]:
     """One replay of `part` at `speed` against the configuration the server runs, measured (no retry):
     the measurement, and the replay's result for what a caller reads beyond it (the soak: errors and
-    Triton's counters). `workers` overrides `replay.workers`."""
+    Triton's counters). `workers` overrides `replay.workers`. A server that exits during the replay
+    ends it within a second, with the launcher's error (ServerError)."""
     from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
 
     model = settings.model
     replay_settings = settings.replay if workers is None else dataclasses.replace(settings.replay, workers=workers)
+    # a server that dies ends the replay at once, with the launcher's error (not the schedule's end)
     result = replay(launcher.endpoints, model, part, speed=speed, settings=replay_settings, warmup_s=warmup_s,
-                    duration_s=duration_s, stats=lambda: launcher.statistics(model), progress=progress)
+                    duration_s=duration_s, stats=lambda: launcher.statistics(model), progress=progress,
+                    watch=exit_watch(launcher, model))
     m = measure(result.records, result.stats_before, result.stats_after, speed=speed, warmup_s=result.warmup_s,
                 lag_budget_ms=settings.replay.lag_budget_ms, max_batch_size=max_batch_size,
                 sla_percentile=settings.sla.percentile, load_generator_cpu=result.load_generator_cpu,

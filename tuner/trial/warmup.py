@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from tuner.measurement import error_line, stat_deltas
-from tuner.server import Launcher
+from tuner.server import Launcher, exit_watch
 from tuner.settings import MeasurementSettings, StudySettings
 from tuner.traffic import shape_columns, step_window
 from tuner.trial.record import Warmup
@@ -314,9 +314,10 @@ def warm_up(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, 
     stable = False
     first_error = sent.first_error if sent else ""
     while time.monotonic() - windows_from < m.warmup_max_s:
+        # a server that dies raises the launcher's error at the next tick: never read as settled
         result = replay(launcher.endpoints, model, part, speed=settings.traffic.speed, settings=settings.replay,
                         warmup_s=0.0, duration_s=m.warmup_max_s, stats=lambda: launcher.statistics(model),
-                        watch=watch, watch_every_s=m.window_s)
+                        watch=exit_watch(launcher, model, then=watch), watch_every_s=m.window_s)
         failed = result.records.loc[~result.records["ok"].astype(bool), "error"] if len(result.records) else ()
         first_error = first_error or (str(failed.iloc[0]) if len(failed) else "")
         stable = steady(windows_of(ticks)[0], k=m.stable_windows, pct=m.stability_pct)
