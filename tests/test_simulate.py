@@ -289,6 +289,24 @@ def test_when_the_batcher_sees_an_execution_end_before_its_instance_does():
     assert alone.dispatch_s[1] == pytest.approx(520 * MS, abs=3 * MS)
 
 
+def test_each_execution_end_may_have_its_own_winner():
+    # Triton 2.51 on a loaded CI machine: REJECT after 100 ms, 200-ms executions; the instance won the
+    # first end (1, 2 expired and refused at 200 ms, 3 runs) and the batcher the second (4, expired at
+    # 360 ms, refused when its 500-ms wait for a slot ended: 900 ms), in four runs of four
+    r = reqs([0.0, 20.0, 40.0, 150.0, 260.0])
+    reject = BatcherConfig(max_batch_size=4, default_timeout_microseconds=100_000, timeout_action="reject")
+    profile = Profile.from_function(lambda rows, length: 200.0, rows=[1, 4], lengths=[100])
+    done = {str(w): (simulate(r, reject, profile, instance_first=w).done_s / MS).round().tolist()
+            for w in (True, False, [True, False])}
+    assert done == {"True": [200.0, 200.0, 200.0, 400.0, 400.0], "False": [200.0, 260.0, 260.0, 260.0, 460.0],
+                    "[True, False]": [200.0, 200.0, 200.0, 400.0, 900.0]}
+    # a sequence's last winner holds for the ends past it; an empty one is the instance's
+    assert simulate(r, reject, profile, instance_first=[False]).done_s.tolist() == \
+        simulate(r, reject, profile, instance_first=False).done_s.tolist()
+    assert simulate(r, reject, profile, instance_first=[]).done_s.tolist() == \
+        simulate(r, reject, profile).done_s.tolist()
+
+
 def test_a_queue_timeout_rejects_or_delays_the_requests_queued_past_it():
     r = reqs([0.0, 2.0, 4.0, 15.0, 28.0])
     config = {"max_batch_size": 4, "default_timeout_microseconds": 10_000}
