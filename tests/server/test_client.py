@@ -171,3 +171,7 @@ def test_tritons_reason_is_an_unknown_option_it_names_before_its_usage_text():
     assert triton_reason(["I0101 x.cc:1] starting", "E0101 y.cc:2] Poll failed for model directory 'm'",
                           "error: creating server: Internal - failed to load all models"]) == \
         "Poll failed for model directory 'm'"
+    # a CPU-only host's start-up line is not a reason, not even when nothing else says error (a killed server)
+    cuda = "E1207 08:41:23.503 4711 cuda_memory_manager.cc:101] CudaDriverHelper has not been initialized."
+    assert triton_reason(["I1207 x.cc:1] starting", cuda, "I1207 y.cc:2] Started HTTPService"]) == ""
+    assert triton_reason([cuda, "E1207 y.cc:2] Poll failed for model directory 'm'"]) == "Poll failed for model directory 'm'"

@@ -162,8 +162,10 @@ def triton_reason(lines: Iterable[str]) -> str:
     unknown = [line.strip() for line in lines if "unrecognized option" in line or "option requires an argument" in line]
     if unknown:
         return unknown[0]
-    # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start
-    own = [line.strip() for line in lines if re.match(r"E\d{4} ", line) and "CudaDriverHelper" not in line]
+    # a CPU-only host logs "CudaDriverHelper has not been initialized" as an error at every start: never
+    # the reason (a server killed without a word was quoted saying it)
+    lines = [line for line in lines if "CudaDriverHelper" not in line]
+    own = [line.strip() for line in lines if re.match(r"E\d{4} ", line)]
     errors = own[-1:] or [line.strip() for line in lines if line.startswith("E") or "error" in line.lower()][-1:]
     return errors[0].split("] ", 1)[-1] if errors else ""
 
