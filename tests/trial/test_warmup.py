@@ -321,11 +321,27 @@ def test_every_window_replays_the_same_busiest_stretch():
     assert (rep["seq_len"].to_numpy()[:one] == rep["seq_len"].to_numpy()[one:2 * one]).all()
 
 
+def _stand_in_replay(monkeypatch, walk, *, sent) -> pd.DataFrame:
+    """The replay module as the warm-up calls it, on no server: the rows fit, the shape sweep is `sent`,
+    and every replay calls `walk(watch)` (its ticks) and ends as a watch-stopped replay (no records).
+    Returns a traffic of three rows to warm up with."""
+    import tuner.replay as replay_module
+    from tuner.replay import ReplayResult
+
+    def replay(endpoints, model, part, *, watch, **kwargs):
+        walk(watch)
+        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0, warmup_s=0.0,
+                            duration_s=1.0, mode="local", workers=1, reason="", load_generator_cpu=0.0, stopped=True)
+
+    monkeypatch.setattr(replay_module, "check_fits", lambda *a: None)
+    monkeypatch.setattr(replay_module, "send_one_by_one", lambda *a, **k: sent)
+    monkeypatch.setattr(replay_module, "replay", replay)
+    return pd.DataFrame({"timestamp": [0.0, 0.1, 0.2], "input_length": [64, 64, 64]})
+
+
 def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monkeypatch):
     """A replay the watch stops keeps no records: the warm-up counts its windows' failures from Triton's
     own counter, and keeps the shape sweep's count and first error beside them."""
-    import tuner.replay as replay_module
-    from tuner.replay import ReplayResult
     from tuner.replay._sequential import Sent
     from tuner.settings import read_study
     from tuner.trial.warmup import warm_up
@@ -342,19 +358,14 @@ def test_the_windows_failures_are_counted_from_tritons_statistics(tmp_path, monk
         def exited(self):
             return False
 
-    def replay(endpoints, model, part, *, watch, **kwargs):
+    def walk(watch):
         # the first replay: two windows of 7 failures each; the loop replays again until warmup_max_s
         for elapsed in (0.1, 0.2) if not calls else ():
             failed[0] += 7
             watch(elapsed)
         calls.append(1)
-        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0, warmup_s=0.0,
-                            duration_s=1.0, mode="local", workers=1, reason="", load_generator_cpu=0.0, stopped=True)
 
-    monkeypatch.setattr(replay_module, "check_fits", lambda *a: None)
-    monkeypatch.setattr(replay_module, "send_one_by_one", lambda *a, **k: Sent(10, 3, 0.1, "400: out of memory"))
-    monkeypatch.setattr(replay_module, "replay", replay)
-    traffic = pd.DataFrame({"timestamp": [0.0, 0.1, 0.2], "input_length": [64, 64, 64]})
+    traffic = _stand_in_replay(monkeypatch, walk, sent=Sent(10, 3, 0.1, "400: out of memory"))
     warm = warm_up(Launcher(), settings, traffic, max_batch_size=4)
     assert (warm.sweep_errors, warm.first_error) == (3, "400: out of memory")
     assert warm.window_errors == 14 and warm.errors == 17
@@ -370,9 +381,7 @@ def test_a_server_that_exits_in_the_windows_ends_the_warm_up_with_an_error_never
     raising, at the next tick, so that a dead server never reads as a steady one. Here the stand-in's
     statistics go on counting identical windows after its death (a real launcher's would fail too, but
     the watch does not count on it): read, they would settle at the third tick."""
-    import tuner.replay as replay_module
     from tuner.errors import ServerError
-    from tuner.replay import ReplayResult
     from tuner.replay._sequential import Sent
     from tuner.settings import read_study
     from tuner.trial.warmup import warm_up
@@ -396,19 +405,14 @@ def test_a_server_that_exits_in_the_windows_ends_the_warm_up_with_an_error_never
 
     launcher = Launcher()
 
-    def replay(endpoints, model, part, *, watch, **kwargs):
+    def walk(watch):
         for k in range(1, 50):
             launcher.gone = k > 2  # the server dies after the second tick
             ticks.append(k)
             if watch(k * 0.1):
                 break
-        return ReplayResult(records=pd.DataFrame(), stats_before=None, stats_after=None, speed=1.0, warmup_s=0.0,
-                            duration_s=1.0, mode="local", workers=1, reason="", load_generator_cpu=0.0, stopped=True)
 
-    monkeypatch.setattr(replay_module, "check_fits", lambda *a: None)
-    monkeypatch.setattr(replay_module, "send_one_by_one", lambda *a, **k: Sent(10, 0, 0.1, ""))
-    monkeypatch.setattr(replay_module, "replay", replay)
-    traffic = pd.DataFrame({"timestamp": [0.0, 0.1, 0.2], "input_length": [64, 64, 64]})
+    traffic = _stand_in_replay(monkeypatch, walk, sent=Sent(10, 0, 0.1, ""))
     with pytest.raises(ServerError, match=r"^the Triton server \(stand-in\) exited during the replay$"):
         warm_up(launcher, settings, traffic, max_batch_size=4)
     assert ticks == [1, 2, 3]  # ended at the first tick after the death

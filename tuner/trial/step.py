@@ -117,13 +117,13 @@ def check_measured(windows: Windows, speed: float, *, source: str, hint: str = "
     part, warmup, end = windows(speed)
     due = due_offsets(part, speed)
     measured = (due >= warmup) & (due < end if end is not None else True)
-    if measured.any() and (end is not None or float(due[-1]) > warmup):
+    if measured.any():
+        if end is None and float(due[-1]) <= warmup:  # it ends at its last request, where the warm-up ends
+            raise TrafficError(f"{source}: the measured window has no length: at speed {speed:g} its "
+                               f"{int(measured.sum())} request(s) are all due at {warmup:.3g} s, where the warm-up "
+                               f"ends, and the window ends at the last request; requests per second need requests "
+                               f"spread over time ({hint})")
         return
-    if measured.any():  # a window that ends at its last request, due where the warm-up ends: no time to rate
-        raise TrafficError(f"{source}: the measured window has no length: at speed {speed:g} its "
-                           f"{int(measured.sum())} request(s) are all due at {warmup:.3g} s, where the warm-up "
-                           f"ends, and the window ends at the last request; requests per second need requests "
-                           f"spread over time ({hint})")
     last = float(due[-1]) if len(due) else 0.0
     where = (f"the traffic lasts {last:.3g} s, within the {warmup:g} s warm-up" if last < warmup else
              f"no request is due between {warmup:g} and {end:g} s")
