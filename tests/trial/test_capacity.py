@@ -78,10 +78,30 @@ def test_prunes_once_the_bracket_cannot_beat_the_best_so_far():
     settings = CapacitySettings(tolerance=0.1, max_steps=20)
     result = find_capacity(with_retries(fake), SLA, settings, start_speed=1.0, beat_rps=BASE_RPS * 3.0)
     # 1.0 passes, 2.0 passes, 4.0 fails at 200 rps > 150: keep going; 2.83 fails at 141 rps, within
-    # the tolerance of 150: keep going; 2.38 fails at 119 rps, measurably below 150: stop
+    # the tolerance of 150: keep going, a tolerance under it (not the bracket's middle, 2.38); 2.57 fails
+    # at 129 rps, measurably below 150: stop
     assert result.pruned and not result.converged
     assert result.upper_rps * (1 + settings.tolerance) <= BASE_RPS * 3.0
-    assert [speed for speed, _ in fake.calls] == pytest.approx([1.0, 2.0, 4.0, 2.8284, 2.3784], rel=1e-3)
+    assert [speed for speed, _ in fake.calls] == pytest.approx([1.0, 2.0, 4.0, 2.8284, 2.5713], rel=1e-3)
+
+
+@pytest.mark.parametrize(("capacity", "pruned"), [(0.75, False), (0.65, False), (0.6, True), (0.3, True)])
+def test_a_failure_at_the_best_capacity_is_settled_by_one_more_step(capacity, pruned):
+    """The LLM quick start's contenders: the load passes at 0.25, the best held 0.8 and the contender fails
+    there. A step a tolerance under 0.8 settles it (a pass: converged, within the tolerance of the best; a
+    failure: measurably worse), where bisecting [0.25, 0.8] took three steps to the same verdict."""
+    load = Step(0.25, measurement(0.25), check_sla(measurement(0.25), SLA))
+    settings = CapacitySettings(tolerance=0.25, max_steps=5)
+    fake = FakeServer(capacity)
+    result = find_capacity(with_retries(fake), SLA, settings, start_speed=0.8, beat_rps=BASE_RPS * 0.8, lower=load,
+                           growth=1.3)
+    assert [speed for speed, _ in fake.calls] == pytest.approx([0.8, 0.64], rel=1e-6)
+    assert result.pruned is pruned and result.converged is not pruned
+    assert result.speed == (0.25 if pruned else pytest.approx(0.64))
+    # without a best to beat, the same contender is bisected from its lower bound
+    blind = FakeServer(capacity)
+    find_capacity(with_retries(blind), SLA, settings, start_speed=0.8, lower=load, growth=1.3)
+    assert len(blind.calls) > 2
 
 
 def test_a_failure_within_the_tolerance_of_the_best_is_not_pruned():

@@ -91,7 +91,8 @@ def find_capacity(
     more than the tolerance, this configuration is measurably worse and the search stops with
     `pruned=True`. A failure within the tolerance of the best is not enough: one short replay at the
     edge of capacity is noisy, and pruning an equal configuration on a bad draw would hide the
-    optimum from the sampler (it then gets its full search, like any contender).
+    optimum from the sampler (it then gets its full search, like any contender). Once a step fails at
+    or under the best's capacity, the next goes a tolerance under it: a pass converges, a failure prunes.
     `growth`: the bracketing factor (2 from a blind guess; smaller from an informed one).
     `rate`: the profile's requests/s at speed 1; then capacity_rps = speed x rate (monotone in the
     speed even when each step replays a different window). Default: the step's measured offered rate.
@@ -138,7 +139,8 @@ def find_capacity(
             lo = step
         else:
             hi = step
-            if beat_rps is not None and rps(step) * (1.0 + settings.tolerance) <= beat_rps:
+            # a hair over `beat_rps`: a probe a tolerance under a failure at the best's own rate must prune
+            if beat_rps is not None and rps(step) * (1.0 + settings.tolerance) <= beat_rps * (1.0 + 1e-6):
                 return done(pruned=True)
         if lo and hi and hi.speed <= lo.speed:  # noise: a lower bound that fails above... keep the latest
             lo = None
@@ -157,6 +159,11 @@ def find_capacity(
             if hi.speed <= floor:
                 return done(limited_by="min_speed")
             speed = max(hi.speed / growth, floor)
+        if hi is not None and beat_rps is not None and rps(hi) <= beat_rps:
+            # failed at or under the best's capacity, so it cannot beat it: a tolerance under the failure
+            # either passes (the bracket converges) or fails measurably under the best (pruned), where a
+            # bisection from the lower bound takes a step per halving to the same end
+            speed = max(hi.speed / (1.0 + settings.tolerance) * (1.0 + 1e-9), lo.speed if lo else floor)
     return done(limited_by="max_steps")
 
 
