@@ -217,12 +217,19 @@ def _open_rdb(url: str, search: SearchSettings | None) -> optuna.storages.BaseSt
                 _serialize_sqlite(storage.engine)
             return storage
         except Exception as exc:  # noqa: BLE001  bad URL, missing driver, unreachable database, credentials
-            # two processes (workers, hosts) creating the same new database race on its schema: again
-            if "IntegrityError" in type(exc).__name__ + str(exc)[:200] and attempt + 1 < CREATE_TRIES:
+            if _lost_schema_race(exc) and attempt + 1 < CREATE_TRIES:
                 time.sleep(0.2 * (attempt + 1))
                 continue
             raise SettingsError(f"storage {safe_url(url)}: cannot open: {first_line(exc, url)}") from None
     raise AssertionError("unreachable")
+
+
+def _lost_schema_race(exc: Exception) -> bool:
+    """Whether `exc` is a process losing the race to create a new database's tables to another (workers,
+    hosts, a study's first runs started together): PostgreSQL's catalog says IntegrityError, SQLite's
+    `table ... already exists` (each checks for a table, then creates it). Opening it again finds them."""
+    text = type(exc).__name__ + str(exc)[:200]
+    return "IntegrityError" in text or "already exists" in text
 
 
 def _serialize_sqlite(engine) -> None:
