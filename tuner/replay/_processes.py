@@ -20,6 +20,7 @@ import pandas as pd
 from tuner.errors import ReplayError
 from tuner.localhost import free_ports
 from tuner.replay import _forkserver
+from tuner.server.base import Watch
 
 REPLAY_PREFIX = "tuner-replay-"  # temporary directories of a replay (removed by the next when their owner died)
 Stats = Callable[[], dict]
@@ -36,9 +37,6 @@ class Outcome:
     stats_after: dict | None
     t0: float               # the start of the schedule (time.monotonic, system-wide)
     stopped: bool = False   # `watch` ended it early: no records
-
-
-Watch = Callable[[float], bool]  # seconds since the start -> stop now?
 
 
 def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: np.ndarray,

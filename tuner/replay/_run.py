@@ -24,8 +24,8 @@ from tuner.llm.prompts import Prompts
 from tuner.localhost import owned_temporary_dir
 from tuner.replay import _generate, _plan
 from tuner.replay._calibrate import Calibration, available_cpus, cached_calibration, calibrate, choose_workers
-from tuner.replay._processes import REPLAY_PREFIX, Watch, run_load_generator
-from tuner.server.base import Endpoints
+from tuner.replay._processes import REPLAY_PREFIX, run_load_generator
+from tuner.server.base import Endpoints, Watch
 from tuner.settings import ReplaySettings
 from tuner.traffic import due_offsets
 
