@@ -163,8 +163,18 @@ def find_capacity(
             # failed at or under the best's capacity, so it cannot beat it: a tolerance under the failure
             # either passes (the bracket converges) or fails measurably under the best (pruned), where a
             # bisection from the lower bound takes a step per halving to the same end
-            speed = max(hi.speed / (1.0 + settings.tolerance) * (1.0 + 1e-9), lo.speed if lo else floor)
+            speed = max(_tolerance_under(hi.speed, settings.tolerance), lo.speed if lo else floor)
     return done(limited_by="max_steps")
+
+
+# a hair inside the tolerance: the search's `hi / lo <= 1 + tolerance` must hold in floats between a speed
+# and the one a tolerance from it
+def _tolerance_under(speed: float, tolerance: float) -> float:
+    return speed / (1.0 + tolerance) * (1.0 + 1e-9)
+
+
+def _tolerance_over(speed: float, tolerance: float) -> float:
+    return speed * (1.0 + tolerance) * (1.0 - 1e-9)
 
 
 def _inside(lo: float, hi: float, *, tolerance: float, holds: float | None) -> float:
@@ -180,8 +190,7 @@ def _inside(lo: float, hi: float, *, tolerance: float, holds: float | None) -> f
     middle = math.sqrt(lo * hi)
     if holds is None:
         return middle
-    # a hair inside the tolerance: the search's `hi / lo <= 1 + tolerance` must hold in floats
-    under_hi, over_lo = hi / (1.0 + tolerance) * (1.0 + 1e-9), lo * (1.0 + tolerance) * (1.0 - 1e-9)
+    under_hi, over_lo = _tolerance_under(hi, tolerance), _tolerance_over(lo, tolerance)
     if holds >= under_hi:
         return under_hi
     if holds > lo:
@@ -204,5 +213,4 @@ class Hints:
         its upper edge next, so an estimate off by less than half the tolerance either way is confirmed
         in two steps (pass, then fail: converged), and a wrong one is searched from there as usual."""
         lower = speed / math.sqrt(1.0 + tolerance)
-        # a hair inside the tolerance: the search's `upper / lower <= 1 + tolerance` must hold in floats
-        return cls(start_speed=lower, upper_speed=lower * (1.0 + tolerance) * (1.0 - 1e-9), beat_rps=beat_rps)
+        return cls(start_speed=lower, upper_speed=_tolerance_over(lower, tolerance), beat_rps=beat_rps)
