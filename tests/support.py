@@ -74,12 +74,14 @@ class FakeEvaluation:
         noise: dict | None = None,
         fail_config: int | None = None,
         unmeasured: set[int] = frozenset(),
+        failing: dict[int, int] | None = None,
     ):
         self.latency_ms = latency_ms
         self.interrupt_at = interrupt_at
         self.noise = noise or {}
         self.fail_config = fail_config
         self.unmeasured = unmeasured  # max_batch_size values the "load generator" cannot replay on time
+        self.failing = failing or {}  # max_batch_size -> how many of its first measurements break the SLA
         self.calls: list[tuple[dict, Hints]] = []
 
     def __call__(self, params: dict, hints: Hints) -> TrialRecord:
@@ -88,16 +90,17 @@ class FakeEvaluation:
             raise KeyboardInterrupt
         if self.fail_config is not None and params["max_batch_size"] == self.fail_config:
             raise ServerSetupError("config refused by Triton: preferred size must be <= max batch size")
-        at_load = Figures(requests=100, latency_ms={"p99": latency_of(params)}, fill_rate=0.5,
-                          send_lag_p99_ms=0.2)
+        seen = sum(p["max_batch_size"] == params["max_batch_size"] for p, _ in self.calls) - 1
+        # a stalled host: the SLA's p99 broken tenfold
+        latency = latency_of(params) * (10.0 if seen < self.failing.get(params["max_batch_size"], 0) else 1.0)
+        at_load = Figures(requests=100, latency_ms={"p99": latency}, fill_rate=0.5, send_lag_p99_ms=0.2)
         if params["max_batch_size"] in self.unmeasured:
             return TrialRecord(params=dict(params), outcome=UNMEASURED, at_load=dataclasses.replace(
                 at_load, valid=False, send_lag_p99_ms=9.0, attempts=3),
                 note="send lag p99 9.00 ms > budget 5 ms: the load generator was the bottleneck")
         factors = self.noise.get(params["max_batch_size"], [1.0])
-        seen = sum(p["max_batch_size"] == params["max_batch_size"] for p, _ in self.calls) - 1
         cap = capacity_of(params) * factors[seen % len(factors)]
-        violation = latency_of(params) / self.latency_ms - 1.0
+        violation = latency / self.latency_ms - 1.0
         pruned = hints.beat_rps is not None and cap <= hints.beat_rps
         return TrialRecord(
             params=dict(params), at_load=at_load, sla_met=violation <= 0, violation=violation,

@@ -707,3 +707,34 @@ def test_the_model_strategys_capacity_searches_start_around_the_simulated_capaci
     assert planned == [3, 3, 5]  # the fallback's trials told before they run
     assert all(h.upper_speed is not None for _, h in wrong.calls[:3])
     assert all(h.upper_speed is None and h.start_speed for _, h in wrong.calls[3:])
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_pick_the_server_fails_against_the_simulation_is_measured_once_more_before_it_is_judged(tmp_path, failures):
+    """A pick feasible in simulation that breaks the SLA on the server is measured again, once, before
+    the simulation is judged: one stalled replay (`failures` 1) keeps the simulation; a server that
+    fails it twice (2) makes the error 100 % and the search falls back to the sampler."""
+    s = fake_settings(tmp_path, trials=4, strategy="model", model_top=2)
+    ranking = fake_ranking(s)
+    plain = FakeEvaluation()
+    search.model_search(new_study(s, storage=f"sqlite:///{tmp_path / 'plain.db'}"), s, ranking, evaluate=plain,
+                        trials=4, host=search.this_host())
+    top = plain.calls[1][0]  # the simulation's best, measured after the incumbent
+    fake, notes = FakeEvaluation(failing={top["max_batch_size"]: failures}), []
+    study = new_study(s)
+    search.model_search(study, s, ranking, evaluate=fake, trials=4, host=search.this_host(), note=notes.append)
+    assert [p for p, _ in fake.calls[:4]] == [p for p, _ in plain.calls] + [top]
+    again = study.trials[3]
+    assert again.user_attrs["retry_of"] == 1 and again.user_attrs["simulated_rank"] == 1
+    assert any(space.describe(top) in n and "measured once more" in n for n in notes), notes
+    info = study.user_attrs["model_search"]
+    measured = {r["trial"] for r in info["measured"]}
+    assert 1 not in measured and 3 in measured  # the retry stands for the configuration
+    if failures == 1:
+        assert not info["fallback"] and info["infeasible_measured"] == 0 and len(fake.calls) == 4
+        assert search.spent(study) == 3  # the configuration counted once
+        assert study.best_trial.number != 1
+    else:
+        assert info["fallback"] and info["infeasible_measured"] == 1
+        assert len(fake.calls) == 5 and search.spent(study) == 4  # the sampler searched on to the budget
+        assert fake.calls[4][0] != top  # measured twice: not a third time

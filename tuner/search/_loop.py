@@ -156,12 +156,19 @@ def spent_done(study: optuna.Study) -> int:
     return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in _counted(study))
 
 
-def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials}
+def superseded(trials: list[optuna.trial.FrozenTrial]) -> set[int]:
+    """The numbers of the trials measured again by a later trial (an interrupted trial's retry, a dead
+    worker's, a simulated pick the server contradicted): the later trial stands for the configuration."""
+    numbers = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
     with warnings.catch_warnings():  # marked experimental in Optuna
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retried |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
+        numbers |= {optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials}
+    return numbers - {None}
+
+
+def _counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    trials = study.get_trials(deepcopy=False)
+    retried = superseded(trials)
     return [t for t in trials if t.state != TrialState.WAITING and t.number not in retried
             and t.user_attrs.get("error_kind") != DUPLICATE
             and not (t.user_attrs.get("error_kind") == INTERRUPTED and not drawn(t))]
@@ -175,7 +182,7 @@ def requeue_interrupted(study: optuna.Study) -> list[int]:
         storage = open_storage(study.user_attrs["storage"])
         dead = fail_dead_local_trials(study, storage, socket.gethostname(), alive=pid_alive)
     trials = study.get_trials(deepcopy=False)
-    retried = {t.user_attrs.get("retry_of") for t in trials}
+    retried = superseded(trials)
     again = []
     for t in trials:
         params = drawn(t)
