@@ -6,7 +6,6 @@ once (`send_together`), for the profile's batches of separate requests. Parent s
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass
 
@@ -69,8 +68,9 @@ def send_one_by_one(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: 
 def send_together(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: float = 30.0,
                   first_alone_s: float | None = None) -> Sent:
     """Send every row of `traffic` as one request, all at once: each on its own connection, opened
-    before any is sent, from its own thread, released together; returns when all are answered. With
-    `first_alone_s`, the first row goes alone and the others together that many seconds later."""
+    before any is sent, written one after another from this thread (`_http.exchange_together`); returns
+    when all are answered. With `first_alone_s`, the first row goes alone and the others together that
+    many seconds later."""
     metadata, config = _plan.model_info(http, model)
     plan = _plan.plan_requests(metadata, config, traffic)
     inputs = [(i.name, i.datatype) for i in plan.inputs]
@@ -82,34 +82,7 @@ def send_together(http: str, model: str, traffic: pd.DataFrame, *, timeout_s: fl
         requests.append(_http.infer_request(
             http, plan.model, [(name, datatype, shape) for (name, datatype), shape in zip(inputs, shapes, strict=True)],
             outputs=plan.outputs, data=data))
-    connections = [_http.Connections(http, timeout_s=timeout_s) for _ in requests]
-    answers: list[tuple[int, bytes]] = [(0, b"")] * len(requests)
-    alone = 1 if first_alone_s is not None else 0
-    go = threading.Barrier(len(requests) - alone + 1)
-
-    def one(k: int) -> None:
-        if k >= alone:
-            go.wait()
-        try:
-            answers[k] = connections[k].post(requests[k])
-        except OSError as exc:
-            answers[k] = (0, str(exc).encode())
-
-    threads = [threading.Thread(target=one, args=(k,), daemon=True) for k in range(len(requests))]
-    try:
-        for c in connections:
-            c.open(1)
-        started = time.monotonic()
-        for t in threads:
-            t.start()
-        if alone:
-            time.sleep(first_alone_s)
-        go.wait()
-        for t in threads:
-            t.join()
-    finally:
-        for c in connections:
-            c.close()
+    answers, seconds = _http.exchange_together(http, requests, timeout_s=timeout_s, first_alone_s=first_alone_s)
     failed = [(status, body) for status, body in answers if status != 200]
     first_error = _http.error_text(*failed[0]) if failed else ""
-    return Sent(len(requests), len(failed), time.monotonic() - started, first_error)
+    return Sent(len(requests), len(failed), seconds, first_error)
