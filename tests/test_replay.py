@@ -256,7 +256,7 @@ def test_a_missing_model_is_a_setup_error(server):
     (uniform(10, 1, seq_len=None), "variable dim 0 and the traffic has no 'seq_len' or 'INPUT_IDS:0'"),
     (uniform(10, 1, batch_size=64), "batch_size 64 exceeds model 'echo' max_batch_size 32"),
     (uniform(10, 1, seq_len=0), "seq_len=0 is not a positive integer"),
-    (uniform(10, 1, seq_len=10**12), r"traffic row 0 \(timestamp 100.0\): its request would carry 3.64 TiB"),
+    (uniform(10, 1, seq_len=10**12), r"traffic row 1, timestamp 100.0: its request would carry 3.64 TiB"),
 ])
 def test_traffic_that_does_not_fit_the_model_is_a_traffic_error(server, traffic, message):
     with pytest.raises(TrafficError, match=message):
@@ -292,7 +292,7 @@ def test_a_non_batching_model_takes_only_single_requests():
 
 def test_a_column_contradicting_a_fixed_dim_names_the_row():
     traffic = pd.DataFrame({"timestamp": [0.0, 1], "seq_len": [3, 3], "MASK:1": [4, 5]})
-    with pytest.raises(TrafficError, match="traffic row 1: MASK:1=5 but model 'm' input MASK dim 1 is fixed at 4"):
+    with pytest.raises(TrafficError, match=r"traffic row 2, timestamp 1.0: MASK:1=5 but model 'm' input MASK dim 1 is fixed at 4"):
         plan_requests({"name": "m"}, CONFIG, traffic)
 
 
@@ -383,21 +383,21 @@ def test_a_row_too_large_for_any_request_is_refused_naming_it_and_the_limit():
         plan_requests({"name": "m"}, CONFIG, traffic)
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("traffic row 1 (timestamp 0.5): its request would carry 18.19 TiB of tensor data "
+    assert message.startswith("traffic row 2, timestamp 0.5: its request would carry 18.19 TiB of tensor data "
                               "(IDS [1, 1000000000000] INT32, MASK [1, 1000000000000, 4] FP32)")
     assert message.endswith("above the replay's limit of 64 MiB per request for model 'm'")
     # just under the limit is fine: 64 MiB of FP32 mask and INT32 ids, 20 bytes per token
     fits = MAX_REQUEST_BYTES // 20
     plan = plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [fits]}))
     assert plan.shapes == [[[1, fits], [1, fits, 4]]]
-    with pytest.raises(TrafficError, match="traffic row 0"):
+    with pytest.raises(TrafficError, match=r"^traffic row 1, timestamp 0.0: "):
         plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [fits + 1]}))
     # a warm-up's synthetic rows (1 up to max_batch_size rows of a long request): those over the limit left out
     sweep = pd.DataFrame({"timestamp": [0.0, 1.0, 2.0], "batch_size": [1, 2, 3], "seq_len": fits // 2})
     kept = plan_requests({"name": "m"}, CONFIG, sweep, drop_oversize=True)
     assert [shapes[0][0] for shapes in kept.shapes] == [1, 2]
     # dims so large that their product overflows 64-bit integers are still named, not wrapped around
-    with pytest.raises(TrafficError, match=r"traffic row 0 \(timestamp 0.0\).*PiB"):
+    with pytest.raises(TrafficError, match=r"traffic row 1, timestamp 0.0.*PiB"):
         plan_requests({"name": "m"}, CONFIG, pd.DataFrame({"timestamp": [0.0], "seq_len": [1e18]}))
 
 

@@ -250,7 +250,7 @@ def test_a_row_no_request_can_carry_is_one_line_and_exit_2(server, tmp_path):
     """A seq_len of 1e12 would be terabytes of tensor data: refused before the replay, naming the row."""
     traffic = pd.DataFrame({"timestamp": np.arange(10) / 10.0, "seq_len": [8] * 7 + [10**12] + [8] * 2})
     run = tuner("replay", str(study(tmp_path, server.endpoints.http, traffic=traffic)))
-    assert_one_line_error(run, "traffic row 7 (timestamp 0.7)", "3.64 TiB", "64 MiB per request")
+    assert_one_line_error(run, "traffic row 8, timestamp 0.7", "3.64 TiB", "64 MiB per request")
 
 
 def test_a_replay_whose_measured_window_lasts_no_time_is_one_line_and_exit_2_before_any_server(tmp_path):
@@ -422,7 +422,7 @@ def test_a_request_longer_than_the_engines_context_is_refused_before_any_server(
                                     "sla": {"ttft_ms": 1000}, "output": str(tmp_path / "out")}))
     run = tuner("replay", str(path))
     assert_one_line_error(run, "2 of 3 requests need more tokens than llm_vllm's context of 2,048",
-                          "row 1", "2,000 prompt + 100 output tokens")
+                          "traffic row 2, timestamp 0.5", "2,000 prompt + 100 output tokens")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml", "tokens.csv"]
 
 

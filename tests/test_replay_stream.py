@@ -143,7 +143,7 @@ def test_the_plan_shares_a_prompt_beginning_only_within_a_prefix_id():
     assert [plan.requests[i][:2] for i in plan.shape_ids] == [[5, 3], [5, 3], [9, 3], [5, 3], [5, 4], [5, 3]]
     with pytest.raises(ServerSetupError, match=r"takes text_input but is not decoupled: .*\(model_transaction_policy \{ decoupled: true \}\)$"):
         plan_generate({**config, "model_transaction_policy": {}}, traffic)
-    with pytest.raises(TrafficError, match=r"traffic row 2: output_tokens=0 is not a positive integer"):
+    with pytest.raises(TrafficError, match=r"traffic row 3, timestamp 2.0: output_tokens=0 is not a positive integer"):
         plan_generate(config, traffic.assign(output_tokens=[3, 3, 0, 3, 3, 3]))
 
 

@@ -696,7 +696,7 @@ def test_length_column_is_the_one_input_dim_column_or_seq_len():
     bert = pd.DataFrame({"timestamp": [0.0, 1.0], "INPUT_IDS:0": [3, 7], "ATTENTION_MASK:0": [3, 7],
                          "TOKEN_TYPE_IDS:0": [3, 7]})
     assert length_column(bert) == "INPUT_IDS:0"
-    with pytest.raises(TrafficError, match=r"^traffic row 1: 2 input dim columns differ \(A:0=7, B:0=2\)"):
+    with pytest.raises(TrafficError, match=r"^traffic row 2, timestamp 1.0: 2 input dim columns differ \(A:0=7, B:0=2\)"):
         length_column(pd.DataFrame({"timestamp": [0.0, 1.0], "A:0": [1, 7], "B:0": [1, 2]}))
 
 
@@ -766,14 +766,14 @@ def test_cli_checks_the_traffic_as_tune_does_and_ranks_only_the_space_tune_searc
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv"), "--json", str(out_json)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    assert "note: search.max_batch_size: low raised from 1 to 4" in captured.err and "(row 17" in captured.err
+    assert "note: search.max_batch_size: low raised from 1 to 4" in captured.err and "(traffic row 18, timestamp " in captured.err
     ranked = json.loads(out_json.read_text())["ranking"]
     assert {r["max_batch_size"] for r in ranked} == set(range(4, 17)) | {64}  # 4..16, and the incumbent's 64
     # a request the model itself refuses: refused in tune's words, before any ranking
     traffic.loc[17, "batch_size"] = 65
     traffic.to_csv(study / "traffic.csv", index=False)
     code = main(["simulate", str(study / "study.yaml"), "--profile", str(study / "profile.csv")])
-    _refused(capsys, code, "max_batch_size is 64, but the traffic has requests of 65 rows (row 17")
+    _refused(capsys, code, "max_batch_size is 64, but the traffic has requests of 65 rows (traffic row 18, timestamp ")
 
 
 def test_cli_says_when_the_space_reaches_rows_the_profile_did_not_time(study, capsys):

@@ -460,7 +460,7 @@ def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it
                                                "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
     prepared = prepare(read_study(study))
     assert prepared.settings.search.max_batch_size.low == 8
-    assert any("low raised from 1 to 8" in note and "row 17" in note for note in prepared.notes)
+    assert any("low raised from 1 to 8" in note and "(traffic row 18, timestamp " in note for note in prepared.notes)
     too_big = write_tune_study(tmp_path, "big", repository(tmp_path, max_batch_size=128),
                           **{"traffic.path": str(_traffic_with_rows(tmp_path, 80)),
                                               "search.max_batch_size": {"low": 1, "high": 64, "log": True}})
@@ -742,7 +742,7 @@ def test_a_row_the_replay_would_refuse_is_refused_before_a_server_starts(tmp_pat
     study = write_tune_study(tmp_path, "huge", **{"traffic": {"path": str(_traffic(tmp_path, rows)), "speed": 1.0}})
     assert main(["tune", str(study), *(["--check"] if check else [])]) == 2
     line = _one_line_error(capsys)
-    assert "traffic row 17" in line and "above the replay's limit" in line, line
+    assert "traffic row 18, timestamp 0.85" in line and "above the replay's limit" in line, line  # the CSV's 18th data row
     assert not (tmp_path / "huge").exists()
 
 

@@ -99,6 +99,14 @@ class Terminated(KeyboardInterrupt):
     marked failed (the next run measures it again), servers and containers are stopped."""
 
 
+def traffic_row(traffic, i: int) -> str:
+    """Row `i` (by position) of a traffic table (pandas) as the user counts it: from 1, as a CSV's data
+    rows below its header (the table's index counts them from 0 as `read_traffic` leaves it: in time
+    order), with its timestamp, which finds the row in any file."""
+    stamp = f", timestamp {traffic['timestamp'].iloc[i]}" if "timestamp" in traffic.columns else ""
+    return f"traffic row {int(traffic.index[i]) + 1}{stamp}"
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`did you mean X?` for the choice `word` most likely misspells (`nearest`), or '' when none is
     close: the one way a refusal of an unknown name suggests the known one."""

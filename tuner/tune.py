@@ -33,6 +33,7 @@ from tuner.errors import (
     TrafficError,
     TunerError,
     UnmeasuredError,
+    traffic_row,
 )
 from tuner.files import check_output_dir, write_atomic
 from tuner.llm import engineargs
@@ -472,7 +473,7 @@ def _largest_request(traffic: pd.DataFrame) -> tuple[int, str]:
     if "batch_size" not in traffic.columns or traffic.empty:
         return 1, "every request has 1 row"
     i = int(traffic["batch_size"].to_numpy().argmax())
-    return int(traffic["batch_size"].iloc[i]), f"row {i}, timestamp {traffic['timestamp'].iloc[i]}"
+    return int(traffic["batch_size"].iloc[i]), traffic_row(traffic, i)
 
 
 def identity(p: Prepared) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.errors import ServerSetupError, TrafficError
+from tuner.errors import ServerSetupError, TrafficError, traffic_row
 from tuner.llm.prompts import Prompts
 from tuner.replay._plan import _positive_ints
 
@@ -66,7 +66,7 @@ def plan_generate(config: dict, traffic: pd.DataFrame, prompts: Prompts | None =
     short = prompt < max(1, prompts.special)
     if short.any():
         i = int(np.argmax(short))
-        raise TrafficError(f"traffic row {traffic.index[i]}: prompt_tokens={prompt[i]} is fewer than the "
+        raise TrafficError(f"{traffic_row(traffic, i)}: prompt_tokens={prompt[i]} is fewer than the "
                            f"{prompts.special} special tokens the model's tokenizer adds")
     size = len(prompts.pieces)
     start = np.arange(len(traffic), dtype=np.int64) % size

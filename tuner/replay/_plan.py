@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.errors import ServerSetupError, TrafficError, did_you_mean
+from tuner.errors import ServerSetupError, TrafficError, did_you_mean, traffic_row
 from tuner.replay._http import ITEMSIZE
 
 SEQ_LEN = "seq_len"  # tuner.traffic.SEQ_LEN: not imported, as tuner.traffic's package loads its importers and plots
@@ -124,10 +124,10 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame, *, drop_o
         worst = int(np.argmax(batch))
         biggest = int(batch[worst])
         if not batched and biggest != 1:
-            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {biggest} but model "
+            raise TrafficError(f"{traffic_row(traffic, worst)}: batch_size {biggest} but model "
                                f"'{model}' does not batch (max_batch_size 0)")
         if batched and biggest > max_batch:
-            raise TrafficError(f"traffic row {traffic.index[worst]}: batch_size {biggest} exceeds "
+            raise TrafficError(f"{traffic_row(traffic, worst)}: batch_size {biggest} exceeds "
                                f"model '{model}' max_batch_size {max_batch}")
 
     inputs = [plan for plan, sent in _input_plans(model, config, traffic.columns) if sent]
@@ -140,7 +140,7 @@ def plan_requests(metadata: dict, config: dict, traffic: pd.DataFrame, *, drop_o
             values = _positive_ints(traffic[column], column, traffic)
             if d != -1 and n and (values != d).any():
                 bad = int(np.argmax(values != d))
-                raise TrafficError(f"traffic row {traffic.index[bad]}: {column}={int(values[bad])} but "
+                raise TrafficError(f"{traffic_row(traffic, bad)}: {column}={int(values[bad])} but "
                                    f"model '{model}' input {plan.name} dim {k} is fixed at {d}")
             dim_values.append(values)
     outputs = tuple(o["name"] for o in config.get("output", []))
@@ -276,8 +276,7 @@ def _check_request_sizes(model: str, batched: bool, inputs: list[InputPlan], *, 
     i = int(np.argmax(over))
     described = ", ".join(f"{plan.name} {[int(d[i]) for d in dims]} {plan.datatype}"
                           for plan, dims in zip(inputs, shapes, strict=True))
-    stamp = f" (timestamp {traffic['timestamp'].iloc[i]})" if "timestamp" in traffic.columns else ""
-    raise TrafficError(f"traffic row {traffic.index[i]}{stamp}: its request would carry "
+    raise TrafficError(f"{traffic_row(traffic, i)}: its request would carry "
                        f"{_bytes(total[i])} of tensor data ({described}), above the replay's limit of "
                        f"{_bytes(MAX_REQUEST_BYTES)} per request for model '{model}'")
 
@@ -313,6 +312,6 @@ def _positive_ints(column: pd.Series, name: str, traffic: pd.DataFrame) -> np.nd
     bad = ~np.isfinite(values) | (values < 1) | (values != np.round(values))
     if bad.any():
         i = int(np.argmax(bad))
-        raise TrafficError(f"traffic row {traffic.index[i]}: {name}={column.iloc[i]} is not a "
+        raise TrafficError(f"{traffic_row(traffic, i)}: {name}={column.iloc[i]} is not a "
                            f"positive integer")
     return values

@@ -22,7 +22,7 @@ import pandas as pd
 
 from tuner import space
 from tuner.cost import price_for
-from tuner.errors import SettingsError, TrafficError
+from tuner.errors import SettingsError, TrafficError, traffic_row
 from tuner.measurement import Measurement, assemble, percentile_key
 from tuner.settings import CapacitySettings, SlaSettings, StudySettings
 from tuner.simulate._batcher import OK, BatcherConfig, BatchRun, Requests, batcher_config, simulate
@@ -59,7 +59,7 @@ def length_column(traffic: pd.DataFrame) -> str | None:
         if differ.any():
             i = int(np.argmax(differ))
             row = ", ".join(f"{c}={traffic[c].iloc[i]}" for c in dims)
-            raise TrafficError(f"traffic row {traffic.index[i]}: {len(dims)} input dim columns differ ({row}): "
+            raise TrafficError(f"{traffic_row(traffic, i)}: {len(dims)} input dim columns differ ({row}): "
                                f"the simulation charges one sequence length per request; keep one of them")
     if dims:
         return dims[0]

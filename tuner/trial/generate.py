@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tuner.errors import TrafficError
+from tuner.errors import TrafficError, traffic_row
 from tuner.llm.engine_metrics import EngineFigures
 from tuner.llm.engine_watch import EngineWatch, Stretch, batch_figures
 from tuner.measurement_tokens import TokenMeasurement, measure_tokens, short_window
@@ -204,6 +204,6 @@ def check_context(traffic: pd.DataFrame, context: int, *, model: str) -> None:
         first = int(over.argmax())
         raise TrafficError(
             f"{int(over.sum()):,} of {len(traffic):,} requests need more tokens than {model}'s context of "
-            f"{context:,} (the first: row {first} of the replayed traffic, {int(traffic['prompt_tokens'].iloc[first]):,} "
+            f"{context:,} (the first: {traffic_row(traffic, first)}, {int(traffic['prompt_tokens'].iloc[first]):,} "
             f"prompt + {int(traffic['output_tokens'].iloc[first]):,} output tokens); raise max_model_len in "
             "model.json where the model allows it, or replay a trace of shorter requests")
