@@ -148,6 +148,8 @@ def prepare(settings: StudySettings, storage: str | None = None, *, dry_run: boo
                                 f"batcher; {settings.model} is batched by vLLM: use search.strategy: measure")
     traffic = study_traffic(settings)
     price_for(settings.cost, source=settings.source)
+    if engine is not None:
+        _check_engine_gpus(settings, engine)
     settings, notes = check_traffic(settings, base, traffic, engine=engine)
     incumbent = space.from_config(base, settings.search, engine=engine)
     space.check_choices(incumbent, settings.search, whose="the incumbent's")
@@ -467,6 +469,20 @@ def _span(r) -> str:
     if dataclasses.is_dataclass(r):
         return f"{r.low}..{r.high}" + (" (log)" if r.log else f" step {r.step}" if r.step != 1 else "")
     return "|".join(map(str, r)).lower()  # choices: preferred-size strategies, chunked prefill's true|false
+
+
+def _check_engine_gpus(settings: StudySettings, engine: dict) -> None:
+    """A price from the table is one GPU's times `cost.gpus_per_server`: an engine spread over more
+    GPUs than that would be scored at a fraction of its server's price (its tokens per dollar
+    multiplied). A price of the user's own (`cost.price_per_hour`) is the whole server's, and a CPU
+    instance's price has no GPUs to count."""
+    cost = settings.cost
+    needed, how = engineargs.gpus(engine)
+    if cost.price_per_hour is None and cost.gpu.lower() != "cpu" and needed > cost.gpus_per_server:
+        raise SettingsError(
+            f"{settings.source or '<study>'}: cost.gpus_per_server is {cost.gpus_per_server}, but "
+            f"{settings.model}'s {engineargs.ENGINE_FILE} runs its engine on {needed} GPUs ({how}): the server's "
+            f"price counts them, set cost.gpus_per_server: {needed}")
 
 
 def _largest_request(traffic: pd.DataFrame) -> tuple[int, str]:

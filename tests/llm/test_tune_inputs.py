@@ -107,6 +107,23 @@ def test_engine_arguments_vllm_refuses_and_a_model_that_does_not_stream_are_one_
     assert not (tmp_path / "out").exists()
 
 
+def test_an_engine_on_more_gpus_than_the_server_is_priced_for_is_one_line(tmp_path, capsys):
+    # priced as one H100 while model.json spreads the engine over 4: its tokens per dollar 4x too high
+    repo = tmp_path / "repo"
+    shutil.copytree(TEMPLATE, repo / "llm_vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    engine = repo / "llm_vllm" / "1" / "model.json"
+    engine.write_text(engine.read_text().replace('"seed": 0', '"seed": 0, "tensor_parallel_size": 2, '
+                                                                '"pipeline_parallel_size": 2'))
+    line = refused(capsys, "tune", str(study(tmp_path, repo=repo, cost={"gpu": "h100", "gpus_per_server": 2})),
+                   "--check")
+    assert line.endswith("cost.gpus_per_server is 2, but llm_vllm's model.json runs its engine on 4 GPUs "
+                         "(tensor_parallel_size 2 x pipeline_parallel_size 2): the server's price counts them, "
+                         "set cost.gpus_per_server: 4"), line
+    for cost in ({"gpu": "h100", "gpus_per_server": 4}, {"price_per_hour": 12.0}):  # counted; the server's own price
+        assert main(["tune", str(study(tmp_path, repo=repo, cost=cost)), "--check"]) == 0, capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", [["profile"], ["simulate", "--profile", "p.csv"]])
 def test_commands_that_read_the_dynamic_batcher_refuse_a_generative_study(tmp_path, capsys, command):
     (tmp_path / "p.csv").write_text("rows,length,ms\n1,4,1.0\n")

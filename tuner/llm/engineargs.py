@@ -46,7 +46,7 @@ from tuner.llm import tiny
 from tuner.modelconfig import ModelConfig, load
 
 __all__ = [
-    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "device_class", "in_effect",
+    "ENGINE_FILE", "GIB", "MAX_SENT_BYTES", "TABLE_VERSION", "check", "defaults", "device_class", "gpus", "in_effect",
     "installed_device", "installed_vllm",
     "introspect", "is_vllm_model", "known_keys", "read", "resolved", "version_dir", "version_files", "write",
 ]
@@ -288,6 +288,16 @@ def read(model_dir: str | Path) -> dict:
                             "engine arguments there)", error=ConfigError)
     check(args, source=str(path))
     return args
+
+
+PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")  # their product: the GPUs
+
+
+def gpus(args: Mapping[str, object]) -> tuple[int, str]:
+    """The GPUs one engine runs on (the product of its parallel sizes, 1 each where unset) and how,
+    as `model.json` says it ("tensor_parallel_size 2 x pipeline_parallel_size 2"; "" for one GPU)."""
+    sizes = {k: int(args.get(k) or 1) for k in PARALLEL}
+    return math.prod(sizes.values()), " x ".join(f"{k} {v}" for k, v in sizes.items() if v > 1)
 
 
 def context_tokens(args: Mapping[str, object]) -> int | None:
