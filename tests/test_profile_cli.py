@@ -85,7 +85,7 @@ def test_traffic_tune_refuses_is_refused_before_any_server(study, capsys):
     (study / "traffic.csv").write_text("timestamp,batch_size,seq_len\n" + "".join(
         f"{i / 10},{65 if i == 7 else 1},{20 + i}\n" for i in range(50)))
     err = _error(capsys, main(["profile", str(study / "study.yaml"), "-o", str(study / "p.csv")]))
-    assert "max_batch_size is 64, but the traffic has requests of 65 rows (row 7" in err and REACHED not in err
+    assert "max_batch_size is 64, but the traffic has requests of 65 rows (traffic row 8, timestamp 0.7)" in err and REACHED not in err
 
 
 def test_a_file_tuner_did_not_write_is_replaced_only_with_force(study, capsys):

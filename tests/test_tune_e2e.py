@@ -449,7 +449,7 @@ def test_requests_larger_than_the_models_max_batch_size_are_refused_naming_the_r
                         **{"traffic.path": str(_traffic_with_rows(tmp_path, 8))})
     assert main(["tune", str(study)]) == 2
     line = _one_line_error(capsys)
-    assert "max_batch_size is 4" in line and "requests of 8 rows (row 17" in line
+    assert "max_batch_size is 4" in line and "requests of 8 rows (traffic row 18, timestamp " in line
 
 
 def test_requests_larger_than_the_smallest_max_batch_size_in_the_space_narrow_it(tmp_path):
