@@ -738,3 +738,9 @@ def test_a_pick_the_server_fails_against_the_simulation_is_measured_once_more_be
         assert info["fallback"] and info["infeasible_measured"] == 1
         assert len(fake.calls) == 5 and search.spent(study) == 4  # the sampler searched on to the budget
         assert fake.calls[4][0] != top  # measured twice: not a third time
+    # a budget the picks use up leaves no fallback to decide: nothing is measured again
+    spent_up, quiet = FakeEvaluation(failing={top["max_batch_size"]: failures}), []
+    study = new_study(s, storage=f"sqlite:///{tmp_path / 'spent.db'}")
+    search.model_search(study, s, ranking, evaluate=spent_up, trials=3, host=search.this_host(), note=quiet.append)
+    assert len(spent_up.calls) == 3 and not any("measured once more" in n for n in quiet)
+    assert study.user_attrs["model_search"]["infeasible_measured"] == 1

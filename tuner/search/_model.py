@@ -429,10 +429,12 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
     ran = run_trials(study, s, evaluate, n_trials=first, timeout_s=timeout_s, host=host, on_trial=on_trial,
                      estimate=estimate)
     errors = simulation_errors(study, ranking, s)
+    verdict = _judge(errors, s)
     left = None if deadline is None else deadline - time.monotonic()
-    if (again := _contradicted(study, errors)) and (left is None or left > 0):
-        # one failing replay would otherwise throw the simulation away for the whole budget's measured
-        # search (a host's stall fails a p99 as surely as a wrong profile does): its retry stands for it
+    room = trials > spent(study) and (left is None or left > 0)  # for a fallback: else nothing to decide
+    if verdict["fallback"] and room and (again := _contradicted(study, errors)):
+        # one failing replay would otherwise throw the simulation away for the rest of the budget, a
+        # measured search (a host's stall fails a p99 as surely as a wrong profile does): its retry stands for it
         note("; ".join(space.describe(p) for p in again.values()) + ": met the SLA in simulation, not on the "
              "server at the recorded load: measured once more before the simulation is judged")
         for number, params in again.items():
@@ -441,7 +443,7 @@ def model_search(study: optuna.Study, settings: StudySettings, ranking: pd.DataF
         ran += run_trials(study, s, evaluate, n_trials=first, timeout_s=left, host=host, on_trial=on_trial,
                           estimate=estimate)  # the originals no longer count (`spent`): the retries run
         errors = simulation_errors(study, ranking, s)
-    verdict = _judge(errors, s)
+        verdict = _judge(errors, s)
     fallback = verdict["fallback"]
     study.set_user_attr("model_search", {"simulated": len(ranking), "measured": errors.to_dict("records"),
                                          "threshold": s.search.model_error, **verdict})
