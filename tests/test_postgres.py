@@ -412,9 +412,11 @@ def test_a_missing_database_driver_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_multi_process_study_at_a_time")
 def test_a_study_on_the_default_storage_stopped_mid_trial_completes_with_the_same_command(tmp_path):
+    # the claim is the resume, not the capacity: an SLA a loaded machine still meets (stop 62's CI measured
+    # the incumbent's p99 at 142 ms against 100, and the run rightly exited 3, nothing feasible)
     study_file = write_tune_study(tmp_path, "single", **{**GRID, "search.max_batch_size": {"low": 16, "high": 16},
                                                     "search.max_queue_delay_microseconds": {"low": 0, "high": 0},
-                                                    **QUICK_TRIALS})  # the claim is the resume, not the capacity
+                                                    "sla.latency_ms": 1000, **QUICK_TRIALS})
     output = tmp_path / "single"
     db = f"sqlite:///{output / 'study.db'}"
     first_log = tmp_path / "first.log"
