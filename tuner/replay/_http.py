@@ -184,30 +184,25 @@ def exchange_together(address: str, requests: Sequence[Sequence[bytes | memoryvi
     thread, N requests leave within microseconds, where N threads released together took longer than
     a 20-ms execution to all send on a loaded 2-core machine (Python's threads take turns)."""
     socks: list[socket.socket] = []
-    try:
-        socks.extend(_connect(_address(address), timeout_s) for _ in requests)
-    except OSError:
-        for sock in socks:
-            sock.close()
-        raise
     answers: list[tuple[int, bytes]] = [(0, b"")] * len(requests)
     written = [False] * len(requests)
-    started = time.monotonic()
     try:
+        socks.extend(_connect(_address(address), timeout_s) for _ in requests)
+        started = time.monotonic()
         for k, (sock, parts) in enumerate(zip(socks, requests, strict=True)):
             if k == 1 and first_alone_s is not None:
                 time.sleep(first_alone_s)
             try:
                 _write(sock, parts)
                 written[k] = True
-            except (OSError, _Stale) as exc:
+            except OSError as exc:  # _Stale too
                 answers[k] = (0, (str(exc) or "the server closed the connection").encode())
         for k, sock in enumerate(socks):
             if written[k]:
                 try:
                     status, body, _keep = _response(sock)
                     answers[k] = (status, body)
-                except (OSError, _Stale, HttpProtocolError) as exc:
+                except OSError as exc:  # _Stale and HttpProtocolError too
                     answers[k] = (0, (str(exc) or "the server closed the connection without answering").encode())
         return answers, time.monotonic() - started
     finally:
