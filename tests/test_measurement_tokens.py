@@ -119,3 +119,25 @@ def test_the_engines_streamed_rate_counts_every_requests_tokens_inside_the_windo
     failed = dict(record(1.0, first=0.2, tokens=4, gap=0.1), ok=False)
     assert measure_tokens(frame([failed]), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0,
                           duration_s=3.0).streamed_tokens_per_s == pytest.approx(4 / 2.0)
+
+
+def test_streams_cut_at_the_windows_end_are_offered_not_errors_and_timed_by_none_of_the_percentiles():
+    """A replay that cut its open streams at the window's end (its `cut` column): they count among the
+    requests offered and asked for, not among the errors, their unfinished latencies in no percentile;
+    the tokens they streamed inside the window count in the engine's rate as before."""
+    done = [record(1.0 + 0.5 * k, first=0.1, tokens=5, gap=0.1) for k in range(3)]  # end by 2.5
+    # open at the cut (3.0): 2 of 10 tokens streamed (2.6, 2.8), the second still waiting for its first
+    open_ = dict(record(2.4, first=0.2, tokens=2, gap=0.2), ok=False, error="cut", output_tokens=10, end_s=3.0)
+    waiting = dict(record(2.8, first=0.1, tokens=1, gap=0.0), ok=False, error="cut", output_tokens=10, end_s=3.0,
+                   tokens=0, first_token_s=math.nan, last_token_s=math.nan, itl_ms=np.empty(0))
+    records = frame(done + [open_, waiting])
+    records["cut"] = [False, False, False, True, True]
+    m = measure_tokens(records, speed=1.0, warmup_s=1.0, lag_budget_ms=5.0, ttft_ms=1000.0, duration_s=3.0)
+    assert m.requests == 5 and m.cut_requests == 2 and m.errors == 0 and m.error_rate == 0.0
+    assert sorted(m.ttfts_ms) == pytest.approx([100, 100, 100])  # the three that finished
+    assert m.offered_tokens_per_s == pytest.approx((3 * 5 + 10 + 10) / 2.0)
+    assert m.streamed_tokens_per_s == pytest.approx((3 * 5 + 2) / 2.0)
+    # the same records without the column: the two are errors, as any failed request is
+    uncut = measure_tokens(records.drop(columns="cut"), speed=1.0, warmup_s=1.0, lag_budget_ms=5.0,
+                           duration_s=3.0)
+    assert uncut.errors == 2 and uncut.cut_requests == 0

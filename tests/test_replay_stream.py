@@ -22,7 +22,7 @@ MODELS = Path(__file__).resolve().parent / "data" / "replay_models"
 FIRST_MS, PROMPT_MS, TOKEN_MS = 20.0, 1.0, 10.0
 FAILING_PROMPT = 13
 COLUMNS = ["row", "due_s", "send_s", "end_s", "latency_ms", "send_lag_ms", "ok", "error", "worker",
-           "prompt_tokens", "output_tokens", "tokens", "first_token_s", "last_token_s", "itl_ms"]
+           "prompt_tokens", "output_tokens", "tokens", "first_token_s", "last_token_s", "itl_ms", "cut"]
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +224,9 @@ def test_a_generative_capacity_step_fails_where_the_engine_falls_behind_though_i
     above = [m for m in seen if m.speed > record.capacity_speed and m.valid]
     assert any(check_tokens(m, study.sla).ok and falls_behind(m, average_tokens_per_s=m.speed * average)
                for m in above), steps
+    # each step that fell behind ended with its window: its streams still open were cut, not waited for
+    # (none counted as an error), and the engine had let them go before the next step
+    behind = [m for m in seen if m.valid and falls_behind(m, average_tokens_per_s=m.speed * average)]
+    assert behind and all(m.cut_requests > 0 and m.errors == 0 for m in behind), [
+        (m.speed, m.cut_requests, m.errors) for m in seen]
+    assert all(m.cut_requests == 0 for m in seen if m not in behind), [(m.speed, m.cut_requests) for m in seen]

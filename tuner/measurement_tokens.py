@@ -34,6 +34,10 @@ last token times, the tokens received and the gaps between token responses. Defi
   the engine held at least one of them. A continuous-batching engine steps exactly while it holds a
   request, and vLLM reports no busy-time counter of its own, so this is the engine's busy time at the
   recorded load (what tokens per dollar by utilization divides by);
+- a replay cut at its window's end (the engine had fallen behind it: `tuner.replay.replay`'s
+  `cut_below_tokens_per_s`) leaves the requests still open there without an end: they count as offered,
+  not as errors, and their latencies (unfinished) are in no percentile (`cut_requests`); the streamed
+  rate counts only the window's own seconds, which the cut leaves whole;
 - valid unless the send lag p99 exceeded its budget (the load generator was the bottleneck) or no
   request was due in the window.
 """
@@ -96,6 +100,7 @@ class TokenMeasurement(Served):
     streamed_tokens_per_s: float = float("nan")  # the engine's output rate over the window (the module doc)
     load_generator_cpu: float = 0.0   # CPU seconds used by the load generator per wall second
     workers: int = 1                  # load-generator processes used
+    cut_requests: int = 0             # measured requests still open when the replay cut its streams
     attempts: int = 1                 # replays run to get a valid one (the retry policy's count)
     repeats: int = 1                  # never repeated near the SLA's limit (tuner.trial.step's repeats: latency)
     # the engine's own view of the replay, where a trial watched it (tuner.llm.engine_watch.batch_figures:
@@ -133,6 +138,7 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         raise ValueError(f"not the records of a generative replay: no {', '.join(missing)}")
     end = float(records["due_s"].max()) if duration_s is None and len(records) else float(duration_s or 0.0)
     window = records[records["due_s"].to_numpy(dtype=float) >= warmup_s]
+    cut = window["cut"].to_numpy(dtype=bool) if "cut" in window.columns else np.zeros(len(window), dtype=bool)
     good = window[window["ok"].to_numpy(dtype=bool)]
     due = good["due_s"].to_numpy(dtype=float)
     first = good["first_token_s"].to_numpy(dtype=float)
@@ -168,7 +174,8 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
     e2e = (last - due) * 1000.0
     return TokenMeasurement(
         speed=speed, offered_rps=requests / span if span > 0 else 0.0, duration_s=span, requests=requests,
-        errors=requests - len(good), error_rate=(requests - len(good)) / requests if requests else 0.0,
+        errors=requests - len(good) - int(cut.sum()),
+        error_rate=(requests - len(good) - int(cut.sum())) / requests if requests else 0.0,
         throughput_rps=len(good) * per_s, output_tokens=out_tokens, prompt_tokens=in_tokens,
         output_tokens_per_s=out_tokens * per_s, total_tokens_per_s=(out_tokens + in_tokens) * per_s,
         ttft_ms=percentiles(ttft, sla_percentile=sla_percentile),
@@ -181,7 +188,7 @@ def measure_tokens(records: pd.DataFrame, *, speed: float, warmup_s: float, lag_
         offered_tokens_per_s=_asked(window) / span if span > 0 else float("nan"),
         busy_s=_busy_s(window["due_s"].to_numpy(dtype=float), window["end_s"].to_numpy(dtype=float)),
         valid=not reasons, invalid_reason="; ".join(reasons),
-        load_generator_cpu=load_generator_cpu, workers=workers, ttfts_ms=ttft, tpots_ms=tpots, itls_ms=itl,
+        load_generator_cpu=load_generator_cpu, workers=workers, cut_requests=int(cut.sum()), ttfts_ms=ttft, tpots_ms=tpots, itls_ms=itl,
         e2es_ms=e2e,
     )
 

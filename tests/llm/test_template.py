@@ -196,6 +196,37 @@ def test_a_stream_the_client_drops_is_aborted_in_the_engine(server):
     assert 1 <= generated < 200  # stopped within a few steps, not after its 2000 tokens
 
 
+def test_a_replay_cut_at_its_windows_end_leaves_the_engine_idle_soon_after(server):
+    """A generative replay told to cut below a rate no engine streams (`cut_below_tokens_per_s`) ends at
+    its window's end, 2 s here, not after its streams' 24,000 tokens: every stream still open is marked
+    cut (none an error), and the engine, which Triton tells of each client gone at its next write, lets
+    them all go within seconds (EngineWatch.wait_idle, as a trial's next step waits)."""
+    import numpy as np
+    import pandas as pd
+
+    from tuner.llm.engine_watch import EngineWatch
+    from tuner.replay import replay
+    from tuner.settings import ReplaySettings
+
+    n, output = 16, 1500
+    traffic = pd.DataFrame({"timestamp": np.arange(n) * 0.05, "prompt_tokens": 12, "output_tokens": output})
+    before = vllm_series(server)
+    started = time.monotonic()
+    result = replay(server.endpoints, MODEL, traffic, speed=1.0, duration_s=2.0,
+                    settings=ReplaySettings(workers=1, warmup_s=0.0, lag_budget_ms=500, request_timeout_s=120),
+                    cut_below_tokens_per_s=1e9)
+    took = time.monotonic() - started
+    records = result.records
+    assert result.cut == n and records["cut"].all(), records[["cut", "error", "tokens"]]
+    assert (records["tokens"] > 0).any() and (records["tokens"] < output).all()
+    assert took < 15, took  # the streams' whole output takes the tiny engine ~20 s or more on 2 cores
+    with EngineWatch(server.endpoints.metrics, MODEL) as watch:
+        assert watch.wait_idle(30.0)
+    idle = time.monotonic() - started
+    generated = vllm_series(server)["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert generated < n * output / 2, (generated, idle)
+
+
 @pytest.mark.parametrize(("change", "vllm_says"), [
     ({"max_num_seqz": 4}, "max_num_seqz"),  # not an engine argument: EngineArgs' own TypeError
     ({"kv_cache_memory_bytes": 1 << 20}, "KV cache"),  # 256 tokens: too small for one request of 2048

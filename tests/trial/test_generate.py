@@ -13,7 +13,7 @@ from tuner.measurement_tokens import measure_tokens
 from tuner.score import check_tokens
 from tuner.settings import CapacitySettings, SlaSettings
 from tuner.trial.capacity import find_capacity
-from tuner.trial.generate import BEHIND, keeping_up
+from tuner.trial.generate import BEHIND, behind_below, falls_behind, keeping_up
 
 SLA = SlaSettings(ttft_ms=2000.0, tpot_ms=100.0, percentile=99.0, max_error_rate=0.0)
 TOKENS = 10        # per request
@@ -57,6 +57,17 @@ def test_a_step_the_engine_falls_behind_in_fails_though_its_latency_meets_the_sl
     assert keeping_up(check_tokens, tokens_per_s=MEAN_TPS)(kept, SLA) == check_tokens(kept, SLA)
     # behind its window but above the traffic's average: a burst it works off (the latency judges it)
     assert keeping_up(check_tokens, tokens_per_s=MEAN_TPS / 2)(behind, SLA) == check_tokens(behind, SLA)
+
+
+@pytest.mark.parametrize("speed", [2.0, 3.0])
+def test_the_rate_a_step_is_cut_below_is_known_before_it_and_is_the_rule_its_check_applies(speed):
+    """behind_below, from the traffic alone: BEHIND x what the window asks for per second, or the
+    traffic's average at the speed, the lower; a step streaming below it is one falls_behind fails."""
+    part = pd.DataFrame({"timestamp": np.arange(int(np.ceil(4 * speed * 7.0))) / 4, "output_tokens": TOKENS})
+    below = behind_below(part, speed, warmup_s=2.0, end_s=7.0, tokens_per_s=MEAN_TPS)
+    assert below == pytest.approx(min(BEHIND * 4 * speed * TOKENS, speed * MEAN_TPS))
+    m = step(speed)
+    assert (m.streamed_tokens_per_s < below) == falls_behind(m, average_tokens_per_s=speed * MEAN_TPS) == (speed == 3.0)
 
 
 def test_the_capacity_search_stops_at_the_engines_token_rate_not_at_its_latency():

@@ -4,7 +4,8 @@ engine counted over it (preemptions, requests, tokens: the counters' difference)
 gauges (running and waiting sequences, KV-cache use), which one snapshot taken after the replay would
 read at rest. The peaks are of the samples: a spike shorter than `interval_s` can fall between two.
 
-    EngineWatch(url, model, interval_s=0.5)   a context manager; .mark() -> Stretch | None
+    EngineWatch(url, model, interval_s=0.5)   a context manager; .mark() -> Stretch | None;
+                                              .wait_idle(timeout_s) -> bool
     stretch_of(start, samples, seconds)       the arithmetic, on snapshots (pure)
     batch_figures(stretch)                    what a trial keeps of it: the engine's batching, in numbers
 """
@@ -110,6 +111,19 @@ class EngineWatch:
         """The model's vllm: series now; None when the endpoint cannot be read or holds none."""
         text = self._fetch()
         return None if text is None else self._snapshot(text)
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until the engine runs and queues no request (its gauges), up to `timeout_s`: whether it
+        did. False at once when its series cannot be read."""
+        deadline = time.monotonic() + timeout_s
+        while (snapshot := self.read()) is not None:
+            busy = sum(snapshot.values.get(GAUGES[key], 0.0) for key in ("running", "waiting"))
+            if busy <= 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(self.interval_s, 0.1))
+        return False
 
     def _fetch(self) -> str | None:
         try:

@@ -12,6 +12,7 @@ has monkey-patched `socket` with gevent's before this module is imported.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -113,6 +114,8 @@ class Connections:
         self.timeout_s = timeout_s
         self.opened = 0
         self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()  # carrying a request now: what `cut` ends
+        self.was_cut = False  # `cut` was called: a request it ended is not sent again
 
     def open(self, count: int) -> None:
         """Connect `count` more idle connections now, so the first sends need no handshake."""
@@ -122,6 +125,16 @@ class Connections:
         """Close every idle connection."""
         while self._idle:
             self._idle.pop().close()
+
+    def cut(self) -> int:
+        """End every exchange in flight: each connection carrying a request is shut down, so its reader
+        gets an error at once and the server sees the client gone (at its next write). Returns how many."""
+        self.was_cut = True
+        busy = list(self._busy)
+        for sock in busy:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(busy)
 
     def post(self, parts: Sequence[bytes | memoryview]) -> tuple[int, bytes]:
         """Send one request (its parts in order) and return the response's status and body."""
@@ -143,16 +156,19 @@ class Connections:
         while True:
             reused = bool(self._idle)
             sock = self._idle.pop() if reused else self._connect()
+            self._busy.add(sock)
             try:
                 status, body, keep = _exchange(sock, parts, on_event)
             except _Stale:
                 sock.close()
-                if reused:
+                if reused and not self.was_cut:
                     continue  # closed by the server while idle: the request never reached it
                 raise HttpProtocolError("the server closed the connection without answering") from None
             except BaseException:
                 sock.close()
                 raise
+            finally:
+                self._busy.discard(sock)
             if keep:
                 self._idle.append(sock)
             else:

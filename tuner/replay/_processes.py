@@ -42,10 +42,11 @@ class Outcome:
 def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: np.ndarray,
                        shape_ids: np.ndarray, workers: int, max_in_flight: int, request_timeout_s: float,
                        warmup_s: float, stats: Stats, progress: bool, watch: Watch | None = None,
-                       watch_every_s: float = 1.0) -> Outcome:
+                       watch_every_s: float = 1.0, cut: dict | None = None) -> Outcome:
     """Walk the schedule `due` (seconds from the start; request i of shape `shape_ids[i]` of `plan`)
     with `workers` processes (1: one local process; more: a master and that many workers). `watch`,
-    called every `watch_every_s` from the start, may end the walk early (then nothing is recorded)."""
+    called every `watch_every_s` from the start, may end the walk early (then nothing is recorded).
+    `cut` (a generative walk in one process): the rule that cuts its open streams (`_worker`'s doc)."""
     # numpy's own files both ways: the load generator then imports neither pandas nor pyarrow (~1 s of
     # CPU each time a process starts, with every replay)
     np.savez(tmp / "schedule.npz", row=np.arange(len(due)), due_s=np.asarray(due, dtype=float),
@@ -61,6 +62,7 @@ def run_load_generator(tmp: Path, *, protocol: str, url: str, plan: dict, due: n
         "request_timeout_s": request_timeout_s,
         "workers": workers,
         "master_port": free_ports(1)[0] if workers > 1 else 0,
+        **({"cut": cut} if cut is not None and workers == 1 else {}),
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     roles = ["local"] if workers == 1 else ["master"] + ["worker"] * workers

@@ -38,8 +38,8 @@ class ReplayResult:
     row (position in the traffic, sorted by timestamp), due_s / send_s / end_s (seconds from the replay's start),
     latency_ms (end - due: from the due time), send_lag_ms (send - due), ok, error, worker. A generative
     replay (`generative`) adds prompt_tokens and output_tokens (asked), tokens (received), first_token_s
-    and last_token_s (seconds from the start; NaN without tokens) and itl_ms (an array per request: the
-    gaps between its responses that carried tokens)."""
+    and last_token_s (seconds from the start; NaN without tokens), itl_ms (an array per request: the
+    gaps between its responses that carried tokens) and cut (open when the replay cut its streams)."""
 
     records: pd.DataFrame
     stats_before: dict | None   # Triton's model statistics at the end of the warm-up
@@ -60,6 +60,11 @@ class ReplayResult:
     stopped: bool = False       # ended early by `watch`: no records
     generative: bool = False    # streamed generate requests (tuner.measurement_tokens measures them)
 
+    @property
+    def cut(self) -> int:
+        """The streams cut at the window's end (`replay`'s `cut_below_tokens_per_s`): 0 when none were."""
+        return int(self.records["cut"].sum()) if "cut" in self.records.columns else 0
+
     def measured(self) -> pd.DataFrame:
         """The records of the measured part (due at or after the warm-up)."""
         return self.records[self.records["due_s"] >= self.warmup_s]
@@ -79,6 +84,7 @@ def replay(
     watch: Watch | None = None,
     watch_every_s: float = 1.0,
     prompts: Prompts | None = None,
+    cut_below_tokens_per_s: float | None = None,
 ) -> ReplayResult:
     """Replay `traffic` against `model` at `speed`, open loop, and return the per-request records.
 
@@ -90,7 +96,10 @@ def replay(
     stop once the server is steady), or raise (`tuner.server.exit_watch`: the server exited). A model
     that takes `text_input` (the vLLM backend's interface) is replayed generatively: each row streamed
     over HTTP with `prompts` (default: the tiny model's words; tuner.replay._generate), whatever
-    `settings.protocol` says. Raises ServerSetupError (unreachable server, model not loaded), TrafficError
+    `settings.protocol` says. `cut_below_tokens_per_s` (generative, one load-generator process): at the
+    measured window's end, when the engine streamed fewer output tokens per second over the window than
+    that (`tuner.measurement_tokens`' streamed rate), the streams still open are cut rather than waited
+    for (`ReplayResult.cut`; their records' `cut`). Raises ServerSetupError (unreachable server, model not loaded), TrafficError
     (shapes that do not fit the model), ReplayError (the load generator failed)."""
     warmup_s = settings.warmup_s if warmup_s is None else warmup_s
     metadata, config = _plan.model_info(endpoints.http, model)
@@ -113,6 +122,10 @@ def replay(
     stats = _mid_replay(stats or (lambda: _plan.statistics(endpoints.http, model)))
     calibration = calibrate(protocol) if settings.workers == 0 else cached_calibration(protocol)
     peak_rps = _plan.peak_rate(due)
+    end_s = float(due[-1] if duration_s is None else duration_s)
+    cut = None
+    if generative and cut_below_tokens_per_s is not None and end_s > warmup_s:
+        cut = {"start_s": warmup_s, "end_s": end_s, "tokens": cut_below_tokens_per_s * (end_s - warmup_s)}
     workers, reason = choose_workers(
         settings.workers, peak_rps, cpus=available_cpus(),
         per_process_rps=calibration.per_process_rps if calibration else float("inf"))
@@ -123,12 +136,13 @@ def replay(
             url=endpoints.grpc if protocol == "grpc" else endpoints.http,
             plan=plan.to_json(), due=due, shape_ids=plan.shape_ids, workers=workers,
             max_in_flight=settings.max_in_flight, request_timeout_s=settings.request_timeout_s,
-            warmup_s=warmup_s, stats=stats, progress=progress, watch=watch, watch_every_s=watch_every_s)
+            warmup_s=warmup_s, stats=stats, progress=progress, watch=watch, watch_every_s=watch_every_s,
+            cut=cut)
     summaries = outcome.summaries
     wall = max((s["wall_s"] for s in summaries), default=0.0) or 1.0
     return ReplayResult(
         records=outcome.records, stats_before=outcome.stats_before, stats_after=outcome.stats_after,
-        speed=speed, warmup_s=warmup_s, duration_s=float(due[-1] if duration_s is None else duration_s),
+        speed=speed, warmup_s=warmup_s, duration_s=end_s,
         mode="local" if workers == 1 else "distributed", workers=workers, reason=reason,
         load_generator_cpu=sum(s["cpu_s"] for s in summaries) / wall,
         details={"processes": summaries, "t0_monotonic": outcome.t0,

@@ -19,7 +19,10 @@ Generative mode (a plan with `generate`): each row is one streaming generate req
 prompt of exactly its prompt tokens, exactly its output tokens), sent the same way from its own
 greenlet; its Server-Sent Events are read as they arrive and the arrival of every response carrying
 tokens is kept, so the records add first-token and last-token times, the tokens received and the gaps
-between token responses (`GenerativeShare`).
+between token responses (`GenerativeShare`). With a `cut` rule in the spec (`{"start_s", "end_s",
+"tokens"}`, one process only), the walk counts at `end_s` the output tokens streamed since `start_s`,
+as `tuner.measurement_tokens` counts them; below `tokens` the streams still open are cut there (their
+records say `cut`) rather than waited for: the engine fell behind its window, which settles the verdict.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ PR_SET_TIMERSLACK = 29
 # Sends this close to their due time wait for it by reading the clock rather than through a wakeup
 # (a send is never early: the replay must not compress the recorded gaps).
 EARLY_S = 0.00002
+CUT_ERROR = "cut at the window's end: the engine had fallen behind it"
 
 log = logging.getLogger("tuner.replay")
 
@@ -318,11 +322,24 @@ class GenerativeShare(Share):
         self.prompt = np.array([requests[i][0] for i in self.shape_id], dtype=np.int64)
         self.token_times: list[list[float] | None] = [None] * n
         self.token_counts: list[list[int] | None] = [None] * n
+        self.cut = np.zeros(n, dtype=bool)
+
+    def streamed(self, start: float, end: float) -> float:
+        """The output tokens streamed between monotonic times `start` and `end` by every request so far,
+        open ones included, as `tuner.measurement_tokens` counts them (a request's tokens spread evenly
+        over its responses)."""
+        total = 0.0
+        for times, counts in zip(self.token_times, self.token_counts, strict=True):
+            if times:
+                inside = sum(1 for t in times if start <= t < end)
+                total += sum(counts) / len(times) * inside
+        return total
 
     def columns(self, t0: float) -> dict[str, np.ndarray]:
         """Share.columns, then prompt_tokens, output_tokens (asked), tokens (received), first_token_s,
-        last_token_s (seconds from t0) and itl_ms (the gaps between token responses, every request's
-        in one array, `itl_count` of them per request: `_processes` splits them again)."""
+        last_token_s (seconds from t0), itl_ms (the gaps between token responses, every request's
+        in one array, `itl_count` of them per request: `_processes` splits them again) and cut (the
+        stream was open when the walk cut it: see the module doc)."""
         out = super().columns(t0)
         first = np.full(len(self.rows), np.nan)
         last = np.full(len(self.rows), np.nan)
@@ -340,6 +357,7 @@ class GenerativeShare(Share):
         out["last_token_s"] = last
         out["itl_ms"] = np.concatenate(itl) if itl else np.empty(0)
         out["itl_count"] = np.array([len(x) for x in itl], dtype=np.int64)
+        out["cut"] = self.cut
         return out
 
 
@@ -371,6 +389,7 @@ class Replayer:
         self.error = ""
         self.gc = GcPauses()
         self.slack_ms = 0.0
+        self.cut_at: float | None = None  # when the cut rule ended the open streams (monotonic)
         # A full collection walks every object of locust, pandas, grpc...: one took 78 ms mid-replay,
         # and one right at the start could eat the lead time. So it runs now, before this process
         # reports ready; frozen objects are skipped, so collections during the walk only see what the
@@ -407,6 +426,7 @@ class Replayer:
         share.sent += 1
         times: list[float] = []
         counts: list[int] = []
+        share.token_times[k], share.token_counts[k] = times, counts  # live: the cut rule reads open streams
         problems: list[str] = []
         counted = False
 
@@ -439,12 +459,14 @@ class Replayer:
         except BaseException as exc:  # the server's failures are data, not the load generator's
             error = first_line(exc)
         share.end[k] = time.monotonic()
+        if self.cut_at is not None and error and not problems:  # ended by the cut, not by the server
+            share.cut[k] = True
+            error = CUT_ERROR
         error = error or (problems[0] if problems else "")
         if not error and counted and sum(counts) != share.asked[k]:
             error = f"{sum(counts)} of {share.asked[k]} output tokens streamed"
         if not error and not times:
             error = "no tokens streamed"
-        share.token_times[k], share.token_counts[k] = times, counts
         self._finish(k, error)
 
     def _finish(self, k: int, error: str) -> None:
@@ -466,6 +488,17 @@ class Replayer:
                            f"(replay.max_in_flight)")
         share.done += 1
         share.finished.append(k)
+
+    def _cut_if_behind(self, rule: dict) -> None:
+        """At `end_s` from the start: cut the open streams when fewer than `tokens` output tokens were
+        streamed since `start_s` (the module doc)."""
+        end = self.t0 + rule["end_s"]
+        gevent.sleep(max(0.0, end - time.monotonic()))
+        if self.share.done >= len(self.share.rows):
+            return
+        if self.share.streamed(self.t0 + rule["start_s"], end) < rule["tokens"]:
+            self.cut_at = time.monotonic()
+            self.client.connections.cut()
 
     def _report(self, until: float = math.inf) -> None:
         """Fire Locust's request event for requests that ended, until the clock reaches `until`."""
@@ -498,6 +531,8 @@ class Replayer:
         share = self.share
         limit = self.spec["max_in_flight"]
         progress = gevent.spawn(self._progress)
+        rule = self.spec.get("cut") if self.client.generative else None
+        cutter = gevent.spawn(self._cut_if_behind, rule) if rule else None
         cpu0 = cpu_seconds()
         t0 = self.t0
         now = time.monotonic
@@ -538,6 +573,8 @@ class Replayer:
         self.cpu_s = cpu_seconds() - cpu0
         self.wall_s = now() - t0
         progress.kill()
+        if cutter is not None:
+            cutter.kill()
         self._print_progress()
         np.savez(self.spec["records"].format(index=share.index), **self.share.columns(t0))
         self.finished.set()

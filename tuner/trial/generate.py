@@ -8,10 +8,13 @@ replay's measurement of those same requests. Its gauges are sampled while the re
     replay_generate(launcher, settings, traffic, *, speed, ...) -> GenerateRun
     make_token_probe(launcher, settings, windows) -> Probe   speed -> TokenMeasurement: a trial's step,
                                                              with the engine's batching watched meanwhile
-                                      (`tuner.trial.step`'s windows and retry policy; never repeated)
+                                      (`tuner.trial.step`'s windows and retry policy; never repeated;
+                                      with `cut_tokens_per_s`, a step whose engine fell behind its window
+                                      ends at the window's end: `behind_below`)
     make_settled_probe(launcher, settings, traffic, *, load, check) -> (Probe, warm-ups)   its capacity
                                       steps, each warmed by a request's life at the fastest speed that held
     falls_behind(m, average_tokens_per_s=...) -> bool   the rule keeping_up applies
+    behind_below(part, speed, ...) -> float   the same rule as a streamed rate, known before the replay
     settled_warmup_s(m) -> float      a request's mean life end to end in a measurement, in seconds
     keeping_up(check, tokens_per_s=...) -> check   a capacity step's SLA check that also fails an engine
                                       fallen behind its window at fewer output tokens/s than the traffic's
@@ -36,11 +39,16 @@ from tuner.measurement_tokens import TokenMeasurement, measure_tokens, short_win
 from tuner.score import SlaCheck
 from tuner.server import Launcher, exit_watch
 from tuner.settings import StudySettings
+from tuner.traffic import due_offsets
 from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
 
-__all__ = ["BEHIND", "GenerateRun", "check_context", "falls_behind", "keeping_up", "load_check", "make_settled_probe",
-           "make_token_probe", "replay_generate", "settled_warmup_s"]
+__all__ = ["BEHIND", "GenerateRun", "IDLE_WAIT_S", "behind_below", "check_context", "falls_behind", "keeping_up",
+           "load_check", "make_settled_probe", "make_token_probe", "replay_generate", "settled_warmup_s"]
+
+# after a replay cut its streams, the engine still holds them until Triton's next write to each finds the
+# client gone (a queued request: its first token) and the model aborts it: the next replay waits that long
+IDLE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -56,10 +64,13 @@ class GenerateRun:
 
 def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
                     duration_s: float | None = None, progress: bool = False, prompts=None,
-                    warmup_s: float | None = None, workers: int | None = None) -> GenerateRun:
+                    warmup_s: float | None = None, workers: int | None = None,
+                    cut_below_tokens_per_s: float | None = None) -> GenerateRun:
     """Replay `traffic` (rows with prompt_tokens and output_tokens) at `speed` against the generative
     model the server runs, streaming each request, and measure it (`duration_s`: measure only that
-    long after the warm-up; `warmup_s` and `workers` override `replay.warmup_s` and `replay.workers`)."""
+    long after the warm-up; `warmup_s` and `workers` override `replay.warmup_s` and `replay.workers`;
+    `cut_below_tokens_per_s`: `tuner.replay.replay`'s, and a replay that cut its streams returns once
+    the engine let them go, up to IDLE_WAIT_S)."""
     from tuner.replay import replay  # Locust runs in its own processes; this side stays unpatched
 
     model, sla = settings.model, settings.sla
@@ -70,7 +81,9 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
         result = replay(launcher.endpoints, model, traffic, speed=speed, settings=replay_settings,
                         warmup_s=warmup_s, duration_s=None if duration_s is None else warmup_s + duration_s,
                         stats=lambda: launcher.statistics(model), progress=progress, prompts=prompts,
-                        watch=exit_watch(launcher, model))
+                        watch=exit_watch(launcher, model), cut_below_tokens_per_s=cut_below_tokens_per_s)
+        if result.cut:
+            watch.wait_idle(IDLE_WAIT_S)
         stretch = watch.mark()
 
     def measured(warmup: float) -> TokenMeasurement:
@@ -86,17 +99,23 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
 
 
 def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, tries: int = TRIES,
-                     on_measure: Callable[[TokenMeasurement], None] | None = None) -> Probe:
+                     on_measure: Callable[[TokenMeasurement], None] | None = None,
+                     cut_tokens_per_s: float | None = None) -> Probe:
     """Measure the generative model the server runs at a speed, as `tuner.trial.step.make_probe` measures an
     encoder: the step's window, and again with more load-generator processes while the send lag broke its
-    budget. Not repeated near the SLA's limit (that policy reads an encoder's latency)."""
+    budget. Not repeated near the SLA's limit (that policy reads an encoder's latency). With
+    `cut_tokens_per_s` (the traffic's average output tokens per second at speed 1, as `keeping_up` takes
+    it), a step whose engine fell behind its window is cut at the window's end (`behind_below`): its
+    verdict is settled there, and its queue would take longer to drain the more it fell behind."""
     used = [0]  # the processes the attempt before used (tuner.trial.step.make_probe's rule)
 
     def run(speed: float, attempt: int) -> TokenMeasurement:
         part, warmup, end = windows(speed)
         workers = retry_workers(max(settings.replay.workers, used[0])) if attempt else None
+        cut = (behind_below(part, speed, warmup_s=warmup, end_s=end, tokens_per_s=cut_tokens_per_s)
+               if cut_tokens_per_s is not None and end is not None else None)
         run = replay_generate(launcher, settings, part, speed=speed, warmup_s=warmup, workers=workers,
-                              duration_s=None if end is None else end - warmup)
+                              duration_s=None if end is None else end - warmup, cut_below_tokens_per_s=cut)
         used[0] = run.measurement.workers
         return dataclasses.replace(run.measurement, engine=batch_figures(run.stretch))
 
@@ -105,8 +124,8 @@ def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windo
 
 def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *,
                        load: TokenMeasurement, check: Callable[[TokenMeasurement, object], object],
-                       on_measure: Callable[[TokenMeasurement], None] | None = None
-                       ) -> tuple[Probe, dict[float, float]]:
+                       on_measure: Callable[[TokenMeasurement], None] | None = None,
+                       cut_tokens_per_s: float | None = None) -> tuple[Probe, dict[float, float]]:
     """A generative trial's capacity probe, and the warm-up each speed got (filled in as it runs).
 
     A short step from an idle engine measures a burst the engine absorbs, not the rate it holds: the
@@ -114,7 +133,8 @@ def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.
     and passed 6x after 6 s but failed it after 15 s; its capacity read twice what it sustained. So
     each capacity step replays, before its window, as much of the traffic (`step_windows(fill=True)`)
     as a request took end to end (`settled_warmup_s`) at the fastest speed that held the SLA so far,
-    the recorded load to begin with: by then the engine carries its steady share of sequences."""
+    the recorded load to begin with: by then the engine carries its steady share of sequences.
+    `cut_tokens_per_s`: `make_token_probe`'s (where `check` is `keeping_up`'s)."""
     held = [settled_warmup_s(load)]
     used: dict[float, float] = {}
 
@@ -128,7 +148,7 @@ def make_settled_probe(launcher: Launcher, settings: StudySettings, traffic: pd.
         warmup = used[float(speed)] = max(settings.replay.warmup_s, *held)
         return step_windows(traffic, settings, warmup_s=warmup, fill=True)(speed)
 
-    return make_token_probe(launcher, settings, windows, on_measure=measured), used
+    return make_token_probe(launcher, settings, windows, on_measure=measured, cut_tokens_per_s=cut_tokens_per_s), used
 
 
 # a step's engine counts as behind its window when it streamed less than this share of what the
@@ -156,11 +176,14 @@ def keeping_up(check: Callable[[TokenMeasurement, object], SlaCheck], *, tokens_
     def checked(m: TokenMeasurement, sla) -> SlaCheck:
         c = check(m, sla)
         average = m.speed * tokens_per_s
-        if not m.valid or not falls_behind(m, average_tokens_per_s=average):
+        # a step cut at its window's end was cut because this rule held there (`behind_below`)
+        if not m.valid or not (m.cut_requests or falls_behind(m, average_tokens_per_s=average)):
             return c
         reason = (f"the engine fell behind, streaming {m.streamed_tokens_per_s:,.0f} output tokens/s (its window "
                   f"asked for {m.offered_tokens_per_s:,.0f}), below the {average:,.0f} the traffic offers on "
-                  f"average at speed {m.speed:.3g}: its queue grows for as long as the load lasts")
+                  f"average at speed {m.speed:.3g}: its queue grows for as long as the load lasts"
+                  + (f" (the step ended with its window: {m.cut_requests:,} streams still open were cut, "
+                     "their latencies left out)" if m.cut_requests else ""))
         return SlaCheck(False, c.latency_ms, c.error_rate, max(c.violation, 1.0 - m.streamed_tokens_per_s / average),
                         "; ".join(r for r in (c.reason, reason) if r),
                         holds_speed=float(m.streamed_tokens_per_s / tokens_per_s))
@@ -186,6 +209,17 @@ def falls_behind(m: TokenMeasurement, *, average_tokens_per_s: float) -> bool:
     streamed = m.streamed_tokens_per_s
     return bool(average_tokens_per_s > 0 and math.isfinite(streamed) and streamed < average_tokens_per_s
                 and streamed < BEHIND * m.offered_tokens_per_s)
+
+
+def behind_below(part: pd.DataFrame, speed: float, *, warmup_s: float, end_s: float, tokens_per_s: float) -> float:
+    """The streamed rate (output tokens per second over the window from `warmup_s` to `end_s` of `part`
+    replayed at `speed`) below which `falls_behind` holds for that replay: BEHIND x what the window's
+    requests ask for per second, or the traffic's average at that speed (`tokens_per_s` at speed 1),
+    whichever is lower. Known before the replay: `tuner.replay.replay` cuts there."""
+    due = due_offsets(part, speed)
+    inside = (due >= warmup_s) & (due < end_s)
+    asked = float(part["output_tokens"].to_numpy(dtype=float)[inside].sum())
+    return min(BEHIND * asked / (end_s - warmup_s), speed * tokens_per_s) if end_s > warmup_s else 0.0
 
 
 def settled_warmup_s(load: TokenMeasurement) -> float:

@@ -193,8 +193,9 @@ def make_measure(launcher: Launcher, settings: StudySettings, traffic: pd.DataFr
             # a short step from an idle engine measures a burst it absorbs, not the rate it holds (see
             # make_settled_probe): the capacity steps are warmed by a request's life at the load, then
             # at the fastest step that held
+            # ... and a step whose engine fell behind its window ends there: that settles its verdict
             probe, used = make_settled_probe(launcher, settings, traffic, load=load, check=step_check,
-                                             on_measure=on_measure)
+                                             on_measure=on_measure, cut_tokens_per_s=mean_output_tps(traffic))
         common = {"params": dict(params), "at_load": scoring.figures(load), "price_per_hour": price, "peak_rps": peak,
                   "warmup": warm}
         if warm is not None and warm.failing:  # the model fails its requests: the configuration's result, a verdict

@@ -7,7 +7,8 @@ throughput: each token takes the next free slot, so a load above it queues), so 
 TTFT and TPOT can be checked against known values; every request runs on its own (an asyncio task),
 whatever the others do. A request whose prompt has `fail_prompt_tokens` tokens (a config parameter),
 or `"fail_after": k` in its sampling parameters, ends its stream with an error after half its tokens
-(k tokens): a server failing mid-stream. The prompt's tokens are its space-separated words.
+(k tokens): a server failing mid-stream. A stream whose client went away (Triton's cancellation) stops
+before its next token, as an engine aborts it. The prompt's tokens are its space-separated words.
 """
 
 import asyncio
@@ -74,6 +75,13 @@ class TritonPythonModel:
         due = loop.time() + self.first_s + self.prompt_token_s * prompt_tokens
         words = []
         for k in range(count):
+            if k and sender.is_cancelled():  # the client went away: an engine aborts it (as the vLLM backend does)
+                try:
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        "the request was cancelled", pb_utils.TritonError.CANCELLED)), flags=FINAL)
+                except Exception:  # nobody to tell
+                    pass
+                return
             # a fixed schedule from the arrival: the sleeps do not add up the loop's own delays
             at = due + k * self.token_s
             if self.slot_s:  # a limited engine: the token waits for its slot
