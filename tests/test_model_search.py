@@ -62,7 +62,7 @@ def test_only_the_simulations_top_is_measured_when_the_simulation_holds(tmp_path
     assert main(["tune", str(write_study(tmp_path, profile, name="model", model_error=0.5)), "--quiet"]) == 0
     err = capsys.readouterr().err
     study = load(tmp_path / "model", "model")
-    measured = [t for t in study.trials if t.state.is_finished() and not t.user_attrs.get("retry_of")]
+    measured = [t for t in study.trials if t.state.is_finished() and "retry_of" not in t.user_attrs]
     assert len(measured) == 3, err  # the incumbent and the simulation's top 2, of a 18-point space
     ranked = [t for t in measured if "simulated_rank" in t.user_attrs]
     assert [t.user_attrs["simulated_rank"] for t in ranked][0] == 1  # the simulation's best, measured first
@@ -116,7 +116,11 @@ def test_a_profile_that_lies_falls_back_to_a_measured_search(tmp_path, capsys, f
     study = load(tmp_path / "lie", "lie")
     info = study.user_attrs["model_search"]
     finished = [t for t in study.trials if t.state.is_finished()]
-    assert info["fallback"] and len(finished) == trials, err  # the sampler searched on to the trial budget
+    # the budget counts configurations: a pick a loaded server failed at the load against the simulation
+    # is measured once more (its retry stands for it), as a CI run under load drew
+    again = {t.user_attrs["retry_of"] for t in finished if "retry_of" in t.user_attrs}
+    configurations = [t for t in finished if t.number not in again]
+    assert info["fallback"] and len(configurations) == trials, err  # the sampler searched on to the trial budget
     if factor < 1:
         assert len(info["measured"]) == 2 and info["median_error"] > 0.2
         assert f"median {info['median_error']:.1%} (above search.model_error 20%)" in err
