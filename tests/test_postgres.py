@@ -72,8 +72,10 @@ def test_three_hosts_share_a_grid_study_survive_a_kill_and_any_machine_reads_it(
     url = postgres.create_database("three_hosts")
     # two capacity steps, one load-generator process (support.QUICK_TRIALS): the claims are the shared
     # study, the kill and the retry, not the capacity; the warm-up stays (three cold servers on 2 cores
-    # met no SLA without it)
-    study_file = write_tune_study(tmp_path, "shared", **GRID, **QUICK_TRIALS)
+    # met no SLA without it); an SLA a loaded machine still meets: the closing `tuner finish` claims a
+    # re-measured best (stop 63's last CI run re-measured none within 100 ms, and the summary rightly
+    # fell back to the search's own figures)
+    study_file = write_tune_study(tmp_path, "shared", **GRID, **QUICK_TRIALS, **{"sla.latency_ms": 1000})
     logs = [tmp_path / f"host-{i}.log" for i in range(3)]
     hosts = [tuner_process("tune", str(study_file), "--storage", url, "--quiet", "--output",
                            str(tmp_path / f"out-{i}"), log=log) for i, log in enumerate(logs)]
