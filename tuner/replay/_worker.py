@@ -327,7 +327,8 @@ class GenerativeShare(Share):
     def streamed(self, start: float, end: float) -> float:
         """The output tokens streamed between monotonic times `start` and `end` by every request so far,
         open ones included, as `tuner.measurement_tokens` counts them (a request's tokens spread evenly
-        over its responses)."""
+        over its responses). A copy of `tuner.measurement_tokens._streamed_per_s`'s count on live lists:
+        that module needs pandas, which this process never imports (~1 s of CPU each replay)."""
         total = 0.0
         for times, counts in zip(self.token_times, self.token_counts, strict=True):
             if times:
