@@ -148,10 +148,18 @@ def _production_triton(args: argparse.Namespace, settings, prometheus, *, window
                        end: float | None) -> tuple[object, Callable[[object], None]]:
     """`--prometheus` for a model Triton batches: its counters; the audit and what writes its --textfile."""
     from tuner.audit import load_baseline
-    from tuner.production import audit_families, labels_for, production_audit, study_families, write_textfile
+    from tuner.production import (
+        HOUR_S,
+        audit_families,
+        counter_queries,
+        labels_for,
+        production_audit,
+        study_families,
+        write_textfile,
+    )
 
     baseline = load_baseline(args.baseline, settings) if args.baseline else None
-    with _query_progress(quiet=args.quiet) as on_query:
+    with _query_progress(counter_queries(window_s, step_s=HOUR_S), quiet=args.quiet) as on_query:
         result = production_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                   on_query=on_query)
 
@@ -168,8 +176,9 @@ def _production_engine(args: argparse.Namespace, settings, prometheus, *, window
     """`--prometheus` for a model vLLM serves: vLLM's own series judged against the study's token SLA;
     the audit and what writes its --textfile."""
     from tuner.production import (
-        ENGINE_QUERIES,
+        HOUR_S,
         engine_audit_families,
+        engine_queries,
         labels_for,
         load_engine_baseline,
         production_engine_audit,
@@ -177,7 +186,7 @@ def _production_engine(args: argparse.Namespace, settings, prometheus, *, window
     )
 
     baseline = load_engine_baseline(args.baseline, settings) if args.baseline else None
-    with _query_progress(ENGINE_QUERIES, quiet=args.quiet) as on_query:
+    with _query_progress(engine_queries(window_s, step_s=HOUR_S), quiet=args.quiet) as on_query:
         result = production_engine_audit(settings, prometheus, window_s=window_s, end=end, baseline=baseline,
                                          on_query=on_query)
     return result, lambda audited: write_textfile(args.textfile, engine_audit_families(audited, labels_for(settings)))
@@ -201,14 +210,12 @@ def _until(value: str | None) -> float | None:
 
 
 @contextlib.contextmanager
-def _query_progress(total: int | None = None, *, quiet: bool = False) -> Iterator[Callable[[str], None]]:
-    """A bar over the queries on stderr (`total`: the production audit's), drawn only once they take
-    more than a second; none with `quiet`."""
+def _query_progress(total: int, *, quiet: bool = False) -> Iterator[Callable[[str], None]]:
+    """A bar over the `total` queries on stderr, drawn only once they take more than a second; none
+    with `quiet`."""
     from tqdm import tqdm
 
-    from tuner.production import QUERIES
-
-    with tqdm(total=total or QUERIES, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
+    with tqdm(total=total, desc="querying Prometheus", unit="query", delay=1.0, file=sys.stderr,
               leave=False, disable=quiet) as bar:
         yield lambda label: (bar.set_postfix_str(label, refresh=False), bar.update(1))
 

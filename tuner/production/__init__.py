@@ -29,7 +29,7 @@ from tuner.production._engine_audit import judge_engine, production_engine_audit
 from tuner.production._engine_baseline import load_engine_baseline
 from tuner.production._engine_figures import EngineSeries
 from tuner.production._engine_result import EngineAudit, EngineBaseline
-from tuner.production._engine_series import ENGINE_QUERIES, read_engine_series
+from tuner.production._engine_series import engine_queries, read_engine_series
 from tuner.production._errors import NoSeriesError, PrometheusError, TritonMetricsError, WindowError
 from tuner.production._exporter import DEFAULT_PORT, AuditCollector, serve
 from tuner.production._figures import ProductionFigures
@@ -46,13 +46,13 @@ from tuner.production._metrics import (
 )
 from tuner.production._result import ProductionAudit
 from tuner.production._samples import CounterWindow, parse_scrape
-from tuner.production._series import METRICS, QUERIES, Counters, read_counters
+from tuner.production._series import METRICS, Counters, counter_queries, read_counters
 from tuner.production._triton import TritonSource
 from tuner.production._window import parse_duration
 
 __all__ = [
     "DEFAULT_PORT",
-    "ENGINE_QUERIES",
+    "engine_queries",
     "EngineAudit",
     "EngineBaseline",
     "EngineSeries",
@@ -73,7 +73,7 @@ __all__ = [
     "write_textfile",
     "HOUR_S",
     "METRICS",
-    "QUERIES",
+    "counter_queries",
     "Counters",
     "CounterWindow",
     "ProductionFigures",

@@ -25,10 +25,10 @@ from tuner.production._engine_figures import EngineSeries
 from tuner.production._errors import NoSeriesError
 from tuner.production._figures import SECONDS
 from tuner.production._series import METRICS as TRITON
-from tuner.production._series import _escape, _long, _times, read_covered
+from tuner.production._series import _escape, _long, _times, covered_queries, read_covered
 from tuner.production._window import promql_range
 
-__all__ = ["ENGINE_COUNTERS", "ENGINE_QUERIES", "read_engine_series"]
+__all__ = ["ENGINE_COUNTERS", "engine_queries", "read_engine_series"]
 
 # the frame's columns and vLLM's counters (family names: `_total` optional)
 ENGINE_COUNTERS = {
@@ -45,9 +45,14 @@ E2E = ("vllm:e2e_request_latency_seconds",)  # arrival to the last token (sla.e2
 GAUGES = {"kv_cache": "vllm:kv_cache_usage_perc", "running": "vllm:num_requests_running",
           "waiting": "vllm:num_requests_waiting"}
 ERRORS = {"succeeded": TRITON["succeeded"], "failed": TRITON["failed"]}
-# the models, the counters, the seconds each engine served (3), Triton's two, TTFT, TPOT and end to end (a step's and the window's), the
-# gauges' max and mean, the restarts (a TPOT read from a fallback name asks two more)
-ENGINE_QUERIES = 1 + len(ENGINE_COUNTERS) + 3 + len(ERRORS) + 6 + 2 * len(GAUGES) + 1
+
+
+def engine_queries(window_s: float, *, step_s: float) -> int:
+    """The queries read_engine_series asks: the models, the counters, the seconds each engine served,
+    Triton's two, TTFT, TPOT and end to end (a step's and the window's), the gauges' max and mean, the
+    restarts (a TPOT read from a fallback name asks two more)."""
+    return (1 + len(ENGINE_COUNTERS) + covered_queries(window_s, step_s=step_s) + len(ERRORS) + 6
+            + 2 * len(GAUGES) + 1)
 
 
 def _name(metric: str, *, counter: bool = False) -> str:
