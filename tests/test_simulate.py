@@ -600,6 +600,10 @@ def test_a_sparse_simulated_step_offers_its_requests_per_second_of_the_step_as_a
     measured = int((step.requests.due_s >= step.warmup_s).sum())
     assert step.measurement.duration_s == pytest.approx(3.0)
     assert step.measurement.offered_rps == pytest.approx(measured / 3.0)
+    # the speeds simulated so far, each with its step's requests, as benchmarks/simulate_speed.py
+    # prints them
+    double = sim.run(BatcherConfig(max_batch_size=8), 2.0)
+    assert sim.speeds == {1.0: 3, 2.0: len(double.requests)} and len(double.requests) == 6
     # a traffic shorter than the step: its own span, as a replay of all of it
     short = make_simulator(traffic.head(3)).run(BatcherConfig(max_batch_size=8), 1.0)
     assert short.measurement.duration_s == pytest.approx(float(short.requests.due_s[-1]) - short.warmup_s)

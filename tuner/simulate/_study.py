@@ -163,7 +163,7 @@ class Simulator:
             raise TrafficError(f"traffic: no column {self.length!r} (columns: {', '.join(traffic.columns)})")
         self.rate = mean_rps(self.traffic)
         self.peak_rps = peak_rps(self.traffic, self.load_speed)
-        self._schedules: dict[float, tuple[Requests, float]] = {}
+        self._schedules: dict[float, tuple[Requests, float, float]] = {}  # speed -> requests, warm-up, end
         self._device: dict = {}
 
     @classmethod
@@ -178,7 +178,7 @@ class Simulator:
     @property
     def speeds(self) -> dict[float, int]:
         """The step speeds simulated so far and the requests each step holds."""
-        return {speed: len(requests) for speed, (requests, _) in sorted(self._schedules.items())}
+        return {speed: len(schedule[0]) for speed, schedule in sorted(self._schedules.items())}
 
     def unprofiled_lengths(self) -> str | None:
         """A line when requests of the traffic are longer (as the model computes them: truncated to the
