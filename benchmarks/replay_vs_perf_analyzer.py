@@ -110,12 +110,15 @@ def perf_analyzer_run(prefix: list[str], server: LocalLauncher, url: str, protoc
             **server_side}
 
 
+WARMUP_S = 3.0  # the replay's first seconds, not measured
+
+
 def tuner_run(server: LocalLauncher, protocol: str, model: str, rate: float, seq_len: int, duration_s: float,
               seed: int) -> dict:
     traffic = synth_poisson(rate, duration_s, seed=seed, sizes={"seq_len": SizeSpec(kind="constant", value=seq_len)})
-    settings = ReplaySettings(protocol=protocol, workers=1, warmup_s=3.0)
+    settings = ReplaySettings(protocol=protocol, workers=1, warmup_s=WARMUP_S)
     result = replay(server.endpoints, model, traffic, speed=1.0, settings=settings, stats=lambda: server.statistics(model))
-    m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=3.0,
+    m = measure(result.records, result.stats_before, result.stats_after, speed=1.0, warmup_s=WARMUP_S,
                 lag_budget_ms=2.0, max_batch_size=server.model_config(model).max_batch_size)
     # perf_analyzer times each request from its actual send; the replay from its due time. The two
     # agree while the send lag is small; "from send" shows how much of a gap the lag explains.
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http")
     parser.add_argument("--model", default="encoder_sim", help="the template the local server serves")
     args = parser.parse_args(argv)
+    if args.duration <= WARMUP_S:
+        parser.error(f"--duration {args.duration:g}: must be longer than the replay's {WARMUP_S:g}-s warm-up, which is not measured")
 
     prefix = install_perf_analyzer()
     rows = []

@@ -48,6 +48,8 @@ def score(table: dict, batch: int, delay: int) -> float:
         return table[(batch, delay)]
     lo = max((b for b in sizes if b < batch), default=sizes[0])
     hi = min((b for b in sizes if b > batch), default=sizes[-1])
+    if lo == hi:  # outside the measured sizes (an incumbent beyond the grid): the nearest one's
+        return table[(lo, delay)]
     a, c = table[(lo, delay)], table[(hi, delay)]
     w = (math.log2(batch) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
     if a == 0 or c == 0:  # one side misses the SLA: the nearer side decides

@@ -113,6 +113,8 @@ def soak(study_path: Path, hours: float, window: float) -> tuple[int, float]:
     rc = subprocess.call([sys.executable, "-m", "tuner", "soak", str(study_path), "--set", f"max_batch_size={MAX_BATCH}",
                           "--set", f"max_queue_delay_microseconds={DELAY_US}", "--hours", f"{hours:g}",
                           "--window", f"{window:g}", "--replace"], cwd=ROOT)
+    if not (study_path.parent / "out" / "soak" / "findings.json").is_file():  # refused or failed: it said why
+        sys.exit(f"soak_fidelity: tuner soak exited {rc} without its findings (its message is above)")
     return rc, time.monotonic() - started
 
 
