@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import time
 
 import pytest
@@ -227,3 +228,16 @@ def test_replicas_that_join_or_leave_inside_an_hour_are_divided_by_the_time_they
     assert a.figures.replicas == pytest.approx(6.6 / 3, rel=0.02)
     assert a.instances.loc["b:8002", "throughput_rps"] == pytest.approx(10, rel=0.02)
     assert a.instances.loc["c:8002", "seconds"] == pytest.approx(2 * 3600 + 12 * 60, rel=0.02)
+
+
+def test_the_benchmark_script_runs_to_its_figures(prometheus_tools, tmp_path):
+    """benchmarks/production_audit.py at its smallest (its figures, in docs/production-audit.md, are its
+    own runs'): the script stays in step with the library (tests/test_benchmark_scripts.py says why)."""
+    from tests.test_benchmark_scripts import run_benchmark
+
+    done = run_benchmark("production_audit.py", ["--replicas", "2", "--days", "1", "--runs", "1"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(s for s in done.stdout.splitlines() if s.startswith("run 1: audit of 1 d x 2 replicas"))
+    audit, profile = (float(x) for x in re.findall(r"throughput ([\d.]+) req/s \(profile ([\d.]+)\)", line)[0])
+    assert audit == pytest.approx(profile, rel=0.02)
+    assert "`tuner audit --prometheus` (a process): " in done.stdout and ", exit 0;" in done.stdout
