@@ -458,3 +458,21 @@ def test_the_directory_of_a_killed_replay_is_removed_by_the_next_one(server, tmp
     assert mine[0].exists()  # SIGKILL left it behind
     replay(server.endpoints, "echo", uniform(20, 0.5), speed=1.0, settings=settings())
     assert not mine[0].exists()
+
+
+def test_the_records_table_numbers_the_replays_and_marks_what_each_one_measured():
+    import pandas as pd
+
+    from tuner.replay import ReplayResult, records_table
+
+    def result(due: list[float], warmup_s: float, speed: float) -> ReplayResult:
+        records = pd.DataFrame({"row": range(len(due)), "due_s": due, "latency_ms": 1.0, "ok": True,
+                                "itl_ms": [[1.0, 2.0]] * len(due)})
+        return ReplayResult(records=records, stats_before=None, stats_after=None, speed=speed, warmup_s=warmup_s, duration_s=max(due), mode="local",
+                            workers=1, reason="", load_generator_cpu=0.0)
+
+    table = records_table([result([0.0, 0.5, 1.0], 0.5, 2.0), result([0.0, 1.0], 1.0, 4.0)])
+    assert list(table.columns) == ["replay", "speed", "measured", "row", "due_s", "latency_ms", "ok"]
+    assert table["replay"].tolist() == [1, 1, 1, 2, 2] and table["speed"].tolist() == [2.0] * 3 + [4.0] * 2
+    assert table["measured"].tolist() == [False, True, True, False, True]  # due at or after each one's warm-up
+    assert list(records_table([]).columns) == ["replay", "speed", "measured"]

@@ -71,7 +71,8 @@ def assert_one_line_error(run: subprocess.CompletedProcess, *words: str) -> None
 def test_replay_prints_the_measurement_and_writes_json(server, tmp_path):
     out = tmp_path / "m.json"
     run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--speed", "2",
-                "--set", "max_batch_size=4", "--set", "max_queue_delay_microseconds=3000", "--json", str(out))
+                "--set", "max_batch_size=4", "--set", "max_queue_delay_microseconds=3000", "--json", str(out),
+                "--records", str(tmp_path / "requests.csv"))
     assert run.returncode == 0, run.stderr
     for label in ("throughput", "latency", "send lag", "fill rate", "histogram", "load generator"):
         assert label in run.stdout
@@ -90,6 +91,18 @@ def test_replay_prints_the_measurement_and_writes_json(server, tmp_path):
     assert f"warm-up: {warm['seconds']:.1f} s, {warm['sweep_requests']} shape requests, {said}" in run.stderr
     # the remote server got its own configuration back
     assert server.model_config("echo").max_batch_size == 32
+    # --records: every request of every replay behind the figures (a retry, repeats near the SLA); the
+    # figures are one replay's measured requests
+    records = pd.read_csv(tmp_path / "requests.csv")
+    assert list(records.columns[:3]) == ["replay", "speed", "measured"] and (records["speed"] == 2.0).all()
+    replays = records["replay"].max()
+    assert f"records: {len(records)} requests of {replays} replay" in run.stderr
+    assert (records.groupby("replay").size() == 300).all()  # the whole schedule, warm-up included
+    stands = [k for k, r in records[records["measured"]].groupby("replay")
+              if len(r) == m["requests"] and r["ok"].all()
+              and r["latency_ms"].max() == pytest.approx(m["latency_ms"]["max"], rel=1e-9)]
+    assert stands, records.groupby("replay")["latency_ms"].max()
+    assert (records["latency_ms"] >= 0).all() and (records["end_s"] >= records["send_s"]).all()
 
 
 @pytest.mark.slow
@@ -189,6 +202,18 @@ def test_a_json_output_that_cannot_be_written_is_refused_before_the_replay(serve
     run = tuner("replay", str(study(tmp_path, server.endpoints.http)), "--json", str(target))
     assert_one_line_error(run, "--json", why)
     assert "replay:" not in run.stderr and run.stdout == ""  # nothing was replayed
+
+
+def test_a_records_file_of_another_format_or_one_tuner_did_not_write_is_refused_before_the_replay(tmp_path):
+    path = study(tmp_path, "127.0.0.1:9")  # no server: the refusal comes first
+    assert_one_line_error(tuner("replay", str(path), "--records", str(tmp_path / "r.txt")),
+                          "--records", "a .csv or .parquet file")
+    mine = tmp_path / "mine.csv"
+    mine.write_text("a,b\n1,2\n")
+    assert_one_line_error(tuner("replay", str(path), "--records", str(mine)), "--records", "--force")
+    assert mine.read_text() == "a,b\n1,2\n"
+    assert_one_line_error(tuner("replay", str(path), "--records", str(tmp_path / "traffic.csv"), "--force"),
+                          "--records")  # the study's own traffic, whatever --force says
 
 
 @pytest.mark.slow
@@ -347,11 +372,15 @@ def test_a_generative_model_is_streamed_and_measured_in_tokens(server, tmp_path)
     traffic = pd.DataFrame({"timestamp": np.arange(n) * 0.1, "prompt_tokens": 5 + np.arange(n) % 4,
                             "output_tokens": 6})
     path = study(tmp_path, server.endpoints.http, model="stream_echo", traffic=traffic)
-    run = tuner("replay", str(path), "--json", str(tmp_path / "r.json"))
+    run = tuner("replay", str(path), "--json", str(tmp_path / "r.json"), "--records", str(tmp_path / "r.parquet"))
     assert run.returncode == 0, run.stderr
     data = json.loads((tmp_path / "r.json").read_text())
     everything = data["all_requests"]
     assert everything["requests"] == n and everything["errors"] == 0 and everything["output_tokens"] == 6 * n
+    records = pd.read_parquet(tmp_path / "r.parquet")  # a request each, with its tokens and their times
+    assert len(records) == n and records["tokens"].sum() == 6 * n and (records["replay"] == 1).all()
+    assert (records["first_token_s"] > records["due_s"]).all() and "itl_ms" not in records
+    assert records["measured"].sum() == data["measurement"]["requests"]
     # a token cannot come faster than the model's 10 ms, but its arrival can: the first token's delivery
     # delayed by a busy machine shortens (last - first) / (n - 1) (CI measured 9.99)
     assert 9.5 <= everything["tpot_ms"]["p50"] <= 14.0

@@ -14,9 +14,11 @@ from tuner.cli._args import (
     Number,
     add_assignments,
     add_command,
+    add_flag,
     add_input,
     add_json,
     add_numbers,
+    add_output_file,
     add_quiet,
     add_study,
 )
@@ -69,7 +71,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--protocol", choices=("http", "grpc"), default=None, help="override replay.protocol")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="Locust processes (0 = decide from the offered rate; default: the study's)")
-    add_json(p, "the measurement", force=True)
+    add_json(p, "the measurement")
+    add_output_file(p, flags=("--records",), metavar="OUT", label="--records {path}",
+                    help="also write every request replayed to OUT (.csv or .parquet), a row each: the replay "
+                         "it was in (a retry, a repeat), whether the figures count it (due after the warm-up), "
+                         "its position in the replayed schedule, due / send / end times (s from the replay's "
+                         "start), latency from its due time, send lag, ok and error; a generative replay adds "
+                         "its tokens asked and received and its first and last token times")
+    add_flag(p, "--force", "replace a --json or --records file that tuner did not write (the study's own "
+             "inputs are never replaced)")
     add_quiet(p)
 
 
@@ -99,6 +109,8 @@ def _replay(args: argparse.Namespace) -> int:
 
         check_writable(args.json, label=f"--json {args.json}")  # before minutes of replay, not after
         check_output(args.json, settings, label=f"--json {args.json}", force=args.force, ours=_is_replay)
+    if args.records:
+        _check_records(args.records, settings, force=args.force)
     settings = dataclasses.replace(settings, replay=dataclasses.replace(
         settings.replay,
         protocol=args.protocol or settings.replay.protocol,
@@ -130,9 +142,10 @@ def _replay(args: argparse.Namespace) -> int:
                   + (f"steady (windows: {warm.seen})" if warm.stable else
                      f"FAILING, not slow: {warm.reason}" if warm.failing else f"NOT steady: {warm.reason}")
                   + (f"; {warm.failures()} (not judged: the measured window is)" if warm.errors else ""), file=sys.stderr)
+        replays = []
         probe = make_probe(launcher, settings, windows, max_batch_size=int(running.max_batch_size),
                            progress=not args.quiet,
-                           on_measure=say.append)
+                           on_measure=say.append, on_replay=replays.append)
         m = probe(speed)
     print(f"replay: {settings.model} at speed {speed:g}{_what(settings, traffic, step=args.step, speed=speed)}, "
           f"{m.workers} Locust process{'es' if m.workers > 1 else ''}"
@@ -153,6 +166,8 @@ def _replay(args: argparse.Namespace) -> int:
                 "running": space.deployed(running),
                 "sla": _sla_json(m, settings.sla, check_sla, row=verdict)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
+    if args.records:
+        _write_records(args.records, replays)
     return _exit_code(m, m.first_error)
 
 
@@ -290,7 +305,63 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
                 "params": {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()},
                 "engine_args": ran, "sla": _sla_json(m, settings.sla, check, row=verdict)}
         write_atomic(args.json, json.dumps(json_safe(data), indent=2) + "\n", label=f"--json {args.json}")
+    if args.records:
+        _write_records(args.records, [run.replay] if run.replay is not None else [])
     return _exit_code(m, run.first_error)
+
+
+RECORDS_FORMATS = (".csv", ".parquet")
+RECORDS_FIRST = ["replay", "speed", "measured"]  # the columns a records file tuner wrote starts with
+
+
+def _check_records(path, settings, *, force: bool) -> None:
+    """Refuse, before the replay, a --records file of another format, or one that would replace a file
+    tuner did not write (unless --force) or one of the study's inputs."""
+    from pathlib import Path
+
+    from tuner.cli.simulate_cmd import check_output
+    from tuner.errors import OutputError
+
+    label = f"--records {path}"
+    if Path(path).suffix.lower() not in RECORDS_FORMATS:
+        raise OutputError(f"{label}: a .csv or .parquet file (the format follows the name)")
+    check_writable(path, label=label)
+    check_output(path, settings, label=label, force=force, ours=_is_records)
+
+
+def _is_records(path) -> bool:
+    """Whether `path` holds requests `tuner replay --records` wrote (its first columns are RECORDS_FIRST)."""
+    from pathlib import Path
+
+    try:
+        if Path(path).suffix.lower() == ".parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names
+        else:
+            with open(path, encoding="utf-8") as fh:
+                names = fh.readline().strip().split(",")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return names[:len(RECORDS_FIRST)] == RECORDS_FIRST
+
+
+def _write_records(path, replays: list) -> None:
+    """--records: every request of `replays` (tuner.replay.records_table), as the name's format."""
+    from pathlib import Path
+
+    from tuner.files import replacing
+    from tuner.replay import records_table
+
+    table = records_table(replays)
+    label = f"--records {path}"
+    if Path(path).suffix.lower() == ".parquet":
+        with replacing(path, label=label) as tmp:
+            table.to_parquet(tmp, index=False)
+    else:
+        write_atomic(path, table.to_csv(index=False), label=label)
+    print(f"records: {len(table)} requests of {len(replays)} replay{'s' if len(replays) != 1 else ''} -> {path}",
+          file=sys.stderr)
 
 
 def _exit_code(m: Served, first_error: str) -> int:

@@ -16,6 +16,7 @@ _EXPORTS = {
     "Sent": "tuner.replay._sequential",
     "replay": "tuner.replay._run",
     "ReplayResult": "tuner.replay._run",
+    "records_table": "tuner.replay._run",
     "choose_workers": "tuner.replay._calibrate",
     "calibrate": "tuner.replay._calibrate",
     "Calibration": "tuner.replay._calibrate",

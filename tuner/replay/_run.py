@@ -70,6 +70,23 @@ class ReplayResult:
         return self.records[self.records["due_s"] >= self.warmup_s]
 
 
+def records_table(results: list[ReplayResult]) -> pd.DataFrame:
+    """The requests of `results` (the replays behind one measurement: a retry after the send lag broke
+    its budget, the repeats near the SLA), one row each, for a person to read or plot: `replay` (1, 2,
+    ... in the order they ran), `speed`, `measured` (due at or after the warm-up: what the figures
+    count), then the replay's own columns (ReplayResult) but `itl_ms`, a list per request."""
+    frames = []
+    for number, result in enumerate(results, 1):
+        records = result.records.drop(columns=["itl_ms"], errors="ignore")
+        frames.append(records.assign(replay=number, speed=result.speed,
+                                     measured=records["due_s"] >= result.warmup_s))
+    if not frames:
+        return pd.DataFrame(columns=["replay", "speed", "measured"])
+    table = pd.concat(frames, ignore_index=True)
+    front = ["replay", "speed", "measured"]
+    return table[front + [c for c in table.columns if c not in front]]
+
+
 def replay(
     endpoints: Endpoints,
     model: str,

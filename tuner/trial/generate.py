@@ -28,6 +28,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,9 @@ from tuner.settings import StudySettings
 from tuner.traffic import due_offsets
 from tuner.trial.capacity import Probe
 from tuner.trial.step import TRIES, Windows, retry_workers, step_windows, with_retries
+
+if TYPE_CHECKING:  # an annotation only: this side imports the replay where it runs one
+    from tuner.replay import ReplayResult
 
 __all__ = ["BEHIND", "GenerateRun", "IDLE_WAIT_S", "behind_below", "check_context", "falls_behind", "keeping_up",
            "load_check", "make_settled_probe", "make_token_probe", "replay_generate", "settled_warmup_s"]
@@ -60,6 +64,7 @@ class GenerateRun:
     engine: EngineFigures | None   # None: the server reports no vllm: series for the model
     first_error: str = ""          # the first failed request's error, as the replay recorded it
     stretch: Stretch | None = None  # the engine over the replay: counters and its gauges' sampled peaks
+    replay: ReplayResult | None = None  # the replay itself (its requests: `tuner replay --records`)
 
 
 def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.DataFrame, *, speed: float,
@@ -95,7 +100,7 @@ def replay_generate(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     failed = result.records[~result.records["ok"].to_numpy(dtype=bool)]
     first_error = str(failed["error"].iloc[0]) if len(failed) else ""
     return GenerateRun(measured(result.warmup_s), measured(0.0), stretch.figures if stretch is not None else None,
-                       first_error, stretch)
+                       first_error, stretch, result)
 
 
 def make_token_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, tries: int = TRIES,

@@ -188,18 +188,22 @@ def with_repeats(probe: Probe, *, sla: SlaSettings, near: float, max_repeats: in
 
 def make_probe(launcher: Launcher, settings: StudySettings, windows: Windows, *, max_batch_size: int,
                tries: int = TRIES, repeats: bool = True, progress: bool = False,
-               on_measure: Callable[[Measurement], None] | None = None) -> Probe:
+               on_measure: Callable[[Measurement], None] | None = None,
+               on_replay: Callable[[ReplayResult], None] | None = None) -> Probe:
     """Measure the configuration the server runs now at a speed (`max_batch_size` is that
-    configuration's, for the fill rate). `on_measure` sees every replay's measurement."""
+    configuration's, for the fill rate). `on_measure` sees every replay's measurement, `on_replay`
+    every replay (its requests: `tuner replay --records`)."""
     used = [0]  # the processes the attempt before used (the first: as many as the replay decides)
 
     def run(speed: float, attempt: int) -> Measurement:
         part, warmup, duration = windows(speed)
         # a re-run after the send lag broke its budget: more load-generator processes
         workers = retry_workers(max(settings.replay.workers, used[0])) if attempt else None
-        m, _ = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=duration,
-                               max_batch_size=max_batch_size, workers=workers, progress=progress)
+        m, result = replay_measured(launcher, settings, part, speed=speed, warmup_s=warmup, duration_s=duration,
+                                    max_batch_size=max_batch_size, workers=workers, progress=progress)
         used[0] = m.workers
+        if on_replay is not None:
+            on_replay(result)
         return m
 
     probe = with_retries(run, tries=tries, on_measure=on_measure)
