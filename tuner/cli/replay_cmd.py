@@ -311,7 +311,6 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
 
 
 RECORDS_FORMATS = (".csv", ".parquet")
-RECORDS_FIRST = ["replay", "speed", "measured"]  # the columns a records file tuner wrote starts with
 
 
 def _check_records(path, settings, *, force: bool) -> None:
@@ -330,36 +329,33 @@ def _check_records(path, settings, *, force: bool) -> None:
 
 
 def _is_records(path) -> bool:
-    """Whether `path` holds requests `tuner replay --records` wrote (its first columns are RECORDS_FIRST)."""
+    """Whether `path` holds requests `tuner replay --records` wrote (its first columns are the table's)."""
     from pathlib import Path
 
-    try:
-        if Path(path).suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
+    import pandas as pd
+    import pyarrow.parquet as pq
 
-            names = pq.read_schema(path).names
-        else:
-            with open(path, encoding="utf-8") as fh:
-                names = fh.readline().strip().split(",")
-    except (OSError, ValueError, UnicodeDecodeError):
+    from tuner.replay import RECORDS_FRONT
+
+    try:
+        names = (pq.read_schema(path).names if Path(path).suffix.lower() == ".parquet"
+                 else list(pd.read_csv(path, nrows=0).columns))
+    except (OSError, ValueError, UnicodeDecodeError):  # pyarrow's and pandas' errors for a file of another kind
         return False
-    return names[:len(RECORDS_FIRST)] == RECORDS_FIRST
+    return names[:len(RECORDS_FRONT)] == RECORDS_FRONT
 
 
 def _write_records(path, replays: list) -> None:
-    """--records: every request of `replays` (tuner.replay.records_table), as the name's format."""
+    """--records: every request of `replays` (tuner.replay.records_table), in the name's format, whole or
+    not at all."""
     from pathlib import Path
 
     from tuner.files import replacing
     from tuner.replay import records_table
 
     table = records_table(replays)
-    label = f"--records {path}"
-    if Path(path).suffix.lower() == ".parquet":
-        with replacing(path, label=label) as tmp:
-            table.to_parquet(tmp, index=False)
-    else:
-        write_atomic(path, table.to_csv(index=False), label=label)
+    with replacing(path, label=f"--records {path}") as tmp:
+        (table.to_parquet if Path(path).suffix.lower() == ".parquet" else table.to_csv)(tmp, index=False)
     print(f"records: {len(table)} requests of {len(replays)} replay{'s' if len(replays) != 1 else ''} -> {path}",
           file=sys.stderr)
 

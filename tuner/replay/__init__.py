@@ -17,6 +17,7 @@ _EXPORTS = {
     "replay": "tuner.replay._run",
     "ReplayResult": "tuner.replay._run",
     "records_table": "tuner.replay._run",
+    "RECORDS_FRONT": "tuner.replay._run",
     "choose_workers": "tuner.replay._calibrate",
     "calibrate": "tuner.replay._calibrate",
     "Calibration": "tuner.replay._calibrate",

@@ -70,6 +70,9 @@ class ReplayResult:
         return self.records[self.records["due_s"] >= self.warmup_s]
 
 
+RECORDS_FRONT = ["replay", "speed", "measured"]  # records_table's first columns, which tell its files
+
+
 def records_table(results: list[ReplayResult]) -> pd.DataFrame:
     """The requests of `results` (the replays behind one measurement: a retry after the send lag broke
     its budget, the repeats near the SLA), one row each, for a person to read or plot: `replay` (1, 2,
@@ -81,10 +84,9 @@ def records_table(results: list[ReplayResult]) -> pd.DataFrame:
         frames.append(records.assign(replay=number, speed=result.speed,
                                      measured=records["due_s"] >= result.warmup_s))
     if not frames:
-        return pd.DataFrame(columns=["replay", "speed", "measured"])
+        return pd.DataFrame(columns=RECORDS_FRONT)
     table = pd.concat(frames, ignore_index=True)
-    front = ["replay", "speed", "measured"]
-    return table[front + [c for c in table.columns if c not in front]]
+    return table[RECORDS_FRONT + [c for c in table.columns if c not in RECORDS_FRONT]]
 
 
 def replay(
