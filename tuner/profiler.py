@@ -22,7 +22,8 @@ request of a point is not measured (a shape's first run pays compilation/autotun
 `encoder_sim` emulates that), then one is; the other `repeats` - 1 are sent in rounds over the whole
 grid (one request of every point that ran per round), so that a stall of a busy host lifts one sample
 of many points rather than every sample of one. Each request's execution is read from Triton's
-statistics before and after it (`batch_stats` of its batch size).
+statistics before and after it (`batch_stats` of its batch size); a request whose two reads do not show
+exactly its one execution (Triton counted it late on a loaded host) is sent again.
 
 **Batches of separate requests.** Then, at the shortest measured length, for each rows N >= 2 of the
 grid that ran there, `repeats` batches of N separate one-row requests are timed (after one that is not
@@ -124,6 +125,9 @@ CONCURRENCY_SETTLED = 3          # 5 % of the 3 before (encoder_sim's cold start
                                  # executions, takes ~35 rounds; rounds that agree with each other can still fall)
 MAX_OVERLAP = 0.95               # device_overlap at most: executions counted as taking turns do, a little
 STATS_WAIT_S = 1.0               # Triton counts an execution just after its response: wait this long at most
+# pauses before the 1st, 2nd, ... send of a request whose execution the statistics did not show alone:
+# time for a late count to land before the next send reads its "before"
+SEND_PAUSES_S = (0.0, 1.0, 3.0)
 HELD_TRIES = 8                   # tries per batch of separate requests before its N is given up
 # pauses before the 2nd, 3rd, ... try: a burst of load on the host (another process starting) can make
 # every try within a few ms miss; spread over ~10 s, the tries outlast it (only a failing N waits)
@@ -616,20 +620,30 @@ class _Sender:
         self.launcher, self.model, self.column, self.timeout_s = launcher, model, length_column, timeout_s
 
     def send(self, rows: int, length: int, *, measured: bool = True) -> Sample:
+        """One request of `rows` x `length` alone. Its timing counts only when the statistics show
+        exactly one execution of `rows` between the two reads: on a loaded host Triton can count an
+        execution after `STATS_WAIT_S`, which left that sample at 0 ms and put the late count into the
+        next one (CI saw a point's p10 at half its sleep). Such a request is sent again after a pause
+        (`SEND_PAUSES_S`), and after the last try kept as not measured."""
         from tuner.replay import send_one_by_one  # the replay package loads lazily
 
         frame = pd.DataFrame({"timestamp": [0.0], "batch_size": [rows]})
         if self.column is not None:
             frame[SEQ_LEN] = [length]
-        before = self.launcher.statistics(self.model)
-        sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
-        after = self._after(before)
+        for pause in SEND_PAUSES_S:
+            time.sleep(pause)
+            before = self.launcher.statistics(self.model)
+            sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
+            after = self._after(before)
+            deltas = stat_deltas(before, after)
+            one = deltas["histogram"] == {rows: 1} and deltas["execution_count"] == 1
+            if sent.errors or one:  # a failed request (out of memory) has no execution to time
+                break
         parts = _batch_parts(before, after, rows)
-        queue = stat_deltas(before, after)["queue_ns"] / 1e6
         return Sample(rows=rows, length=length, ok=sent.errors == 0, client_ms=sent.seconds * 1e3,
                       input_ms=parts["compute_input"], infer_ms=parts["compute_infer"],
-                      output_ms=parts["compute_output"], queue_ms=queue if sent.errors == 0 else 0.0,
-                      measured=measured, error=sent.first_error)
+                      output_ms=parts["compute_output"], queue_ms=deltas["queue_ns"] / 1e6 if sent.errors == 0 else 0.0,
+                      measured=measured and (one or bool(sent.errors)), error=sent.first_error)
 
     def send_held(self, n: int, length: int, *, blocker: tuple[int, int, float], measured: bool = True
                   ) -> Sample | None:
