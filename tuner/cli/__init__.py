@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The `tuner` argument parser, every command group registered on it."""
     parser = Parser(
         prog="tuner",
-        description="Find the Triton dynamic-batching configuration that serves recorded traffic "
-        "at the highest throughput per dollar under a latency SLA.",
+        description="Find the Triton configuration (dynamic batching, or a vLLM model's engine knobs) that "
+        "serves recorded traffic at the highest throughput per dollar under a latency SLA.",
     )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
