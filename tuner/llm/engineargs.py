@@ -32,7 +32,6 @@ launcher serves, atomically.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import json
 import math
 import subprocess
@@ -163,6 +162,8 @@ def installed_vllm() -> str | None:
 
 def _installed() -> tuple[str, str] | None:
     """(distribution, version) of the vLLM installed here, or None."""
+    import importlib.metadata  # here, not at the top: ~14 ms of every `tuner` command's start (docs/cli-startup.md)
+
     for name in _DISTRIBUTIONS:
         try:
             return name, importlib.metadata.version(name)
