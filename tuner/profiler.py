@@ -492,6 +492,10 @@ def measure_profile(launcher: Launcher, settings: StudySettings, traffic: pd.Dat
     profile, notes = build_profile(samples, max_length=max_length, concurrent_executions=concurrent_executions or 1,
                                    device_overlap=overlap, model=model, model_digest=model_digest(settings, base))
     notes.extend(early_notes + held_notes)
+    if sender.resent:
+        notes.append(f"{sender.resent} request(s) sent again: Triton's statistics did not show their one execution "
+                     f"within {STATS_WAIT_S:g} s (a loaded host counts late)"
+                     + (f"; {sender.untimed} not timed in {len(SEND_PAUSES_S)} tries" if sender.untimed else ""))
     if warm is not None and not warm.stable:
         notes.insert(0, f"the warm-up did not reach steady state ({warm.reason}): the profile may be of a "
                         f"server still warming up")
@@ -618,6 +622,8 @@ class _Sender:
 
     def __init__(self, launcher: Launcher, model: str, length_column: str | None, *, timeout_s: float) -> None:
         self.launcher, self.model, self.column, self.timeout_s = launcher, model, length_column, timeout_s
+        self.resent = 0    # requests sent more than once: the statistics did not show their one execution
+        self.untimed = 0   # of those, not timed in any try (kept as not measured)
 
     def send(self, rows: int, length: int, *, measured: bool = True) -> Sample:
         """One request of `rows` x `length` alone. Its timing counts only when the statistics show
@@ -630,7 +636,9 @@ class _Sender:
         frame = pd.DataFrame({"timestamp": [0.0], "batch_size": [rows]})
         if self.column is not None:
             frame[SEQ_LEN] = [length]
+        tries = 0
         for pause in SEND_PAUSES_S:
+            tries += 1
             time.sleep(pause)
             before = self.launcher.statistics(self.model)
             sent = send_one_by_one(self.launcher.endpoints.http, self.model, frame, timeout_s=self.timeout_s)
@@ -639,6 +647,9 @@ class _Sender:
             one = deltas["histogram"] == {rows: 1} and deltas["execution_count"] == 1
             if sent.errors or one:  # a failed request (out of memory) has no execution to time
                 break
+        else:
+            self.untimed += 1
+        self.resent += tries > 1
         parts = _batch_parts(before, after, rows)
         return Sample(rows=rows, length=length, ok=sent.errors == 0, client_ms=sent.seconds * 1e3,
                       input_ms=parts["compute_input"], infer_ms=parts["compute_infer"],
