@@ -310,7 +310,13 @@ def _replay_generate(settings, params: dict, *, speed: float, args: argparse.Nam
     return _exit_code(m, run.first_error)
 
 
-RECORDS_FORMATS = (".csv", ".parquet")
+def _records_parquet(path) -> bool:
+    """Whether a --records file is Parquet (else CSV): the suffixes traffic files take (tuner.traffic.io)."""
+    from pathlib import Path
+
+    from tuner.traffic.io import PARQUET_SUFFIXES
+
+    return Path(path).suffix.lower() in PARQUET_SUFFIXES
 
 
 def _check_records(path, settings, *, force: bool) -> None:
@@ -320,9 +326,10 @@ def _check_records(path, settings, *, force: bool) -> None:
 
     from tuner.cli.simulate_cmd import check_output
     from tuner.errors import OutputError
+    from tuner.traffic.io import CSV_SUFFIXES
 
     label = f"--records {path}"
-    if Path(path).suffix.lower() not in RECORDS_FORMATS:
+    if not (_records_parquet(path) or Path(path).suffix.lower() in CSV_SUFFIXES):
         raise OutputError(f"{label}: a .csv or .parquet file (the format follows the name)")
     check_writable(path, label=label)
     check_output(path, settings, label=label, force=force, ours=_is_records)
@@ -330,16 +337,13 @@ def _check_records(path, settings, *, force: bool) -> None:
 
 def _is_records(path) -> bool:
     """Whether `path` holds requests `tuner replay --records` wrote (its first columns are the table's)."""
-    from pathlib import Path
-
     import pandas as pd
     import pyarrow.parquet as pq
 
     from tuner.replay import RECORDS_FRONT
 
     try:
-        names = (pq.read_schema(path).names if Path(path).suffix.lower() == ".parquet"
-                 else list(pd.read_csv(path, nrows=0).columns))
+        names = pq.read_schema(path).names if _records_parquet(path) else list(pd.read_csv(path, nrows=0).columns)
     except (OSError, ValueError, UnicodeDecodeError):  # pyarrow's and pandas' errors for a file of another kind
         return False
     return names[:len(RECORDS_FRONT)] == RECORDS_FRONT
@@ -348,14 +352,12 @@ def _is_records(path) -> bool:
 def _write_records(path, replays: list) -> None:
     """--records: every request of `replays` (tuner.replay.records_table), in the name's format, whole or
     not at all."""
-    from pathlib import Path
-
     from tuner.files import replacing
     from tuner.replay import records_table
 
     table = records_table(replays)
     with replacing(path, label=f"--records {path}") as tmp:
-        (table.to_parquet if Path(path).suffix.lower() == ".parquet" else table.to_csv)(tmp, index=False)
+        (table.to_parquet if _records_parquet(path) else table.to_csv)(tmp, index=False)
     print(f"records: {len(table)} requests of {len(replays)} replay{'s' if len(replays) != 1 else ''} -> {path}",
           file=sys.stderr)
 
